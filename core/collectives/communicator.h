@@ -1,0 +1,60 @@
+// A group of ranks that run collectives together (the ranks of one mesh axis, or the whole mesh).
+#ifndef MESHRUN_CORE_COLLECTIVES_COMMUNICATOR_H_
+#define MESHRUN_CORE_COLLECTIVES_COMMUNICATOR_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "core/collectives/transport.h"
+#include "core/tensor.h"
+
+namespace meshrun {
+
+enum class ReduceOp { kSum, kMean };
+
+struct CollectiveOptions {
+  // Every collective must finish within this time, or it fails with DeadlineExceeded naming the
+  // rank it was waiting for.
+  absl::Duration timeout = absl::Seconds(30);
+  // Messages are at most this large; a ring step is pipelined chunk by chunk.
+  size_t chunk_bytes = 512 * 1024;
+};
+
+// The ranks of `group` (global ranks, in axis-index order) that include transport->rank().
+// Every member must call the same collectives in the same order. Not thread-safe: one collective
+// at a time per Communicator. Does not own the transport, which must outlive it.
+class Communicator {
+ public:
+  // REQUIRES: `group` contains transport->rank() exactly once.
+  Communicator(Transport* transport, std::vector<int> group, CollectiveOptions options = {});
+
+  int size() const { return static_cast<int>(group_.size()); }
+  // This rank's position in the group: jax.lax.axis_index over the group's axis.
+  int index() const { return index_; }
+  const std::vector<int>& group() const { return group_; }
+  const CollectiveOptions& options() const { return options_; }
+
+  // In-place all-reduce of `count` elements of `dtype` (f32, bf16, i32) at `data`, as
+  // jax.lax.psum / pmean over the group's axis. Ring algorithm: see ring_all_reduce.h.
+  // Errors: those of Transport (naming the rank that failed or timed out); InvalidArgument for an
+  // unsupported dtype or pmean over integers.
+  absl::Status AllReduce(void* data, int64_t count, DType dtype, ReduceOp op);
+
+  // The tag base for the next collective (each collective reserves 2^32 tags).
+  uint64_t NextTagBase() { return (++sequence_) << 32; }
+  Transport* transport() { return transport_; }
+
+ private:
+  Transport* transport_;
+  std::vector<int> group_;
+  int index_ = -1;
+  CollectiveOptions options_;
+  uint64_t sequence_ = 0;
+};
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_CORE_COLLECTIVES_COMMUNICATOR_H_

@@ -1,0 +1,82 @@
+#include "core/collectives/reduce_kernels.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace meshrun {
+
+float Bf16ToF32(uint16_t v) {
+  uint32_t bits = uint32_t{v} << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t F32ToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x007FFFFFu)) return 0x7FC0;  // NaN
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+absl::Status CheckReducible(DType dtype, ReduceOp op) {
+  switch (dtype) {
+    case v1::DTYPE_F32:
+    case v1::DTYPE_BF16:
+      return absl::OkStatus();
+    case v1::DTYPE_I32:
+    case v1::DTYPE_U32:
+      if (op == ReduceOp::kMean) {
+        return absl::InvalidArgumentError(absl::StrCat("pmean of integer dtype ", DTypeName(dtype),
+                                                       " is not supported; expected f32 or bf16"));
+      }
+      return absl::OkStatus();
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("cannot reduce dtype ", DTypeName(dtype)));
+  }
+}
+
+void AddInto(DType dtype, void* dst, const void* src, int64_t count) {
+  switch (dtype) {
+    case v1::DTYPE_F32: {
+      float* d = static_cast<float*>(dst);
+      const float* s = static_cast<const float*>(src);
+      for (int64_t i = 0; i < count; ++i) d[i] += s[i];
+      break;
+    }
+    case v1::DTYPE_BF16: {
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < count; ++i) d[i] = F32ToBf16(Bf16ToF32(d[i]) + Bf16ToF32(s[i]));
+      break;
+    }
+    case v1::DTYPE_I32: {
+      int32_t* d = static_cast<int32_t*>(dst);
+      const int32_t* s = static_cast<const int32_t*>(src);
+      for (int64_t i = 0; i < count; ++i) d[i] = static_cast<int32_t>(uint32_t(d[i]) + uint32_t(s[i]));
+      break;
+    }
+    case v1::DTYPE_U32: {
+      uint32_t* d = static_cast<uint32_t*>(dst);
+      const uint32_t* s = static_cast<const uint32_t*>(src);
+      for (int64_t i = 0; i < count; ++i) d[i] += s[i];
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+void Scale(DType dtype, void* dst, int64_t count, float factor) {
+  if (dtype == v1::DTYPE_F32) {
+    float* d = static_cast<float*>(dst);
+    for (int64_t i = 0; i < count; ++i) d[i] *= factor;
+  } else if (dtype == v1::DTYPE_BF16) {
+    uint16_t* d = static_cast<uint16_t*>(dst);
+    for (int64_t i = 0; i < count; ++i) d[i] = F32ToBf16(Bf16ToF32(d[i]) * factor);
+  }
+}
+
+}  // namespace meshrun

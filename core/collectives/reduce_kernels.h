@@ -1,0 +1,25 @@
+// Element-wise reductions used by collectives, per dtype (f32, bf16 via f32, i32).
+#ifndef MESHRUN_CORE_COLLECTIVES_REDUCE_KERNELS_H_
+#define MESHRUN_CORE_COLLECTIVES_REDUCE_KERNELS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "core/collectives/communicator.h"
+
+namespace meshrun {
+
+// InvalidArgument for dtypes collectives cannot reduce, or pmean over integers.
+absl::Status CheckReducible(DType dtype, ReduceOp op);
+// dst[i] += src[i] for i < count. REQUIRES: CheckReducible(dtype, kSum).ok().
+void AddInto(DType dtype, void* dst, const void* src, int64_t count);
+// dst[i] *= factor (floating dtypes only).
+void Scale(DType dtype, void* dst, int64_t count, float factor);
+
+// bf16 <-> f32, round-to-nearest-even, as jnp.bfloat16.
+float Bf16ToF32(uint16_t v);
+uint16_t F32ToBf16(float f);
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_CORE_COLLECTIVES_REDUCE_KERNELS_H_

@@ -1,0 +1,99 @@
+#include "core/collectives/ring_all_reduce.h"
+
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/collectives/reduce_kernels.h"
+
+namespace meshrun {
+namespace {
+
+struct Segment {
+  int64_t offset;  // elements
+  int64_t count;
+};
+
+std::vector<Segment> SplitEvenly(int64_t count, int parts) {
+  std::vector<Segment> out;
+  int64_t base = count / parts, extra = count % parts, offset = 0;
+  for (int i = 0; i < parts; ++i) {
+    int64_t n = base + (i < extra ? 1 : 0);
+    out.push_back({offset, n});
+    offset += n;
+  }
+  return out;
+}
+
+int Mod(int a, int n) { return ((a % n) + n) % n; }
+
+}  // namespace
+
+absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType dtype, ReduceOp op) {
+  if (absl::Status s = CheckReducible(dtype, op); !s.ok()) return s;
+  const int n = comm.size();
+  const int p = comm.index();
+  if (n == 1 || count == 0) return absl::OkStatus();
+
+  const size_t elem = DTypeSize(dtype);
+  const int64_t chunk_elems = std::max<int64_t>(1, comm.options().chunk_bytes / elem);
+  const std::vector<Segment> segments = SplitEvenly(count, n);
+  const int next = comm.group()[Mod(p + 1, n)];
+  const int prev = comm.group()[Mod(p - 1, n)];
+  const uint64_t tag_base = comm.NextTagBase();
+  const absl::Time deadline = absl::Now() + comm.options().timeout;
+  Transport* t = comm.transport();
+  char* bytes = static_cast<char*>(data);
+
+  auto send_segment = [&](int seg, int step) -> absl::Status {
+    const Segment& s = segments[seg];
+    for (int64_t c = 0, i = 0; c < s.count; c += chunk_elems, ++i) {
+      int64_t len = std::min(chunk_elems, s.count - c);
+      absl::string_view payload(bytes + (s.offset + c) * elem, len * elem);
+      if (absl::Status st = t->Send(next, tag_base + (uint64_t(step) << 16) + i, payload, deadline); !st.ok()) {
+        return st;
+      }
+    }
+    return absl::OkStatus();
+  };
+
+  const int total_steps = 2 * (n - 1);
+  if (absl::Status st = send_segment(p, 0); !st.ok()) return st;
+  for (int step = 0; step < total_steps; ++step) {
+    const bool reducing = step < n - 1;
+    const int seg = reducing ? Mod(p - step - 1, n) : Mod(p - (step - (n - 1)), n);
+    const bool last_reduce = step == n - 2;
+    const bool forward = step + 1 < total_steps;
+    const Segment& s = segments[seg];
+    for (int64_t c = 0, i = 0; c < s.count; c += chunk_elems, ++i) {
+      const int64_t len = std::min(chunk_elems, s.count - c);
+      char* dst = bytes + (s.offset + c) * elem;
+      absl::StatusOr<std::string> msg = t->Recv(prev, tag_base + (uint64_t(step) << 16) + i, deadline);
+      if (!msg.ok()) {
+        return absl::Status(msg.status().code(),
+                            absl::StrCat("all_reduce over ranks of size ", n, " at ring step ", step,
+                                         ": ", msg.status().message()));
+      }
+      if (msg->size() != static_cast<size_t>(len) * elem) {
+        return absl::InternalError(absl::StrCat("rank ", prev, " sent ", msg->size(), " bytes at ring step ",
+                                                step, "; expected ", len * elem));
+      }
+      if (reducing) {
+        AddInto(dtype, dst, msg->data(), len);
+        if (last_reduce && op == ReduceOp::kMean) Scale(dtype, dst, len, 1.0f / n);
+      } else {
+        std::memcpy(dst, msg->data(), len * elem);
+      }
+      if (forward) {
+        absl::string_view payload(dst, len * elem);
+        if (absl::Status st = t->Send(next, tag_base + (uint64_t(step + 1) << 16) + i, payload, deadline);
+            !st.ok()) {
+          return st;
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace meshrun

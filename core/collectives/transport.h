@@ -1,0 +1,48 @@
+// The seam between collective algorithms and the wire (Gloo's transport::Pair, reduced to what the
+// algorithms need). Two implementations: InProcessTransport (threads as ranks, for tests) and
+// worker/grpc_transport (gRPC streams between worker processes).
+#ifndef MESHRUN_CORE_COLLECTIVES_TRANSPORT_H_
+#define MESHRUN_CORE_COLLECTIVES_TRANSPORT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace meshrun {
+
+// Point-to-point messages between the ranks of one cluster. Messages from one sender to one
+// receiver arrive in send order; each carries a tag that the receiver checks, so two ranks that
+// call collectives in different orders get an error instead of garbage.
+//
+// Thread-safety: Send and Recv may be called from different threads, but calls that target the
+// same peer must be ordered by the caller (a collective runs on one thread).
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // Queues `data` for `peer` and returns once it is buffered (not necessarily delivered).
+  // Errors: Unavailable naming the peer's rank if its link is broken; DeadlineExceeded if the
+  // buffer stays full past `deadline`; the Abort reason after Abort.
+  virtual absl::Status Send(int peer, uint64_t tag, absl::string_view data, absl::Time deadline) = 0;
+
+  // Returns the next message from `peer`. Errors: DeadlineExceeded naming the peer's rank;
+  // Unavailable if the peer disconnected; Internal if the message's tag is not `tag`; the Abort
+  // reason after Abort.
+  virtual absl::StatusOr<std::string> Recv(int peer, uint64_t tag, absl::Time deadline) = 0;
+
+  // Fails every blocked and future Send/Recv with `reason` until Reset(). Thread-safe.
+  virtual void Abort(const absl::Status& reason) = 0;
+  // Clears an Abort and drops undelivered messages (between jobs). Thread-safe.
+  virtual void Reset() = 0;
+};
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_CORE_COLLECTIVES_TRANSPORT_H_

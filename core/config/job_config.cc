@@ -1,0 +1,187 @@
+#include "core/config/job_config.h"
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace meshrun {
+namespace {
+
+using json = nlohmann::json;
+using Setter = std::function<absl::Status(const std::string& key, const json& value)>;
+
+absl::Status Bad(const std::string& key, const json& value, absl::string_view expected) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", key, "' is ", value.dump(), "; expected ", expected));
+}
+
+Setter Int(int64_t* out, int64_t lo, int64_t hi) {
+  return [=](const std::string& key, const json& v) {
+    if (!v.is_number_integer() || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+      return Bad(key, v, absl::StrCat("an integer in [", lo, ", ", hi, "]"));
+    }
+    *out = v.get<int64_t>();
+    return absl::OkStatus();
+  };
+}
+Setter Int(int* out, int lo, int hi) {
+  return [=](const std::string& key, const json& v) {
+    int64_t tmp = 0;
+    absl::Status s = Int(&tmp, lo, hi)(key, v);
+    if (s.ok()) *out = static_cast<int>(tmp);
+    return s;
+  };
+}
+Setter Num(double* out, double lo, double hi, bool lo_open = false) {
+  return [=](const std::string& key, const json& v) {
+    if (!v.is_number() || v.get<double>() > hi || v.get<double>() < lo ||
+        (lo_open && v.get<double>() == lo)) {
+      return Bad(key, v, absl::StrCat("a number in ", lo_open ? "(" : "[", lo, ", ", hi, "]"));
+    }
+    *out = v.get<double>();
+    return absl::OkStatus();
+  };
+}
+Setter Enum(std::string* out, std::vector<std::string> allowed) {
+  return [=](const std::string& key, const json& v) {
+    for (const auto& a : allowed) {
+      if (v.is_string() && v.get<std::string>() == a) {
+        *out = a;
+        return absl::OkStatus();
+      }
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", key, "' is ", v.dump(), "; allowed: ", absl::StrJoin(allowed, ", ")));
+  };
+}
+Setter Str(std::string* out) {
+  return [=](const std::string& key, const json& v) {
+    if (!v.is_string() || v.get<std::string>().empty()) return Bad(key, v, "a non-empty string");
+    *out = v.get<std::string>();
+    return absl::OkStatus();
+  };
+}
+Setter Bool(bool* out) {
+  return [=](const std::string& key, const json& v) {
+    if (!v.is_boolean()) return Bad(key, v, "true or false");
+    *out = v.get<bool>();
+    return absl::OkStatus();
+  };
+}
+
+absl::Status ApplySection(const std::string& section, const json& obj,
+                          const std::map<std::string, Setter>& setters) {
+  if (!obj.is_object()) return Bad(section, obj, "an object");
+  for (const auto& [key, value] : obj.items()) {
+    auto it = setters.find(key);
+    if (it == setters.end()) {
+      std::vector<std::string> allowed;
+      for (const auto& [k, _] : setters) allowed.push_back(k);
+      return absl::InvalidArgumentError(absl::StrCat("unknown key '", section, ".", key,
+                                                     "'; allowed: ", absl::StrJoin(allowed, ", ")));
+    }
+    if (absl::Status s = it->second(absl::StrCat(section, ".", key), value); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
+  json root = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return absl::InvalidArgumentError("job config is not valid JSON");
+  if (!root.is_object()) return absl::InvalidArgumentError("job config must be a JSON object");
+  JobConfig c;
+  int64_t seed = static_cast<int64_t>(c.train.seed);
+  const std::map<std::string, std::map<std::string, Setter>> schema = {
+      {"model",
+       {{"name", Enum(&c.model.name, {"dp_classifier"})},
+        {"hidden_size", Int(&c.model.hidden_size, 1, 1 << 16)},
+        {"num_classes", Int(&c.model.num_classes, 2, 10)},
+        {"dropout_rate", Num(&c.model.dropout_rate, 0.0, 0.95)}}},
+      {"optimizer",
+       {{"name", Enum(&c.optimizer.name, {"adamw", "adam", "sgd"})},
+        {"learning_rate", Num(&c.optimizer.learning_rate, 0.0, 10.0, true)},
+        {"b1", Num(&c.optimizer.b1, 0.0, 0.999999)},
+        {"b2", Num(&c.optimizer.b2, 0.0, 0.999999)},
+        {"eps", Num(&c.optimizer.eps, 0.0, 1.0, true)},
+        {"weight_decay", Num(&c.optimizer.weight_decay, 0.0, 1.0)},
+        {"num_minibatches", Int(&c.optimizer.num_minibatches, 1, 1024)}}},
+      {"data",
+       {{"dataset", Enum(&c.data.dataset, {"fashion_mnist"})},
+        {"path", Str(&c.data.path)},
+        {"batch_size", Int(&c.data.batch_size, 1, 60000)}}},
+      {"train",
+       {{"epochs", Int(&c.train.epochs, 1, 1000)},
+        {"max_steps", Int(&c.train.max_steps, 0, int64_t{1} << 40)},
+        {"seed", Int(&seed, 0, (int64_t{1} << 53))},
+        {"log_every", Int(&c.train.log_every, 1, 1000000)},
+        {"evaluate", Bool(&c.train.evaluate)},
+        {"collective_timeout_seconds", Num(&c.train.collective_timeout_seconds, 0.0, 3600.0, true)}}},
+  };
+  for (const auto& [key, value] : root.items()) {
+    if (key == "mesh") {
+      if (!value.is_object() || value.empty()) return Bad("mesh", value, "an object of axis name -> size");
+      for (const auto& [axis, size] : value.items()) {
+        if (!size.is_number_integer() || size.get<int64_t>() < 1 || size.get<int64_t>() > 4096) {
+          return Bad(absl::StrCat("mesh.", axis), size, "an integer in [1, 4096]");
+        }
+        c.mesh.emplace_back(axis, size.get<int>());
+      }
+      continue;
+    }
+    auto it = schema.find(key);
+    if (it == schema.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown key '", key, "'; allowed: data, mesh, model, optimizer, train"));
+    }
+    if (absl::Status s = ApplySection(key, value, it->second); !s.ok()) return s;
+  }
+  c.train.seed = static_cast<uint64_t>(seed);
+  if (c.data.batch_size % c.optimizer.num_minibatches != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("'data.batch_size' (", c.data.batch_size,
+                                                   ") must be divisible by 'optimizer.num_minibatches' (",
+                                                   c.optimizer.num_minibatches, ")"));
+  }
+  return c;
+}
+
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("job config file ", path, " cannot be read"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  absl::StatusOr<JobConfig> c = ParseJobConfig(ss.str());
+  if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
+  return c;
+}
+
+std::string JobConfigToJson(const JobConfig& c) {
+  json root;
+  json mesh = json::object();
+  for (const auto& [name, size] : c.mesh) mesh[name] = size;
+  if (!c.mesh.empty()) root["mesh"] = mesh;
+  root["model"] = {{"name", c.model.name},
+                   {"hidden_size", c.model.hidden_size},
+                   {"num_classes", c.model.num_classes},
+                   {"dropout_rate", c.model.dropout_rate}};
+  root["optimizer"] = {{"name", c.optimizer.name},         {"learning_rate", c.optimizer.learning_rate},
+                       {"b1", c.optimizer.b1},             {"b2", c.optimizer.b2},
+                       {"eps", c.optimizer.eps},           {"weight_decay", c.optimizer.weight_decay},
+                       {"num_minibatches", c.optimizer.num_minibatches}};
+  root["data"] = {{"dataset", c.data.dataset}, {"path", c.data.path}, {"batch_size", c.data.batch_size}};
+  root["train"] = {{"epochs", c.train.epochs},
+                   {"max_steps", c.train.max_steps},
+                   {"seed", c.train.seed},
+                   {"log_every", c.train.log_every},
+                   {"evaluate", c.train.evaluate},
+                   {"collective_timeout_seconds", c.train.collective_timeout_seconds}};
+  return root.dump(2);
+}
+
+}  // namespace meshrun

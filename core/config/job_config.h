@@ -1,0 +1,72 @@
+// The train job config: what a user writes (JSON) and what the coordinator plans from.
+#ifndef MESHRUN_CORE_CONFIG_JOB_CONFIG_H_
+#define MESHRUN_CORE_CONFIG_JOB_CONFIG_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace meshrun {
+
+// Schema (every key optional; defaults are the seed's DPClassifier run on Fashion-MNIST):
+// {
+//   "mesh":      {"data": 8},                        axis name -> size; must match the cluster
+//   "model":     {"name": "dp_classifier", "hidden_size": 512, "num_classes": 10,
+//                 "dropout_rate": 0.1},
+//   "optimizer": {"name": "adamw" | "adam" | "sgd", "learning_rate": 1e-3, "b1": 0.9,
+//                 "b2": 0.999, "eps": 1e-8, "weight_decay": 1e-4, "num_minibatches": 4},
+//   "data":      {"dataset": "fashion_mnist", "path": "/usr/share/datasets/fashion-mnist",
+//                 "batch_size": 128},
+//   "train":     {"epochs": 1, "max_steps": 0, "seed": 42, "log_every": 50, "evaluate": true,
+//                 "collective_timeout_seconds": 30}
+// }
+// `max_steps` > 0 stops after that many steps (otherwise epochs * floor(60000 / batch_size)).
+struct JobConfig {
+  std::vector<std::pair<std::string, int>> mesh;  // empty: use the cluster's mesh
+  struct Model {
+    std::string name = "dp_classifier";
+    int hidden_size = 512;
+    int num_classes = 10;
+    double dropout_rate = 0.1;
+  } model;
+  struct Optimizer {
+    std::string name = "adamw";
+    double learning_rate = 1e-3;
+    double b1 = 0.9;
+    double b2 = 0.999;
+    double eps = 1e-8;
+    double weight_decay = 1e-4;
+    int num_minibatches = 4;
+  } optimizer;
+  struct Data {
+    std::string dataset = "fashion_mnist";
+    std::string path = "/usr/share/datasets/fashion-mnist";
+    int batch_size = 128;
+  } data;
+  struct Train {
+    int epochs = 1;
+    int64_t max_steps = 0;
+    uint64_t seed = 42;
+    int log_every = 50;
+    bool evaluate = true;
+    double collective_timeout_seconds = 30;
+  } train;
+};
+
+// Parses and validates a JSON job config. Errors (InvalidArgument) name the offending key and what
+// was expected: malformed JSON, an unknown key ("unknown key 'model.hiden_size'; allowed: ..."),
+// a wrong type, an out-of-range value, a value outside an enum ("'optimizer.name' is 'adamx';
+// allowed: adamw, adam, sgd").
+absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text);
+// Reads FILE and parses it. Errors: NotFound naming the path, then those of ParseJobConfig.
+absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path);
+// The config as canonical JSON (every key present); ParseJobConfig(ToJson(c)) == c.
+std::string JobConfigToJson(const JobConfig& config);
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_CORE_CONFIG_JOB_CONFIG_H_

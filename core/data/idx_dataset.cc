@@ -1,0 +1,86 @@
+#include "core/data/idx_dataset.h"
+
+#include <zlib.h>
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+
+namespace meshrun {
+namespace {
+
+struct GzCloser {
+  void operator()(gzFile_s* f) const { gzclose(f); }
+};
+
+absl::Status ReadExactly(gzFile f, void* dst, size_t n, const std::string& path) {
+  auto* out = static_cast<char*>(dst);
+  while (n > 0) {
+    unsigned want = static_cast<unsigned>(std::min<size_t>(n, 1u << 30));
+    int got = gzread(f, out, want);
+    if (got <= 0) {
+      int err = 0;
+      const char* msg = gzerror(f, &err);
+      return absl::DataLossError(absl::StrCat(path, ": file ends early (", n, " bytes missing",
+                                              err != Z_OK ? absl::StrCat(", ", msg) : "", ")"));
+    }
+    out += got;
+    n -= got;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
+  std::unique_ptr<gzFile_s, GzCloser> f(gzopen(path.c_str(), "rb"));
+  if (!f) return absl::NotFoundError(absl::StrCat("dataset file ", path, " cannot be opened"));
+  uint8_t magic[4];
+  if (absl::Status s = ReadExactly(f.get(), magic, 4, path); !s.ok()) return s;
+  if (magic[0] != 0 || magic[1] != 0) {
+    return absl::DataLossError(absl::StrCat(path, ": not an IDX file (bad magic)"));
+  }
+  if (magic[2] != 0x08) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": IDX element type 0x", absl::Hex(magic[2]), " unsupported; expected 0x08 (u8)"));
+  }
+  IdxArray out;
+  int64_t total = 1;
+  for (int i = 0; i < magic[3]; ++i) {
+    uint8_t be[4];
+    if (absl::Status s = ReadExactly(f.get(), be, 4, path); !s.ok()) return s;
+    int64_t d = (int64_t{be[0]} << 24) | (be[1] << 16) | (be[2] << 8) | be[3];
+    out.dims.push_back(d);
+    total *= d;
+  }
+  out.data.resize(total);
+  if (absl::Status s = ReadExactly(f.get(), out.data.data(), total, path); !s.ok()) return s;
+  return out;
+}
+
+absl::StatusOr<ImageDataset> LoadFashionMnist(const std::string& dir, absl::string_view split) {
+  std::string prefix;
+  if (split == "train") {
+    prefix = "train";
+  } else if (split == "test") {
+    prefix = "t10k";
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("unknown split '", split, "'; expected train or test"));
+  }
+  absl::StatusOr<IdxArray> images = ReadIdxFile(absl::StrCat(dir, "/", prefix, "-images-idx3-ubyte.gz"));
+  if (!images.ok()) return images.status();
+  absl::StatusOr<IdxArray> labels = ReadIdxFile(absl::StrCat(dir, "/", prefix, "-labels-idx1-ubyte.gz"));
+  if (!labels.ok()) return labels.status();
+  if (images->dims.size() != 3 || labels->dims.size() != 1 || images->dims[0] != labels->dims[0]) {
+    return absl::DataLossError(absl::StrCat("Fashion-MNIST ", split, " in ", dir,
+                                            ": images and labels disagree on the example count"));
+  }
+  ImageDataset ds;
+  ds.num_examples = images->dims[0];
+  ds.image_size = images->dims[1] * images->dims[2];
+  ds.images = std::move(images->data);
+  ds.labels = std::move(labels->data);
+  return ds;
+}
+
+}  // namespace meshrun

@@ -1,0 +1,109 @@
+#include "core/random/threefry.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace meshrun {
+namespace {
+
+inline uint32_t RotL(uint32_t v, int r) { return (v << r) | (v >> (32 - r)); }
+
+// threefry_2x32 over a flat count array, as jax.prng.threefry_2x32: pad to even length, hash the
+// first half against the second half, concatenate.
+std::vector<uint32_t> ThreefryCounts(const PRNGKey& key, const std::vector<uint32_t>& counts) {
+  size_t n = counts.size();
+  size_t half = (n + 1) / 2;
+  std::vector<uint32_t> padded = counts;
+  padded.resize(half * 2, 0);
+  std::vector<uint32_t> out(half * 2);
+  for (size_t i = 0; i < half; ++i) {
+    std::array<uint32_t, 2> y = Threefry2x32(key, padded[i], padded[half + i]);
+    out[i] = y[0];
+    out[half + i] = y[1];
+  }
+  out.resize(n);
+  return out;
+}
+
+}  // namespace
+
+std::array<uint32_t, 2> Threefry2x32(const PRNGKey& key, uint32_t x0, uint32_t x1) {
+  static constexpr int kRot[2][4] = {{13, 15, 26, 6}, {17, 29, 16, 24}};
+  const uint32_t ks[3] = {key[0], key[1], key[0] ^ key[1] ^ 0x1BD11BDAu};
+  uint32_t x[2] = {x0 + ks[0], x1 + ks[1]};
+  for (int block = 0; block < 5; ++block) {
+    for (int r : kRot[block % 2]) {
+      x[0] += x[1];
+      x[1] = RotL(x[1], r);
+      x[1] ^= x[0];
+    }
+    x[0] += ks[(block + 1) % 3];
+    x[1] += ks[(block + 2) % 3] + static_cast<uint32_t>(block + 1);
+  }
+  return {x[0], x[1]};
+}
+
+PRNGKey MakePRNGKey(uint64_t seed) {
+  return {static_cast<uint32_t>(seed >> 32), static_cast<uint32_t>(seed & 0xFFFFFFFFu)};
+}
+
+PRNGKey FoldIn(const PRNGKey& key, uint32_t data) {
+  std::array<uint32_t, 2> y = Threefry2x32(key, 0, data);
+  return {y[0], y[1]};
+}
+
+std::array<PRNGKey, 2> Split(const PRNGKey& key) {
+  std::vector<uint32_t> out = ThreefryCounts(key, {0, 1, 2, 3});
+  return {PRNGKey{out[0], out[1]}, PRNGKey{out[2], out[3]}};
+}
+
+std::vector<uint32_t> RandomBits(const PRNGKey& key, int64_t n) {
+  std::vector<uint32_t> counts(n);
+  for (int64_t i = 0; i < n; ++i) counts[i] = static_cast<uint32_t>(i);
+  return ThreefryCounts(key, counts);
+}
+
+float ErfInv(float x) {
+  float w = -std::log((1.0f - x) * (1.0f + x));
+  float p;
+  if (w < 5.0f) {
+    w -= 2.5f;
+    p = 2.81022636e-08f;
+    p = 3.43273939e-07f + p * w;
+    p = -3.5233877e-06f + p * w;
+    p = -4.39150654e-06f + p * w;
+    p = 0.00021858087f + p * w;
+    p = -0.00125372503f + p * w;
+    p = -0.00417768164f + p * w;
+    p = 0.246640727f + p * w;
+    p = 1.50140941f + p * w;
+  } else {
+    w = std::sqrt(w) - 3.0f;
+    p = -0.000200214257f;
+    p = 0.000100950558f + p * w;
+    p = 0.00134934322f + p * w;
+    p = -0.00367342844f + p * w;
+    p = 0.00573950773f + p * w;
+    p = -0.0076224613f + p * w;
+    p = 0.00943887047f + p * w;
+    p = 1.00167406f + p * w;
+    p = 2.83297682f + p * w;
+  }
+  return p * x;
+}
+
+void TruncatedNormal(const PRNGKey& key, int64_t n, float scale, float* out) {
+  const float sqrt2 = std::sqrt(2.0f);
+  const float a = std::erf(-2.0f / sqrt2);
+  const float b = std::erf(2.0f / sqrt2);
+  const float lo = std::nextafter(-2.0f, 0.0f);
+  const float hi = std::nextafter(2.0f, 0.0f);
+  std::vector<uint32_t> bits = RandomBits(key, n);
+  for (int64_t i = 0; i < n; ++i) {
+    float u = std::max(a, BitsToUnitFloat(bits[i]) * (b - a) + a);
+    float z = std::clamp(sqrt2 * ErfInv(u), lo, hi);
+    out[i] = z * scale;
+  }
+}
+
+}  // namespace meshrun

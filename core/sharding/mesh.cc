@@ -1,0 +1,104 @@
+#include "core/sharding/mesh.h"
+
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace meshrun {
+
+absl::StatusOr<Mesh> Mesh::Create(std::vector<std::pair<std::string, int>> axes) {
+  std::set<std::string> seen;
+  for (const auto& [name, size] : axes) {
+    if (name.empty()) return absl::InvalidArgumentError("mesh axis name is empty");
+    if (!seen.insert(name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("mesh axis '", name, "' appears twice"));
+    }
+    if (size < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh axis '", name, "' has size ", size, "; expected >= 1"));
+    }
+  }
+  Mesh mesh;
+  mesh.axes_ = std::move(axes);
+  return mesh;
+}
+
+absl::StatusOr<Mesh> Mesh::Parse(absl::string_view text) {
+  std::vector<std::pair<std::string, int>> axes;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    std::vector<std::string> kv = absl::StrSplit(part, '=');
+    int size = 0;
+    if (kv.size() != 2 || !absl::SimpleAtoi(kv[1], &size)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad mesh axis '", part, "' in '", text, "'; expected NAME=SIZE, e.g. data=2,model=4"));
+    }
+    axes.emplace_back(std::string(absl::StripAsciiWhitespace(kv[0])), size);
+  }
+  if (axes.empty()) return absl::InvalidArgumentError(absl::StrCat("empty mesh '", text, "'"));
+  return Create(std::move(axes));
+}
+
+absl::StatusOr<Mesh> Mesh::FromProto(const v1::Mesh& proto) {
+  std::vector<std::pair<std::string, int>> axes;
+  for (const auto& a : proto.axes()) axes.emplace_back(a.name(), a.size());
+  return Create(std::move(axes));
+}
+
+v1::Mesh Mesh::ToProto() const {
+  v1::Mesh proto;
+  for (const auto& [name, size] : axes_) {
+    auto* a = proto.add_axes();
+    a->set_name(name);
+    a->set_size(size);
+  }
+  return proto;
+}
+
+absl::StatusOr<int> Mesh::AxisIndex(absl::string_view name) const {
+  for (int i = 0; i < num_axes(); ++i) {
+    if (axes_[i].first == name) return i;
+  }
+  return absl::NotFoundError(absl::StrCat("mesh axis '", name, "' is not in ", ToString()));
+}
+
+int Mesh::size() const {
+  int n = 1;
+  for (const auto& a : axes_) n *= a.second;
+  return n;
+}
+
+std::vector<int> Mesh::Coords(int rank) const {
+  std::vector<int> coords(axes_.size());
+  for (int i = num_axes() - 1; i >= 0; --i) {
+    coords[i] = rank % axes_[i].second;
+    rank /= axes_[i].second;
+  }
+  return coords;
+}
+
+int Mesh::RankOf(const std::vector<int>& coords) const {
+  int rank = 0;
+  for (int i = 0; i < num_axes(); ++i) rank = rank * axes_[i].second + coords[i];
+  return rank;
+}
+
+std::vector<int> Mesh::AxisGroup(int rank, int axis) const {
+  std::vector<int> coords = Coords(rank);
+  std::vector<int> group;
+  for (int i = 0; i < axes_[axis].second; ++i) {
+    coords[axis] = i;
+    group.push_back(RankOf(coords));
+  }
+  return group;
+}
+
+std::string Mesh::ToString() const {
+  std::vector<std::string> parts;
+  for (const auto& [name, size] : axes_) parts.push_back(absl::StrCat("'", name, "': ", size));
+  return absl::StrCat("Mesh(", absl::StrJoin(parts, ", "), ")");
+}
+
+}  // namespace meshrun

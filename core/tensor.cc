@@ -1,0 +1,87 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace meshrun {
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_F32:
+    case v1::DTYPE_I32:
+    case v1::DTYPE_U32:
+      return 4;
+    case v1::DTYPE_BF16:
+      return 2;
+    default:
+      return 0;
+  }
+}
+
+std::string DTypeName(DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_F32: return "f32";
+    case v1::DTYPE_BF16: return "bf16";
+    case v1::DTYPE_I32: return "i32";
+    case v1::DTYPE_U32: return "u32";
+    default: return "unspecified";
+  }
+}
+
+int64_t NumElements(const Dims& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+std::string DimsToString(const Dims& dims) { return absl::StrCat("[", absl::StrJoin(dims, ", "), "]"); }
+
+void Tensor::FreeDeleter::operator()(void* p) const { std::free(p); }
+
+Tensor::Tensor(DType dtype, Dims dims) : dtype_(dtype), dims_(std::move(dims)) {
+  size_t bytes = size_bytes();
+  size_t rounded = ((bytes + 63) / 64) * 64;
+  if (rounded == 0) rounded = 64;
+  data_.reset(std::aligned_alloc(64, rounded));
+  std::memset(data_.get(), 0, rounded);
+}
+
+Tensor::Tensor(const Tensor& other) : Tensor(other.dtype_, other.dims_) {
+  std::memcpy(raw(), other.raw(), size_bytes());
+}
+
+Tensor& Tensor::operator=(const Tensor& other) {
+  if (this != &other) *this = Tensor(other);
+  return *this;
+}
+
+v1::Tensor Tensor::ToProto() const {
+  v1::Tensor proto;
+  proto.set_dtype(dtype_);
+  for (int64_t d : dims_) proto.mutable_shape()->add_dims(d);
+  proto.set_data(raw(), size_bytes());
+  return proto;
+}
+
+absl::StatusOr<Tensor> Tensor::FromProto(const v1::Tensor& proto) {
+  Dims dims(proto.shape().dims().begin(), proto.shape().dims().end());
+  for (int64_t d : dims) {
+    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("negative dim in shape ", DimsToString(dims)));
+  }
+  if (DTypeSize(proto.dtype()) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor has no dtype (got ", proto.dtype(), ")"));
+  }
+  Tensor t(proto.dtype(), dims);
+  if (proto.data().size() != t.size_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", DTypeName(proto.dtype()), DimsToString(dims),
+                                                   " needs ", t.size_bytes(), " bytes, got ",
+                                                   proto.data().size()));
+  }
+  std::memcpy(t.raw(), proto.data().data(), t.size_bytes());
+  return t;
+}
+
+}  // namespace meshrun

@@ -1,0 +1,67 @@
+// Dense host arrays: dtype, row-major shape and 64-byte-aligned storage.
+#ifndef MESHRUN_CORE_TENSOR_H_
+#define MESHRUN_CORE_TENSOR_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "meshrun/v1/common.pb.h"
+
+namespace meshrun {
+
+using DType = v1::DType;
+
+// Bytes per element of `dtype` (0 for DTYPE_UNSPECIFIED).
+size_t DTypeSize(DType dtype);
+// "f32", "bf16", "i32", "u32".
+std::string DTypeName(DType dtype);
+
+// Dimensions of a row-major array; {} is a scalar.
+using Dims = std::vector<int64_t>;
+int64_t NumElements(const Dims& dims);
+std::string DimsToString(const Dims& dims);  // "[128, 784]"
+
+// A dense row-major array owned by this object. Storage is 64-byte aligned so oneDNN can use it
+// directly. Copyable (deep copy) and movable. Not thread-safe for concurrent mutation.
+class Tensor {
+ public:
+  Tensor() = default;
+  // Zero-initialised array of `dims` elements of `dtype`.
+  Tensor(DType dtype, Dims dims);
+  Tensor(const Tensor& other);
+  Tensor& operator=(const Tensor& other);
+  Tensor(Tensor&&) = default;
+  Tensor& operator=(Tensor&&) = default;
+
+  DType dtype() const { return dtype_; }
+  const Dims& dims() const { return dims_; }
+  int64_t num_elements() const { return NumElements(dims_); }
+  size_t size_bytes() const { return num_elements() * DTypeSize(dtype_); }
+
+  void* raw() { return data_.get(); }
+  const void* raw() const { return data_.get(); }
+  template <typename T>
+  T* data() { return static_cast<T*>(raw()); }
+  template <typename T>
+  const T* data() const { return static_cast<const T*>(raw()); }
+
+  v1::Tensor ToProto() const;
+  // Errors: InvalidArgument if the byte count does not match dtype and shape.
+  static absl::StatusOr<Tensor> FromProto(const v1::Tensor& proto);
+
+ private:
+  struct FreeDeleter {
+    void operator()(void* p) const;
+  };
+  DType dtype_ = v1::DTYPE_UNSPECIFIED;
+  Dims dims_;
+  std::unique_ptr<void, FreeDeleter> data_;
+};
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_CORE_TENSOR_H_

@@ -1,0 +1,53 @@
+#include "core/config/job_config.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace meshrun {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(JobConfigTest, DefaultsAreTheSeedsMainJob) {
+  absl::StatusOr<JobConfig> c = ParseJobConfig("{}");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.hidden_size, 512);
+  EXPECT_EQ(c->optimizer.name, "adamw");
+  EXPECT_DOUBLE_EQ(c->optimizer.weight_decay, 1e-4);
+  EXPECT_EQ(c->optimizer.num_minibatches, 4);
+  EXPECT_EQ(c->data.batch_size, 128);
+}
+
+TEST(JobConfigTest, ParsesEverySection) {
+  absl::StatusOr<JobConfig> c = ParseJobConfig(R"({"mesh": {"data": 8}, "model": {"dropout_rate": 0},
+      "optimizer": {"name": "sgd", "learning_rate": 0.1}, "train": {"max_steps": 20, "seed": 7}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->mesh.size(), 1u);
+  EXPECT_EQ(c->mesh[0].second, 8);
+  EXPECT_EQ(c->optimizer.name, "sgd");
+  EXPECT_EQ(c->train.max_steps, 20);
+  EXPECT_EQ(c->train.seed, 7u);
+  absl::StatusOr<JobConfig> again = ParseJobConfig(JobConfigToJson(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->train.max_steps, 20);
+}
+
+TEST(JobConfigTest, RejectsUnknownKeysNamingThem) {
+  EXPECT_EQ(ParseJobConfig(R"({"model": {"hiden_size": 3}})").status().message(),
+            "unknown key 'model.hiden_size'; allowed: dropout_rate, hidden_size, name, num_classes");
+  EXPECT_THAT(ParseJobConfig(R"({"modle": {}})").status().message(), HasSubstr("unknown key 'modle'"));
+}
+
+TEST(JobConfigTest, RejectsBadValuesNamingAllowedOnes) {
+  EXPECT_EQ(ParseJobConfig(R"({"optimizer": {"name": "adamx"}})").status().message(),
+            "'optimizer.name' is \"adamx\"; allowed: adamw, adam, sgd");
+  EXPECT_THAT(ParseJobConfig(R"({"data": {"batch_size": -1}})").status().message(),
+              HasSubstr("'data.batch_size' is -1; expected an integer in [1, 60000]"));
+  EXPECT_THAT(ParseJobConfig(R"({"data": {"batch_size": 130}})").status().message(),
+              HasSubstr("divisible by 'optimizer.num_minibatches'"));
+  EXPECT_THAT(ParseJobConfig("{").status().message(), HasSubstr("not valid JSON"));
+  EXPECT_THAT(LoadJobConfig("/nonexistent/job.json").status().message(), HasSubstr("/nonexistent/job.json"));
+}
+
+}  // namespace
+}  // namespace meshrun

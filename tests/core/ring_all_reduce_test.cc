@@ -1,0 +1,138 @@
+#include "core/collectives/ring_all_reduce.h"
+
+#include <thread>
+
+#include "core/collectives/in_process_transport.h"
+#include "core/collectives/reduce_kernels.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace meshrun {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Runs fn(rank) on one thread per rank.
+void RunRanks(int n, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back(fn, r);
+  for (auto& t : threads) t.join();
+}
+
+std::vector<int> Iota(int n) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+class RingAllReduceTest : public ::testing::TestWithParam<std::tuple<int, int64_t>> {};
+
+TEST_P(RingAllReduceTest, MatchesPlainSumAndMean) {
+  const auto [world, count] = GetParam();
+  auto transports = CreateInProcessTransports(world);
+  CollectiveOptions opts;
+  opts.chunk_bytes = 64;  // many chunks per segment, to exercise the pipeline
+  opts.timeout = absl::Seconds(10);
+  std::vector<std::vector<float>> sum_data(world), mean_data(world);
+  std::vector<std::vector<int32_t>> int_data(world);
+  std::vector<absl::Status> status(world);
+  for (int r = 0; r < world; ++r) {
+    for (int64_t i = 0; i < count; ++i) {
+      sum_data[r].push_back(static_cast<float>((r + 1) * 0.5 + i % 7));
+      int_data[r].push_back(static_cast<int32_t>(r * 1000 + i));
+    }
+    mean_data[r] = sum_data[r];
+  }
+  RunRanks(world, [&](int r) {
+    Communicator comm(transports[r].get(), Iota(world), opts);
+    absl::Status s = comm.AllReduce(sum_data[r].data(), count, v1::DTYPE_F32, ReduceOp::kSum);
+    if (s.ok()) s = comm.AllReduce(mean_data[r].data(), count, v1::DTYPE_F32, ReduceOp::kMean);
+    if (s.ok()) s = comm.AllReduce(int_data[r].data(), count, v1::DTYPE_I32, ReduceOp::kSum);
+    status[r] = s;
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    for (int64_t i = 0; i < count; ++i) {
+      double expected = 0;
+      int64_t expected_int = 0;
+      for (int q = 0; q < world; ++q) {
+        expected += (q + 1) * 0.5 + i % 7;
+        expected_int += q * 1000 + i;
+      }
+      ASSERT_NEAR(sum_data[r][i], expected, 1e-4) << "rank " << r << " element " << i;
+      ASSERT_NEAR(mean_data[r][i], expected / world, 1e-5) << "rank " << r << " element " << i;
+      ASSERT_EQ(int_data[r][i], expected_int);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizesAndCounts, RingAllReduceTest,
+                         ::testing::Combine(::testing::Range(1, 9), ::testing::Values<int64_t>(0, 1, 13, 1001)));
+
+TEST(RingAllReduceBf16Test, SumsInBf16) {
+  const int world = 4;
+  auto transports = CreateInProcessTransports(world);
+  std::vector<std::vector<uint16_t>> data(world, std::vector<uint16_t>(10));
+  for (int r = 0; r < world; ++r) {
+    for (int i = 0; i < 10; ++i) data[r][i] = F32ToBf16(0.25f * (r + i));
+  }
+  RunRanks(world, [&](int r) {
+    Communicator comm(transports[r].get(), Iota(world));
+    ASSERT_TRUE(comm.AllReduce(data[r].data(), 10, v1::DTYPE_BF16, ReduceOp::kSum).ok());
+  });
+  for (int i = 0; i < 10; ++i) EXPECT_FLOAT_EQ(Bf16ToF32(data[2][i]), 0.25f * (6 + 4 * i));
+}
+
+TEST(RingAllReduceTest, SubgroupOfTheMesh) {
+  // Ranks {1, 3} reduce among themselves while {0, 2} do the same: groups do not interfere.
+  auto transports = CreateInProcessTransports(4);
+  std::vector<std::vector<float>> data = {{1}, {10}, {100}, {1000}};
+  RunRanks(4, [&](int r) {
+    Communicator comm(transports[r].get(), r % 2 ? std::vector<int>{1, 3} : std::vector<int>{0, 2});
+    ASSERT_TRUE(comm.AllReduce(data[r].data(), 1, v1::DTYPE_F32, ReduceOp::kSum).ok());
+  });
+  EXPECT_EQ(data[0][0], 101);
+  EXPECT_EQ(data[1][0], 1010);
+  EXPECT_EQ(data[2][0], 101);
+  EXPECT_EQ(data[3][0], 1010);
+}
+
+TEST(RingAllReduceTest, MissingPeerTimesOutNamingTheRank) {
+  auto transports = CreateInProcessTransports(3);
+  CollectiveOptions opts;
+  opts.timeout = absl::Milliseconds(200);
+  // Rank 2 never joins: ranks 0 and 1 must fail with a deadline naming the rank they waited on.
+  std::vector<absl::Status> status(2);
+  RunRanks(2, [&](int r) {
+    Communicator comm(transports[r].get(), {0, 1, 2}, opts);
+    std::vector<float> v(30, 1.0f);
+    status[r] = comm.AllReduce(v.data(), v.size(), v1::DTYPE_F32, ReduceOp::kSum);
+  });
+  EXPECT_EQ(status[0].code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(status[0].message(), HasSubstr("rank 2"));
+  EXPECT_EQ(status[1].code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(RingAllReduceTest, AbortUnblocksWithTheReason) {
+  auto transports = CreateInProcessTransports(2);
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    transports[0]->Abort(absl::AbortedError("job aborted: worker rank 1 died"));
+  });
+  Communicator comm(transports[0].get(), {0, 1});
+  std::vector<float> v(8, 1.0f);
+  absl::Status s = comm.AllReduce(v.data(), v.size(), v1::DTYPE_F32, ReduceOp::kSum);
+  aborter.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(s.message(), HasSubstr("worker rank 1 died"));
+}
+
+TEST(RingAllReduceTest, PmeanOfIntegersIsRejected) {
+  auto transports = CreateInProcessTransports(1);
+  Communicator comm(transports[0].get(), {0});
+  int32_t x = 1;
+  EXPECT_EQ(comm.AllReduce(&x, 1, v1::DTYPE_I32, ReduceOp::kMean).code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace meshrun

@@ -1,0 +1,53 @@
+#include "core/random/threefry.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+
+namespace meshrun {
+namespace {
+
+// The seed (001) prints fold_rng_over_axis(PRNGKey(0), 'i') on a 4x2 mesh: devices with i-index
+// 0..3 get these keys.
+TEST(ThreefryTest, FoldInMatchesJax) {
+  const PRNGKey key = MakePRNGKey(0);
+  EXPECT_EQ(FoldIn(key, 0), (PRNGKey{1797259609u, 2579123966u}));
+  EXPECT_EQ(FoldIn(key, 1), (PRNGKey{928981903u, 3453687069u}));
+  EXPECT_EQ(FoldIn(key, 2), (PRNGKey{4146024105u, 2718843009u}));
+  EXPECT_EQ(FoldIn(key, 3), (PRNGKey{2467461003u, 3840466878u}));
+}
+
+TEST(ThreefryTest, PRNGKeyLayout) {
+  EXPECT_EQ(MakePRNGKey(42), (PRNGKey{0u, 42u}));
+  EXPECT_EQ(MakePRNGKey(uint64_t{1} << 32 | 7), (PRNGKey{1u, 7u}));
+}
+
+TEST(ThreefryTest, SplitGivesDistinctKeys) {
+  auto keys = Split(MakePRNGKey(0));
+  EXPECT_NE(keys[0], keys[1]);
+  EXPECT_NE(keys[0], MakePRNGKey(0));
+}
+
+TEST(ThreefryTest, TruncatedNormalStatistics) {
+  std::vector<float> v(200000);
+  TruncatedNormal(MakePRNGKey(3), v.size(), 1.0f, v.data());
+  double mean = 0, var = 0;
+  for (float x : v) {
+    ASSERT_GT(x, -2.0f);
+    ASSERT_LT(x, 2.0f);
+    mean += x;
+  }
+  mean /= v.size();
+  for (float x : v) var += (x - mean) * (x - mean);
+  var /= v.size();
+  EXPECT_NEAR(mean, 0.0, 0.01);
+  // Variance of a standard normal truncated to [-2, 2] is 0.7737 (= 0.87962566^2).
+  EXPECT_NEAR(var, 0.87962566 * 0.87962566, 0.01);
+}
+
+TEST(ThreefryTest, ErfInvInvertsErf) {
+  for (float x : {-0.99f, -0.5f, 0.0f, 0.3f, 0.9f, 0.999f}) EXPECT_NEAR(std::erf(ErfInv(x)), x, 2e-6);
+}
+
+}  // namespace
+}  // namespace meshrun

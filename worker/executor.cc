@@ -1,0 +1,266 @@
+#include "worker/executor.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/optim/adamw.h"
+#include "worker/kernels/kernel.h"
+
+namespace meshrun {
+namespace {
+
+// Wraps a kernel as a compiled op.
+Executor::CompiledOp FromKernel(std::unique_ptr<Kernel> kernel) {
+  std::shared_ptr<Kernel> k = std::move(kernel);
+  return [k](const RunContext&) { return k->Run(); };
+}
+
+absl::Status Arity(const v1::Op& op, int inputs, int outputs) {
+  if (op.inputs_size() != inputs || op.outputs_size() != outputs) {
+    return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), " takes ", inputs, " inputs and ",
+                                                   outputs, " outputs; got ", op.inputs_size(), " and ",
+                                                   op.outputs_size()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Executor::Executor(const v1::StepProgram& program, const Options& options)
+    : program_(program), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram& program,
+                                                          const Options& options) {
+  std::unique_ptr<Executor> ex(new Executor(program, options));
+  for (const v1::BufferDecl& decl : ex->program_.buffers()) {
+    if (DTypeSize(decl.dtype()) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("buffer '", decl.name(), "' has no dtype"));
+    }
+    if (ex->buffers_.count(decl.name())) {
+      return absl::InvalidArgumentError(absl::StrCat("buffer '", decl.name(), "' is declared twice"));
+    }
+    Dims dims(decl.shape().dims().begin(), decl.shape().dims().end());
+    ex->buffers_.emplace(decl.name(), Tensor(decl.dtype(), dims));
+    ex->roles_[decl.name()] = decl.role();
+  }
+  for (const v1::Function& f : ex->program_.functions()) {
+    CompiledFunction cf{&f, {}};
+    for (int i = 0; i < f.ops_size(); ++i) {
+      absl::StatusOr<CompiledOp> op = ex->Compile(f.ops(i));
+      if (!op.ok()) {
+        return absl::Status(op.status().code(), absl::StrCat("function '", f.name(), "' op ", i, " (",
+                                                             v1::OpKind_Name(f.ops(i).kind()),
+                                                             "): ", op.status().message()));
+      }
+      cf.ops.push_back(*std::move(op));
+    }
+    for (const v1::Feed& feed : f.feeds()) {
+      if (!ex->buffers_.count(feed.buffer())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("function '", f.name(), "' feeds unknown buffer '", feed.buffer(), "'"));
+      }
+    }
+    ex->functions_[f.name()] = std::move(cf);
+  }
+  return ex;
+}
+
+Tensor* Executor::buffer(const std::string& name) {
+  auto it = buffers_.find(name);
+  return it == buffers_.end() ? nullptr : &it->second;
+}
+
+int64_t Executor::ResidentBytes(v1::BufferRole role) const {
+  int64_t total = 0;
+  for (const auto& [name, t] : buffers_) {
+    if (role == v1::BUFFER_ROLE_UNSPECIFIED || roles_.at(name) == role) total += t.size_bytes();
+  }
+  return total;
+}
+
+absl::StatusOr<Tensor*> Executor::Buffer(const v1::Op& op, const std::string& name) {
+  Tensor* t = buffer(name);
+  if (t == nullptr) return absl::InvalidArgumentError(absl::StrCat("unknown buffer '", name, "'"));
+  return t;
+}
+
+absl::StatusOr<Communicator*> Executor::CommunicatorFor(const std::string& axis_name) {
+  auto it = communicators_.find(axis_name);
+  if (it != communicators_.end()) return it->second.get();
+  if (options_.mesh == nullptr) return absl::FailedPreconditionError("no mesh for a collective");
+  absl::StatusOr<int> axis = options_.mesh->AxisIndex(axis_name);
+  if (!axis.ok()) return axis.status();
+  if (options_.transport == nullptr) return absl::FailedPreconditionError("no transport for a collective");
+  auto comm = std::make_unique<Communicator>(options_.transport, options_.mesh->AxisGroup(options_.rank, *axis),
+                                             options_.collectives);
+  Communicator* raw = comm.get();
+  communicators_[axis_name] = std::move(comm);
+  return raw;
+}
+
+absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
+  auto it = functions_.find(name);
+  if (it == functions_.end()) return absl::NotFoundError(absl::StrCat("program has no function '", name, "'"));
+  const CompiledFunction& cf = it->second;
+  for (const v1::Feed& feed : cf.function->feeds()) {
+    if (!ctx.feed) return absl::FailedPreconditionError(absl::StrCat("function '", name, "' needs feeds"));
+    if (absl::Status s = ctx.feed(feed, &buffers_.at(feed.buffer())); !s.ok()) return s;
+  }
+  for (size_t i = 0; i < cf.ops.size(); ++i) {
+    if (absl::Status s = cf.ops[i](ctx); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("function '", name, "' op ", i, " (",
+                                                 v1::OpKind_Name(cf.function->ops(i).kind()), "): ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
+  std::vector<Tensor*> in, out;
+  for (const auto& n : op.inputs()) {
+    absl::StatusOr<Tensor*> t = Buffer(op, n);
+    if (!t.ok()) return t.status();
+    in.push_back(*t);
+  }
+  for (const auto& n : op.outputs()) {
+    absl::StatusOr<Tensor*> t = Buffer(op, n);
+    if (!t.ok()) return t.status();
+    out.push_back(*t);
+  }
+  auto wrap = [](absl::StatusOr<std::unique_ptr<Kernel>> k) -> absl::StatusOr<CompiledOp> {
+    if (!k.ok()) return k.status();
+    return FromKernel(*std::move(k));
+  };
+  switch (op.kind()) {
+    case v1::OP_FILL: {
+      if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
+      Tensor* t = out[0];
+      const float value = op.value();
+      return CompiledOp([t, value](const RunContext&) {
+        float* p = t->data<float>();
+        for (int64_t i = 0; i < t->num_elements(); ++i) p[i] = value;
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_INIT_TRUNCATED_NORMAL: {
+      if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
+      Tensor* t = out[0];
+      const PRNGKey key = FoldIn(options_.init_key, op.seed_offset());
+      const float scale = op.scale();
+      return CompiledOp([t, key, scale](const RunContext&) {
+        TruncatedNormal(key, t->num_elements(), scale, t->data<float>());
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_MATMUL: {
+      if (op.inputs_size() < 2 || op.inputs_size() > 3 || op.outputs_size() != 1) {
+        return absl::InvalidArgumentError("OP_MATMUL takes a, b[, bias] and one output");
+      }
+      return wrap(CreateMatmul(*in[0], op.transpose_a(), *in[1], op.transpose_b(),
+                               op.inputs_size() == 3 ? in[2] : nullptr, *out[0]));
+    }
+    case v1::OP_SILU:
+      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      return wrap(CreateSilu(*in[0], *out[0]));
+    case v1::OP_SILU_GRAD:
+      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
+      return wrap(CreateSiluGrad(*in[0], *in[1], *out[0]));
+    case v1::OP_DROPOUT: {
+      if (absl::Status s = Arity(op, 1, 2); !s.ok()) return s;
+      absl::StatusOr<int> axis = options_.mesh ? options_.mesh->AxisIndex(op.axis_name())
+                                               : absl::StatusOr<int>(absl::FailedPreconditionError("no mesh"));
+      if (!axis.ok()) return axis.status();
+      const uint32_t axis_index = options_.mesh->Coords(options_.rank)[*axis];
+      absl::StatusOr<std::unique_ptr<Kernel>> mul = CreateMultiply(*in[0], *out[1], *out[0]);
+      if (!mul.ok()) return mul.status();
+      std::shared_ptr<Kernel> k = *std::move(mul);
+      Tensor* mask = out[1];
+      const float keep = 1.0f - op.rate();
+      return CompiledOp([k, mask, keep, axis_index](const RunContext& ctx) {
+        // The seed's accumulate_gradients folds in the minibatch index, then loss_fn folds the
+        // step key over the data axis (fold_rng_over_axis), so masks differ across batch shards.
+        const PRNGKey key = FoldIn(FoldIn(ctx.step_key, ctx.minibatch), axis_index);
+        std::vector<uint32_t> bits = RandomBits(key, mask->num_elements());
+        float* m = mask->data<float>();
+        const float scale = 1.0f / keep;
+        for (int64_t i = 0; i < mask->num_elements(); ++i) m[i] = BitsToUnitFloat(bits[i]) < keep ? scale : 0.0f;
+        return k->Run();
+      });
+    }
+    case v1::OP_DROPOUT_GRAD:
+      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
+      return wrap(CreateMultiply(*in[0], *in[1], *out[0]));
+    case v1::OP_SOFTMAX_CROSS_ENTROPY:
+      if (absl::Status s = Arity(op, 2, 3); !s.ok()) return s;
+      return wrap(CreateSoftmaxCrossEntropy(*in[0], *in[1], out[0], *out[1], *out[2]));
+    case v1::OP_SOFTMAX_CROSS_ENTROPY_EVAL:
+      if (absl::Status s = Arity(op, 2, 2); !s.ok()) return s;
+      return wrap(CreateSoftmaxCrossEntropy(*in[0], *in[1], nullptr, *out[0], *out[1]));
+    case v1::OP_REDUCE_SUM_ROWS:
+      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      return wrap(CreateReduceSumRows(*in[0], *out[0]));
+    case v1::OP_ACCUMULATE:
+      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      return wrap(CreateAccumulate(*in[0], op.scale(), *out[0]));
+    case v1::OP_ALL_REDUCE: {
+      if (op.inputs_size() != op.outputs_size() || op.inputs_size() == 0) {
+        return absl::InvalidArgumentError("OP_ALL_REDUCE reduces its inputs in place: outputs must equal inputs");
+      }
+      for (int i = 0; i < op.inputs_size(); ++i) {
+        if (op.inputs(i) != op.outputs(i) || in[i]->dtype() != in[0]->dtype()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("OP_ALL_REDUCE buffer '", op.inputs(i), "' must be in place and of one dtype"));
+        }
+      }
+      absl::StatusOr<Communicator*> comm = CommunicatorFor(op.axis_name());
+      if (!comm.ok()) return comm.status();
+      const ReduceOp rop = op.reduce_op() == v1::REDUCE_OP_MEAN ? ReduceOp::kMean : ReduceOp::kSum;
+      int64_t total = 0;
+      for (Tensor* t : in) total += t->num_elements();
+      // One fused bucket, as DDP / Horovod fuse small gradients into one all-reduce.
+      auto bucket = std::make_shared<Tensor>(in[0]->dtype(), Dims{total});
+      Communicator* c = *comm;
+      return CompiledOp([c, in, bucket, rop, total](const RunContext&) {
+        char* dst = static_cast<char*>(bucket->raw());
+        for (Tensor* t : in) {
+          std::memcpy(dst, t->raw(), t->size_bytes());
+          dst += t->size_bytes();
+        }
+        if (absl::Status s = c->AllReduce(bucket->raw(), total, bucket->dtype(), rop); !s.ok()) return s;
+        const char* src = static_cast<const char*>(bucket->raw());
+        for (Tensor* t : in) {
+          std::memcpy(t->raw(), src, t->size_bytes());
+          src += t->size_bytes();
+        }
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_ADAMW: {
+      if (absl::Status s = Arity(op, 4, 3); !s.ok()) return s;
+      for (Tensor* t : in) {
+        if (t->num_elements() != in[0]->num_elements()) {
+          return absl::InvalidArgumentError("OP_ADAMW operands differ in size");
+        }
+      }
+      AdamWHyperParams hp{op.adamw().learning_rate(), op.adamw().b1(), op.adamw().b2(), op.adamw().eps(),
+                          op.adamw().weight_decay()};
+      return CompiledOp([hp, in](const RunContext& ctx) {
+        AdamWUpdate(hp, ctx.step_count, in[0]->data<float>(), in[1]->data<float>(), in[2]->data<float>(),
+                    in[3]->data<float>(), in[0]->num_elements());
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_SGD: {
+      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
+      const float lr = op.adamw().learning_rate();
+      return CompiledOp([lr, in](const RunContext&) {
+        SgdUpdate(lr, in[0]->data<float>(), in[1]->data<float>(), in[0]->num_elements());
+        return absl::OkStatus();
+      });
+    }
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unsupported op kind ", op.kind()));
+  }
+}
+
+}  // namespace meshrun

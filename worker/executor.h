@@ -1,0 +1,80 @@
+// Runs a StepProgram on one worker: owns the program's buffers (this worker's shards) and the
+// kernels compiled from its ops.
+#ifndef MESHRUN_WORKER_EXECUTOR_H_
+#define MESHRUN_WORKER_EXECUTOR_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/collectives/communicator.h"
+#include "core/random/threefry.h"
+#include "core/sharding/mesh.h"
+#include "core/tensor.h"
+#include "meshrun/v1/program.pb.h"
+
+namespace meshrun {
+
+// What one function call needs from its caller.
+struct RunContext {
+  PRNGKey step_key{0, 0};  // per-step key; dropout folds in the minibatch index and axis index
+  int minibatch = 0;
+  int64_t step_count = 1;  // optimizer step t, counting from 1
+  // Fills a Feed's buffer before the ops run.
+  std::function<absl::Status(const v1::Feed&, Tensor*)> feed;
+};
+
+// Thread-compatible: one Run at a time. Collectives go through `transport`, which must outlive
+// the executor and be connected to every rank of `mesh`.
+class Executor {
+ public:
+  struct Options {
+    const Mesh* mesh = nullptr;
+    int rank = 0;
+    Transport* transport = nullptr;  // may be null for programs without collectives
+    CollectiveOptions collectives;
+    PRNGKey init_key{0, 0};  // parameter initialisation key: fold_in(init_key, op.seed_offset)
+  };
+
+  // Allocates every buffer and compiles every op into a kernel (oneDNN primitives are created
+  // here, once). Errors: InvalidArgument naming the op and buffer for unknown buffers, shape
+  // mismatches, unknown mesh axes or unsupported ops.
+  static absl::StatusOr<std::unique_ptr<Executor>> Create(const v1::StepProgram& program, const Options& options);
+
+  // Runs function `name`. Errors: NotFound for an unknown function; the failing op's error,
+  // prefixed with the function and op index (collective errors name the peer rank).
+  absl::Status Run(const std::string& name, const RunContext& ctx);
+
+  // The buffer called `name`, or null.
+  Tensor* buffer(const std::string& name);
+  const v1::StepProgram& program() const { return program_; }
+  const Options& options() const { return options_; }
+  // Bytes held by buffers of `role` (all roles when BUFFER_ROLE_UNSPECIFIED).
+  int64_t ResidentBytes(v1::BufferRole role) const;
+
+  using CompiledOp = std::function<absl::Status(const RunContext&)>;
+
+ private:
+  struct CompiledFunction {
+    const v1::Function* function;
+    std::vector<CompiledOp> ops;
+  };
+  Executor(const v1::StepProgram& program, const Options& options);
+  absl::StatusOr<CompiledOp> Compile(const v1::Op& op);
+  absl::StatusOr<Tensor*> Buffer(const v1::Op& op, const std::string& name);
+  absl::StatusOr<Communicator*> CommunicatorFor(const std::string& axis_name);
+
+  v1::StepProgram program_;
+  Options options_;
+  std::map<std::string, Tensor> buffers_;
+  std::map<std::string, v1::BufferRole> roles_;
+  std::map<std::string, CompiledFunction> functions_;
+  std::map<std::string, std::unique_ptr<Communicator>> communicators_;
+};
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_WORKER_EXECUTOR_H_

@@ -1,0 +1,45 @@
+#include "worker/kernels/engine.h"
+
+#include <omp.h>
+
+#include "absl/strings/str_cat.h"
+#include "worker/kernels/kernel.h"
+
+namespace meshrun {
+
+void SetComputeThreads(int num_threads) {
+  if (num_threads > 0) omp_set_num_threads(num_threads);
+}
+
+namespace kernels {
+
+dnnl::engine& CpuEngine() {
+  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+dnnl::memory::desc RowMajorDesc(const Dims& dims) {
+  dnnl::memory::dims d(dims.begin(), dims.end());
+  if (d.empty()) d.push_back(1);
+  dnnl::memory::dims strides(d.size(), 1);
+  for (int i = static_cast<int>(d.size()) - 2; i >= 0; --i) strides[i] = strides[i + 1] * d[i + 1];
+  return dnnl::memory::desc(d, dnnl::memory::data_type::f32, strides);
+}
+
+dnnl::memory MemoryFor(const dnnl::memory::desc& md, const void* data) {
+  return dnnl::memory(md, CpuEngine(), const_cast<void*>(data));
+}
+
+absl::Status Guard(const char* what, const std::function<void()>& fn) {
+  try {
+    fn();
+    return absl::OkStatus();
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("oneDNN ", what, " failed: ", e.what(), " (status ", e.status, ")"));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat(what, " failed: ", e.what()));
+  }
+}
+
+}  // namespace kernels
+}  // namespace meshrun

@@ -1,0 +1,59 @@
+// The compute kernels a worker runs, each a oneDNN primitive created once over fixed buffers and
+// then executed any number of times. This folder is the only place that includes dnnl.hpp; every
+// dnnl::error is caught here and returned as absl::Status.
+#ifndef MESHRUN_WORKER_KERNELS_KERNEL_H_
+#define MESHRUN_WORKER_KERNELS_KERNEL_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/tensor.h"
+
+namespace meshrun {
+
+// A primitive bound to its buffers. Run() is not thread-safe for one kernel; distinct kernels may
+// run concurrently. The buffers given at creation must outlive the kernel and must not move.
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  // Errors: Internal carrying oneDNN's message.
+  virtual absl::Status Run() = 0;
+};
+
+// Sets the number of compute threads oneDNN uses on the calling thread (OpenMP runtime).
+void SetComputeThreads(int num_threads);
+
+// c [m, n] = op(a) @ op(b) (+ bias [n] broadcast over rows), f32. op(a) is [m, k]: a is stored
+// [m, k], or [k, m] when transpose_a. op(b) is [k, n]: b stored [k, n], or [n, k] when transpose_b.
+// Errors: InvalidArgument naming the mismatched dims.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, bool transpose_a, const Tensor& b,
+                                                     bool transpose_b, const Tensor* bias, Tensor& c);
+
+// y = silu(x) = x * sigmoid(x) (oneDNN eltwise_swish, alpha 1). Same shape, f32.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateSilu(const Tensor& x, Tensor& y);
+// dx = dy * silu'(x) (oneDNN eltwise_swish backward).
+absl::StatusOr<std::unique_ptr<Kernel>> CreateSiluGrad(const Tensor& x, const Tensor& dy, Tensor& dx);
+
+// out = a * b element-wise (oneDNN binary_mul); dropout's apply and its gradient.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateMultiply(const Tensor& a, const Tensor& b, Tensor& out);
+
+// out [k] = sum over rows of x [n, k] (oneDNN reduction_sum).
+absl::StatusOr<std::unique_ptr<Kernel>> CreateReduceSumRows(const Tensor& x, Tensor& out);
+
+// acc = acc + scale * x (oneDNN sum, in place). Same shape, f32.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateAccumulate(const Tensor& x, float scale, Tensor& acc);
+
+// Softmax cross-entropy with integer labels (optax.softmax_cross_entropy_with_integer_labels):
+// logits [b, c] f32, labels [b] i32 (rows with a negative label are padding and ignored).
+// loss_sum [] and correct [] are incremented by the sum of per-example losses and the number of
+// rows whose argmax equals the label. When dlogits is not null it receives the gradient of the
+// MEAN loss over the b rows: (softmax - onehot) / b. log_softmax runs as a oneDNN primitive.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateSoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
+                                                                  Tensor* dlogits, Tensor& loss_sum,
+                                                                  Tensor& correct);
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_WORKER_KERNELS_KERNEL_H_
