@@ -10,4 +10,4 @@ $SUDO apt-get install -y -qq --no-install-recommends \
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
   libabsl-dev libdnnl-dev prometheus-cpp-dev libgoogle-glog-dev zlib1g-dev nlohmann-json3-dev \
   libgtest-dev libgmock-dev libbenchmark-dev \
-  dataset-fashion-mnist procps
+  libcli11-dev dataset-fashion-mnist procps

@@ -1,0 +1,33 @@
+// Whole-cluster benchmarks run by `meshrun bench ...`: real coordinator and worker processes over
+// loopback gRPC, timed from the outside.
+#ifndef MESHRUN_BENCH_BENCH_H_
+#define MESHRUN_BENCH_BENCH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace meshrun {
+
+struct AllReduceBenchOptions {
+  std::vector<int> workers = {2, 4, 8};
+  std::vector<int64_t> sizes_bytes;  // empty: 4 KiB, 16 KiB, ..., 64 MiB
+  int iters = 0;                     // 0: scaled to the size
+  std::string bin_dir;
+};
+// Prints, per worker count and message size: p50 time per all-reduce, algbw and busbw
+// (nccl-tests: busbw = algbw * 2(n-1)/n). Returns a process exit code.
+int RunAllReduceBench(const AllReduceBenchOptions& options);
+
+struct TrainBenchOptions {
+  std::vector<int> workers = {1, 2, 8};
+  int steps = 200;
+  std::string bin_dir;
+};
+// Prints steady-state samples/s of the main job (the seed's DPClassifier on Fashion-MNIST) for
+// each worker count. Returns a process exit code.
+int RunTrainBench(const TrainBenchOptions& options);
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_BENCH_BENCH_H_

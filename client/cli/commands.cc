@@ -1,0 +1,118 @@
+#include "client/cli/commands.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/sharding/mesh.h"
+#include "meshrun/client.h"
+#include "meshrun/local_cluster.h"
+
+namespace meshrun::cli {
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "meshrun: %s\n", std::string(s.message()).c_str());
+  return 1;
+}
+
+}  // namespace
+
+int Up(const UpArgs& args) {
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  LocalClusterOptions o;
+  o.mesh = args.mesh;
+  o.port = args.port;
+  o.log_dir = args.log_dir;
+  auto cluster = LocalCluster::Start(o);
+  if (!cluster.ok()) return Fail(cluster.status());
+  std::printf("meshrun cluster up: coordinator %s, %zu workers, mesh %s\nlogs: %s\npress Ctrl-C to stop\n",
+              (*cluster)->coordinator_address().c_str(), (*cluster)->worker_pids().size(), args.mesh.c_str(),
+              (*cluster)->log_dir().c_str());
+  std::fflush(stdout);
+  while (!g_stop.load()) {
+    if (kill((*cluster)->coordinator_pid(), 0) != 0) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  std::printf("stopping cluster\n");
+  (*cluster)->Stop().IgnoreError();
+  return 0;
+}
+
+int Train(const TrainArgs& args) {
+  absl::StatusOr<JobConfig> config = LoadJobConfig(args.config_path);
+  if (!config.ok()) return Fail(config.status());
+  std::unique_ptr<LocalCluster> cluster;
+  std::string address = args.coordinator;
+  if (address.empty()) {
+    LocalClusterOptions o;
+    o.mesh = args.mesh;
+    if (o.mesh.empty() && !config->mesh.empty()) {
+      std::vector<std::string> parts;
+      for (const auto& [name, size] : config->mesh) parts.push_back(absl::StrCat(name, "=", size));
+      o.mesh = absl::StrJoin(parts, ",");
+    }
+    if (o.mesh.empty()) o.mesh = "data=8";
+    o.log_dir = args.log_dir;
+    std::fprintf(stderr, "starting a local cluster (mesh %s)\n", o.mesh.c_str());
+    auto started = LocalCluster::Start(o);
+    if (!started.ok()) return Fail(started.status());
+    cluster = *std::move(started);
+    address = cluster->coordinator_address();
+  }
+  auto client = Client::Connect(address);
+  if (!client.ok()) return Fail(client.status());
+  const bool tty = isatty(fileno(stdout));
+  auto result = (*client)->Train(*config, [&](const v1::JobEvent& e) {
+    if (e.has_info()) std::printf("%s\n", e.info().c_str());
+    if (e.has_step()) {
+      std::printf(tty ? "\r%s" : "%s\n", FormatProgress(e.step()).c_str());
+    }
+    if (e.has_eval()) {
+      std::printf("%stest accuracy %.4f (loss %.4f, %lld examples)\n", tty ? "\n" : "", e.eval().accuracy(),
+                  e.eval().loss(), static_cast<long long>(e.eval().num_examples()));
+    }
+    std::fflush(stdout);
+  });
+  if (tty) std::printf("\n");
+  if (cluster) cluster->Stop().IgnoreError();
+  if (!result.ok()) return Fail(result.status());
+  return 0;
+}
+
+int Status(const std::string& coordinator) {
+  auto client = Client::Connect(coordinator, absl::Seconds(3));
+  if (!client.ok()) return Fail(client.status());
+  auto st = (*client)->GetStatus();
+  if (!st.ok()) return Fail(st.status());
+  absl::StatusOr<Mesh> mesh = Mesh::FromProto(st->mesh());
+  std::printf("coordinator %s  mesh %s  workers %d/%d  job %s (step %lld)\n", coordinator.c_str(),
+              mesh.ok() ? mesh->ToString().c_str() : "?", st->workers_size(), st->expected_workers(),
+              st->job_state().c_str(), static_cast<long long>(st->job_step()));
+  if (!st->last_error().empty()) std::printf("last error: %s\n", st->last_error().c_str());
+  std::printf("%5s %-22s %8s %-16s %6s %10s\n", "rank", "address", "pid", "host", "alive", "heartbeat");
+  for (const auto& w : st->workers()) {
+    std::printf("%5d %-22s %8lld %-16s %6s %9.1fs\n", w.peer().rank(), w.peer().address().c_str(),
+                static_cast<long long>(w.peer().pid()), w.peer().hostname().c_str(), w.alive() ? "yes" : "NO",
+                w.seconds_since_heartbeat());
+  }
+  return 0;
+}
+
+int Shutdown(const std::string& coordinator) {
+  auto client = Client::Connect(coordinator, absl::Seconds(3));
+  if (!client.ok()) return Fail(client.status());
+  if (absl::Status s = (*client)->Shutdown(); !s.ok()) return Fail(s);
+  std::printf("shutdown requested\n");
+  return 0;
+}
+
+}  // namespace meshrun::cli

@@ -1,0 +1,33 @@
+// The `meshrun` subcommands; each returns a process exit code and prints errors to stderr.
+#ifndef MESHRUN_CLIENT_CLI_COMMANDS_H_
+#define MESHRUN_CLIENT_CLI_COMMANDS_H_
+
+#include <string>
+
+namespace meshrun::cli {
+
+struct UpArgs {
+  std::string mesh = "data=8";
+  int port = 50051;
+  std::string log_dir;
+};
+// Starts a local cluster and keeps it up until SIGINT / SIGTERM, then stops it cleanly.
+int Up(const UpArgs& args);
+
+struct TrainArgs {
+  std::string config_path;
+  std::string coordinator;  // empty: an embedded local cluster for the run
+  std::string mesh;         // for the embedded cluster; empty: the config's mesh, else data=8
+  std::string log_dir;
+};
+// Submits a train job, prints a progress line per log interval and the test accuracy.
+int Train(const TrainArgs& args);
+
+// Prints the mesh, every worker (rank, address, pid, heartbeat age) and the job state.
+int Status(const std::string& coordinator);
+// Stops the workers and the coordinator.
+int Shutdown(const std::string& coordinator);
+
+}  // namespace meshrun::cli
+
+#endif  // MESHRUN_CLIENT_CLI_COMMANDS_H_

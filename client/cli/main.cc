@@ -1,0 +1,76 @@
+// meshrun: the command-line client. Subcommands: up, train, status, shutdown, bench.
+#include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "bench/bench.h"
+#include "client/cli/commands.h"
+
+namespace {
+
+std::vector<int> ParseInts(const std::string& csv) {
+  std::vector<int> out;
+  for (absl::string_view p : absl::StrSplit(csv, ',', absl::SkipEmpty())) {
+    int v;
+    if (!absl::SimpleAtoi(p, &v) || v < 1) throw CLI::ValidationError("--workers", "expected positive integers, e.g. 2,4,8");
+    out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"meshrun: train neural networks sharded over a mesh of worker processes"};
+  app.require_subcommand(1);
+
+  meshrun::cli::UpArgs up;
+  auto* up_cmd = app.add_subcommand("up", "start a local cluster (coordinator + one worker per mesh device)");
+  up_cmd->add_option("--mesh", up.mesh, "mesh axes, e.g. data=8 or data=2,model=4")->capture_default_str();
+  up_cmd->add_option("--port", up.port, "coordinator port (0: any free port)")->capture_default_str();
+  up_cmd->add_option("--log-dir", up.log_dir, "directory for process logs");
+
+  meshrun::cli::TrainArgs train;
+  auto* train_cmd = app.add_subcommand("train", "run a train job");
+  train_cmd->add_option("--config", train.config_path, "job config (JSON)")->required();
+  train_cmd->add_option("--coordinator", train.coordinator, "a running cluster's coordinator (default: start one)");
+  train_cmd->add_option("--mesh", train.mesh, "mesh of the embedded cluster (default: the config's, else data=8)");
+  train_cmd->add_option("--log-dir", train.log_dir, "directory for the embedded cluster's logs");
+
+  std::string coordinator = "127.0.0.1:50051";
+  auto* status_cmd = app.add_subcommand("status", "show the cluster's workers and job");
+  status_cmd->add_option("--coordinator", coordinator)->capture_default_str();
+  auto* shutdown_cmd = app.add_subcommand("shutdown", "stop a cluster's workers and coordinator");
+  shutdown_cmd->add_option("--coordinator", coordinator)->capture_default_str();
+
+  auto* bench_cmd = app.add_subcommand("bench", "benchmarks over real local clusters");
+  bench_cmd->require_subcommand(1);
+  std::string ar_workers = "2,4,8", train_workers = "1,2,8";
+  meshrun::AllReduceBenchOptions ar;
+  auto* ar_cmd = bench_cmd->add_subcommand("allreduce", "ring all-reduce time, algbw and busbw, 4 KiB..64 MiB");
+  ar_cmd->add_option("--workers", ar_workers, "worker counts")->capture_default_str();
+  ar_cmd->add_option("--iters", ar.iters, "timed iterations per size (0: scaled to the size)");
+  ar_cmd->add_option("--sizes", ar.sizes_bytes, "message sizes in bytes (default 4 KiB..64 MiB)");
+  meshrun::TrainBenchOptions tb;
+  auto* tb_cmd = bench_cmd->add_subcommand("train", "samples/s of the main job");
+  tb_cmd->add_option("--workers", train_workers, "worker counts")->capture_default_str();
+  tb_cmd->add_option("--steps", tb.steps, "steps per run")->capture_default_str();
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (up_cmd->parsed()) return meshrun::cli::Up(up);
+    if (train_cmd->parsed()) return meshrun::cli::Train(train);
+    if (status_cmd->parsed()) return meshrun::cli::Status(coordinator);
+    if (shutdown_cmd->parsed()) return meshrun::cli::Shutdown(coordinator);
+    if (ar_cmd->parsed()) {
+      ar.workers = ParseInts(ar_workers);
+      return meshrun::RunAllReduceBench(ar);
+    }
+    if (tb_cmd->parsed()) {
+      tb.workers = ParseInts(train_workers);
+      return meshrun::RunTrainBench(tb);
+    }
+  } catch (const CLI::Error& e) {
+    return app.exit(e);
+  }
+  return 1;
+}

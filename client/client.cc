@@ -1,0 +1,83 @@
+#include "meshrun/client.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "net/grpc_util.h"
+
+namespace meshrun {
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address, absl::Duration timeout) {
+  auto channel = CreateChannel(address);
+  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+    return absl::UnavailableError(absl::StrCat("no coordinator answers at ", address, " (waited ",
+                                               absl::FormatDuration(timeout), ")"));
+  }
+  return std::unique_ptr<Client>(new Client(address, v1::Coordinator::NewStub(channel)));
+}
+
+absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, timeout);
+  v1::GetStatusResponse resp;
+  grpc::Status s = stub_->GetStatus(&ctx, v1::GetStatusRequest(), &resp);
+  if (!s.ok()) return FromGrpcStatus(s, absl::StrCat("coordinator at ", address_));
+  return resp;
+}
+
+absl::Status Client::WaitForWorkers(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  int registered = 0, expected = 0;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<v1::GetStatusResponse> st = GetStatus();
+    if (st.ok()) {
+      expected = st->expected_workers();
+      registered = 0;
+      for (const auto& w : st->workers()) registered += w.alive();
+      if (registered == expected && expected > 0) return absl::OkStatus();
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return absl::DeadlineExceededError(absl::StrCat("only ", registered, " of ", expected, " workers joined ", address_,
+                                                  " within ", absl::FormatDuration(timeout)));
+}
+
+absl::StatusOr<TrainResult> Client::Train(const JobConfig& config,
+                                          const std::function<void(const v1::JobEvent&)>& on_event,
+                                          absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, timeout);
+  v1::SubmitJobRequest req;
+  req.set_config_json(JobConfigToJson(config));
+  auto reader = stub_->SubmitJob(&ctx, req);
+  TrainResult result;
+  v1::JobEvent e;
+  while (reader->Read(&e)) {
+    if (e.has_step()) result.reports.push_back(e.step());
+    if (e.has_eval()) {
+      result.evaluated = true;
+      result.test_loss = e.eval().loss();
+      result.test_accuracy = e.eval().accuracy();
+      result.test_examples = e.eval().num_examples();
+    }
+    if (on_event) on_event(e);
+  }
+  grpc::Status s = reader->Finish();
+  if (!s.ok()) return FromGrpcStatus(s);
+  return result;
+}
+
+absl::Status Client::Shutdown() {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(5));
+  v1::ShutdownResponse resp;
+  return FromGrpcStatus(stub_->Shutdown(&ctx, v1::ShutdownRequest(), &resp), absl::StrCat("coordinator at ", address_));
+}
+
+std::string FormatProgress(const v1::StepReport& r) {
+  const int64_t eta = static_cast<int64_t>(r.eta_seconds());
+  return absl::StrFormat("step %d/%d | epoch %.2f | %.0f samples/s | loss %.4f | acc %.3f | ETA %d:%02d", r.step(),
+                         r.total_steps(), r.epoch(), r.samples_per_second(), r.loss(), r.accuracy(), eta / 60,
+                         eta % 60);
+}
+
+}  // namespace meshrun

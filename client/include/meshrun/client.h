@@ -1,0 +1,65 @@
+// meshrun client SDK: talk to a running coordinator — submit train jobs, read cluster status.
+#ifndef MESHRUN_CLIENT_INCLUDE_MESHRUN_CLIENT_H_
+#define MESHRUN_CLIENT_INCLUDE_MESHRUN_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/config/job_config.h"
+#include "meshrun/v1/coordinator.grpc.pb.h"
+
+namespace meshrun {
+
+// The outcome of a train job, aggregated over the whole mesh.
+struct TrainResult {
+  std::vector<v1::StepReport> reports;  // one per log interval, in order
+  bool evaluated = false;
+  double test_loss = 0;
+  double test_accuracy = 0;
+  int64_t test_examples = 0;
+};
+
+// A connection to one coordinator. Thread-safe (gRPC stubs are); Train blocks its caller.
+class Client {
+ public:
+  // Errors: Unavailable naming the address if no coordinator answers within `timeout`.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address,
+                                                         absl::Duration timeout = absl::Seconds(10));
+
+  const std::string& address() const { return address_; }
+
+  // The mesh, the workers with their liveness, and the job state. Deadline: `timeout`.
+  absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Duration timeout = absl::Seconds(5));
+
+  // Blocks until every expected worker has registered and is alive.
+  // Errors: DeadlineExceeded saying how many workers registered.
+  absl::Status WaitForWorkers(absl::Duration timeout);
+
+  // Runs a train job (see core/config/job_config.h) and calls `on_event` for each progress
+  // event as it arrives (on the calling thread). Errors: the job's error as the coordinator
+  // reports it, e.g. InvalidArgument naming a config key, Unavailable naming a dead worker's rank;
+  // DeadlineExceeded after `timeout`.
+  absl::StatusOr<TrainResult> Train(const JobConfig& config,
+                                    const std::function<void(const v1::JobEvent&)>& on_event = nullptr,
+                                    absl::Duration timeout = absl::Hours(24));
+
+  // Stops the workers and then the coordinator.
+  absl::Status Shutdown();
+
+ private:
+  Client(std::string address, std::unique_ptr<v1::Coordinator::Stub> stub)
+      : address_(std::move(address)), stub_(std::move(stub)) {}
+  std::string address_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+// "step 100/468 | epoch 0.21 | 8512 samples/s | loss 0.6123 | acc 0.781 | ETA 0:12"
+std::string FormatProgress(const v1::StepReport& report);
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_CLIENT_INCLUDE_MESHRUN_CLIENT_H_

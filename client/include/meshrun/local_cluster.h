@@ -1,0 +1,61 @@
+// Starts a whole meshrun cluster on this machine: one coordinator and one worker per mesh device,
+// each a real child process talking gRPC over loopback.
+#ifndef MESHRUN_CLIENT_INCLUDE_MESHRUN_LOCAL_CLUSTER_H_
+#define MESHRUN_CLIENT_INCLUDE_MESHRUN_LOCAL_CLUSTER_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace meshrun {
+
+struct LocalClusterOptions {
+  std::string mesh = "data=8";  // the coordinator's mesh; one worker per device
+  int port = 0;                 // coordinator port; 0: any free port
+  std::string bin_dir;          // where meshrun-coordinator and meshrun-worker are; empty: beside this program
+  std::string log_dir;          // per-process logs; empty: a fresh directory under $TMPDIR
+  int compute_threads = 0;      // per worker; 0: max(1, cores / workers), so workers do not oversubscribe
+  absl::Duration start_timeout = absl::Seconds(60);
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
+};
+
+// Owns the child processes. Children get PR_SET_PDEATHSIG, so they die with this process even
+// if it is killed; Stop() (also run by the destructor) shuts them down and reaps them, so no
+// orphans or zombies remain. Not thread-safe.
+class LocalCluster {
+ public:
+  // Spawns the processes and waits until every worker has joined. Errors: NotFound for a missing
+  // binary; InvalidArgument for a bad mesh; DeadlineExceeded (with the log directory) if the
+  // cluster does not come up within start_timeout.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
+  ~LocalCluster();
+
+  const std::string& coordinator_address() const { return address_; }
+  pid_t coordinator_pid() const { return coordinator_pid_; }
+  const std::vector<pid_t>& worker_pids() const { return worker_pids_; }
+  const std::string& log_dir() const { return log_dir_; }
+
+  // Asks the coordinator to shut everything down, waits up to `grace`, then SIGTERM and SIGKILL.
+  // Returns OK once every child has been reaped.
+  absl::Status Stop(absl::Duration grace = absl::Seconds(5));
+
+ private:
+  LocalCluster() = default;
+  std::string address_;
+  std::string log_dir_;
+  pid_t coordinator_pid_ = -1;
+  std::vector<pid_t> worker_pids_;
+  bool stopped_ = false;
+};
+
+// The directory holding the running executable.
+std::string ExecutableDir();
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_CLIENT_INCLUDE_MESHRUN_LOCAL_CLUSTER_H_

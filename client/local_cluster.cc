@@ -1,0 +1,160 @@
+#include "meshrun/local_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "core/sharding/mesh.h"
+#include "meshrun/client.h"
+
+namespace meshrun {
+namespace {
+
+// fork + exec with stdout/stderr to `log_path`; the child dies with its parent.
+absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::string>& args,
+                            const std::string& log_path) {
+  if (access(binary.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("executable ", binary, " not found (build meshrun first)"));
+  }
+  std::vector<std::string> argv_storage = {binary};
+  argv_storage.insert(argv_storage.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_storage) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork failed for ", binary));
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(1);
+    int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    execv(binary.c_str(), argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Waits up to `timeout` for `pid` to exit; true once reaped.
+bool WaitExit(pid_t pid, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    int status = 0;
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid || (r < 0 && errno == ECHILD)) return true;
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+}  // namespace
+
+std::string ExecutableDir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  std::string path(buf, n);
+  return path.substr(0, path.rfind('/'));
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& o) {
+  absl::StatusOr<Mesh> mesh = Mesh::Parse(o.mesh);
+  if (!mesh.ok()) return mesh.status();
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  const std::string bin = o.bin_dir.empty() ? ExecutableDir() : o.bin_dir;
+  c->log_dir_ = o.log_dir;
+  if (c->log_dir_.empty()) {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = absl::StrCat(tmp ? tmp : "/tmp", "/meshrun-XXXXXX");
+    if (mkdtemp(templ.data()) == nullptr) return absl::InternalError("cannot create a log directory");
+    c->log_dir_ = templ;
+  } else {
+    mkdir(c->log_dir_.c_str(), 0755);
+  }
+  const std::string port_file = c->log_dir_ + "/coordinator.port";
+  std::remove(port_file.c_str());
+  absl::StatusOr<pid_t> coord = Spawn(bin + "/meshrun-coordinator",
+                                      {absl::StrCat("--mesh=", o.mesh), absl::StrCat("--port=", o.port),
+                                       absl::StrCat("--port_file=", port_file),
+                                       absl::StrCat("--heartbeat_timeout=", absl::FormatDuration(o.heartbeat_timeout))},
+                                      c->log_dir_ + "/coordinator.log");
+  if (!coord.ok()) return coord.status();
+  c->coordinator_pid_ = *coord;
+  const absl::Time deadline = absl::Now() + o.start_timeout;
+  int port = 0;
+  while (port == 0) {
+    std::ifstream in(port_file);
+    if (!(in >> port)) port = 0;
+    if (port != 0) break;
+    int status;
+    if (waitpid(c->coordinator_pid_, &status, WNOHANG) == c->coordinator_pid_) {
+      c->coordinator_pid_ = -1;
+      return absl::UnavailableError(absl::StrCat("coordinator exited at start; see ", c->log_dir_, "/coordinator.log"));
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("coordinator did not start; see ", c->log_dir_));
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  c->address_ = absl::StrCat("127.0.0.1:", port);
+  const int workers = mesh->size();
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = o.compute_threads > 0 ? o.compute_threads : std::max(1, cores / workers);
+  for (int r = 0; r < workers; ++r) {
+    absl::StatusOr<pid_t> w =
+        Spawn(bin + "/meshrun-worker",
+              {absl::StrCat("--coordinator=", c->address_), absl::StrCat("--compute_threads=", threads),
+               absl::StrCat("--join_timeout=", absl::FormatDuration(o.start_timeout))},
+              absl::StrCat(c->log_dir_, "/worker", r, ".log"));
+    if (!w.ok()) return w.status();
+    c->worker_pids_.push_back(*w);
+  }
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(c->address_, deadline - absl::Now());
+  if (!client.ok()) return client.status();
+  if (absl::Status s = (*client)->WaitForWorkers(deadline - absl::Now()); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(s.message(), "; logs in ", c->log_dir_));
+  }
+  return c;
+}
+
+LocalCluster::~LocalCluster() { Stop().IgnoreError(); }
+
+absl::Status LocalCluster::Stop(absl::Duration grace) {
+  if (stopped_) return absl::OkStatus();
+  stopped_ = true;
+  if (!address_.empty()) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(address_, absl::Seconds(1));
+    if (client.ok()) (*client)->Shutdown().IgnoreError();
+  }
+  std::vector<pid_t> all = worker_pids_;
+  if (coordinator_pid_ > 0) all.push_back(coordinator_pid_);
+  const absl::Time deadline = absl::Now() + grace;
+  std::vector<pid_t> left;
+  for (pid_t p : all) {
+    if (!WaitExit(p, std::max(absl::ZeroDuration(), deadline - absl::Now()))) left.push_back(p);
+  }
+  for (pid_t p : left) kill(p, SIGTERM);
+  std::vector<pid_t> stubborn;
+  for (pid_t p : left) {
+    if (!WaitExit(p, absl::Seconds(2))) stubborn.push_back(p);
+  }
+  for (pid_t p : stubborn) {
+    kill(p, SIGKILL);
+    WaitExit(p, absl::Seconds(5));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace meshrun

@@ -1,0 +1,46 @@
+#include "net/grpc_util.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace meshrun {
+
+namespace {
+constexpr int kMaxMessageBytes = 256 << 20;
+}
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(what, ": ", status.error_message()));
+}
+
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Separate channels per target even within one process, so each peer link gets its own TCP
+  // connection (ring streams must not share one HTTP/2 connection's flow control).
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+}
+
+void SetTimeout(grpc::ClientContext& ctx, absl::Duration timeout) {
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+}  // namespace meshrun

@@ -1,0 +1,30 @@
+// The one place that converts between absl::Status and grpc::Status, plus channel and deadline
+// helpers shared by every gRPC client in meshrun.
+#ifndef MESHRUN_NET_GRPC_UTIL_H_
+#define MESHRUN_NET_GRPC_UTIL_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+
+namespace meshrun {
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status);
+// FromGrpcStatus with "`what`: " before the message (e.g. "worker rank 3 at 127.0.0.1:4567").
+absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what);
+
+// An insecure channel to `address` (host:port) that carries messages up to 256 MiB.
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address);
+// Server builder options matching CreateChannel's message size limit.
+void ConfigureServerBuilder(grpc::ServerBuilder& builder);
+
+// Sets `ctx`'s deadline to now + timeout.
+void SetTimeout(grpc::ClientContext& ctx, absl::Duration timeout);
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_NET_GRPC_UTIL_H_

@@ -1,0 +1,63 @@
+#include "server/coordinator_runner.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+#include <fstream>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "net/grpc_util.h"
+#include "server/coordinator_service.h"
+
+namespace meshrun {
+namespace {
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
+}  // namespace
+
+absl::Status RunCoordinator(const CoordinatorOptions& o) {
+  absl::StatusOr<Mesh> mesh = Mesh::Parse(o.mesh);
+  if (!mesh.ok()) return mesh.status();
+  std::string cluster_id = o.cluster_id;
+  if (cluster_id.empty()) cluster_id = absl::StrCat(std::random_device()() % 1000000000u);
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+
+  WorkerRegistry registry(*mesh, cluster_id);
+  JobDriver::Options jo;
+  jo.heartbeat_timeout = o.heartbeat_timeout;
+  JobDriver driver(&registry, jo);
+  CoordinatorService service(&registry, &driver, o.heartbeat_timeout);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(builder);
+  int port = 0;
+  builder.AddListeningPort(absl::StrCat(o.host, ":", o.port), grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", o.host, ":", o.port));
+  LOG(INFO) << "coordinator for " << mesh->ToString() << " serving on " << o.host << ":" << port << " (cluster "
+            << cluster_id << ")";
+  if (!o.port_file.empty()) {
+    const std::string tmp = o.port_file + ".tmp";
+    std::ofstream(tmp) << port << "\n";
+    std::rename(tmp.c_str(), o.port_file.c_str());
+  }
+  while (!g_stop.load() && !service.shutdown().WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
+  }
+  // Let workers see shutdown=true in a heartbeat before the server goes away.
+  registry.RequestShutdown();
+  if (service.shutdown().HasBeenNotified()) absl::SleepFor(absl::Seconds(1));
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  LOG(INFO) << "coordinator stopped";
+  return absl::OkStatus();
+}
+
+}  // namespace meshrun

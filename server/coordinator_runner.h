@@ -1,0 +1,26 @@
+// A coordinator process's lifecycle: serve Coordinator + health until Shutdown or a signal.
+#ifndef MESHRUN_SERVER_COORDINATOR_RUNNER_H_
+#define MESHRUN_SERVER_COORDINATOR_RUNNER_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace meshrun {
+
+struct CoordinatorOptions {
+  std::string mesh = "data=8";  // "data=2,model=4"
+  std::string host = "127.0.0.1";
+  int port = 50051;             // 0: any free port
+  std::string port_file;        // if set, the bound port is written here once serving
+  std::string cluster_id;       // empty: random
+  absl::Duration heartbeat_timeout = absl::Seconds(3);
+};
+
+// Errors: InvalidArgument for a bad mesh; Unavailable if the port cannot be bound.
+absl::Status RunCoordinator(const CoordinatorOptions& options);
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_SERVER_COORDINATOR_RUNNER_H_

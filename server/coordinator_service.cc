@@ -1,0 +1,63 @@
+#include "server/coordinator_service.h"
+
+#include "core/config/job_config.h"
+#include "glog/logging.h"
+#include "net/grpc_util.h"
+
+namespace meshrun {
+
+grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
+                                          v1::RegisterResponse* resp) {
+  if (req->address().empty()) return grpc::Status(grpc::INVALID_ARGUMENT, "register: empty worker address");
+  const absl::Time deadline = std::min(absl::FromChrono(ctx->deadline()), absl::Now() + absl::Seconds(120));
+  absl::StatusOr<v1::RegisterResponse> r = registry_->Register(*req, deadline);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  LOG(INFO) << "worker " << req->address() << " (pid " << req->pid() << ", " << req->hostname() << ") is rank "
+            << r->rank();
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
+                                           v1::HeartbeatResponse* resp) {
+  if (absl::Status s = registry_->Heartbeat(req->rank(), req->cluster_id()); !s.ok()) return ToGrpcStatus(s);
+  resp->set_shutdown(registry_->shutdown_requested());
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
+                                           grpc::ServerWriter<v1::JobEvent>* writer) {
+  absl::StatusOr<JobConfig> config = ParseJobConfig(req->config_json());
+  if (!config.ok()) return ToGrpcStatus(config.status());
+  if (!job_mu_.TryLock()) {
+    return grpc::Status(grpc::FAILED_PRECONDITION, "a job is already running on this cluster; try again when it ends");
+  }
+  absl::Status s = driver_->Run(*config, [&](const v1::JobEvent& e) {
+    if (ctx->IsCancelled()) return false;
+    return writer->Write(e);
+  });
+  job_mu_.Unlock();
+  return ToGrpcStatus(s);
+}
+
+grpc::Status CoordinatorService::GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+                                           v1::GetStatusResponse* resp) {
+  *resp->mutable_mesh() = registry_->mesh().ToProto();
+  resp->set_expected_workers(registry_->expected());
+  for (auto& w : registry_->Snapshot(heartbeat_timeout_)) *resp->add_workers() = std::move(w);
+  std::string state, error;
+  int64_t step = 0;
+  driver_->Status(&state, &step, &error);
+  resp->set_job_state(state);
+  resp->set_job_step(step);
+  resp->set_last_error(error);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*, v1::ShutdownResponse*) {
+  registry_->RequestShutdown();
+  if (!shutdown_.HasBeenNotified()) shutdown_.Notify();
+  return grpc::Status::OK;
+}
+
+}  // namespace meshrun

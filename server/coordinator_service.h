@@ -1,0 +1,39 @@
+// The Coordinator gRPC service: a thin adapter from protos to WorkerRegistry and JobDriver.
+#ifndef MESHRUN_SERVER_COORDINATOR_SERVICE_H_
+#define MESHRUN_SERVER_COORDINATOR_SERVICE_H_
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "meshrun/v1/coordinator.grpc.pb.h"
+#include "server/job_driver.h"
+#include "server/worker_registry.h"
+
+namespace meshrun {
+
+// Thread-safe. One job runs at a time; a second SubmitJob fails with FailedPrecondition.
+class CoordinatorService final : public v1::Coordinator::Service {
+ public:
+  CoordinatorService(WorkerRegistry* registry, JobDriver* driver, absl::Duration heartbeat_timeout)
+      : registry_(registry), driver_(driver), heartbeat_timeout_(heartbeat_timeout) {}
+
+  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*,
+                         grpc::ServerWriter<v1::JobEvent>*) override;
+  grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*, v1::GetStatusResponse*) override;
+  grpc::Status Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*, v1::ShutdownResponse*) override;
+
+  // Notified when a client asked for Shutdown.
+  absl::Notification& shutdown() { return shutdown_; }
+
+ private:
+  WorkerRegistry* registry_;
+  JobDriver* driver_;
+  const absl::Duration heartbeat_timeout_;
+  absl::Mutex job_mu_;
+  absl::Notification shutdown_;
+};
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_SERVER_COORDINATOR_SERVICE_H_

@@ -1,0 +1,214 @@
+#include "server/job_driver.h"
+
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
+#include "core/program/dp_classifier.h"
+#include "glog/logging.h"
+#include "net/grpc_util.h"
+
+namespace meshrun {
+
+void JobDriver::SetState(const std::string& state, int64_t step, const std::string& error) {
+  absl::MutexLock lock(&mu_);
+  state_ = state;
+  step_ = step;
+  error_ = error;
+}
+
+void JobDriver::Status(std::string* state, int64_t* step, std::string* error) {
+  absl::MutexLock lock(&mu_);
+  *state = state_;
+  *step = step_;
+  *error = error_;
+}
+
+void JobDriver::AbortAll(const std::string& reason) {
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < stubs_.size(); ++r) {
+    threads.emplace_back([&, r] {
+      grpc::ClientContext ctx;
+      SetTimeout(ctx, absl::Seconds(2));
+      v1::AbortRequest req;
+      req.set_reason(reason);
+      v1::AbortResponse resp;
+      stubs_[r]->Abort(&ctx, req, &resp);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+absl::Status JobDriver::AllWorkers(const std::string& what, absl::Duration timeout, const Call& call) {
+  const int n = static_cast<int>(stubs_.size());
+  std::vector<grpc::Status> status(n);
+  std::vector<int> failure_order(n, -1);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  for (int r = 0; r < n; ++r) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    SetTimeout(*contexts.back(), timeout);
+  }
+  std::atomic<int> remaining{n}, failures{0};
+  absl::Notification all_done;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      status[r] = call(r, *stubs_[r], contexts[r].get());
+      if (!status[r].ok()) failure_order[r] = failures.fetch_add(1);
+      if (remaining.fetch_sub(1) == 1) all_done.Notify();
+    });
+  }
+  bool aborted = false;
+  std::vector<int> dead;
+  while (!all_done.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
+    if (aborted) continue;
+    if (dead.empty()) dead = registry_->DeadRanks(options_.heartbeat_timeout);
+    if (failures.load() > 0 || !dead.empty()) {
+      aborted = true;
+      std::string reason = dead.empty() ? absl::StrCat("job aborted during ", what, ": another worker failed")
+                                        : absl::StrCat("job aborted: worker ", registry_->Describe(dead[0]),
+                                                       " missed heartbeats");
+      for (int r : dead) contexts[r]->TryCancel();
+      AbortAll(reason);
+    }
+  }
+  for (auto& t : threads) t.join();
+  if (failures.load() == 0) return absl::OkStatus();
+  if (!aborted) AbortAll(absl::StrCat("job aborted during ", what, ": another worker failed"));
+
+  // Root cause first: a worker that missed heartbeats, then one whose RPC could not reach it
+  // (its errors, unlike errors it returns itself, do not start with "rank "), then the earliest.
+  if (!dead.empty()) {
+    return absl::UnavailableError(absl::StrCat("worker ", registry_->Describe(dead[0]), " missed heartbeats for ",
+                                               absl::FormatDuration(options_.heartbeat_timeout), " during ", what,
+                                               " (died or hung)"));
+  }
+  for (int r = 0; r < n; ++r) {
+    if (status[r].error_code() == grpc::UNAVAILABLE && !absl::StartsWith(status[r].error_message(), "rank ")) {
+      return absl::UnavailableError(absl::StrCat("worker ", registry_->Describe(r), " is unreachable during ", what,
+                                                 " (process died?): ", status[r].error_message()));
+    }
+  }
+  int first = 0;
+  for (int r = 0; r < n; ++r) {
+    if (failure_order[r] == 0) first = r;
+  }
+  return FromGrpcStatus(status[first], absl::StrCat("worker ", registry_->Describe(first), " failed during ", what));
+}
+
+absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
+  SetState("running", 0, "");
+  auto fail = [&](absl::Status s) {
+    SetState("failed", 0, std::string(s.message()));
+    LOG(ERROR) << "job failed: " << s;
+    return s;
+  };
+  auto info = [&](const std::string& text) {
+    v1::JobEvent e;
+    e.set_info(text);
+    return emit(e);
+  };
+  const Mesh& mesh = registry_->mesh();
+  if (!config.mesh.empty()) {
+    absl::StatusOr<Mesh> want = Mesh::Create(config.mesh);
+    if (!want.ok()) return fail(want.status());
+    if (*want != mesh) {
+      return fail(absl::InvalidArgumentError(
+          absl::StrCat("job mesh ", want->ToString(), " does not match the cluster's ", mesh.ToString())));
+    }
+  }
+  absl::StatusOr<v1::StepProgram> program = BuildDpClassifierProgram(config, mesh);
+  if (!program.ok()) return fail(program.status());
+  if (absl::Status s = registry_->WaitUntilReady(absl::Now() + options_.ready_timeout); !s.ok()) return fail(s);
+  if (stubs_.empty()) {
+    for (const auto& p : registry_->Peers()) stubs_.push_back(v1::Worker::NewStub(CreateChannel(p.address())));
+  }
+  const int64_t steps_per_epoch = kFashionMnistTrainExamples / config.data.batch_size;
+  const int64_t total = config.train.max_steps > 0 ? config.train.max_steps : config.train.epochs * steps_per_epoch;
+  info(absl::StrCat("plan: ", mesh.ToString(), "; params and optimizer state PartitionSpec() (replicated); batch ",
+                    "PartitionSpec('data', None): ", program->minibatch_size() * program->num_minibatches(),
+                    " examples per worker per step in ", program->num_minibatches(), " minibatches; ", total,
+                    " steps (", steps_per_epoch, " per epoch)"));
+
+  v1::LoadProgramRequest load;
+  *load.mutable_program() = *program;
+  load.set_dataset_dir(config.data.path);
+  load.set_seed(config.train.seed);
+  load.set_global_batch_size(config.data.batch_size);
+  load.set_collective_timeout_seconds(config.train.collective_timeout_seconds);
+  absl::Status s = AllWorkers("LoadProgram", options_.load_timeout, [&](int, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
+    v1::LoadProgramResponse resp;
+    return stub.LoadProgram(ctx, load, &resp);
+  });
+  if (!s.ok()) return fail(s);
+
+  const absl::Time start = absl::Now();
+  int64_t step = 0;
+  std::vector<v1::RunStepsResponse> responses(stubs_.size());
+  while (step < total) {
+    const int block = static_cast<int>(std::min<int64_t>(config.train.log_every, total - step));
+    const absl::Time block_start = absl::Now();
+    v1::RunStepsRequest req;
+    req.set_first_step(step);
+    req.set_num_steps(block);
+    const absl::Duration timeout = absl::Seconds(config.train.collective_timeout_seconds * block + 30);
+    s = AllWorkers(absl::StrCat("steps ", step, "..", step + block - 1), timeout,
+                   [&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
+                     responses[r].Clear();
+                     return stub.RunSteps(ctx, req, &responses[r]);
+                   });
+    if (!s.ok()) return fail(s);
+    step += block;
+    double loss = 0, correct = 0;
+    int64_t count = 0;
+    for (const auto& resp : responses) {
+      const v1::StepMetrics& m = resp.steps(block - 1);
+      loss += m.loss_sum();
+      correct += m.correct();
+      count += m.count();
+    }
+    const double block_seconds = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - block_start));
+    const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+    v1::JobEvent e;
+    v1::StepReport* rep = e.mutable_step();
+    rep->set_step(step);
+    rep->set_total_steps(total);
+    rep->set_epoch(static_cast<double>(step) / steps_per_epoch);
+    rep->set_loss(loss / count);
+    rep->set_accuracy(correct / count);
+    rep->set_samples_per_second(block * config.data.batch_size / block_seconds);
+    rep->set_eta_seconds(elapsed / step * (total - step));
+    SetState("running", step, "");
+    if (!emit(e)) {
+      AbortAll("job cancelled: the client went away");
+      return fail(absl::CancelledError("job cancelled: the client went away"));
+    }
+  }
+
+  if (config.train.evaluate) {
+    std::vector<v1::EvaluateResponse> evals(stubs_.size());
+    s = AllWorkers("Evaluate", options_.load_timeout, [&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
+      return stub.Evaluate(ctx, v1::EvaluateRequest(), &evals[r]);
+    });
+    if (!s.ok()) return fail(s);
+    double loss = 0, correct = 0;
+    int64_t count = 0;
+    for (const auto& ev : evals) {
+      loss += ev.loss_sum();
+      correct += ev.correct();
+      count += ev.count();
+    }
+    v1::JobEvent e;
+    e.mutable_eval()->set_loss(loss / std::max<int64_t>(1, count));
+    e.mutable_eval()->set_accuracy(correct / std::max<int64_t>(1, count));
+    e.mutable_eval()->set_num_examples(count);
+    emit(e);
+  }
+  SetState("done", step, "");
+  return absl::OkStatus();
+}
+
+}  // namespace meshrun

@@ -1,0 +1,35 @@
+// meshrun-coordinator: flags, logging, then RunCoordinator().
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "glog/logging.h"
+#include "server/coordinator_runner.h"
+
+ABSL_FLAG(std::string, mesh, "data=8", "mesh axes and sizes, e.g. data=2,model=4");
+ABSL_FLAG(std::string, host, "127.0.0.1", "address to bind");
+ABSL_FLAG(int, port, 50051, "port to bind (0: any free port)");
+ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
+ABSL_FLAG(std::string, cluster_id, "", "cluster id (default: random)");
+ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(3), "a worker silent this long is dead");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("meshrun coordinator: mesh topology, sharding plans, job driver");
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0]);
+  meshrun::CoordinatorOptions o;
+  o.mesh = absl::GetFlag(FLAGS_mesh);
+  o.host = absl::GetFlag(FLAGS_host);
+  o.port = absl::GetFlag(FLAGS_port);
+  o.port_file = absl::GetFlag(FLAGS_port_file);
+  o.cluster_id = absl::GetFlag(FLAGS_cluster_id);
+  o.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
+  absl::Status s = meshrun::RunCoordinator(o);
+  if (!s.ok()) {
+    std::fprintf(stderr, "meshrun-coordinator: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,145 @@
+#include "server/worker_registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace meshrun {
+
+WorkerRegistry::WorkerRegistry(Mesh mesh, std::string cluster_id)
+    : mesh_(std::move(mesh)), cluster_id_(std::move(cluster_id)), workers_(mesh_.size()) {}
+
+int WorkerRegistry::RegisteredCountLocked() const {
+  int n = 0;
+  for (const auto& w : workers_) n += w.registered;
+  return n;
+}
+
+absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(const v1::RegisterRequest& req, absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  int rank = -1;
+  for (int r = 0; r < expected(); ++r) {
+    if (workers_[r].registered && workers_[r].peer.address() == req.address()) rank = r;
+  }
+  if (rank < 0) {
+    if (req.requested_rank() >= 0) {
+      if (req.requested_rank() >= expected()) {
+        return absl::FailedPreconditionError(absl::StrCat("requested rank ", req.requested_rank(),
+                                                          " is out of range for ", mesh_.ToString()));
+      }
+      if (workers_[req.requested_rank()].registered) {
+        return absl::FailedPreconditionError(absl::StrCat("requested rank ", req.requested_rank(), " is taken by ",
+                                                          workers_[req.requested_rank()].peer.address()));
+      }
+      rank = req.requested_rank();
+    } else {
+      for (int r = 0; r < expected() && rank < 0; ++r) {
+        if (!workers_[r].registered) rank = r;
+      }
+    }
+    if (rank < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cluster is full: ", expected(), " of ", expected(), " workers registered for ", mesh_.ToString()));
+    }
+    Entry& e = workers_[rank];
+    e.registered = true;
+    e.ready = false;
+    e.peer.set_rank(rank);
+    e.peer.set_address(req.address());
+    e.peer.set_pid(req.pid());
+    e.peer.set_hostname(req.hostname());
+    e.last_heartbeat = absl::Now();
+  }
+  auto all = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return RegisteredCountLocked() == expected(); };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&all), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat("registered as rank ", rank, " but only ", RegisteredCountLocked(),
+                                                    " of ", expected(), " workers have joined"));
+  }
+  v1::RegisterResponse resp;
+  resp.set_rank(rank);
+  *resp.mutable_mesh() = mesh_.ToProto();
+  for (int c : mesh_.Coords(rank)) resp.add_coords(c);
+  for (const auto& w : workers_) *resp.add_peers() = w.peer;
+  resp.set_ring_prev((rank + expected() - 1) % expected());
+  resp.set_ring_next((rank + 1) % expected());
+  resp.set_cluster_id(cluster_id_);
+  return resp;
+}
+
+absl::Status WorkerRegistry::Heartbeat(int rank, const std::string& cluster_id) {
+  absl::MutexLock lock(&mu_);
+  if (cluster_id != cluster_id_ || rank < 0 || rank >= expected() || !workers_[rank].registered) {
+    return absl::NotFoundError(absl::StrCat("no rank ", rank, " in cluster '", cluster_id, "' (this is '",
+                                            cluster_id_, "')"));
+  }
+  workers_[rank].last_heartbeat = absl::Now();
+  workers_[rank].ready = true;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::WaitUntilReady(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    for (const auto& w : workers_) {
+      if (!w.ready) return false;
+    }
+    return true;
+  };
+  if (mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) return absl::OkStatus();
+  std::vector<int> missing;
+  for (int r = 0; r < expected(); ++r) {
+    if (!workers_[r].ready) missing.push_back(r);
+  }
+  return absl::DeadlineExceededError(absl::StrCat(RegisteredCountLocked(), " of ", expected(),
+                                                  " workers registered; not ready: ranks ", absl::StrJoin(missing, ", ")));
+}
+
+std::vector<int> WorkerRegistry::DeadRanks(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  std::vector<int> dead;
+  const absl::Time now = absl::Now();
+  for (int r = 0; r < expected(); ++r) {
+    if (workers_[r].registered && now - workers_[r].last_heartbeat > timeout) dead.push_back(r);
+  }
+  return dead;
+}
+
+std::vector<v1::PeerInfo> WorkerRegistry::Peers() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::PeerInfo> out;
+  for (const auto& w : workers_) out.push_back(w.peer);
+  return out;
+}
+
+std::vector<v1::WorkerStatus> WorkerRegistry::Snapshot(absl::Duration heartbeat_timeout) {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::WorkerStatus> out;
+  const absl::Time now = absl::Now();
+  for (const auto& w : workers_) {
+    if (!w.registered) continue;
+    v1::WorkerStatus s;
+    *s.mutable_peer() = w.peer;
+    s.set_seconds_since_heartbeat(absl::ToDoubleSeconds(now - w.last_heartbeat));
+    s.set_alive(now - w.last_heartbeat <= heartbeat_timeout);
+    out.push_back(s);
+  }
+  return out;
+}
+
+std::string WorkerRegistry::Describe(int rank) {
+  absl::MutexLock lock(&mu_);
+  if (rank < 0 || rank >= expected()) return absl::StrCat("rank ", rank);
+  const auto& p = workers_[rank].peer;
+  return absl::StrCat("rank ", rank, " (", p.address(), ", pid ", p.pid(), ")");
+}
+
+void WorkerRegistry::RequestShutdown() {
+  absl::MutexLock lock(&mu_);
+  shutdown_ = true;
+}
+
+bool WorkerRegistry::shutdown_requested() {
+  absl::MutexLock lock(&mu_);
+  return shutdown_;
+}
+
+}  // namespace meshrun

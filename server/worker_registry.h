@@ -1,0 +1,70 @@
+// The coordinator's registry of workers: rank assignment, mesh coordinates, liveness.
+#ifndef MESHRUN_SERVER_WORKER_REGISTRY_H_
+#define MESHRUN_SERVER_WORKER_REGISTRY_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "core/sharding/mesh.h"
+#include "meshrun/v1/coordinator.pb.h"
+
+namespace meshrun {
+
+// Workers register with (address, pid, hostname) and get rank r in arrival order (or the rank
+// they ask for), laid out on the mesh row-major. Thread-safe; no gRPC in here.
+class WorkerRegistry {
+ public:
+  WorkerRegistry(Mesh mesh, std::string cluster_id);
+
+  const Mesh& mesh() const { return mesh_; }
+  const std::string& cluster_id() const { return cluster_id_; }
+  int expected() const { return mesh_.size(); }
+
+  // Registers a worker and blocks until every expected worker has registered or `deadline`
+  // passes. A worker that registers again from the same address keeps its rank.
+  // Errors: DeadlineExceeded saying how many workers are still missing; FailedPrecondition when
+  // the cluster is full or the requested rank is taken or out of range.
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request, absl::Time deadline);
+
+  // Records a heartbeat. Errors: NotFound for an unknown rank or another cluster's id.
+  absl::Status Heartbeat(int rank, const std::string& cluster_id);
+
+  // Blocks until every worker has registered and sent a heartbeat since (so its services are
+  // set up). Errors: DeadlineExceeded naming the ranks (or count) still missing.
+  absl::Status WaitUntilReady(absl::Time deadline);
+
+  // Ranks whose last heartbeat is older than `timeout`.
+  std::vector<int> DeadRanks(absl::Duration timeout);
+  // Every registered worker, by rank.
+  std::vector<v1::PeerInfo> Peers();
+  std::vector<v1::WorkerStatus> Snapshot(absl::Duration heartbeat_timeout);
+  // "rank 3 (127.0.0.1:4567, pid 1234)".
+  std::string Describe(int rank);
+
+  // After this, heartbeats answer shutdown=true.
+  void RequestShutdown();
+  bool shutdown_requested();
+
+ private:
+  struct Entry {
+    v1::PeerInfo peer;
+    bool registered = false;
+    bool ready = false;  // heartbeated after registering
+    absl::Time last_heartbeat;
+  };
+  int RegisteredCountLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  const Mesh mesh_;
+  const std::string cluster_id_;
+  absl::Mutex mu_;
+  std::vector<Entry> workers_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_SERVER_WORKER_REGISTRY_H_

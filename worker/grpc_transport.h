@@ -1,0 +1,71 @@
+// The gRPC ring transport: each worker serves Ring.Transfer, and opens one long-lived client
+// stream to each peer it sends to (its ring neighbour; other peers only when an algorithm needs
+// them). Chunks on one stream arrive in order, which is all Transport promises.
+#ifndef MESHRUN_WORKER_GRPC_TRANSPORT_H_
+#define MESHRUN_WORKER_GRPC_TRANSPORT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "core/collectives/mailbox.h"
+#include "core/collectives/transport.h"
+#include "meshrun/v1/ring.grpc.pb.h"
+
+namespace meshrun {
+
+// Receives peers' chunks into a Mailbox. Until Attach() is called, Transfer fails with
+// FailedPrecondition. When a peer's stream ends without its goodbye chunk (the process died or
+// the connection broke), later receives from that rank fail with Unavailable naming it.
+// Thread-safe.
+class RingService final : public v1::Ring::Service {
+ public:
+  // REQUIRES: `mailbox` outlives this service.
+  void Attach(Mailbox* mailbox, int world_size, std::string cluster_id);
+
+  grpc::Status Transfer(grpc::ServerContext* context, grpc::ServerReader<v1::Chunk>* reader,
+                        v1::TransferResponse* response) override;
+
+ private:
+  absl::Mutex mu_;
+  Mailbox* mailbox_ ABSL_GUARDED_BY(mu_) = nullptr;
+  int world_size_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string cluster_id_ ABSL_GUARDED_BY(mu_);
+};
+
+// Transport over gRPC. Send copies the data into a chunk queued on the peer's link, whose own
+// thread writes it to the stream (so a rank can reduce chunk k+1 while chunk k is on the wire);
+// a link buffers at most 256 MiB before Send blocks. Thread-safe as Transport requires.
+class GrpcTransport : public Transport {
+ public:
+  // `addresses[r]` is rank r's host:port. `mailbox` is the one attached to this worker's
+  // RingService and must outlive the transport.
+  GrpcTransport(int rank, std::vector<std::string> addresses, std::string cluster_id, Mailbox* mailbox);
+  // Closes every link (sending goodbye, so peers know the close was deliberate).
+  ~GrpcTransport() override;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return static_cast<int>(addresses_.size()); }
+  absl::Status Send(int peer, uint64_t tag, absl::string_view data, absl::Time deadline) override;
+  absl::StatusOr<std::string> Recv(int peer, uint64_t tag, absl::Time deadline) override;
+  void Abort(const absl::Status& reason) override;
+  void Reset() override;
+
+ private:
+  class PeerLink;
+  absl::StatusOr<PeerLink*> Link(int peer);
+
+  const int rank_;
+  const std::vector<std::string> addresses_;
+  const std::string cluster_id_;
+  Mailbox* mailbox_;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<PeerLink>> links_ ABSL_GUARDED_BY(mu_);
+  absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_WORKER_GRPC_TRANSPORT_H_

@@ -1,0 +1,47 @@
+// meshrun-worker: one per device. Flags, logging, then RunWorker().
+#include <cstdio>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "glog/logging.h"
+#include "worker/worker_runner.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "coordinator address host:port");
+ABSL_FLAG(std::string, host, "127.0.0.1", "address to bind");
+ABSL_FLAG(int, port, 0, "port to bind (0: any free port)");
+ABSL_FLAG(std::string, advertise_host, "", "address peers reach this worker at (default: --host)");
+ABSL_FLAG(int, rank, -1, "rank to ask for (-1: any)");
+ABSL_FLAG(int, compute_threads, 0, "oneDNN compute threads (0: library default)");
+ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(60), "how long to try to join the cluster");
+ABSL_FLAG(absl::Duration, orphan_timeout, absl::Seconds(10), "exit when the coordinator is gone this long");
+
+namespace {
+void RankPrefix(std::ostream& s, const google::LogMessageInfo& l, void*) {
+  s << l.severity[0] << ' ' << l.time.hour() << ':' << l.time.min() << ':' << l.time.sec() << " worker rank "
+    << meshrun::CurrentWorkerRank() << " " << l.filename << ':' << l.line_number << "]";
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("meshrun worker: hosts array shards, runs step programs and collectives");
+  absl::ParseCommandLine(argc, argv);
+  FLAGS_logtostderr = true;
+  google::InitGoogleLogging(argv[0], &RankPrefix, nullptr);
+  meshrun::WorkerRunnerOptions o;
+  o.coordinator = absl::GetFlag(FLAGS_coordinator);
+  o.host = absl::GetFlag(FLAGS_host);
+  o.port = absl::GetFlag(FLAGS_port);
+  o.advertise_host = absl::GetFlag(FLAGS_advertise_host);
+  o.requested_rank = absl::GetFlag(FLAGS_rank);
+  o.compute_threads = absl::GetFlag(FLAGS_compute_threads);
+  o.join_timeout = absl::GetFlag(FLAGS_join_timeout);
+  o.orphan_timeout = absl::GetFlag(FLAGS_orphan_timeout);
+  absl::Status s = meshrun::RunWorker(o);
+  if (!s.ok()) {
+    LOG(ERROR) << s;
+    std::fprintf(stderr, "meshrun-worker: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

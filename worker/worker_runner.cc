@@ -1,0 +1,129 @@
+#include "worker/worker_runner.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <csignal>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "meshrun/v1/coordinator.grpc.pb.h"
+#include "net/grpc_util.h"
+#include "worker/worker_service.h"
+
+namespace meshrun {
+namespace {
+
+std::atomic<int> g_rank{-1};
+std::atomic<bool> g_stop{false};
+
+void OnSignal(int) { g_stop.store(true); }
+
+absl::StatusOr<v1::RegisterResponse> RegisterWithRetry(v1::Coordinator::Stub& stub, const v1::RegisterRequest& req,
+                                                       const WorkerRunnerOptions& o) {
+  const absl::Time start = absl::Now();
+  const absl::Time give_up = start + o.join_timeout;
+  absl::Duration backoff = absl::Milliseconds(100);
+  int attempts = 0;
+  grpc::Status last;
+  while (!g_stop.load()) {
+    ++attempts;
+    grpc::ClientContext ctx;
+    // Registration returns when every worker has joined; wait up to the join deadline.
+    ctx.set_deadline(absl::ToChronoTime(std::min(give_up, absl::Now() + absl::Seconds(10))));
+    v1::RegisterResponse resp;
+    last = stub.Register(&ctx, req, &resp);
+    if (last.ok()) return resp;
+    if (last.error_code() != grpc::UNAVAILABLE && last.error_code() != grpc::DEADLINE_EXCEEDED) {
+      return FromGrpcStatus(last, absl::StrCat("coordinator at ", o.coordinator, " refused registration"));
+    }
+    if (absl::Now() + backoff >= give_up) break;
+    LOG(WARNING) << "coordinator at " << o.coordinator << " not ready (" << last.error_message() << "); retrying in "
+                 << backoff;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+  return absl::Status(
+      last.error_code() == grpc::DEADLINE_EXCEEDED ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
+      absl::StrCat("could not join the cluster at coordinator ", o.coordinator, " after ", attempts, " attempts over ",
+                   absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(100))), ": ",
+                   last.error_message()));
+}
+
+}  // namespace
+
+int CurrentWorkerRank() { return g_rank.load(); }
+
+absl::Status RunWorker(const WorkerRunnerOptions& o) {
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  grpc::EnableDefaultHealthCheckService(true);
+  WorkerService worker(o.compute_threads);
+  RingService ring;
+  grpc::ServerBuilder builder;
+  ConfigureServerBuilder(builder);
+  int port = 0;
+  builder.AddListeningPort(absl::StrCat(o.host, ":", o.port), grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&worker);
+  builder.RegisterService(&ring);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.host, ":", o.port));
+  }
+  const std::string address = absl::StrCat(o.advertise_host.empty() ? o.host : o.advertise_host, ":", port);
+  LOG(INFO) << "worker serving on " << address << ", joining coordinator " << o.coordinator;
+
+  auto stub = v1::Coordinator::NewStub(CreateChannel(o.coordinator));
+  v1::RegisterRequest req;
+  req.set_address(address);
+  req.set_pid(getpid());
+  char hostname[256] = {};
+  gethostname(hostname, sizeof(hostname) - 1);
+  req.set_hostname(hostname);
+  req.set_requested_rank(o.requested_rank);
+  absl::StatusOr<v1::RegisterResponse> reg = RegisterWithRetry(*stub, req, o);
+  if (!reg.ok()) {
+    server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+    return g_stop.load() ? absl::OkStatus() : reg.status();
+  }
+  Membership m;
+  m.rank = reg->rank();
+  absl::StatusOr<Mesh> mesh = Mesh::FromProto(reg->mesh());
+  if (!mesh.ok()) return mesh.status();
+  m.mesh = *mesh;
+  for (const auto& p : reg->peers()) m.addresses.push_back(p.address());
+  m.cluster_id = reg->cluster_id();
+  g_rank.store(m.rank);
+  worker.Join(m, &ring);
+  LOG(INFO) << "joined " << m.mesh.ToString() << " as rank " << m.rank << "; ring prev " << reg->ring_prev()
+            << ", next " << reg->ring_next();
+
+  absl::Status result = absl::OkStatus();
+  absl::Time last_ok = absl::Now();
+  while (!g_stop.load()) {
+    grpc::ClientContext ctx;
+    SetTimeout(ctx, absl::Seconds(2));
+    v1::HeartbeatRequest hb;
+    hb.set_rank(m.rank);
+    hb.set_cluster_id(m.cluster_id);
+    v1::HeartbeatResponse hr;
+    grpc::Status s = stub->Heartbeat(&ctx, hb, &hr);
+    if (s.ok()) {
+      last_ok = absl::Now();
+      if (hr.shutdown()) {
+        LOG(INFO) << "coordinator asked this worker to stop";
+        break;
+      }
+    } else if (absl::Now() - last_ok > o.orphan_timeout) {
+      result = absl::UnavailableError(absl::StrCat("coordinator at ", o.coordinator, " unreachable for ",
+                                                   absl::FormatDuration(o.orphan_timeout), ": ", s.error_message()));
+      break;
+    }
+    absl::SleepFor(o.heartbeat_interval);
+  }
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  return result;
+}
+
+}  // namespace meshrun

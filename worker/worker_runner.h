@@ -1,0 +1,34 @@
+// A worker process's lifecycle: serve, register with the coordinator, heartbeat, shut down.
+#ifndef MESHRUN_WORKER_WORKER_RUNNER_H_
+#define MESHRUN_WORKER_WORKER_RUNNER_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace meshrun {
+
+struct WorkerRunnerOptions {
+  std::string coordinator;           // host:port
+  std::string host = "127.0.0.1";    // address to bind
+  int port = 0;                      // 0: any free port
+  std::string advertise_host;        // address peers use; empty: `host`
+  int requested_rank = -1;
+  int compute_threads = 0;
+  absl::Duration join_timeout = absl::Seconds(60);       // reach the coordinator and wait for peers
+  absl::Duration heartbeat_interval = absl::Milliseconds(500);
+  absl::Duration orphan_timeout = absl::Seconds(10);     // exit if the coordinator is gone this long
+};
+
+// Runs until the coordinator asks the worker to stop (returns OK), the process gets SIGINT or
+// SIGTERM (OK), or the coordinator cannot be reached: Unavailable / DeadlineExceeded naming the
+// coordinator address, the number of attempts and the time spent.
+absl::Status RunWorker(const WorkerRunnerOptions& options);
+
+// The rank this process got, for log prefixes (-1 before registration).
+int CurrentWorkerRank();
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_WORKER_WORKER_RUNNER_H_

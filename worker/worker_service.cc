@@ -1,0 +1,145 @@
+#include "worker/worker_service.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "net/grpc_util.h"
+
+namespace meshrun {
+
+WorkerService::~WorkerService() {
+  absl::MutexLock lock(&job_mu_);
+  trainer_.reset();
+}
+
+void WorkerService::Join(Membership membership, RingService* ring) {
+  absl::MutexLock lock(&join_mu_);
+  membership_ = std::move(membership);
+  mailbox_ = std::make_unique<Mailbox>(membership_.mesh.size());
+  transport_ = std::make_unique<GrpcTransport>(membership_.rank, membership_.addresses, membership_.cluster_id,
+                                               mailbox_.get());
+  ring->Attach(mailbox_.get(), membership_.mesh.size(), membership_.cluster_id);
+  joined_ = true;
+}
+
+grpc::Status WorkerService::Error(const absl::Status& s) const {
+  return ToGrpcStatus(absl::Status(s.code(), absl::StrCat("rank ", membership_.rank, ": ", s.message())));
+}
+
+absl::StatusOr<std::pair<std::shared_ptr<const ImageDataset>, std::shared_ptr<const ImageDataset>>>
+WorkerService::Datasets(const std::string& dir) {
+  auto it = datasets_.find(dir);
+  if (it != datasets_.end()) return it->second;
+  absl::StatusOr<ImageDataset> train = LoadFashionMnist(dir, "train");
+  if (!train.ok()) return train.status();
+  absl::StatusOr<ImageDataset> test = LoadFashionMnist(dir, "test");
+  if (!test.ok()) return test.status();
+  auto pair = std::make_pair(std::make_shared<const ImageDataset>(*std::move(train)),
+                             std::make_shared<const ImageDataset>(*std::move(test)));
+  datasets_[dir] = pair;
+  return pair;
+}
+
+grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const v1::LoadProgramRequest* req,
+                                        v1::LoadProgramResponse*) {
+  {
+    absl::MutexLock lock(&join_mu_);
+    if (!joined_) return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
+  }
+  absl::MutexLock lock(&job_mu_);
+  trainer_.reset();
+  transport_->Reset();
+  auto data = Datasets(req->dataset_dir());
+  if (!data.ok()) return Error(data.status());
+  Executor::Options eo;
+  eo.mesh = &membership_.mesh;
+  eo.rank = membership_.rank;
+  eo.transport = transport_.get();
+  eo.collectives.timeout = absl::Seconds(req->collective_timeout_seconds() > 0 ? req->collective_timeout_seconds() : 30);
+  eo.init_key = MakePRNGKey(req->seed());
+  auto executor = Executor::Create(req->program(), eo);
+  if (!executor.ok()) return Error(executor.status());
+  Trainer::Options to;
+  to.seed = req->seed();
+  to.global_batch_size = req->global_batch_size();
+  to.compute_threads = compute_threads_;
+  auto trainer = Trainer::Create(*std::move(executor), data->first, data->second, to);
+  if (!trainer.ok()) return Error(trainer.status());
+  trainer_ = *std::move(trainer);
+  LOG(INFO) << "program loaded: " << req->program().buffers_size() << " buffers, "
+            << trainer_->executor().ResidentBytes(v1::BUFFER_ROLE_UNSPECIFIED) << " bytes resident";
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::RunSteps(grpc::ServerContext* ctx, const v1::RunStepsRequest* req,
+                                     v1::RunStepsResponse* resp) {
+  absl::MutexLock lock(&job_mu_);
+  if (!trainer_) return Error(absl::FailedPreconditionError("no program loaded"));
+  for (int i = 0; i < req->num_steps(); ++i) {
+    if (ctx->IsCancelled()) return Error(absl::CancelledError("RunSteps cancelled by the caller"));
+    absl::StatusOr<StepResult> r = trainer_->RunStep(req->first_step() + i);
+    if (!r.ok()) {
+      LOG(ERROR) << "step " << req->first_step() + i << " failed: " << r.status();
+      trainer_.reset();  // state is inconsistent after a failed step
+      return Error(r.status());
+    }
+    v1::StepMetrics* m = resp->add_steps();
+    m->set_step(r->step);
+    m->set_loss_sum(r->loss_sum);
+    m->set_correct(r->correct);
+    m->set_count(r->count);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Evaluate(grpc::ServerContext*, const v1::EvaluateRequest*, v1::EvaluateResponse* resp) {
+  absl::MutexLock lock(&job_mu_);
+  if (!trainer_) return Error(absl::FailedPreconditionError("no program loaded"));
+  absl::StatusOr<StepResult> r = trainer_->Evaluate();
+  if (!r.ok()) return Error(r.status());
+  resp->set_loss_sum(r->loss_sum);
+  resp->set_correct(r->correct);
+  resp->set_count(r->count);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::Abort(grpc::ServerContext*, const v1::AbortRequest* req, v1::AbortResponse*) {
+  absl::MutexLock lock(&join_mu_);
+  if (!joined_) return grpc::Status::OK;
+  LOG(WARNING) << "aborting: " << req->reason();
+  transport_->Abort(absl::AbortedError(req->reason()));
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::BenchmarkAllReduce(grpc::ServerContext*, const v1::BenchmarkAllReduceRequest* req,
+                                               v1::BenchmarkAllReduceResponse* resp) {
+  {
+    absl::MutexLock lock(&join_mu_);
+    if (!joined_) return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
+  }
+  absl::MutexLock lock(&job_mu_);
+  if (req->num_bytes() < 0 || req->iters() < 1) {
+    return Error(absl::InvalidArgumentError(absl::StrCat("num_bytes ", req->num_bytes(), " and iters ", req->iters(),
+                                                         "; expected >= 0 and >= 1")));
+  }
+  std::vector<int> group(membership_.mesh.size());
+  std::iota(group.begin(), group.end(), 0);
+  Communicator comm(transport_.get(), group);
+  const int64_t count = req->num_bytes() / 4;
+  std::vector<float> data(count, 1.0f);
+  float token = 0;
+  for (int i = 0; i < req->warmup_iters() + req->iters(); ++i) {
+    // A 1-element all-reduce lines the ranks up, so each timed call starts together.
+    if (absl::Status s = comm.AllReduce(&token, 1, v1::DTYPE_F32, ReduceOp::kSum); !s.ok()) return Error(s);
+    const absl::Time start = absl::Now();
+    if (absl::Status s = comm.AllReduce(data.data(), count, v1::DTYPE_F32, ReduceOp::kMean); !s.ok()) {
+      return Error(s);
+    }
+    if (i >= req->warmup_iters()) resp->add_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace meshrun

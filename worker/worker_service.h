@@ -1,0 +1,69 @@
+// The Worker gRPC service: loads step programs, runs steps and evaluation, joins benchmarks.
+#ifndef MESHRUN_WORKER_WORKER_SERVICE_H_
+#define MESHRUN_WORKER_WORKER_SERVICE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "core/collectives/mailbox.h"
+#include "core/data/idx_dataset.h"
+#include "core/sharding/mesh.h"
+#include "meshrun/v1/worker.grpc.pb.h"
+#include "worker/grpc_transport.h"
+#include "worker/trainer.h"
+
+namespace meshrun {
+
+// What the coordinator told this worker when it registered.
+struct Membership {
+  int rank = 0;
+  Mesh mesh;
+  std::vector<std::string> addresses;  // by rank
+  std::string cluster_id;
+};
+
+// Thread-safe. RPCs that use the program (LoadProgram, RunSteps, Evaluate, BenchmarkAllReduce)
+// run one at a time; Abort may arrive at any moment and fails the collectives in flight.
+// Every error a handler returns starts with "rank R: ".
+class WorkerService final : public v1::Worker::Service {
+ public:
+  // `compute_threads`: oneDNN threads per worker (0: library default).
+  explicit WorkerService(int compute_threads) : compute_threads_(compute_threads) {}
+  ~WorkerService() override;
+
+  // Sets up the transport once the coordinator has assigned the rank; attaches `ring` to it.
+  void Join(Membership membership, RingService* ring);
+
+  grpc::Status LoadProgram(grpc::ServerContext*, const v1::LoadProgramRequest*, v1::LoadProgramResponse*) override;
+  grpc::Status RunSteps(grpc::ServerContext*, const v1::RunStepsRequest*, v1::RunStepsResponse*) override;
+  grpc::Status Evaluate(grpc::ServerContext*, const v1::EvaluateRequest*, v1::EvaluateResponse*) override;
+  grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortResponse*) override;
+  grpc::Status BenchmarkAllReduce(grpc::ServerContext*, const v1::BenchmarkAllReduceRequest*,
+                                  v1::BenchmarkAllReduceResponse*) override;
+
+ private:
+  grpc::Status Error(const absl::Status& s) const;
+  absl::StatusOr<std::pair<std::shared_ptr<const ImageDataset>, std::shared_ptr<const ImageDataset>>> Datasets(
+      const std::string& dir) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
+
+  const int compute_threads_;
+  absl::Mutex join_mu_;
+  bool joined_ ABSL_GUARDED_BY(join_mu_) = false;
+  Membership membership_;                 // set once by Join
+  std::unique_ptr<Mailbox> mailbox_;      // set once by Join
+  std::unique_ptr<GrpcTransport> transport_;
+
+  absl::Mutex job_mu_;
+  std::unique_ptr<Trainer> trainer_ ABSL_GUARDED_BY(job_mu_);
+  std::map<std::string, std::pair<std::shared_ptr<const ImageDataset>, std::shared_ptr<const ImageDataset>>>
+      datasets_ ABSL_GUARDED_BY(job_mu_);
+};
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_WORKER_WORKER_SERVICE_H_
