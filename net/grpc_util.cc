@@ -6,6 +6,8 @@ namespace meshrun {
 
 namespace {
 constexpr int kMaxMessageBytes = 256 << 20;
+constexpr int kMaxFrameBytes = 4 << 20;
+constexpr int kWindowBytes = 8 << 20;
 }
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -31,12 +33,19 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address) {
   // Separate channels per target even within one process, so each peer link gets its own TCP
   // connection (ring streams must not share one HTTP/2 connection's flow control).
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // Ring chunks are large: bigger HTTP/2 frames and windows cut per-frame work and stalls.
+  args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kWindowBytes);
+  args.SetInt(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, kWindowBytes);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
 void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kWindowBytes);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, kWindowBytes);
 }
 
 void SetTimeout(grpc::ClientContext& ctx, absl::Duration timeout) {

@@ -1,6 +1,5 @@
 #include "server/job_driver.h"
 
-#include <atomic>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -44,59 +43,68 @@ void JobDriver::AbortAll(const std::string& reason) {
 
 absl::Status JobDriver::AllWorkers(const std::string& what, absl::Duration timeout, const Call& call) {
   const int n = static_cast<int>(stubs_.size());
-  std::vector<grpc::Status> status(n);
-  std::vector<int> failure_order(n, -1);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   for (int r = 0; r < n; ++r) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
     SetTimeout(*contexts.back(), timeout);
   }
-  std::atomic<int> remaining{n}, failures{0};
-  absl::Notification all_done;
+  absl::Mutex mu;
+  std::vector<grpc::Status> status(n);
+  std::vector<int> failed_in_order;  // ranks, by time of failure
+  int remaining = n;
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
-      status[r] = call(r, *stubs_[r], contexts[r].get());
-      if (!status[r].ok()) failure_order[r] = failures.fetch_add(1);
-      if (remaining.fetch_sub(1) == 1) all_done.Notify();
+      grpc::Status s = call(r, *stubs_[r], contexts[r].get());
+      absl::MutexLock lock(&mu);
+      status[r] = s;
+      if (!s.ok()) failed_in_order.push_back(r);
+      --remaining;
     });
   }
-  bool aborted = false;
+  // Root cause first: a worker that missed heartbeats, then one the RPC could not reach (errors a
+  // worker returns itself start with "rank "), then the earliest failure.
+  auto root_cause = [&](const std::vector<int>& dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) -> absl::Status {
+    if (!dead.empty()) {
+      return absl::UnavailableError(absl::StrCat("worker ", registry_->Describe(dead[0]), " missed heartbeats for ",
+                                                 absl::FormatDuration(options_.heartbeat_timeout), " during ", what,
+                                                 " (died or hung)"));
+    }
+    for (int r : failed_in_order) {
+      if (status[r].error_code() == grpc::UNAVAILABLE && !absl::StartsWith(status[r].error_message(), "rank ")) {
+        return absl::UnavailableError(absl::StrCat("worker ", registry_->Describe(r), " is unreachable during ", what,
+                                                   " (process died?): ", status[r].error_message()));
+      }
+    }
+    const int first = failed_in_order.front();
+    return FromGrpcStatus(status[first], absl::StrCat("worker ", registry_->Describe(first), " failed during ", what));
+  };
+  absl::Status result;
   std::vector<int> dead;
-  while (!all_done.WaitForNotificationWithTimeout(absl::Milliseconds(100))) {
-    if (aborted) continue;
-    if (dead.empty()) dead = registry_->DeadRanks(options_.heartbeat_timeout);
-    if (failures.load() > 0 || !dead.empty()) {
-      aborted = true;
-      std::string reason = dead.empty() ? absl::StrCat("job aborted during ", what, ": another worker failed")
-                                        : absl::StrCat("job aborted: worker ", registry_->Describe(dead[0]),
-                                                       " missed heartbeats");
-      for (int r : dead) contexts[r]->TryCancel();
-      AbortAll(reason);
-    }
+  mu.Lock();
+  while (remaining > 0) {
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return remaining == 0; };
+    mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(100));
+    if (!result.ok()) continue;
+    dead = registry_->DeadRanks(options_.heartbeat_timeout);
+    if (failed_in_order.empty() && dead.empty()) continue;
+    // Give a dead worker's RPC a moment to fail too, so the root cause names it.
+    mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(200));
+    result = root_cause(dead);
+    for (int r : dead) contexts[r]->TryCancel();
+    mu.Unlock();
+    AbortAll(std::string(result.message()));
+    mu.Lock();
   }
+  if (result.ok() && !failed_in_order.empty()) {
+    result = root_cause(dead);
+    mu.Unlock();
+    AbortAll(std::string(result.message()));
+    mu.Lock();
+  }
+  mu.Unlock();
   for (auto& t : threads) t.join();
-  if (failures.load() == 0) return absl::OkStatus();
-  if (!aborted) AbortAll(absl::StrCat("job aborted during ", what, ": another worker failed"));
-
-  // Root cause first: a worker that missed heartbeats, then one whose RPC could not reach it
-  // (its errors, unlike errors it returns itself, do not start with "rank "), then the earliest.
-  if (!dead.empty()) {
-    return absl::UnavailableError(absl::StrCat("worker ", registry_->Describe(dead[0]), " missed heartbeats for ",
-                                               absl::FormatDuration(options_.heartbeat_timeout), " during ", what,
-                                               " (died or hung)"));
-  }
-  for (int r = 0; r < n; ++r) {
-    if (status[r].error_code() == grpc::UNAVAILABLE && !absl::StartsWith(status[r].error_message(), "rank ")) {
-      return absl::UnavailableError(absl::StrCat("worker ", registry_->Describe(r), " is unreachable during ", what,
-                                                 " (process died?): ", status[r].error_message()));
-    }
-  }
-  int first = 0;
-  for (int r = 0; r < n; ++r) {
-    if (failure_order[r] == 0) first = r;
-  }
-  return FromGrpcStatus(status[first], absl::StrCat("worker ", registry_->Describe(first), " failed during ", what));
+  return result;
 }
 
 absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
@@ -162,13 +170,16 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
                    });
     if (!s.ok()) return fail(s);
     step += block;
+    // Means over every step of the interval and every worker, as the seed's metrics accumulate
+    // between prints.
     double loss = 0, correct = 0;
     int64_t count = 0;
     for (const auto& resp : responses) {
-      const v1::StepMetrics& m = resp.steps(block - 1);
-      loss += m.loss_sum();
-      correct += m.correct();
-      count += m.count();
+      for (const v1::StepMetrics& m : resp.steps()) {
+        loss += m.loss_sum();
+        correct += m.correct();
+        count += m.count();
+      }
     }
     const double block_seconds = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - block_start));
     const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);

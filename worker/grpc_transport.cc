@@ -1,17 +1,63 @@
 #include "worker/grpc_transport.h"
 
-#include <deque>
-#include <thread>
-
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "glog/logging.h"
 #include "net/grpc_util.h"
 
 namespace meshrun {
 
 // ---------------------------------------------------------------------------------------------
-// Receiving side.
+// Receiving side: one reactor per incoming stream.
+
+class RingService::Reactor : public grpc::ServerReadReactor<v1::Chunk> {
+ public:
+  Reactor(grpc::CallbackServerContext* ctx, Mailbox* mailbox, int world_size, std::string cluster_id)
+      : ctx_(ctx), mailbox_(mailbox), world_size_(world_size), cluster_id_(std::move(cluster_id)) {
+    StartRead(&chunk_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      if (src_ >= 0 && !goodbye_) {
+        LOG(WARNING) << "ring stream from rank " << src_ << " ended without goodbye (" << ctx_->peer() << ")";
+        mailbox_->MarkPeerFailed(src_, absl::UnavailableError(absl::StrCat(
+                                           "rank ", src_, " disconnected: its ring stream ended unexpectedly (process died?)")));
+      }
+      Finish(grpc::Status::OK);
+      return;
+    }
+    if (src_ < 0) {
+      if (chunk_.src_rank() < 0 || chunk_.src_rank() >= world_size_) {
+        Finish(grpc::Status(grpc::INVALID_ARGUMENT, absl::StrCat("ring chunk from rank ", chunk_.src_rank(),
+                                                                 "; world size is ", world_size_)));
+        return;
+      }
+      if (chunk_.cluster_id() != cluster_id_) {
+        Finish(grpc::Status(grpc::FAILED_PRECONDITION, absl::StrCat("ring stream from cluster '", chunk_.cluster_id(),
+                                                                    "'; this is '", cluster_id_, "'")));
+        return;
+      }
+      src_ = chunk_.src_rank();
+    }
+    if (chunk_.goodbye()) {
+      goodbye_ = true;
+    } else {
+      mailbox_->Deliver(src_, chunk_.tag(), std::move(*chunk_.mutable_data()));
+    }
+    StartRead(&chunk_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  grpc::CallbackServerContext* ctx_;
+  Mailbox* mailbox_;
+  const int world_size_;
+  const std::string cluster_id_;
+  v1::Chunk chunk_;
+  int src_ = -1;
+  bool goodbye_ = false;
+};
 
 void RingService::Attach(Mailbox* mailbox, int world_size, std::string cluster_id) {
   absl::MutexLock lock(&mu_);
@@ -20,87 +66,70 @@ void RingService::Attach(Mailbox* mailbox, int world_size, std::string cluster_i
   cluster_id_ = std::move(cluster_id);
 }
 
-grpc::Status RingService::Transfer(grpc::ServerContext* context, grpc::ServerReader<v1::Chunk>* reader,
-                                   v1::TransferResponse* response) {
-  Mailbox* mailbox;
-  int world_size;
-  std::string cluster_id;
-  {
-    absl::MutexLock lock(&mu_);
-    mailbox = mailbox_;
-    world_size = world_size_;
-    cluster_id = cluster_id_;
+grpc::ServerReadReactor<v1::Chunk>* RingService::Transfer(grpc::CallbackServerContext* context,
+                                                          v1::TransferResponse*) {
+  absl::MutexLock lock(&mu_);
+  if (mailbox_ == nullptr) {
+    class Reject : public grpc::ServerReadReactor<v1::Chunk> {
+     public:
+      Reject() { Finish(grpc::Status(grpc::FAILED_PRECONDITION, "this worker has not joined a cluster yet")); }
+      void OnDone() override { delete this; }
+    };
+    return new Reject();
   }
-  if (mailbox == nullptr) {
-    return grpc::Status(grpc::FAILED_PRECONDITION, "this worker has not joined a cluster yet");
-  }
-  v1::Chunk chunk;
-  int src = -1;
-  bool goodbye = false;
-  while (reader->Read(&chunk)) {
-    if (src < 0) {
-      if (chunk.src_rank() < 0 || chunk.src_rank() >= world_size) {
-        return grpc::Status(grpc::INVALID_ARGUMENT,
-                            absl::StrCat("ring chunk from rank ", chunk.src_rank(), "; world size is ", world_size));
-      }
-      if (chunk.cluster_id() != cluster_id) {
-        return grpc::Status(grpc::FAILED_PRECONDITION,
-                            absl::StrCat("ring stream from cluster '", chunk.cluster_id(), "'; this is '", cluster_id, "'"));
-      }
-      src = chunk.src_rank();
-    }
-    if (chunk.goodbye()) {
-      goodbye = true;
-      break;
-    }
-    mailbox->Deliver(src, chunk.tag(), std::move(*chunk.mutable_data()));
-  }
-  if (src >= 0 && !goodbye) {
-    LOG(WARNING) << "ring stream from rank " << src << " ended without goodbye (" << context->peer() << ")";
-    mailbox->MarkPeerFailed(src, absl::UnavailableError(absl::StrCat(
-                                     "rank ", src, " disconnected: its ring stream ended unexpectedly (process died?)")));
-  }
-  return grpc::Status::OK;
+  return new Reactor(context, mailbox_, world_size_, cluster_id_);
 }
 
 // ---------------------------------------------------------------------------------------------
-// Sending side: one stream and one writer thread per peer.
+// Sending side: one stream per peer, written by the caller's thread.
 
 class GrpcTransport::PeerLink {
  public:
   PeerLink(int self, int peer, const std::string& address, const std::string& cluster_id)
       : self_(self), peer_(peer), address_(address), cluster_id_(cluster_id),
-        stub_(v1::Ring::NewStub(CreateChannel(address))) {
-    ctx_.set_wait_for_ready(true);
-    thread_ = std::thread([this] { Loop(); });
-  }
+        stub_(v1::Ring::NewStub(CreateChannel(address))) {}
 
-  ~PeerLink() {
-    {
-      absl::MutexLock lock(&mu_);
-      closing_ = true;
-    }
-    // A peer that never answered leaves the writer blocked in connect: cancel after a grace period.
-    if (!done_.WaitForNotificationWithTimeout(absl::Seconds(2))) ctx_.TryCancel();
-    thread_.join();
-  }
-
-  absl::Status Enqueue(uint64_t tag, absl::string_view data, absl::Time deadline) {
+  // Sends goodbye (so the peer knows the close is deliberate) and ends the stream. Each write is
+  // bounded by a 2 s deadline that the transport's watchdog enforces.
+  void Close() {
     absl::MutexLock lock(&mu_);
-    auto room = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return !failed_.ok() || queued_bytes_ < kMaxQueuedBytes;
-    };
-    if (!mu_.AwaitWithDeadline(absl::Condition(&room), deadline)) {
-      return absl::DeadlineExceededError(absl::StrCat("send to rank ", peer_, " at ", address_,
-                                                      " timed out: the link's buffer stayed full"));
+    if (writer_ == nullptr) return;
+    if (failed_.ok()) {
+      SetWriteDeadline(absl::Now() + absl::Seconds(2));
+      v1::Chunk bye;
+      bye.set_src_rank(self_);
+      bye.set_goodbye(true);
+      if (writer_->Write(bye)) writer_->WritesDone();
     }
+    SetWriteDeadline(absl::Now() + absl::Seconds(2));
+    writer_->Finish();
+    writer_.reset();
+  }
+
+  absl::Status Send(uint64_t tag, absl::string_view data, absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
-    v1::Chunk chunk;
-    chunk.set_src_rank(self_);
-    chunk.set_tag(tag);
-    chunk.set_data(data.data(), data.size());
-    queued_bytes_ += data.size();
-    queue_.push_back(std::move(chunk));
+    const bool first = writer_ == nullptr;
+    if (first) {
+      ctx_.set_wait_for_ready(true);  // the peer may still be starting; the deadline bounds the wait
+      writer_ = stub_->Transfer(&ctx_, &response_);
+    }
+    chunk_.set_src_rank(self_);
+    chunk_.set_tag(tag);
+    chunk_.set_data(data.data(), data.size());
+    if (first) chunk_.set_cluster_id(cluster_id_);
+    SetWriteDeadline(deadline);
+    const bool ok = writer_->Write(chunk_);
+    SetWriteDeadline(absl::InfiniteFuture());
+    if (first) chunk_.clear_cluster_id();
+    if (!ok) {
+      failed_ = cancelled_for_deadline_
+                    ? absl::DeadlineExceededError(absl::StrCat("send to rank ", peer_, " at ", address_,
+                                                               " timed out (peer not reading or unreachable)"))
+                    : absl::UnavailableError(absl::StrCat("ring link to rank ", peer_, " at ", address_,
+                                                          " is broken (peer died or unreachable)"));
+      return failed_;
+    }
     return absl::OkStatus();
   }
 
@@ -109,78 +138,68 @@ class GrpcTransport::PeerLink {
     return !failed_.ok();
   }
 
- private:
-  static constexpr size_t kMaxQueuedBytes = size_t{256} << 20;
+  // Called by the transport's watchdog: cancels a write blocked past its deadline.
+  void CheckDeadline(absl::Time now) {
+    absl::MutexLock lock(&deadline_mu_);
+    if (now > write_deadline_ && !cancelled_for_deadline_) {
+      cancelled_for_deadline_ = true;
+      ctx_.TryCancel();
+    }
+  }
 
-  void Loop() {
-    writer_ = stub_->Transfer(&ctx_, &response_);
-    bool first = true;
-    while (true) {
-      v1::Chunk chunk;
-      {
-        absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return closing_ || !queue_.empty(); };
-        mu_.Await(absl::Condition(&ready));
-        if (queue_.empty()) break;  // closing
-        chunk = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      const size_t bytes = chunk.data().size();
-      if (first) chunk.set_cluster_id(cluster_id_);
-      first = false;
-      const bool ok = writer_->Write(chunk);
-      absl::MutexLock lock(&mu_);
-      queued_bytes_ -= bytes;
-      if (!ok) {
-        failed_ = absl::UnavailableError(
-            absl::StrCat("ring link to rank ", peer_, " at ", address_, " is broken (peer died or unreachable)"));
-        queue_.clear();
-        queued_bytes_ = 0;
-        break;
-      }
-    }
-    bool healthy;
-    {
-      absl::MutexLock lock(&mu_);
-      healthy = failed_.ok();
-    }
-    if (healthy) {
-      v1::Chunk bye;
-      bye.set_src_rank(self_);
-      bye.set_goodbye(true);
-      if (first) bye.set_cluster_id(cluster_id_);
-      writer_->Write(bye);
-      writer_->WritesDone();
-    }
-    done_.Notify();
-    grpc::Status s = writer_->Finish();
-    if (!s.ok() && healthy) VLOG(1) << "ring link to rank " << peer_ << " closed: " << s.error_message();
+ private:
+  void SetWriteDeadline(absl::Time t) {
+    absl::MutexLock lock(&deadline_mu_);
+    write_deadline_ = t;
   }
 
   const int self_, peer_;
   const std::string address_, cluster_id_;
   std::unique_ptr<v1::Ring::Stub> stub_;
+  absl::Mutex mu_;  // one writer at a time
   grpc::ClientContext ctx_;
   v1::TransferResponse response_;
-  std::unique_ptr<grpc::ClientWriter<v1::Chunk>> writer_;
-  std::thread thread_;
-  absl::Notification done_;
-
-  absl::Mutex mu_;
-  std::deque<v1::Chunk> queue_ ABSL_GUARDED_BY(mu_);
-  size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<grpc::ClientWriter<v1::Chunk>> writer_ ABSL_GUARDED_BY(mu_);
+  v1::Chunk chunk_ ABSL_GUARDED_BY(mu_);
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
-  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Mutex deadline_mu_;
+  absl::Time write_deadline_ ABSL_GUARDED_BY(deadline_mu_) = absl::InfiniteFuture();
+  bool cancelled_for_deadline_ = false;  // written under deadline_mu_, read after the write fails
 };
 
 GrpcTransport::GrpcTransport(int rank, std::vector<std::string> addresses, std::string cluster_id,
                              Mailbox* mailbox)
     : rank_(rank), addresses_(std::move(addresses)), cluster_id_(std::move(cluster_id)), mailbox_(mailbox),
-      links_(addresses_.size()) {}
+      links_(addresses_.size()) {
+  watchdog_ = std::thread([this] { WatchdogLoop(); });
+}
 
 GrpcTransport::~GrpcTransport() {
+  std::vector<PeerLink*> links;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& link : links_) {
+      if (link) links.push_back(link.get());
+    }
+  }
+  for (PeerLink* link : links) link->Close();  // the watchdog still guards these writes
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  watchdog_.join();
+}
+
+void GrpcTransport::WatchdogLoop() {
   absl::MutexLock lock(&mu_);
-  links_.clear();
+  while (!stopping_) {
+    auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
+    mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(100));
+    const absl::Time now = absl::Now();
+    for (auto& link : links_) {
+      if (link) link->CheckDeadline(now);
+    }
+  }
 }
 
 absl::StatusOr<GrpcTransport::PeerLink*> GrpcTransport::Link(int peer) {
@@ -197,7 +216,7 @@ absl::StatusOr<GrpcTransport::PeerLink*> GrpcTransport::Link(int peer) {
 absl::Status GrpcTransport::Send(int peer, uint64_t tag, absl::string_view data, absl::Time deadline) {
   absl::StatusOr<PeerLink*> link = Link(peer);
   if (!link.ok()) return link.status();
-  return (*link)->Enqueue(tag, data, deadline);
+  return (*link)->Send(tag, data, deadline);
 }
 
 absl::StatusOr<std::string> GrpcTransport::Recv(int peer, uint64_t tag, absl::Time deadline) {
@@ -224,7 +243,8 @@ void GrpcTransport::Reset() {
       if (link && link->failed()) broken.push_back(std::move(link));
     }
   }
-  broken.clear();  // joins their threads outside the lock
+  for (auto& link : broken) link->Close();  // outside the lock: the watchdog guards the close
+  broken.clear();
   mailbox_->Reset();
 }
 

@@ -5,6 +5,7 @@
 #define MESHRUN_WORKER_GRPC_TRANSPORT_H_
 
 #include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -16,28 +17,32 @@
 
 namespace meshrun {
 
-// Receives peers' chunks into a Mailbox. Until Attach() is called, Transfer fails with
-// FailedPrecondition. When a peer's stream ends without its goodbye chunk (the process died or
-// the connection broke), later receives from that rank fail with Unavailable naming it.
-// Thread-safe.
-class RingService final : public v1::Ring::Service {
+// Receives peers' chunks into a Mailbox. It uses gRPC's callback API, so a chunk goes from
+// gRPC's event thread straight into the mailbox and wakes the waiting collective (no handler
+// thread in between). Until Attach() is called, Transfer fails with FailedPrecondition. When a
+// peer's stream ends without its goodbye chunk (the process died or the connection broke), later
+// receives from that rank fail with Unavailable naming it. Thread-safe.
+class RingService final : public v1::Ring::CallbackService {
  public:
   // REQUIRES: `mailbox` outlives this service.
   void Attach(Mailbox* mailbox, int world_size, std::string cluster_id);
 
-  grpc::Status Transfer(grpc::ServerContext* context, grpc::ServerReader<v1::Chunk>* reader,
-                        v1::TransferResponse* response) override;
+  grpc::ServerReadReactor<v1::Chunk>* Transfer(grpc::CallbackServerContext* context,
+                                               v1::TransferResponse* response) override;
 
  private:
+  class Reactor;
   absl::Mutex mu_;
   Mailbox* mailbox_ ABSL_GUARDED_BY(mu_) = nullptr;
   int world_size_ ABSL_GUARDED_BY(mu_) = 0;
   std::string cluster_id_ ABSL_GUARDED_BY(mu_);
 };
 
-// Transport over gRPC. Send copies the data into a chunk queued on the peer's link, whose own
-// thread writes it to the stream (so a rank can reduce chunk k+1 while chunk k is on the wire);
-// a link buffers at most 256 MiB before Send blocks. Thread-safe as Transport requires.
+// Transport over gRPC. Send writes the chunk on the peer's stream from the calling thread; with
+// large HTTP/2 windows (net/grpc_util.cc) the write returns once the bytes are in the socket, so
+// the caller goes on reducing the next chunk while this one is on the wire. A watchdog cancels a
+// write still blocked at its deadline (a peer that stopped reading), failing it with
+// DeadlineExceeded naming the peer. Thread-safe as Transport requires.
 class GrpcTransport : public Transport {
  public:
   // `addresses[r]` is rank r's host:port. `mailbox` is the one attached to this worker's
@@ -56,6 +61,7 @@ class GrpcTransport : public Transport {
  private:
   class PeerLink;
   absl::StatusOr<PeerLink*> Link(int peer);
+  void WatchdogLoop();
 
   const int rank_;
   const std::vector<std::string> addresses_;
@@ -64,6 +70,8 @@ class GrpcTransport : public Transport {
   absl::Mutex mu_;
   std::vector<std::unique_ptr<PeerLink>> links_ ABSL_GUARDED_BY(mu_);
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watchdog_;
 };
 
 }  // namespace meshrun

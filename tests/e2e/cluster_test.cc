@@ -1,0 +1,188 @@
+// End to end with real processes on loopback: meshrun-coordinator + meshrun-worker processes,
+// driven through the client SDK and the meshrun CLI.
+#include <signal.h>
+
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "meshrun/client.h"
+#include "meshrun/local_cluster.h"
+#include "tests/testutil/process_util.h"
+
+namespace meshrun {
+namespace {
+
+using ::meshrun::testing::ProcessExists;
+using ::meshrun::testing::ReadFile;
+using ::meshrun::testing::RunCommand;
+using ::meshrun::testing::WriteTempFile;
+using ::testing::HasSubstr;
+
+std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh) {
+  LocalClusterOptions o;
+  o.mesh = mesh;
+  o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-e2e-", mesh, "-", getpid());
+  auto c = LocalCluster::Start(o);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+void ExpectAllReaped(const LocalCluster& c) {
+  EXPECT_FALSE(ProcessExists(c.coordinator_pid())) << "coordinator pid " << c.coordinator_pid();
+  for (pid_t p : c.worker_pids()) EXPECT_FALSE(ProcessExists(p)) << "worker pid " << p;
+}
+
+TEST(ClusterE2ETest, EightWorkersTrainOneHundredStepsAndShutDownCleanly) {
+  auto cluster = StartCluster("data=8");
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok());
+  ASSERT_EQ(status->workers_size(), 8);
+  for (const auto& w : status->workers()) EXPECT_TRUE(w.alive());
+
+  JobConfig config;
+  config.train.max_steps = 100;
+  config.train.log_every = 20;
+  auto result = (*client)->Train(config);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->reports.size(), 5u);
+  EXPECT_EQ(result->reports.back().step(), 100);
+  EXPECT_GT(result->reports.front().loss(), result->reports.back().loss());
+  EXPECT_LT(result->reports.back().loss(), 0.8);
+  ASSERT_TRUE(result->evaluated);
+  EXPECT_EQ(result->test_examples, 10000);
+  EXPECT_GT(result->test_accuracy, 0.7);
+
+  ASSERT_TRUE(cluster->Stop().ok());
+  ExpectAllReaped(*cluster);
+}
+
+// Mean loss per step with dropout off, as reported by the coordinator.
+std::vector<double> LossesPerStep(const std::string& mesh, int steps) {
+  auto cluster = StartCluster(mesh);
+  if (cluster == nullptr) return {};
+  auto client = Client::Connect(cluster->coordinator_address());
+  if (!client.ok()) return {};
+  JobConfig config;
+  config.model.dropout_rate = 0;
+  config.train.max_steps = steps;
+  config.train.log_every = 1;
+  config.train.evaluate = false;
+  auto result = (*client)->Train(config);
+  EXPECT_TRUE(result.ok()) << result.status();
+  std::vector<double> losses;
+  if (result.ok()) {
+    for (const auto& r : result->reports) losses.push_back(r.loss());
+  }
+  return losses;
+}
+
+TEST(ClusterE2ETest, DataParallelEightProcessesMatchOne) {
+  std::vector<double> one = LossesPerStep("data=1", 20);
+  std::vector<double> eight = LossesPerStep("data=8", 20);
+  ASSERT_EQ(one.size(), 20u);
+  ASSERT_EQ(eight.size(), 20u);
+  for (int s = 0; s < 20; ++s) {
+    EXPECT_LE(std::abs(one[s] - eight[s]) / one[s], 1e-4) << "step " << s << ": " << one[s] << " vs " << eight[s];
+  }
+}
+
+TEST(ClusterE2ETest, BadInputIsRejectedAndTheClusterKeepsServing) {
+  auto cluster = StartCluster("data=2");
+  ASSERT_NE(cluster, nullptr);
+  const std::string cli = ExecutableDir() + "/meshrun";
+
+  // An unknown config key, through the CLI: rejected before anything runs, naming the key.
+  const std::string bad = WriteTempFile("bad-job.json", R"({"model": {"hidden": 3}})");
+  auto r = RunCommand({cli, "train", "--config", bad, "--coordinator", cluster->coordinator_address()}, 30);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("unknown key 'model.hidden'"));
+
+  // A missing dataset path: every worker fails to load; the error names the path and a rank.
+  auto client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(client.ok());
+  JobConfig config;
+  config.data.path = "/nonexistent/fashion";
+  config.train.max_steps = 2;
+  auto result = (*client)->Train(config);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(result.status().message(), HasSubstr("/nonexistent/fashion/train-images-idx3-ubyte.gz"));
+  EXPECT_THAT(result.status().message(), HasSubstr("rank "));
+
+  // A mesh the cluster does not have.
+  config = JobConfig();
+  config.mesh = {{"data", 4}};
+  result = (*client)->Train(config);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(result.status().message(), HasSubstr("does not match the cluster's Mesh('data': 2)"));
+
+  // The cluster still trains.
+  config = JobConfig();
+  config.train.max_steps = 5;
+  config.train.evaluate = false;
+  result = (*client)->Train(config);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->reports.back().step(), 5);
+}
+
+TEST(ClusterE2ETest, WorkerGivesUpOnAnAbsentCoordinatorWithAClearError) {
+  // Port 1 on loopback: nobody listens there.
+  auto r = RunCommand({ExecutableDir() + "/meshrun-worker", "--coordinator=127.0.0.1:1", "--join_timeout=2s"}, 30);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_THAT(r.output, HasSubstr("could not join the cluster at coordinator 127.0.0.1:1 after"));
+  EXPECT_THAT(r.output, HasSubstr("retrying"));  // it backed off and retried
+  EXPECT_LT(r.seconds, 10);
+}
+
+TEST(ClusterE2ETest, AWorkerDyingMidJobIsReportedByRankAndNothingHangs) {
+  auto cluster = StartCluster("data=4");
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(client.ok());
+  const int victim = 2;
+  const pid_t victim_pid = cluster->worker_pids()[victim];
+  JobConfig config;
+  config.train.max_steps = 100000;
+  config.train.log_every = 5;
+  absl::Time killed_at = absl::InfiniteFuture();
+  bool killed = false;
+  auto result = (*client)->Train(config, [&](const v1::JobEvent& e) {
+    if (e.has_step() && !killed) {
+      killed = true;
+      killed_at = absl::Now();
+      kill(victim_pid, SIGKILL);
+    }
+  });
+  const absl::Duration to_error = absl::Now() - killed_at;
+  ASSERT_TRUE(killed);
+  ASSERT_FALSE(result.ok());
+  EXPECT_LT(to_error, absl::Seconds(10));
+  // Which rank got the pid is up to registration order: find the rank of the killed process.
+  auto status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok());
+  int rank = -1;
+  for (const auto& w : status->workers()) {
+    if (w.peer().pid() == victim_pid) rank = w.peer().rank();
+  }
+  ASSERT_GE(rank, 0);
+  EXPECT_THAT(result.status().message(), HasSubstr(absl::StrCat("worker rank ", rank, " (")));
+  EXPECT_EQ(status->job_state(), "failed");
+  // The surviving workers were told which rank died.
+  int told = 0;
+  for (int i = 0; i < 4; ++i) {
+    if (i == victim) continue;
+    told += ReadFile(absl::StrCat(cluster->log_dir(), "/worker", i, ".log")).find(absl::StrCat("rank ", rank)) !=
+            std::string::npos;
+  }
+  EXPECT_EQ(told, 3);
+  ASSERT_TRUE(cluster->Stop().ok());
+  ExpectAllReaped(*cluster);
+}
+
+}  // namespace
+}  // namespace meshrun
