@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
-# Installs every build and runtime dependency of meshrun from Debian bookworm's packages.
+# Installs every build and runtime dependency of meshrun from Debian bookworm's packages
+# (skips apt entirely when everything is already installed).
 set -euo pipefail
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libdnnl-dev prometheus-cpp-dev libgoogle-glog-dev zlib1g-dev nlohmann-json3-dev
+  libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
+  dataset-fashion-mnist procps
+)
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
 SUDO=""
 if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends \
-  build-essential cmake ninja-build pkg-config \
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler \
-  libabsl-dev libdnnl-dev prometheus-cpp-dev libgoogle-glog-dev zlib1g-dev nlohmann-json3-dev \
-  libgtest-dev libgmock-dev libbenchmark-dev \
-  libcli11-dev dataset-fashion-mnist procps
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
