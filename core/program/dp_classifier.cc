@@ -114,9 +114,6 @@ absl::StatusOr<v1::StepProgram> BuildDpClassifierProgram(const JobConfig& config
   }
   b.BatchSharded("act/logits", {mb, classes}, data, v1::BUFFER_ROLE_ACTIVATION);
   b.BatchSharded("act/dlogits", {mb, classes}, data, v1::BUFFER_ROLE_ACTIVATION);
-  for (int i = 0; i < 4; ++i) {
-    b.Replicated(absl::StrCat("act/d", kParams[i]), param_dims[i], v1::BUFFER_ROLE_ACTIVATION);
-  }
   b.Replicated("metrics/loss_sum", {}, v1::BUFFER_ROLE_METRIC);
   b.Replicated("metrics/correct", {}, v1::BUFFER_ROLE_METRIC);
   b.BatchSharded("eval/inputs", {kEvalBatchSize, in}, data, v1::BUFFER_ROLE_INPUT);
@@ -164,8 +161,17 @@ absl::StatusOr<v1::StepProgram> BuildDpClassifierProgram(const JobConfig& config
         {"act/logits"});
   AddOp(mbf, v1::OP_SOFTMAX_CROSS_ENTROPY, {"act/logits", "batch/labels"},
         {"act/dlogits", "metrics/loss_sum", "metrics/correct"});
-  AddOp(mbf, v1::OP_MATMUL, {hidden_out, "act/dlogits"}, {"act/doutput_dense/kernel"})->set_transpose_a(true);
-  AddOp(mbf, v1::OP_REDUCE_SUM_ROWS, {"act/dlogits"}, {"act/doutput_dense/bias"});
+  // Backward. Parameter gradients are accumulated straight into grads/* with alpha = 1 / nmb
+  // (the mean over minibatches, as the seed's accumulate_gradients), like GEMM's alpha and beta.
+  const float mean = 1.0f / nmb;
+  auto accumulate = [mean](v1::Op* op) {
+    op->set_alpha(mean);
+    op->set_accumulate(true);
+    return op;
+  };
+  accumulate(AddOp(mbf, v1::OP_MATMUL, {hidden_out, "act/dlogits"}, {"grads/output_dense/kernel"}))
+      ->set_transpose_a(true);
+  accumulate(AddOp(mbf, v1::OP_REDUCE_SUM_ROWS, {"act/dlogits"}, {"grads/output_dense/bias"}));
   AddOp(mbf, v1::OP_MATMUL, {"act/dlogits", "params/output_dense/kernel"}, {"act/dd"})->set_transpose_b(true);
   std::string da = "act/dd";
   if (dropout) {
@@ -173,12 +179,9 @@ absl::StatusOr<v1::StepProgram> BuildDpClassifierProgram(const JobConfig& config
     da = "act/da";
   }
   AddOp(mbf, v1::OP_SILU_GRAD, {"act/h", da}, {"act/dh"});
-  AddOp(mbf, v1::OP_MATMUL, {"batch/inputs", "act/dh"}, {"act/dinput_dense/kernel"})->set_transpose_a(true);
-  AddOp(mbf, v1::OP_REDUCE_SUM_ROWS, {"act/dh"}, {"act/dinput_dense/bias"});
-  for (int i = 0; i < 4; ++i) {
-    AddOp(mbf, v1::OP_ACCUMULATE, {absl::StrCat("act/d", kParams[i])}, {absl::StrCat("grads/", kParams[i])})
-        ->set_scale(1.0f / nmb);
-  }
+  accumulate(AddOp(mbf, v1::OP_MATMUL, {"batch/inputs", "act/dh"}, {"grads/input_dense/kernel"}))
+      ->set_transpose_a(true);
+  accumulate(AddOp(mbf, v1::OP_REDUCE_SUM_ROWS, {"act/dh"}, {"grads/input_dense/bias"}));
 
   // apply: pmean of the gradients over 'data' (one fused bucket), then the optimizer.
   v1::Function* apply = b.Function("apply");

@@ -42,7 +42,7 @@ void ExpectGradient(Tensor& x, const Tensor& grad, const std::function<double()>
 
 TEST(MatmulKernelTest, ForwardMatchesNaiveProduct) {
   Tensor a = Random({3, 4}, 1), b = Random({4, 5}, 2), bias = Random({5}, 3), c(v1::DTYPE_F32, {3, 5});
-  auto k = CreateMatmul(a, false, b, false, &bias, c);
+  auto k = CreateMatmul(a, b, &bias, c);
   ASSERT_TRUE(k.ok()) << k.status();
   ASSERT_TRUE((*k)->Run().ok());
   for (int i = 0; i < 3; ++i) {
@@ -57,15 +57,15 @@ TEST(MatmulKernelTest, ForwardMatchesNaiveProduct) {
 TEST(MatmulKernelTest, BackwardMatchesFiniteDifferences) {
   Tensor a = Random({3, 4}, 1), b = Random({4, 5}, 2), bias = Random({5}, 3), c(v1::DTYPE_F32, {3, 5});
   Tensor r = Random({3, 5}, 4);  // loss = sum(c * r), so dC = r
-  auto fwd = CreateMatmul(a, false, b, false, &bias, c);
+  auto fwd = CreateMatmul(a, b, &bias, c);
   ASSERT_TRUE(fwd.ok());
   auto loss = [&] {
     EXPECT_TRUE((*fwd)->Run().ok());
     return Dot(c, r);
   };
   Tensor da(v1::DTYPE_F32, {3, 4}), db(v1::DTYPE_F32, {4, 5}), dbias(v1::DTYPE_F32, {5});
-  auto k_da = CreateMatmul(r, false, b, /*transpose_b=*/true, nullptr, da);
-  auto k_db = CreateMatmul(a, /*transpose_a=*/true, r, false, nullptr, db);
+  auto k_da = CreateMatmul(r, b, nullptr, da, {.transpose_b = true});
+  auto k_db = CreateMatmul(a, r, nullptr, db, {.transpose_a = true});
   auto k_dbias = CreateReduceSumRows(r, dbias);
   ASSERT_TRUE(k_da.ok() && k_db.ok() && k_dbias.ok());
   ASSERT_TRUE((*k_da)->Run().ok());
@@ -78,8 +78,35 @@ TEST(MatmulKernelTest, BackwardMatchesFiniteDifferences) {
 
 TEST(MatmulKernelTest, RejectsMismatchedShapes) {
   Tensor a(v1::DTYPE_F32, {3, 4}), b(v1::DTYPE_F32, {5, 5}), c(v1::DTYPE_F32, {3, 5});
-  auto k = CreateMatmul(a, false, b, false, nullptr, c);
+  auto k = CreateMatmul(a, b, nullptr, c);
   EXPECT_EQ(k.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MatmulKernelTest, AlphaAndAccumulateAreGemmAlphaAndBeta) {
+  // Gradient accumulation as the step program does it: g = g + (1/4) * x^T @ dy, twice.
+  Tensor x = Random({6, 3}, 12), dy = Random({6, 2}, 13), g = Random({3, 2}, 14);
+  Tensor g0 = g;
+  auto k = CreateMatmul(x, dy, nullptr, g, {.transpose_a = true, .alpha = 0.25f, .accumulate = true});
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->Run().ok());
+  ASSERT_TRUE((*k)->Run().ok());
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      double s = 0;
+      for (int r = 0; r < 6; ++r) s += x.data<float>()[r * 3 + i] * dy.data<float>()[r * 2 + j];
+      EXPECT_NEAR(g.data<float>()[i * 2 + j], g0.data<float>()[i * 2 + j] + 2 * 0.25 * s, 1e-4);
+    }
+  }
+  Tensor bsum = Random({2}, 15);
+  Tensor b0 = bsum;
+  auto rs = CreateReduceSumRows(dy, bsum, 0.5f, /*accumulate=*/true);
+  ASSERT_TRUE(rs.ok()) << rs.status();
+  ASSERT_TRUE((*rs)->Run().ok());
+  for (int j = 0; j < 2; ++j) {
+    double s = 0;
+    for (int r = 0; r < 6; ++r) s += dy.data<float>()[r * 2 + j];
+    EXPECT_NEAR(bsum.data<float>()[j], b0.data<float>()[j] + 0.5 * s, 1e-5);
+  }
 }
 
 TEST(SiluKernelTest, BackwardMatchesFiniteDifferences) {

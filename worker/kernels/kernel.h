@@ -25,11 +25,19 @@ class Kernel {
 // Sets the number of compute threads oneDNN uses on the calling thread (OpenMP runtime).
 void SetComputeThreads(int num_threads);
 
-// c [m, n] = op(a) @ op(b) (+ bias [n] broadcast over rows), f32. op(a) is [m, k]: a is stored
-// [m, k], or [k, m] when transpose_a. op(b) is [k, n]: b stored [k, n], or [n, k] when transpose_b.
-// Errors: InvalidArgument naming the mismatched dims.
-absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, bool transpose_a, const Tensor& b,
-                                                     bool transpose_b, const Tensor* bias, Tensor& c);
+// c [m, n] = alpha * op(a) @ op(b) (+ bias [n] broadcast over rows) (+ c when accumulate), f32:
+// GEMM with beta in {0, 1} (oneDNN output scales and a sum post-op). op(a) is [m, k]: a is stored
+// [m, k], or [k, m] when transpose_a. op(b) is [k, n]: b stored [k, n], or [n, k] when
+// transpose_b. REQUIRES: no bias when alpha != 1. Errors: InvalidArgument naming the mismatched
+// dims.
+struct MatmulOptions {
+  bool transpose_a = false;
+  bool transpose_b = false;
+  float alpha = 1.0f;
+  bool accumulate = false;
+};
+absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tensor& b, const Tensor* bias,
+                                                     Tensor& c, const MatmulOptions& options = {});
 
 // y = silu(x) = x * sigmoid(x) (oneDNN eltwise_swish, alpha 1). Same shape, f32.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateSilu(const Tensor& x, Tensor& y);
@@ -39,8 +47,10 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateSiluGrad(const Tensor& x, const Te
 // out = a * b element-wise (oneDNN binary_mul); dropout's apply and its gradient.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateMultiply(const Tensor& a, const Tensor& b, Tensor& out);
 
-// out [k] = sum over rows of x [n, k] (oneDNN reduction_sum).
-absl::StatusOr<std::unique_ptr<Kernel>> CreateReduceSumRows(const Tensor& x, Tensor& out);
+// out [k] = alpha * sum over rows of x [n, k] (+ out when accumulate). Runs as a oneDNN matmul
+// ones[1, n] @ x (oneDNN's reduction primitive has only a slow reference kernel for this shape).
+absl::StatusOr<std::unique_ptr<Kernel>> CreateReduceSumRows(const Tensor& x, Tensor& out, float alpha = 1.0f,
+                                                            bool accumulate = false);
 
 // acc = acc + scale * x (oneDNN sum, in place). Same shape, f32.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateAccumulate(const Tensor& x, float scale, Tensor& acc);

@@ -1,4 +1,7 @@
-// Matmul with optional bias: oneDNN's matmul primitive; transposes are expressed as strides.
+// Matmul (GEMM with alpha and beta in {0, 1}, optional bias) and row sums, all on oneDNN's matmul
+// primitive. Transposes are expressed as strides, so no operand is ever copied.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "worker/kernels/primitive_kernel.h"
 
@@ -11,53 +14,102 @@ using kernels::PrimitiveKernel;
 
 namespace {
 
-// The logical [rows, cols] view of a stored 2-D array, transposed when `transpose`.
-dnnl::memory::desc MatrixDesc(const Tensor& t, bool transpose) {
-  const int64_t r = t.dims()[0], c = t.dims()[1];
-  if (!transpose) return dnnl::memory::desc({r, c}, dnnl::memory::data_type::f32, {c, 1});
-  return dnnl::memory::desc({c, r}, dnnl::memory::data_type::f32, {1, c});
+using Desc = dnnl::memory::desc;
+
+// A row-major [rows, cols] view, or the transposed view of a stored [cols, rows] array.
+Desc MatrixDesc(int64_t rows, int64_t cols, bool transposed_storage) {
+  if (!transposed_storage) return Desc({rows, cols}, dnnl::memory::data_type::f32, {cols, 1});
+  return Desc({rows, cols}, dnnl::memory::data_type::f32, {1, rows});
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, bool transpose_a, const Tensor& b,
-                                                     bool transpose_b, const Tensor* bias, Tensor& c) {
-  if (a.dims().size() != 2 || b.dims().size() != 2 || c.dims().size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat("matmul needs 2-D operands; got a ", DimsToString(a.dims()),
-                                                   ", b ", DimsToString(b.dims()), ", c ", DimsToString(c.dims())));
-  }
-  const int64_t m = transpose_a ? a.dims()[1] : a.dims()[0];
-  const int64_t k = transpose_a ? a.dims()[0] : a.dims()[1];
-  const int64_t kb = transpose_b ? b.dims()[1] : b.dims()[0];
-  const int64_t n = transpose_b ? b.dims()[0] : b.dims()[1];
-  if (k != kb || c.dims()[0] != m || c.dims()[1] != n) {
-    return absl::InvalidArgumentError(absl::StrCat("matmul shapes do not agree: op(a) [", m, ", ", k, "] @ op(b) [",
-                                                   kb, ", ", n, "] -> c ", DimsToString(c.dims())));
-  }
-  if (bias != nullptr && (bias->num_elements() != n)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("matmul bias has shape ", DimsToString(bias->dims()), "; expected [", n, "]"));
+// The primitive for c = alpha * a @ b (+ bias) (+ c), over the given views of fixed buffers.
+absl::StatusOr<std::unique_ptr<Kernel>> BuildMatmul(const Desc& a_md, const void* a, const Desc& b_md,
+                                                    const void* b, const void* bias, int64_t n, const Desc& c_md,
+                                                    void* c, const MatmulOptions& options) {
+  if (bias != nullptr && options.alpha != 1.0f) {
+    return absl::InvalidArgumentError("matmul: a bias with alpha != 1 is not supported");
   }
   std::unique_ptr<Kernel> kernel;
   absl::Status s = Guard("matmul", [&] {
-    auto a_md = MatrixDesc(a, transpose_a);
-    auto b_md = MatrixDesc(b, transpose_b);
-    auto c_md = MatrixDesc(c, false);
-    std::unordered_map<int, dnnl::memory> args = {{DNNL_ARG_SRC, MemoryFor(a_md, a.raw())},
-                                                  {DNNL_ARG_WEIGHTS, MemoryFor(b_md, b.raw())},
-                                                  {DNNL_ARG_DST, MemoryFor(c_md, c.raw())}};
+    dnnl::primitive_attr attr;
+    if (options.alpha != 1.0f) attr.set_output_scales(0, {options.alpha});
+    if (options.accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    std::unordered_map<int, dnnl::memory> args = {
+        {DNNL_ARG_SRC, MemoryFor(a_md, a)}, {DNNL_ARG_WEIGHTS, MemoryFor(b_md, b)}, {DNNL_ARG_DST, MemoryFor(c_md, c)}};
     dnnl::matmul::primitive_desc pd;
     if (bias != nullptr) {
-      dnnl::memory::desc bias_md({1, n}, dnnl::memory::data_type::f32, {n, 1});
-      args[DNNL_ARG_BIAS] = MemoryFor(bias_md, bias->raw());
-      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), CpuEngine());
+      Desc bias_md({1, n}, dnnl::memory::data_type::f32, {n, 1});
+      args[DNNL_ARG_BIAS] = MemoryFor(bias_md, bias);
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), attr, CpuEngine());
     } else {
-      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), CpuEngine());
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, CpuEngine());
     }
     kernel = std::make_unique<PrimitiveKernel>("matmul", dnnl::matmul(pd), std::move(args));
   });
   if (!s.ok()) return s;
   return kernel;
+}
+
+// Row sums as ones[1, n] @ x[n, k]; owns the row of ones.
+class RowSumKernel : public Kernel {
+ public:
+  explicit RowSumKernel(int64_t rows) : ones_(v1::DTYPE_F32, {1, rows}) {
+    std::fill_n(ones_.data<float>(), rows, 1.0f);
+  }
+  absl::Status Init(const Tensor& x, Tensor& out, const MatmulOptions& options) {
+    const int64_t n = x.dims()[0], k = x.dims()[1];
+    absl::StatusOr<std::unique_ptr<Kernel>> m = BuildMatmul(MatrixDesc(1, n, false), ones_.raw(), MatrixDesc(n, k, false),
+                                                            x.raw(), nullptr, k, MatrixDesc(1, k, false), out.raw(), options);
+    if (!m.ok()) return m.status();
+    matmul_ = *std::move(m);
+    return absl::OkStatus();
+  }
+  absl::Status Run() override { return matmul_->Run(); }
+
+ private:
+  Tensor ones_;
+  std::unique_ptr<Kernel> matmul_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c,
+                                                     const MatmulOptions& options) {
+  if (a.dims().size() != 2 || b.dims().size() != 2 || c.dims().size() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul needs 2-D operands; got a ", DimsToString(a.dims()),
+                                                   ", b ", DimsToString(b.dims()), ", c ", DimsToString(c.dims())));
+  }
+  const int64_t m = options.transpose_a ? a.dims()[1] : a.dims()[0];
+  const int64_t k = options.transpose_a ? a.dims()[0] : a.dims()[1];
+  const int64_t kb = options.transpose_b ? b.dims()[1] : b.dims()[0];
+  const int64_t n = options.transpose_b ? b.dims()[0] : b.dims()[1];
+  if (k != kb || c.dims()[0] != m || c.dims()[1] != n) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul shapes do not agree: op(a) [", m, ", ", k, "] @ op(b) [",
+                                                   kb, ", ", n, "] -> c ", DimsToString(c.dims())));
+  }
+  if (bias != nullptr && bias->num_elements() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("matmul bias has shape ", DimsToString(bias->dims()), "; expected [", n, "]"));
+  }
+  return BuildMatmul(MatrixDesc(m, k, options.transpose_a), a.raw(), MatrixDesc(k, n, options.transpose_b), b.raw(),
+                     bias ? bias->raw() : nullptr, n, MatrixDesc(m, n, false), c.raw(), options);
+}
+
+absl::StatusOr<std::unique_ptr<Kernel>> CreateReduceSumRows(const Tensor& x, Tensor& out, float alpha, bool accumulate) {
+  if (x.dims().size() != 2 || out.num_elements() != x.dims()[1]) {
+    return absl::InvalidArgumentError(absl::StrCat("reduce_sum_rows: input ", DimsToString(x.dims()), " and output ",
+                                                   DimsToString(out.dims()), " do not match; expected [n, k] -> [k]"));
+  }
+  auto kernel = std::make_unique<RowSumKernel>(x.dims()[0]);
+  MatmulOptions o;
+  o.alpha = alpha;
+  o.accumulate = accumulate;
+  if (absl::Status s = kernel->Init(x, out, o); !s.ok()) return s;
+  return std::unique_ptr<Kernel>(std::move(kernel));
 }
 
 }  // namespace meshrun
