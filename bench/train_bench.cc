@@ -9,7 +9,8 @@ namespace meshrun {
 
 int RunTrainBench(const TrainBenchOptions& o) {
   std::printf("# main job (DPClassifier, Fashion-MNIST, global batch 128, 4 minibatches, AdamW, f32)\n");
-  std::printf("%8s %8s %14s %10s\n", "workers", "steps", "samples/s", "loss");
+  std::printf("%8s %8s %14s %10s %14s %16s\n", "workers", "steps", "samples/s", "loss", "step (ms)",
+              "all-reduce (ms)");
   for (int n : o.workers) {
     LocalClusterOptions lo;
     lo.mesh = absl::StrCat("data=", n);
@@ -31,14 +32,17 @@ int RunTrainBench(const TrainBenchOptions& o) {
       return 1;
     }
     // Steady state: skip the first interval (warm-up: page faults, connection set-up).
-    double samples = 0, seconds = 0;
+    double samples = 0, seconds = 0, step_ms = 0, collective_ms = 0;
     for (size_t i = 1; i < result->reports.size(); ++i) {
       const auto& r = result->reports[i];
       const double block_samples = (r.step() - result->reports[i - 1].step()) * 128.0;
       samples += block_samples;
       seconds += block_samples / r.samples_per_second();
+      step_ms += r.step_seconds() * 1e3 / (result->reports.size() - 1);
+      collective_ms += r.collective_seconds() * 1e3 / (result->reports.size() - 1);
     }
-    std::printf("%8d %8d %14.0f %10.4f\n", n, o.steps, samples / seconds, result->reports.back().loss());
+    std::printf("%8d %8d %14.0f %10.4f %14.2f %16.2f\n", n, o.steps, samples / seconds, result->reports.back().loss(),
+                step_ms, collective_ms);
     std::fflush(stdout);
     (*cluster)->Stop().IgnoreError();
   }

@@ -172,13 +172,16 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
     step += block;
     // Means over every step of the interval and every worker, as the seed's metrics accumulate
     // between prints.
-    double loss = 0, correct = 0;
-    int64_t count = 0;
+    double loss = 0, correct = 0, step_seconds = 0, collective_seconds = 0;
+    int64_t count = 0, samples = 0;
     for (const auto& resp : responses) {
       for (const v1::StepMetrics& m : resp.steps()) {
         loss += m.loss_sum();
         correct += m.correct();
         count += m.count();
+        step_seconds += m.step_seconds();
+        collective_seconds += m.collective_seconds();
+        ++samples;
       }
     }
     const double block_seconds = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - block_start));
@@ -192,6 +195,8 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
     rep->set_accuracy(correct / count);
     rep->set_samples_per_second(block * config.data.batch_size / block_seconds);
     rep->set_eta_seconds(elapsed / step * (total - step));
+    rep->set_step_seconds(step_seconds / samples);
+    rep->set_collective_seconds(collective_seconds / samples);
     SetState("running", step, "");
     if (!emit(e)) {
       AbortAll("job cancelled: the client went away");

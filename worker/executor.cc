@@ -224,13 +224,17 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
       // One fused bucket, as DDP / Horovod fuse small gradients into one all-reduce.
       auto bucket = std::make_shared<Tensor>(in[0]->dtype(), Dims{total});
       Communicator* c = *comm;
-      return CompiledOp([c, in, bucket, rop, total](const RunContext&) {
+      absl::Duration* timer = &collective_time_;
+      return CompiledOp([c, in, bucket, rop, total, timer](const RunContext&) {
+        const absl::Time start = absl::Now();
         char* dst = static_cast<char*>(bucket->raw());
         for (Tensor* t : in) {
           std::memcpy(dst, t->raw(), t->size_bytes());
           dst += t->size_bytes();
         }
-        if (absl::Status s = c->AllReduce(bucket->raw(), total, bucket->dtype(), rop); !s.ok()) return s;
+        absl::Status s = c->AllReduce(bucket->raw(), total, bucket->dtype(), rop);
+        *timer += absl::Now() - start;
+        if (!s.ok()) return s;
         const char* src = static_cast<const char*>(bucket->raw());
         for (Tensor* t : in) {
           std::memcpy(t->raw(), src, t->size_bytes());

@@ -52,6 +52,8 @@ class Executor {
   Tensor* buffer(const std::string& name);
   const v1::StepProgram& program() const { return program_; }
   const Options& options() const { return options_; }
+  // Time spent in collective ops since creation (waiting for peers included).
+  absl::Duration collective_time() const { return collective_time_; }
   // Bytes held by buffers of `role` (all roles when BUFFER_ROLE_UNSPECIFIED).
   int64_t ResidentBytes(v1::BufferRole role) const;
 
@@ -73,6 +75,7 @@ class Executor {
   std::map<std::string, v1::BufferRole> roles_;
   std::map<std::string, CompiledFunction> functions_;
   std::map<std::string, std::unique_ptr<Communicator>> communicators_;
+  absl::Duration collective_time_;
 };
 
 }  // namespace meshrun

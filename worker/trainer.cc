@@ -101,6 +101,8 @@ absl::StatusOr<StepResult> Trainer::RunStep(int64_t step) {
   const int32_t* slice = perm.data() + in_epoch * options_.global_batch_size + data_index_ * local;
 
   SetComputeThreads(options_.compute_threads);
+  const absl::Time start = absl::Now();
+  const absl::Duration collective_before = executor_->collective_time();
   RunContext ctx;
   ctx.step_key = FoldIn(base_key_, static_cast<uint32_t>(step));
   ctx.step_count = step + 1;
@@ -119,6 +121,8 @@ absl::StatusOr<StepResult> Trainer::RunStep(int64_t step) {
   r.loss_sum = *executor_->buffer("metrics/loss_sum")->data<float>();
   r.correct = *executor_->buffer("metrics/correct")->data<float>();
   r.count = local;
+  r.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  r.collective_seconds = absl::ToDoubleSeconds(executor_->collective_time() - collective_before);
   return r;
 }
 

@@ -18,6 +18,8 @@ struct StepResult {
   double loss_sum = 0;  // sum of per-example losses over this worker's examples
   double correct = 0;
   int64_t count = 0;    // examples this worker processed
+  double step_seconds = 0;
+  double collective_seconds = 0;
 };
 
 // Thread-compatible (one call at a time). Datasets are shared read-only and may be shared by

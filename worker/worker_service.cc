@@ -92,6 +92,8 @@ grpc::Status WorkerService::RunSteps(grpc::ServerContext* ctx, const v1::RunStep
     m->set_loss_sum(r->loss_sum);
     m->set_correct(r->correct);
     m->set_count(r->count);
+    m->set_step_seconds(r->step_seconds);
+    m->set_collective_seconds(r->collective_seconds);
   }
   return grpc::Status::OK;
 }
