@@ -21,7 +21,7 @@ int RunAllReduceBench(const AllReduceBenchOptions& options);
 
 struct TrainBenchOptions {
   std::vector<int> workers = {1, 2, 8};
-  int steps = 200;
+  int steps = 600;
   std::string bin_dir;
 };
 // Prints steady-state samples/s of the main job (the seed's DPClassifier on Fashion-MNIST) for
