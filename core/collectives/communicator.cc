@@ -2,7 +2,10 @@
 
 #include <algorithm>
 
+#include "core/collectives/permute.h"
+#include "core/collectives/ring_all_gather.h"
 #include "core/collectives/ring_all_reduce.h"
+#include "core/collectives/ring_reduce_scatter.h"
 
 namespace meshrun {
 
@@ -14,6 +17,23 @@ Communicator::Communicator(Transport* transport, std::vector<int> group, Collect
 
 absl::Status Communicator::AllReduce(void* data, int64_t count, DType dtype, ReduceOp op) {
   return RingAllReduce(*this, data, count, dtype, op);
+}
+
+absl::Status Communicator::AllGather(const void* in, int64_t count, DType dtype, void* out) {
+  return RingAllGather(*this, in, count, dtype, out);
+}
+
+absl::Status Communicator::ReduceScatter(const void* in, int64_t count, DType dtype, ReduceOp op, void* out) {
+  return RingReduceScatter(*this, in, count, dtype, op, out);
+}
+
+absl::Status Communicator::Permute(const void* in, int64_t count, DType dtype,
+                                   const std::vector<std::pair<int, int>>& perm, void* out) {
+  return meshrun::Permute(*this, in, count, dtype, perm, out);
+}
+
+absl::Status Communicator::AllToAll(const void* in, int64_t count, DType dtype, void* out) {
+  return meshrun::AllToAll(*this, in, count, dtype, out);
 }
 
 }  // namespace meshrun

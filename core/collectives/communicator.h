@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -13,7 +14,8 @@
 
 namespace meshrun {
 
-enum class ReduceOp { kSum, kMean };
+// psum, pmean, pmax.
+enum class ReduceOp { kSum, kMean, kMax };
 
 struct CollectiveOptions {
   // Every collective must finish within this time, or it fails with DeadlineExceeded naming the
@@ -42,6 +44,23 @@ class Communicator {
   // Errors: those of Transport (naming the rank that failed or timed out); InvalidArgument for an
   // unsupported dtype or pmean over integers.
   absl::Status AllReduce(void* data, int64_t count, DType dtype, ReduceOp op);
+
+  // Each member contributes `count` elements at `in`; `out` receives size() * count elements,
+  // block i from group position i (jax.lax.all_gather, tiled, over flat blocks). Ring algorithm:
+  // ring_all_gather.h.
+  absl::Status AllGather(const void* in, int64_t count, DType dtype, void* out);
+
+  // `in` holds size() blocks of `count` elements; `out` receives the reduction of block index()
+  // over the group (jax.lax.psum_scatter, tiled, over flat blocks; pmean / pmax likewise).
+  absl::Status ReduceScatter(const void* in, int64_t count, DType dtype, ReduceOp op, void* out);
+
+  // jax.lax.ppermute over group positions; see permute.h. Errors: InvalidArgument naming a pair
+  // that makes `perm` not a permutation of [0, size()).
+  absl::Status Permute(const void* in, int64_t count, DType dtype, const std::vector<std::pair<int, int>>& perm,
+                       void* out);
+
+  // jax.lax.all_to_all over flat blocks: `in` and `out` hold size() blocks of `count` elements.
+  absl::Status AllToAll(const void* in, int64_t count, DType dtype, void* out);
 
   // The tag base for the next collective (each collective reserves 2^32 tags).
   uint64_t NextTagBase() { return (++sequence_) << 32; }

@@ -1,5 +1,6 @@
 #include "core/collectives/reduce_kernels.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -66,6 +67,38 @@ void AddInto(DType dtype, void* dst, const void* src, int64_t count) {
     }
     default:
       break;
+  }
+}
+
+namespace {
+
+template <typename T>
+void MaxInto(void* dst, const void* src, int64_t count) {
+  T* d = static_cast<T*>(dst);
+  const T* s = static_cast<const T*>(src);
+  for (int64_t i = 0; i < count; ++i) d[i] = std::max(d[i], s[i]);
+}
+
+}  // namespace
+
+void Reduce(DType dtype, ReduceOp op, void* dst, const void* src, int64_t count) {
+  if (op != ReduceOp::kMax) {
+    AddInto(dtype, dst, src, count);
+    return;
+  }
+  switch (dtype) {
+    case v1::DTYPE_F32: MaxInto<float>(dst, src, count); break;
+    case v1::DTYPE_I32: MaxInto<int32_t>(dst, src, count); break;
+    case v1::DTYPE_U32: MaxInto<uint32_t>(dst, src, count); break;
+    case v1::DTYPE_BF16: {
+      uint16_t* d = static_cast<uint16_t*>(dst);
+      const uint16_t* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < count; ++i) {
+        if (Bf16ToF32(s[i]) > Bf16ToF32(d[i])) d[i] = s[i];
+      }
+      break;
+    }
+    default: break;
   }
 }
 

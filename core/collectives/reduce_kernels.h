@@ -13,6 +13,8 @@ namespace meshrun {
 absl::Status CheckReducible(DType dtype, ReduceOp op);
 // dst[i] += src[i] for i < count. REQUIRES: CheckReducible(dtype, kSum).ok().
 void AddInto(DType dtype, void* dst, const void* src, int64_t count);
+// dst[i] = op(dst[i], src[i]): sum for kSum and kMean, max for kMax.
+void Reduce(DType dtype, ReduceOp op, void* dst, const void* src, int64_t count);
 // dst[i] *= factor (floating dtypes only).
 void Scale(DType dtype, void* dst, int64_t count, float factor);
 

@@ -5,29 +5,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/collectives/reduce_kernels.h"
+#include "core/collectives/ring_util.h"
 
 namespace meshrun {
-namespace {
-
-struct Segment {
-  int64_t offset;  // elements
-  int64_t count;
-};
-
-std::vector<Segment> SplitEvenly(int64_t count, int parts) {
-  std::vector<Segment> out;
-  int64_t base = count / parts, extra = count % parts, offset = 0;
-  for (int i = 0; i < parts; ++i) {
-    int64_t n = base + (i < extra ? 1 : 0);
-    out.push_back({offset, n});
-    offset += n;
-  }
-  return out;
-}
-
-int Mod(int a, int n) { return ((a % n) + n) % n; }
-
-}  // namespace
+using ring::Mod;
+using ring::Segment;
+using ring::SplitEvenly;
 
 absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType dtype, ReduceOp op) {
   if (absl::Status s = CheckReducible(dtype, op); !s.ok()) return s;
@@ -79,7 +62,7 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
                                                 step, "; expected ", len * elem));
       }
       if (reducing) {
-        AddInto(dtype, dst, msg->data(), len);
+        Reduce(dtype, op, dst, msg->data(), len);
         if (last_reduce && op == ReduceOp::kMean) Scale(dtype, dst, len, 1.0f / n);
       } else {
         std::memcpy(dst, msg->data(), len * elem);

@@ -95,6 +95,35 @@ std::vector<int> Mesh::AxisGroup(int rank, int axis) const {
   return group;
 }
 
+std::vector<int> Mesh::AxesGroup(int rank, const std::vector<int>& axes) const {
+  std::vector<int> coords = Coords(rank);
+  int total = 1;
+  for (int a : axes) total *= axes_[a].second;
+  std::vector<int> group;
+  for (int k = 0; k < total; ++k) {
+    int rest = k;
+    for (int i = static_cast<int>(axes.size()) - 1; i >= 0; --i) {
+      coords[axes[i]] = rest % axes_[axes[i]].second;
+      rest /= axes_[axes[i]].second;
+    }
+    group.push_back(RankOf(coords));
+  }
+  return group;
+}
+
+absl::StatusOr<std::vector<int>> Mesh::AxisIndices(const std::vector<std::string>& names) const {
+  std::vector<int> out;
+  for (const auto& n : names) {
+    absl::StatusOr<int> i = AxisIndex(n);
+    if (!i.ok()) return i.status();
+    for (int seen : out) {
+      if (seen == *i) return absl::InvalidArgumentError(absl::StrCat("mesh axis '", n, "' is named twice"));
+    }
+    out.push_back(*i);
+  }
+  return out;
+}
+
 std::string Mesh::ToString() const {
   std::vector<std::string> parts;
   for (const auto& [name, size] : axes_) parts.push_back(absl::StrCat("'", name, "': ", size));

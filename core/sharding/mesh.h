@@ -39,6 +39,13 @@ class Mesh {
   // The ranks that share every coordinate with `rank` except on `axis`, in axis-index order:
   // the group a collective over `axis` runs in. Position i holds the device with axis_index i.
   std::vector<int> AxisGroup(int rank, int axis) const;
+  // The ranks that share every coordinate with `rank` except on `axes`, ordered by the
+  // coordinates on `axes` with the first listed axis major: a collective over several axes,
+  // e.g. psum(x, ('i', 'j')). Position k is the device whose axis_index over `axes` is k.
+  std::vector<int> AxesGroup(int rank, const std::vector<int>& axes) const;
+  // Indices of `names`. Errors: NotFound naming the first unknown axis; InvalidArgument for a
+  // repeated name.
+  absl::StatusOr<std::vector<int>> AxisIndices(const std::vector<std::string>& names) const;
 
   // "Mesh('data': 2, 'model': 4)", as JAX prints it.
   std::string ToString() const;

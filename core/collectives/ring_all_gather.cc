@@ -1,0 +1,59 @@
+#include "core/collectives/ring_all_gather.h"
+
+#include <cstring>
+
+#include "core/collectives/ring_util.h"
+
+namespace meshrun {
+
+using ring::Mod;
+using ring::Tag;
+
+absl::Status RingAllGather(Communicator& comm, const void* in, int64_t count, DType dtype, void* out) {
+  const int n = comm.size();
+  const int p = comm.index();
+  const size_t elem = DTypeSize(dtype);
+  if (elem == 0) return absl::InvalidArgumentError("all_gather: dtype has no size");
+  char* bytes = static_cast<char*>(out);
+  const int64_t block_bytes = count * static_cast<int64_t>(elem);
+  if (count > 0) std::memcpy(bytes + p * block_bytes, in, block_bytes);
+  if (n == 1 || count == 0) return absl::OkStatus();
+
+  const int64_t chunk_elems = std::max<int64_t>(1, comm.options().chunk_bytes / elem);
+  const int next = comm.group()[Mod(p + 1, n)];
+  const int prev = comm.group()[Mod(p - 1, n)];
+  const uint64_t base = comm.NextTagBase();
+  const absl::Time deadline = absl::Now() + comm.options().timeout;
+  Transport* t = comm.transport();
+
+  for (int64_t c = 0, i = 0; c < count; c += chunk_elems, ++i) {
+    const int64_t len = std::min(chunk_elems, count - c);
+    absl::string_view payload(bytes + (p * count + c) * elem, len * elem);
+    if (absl::Status s = t->Send(next, Tag(base, 0, i), payload, deadline); !s.ok()) {
+      return ring::Annotate(s, "all_gather", n);
+    }
+  }
+  for (int step = 0; step < n - 1; ++step) {
+    const int block = Mod(p - step - 1, n);
+    for (int64_t c = 0, i = 0; c < count; c += chunk_elems, ++i) {
+      const int64_t len = std::min(chunk_elems, count - c);
+      char* dst = bytes + (block * count + c) * elem;
+      absl::StatusOr<std::string> msg = t->Recv(prev, Tag(base, step, i), deadline);
+      if (!msg.ok()) return ring::Annotate(msg.status(), "all_gather", n);
+      if (msg->size() != static_cast<size_t>(len) * elem) {
+        return absl::InternalError(absl::StrCat("all_gather: rank ", prev, " sent ", msg->size(), " bytes; expected ",
+                                                len * elem, " (blocks of different sizes?)"));
+      }
+      std::memcpy(dst, msg->data(), msg->size());
+      if (step + 1 < n - 1) {
+        if (absl::Status s = t->Send(next, Tag(base, step + 1, i), absl::string_view(dst, len * elem), deadline);
+            !s.ok()) {
+          return ring::Annotate(s, "all_gather", n);
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace meshrun

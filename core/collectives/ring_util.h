@@ -1,0 +1,54 @@
+// Helpers shared by the ring algorithms (internal to core/collectives).
+#ifndef MESHRUN_CORE_COLLECTIVES_RING_UTIL_H_
+#define MESHRUN_CORE_COLLECTIVES_RING_UTIL_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "core/collectives/communicator.h"
+
+namespace meshrun::ring {
+
+struct Segment {
+  int64_t offset;  // elements
+  int64_t count;
+};
+
+// `count` elements cut into `parts` segments whose sizes differ by at most one.
+inline std::vector<Segment> SplitEvenly(int64_t count, int parts) {
+  std::vector<Segment> out;
+  int64_t base = count / parts, extra = count % parts, offset = 0;
+  for (int i = 0; i < parts; ++i) {
+    int64_t n = base + (i < extra ? 1 : 0);
+    out.push_back({offset, n});
+    offset += n;
+  }
+  return out;
+}
+
+// `parts` equal blocks of `block` elements.
+inline std::vector<Segment> EqualBlocks(int64_t block, int parts) {
+  std::vector<Segment> out;
+  for (int i = 0; i < parts; ++i) out.push_back({i * block, block});
+  return out;
+}
+
+inline int Mod(int a, int n) { return ((a % n) + n) % n; }
+
+// Tag of chunk `chunk` at ring step `step` of the collective with tag base `base`.
+inline uint64_t Tag(uint64_t base, int step, int64_t chunk) {
+  return base + (static_cast<uint64_t>(step) << 16) + static_cast<uint64_t>(chunk);
+}
+
+// Prefixes a transport error with the collective's name and group size.
+inline absl::Status Annotate(const absl::Status& s, const char* what, int group_size) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(what, " over ", group_size, " ranks: ", s.message()));
+}
+
+}  // namespace meshrun::ring
+
+#endif  // MESHRUN_CORE_COLLECTIVES_RING_UTIL_H_
