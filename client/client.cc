@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/sharding/shard_layout.h"
 #include "net/grpc_util.h"
 
 namespace meshrun {
@@ -64,6 +65,57 @@ absl::StatusOr<TrainResult> Client::Train(const JobConfig& config,
   grpc::Status s = reader->Finish();
   if (!s.ok()) return FromGrpcStatus(s);
   return result;
+}
+
+absl::StatusOr<v1::ArrayInfo> Client::Put(const Tensor& host, const PartitionSpec& spec, const std::string& id) {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(120));
+  v1::PutArrayRequest req;
+  *req.mutable_array() = host.ToProto();
+  *req.mutable_spec() = spec.ToProto();
+  req.set_id(id);
+  v1::PutArrayResponse resp;
+  if (grpc::Status s = stub_->PutArray(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
+  return resp.info();
+}
+
+absl::StatusOr<Tensor> Client::Get(const std::string& id) {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(120));
+  v1::GetArrayRequest req;
+  req.set_id(id);
+  v1::GetArrayResponse resp;
+  if (grpc::Status s = stub_->GetArray(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
+  return Tensor::FromProto(resp.array());
+}
+
+absl::Status Client::Delete(const std::string& id) {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(30));
+  v1::DeleteArrayRequest req;
+  req.set_id(id);
+  v1::DeleteArrayResponse resp;
+  return FromGrpcStatus(stub_->DeleteArray(&ctx, req, &resp));
+}
+
+absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ListArrays() {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(10));
+  v1::ListArraysResponse resp;
+  if (grpc::Status s = stub_->ListArrays(&ctx, v1::ListArraysRequest(), &resp); !s.ok()) return FromGrpcStatus(s);
+  return std::vector<v1::ArrayInfo>(resp.arrays().begin(), resp.arrays().end());
+}
+
+absl::StatusOr<std::string> Client::VisualizeSharding(const std::string& id) {
+  absl::StatusOr<std::vector<v1::ArrayInfo>> arrays = ListArrays();
+  if (!arrays.ok()) return arrays.status();
+  for (const auto& info : *arrays) {
+    if (info.id() != id) continue;
+    absl::StatusOr<NamedSharding> sharding = NamedSharding::FromProto(info.sharding());
+    if (!sharding.ok()) return sharding.status();
+    return meshrun::VisualizeSharding(Dims(info.shape().dims().begin(), info.shape().dims().end()), *sharding);
+  }
+  return absl::NotFoundError(absl::StrCat("no array '", id, "' on the cluster at ", address_));
 }
 
 absl::Status Client::Shutdown() {

@@ -33,7 +33,8 @@ absl::Status RunCoordinator(const CoordinatorOptions& o) {
   JobDriver::Options jo;
   jo.heartbeat_timeout = o.heartbeat_timeout;
   JobDriver driver(&registry, jo);
-  CoordinatorService service(&registry, &driver, o.heartbeat_timeout);
+  ArrayRegistry arrays(&registry);
+  CoordinatorService service(&registry, &driver, &arrays, o.heartbeat_timeout);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

@@ -54,6 +54,35 @@ grpc::Status CoordinatorService::GetStatus(grpc::ServerContext*, const v1::GetSt
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::PutArray(grpc::ServerContext*, const v1::PutArrayRequest* req,
+                                          v1::PutArrayResponse* resp) {
+  absl::StatusOr<Tensor> array = Tensor::FromProto(req->array());
+  if (!array.ok()) return ToGrpcStatus(array.status());
+  absl::StatusOr<v1::ArrayInfo> info = arrays_->Put(*array, PartitionSpec::FromProto(req->spec()), req->id());
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  *resp->mutable_info() = *std::move(info);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::GetArray(grpc::ServerContext*, const v1::GetArrayRequest* req,
+                                          v1::GetArrayResponse* resp) {
+  absl::StatusOr<Tensor> array = arrays_->Get(req->id(), resp->mutable_info());
+  if (!array.ok()) return ToGrpcStatus(array.status());
+  *resp->mutable_array() = array->ToProto();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::DeleteArray(grpc::ServerContext*, const v1::DeleteArrayRequest* req,
+                                             v1::DeleteArrayResponse*) {
+  return ToGrpcStatus(arrays_->Delete(req->id()));
+}
+
+grpc::Status CoordinatorService::ListArrays(grpc::ServerContext*, const v1::ListArraysRequest*,
+                                            v1::ListArraysResponse* resp) {
+  for (auto& info : arrays_->List()) *resp->add_arrays() = std::move(info);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*, v1::ShutdownResponse*) {
   registry_->RequestShutdown();
   if (!shutdown_.HasBeenNotified()) shutdown_.Notify();

@@ -5,6 +5,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
+#include "server/array_registry.h"
 #include "server/job_driver.h"
 #include "server/worker_registry.h"
 
@@ -13,14 +14,19 @@ namespace meshrun {
 // Thread-safe. One job runs at a time; a second SubmitJob fails with FailedPrecondition.
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
-  CoordinatorService(WorkerRegistry* registry, JobDriver* driver, absl::Duration heartbeat_timeout)
-      : registry_(registry), driver_(driver), heartbeat_timeout_(heartbeat_timeout) {}
+  CoordinatorService(WorkerRegistry* registry, JobDriver* driver, ArrayRegistry* arrays,
+                     absl::Duration heartbeat_timeout)
+      : registry_(registry), driver_(driver), arrays_(arrays), heartbeat_timeout_(heartbeat_timeout) {}
 
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*,
                          grpc::ServerWriter<v1::JobEvent>*) override;
   grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*, v1::GetStatusResponse*) override;
+  grpc::Status PutArray(grpc::ServerContext*, const v1::PutArrayRequest*, v1::PutArrayResponse*) override;
+  grpc::Status GetArray(grpc::ServerContext*, const v1::GetArrayRequest*, v1::GetArrayResponse*) override;
+  grpc::Status DeleteArray(grpc::ServerContext*, const v1::DeleteArrayRequest*, v1::DeleteArrayResponse*) override;
+  grpc::Status ListArrays(grpc::ServerContext*, const v1::ListArraysRequest*, v1::ListArraysResponse*) override;
   grpc::Status Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*, v1::ShutdownResponse*) override;
 
   // Notified when a client asked for Shutdown.
@@ -29,6 +35,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
  private:
   WorkerRegistry* registry_;
   JobDriver* driver_;
+  ArrayRegistry* arrays_;
   const absl::Duration heartbeat_timeout_;
   absl::Mutex job_mu_;
   absl::Notification shutdown_;

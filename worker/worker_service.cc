@@ -117,6 +117,27 @@ grpc::Status WorkerService::Abort(grpc::ServerContext*, const v1::AbortRequest* 
   return grpc::Status::OK;
 }
 
+grpc::Status WorkerService::PutShard(grpc::ServerContext*, const v1::PutShardRequest* req, v1::PutShardResponse*) {
+  if (req->array_id().empty()) return Error(absl::InvalidArgumentError("PutShard: empty array id"));
+  absl::StatusOr<Tensor> t = Tensor::FromProto(req->shard());
+  if (!t.ok()) return Error(t.status());
+  shards_.Put(req->array_id(), *std::move(t));
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::GetShard(grpc::ServerContext*, const v1::GetShardRequest* req, v1::GetShardResponse* resp) {
+  absl::StatusOr<std::shared_ptr<const Tensor>> t = shards_.Get(req->array_id());
+  if (!t.ok()) return Error(t.status());
+  *resp->mutable_shard() = (*t)->ToProto();
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::DeleteShard(grpc::ServerContext*, const v1::DeleteShardRequest* req,
+                                        v1::DeleteShardResponse*) {
+  if (absl::Status s = shards_.Delete(req->array_id()); !s.ok()) return Error(s);
+  return grpc::Status::OK;
+}
+
 grpc::Status WorkerService::BenchmarkAllReduce(grpc::ServerContext*, const v1::BenchmarkAllReduceRequest* req,
                                                v1::BenchmarkAllReduceResponse* resp) {
   {

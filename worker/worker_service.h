@@ -15,6 +15,7 @@
 #include "core/sharding/mesh.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "worker/grpc_transport.h"
+#include "worker/shard_store.h"
 #include "worker/trainer.h"
 
 namespace meshrun {
@@ -43,6 +44,9 @@ class WorkerService final : public v1::Worker::Service {
   grpc::Status RunSteps(grpc::ServerContext*, const v1::RunStepsRequest*, v1::RunStepsResponse*) override;
   grpc::Status Evaluate(grpc::ServerContext*, const v1::EvaluateRequest*, v1::EvaluateResponse*) override;
   grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortResponse*) override;
+  grpc::Status PutShard(grpc::ServerContext*, const v1::PutShardRequest*, v1::PutShardResponse*) override;
+  grpc::Status GetShard(grpc::ServerContext*, const v1::GetShardRequest*, v1::GetShardResponse*) override;
+  grpc::Status DeleteShard(grpc::ServerContext*, const v1::DeleteShardRequest*, v1::DeleteShardResponse*) override;
   grpc::Status BenchmarkAllReduce(grpc::ServerContext*, const v1::BenchmarkAllReduceRequest*,
                                   v1::BenchmarkAllReduceResponse*) override;
 
@@ -57,6 +61,8 @@ class WorkerService final : public v1::Worker::Service {
   Membership membership_;                 // set once by Join
   std::unique_ptr<Mailbox> mailbox_;      // set once by Join
   std::unique_ptr<GrpcTransport> transport_;
+
+  ShardStore shards_;
 
   absl::Mutex job_mu_;
   std::unique_ptr<Trainer> trainer_ ABSL_GUARDED_BY(job_mu_);

@@ -107,6 +107,30 @@ int Status(const std::string& coordinator) {
   return 0;
 }
 
+int Arrays(const std::string& coordinator) {
+  auto client = Client::Connect(coordinator, absl::Seconds(3));
+  if (!client.ok()) return Fail(client.status());
+  auto arrays = (*client)->ListArrays();
+  if (!arrays.ok()) return Fail(arrays.status());
+  std::printf("%-16s %-6s %-16s %-36s %16s\n", "id", "dtype", "shape", "spec", "bytes/worker");
+  for (const auto& a : *arrays) {
+    const Dims dims(a.shape().dims().begin(), a.shape().dims().end());
+    std::printf("%-16s %-6s %-16s %-36s %16lld\n", a.id().c_str(), DTypeName(a.dtype()).c_str(),
+                DimsToString(dims).c_str(), PartitionSpec::FromProto(a.sharding().spec()).ToString().c_str(),
+                static_cast<long long>(a.bytes_per_worker()));
+  }
+  return 0;
+}
+
+int Show(const std::string& coordinator, const std::string& id) {
+  auto client = Client::Connect(coordinator, absl::Seconds(3));
+  if (!client.ok()) return Fail(client.status());
+  auto grid = (*client)->VisualizeSharding(id);
+  if (!grid.ok()) return Fail(grid.status());
+  std::printf("%s", grid->c_str());
+  return 0;
+}
+
 int Shutdown(const std::string& coordinator) {
   auto client = Client::Connect(coordinator, absl::Seconds(3));
   if (!client.ok()) return Fail(client.status());

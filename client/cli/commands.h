@@ -25,6 +25,10 @@ int Train(const TrainArgs& args);
 
 // Prints the mesh, every worker (rank, address, pid, heartbeat age) and the job state.
 int Status(const std::string& coordinator);
+// Lists the cluster's sharded arrays: id, dtype, shape, PartitionSpec, bytes per worker.
+int Arrays(const std::string& coordinator);
+// Prints an array's sharding grid (visualize_array_sharding).
+int Show(const std::string& coordinator, const std::string& id);
 // Stops the workers and the coordinator.
 int Shutdown(const std::string& coordinator);
 

@@ -39,6 +39,12 @@ int main(int argc, char** argv) {
   std::string coordinator = "127.0.0.1:50051";
   auto* status_cmd = app.add_subcommand("status", "show the cluster's workers and job");
   status_cmd->add_option("--coordinator", coordinator)->capture_default_str();
+  auto* arrays_cmd = app.add_subcommand("arrays", "list the cluster's sharded arrays with bytes per worker");
+  arrays_cmd->add_option("--coordinator", coordinator)->capture_default_str();
+  std::string array_id;
+  auto* show_cmd = app.add_subcommand("show", "print an array's sharding grid (visualize_array_sharding)");
+  show_cmd->add_option("array", array_id, "array id")->required();
+  show_cmd->add_option("--coordinator", coordinator)->capture_default_str();
   auto* shutdown_cmd = app.add_subcommand("shutdown", "stop a cluster's workers and coordinator");
   shutdown_cmd->add_option("--coordinator", coordinator)->capture_default_str();
 
@@ -61,6 +67,8 @@ int main(int argc, char** argv) {
     if (train_cmd->parsed()) return meshrun::cli::Train(train);
     if (status_cmd->parsed()) return meshrun::cli::Status(coordinator);
     if (shutdown_cmd->parsed()) return meshrun::cli::Shutdown(coordinator);
+    if (arrays_cmd->parsed()) return meshrun::cli::Arrays(coordinator);
+    if (show_cmd->parsed()) return meshrun::cli::Show(coordinator, array_id);
     if (ar_cmd->parsed()) {
       ar.workers = ParseInts(ar_workers);
       return meshrun::RunAllReduceBench(ar);

@@ -10,6 +10,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "core/config/job_config.h"
+#include "core/sharding/partition_spec.h"
+#include "core/tensor.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 
 namespace meshrun {
@@ -46,6 +48,17 @@ class Client {
   absl::StatusOr<TrainResult> Train(const JobConfig& config,
                                     const std::function<void(const v1::JobEvent&)>& on_event = nullptr,
                                     absl::Duration timeout = absl::Hours(24));
+
+  // jax.device_put(host, NamedSharding(cluster mesh, spec)): each worker receives only its own
+  // block (replicated dims are replicated). `host` is row-major, f32 / bf16 / i32 / u32.
+  // Errors: InvalidArgument naming the spec, shape and dim that do not fit; an id in use.
+  absl::StatusOr<v1::ArrayInfo> Put(const Tensor& host, const PartitionSpec& spec, const std::string& id = "");
+  // jax.device_get: the global array assembled from the workers' blocks. Errors: NotFound.
+  absl::StatusOr<Tensor> Get(const std::string& id);
+  absl::Status Delete(const std::string& id);
+  absl::StatusOr<std::vector<v1::ArrayInfo>> ListArrays();
+  // The grid jax.debug.visualize_array_sharding prints for the array (1-D and 2-D arrays).
+  absl::StatusOr<std::string> VisualizeSharding(const std::string& id);
 
   // Stops the workers and then the coordinator.
   absl::Status Shutdown();

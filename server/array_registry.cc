@@ -1,0 +1,138 @@
+#include "server/array_registry.h"
+
+#include <numeric>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/sharding/shard_layout.h"
+#include "net/grpc_util.h"
+
+namespace meshrun {
+
+absl::Status ArrayRegistry::EnsureStubs() {
+  absl::MutexLock lock(&mu_);
+  if (!stubs_.empty()) return absl::OkStatus();
+  if (absl::Status s = workers_->WaitUntilReady(absl::Now() + absl::Seconds(10)); !s.ok()) return s;
+  for (const auto& p : workers_->Peers()) stubs_.push_back(v1::Worker::NewStub(CreateChannel(p.address())));
+  return absl::OkStatus();
+}
+
+absl::Status ArrayRegistry::ForRanks(const std::vector<int>& ranks,
+                                     const std::function<grpc::Status(int, grpc::ClientContext*)>& call) {
+  std::vector<grpc::Status> status(ranks.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    threads.emplace_back([&, i] {
+      grpc::ClientContext ctx;
+      SetTimeout(ctx, rpc_timeout_);
+      status[i] = call(ranks[i], &ctx);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (!status[i].ok()) return FromGrpcStatus(status[i], absl::StrCat("worker ", workers_->Describe(ranks[i])));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const PartitionSpec& spec, std::string id) {
+  const NamedSharding sharding(workers_->mesh(), spec);
+  if (absl::Status s = sharding.Validate(global.dims()); !s.ok()) return s;
+  if (absl::Status s = EnsureStubs(); !s.ok()) return s;
+  {
+    absl::MutexLock lock(&mu_);
+    if (id.empty()) id = absl::StrCat("array-", next_id_++);
+    if (arrays_.count(id)) return absl::InvalidArgumentError(absl::StrCat("array id '", id, "' is in use"));
+  }
+  std::vector<int> ranks(workers_->expected());
+  std::iota(ranks.begin(), ranks.end(), 0);
+  absl::Status s = ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
+    absl::StatusOr<Tensor> shard = ExtractShard(global, sharding, r);
+    if (!shard.ok()) return ToGrpcStatus(shard.status());
+    v1::PutShardRequest req;
+    req.set_array_id(id);
+    *req.mutable_shard() = shard->ToProto();
+    v1::PutShardResponse resp;
+    return stubs_[r]->PutShard(ctx, req, &resp);
+  });
+  if (!s.ok()) {
+    ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
+      v1::DeleteShardRequest req;
+      req.set_array_id(id);
+      v1::DeleteShardResponse resp;
+      return stubs_[r]->DeleteShard(ctx, req, &resp);
+    }).IgnoreError();
+    return s;
+  }
+  v1::ArrayInfo info;
+  info.set_id(id);
+  info.set_dtype(global.dtype());
+  for (int64_t d : global.dims()) info.mutable_shape()->add_dims(d);
+  *info.mutable_sharding() = sharding.ToProto();
+  info.set_bytes_per_worker(NumElements(sharding.ShardDims(global.dims())) * DTypeSize(global.dtype()));
+  absl::MutexLock lock(&mu_);
+  arrays_[id] = info;
+  return info;
+}
+
+absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Info(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = arrays_.find(id);
+  if (it == arrays_.end()) {
+    std::vector<std::string> ids;
+    for (const auto& [k, v] : arrays_) ids.push_back(k);
+    return absl::NotFoundError(absl::StrCat("no array '", id, "' on this cluster (arrays: ",
+                                            ids.empty() ? "none" : absl::StrJoin(ids, ", "), ")"));
+  }
+  return it->second;
+}
+
+absl::StatusOr<Tensor> ArrayRegistry::Get(const std::string& id, v1::ArrayInfo* info_out) {
+  absl::StatusOr<v1::ArrayInfo> info = Info(id);
+  if (!info.ok()) return info.status();
+  absl::StatusOr<NamedSharding> sharding = NamedSharding::FromProto(info->sharding());
+  if (!sharding.ok()) return sharding.status();
+  const Dims dims(info->shape().dims().begin(), info->shape().dims().end());
+  Tensor global(info->dtype(), dims);
+  std::vector<int> ranks;
+  for (const auto& holders : BlockHolders(dims, *sharding)) ranks.push_back(holders.front());
+  std::vector<v1::GetShardResponse> shards(workers_->expected());
+  absl::Status s = ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
+    v1::GetShardRequest req;
+    req.set_array_id(id);
+    return stubs_[r]->GetShard(ctx, req, &shards[r]);
+  });
+  if (!s.ok()) return s;
+  for (int r : ranks) {
+    absl::StatusOr<Tensor> shard = Tensor::FromProto(shards[r].shard());
+    if (!shard.ok()) return shard.status();
+    if (absl::Status st = InsertShard(*shard, *sharding, r, global); !st.ok()) return st;
+  }
+  if (info_out != nullptr) *info_out = *info;
+  return global;
+}
+
+absl::Status ArrayRegistry::Delete(const std::string& id) {
+  if (absl::StatusOr<v1::ArrayInfo> info = Info(id); !info.ok()) return info.status();
+  std::vector<int> ranks(workers_->expected());
+  std::iota(ranks.begin(), ranks.end(), 0);
+  absl::Status s = ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
+    v1::DeleteShardRequest req;
+    req.set_array_id(id);
+    v1::DeleteShardResponse resp;
+    return stubs_[r]->DeleteShard(ctx, req, &resp);
+  });
+  absl::MutexLock lock(&mu_);
+  arrays_.erase(id);
+  return s;
+}
+
+std::vector<v1::ArrayInfo> ArrayRegistry::List() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::ArrayInfo> out;
+  for (const auto& [id, info] : arrays_) out.push_back(info);
+  return out;
+}
+
+}  // namespace meshrun

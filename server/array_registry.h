@@ -1,0 +1,55 @@
+// Sharded arrays on the cluster: device_put splits a global array by its NamedSharding and sends
+// each worker its block; device_get fetches one replica of every block and assembles them.
+#ifndef MESHRUN_SERVER_ARRAY_REGISTRY_H_
+#define MESHRUN_SERVER_ARRAY_REGISTRY_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "core/sharding/partition_spec.h"
+#include "core/tensor.h"
+#include "meshrun/v1/coordinator.pb.h"
+#include "meshrun/v1/worker.grpc.pb.h"
+#include "server/worker_registry.h"
+
+namespace meshrun {
+
+// Thread-safe. Every worker call has a deadline; a failed call fails the operation with the
+// worker's rank in the message, and a failed Put leaves no array registered.
+class ArrayRegistry {
+ public:
+  explicit ArrayRegistry(WorkerRegistry* workers, absl::Duration rpc_timeout = absl::Seconds(60))
+      : workers_(workers), rpc_timeout_(rpc_timeout) {}
+
+  // Errors: InvalidArgument for a spec that does not fit the array on the mesh (naming the spec,
+  // shape and dim), an unsupported dtype, or an id in use; worker errors.
+  absl::StatusOr<v1::ArrayInfo> Put(const Tensor& global, const PartitionSpec& spec, std::string id);
+  // Errors: NotFound naming the id; worker errors.
+  absl::StatusOr<Tensor> Get(const std::string& id, v1::ArrayInfo* info);
+  absl::Status Delete(const std::string& id);
+  std::vector<v1::ArrayInfo> List();
+  // Errors: NotFound naming the id and the arrays that exist.
+  absl::StatusOr<v1::ArrayInfo> Info(const std::string& id);
+
+ private:
+  absl::Status EnsureStubs();
+  // Runs call(rank) for each rank in `ranks` in parallel; the first error, naming its rank.
+  absl::Status ForRanks(const std::vector<int>& ranks,
+                        const std::function<grpc::Status(int rank, grpc::ClientContext*)>& call);
+
+  WorkerRegistry* workers_;
+  const absl::Duration rpc_timeout_;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, v1::ArrayInfo> arrays_ ABSL_GUARDED_BY(mu_);
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_SERVER_ARRAY_REGISTRY_H_

@@ -1,0 +1,123 @@
+// Sharded arrays through the real cluster: 8 worker processes on the seed's 4x2 ('i', 'j') mesh.
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "core/collectives/reduce_kernels.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "meshrun/client.h"
+#include "meshrun/local_cluster.h"
+#include "tests/testutil/process_util.h"
+
+namespace meshrun {
+namespace {
+
+using ::meshrun::testing::RunCommand;
+using ::testing::HasSubstr;
+
+class ArraysE2ETest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    LocalClusterOptions o;
+    o.mesh = "i=4,j=2";
+    o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-arrays-", getpid());
+    auto c = LocalCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = c->release();
+    auto client = Client::Connect(cluster_->coordinator_address());
+    ASSERT_TRUE(client.ok());
+    client_ = client->release();
+  }
+  static void TearDownTestSuite() {
+    delete client_;
+    if (cluster_ != nullptr) cluster_->Stop().IgnoreError();
+    delete cluster_;
+  }
+  static Tensor Normal(Dims dims, uint32_t seed) {
+    Tensor t(v1::DTYPE_F32, std::move(dims));
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d;
+    for (int64_t i = 0; i < t.num_elements(); ++i) t.data<float>()[i] = d(rng);
+    return t;
+  }
+  static void ExpectEqual(const Tensor& a, const Tensor& b) {
+    ASSERT_EQ(a.dims(), b.dims());
+    ASSERT_EQ(a.dtype(), b.dtype());
+    ASSERT_EQ(std::memcmp(a.raw(), b.raw(), a.size_bytes()), 0);
+  }
+  static LocalCluster* cluster_;
+  static Client* client_;
+};
+LocalCluster* ArraysE2ETest::cluster_ = nullptr;
+Client* ArraysE2ETest::client_ = nullptr;
+
+TEST_F(ArraysE2ETest, PutAndGetRoundTripTheSeedsArrays) {
+  // The seed's x (192x64) P('i', None), w (64x128) P(None, 'j'), b (128) P('j').
+  const Tensor x = Normal({192, 64}, 0), w = Normal({64, 128}, 1), b = Normal({128}, 2);
+  auto xi = client_->Put(x, PartitionSpec::Of({"i", ""}), "x");
+  auto wi = client_->Put(w, PartitionSpec::Of({"", "j"}), "w");
+  auto bi = client_->Put(b, PartitionSpec::Of({"j"}), "b");
+  ASSERT_TRUE(xi.ok() && wi.ok() && bi.ok()) << xi.status() << wi.status() << bi.status();
+  EXPECT_EQ(xi->bytes_per_worker(), 48 * 64 * 4);  // each worker holds only its block
+  EXPECT_EQ(wi->bytes_per_worker(), 64 * 64 * 4);
+  for (const auto& [id, ref] : {std::pair<std::string, const Tensor*>{"x", &x}, {"w", &w}, {"b", &b}}) {
+    auto got = client_->Get(id);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectEqual(*got, *ref);
+  }
+  auto grid = client_->VisualizeSharding("b");
+  ASSERT_TRUE(grid.ok());
+  EXPECT_THAT(*grid, HasSubstr("| CPU 0,2,4,6 | CPU 1,3,5,7 |"));
+  grid = client_->VisualizeSharding("x");
+  ASSERT_TRUE(grid.ok());
+  EXPECT_THAT(*grid, HasSubstr("| CPU 6,7 |"));
+
+  // The CLI shows the same.
+  const std::string cli = ExecutableDir() + "/meshrun";
+  auto r = RunCommand({cli, "show", "w", "--coordinator", cluster_->coordinator_address()}, 30);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("| CPU 0,2,4,6 | CPU 1,3,5,7 |"));
+  r = RunCommand({cli, "arrays", "--coordinator", cluster_->coordinator_address()}, 30);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("PartitionSpec('i', None)"));
+  EXPECT_THAT(r.output, HasSubstr("12288"));
+  for (const char* id : {"x", "w", "b"}) EXPECT_TRUE(client_->Delete(id).ok());
+}
+
+TEST_F(ArraysE2ETest, EveryDtypeAndMultiAxisSpecsRoundTrip) {
+  for (DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_I32, v1::DTYPE_U32}) {
+    Tensor t(dtype, {16, 6});
+    for (size_t i = 0; i < t.size_bytes(); ++i) static_cast<uint8_t*>(t.raw())[i] = static_cast<uint8_t>(i * 7 + 1);
+    auto info = client_->Put(t, PartitionSpec(std::vector<PartitionSpec::Entry>{{"i", "j"}}));
+    ASSERT_TRUE(info.ok()) << info.status();
+    auto got = client_->Get(info->id());
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectEqual(*got, t);
+    EXPECT_TRUE(client_->Delete(info->id()).ok());
+  }
+}
+
+TEST_F(ArraysE2ETest, BadInputGetsAClearErrorAndTheClusterKeepsServing) {
+  Tensor t(v1::DTYPE_F32, {6, 4});
+  auto r = client_->Put(t, PartitionSpec::Of({"i", ""}));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "PartitionSpec('i', None) does not fit shape [6, 4]: dim 0 (6) is not divisible by 4 (the product of its "
+            "mesh axes)");
+  r = client_->Put(Tensor(v1::DTYPE_F32, {8}), PartitionSpec::Of({"model"}));
+  EXPECT_THAT(r.status().message(), HasSubstr("names axis 'model' which is not in Mesh('i': 4, 'j': 2)"));
+  r = client_->Put(Tensor(v1::DTYPE_F32, {8, 8}), PartitionSpec::Of({"i", "i"}));
+  EXPECT_THAT(r.status().message(), HasSubstr("uses mesh axis 'i' more than once"));
+  auto g = client_->Get("no-such-array");
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(g.status().message(), HasSubstr("no array 'no-such-array'"));
+  ASSERT_TRUE(client_->Put(Tensor(v1::DTYPE_F32, {8}), PartitionSpec::Of({"i"}), "dup").ok());
+  EXPECT_THAT(client_->Put(Tensor(v1::DTYPE_F32, {8}), PartitionSpec(), "dup").status().message(),
+              HasSubstr("array id 'dup' is in use"));
+  EXPECT_TRUE(client_->Delete("dup").ok());
+  auto ok = client_->Put(Normal({8, 8}, 3), PartitionSpec::Of({"i", "j"}));
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+}  // namespace
+}  // namespace meshrun
