@@ -128,6 +128,108 @@ absl::Status ArrayRegistry::Delete(const std::string& id) {
   return s;
 }
 
+absl::StatusOr<std::vector<v1::ArrayInfo>> ArrayRegistry::ShardMap(const v1::ShardMapRequest& request) {
+  const v1::ShardMapProgram& p = request.program();
+  const Mesh& mesh = workers_->mesh();
+  if (p.inputs_size() != request.input_ids_size() || p.in_specs_size() != p.inputs_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("shard_map takes ", p.inputs_size(), " arguments and ",
+                                                   p.in_specs_size(), " in_specs; got ", request.input_ids_size(),
+                                                   " arrays"));
+  }
+  if (p.out_specs_size() != p.outputs_size() ||
+      (request.output_ids_size() != 0 && request.output_ids_size() != p.outputs_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("shard_map returns ", p.outputs_size(), " results; got ",
+                                                   p.out_specs_size(), " out_specs and ", request.output_ids_size(),
+                                                   " output ids"));
+  }
+  std::map<std::string, Dims> buffer_dims;
+  std::map<std::string, DType> buffer_dtype;
+  for (const auto& b : p.program().buffers()) {
+    buffer_dims[b.name()] = Dims(b.shape().dims().begin(), b.shape().dims().end());
+    buffer_dtype[b.name()] = b.dtype();
+  }
+  for (int i = 0; i < p.inputs_size(); ++i) {
+    absl::StatusOr<v1::ArrayInfo> info = Info(request.input_ids(i));
+    if (!info.ok()) return info.status();
+    const PartitionSpec have = PartitionSpec::FromProto(info->sharding().spec());
+    const PartitionSpec want = PartitionSpec::FromProto(p.in_specs(i));
+    if (have != want) {
+      return absl::InvalidArgumentError(absl::StrCat("argument ", i, " (array '", request.input_ids(i),
+                                                     "') is laid out as ", have.ToString(), " but in_specs[", i,
+                                                     "] is ", want.ToString()));
+    }
+  }
+  // Global shapes of the results: each local dim times the blocks its out_spec entry names.
+  std::vector<v1::ArrayInfo> outputs;
+  for (int i = 0; i < p.outputs_size(); ++i) {
+    const Dims local = buffer_dims[p.outputs(i)];
+    const PartitionSpec spec = PartitionSpec::FromProto(p.out_specs(i));
+    if (spec.entries().size() > local.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("out_specs[", i, "] ", spec.ToString(), " has more entries than ",
+                                                     "result ", i, " has dims (", DimsToString(local), ")"));
+    }
+    Dims global = local;
+    for (size_t d = 0; d < global.size(); ++d) {
+      for (const auto& axis : spec.entry(d)) {
+        absl::StatusOr<int> a = mesh.AxisIndex(axis);
+        if (!a.ok()) return absl::InvalidArgumentError(absl::StrCat("out_specs[", i, "]: ", a.status().message()));
+        global[d] *= mesh.axis_size(*a);
+      }
+    }
+    NamedSharding sharding(mesh, spec);
+    if (absl::Status s = sharding.Validate(global); !s.ok()) return s;
+    v1::ArrayInfo info;
+    info.set_dtype(buffer_dtype[p.outputs(i)]);
+    for (int64_t d : global) info.mutable_shape()->add_dims(d);
+    *info.mutable_sharding() = sharding.ToProto();
+    info.set_bytes_per_worker(NumElements(local) * DTypeSize(info.dtype()));
+    outputs.push_back(info);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    for (int i = 0; i < p.outputs_size(); ++i) {
+      std::string id = request.output_ids_size() ? request.output_ids(i) : absl::StrCat("array-", next_id_++);
+      if (arrays_.count(id)) return absl::InvalidArgumentError(absl::StrCat("array id '", id, "' is in use"));
+      outputs[i].set_id(id);
+    }
+  }
+  if (absl::Status s = EnsureStubs(); !s.ok()) return s;
+  v1::RunShardMapRequest run;
+  *run.mutable_program() = p;
+  for (const auto& id : request.input_ids()) run.add_input_ids(id);
+  for (const auto& o : outputs) run.add_output_ids(o.id());
+  run.set_collective_timeout_seconds(request.collective_timeout_seconds());
+  std::vector<int> ranks(workers_->expected());
+  std::iota(ranks.begin(), ranks.end(), 0);
+  absl::Status s = ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
+    v1::RunShardMapResponse resp;
+    grpc::Status st = stubs_[r]->RunShardMap(ctx, run, &resp);
+    if (!st.ok()) {
+      // Unblock the others now rather than at their collective deadlines.
+      for (int q = 0; q < workers_->expected(); ++q) {
+        if (q == r) continue;
+        grpc::ClientContext actx;
+        SetTimeout(actx, absl::Seconds(2));
+        v1::AbortRequest areq;
+        areq.set_reason(absl::StrCat("shard_map failed on rank ", r, ": ", st.error_message()));
+        v1::AbortResponse aresp;
+        stubs_[q]->Abort(&actx, areq, &aresp);
+      }
+    }
+    return st;
+  });
+  if (!s.ok()) {
+    ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
+      v1::ResetTransportResponse resp;
+      return stubs_[r]->ResetTransport(ctx, v1::ResetTransportRequest(), &resp);
+    }).IgnoreError();
+    return s;
+  }
+  absl::MutexLock lock(&mu_);
+  for (const auto& o : outputs) arrays_[o.id()] = o;
+  return outputs;
+}
+
 std::vector<v1::ArrayInfo> ArrayRegistry::List() {
   absl::MutexLock lock(&mu_);
   std::vector<v1::ArrayInfo> out;

@@ -33,6 +33,13 @@ class ArrayRegistry {
   absl::StatusOr<Tensor> Get(const std::string& id, v1::ArrayInfo* info);
   absl::Status Delete(const std::string& id);
   std::vector<v1::ArrayInfo> List();
+  // shard_map: runs `request.program` on every worker over the input arrays, whose specs must
+  // equal the program's in_specs, and registers the outputs laid out by out_specs. On failure
+  // every worker is told to abort, then to reset its transport, and no output is registered.
+  // Errors: InvalidArgument naming the argument, array and spec that do not match, or an output
+  // spec that does not fit; worker errors (a collective deadline names the rank waited for).
+  absl::StatusOr<std::vector<v1::ArrayInfo>> ShardMap(const v1::ShardMapRequest& request);
+
   // Errors: NotFound naming the id and the arrays that exist.
   absl::StatusOr<v1::ArrayInfo> Info(const std::string& id);
 

@@ -77,6 +77,14 @@ grpc::Status CoordinatorService::DeleteArray(grpc::ServerContext*, const v1::Del
   return ToGrpcStatus(arrays_->Delete(req->id()));
 }
 
+grpc::Status CoordinatorService::ShardMap(grpc::ServerContext*, const v1::ShardMapRequest* req,
+                                          v1::ShardMapResponse* resp) {
+  absl::StatusOr<std::vector<v1::ArrayInfo>> outputs = arrays_->ShardMap(*req);
+  if (!outputs.ok()) return ToGrpcStatus(outputs.status());
+  for (auto& o : *outputs) *resp->add_outputs() = std::move(o);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::ListArrays(grpc::ServerContext*, const v1::ListArraysRequest*,
                                             v1::ListArraysResponse* resp) {
   for (auto& info : arrays_->List()) *resp->add_arrays() = std::move(info);

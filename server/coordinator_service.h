@@ -26,6 +26,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status PutArray(grpc::ServerContext*, const v1::PutArrayRequest*, v1::PutArrayResponse*) override;
   grpc::Status GetArray(grpc::ServerContext*, const v1::GetArrayRequest*, v1::GetArrayResponse*) override;
   grpc::Status DeleteArray(grpc::ServerContext*, const v1::DeleteArrayRequest*, v1::DeleteArrayResponse*) override;
+  grpc::Status ShardMap(grpc::ServerContext*, const v1::ShardMapRequest*, v1::ShardMapResponse*) override;
   grpc::Status ListArrays(grpc::ServerContext*, const v1::ListArraysRequest*, v1::ListArraysResponse*) override;
   grpc::Status Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*, v1::ShutdownResponse*) override;
 

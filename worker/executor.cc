@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/optim/adamw.h"
 #include "worker/kernels/kernel.h"
 
@@ -86,16 +87,22 @@ absl::StatusOr<Tensor*> Executor::Buffer(const v1::Op& op, const std::string& na
 }
 
 absl::StatusOr<Communicator*> Executor::CommunicatorFor(const std::string& axis_name) {
-  auto it = communicators_.find(axis_name);
+  return CommunicatorFor(std::vector<std::string>{axis_name});
+}
+
+absl::StatusOr<Communicator*> Executor::CommunicatorFor(const std::vector<std::string>& axis_names) {
+  const std::string key = absl::StrJoin(axis_names, ",");
+  auto it = communicators_.find(key);
   if (it != communicators_.end()) return it->second.get();
   if (options_.mesh == nullptr) return absl::FailedPreconditionError("no mesh for a collective");
-  absl::StatusOr<int> axis = options_.mesh->AxisIndex(axis_name);
-  if (!axis.ok()) return axis.status();
+  if (axis_names.empty()) return absl::InvalidArgumentError("a collective needs at least one mesh axis");
+  absl::StatusOr<std::vector<int>> axes = options_.mesh->AxisIndices(axis_names);
+  if (!axes.ok()) return axes.status();
   if (options_.transport == nullptr) return absl::FailedPreconditionError("no transport for a collective");
-  auto comm = std::make_unique<Communicator>(options_.transport, options_.mesh->AxisGroup(options_.rank, *axis),
+  auto comm = std::make_unique<Communicator>(options_.transport, options_.mesh->AxesGroup(options_.rank, *axes),
                                              options_.collectives);
   Communicator* raw = comm.get();
-  communicators_[axis_name] = std::move(comm);
+  communicators_[key] = std::move(comm);
   return raw;
 }
 
@@ -267,6 +274,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
       });
     }
     default:
+      if (op.kind() >= v1::OP_PSUM) return CompileCollective(op, in, out);
+      if (op.kind() >= v1::OP_UNARY) return CompileGeneral(op, in, out);
       return absl::InvalidArgumentError(absl::StrCat("unsupported op kind ", op.kind()));
   }
 }

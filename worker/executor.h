@@ -66,8 +66,15 @@ class Executor {
   };
   Executor(const v1::StepProgram& program, const Options& options);
   absl::StatusOr<CompiledOp> Compile(const v1::Op& op);
+  // The shard_map ops (executor_general_ops.cc).
+  absl::StatusOr<CompiledOp> CompileGeneral(const v1::Op& op, const std::vector<Tensor*>& in,
+                                            const std::vector<Tensor*>& out);
+  absl::StatusOr<CompiledOp> CompileCollective(const v1::Op& op, const std::vector<Tensor*>& in,
+                                               const std::vector<Tensor*>& out);
   absl::StatusOr<Tensor*> Buffer(const v1::Op& op, const std::string& name);
   absl::StatusOr<Communicator*> CommunicatorFor(const std::string& axis_name);
+  // The group over several axes, the first major (psum(x, ('i', 'j'))).
+  absl::StatusOr<Communicator*> CommunicatorFor(const std::vector<std::string>& axis_names);
 
   v1::StepProgram program_;
   Options options_;

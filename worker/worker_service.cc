@@ -1,6 +1,7 @@
 #include "worker/worker_service.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -114,6 +115,57 @@ grpc::Status WorkerService::Abort(grpc::ServerContext*, const v1::AbortRequest* 
   if (!joined_) return grpc::Status::OK;
   LOG(WARNING) << "aborting: " << req->reason();
   transport_->Abort(absl::AbortedError(req->reason()));
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShardMapRequest* req,
+                                        v1::RunShardMapResponse*) {
+  {
+    absl::MutexLock lock(&join_mu_);
+    if (!joined_) return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
+  }
+  const v1::ShardMapProgram& p = req->program();
+  if (p.inputs_size() != req->input_ids_size() || p.outputs_size() != req->output_ids_size()) {
+    return Error(absl::InvalidArgumentError(absl::StrCat("program takes ", p.inputs_size(), " arguments and returns ",
+                                                         p.outputs_size(), "; got ", req->input_ids_size(), " and ",
+                                                         req->output_ids_size(), " array ids")));
+  }
+  absl::MutexLock lock(&job_mu_);
+  SetComputeThreads(compute_threads_);
+  Executor::Options eo;
+  eo.mesh = &membership_.mesh;
+  eo.rank = membership_.rank;
+  eo.transport = transport_.get();
+  eo.collectives.timeout =
+      absl::Seconds(req->collective_timeout_seconds() > 0 ? req->collective_timeout_seconds() : 30);
+  auto executor = Executor::Create(p.program(), eo);
+  if (!executor.ok()) return Error(executor.status());
+  for (int i = 0; i < p.inputs_size(); ++i) {
+    absl::StatusOr<std::shared_ptr<const Tensor>> shard = shards_.Get(req->input_ids(i));
+    if (!shard.ok()) return Error(shard.status());
+    Tensor* buffer = (*executor)->buffer(p.inputs(i));
+    if (buffer == nullptr) return Error(absl::InvalidArgumentError(absl::StrCat("no input buffer '", p.inputs(i), "'")));
+    if (buffer->dims() != (*shard)->dims() || buffer->dtype() != (*shard)->dtype()) {
+      return Error(absl::InvalidArgumentError(absl::StrCat(
+          "argument ", i, " (array '", req->input_ids(i), "') has block ", DTypeName((*shard)->dtype()),
+          DimsToString((*shard)->dims()), " but the program expects ", DTypeName(buffer->dtype()),
+          DimsToString(buffer->dims()))));
+    }
+    std::memcpy(buffer->raw(), (*shard)->raw(), buffer->size_bytes());
+  }
+  if (absl::Status s = (*executor)->Run("main", RunContext{}); !s.ok()) return Error(s);
+  for (int i = 0; i < p.outputs_size(); ++i) {
+    Tensor* buffer = (*executor)->buffer(p.outputs(i));
+    if (buffer == nullptr) return Error(absl::InvalidArgumentError(absl::StrCat("no output buffer '", p.outputs(i), "'")));
+    shards_.Put(req->output_ids(i), *buffer);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerService::ResetTransport(grpc::ServerContext*, const v1::ResetTransportRequest*,
+                                           v1::ResetTransportResponse*) {
+  absl::MutexLock lock(&join_mu_);
+  if (joined_) transport_->Reset();
   return grpc::Status::OK;
 }
 

@@ -44,6 +44,9 @@ class WorkerService final : public v1::Worker::Service {
   grpc::Status RunSteps(grpc::ServerContext*, const v1::RunStepsRequest*, v1::RunStepsResponse*) override;
   grpc::Status Evaluate(grpc::ServerContext*, const v1::EvaluateRequest*, v1::EvaluateResponse*) override;
   grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortResponse*) override;
+  grpc::Status RunShardMap(grpc::ServerContext*, const v1::RunShardMapRequest*, v1::RunShardMapResponse*) override;
+  grpc::Status ResetTransport(grpc::ServerContext*, const v1::ResetTransportRequest*,
+                              v1::ResetTransportResponse*) override;
   grpc::Status PutShard(grpc::ServerContext*, const v1::PutShardRequest*, v1::PutShardResponse*) override;
   grpc::Status GetShard(grpc::ServerContext*, const v1::GetShardRequest*, v1::GetShardResponse*) override;
   grpc::Status DeleteShard(grpc::ServerContext*, const v1::DeleteShardRequest*, v1::DeleteShardResponse*) override;

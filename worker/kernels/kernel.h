@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -63,6 +64,20 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateAccumulate(const Tensor& x, float 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateSoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
                                                                   Tensor* dlogits, Tensor& loss_sum,
                                                                   Tensor& correct);
+
+// y = fn(x) element-wise, f32, same shape (oneDNN eltwise). fn: tanh exp log sqrt rsqrt neg abs
+// square relu logistic silu, or pow (x ** exponent). Errors: InvalidArgument naming an unknown fn.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x, Tensor& y,
+                                                    float exponent = 1.0f);
+
+// out = fn(a, b) element-wise, f32, out shaped like a; b has a's rank with each dim equal or 1
+// (numpy broadcasting; oneDNN binary). fn: add sub mul div max min.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, const Tensor& a, const Tensor& b,
+                                                     Tensor& out);
+
+// out = fn of x over the dims where out has size 1 (oneDNN reduction), f32, same rank.
+// fn: sum mean max min.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, const Tensor& x, Tensor& out);
 
 }  // namespace meshrun
 

@@ -60,6 +60,15 @@ class Client {
   // The grid jax.debug.visualize_array_sharding prints for the array (1-D and 2-D arrays).
   absl::StatusOr<std::string> VisualizeSharding(const std::string& id);
 
+  // shard_map: runs `program` (see shard_map.h) on every worker over arrays already on the
+  // cluster, whose specs must equal the program's in_specs; returns the results, which stay on
+  // the cluster. Errors: InvalidArgument naming a mismatched argument or spec; the failing
+  // worker's error (a collective deadline names the rank that did not arrive).
+  absl::StatusOr<std::vector<v1::ArrayInfo>> ShardMap(const v1::ShardMapProgram& program,
+                                                      const std::vector<std::string>& input_ids,
+                                                      const std::vector<std::string>& output_ids = {},
+                                                      absl::Duration collective_timeout = absl::Seconds(30));
+
   // Stops the workers and then the coordinator.
   absl::Status Shutdown();
 

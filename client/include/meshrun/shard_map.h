@@ -1,0 +1,106 @@
+// Building per-shard programs for shard_map, as jax.experimental.shard_map takes a function:
+// the program sees each worker's local blocks, may call collectives over named mesh axes, and its
+// results are assembled per out_specs.
+//
+//   ShardMapBuilder b(mesh);
+//   auto x = b.Input(v1::DTYPE_F32, {192, 64}, P("i", None));   // local block [48, 64]
+//   auto w = b.Input(v1::DTYPE_F32, {64, 128}, P(None, "j"));   // local block [64, 64]
+//   b.Output(b.Dot(x, w), P("i", "j"));
+//   absl::StatusOr<v1::ShardMapProgram> program = b.Build();
+//   client->ShardMap(*program, {"x", "w"});
+#ifndef MESHRUN_CLIENT_INCLUDE_MESHRUN_SHARD_MAP_H_
+#define MESHRUN_CLIENT_INCLUDE_MESHRUN_SHARD_MAP_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/sharding/mesh.h"
+#include "core/sharding/partition_spec.h"
+#include "core/tensor.h"
+#include "meshrun/v1/program.pb.h"
+
+namespace meshrun {
+
+// Not thread-safe. Shapes are inferred as ops are added; the first error (a shape that does not
+// fit, an unknown axis) is recorded with the op that caused it and returned by Build(); ops added
+// after an error are ignored.
+class ShardMapBuilder {
+ public:
+  // A value of the program: a local (per-worker) array.
+  struct Value {
+    int id = -1;
+  };
+
+  explicit ShardMapBuilder(Mesh mesh) : mesh_(std::move(mesh)) {}
+
+  // The next argument: a global array of `global_dims`, laid out by `in_spec`; the program sees
+  // its local block.
+  Value Input(DType dtype, const Dims& global_dims, const PartitionSpec& in_spec);
+  // A result, assembled by `out_spec` (its global dims are the local dims times the blocks).
+  void Output(Value v, const PartitionSpec& out_spec);
+
+  // Element-wise, f32. Unary fn: tanh exp log sqrt rsqrt neg abs square relu logistic silu.
+  Value Unary(const std::string& fn, Value x);
+  Value Tanh(Value x) { return Unary("tanh", x); }
+  Value Sqrt(Value x) { return Unary("sqrt", x); }
+  Value Pow(Value x, float exponent);
+  // Binary fn: add sub mul div max min, with numpy broadcasting of both sides.
+  Value Binary(const std::string& fn, Value a, Value b);
+  Value Add(Value a, Value b) { return Binary("add", a, b); }
+  Value Sub(Value a, Value b) { return Binary("sub", a, b); }
+  Value Mul(Value a, Value b) { return Binary("mul", a, b); }
+  Value Div(Value a, Value b) { return Binary("div", a, b); }
+  // jnp.dot of 2-D arrays (oneDNN matmul).
+  Value Dot(Value a, Value b);
+  // fn: sum mean max min over `dims` (jnp.sum(x, axis=dims, keepdims=keepdims)).
+  Value Reduce(const std::string& fn, Value x, const std::vector<int64_t>& dims, bool keepdims = false);
+  Value Reshape(Value x, const Dims& dims);
+  Value BroadcastTo(Value x, const Dims& dims);
+  Value Transpose(Value x, const std::vector<int64_t>& perm);
+  // jnp.stack(values, axis=dim) and jnp.concatenate.
+  Value Stack(const std::vector<Value>& values, int64_t dim);
+  Value Concatenate(const std::vector<Value>& values, int64_t dim);
+  Value Convert(Value x, DType dtype);
+  Value Full(DType dtype, const Dims& dims, double value);
+
+  // jax.lax collectives over one or several mesh axes (the first major).
+  Value AxisIndex(const std::vector<std::string>& axes);
+  Value Psum(Value x, const std::vector<std::string>& axes);
+  Value Pmean(Value x, const std::vector<std::string>& axes);
+  Value Pmax(Value x, const std::vector<std::string>& axes);
+  Value AllGather(Value x, const std::vector<std::string>& axes, int64_t axis, bool tiled);
+  Value PsumScatter(Value x, const std::vector<std::string>& axes, int64_t scatter_dimension, bool tiled);
+  Value Ppermute(Value x, const std::vector<std::string>& axes, const std::vector<std::pair<int, int>>& perm);
+  Value AllToAll(Value x, const std::vector<std::string>& axes, int64_t split_axis, int64_t concat_axis);
+  // jax.random.fold_in(key (u32[2]), data (i32 or u32 scalar)).
+  Value FoldIn(Value key, Value data);
+
+  Dims shape(Value v) const;
+  DType dtype(Value v) const;
+  // The program, or the first error: InvalidArgument naming the op and the shapes.
+  absl::StatusOr<v1::ShardMapProgram> Build() const;
+
+ private:
+  Value Add(v1::Op op, DType dtype, Dims dims);
+  Value AllReduce(v1::OpKind kind, const char* name, Value x, const std::vector<std::string>& axes);
+  bool Check(bool ok, const std::string& message);
+  bool Valid(Value v);
+  absl::StatusOr<int> GroupSize(const std::vector<std::string>& axes);
+  const std::string& Name(Value v) const { return values_[v.id].name; }
+
+  struct Info {
+    std::string name;
+    DType dtype;
+    Dims dims;
+  };
+  Mesh mesh_;
+  std::vector<Info> values_;
+  v1::ShardMapProgram program_;
+  absl::Status error_;
+};
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_CLIENT_INCLUDE_MESHRUN_SHARD_MAP_H_

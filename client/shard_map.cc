@@ -1,0 +1,350 @@
+#include "meshrun/shard_map.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/sharding/named_sharding.h"
+
+namespace meshrun {
+namespace {
+
+v1::Op MakeOp(v1::OpKind kind, const std::vector<std::string>& inputs) {
+  v1::Op op;
+  op.set_kind(kind);
+  for (const auto& i : inputs) op.add_inputs(i);
+  return op;
+}
+
+void SetAxes(v1::Op& op, const std::vector<std::string>& axes) {
+  for (const auto& a : axes) op.add_axis_names(a);
+}
+
+}  // namespace
+
+bool ShardMapBuilder::Check(bool ok, const std::string& message) {
+  if (!ok && error_.ok()) error_ = absl::InvalidArgumentError(message);
+  return ok && error_.ok();
+}
+
+bool ShardMapBuilder::Valid(Value v) {
+  return Check(v.id >= 0 && v.id < static_cast<int>(values_.size()), "use of an invalid value");
+}
+
+Dims ShardMapBuilder::shape(Value v) const { return v.id >= 0 ? values_[v.id].dims : Dims{}; }
+DType ShardMapBuilder::dtype(Value v) const { return v.id >= 0 ? values_[v.id].dtype : v1::DTYPE_UNSPECIFIED; }
+
+ShardMapBuilder::Value ShardMapBuilder::Add(v1::Op op, DType dtype, Dims dims) {
+  const std::string name = absl::StrCat("v", values_.size());
+  values_.push_back({name, dtype, dims});
+  v1::BufferDecl* b = program_.mutable_program()->add_buffers();
+  b->set_name(name);
+  b->set_dtype(dtype);
+  for (int64_t d : dims) b->mutable_shape()->add_dims(d);
+  b->set_role(v1::BUFFER_ROLE_ACTIVATION);
+  if (op.kind() != v1::OP_UNSPECIFIED) {
+    op.add_outputs(name);
+    if (program_.program().functions_size() == 0) program_.mutable_program()->add_functions()->set_name("main");
+    *program_.mutable_program()->mutable_functions(0)->add_ops() = std::move(op);
+  }
+  return Value{static_cast<int>(values_.size()) - 1};
+}
+
+absl::StatusOr<int> ShardMapBuilder::GroupSize(const std::vector<std::string>& axes) {
+  absl::StatusOr<std::vector<int>> idx = mesh_.AxisIndices(axes);
+  if (!idx.ok()) return idx.status();
+  if (axes.empty()) return absl::InvalidArgumentError("a collective needs at least one mesh axis");
+  int n = 1;
+  for (int i : *idx) n *= mesh_.axis_size(i);
+  return n;
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Input(DType dtype, const Dims& global_dims, const PartitionSpec& in_spec) {
+  NamedSharding sharding(mesh_, in_spec);
+  absl::Status s = sharding.Validate(global_dims);
+  if (!Check(s.ok(), absl::StrCat("in_specs[", program_.inputs_size(), "]: ", s.message()))) return {};
+  Value v = Add(v1::Op(), dtype, sharding.ShardDims(global_dims));
+  program_.add_inputs(Name(v));
+  *program_.add_in_specs() = in_spec.ToProto();
+  return v;
+}
+
+void ShardMapBuilder::Output(Value v, const PartitionSpec& out_spec) {
+  if (!Valid(v)) return;
+  program_.add_outputs(Name(v));
+  *program_.add_out_specs() = out_spec.ToProto();
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Unary(const std::string& fn, Value x) {
+  if (!Valid(x)) return {};
+  v1::Op op = MakeOp(v1::OP_UNARY, {Name(x)});
+  op.set_fn(fn);
+  return Add(std::move(op), dtype(x), shape(x));
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Pow(Value x, float exponent) {
+  if (!Valid(x)) return {};
+  v1::Op op = MakeOp(v1::OP_UNARY, {Name(x)});
+  op.set_fn("pow");
+  op.set_value(exponent);
+  return Add(std::move(op), dtype(x), shape(x));
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Binary(const std::string& fn, Value a, Value b) {
+  if (!Valid(a) || !Valid(b)) return {};
+  // numpy broadcasting: align trailing dims, then broadcast both sides to the common shape.
+  Dims da = shape(a), db = shape(b);
+  const size_t rank = std::max(da.size(), db.size());
+  da.insert(da.begin(), rank - da.size(), 1);
+  db.insert(db.begin(), rank - db.size(), 1);
+  Dims out(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    if (!Check(da[i] == db[i] || da[i] == 1 || db[i] == 1,
+               absl::StrCat(fn, ": shapes ", DimsToString(shape(a)), " and ", DimsToString(shape(b)),
+                            " do not broadcast"))) {
+      return {};
+    }
+    out[i] = std::max(da[i], db[i]);
+  }
+  if (shape(a) != da) a = Reshape(a, da);
+  if (da != out) a = BroadcastTo(a, out);
+  if (shape(b) != db) b = Reshape(b, db);
+  v1::Op op = MakeOp(v1::OP_BINARY, {Name(a), Name(b)});
+  op.set_fn(fn);
+  return Add(std::move(op), dtype(a), out);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Dot(Value a, Value b) {
+  if (!Valid(a) || !Valid(b)) return {};
+  const Dims da = shape(a), db = shape(b);
+  if (!Check(da.size() == 2 && db.size() == 2 && da[1] == db[0],
+             absl::StrCat("dot: ", DimsToString(da), " @ ", DimsToString(db), " (local blocks) do not agree"))) {
+    return {};
+  }
+  return Add(MakeOp(v1::OP_MATMUL, {Name(a), Name(b)}), dtype(a), {da[0], db[1]});
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Reduce(const std::string& fn, Value x, const std::vector<int64_t>& dims,
+                                               bool keepdims) {
+  if (!Valid(x)) return {};
+  Dims kept = shape(x), dropped;
+  for (int64_t d : dims) {
+    if (!Check(d >= 0 && d < static_cast<int64_t>(kept.size()),
+               absl::StrCat("reduce over dim ", d, " of ", DimsToString(shape(x))))) {
+      return {};
+    }
+    kept[d] = 1;
+  }
+  for (size_t i = 0; i < kept.size(); ++i) {
+    if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(i)) == dims.end()) dropped.push_back(kept[i]);
+  }
+  v1::Op op = MakeOp(v1::OP_REDUCE, {Name(x)});
+  op.set_fn(fn);
+  for (int64_t d : dims) op.add_dims(d);
+  Value r = Add(std::move(op), dtype(x), kept);
+  return keepdims ? r : Reshape(r, dropped);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Reshape(Value x, const Dims& dims) {
+  if (!Valid(x)) return {};
+  if (!Check(NumElements(dims) == NumElements(shape(x)),
+             absl::StrCat("reshape ", DimsToString(shape(x)), " to ", DimsToString(dims)))) {
+    return {};
+  }
+  return Add(MakeOp(v1::OP_RESHAPE, {Name(x)}), dtype(x), dims);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::BroadcastTo(Value x, const Dims& dims) {
+  if (!Valid(x)) return {};
+  Dims from = shape(x);
+  if (from.size() < dims.size()) {
+    from.insert(from.begin(), dims.size() - from.size(), 1);
+    x = Reshape(x, from);
+  }
+  bool ok = from.size() == dims.size();
+  for (size_t i = 0; ok && i < dims.size(); ++i) ok = from[i] == 1 || from[i] == dims[i];
+  if (!Check(ok, absl::StrCat("broadcast ", DimsToString(shape(x)), " to ", DimsToString(dims)))) return {};
+  return Add(MakeOp(v1::OP_BROADCAST, {Name(x)}), dtype(x), dims);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Transpose(Value x, const std::vector<int64_t>& perm) {
+  if (!Valid(x)) return {};
+  Dims out;
+  for (int64_t p : perm) {
+    if (!Check(p >= 0 && p < static_cast<int64_t>(shape(x).size()), "transpose: bad perm")) return {};
+    out.push_back(shape(x)[p]);
+  }
+  v1::Op op = MakeOp(v1::OP_TRANSPOSE, {Name(x)});
+  for (int64_t p : perm) op.add_perm(p);
+  return Add(std::move(op), dtype(x), out);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Concatenate(const std::vector<Value>& values, int64_t dim) {
+  if (!Check(!values.empty(), "concatenate of nothing")) return {};
+  std::vector<std::string> names;
+  Dims out = shape(values[0]);
+  if (!Check(dim >= 0 && dim < static_cast<int64_t>(out.size()), "concatenate: dim out of range")) return {};
+  out[dim] = 0;
+  for (Value v : values) {
+    if (!Valid(v)) return {};
+    Dims d = shape(v), ref = shape(values[0]);
+    d[dim] = ref[dim] = 0;
+    if (!Check(d == ref && dtype(v) == dtype(values[0]), "concatenate: shapes differ off the concat dim")) return {};
+    out[dim] += shape(v)[dim];
+    names.push_back(Name(v));
+  }
+  v1::Op op = MakeOp(v1::OP_CONCATENATE, names);
+  op.set_dim(dim);
+  return Add(std::move(op), dtype(values[0]), out);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Stack(const std::vector<Value>& values, int64_t dim) {
+  std::vector<Value> expanded;
+  for (Value v : values) {
+    if (!Valid(v)) return {};
+    Dims d = shape(v);
+    if (!Check(dim >= 0 && dim <= static_cast<int64_t>(d.size()), "stack: dim out of range")) return {};
+    d.insert(d.begin() + dim, 1);
+    expanded.push_back(Reshape(v, d));
+  }
+  return Concatenate(expanded, dim);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Convert(Value x, DType dtype) {
+  if (!Valid(x)) return {};
+  return Add(MakeOp(v1::OP_CONVERT, {Name(x)}), dtype, shape(x));
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Full(DType dtype, const Dims& dims, double value) {
+  v1::Op op = MakeOp(v1::OP_FILL_VALUE, {});
+  op.set_value(static_cast<float>(value));
+  return Add(std::move(op), dtype, dims);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::AxisIndex(const std::vector<std::string>& axes) {
+  absl::StatusOr<int> n = GroupSize(axes);
+  if (!Check(n.ok(), absl::StrCat("axis_index: ", n.status().message()))) return {};
+  v1::Op op = MakeOp(v1::OP_AXIS_INDEX, {});
+  SetAxes(op, axes);
+  return Add(std::move(op), v1::DTYPE_I32, {});
+}
+
+ShardMapBuilder::Value ShardMapBuilder::AllReduce(v1::OpKind kind, const char* name, Value x,
+                                                  const std::vector<std::string>& axes) {
+  if (!Valid(x)) return {};
+  absl::StatusOr<int> n = GroupSize(axes);
+  if (!Check(n.ok(), absl::StrCat(name, ": ", n.status().message()))) return {};
+  v1::Op op = MakeOp(kind, {Name(x)});
+  SetAxes(op, axes);
+  return Add(std::move(op), dtype(x), shape(x));
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Psum(Value x, const std::vector<std::string>& axes) {
+  return AllReduce(v1::OP_PSUM, "psum", x, axes);
+}
+ShardMapBuilder::Value ShardMapBuilder::Pmean(Value x, const std::vector<std::string>& axes) {
+  return AllReduce(v1::OP_PMEAN, "pmean", x, axes);
+}
+ShardMapBuilder::Value ShardMapBuilder::Pmax(Value x, const std::vector<std::string>& axes) {
+  return AllReduce(v1::OP_PMAX, "pmax", x, axes);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::AllGather(Value x, const std::vector<std::string>& axes, int64_t axis,
+                                                  bool tiled) {
+  if (!Valid(x)) return {};
+  absl::StatusOr<int> n = GroupSize(axes);
+  if (!Check(n.ok(), absl::StrCat("all_gather: ", n.status().message()))) return {};
+  Dims out = shape(x);
+  const int64_t rank = static_cast<int64_t>(out.size());
+  if (!Check(axis >= 0 && (tiled ? axis < rank : axis <= rank),
+             absl::StrCat("all_gather: axis ", axis, " out of range for ", DimsToString(out)))) {
+    return {};
+  }
+  if (tiled) {
+    out[axis] *= *n;
+  } else {
+    out.insert(out.begin() + axis, *n);
+  }
+  v1::Op op = MakeOp(v1::OP_ALL_GATHER, {Name(x)});
+  SetAxes(op, axes);
+  op.set_dim(axis);
+  op.set_tiled(tiled);
+  return Add(std::move(op), dtype(x), out);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::PsumScatter(Value x, const std::vector<std::string>& axes,
+                                                    int64_t scatter_dimension, bool tiled) {
+  if (!Valid(x)) return {};
+  absl::StatusOr<int> n = GroupSize(axes);
+  if (!Check(n.ok(), absl::StrCat("psum_scatter: ", n.status().message()))) return {};
+  Dims out = shape(x);
+  const int64_t d = scatter_dimension;
+  if (!Check(d >= 0 && d < static_cast<int64_t>(out.size()) && (tiled ? out[d] % *n == 0 : out[d] == *n),
+             absl::StrCat("psum_scatter: dim ", d, " of ", DimsToString(out), " must be ",
+                          tiled ? "divisible by" : "equal to", " the axis size ", *n))) {
+    return {};
+  }
+  if (tiled) {
+    out[d] /= *n;
+  } else {
+    out.erase(out.begin() + d);
+  }
+  v1::Op op = MakeOp(v1::OP_PSUM_SCATTER, {Name(x)});
+  SetAxes(op, axes);
+  op.set_dim(d);
+  op.set_tiled(tiled);
+  return Add(std::move(op), dtype(x), out);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Ppermute(Value x, const std::vector<std::string>& axes,
+                                                 const std::vector<std::pair<int, int>>& perm) {
+  if (!Valid(x)) return {};
+  absl::StatusOr<int> n = GroupSize(axes);
+  if (!Check(n.ok(), absl::StrCat("ppermute: ", n.status().message()))) return {};
+  v1::Op op = MakeOp(v1::OP_PPERMUTE, {Name(x)});
+  SetAxes(op, axes);
+  for (const auto& [src, dst] : perm) {
+    op.add_perm(src);
+    op.add_perm(dst);
+  }
+  return Add(std::move(op), dtype(x), shape(x));
+}
+
+ShardMapBuilder::Value ShardMapBuilder::AllToAll(Value x, const std::vector<std::string>& axes, int64_t split_axis,
+                                                 int64_t concat_axis) {
+  if (!Valid(x)) return {};
+  absl::StatusOr<int> n = GroupSize(axes);
+  if (!Check(n.ok(), absl::StrCat("all_to_all: ", n.status().message()))) return {};
+  Dims out = shape(x);
+  const int64_t rank = static_cast<int64_t>(out.size());
+  if (!Check(split_axis >= 0 && split_axis < rank && concat_axis >= 0 && concat_axis < rank &&
+                 out[split_axis] % *n == 0,
+             absl::StrCat("all_to_all: split_axis ", split_axis, " of ", DimsToString(out),
+                          " must be divisible by the axis size ", *n))) {
+    return {};
+  }
+  out[split_axis] /= *n;
+  out[concat_axis] *= *n;
+  v1::Op op = MakeOp(v1::OP_ALL_TO_ALL, {Name(x)});
+  SetAxes(op, axes);
+  op.set_split_dim(split_axis);
+  op.set_concat_dim(concat_axis);
+  return Add(std::move(op), dtype(x), out);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::FoldIn(Value key, Value data) {
+  if (!Valid(key) || !Valid(data)) return {};
+  if (!Check(dtype(key) == v1::DTYPE_U32 && NumElements(shape(key)) == 2 && NumElements(shape(data)) == 1,
+             "fold_in takes a u32[2] key and a scalar")) {
+    return {};
+  }
+  return Add(MakeOp(v1::OP_FOLD_IN, {Name(key), Name(data)}), v1::DTYPE_U32, {2});
+}
+
+absl::StatusOr<v1::ShardMapProgram> ShardMapBuilder::Build() const {
+  if (!error_.ok()) return error_;
+  if (program_.outputs_size() == 0) return absl::InvalidArgumentError("shard_map program has no outputs");
+  v1::ShardMapProgram p = program_;
+  if (p.program().functions_size() == 0) p.mutable_program()->add_functions()->set_name("main");
+  return p;
+}
+
+}  // namespace meshrun

@@ -1,0 +1,35 @@
+// Data movement on row-major arrays of any dtype (element size in bytes): what the collectives
+// need to honour JAX's dim arguments, and the shard_map ops that only move data.
+#ifndef MESHRUN_CORE_ARRAY_OPS_H_
+#define MESHRUN_CORE_ARRAY_OPS_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/tensor.h"
+
+namespace meshrun {
+
+// [a, b, inner] -> [b, a, inner]: swaps the two leading axes of a 3-D view.
+void SwapLeadingAxes(const void* src, int64_t a, int64_t b, int64_t inner, size_t elem, void* dst);
+
+// out = x broadcast to out's dims. REQUIRES: same rank; each x dim is 1 or equal to out's.
+void Broadcast(const Tensor& x, Tensor& out);
+
+// out = jnp.transpose(x, perm). REQUIRES: out.dims()[i] == x.dims()[perm[i]].
+void Transpose(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out);
+
+// out = jnp.concatenate(inputs, axis=dim). REQUIRES: shapes agree except on dim.
+void Concatenate(const std::vector<const Tensor*>& inputs, int64_t dim, Tensor& out);
+
+// out = x converted to out's dtype (f32, bf16 round-to-nearest-even, i32 and u32 truncating).
+void Convert(const Tensor& x, Tensor& out);
+
+// Element i of x as a double / stored from a double, for any dtype.
+double GetAsDouble(const Tensor& x, int64_t i);
+void SetFromDouble(Tensor& x, int64_t i, double v);
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_CORE_ARRAY_OPS_H_

@@ -1,0 +1,272 @@
+// The seed's shard_map examples (001, first half), through real clusters of 8 worker processes.
+#include <cmath>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "core/random/threefry.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "meshrun/client.h"
+#include "meshrun/local_cluster.h"
+#include "meshrun/shard_map.h"
+
+namespace meshrun {
+namespace {
+
+using ::testing::HasSubstr;
+
+PartitionSpec P(std::vector<std::string> names) { return PartitionSpec::Of(std::move(names)); }
+
+class ShardMapE2ETest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    LocalClusterOptions o;
+    o.mesh = "i=4,j=2";
+    o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-shardmap-", getpid());
+    auto c = LocalCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = c->release();
+    auto client = Client::Connect(cluster_->coordinator_address());
+    ASSERT_TRUE(client.ok());
+    client_ = client->release();
+    mesh_ = new Mesh(*Mesh::Parse("i=4,j=2"));
+  }
+  static void TearDownTestSuite() {
+    delete client_;
+    if (cluster_ != nullptr) cluster_->Stop().IgnoreError();
+    delete cluster_;
+    delete mesh_;
+  }
+  static Tensor Normal(Dims dims, uint32_t seed) {
+    Tensor t(v1::DTYPE_F32, std::move(dims));
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d;
+    for (int64_t i = 0; i < t.num_elements(); ++i) t.data<float>()[i] = d(rng);
+    return t;
+  }
+  static Tensor HostMatmul(const Tensor& x, const Tensor& w, const Tensor* b) {
+    const int64_t m = x.dims()[0], k = x.dims()[1], n = w.dims()[1];
+    Tensor out(v1::DTYPE_F32, {m, n});
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = b ? b->data<float>()[j] : 0.0;
+        for (int64_t p = 0; p < k; ++p) s += double{x.data<float>()[i * k + p]} * w.data<float>()[p * n + j];
+        out.data<float>()[i * n + j] = static_cast<float>(s);
+      }
+    }
+    return out;
+  }
+  static void ExpectNear(const Tensor& a, const Tensor& b, float tol) {
+    ASSERT_EQ(a.dims(), b.dims());
+    for (int64_t i = 0; i < a.num_elements(); ++i) ASSERT_NEAR(a.data<float>()[i], b.data<float>()[i], tol) << i;
+  }
+  // Runs `program` over `inputs` (put with the program's in_specs) and fetches result 0.
+  static Tensor Run(const absl::StatusOr<v1::ShardMapProgram>& program, const std::vector<const Tensor*>& inputs) {
+    EXPECT_TRUE(program.ok()) << program.status();
+    std::vector<std::string> ids;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      auto info = client_->Put(*inputs[i], PartitionSpec::FromProto(program->in_specs(i)));
+      EXPECT_TRUE(info.ok()) << info.status();
+      ids.push_back(info->id());
+    }
+    auto outs = client_->ShardMap(*program, ids);
+    EXPECT_TRUE(outs.ok()) << outs.status();
+    if (!outs.ok()) return Tensor();
+    auto result = client_->Get((*outs)[0].id());
+    EXPECT_TRUE(result.ok()) << result.status();
+    return result.ok() ? *std::move(result) : Tensor();
+  }
+  static LocalCluster* cluster_;
+  static Client* client_;
+  static Mesh* mesh_;
+};
+LocalCluster* ShardMapE2ETest::cluster_ = nullptr;
+Client* ShardMapE2ETest::client_ = nullptr;
+Mesh* ShardMapE2ETest::mesh_ = nullptr;
+
+TEST_F(ShardMapE2ETest, ShardedMatmulPlusBiasEqualsUnsharded) {
+  const Tensor x = Normal({192, 64}, 0), w = Normal({64, 128}, 1), b = Normal({128}, 2);
+  ShardMapBuilder sm(*mesh_);
+  auto xv = sm.Input(v1::DTYPE_F32, {192, 64}, P({"i", ""}));
+  auto wv = sm.Input(v1::DTYPE_F32, {64, 128}, P({"", "j"}));
+  auto bv = sm.Input(v1::DTYPE_F32, {128}, P({"j"}));
+  EXPECT_EQ(sm.shape(xv), (Dims{48, 64}));  // "Local x shape (48, 64)"
+  EXPECT_EQ(sm.shape(wv), (Dims{64, 64}));
+  EXPECT_EQ(sm.shape(bv), (Dims{64}));
+  sm.Output(sm.Add(sm.Dot(xv, wv), bv), P({"i", "j"}));
+  Tensor y = Run(sm.Build(), {&x, &w, &b});
+  EXPECT_EQ(y.dims(), (Dims{192, 128}));
+  ExpectNear(y, HostMatmul(x, w, &b), 1e-3f);
+}
+
+TEST_F(ShardMapE2ETest, ParallelNormalizeHasMeanZeroAndStdOne) {
+  const Tensor x = Normal({192, 64}, 0);
+  ShardMapBuilder sm(*mesh_);
+  auto xv = sm.Input(v1::DTYPE_F32, {192, 64}, P({"i", "j"}));
+  auto mean = sm.Pmean(xv, {"j"});
+  auto centered = sm.Sub(xv, mean);
+  auto std = sm.Pow(sm.Pmean(sm.Mul(centered, centered), {"j"}), 0.5f);
+  sm.Output(sm.Div(centered, std), P({"i", "j"}));
+  Tensor y = Run(sm.Build(), {&x});
+  double sum = 0, sq = 0;
+  for (int64_t i = 0; i < y.num_elements(); ++i) sum += y.data<float>()[i];
+  const double m = sum / y.num_elements();
+  for (int64_t i = 0; i < y.num_elements(); ++i) sq += (y.data<float>()[i] - m) * (y.data<float>()[i] - m);
+  EXPECT_NEAR(m, 0.0, 1e-5);
+  EXPECT_NEAR(std::sqrt(sq / y.num_elements()), 1.0, 1e-4);
+}
+
+TEST_F(ShardMapE2ETest, MatmulWithWeightGatherEqualsXAtW) {
+  const Tensor x = Normal({192, 64}, 0), w = Normal({64, 128}, 1);
+  ShardMapBuilder sm(*mesh_);
+  auto xv = sm.Input(v1::DTYPE_F32, {192, 64}, P({"i", ""}));
+  auto wv = sm.Input(v1::DTYPE_F32, {64, 128}, P({"i", ""}));
+  EXPECT_EQ(sm.shape(wv), (Dims{16, 128}));  // "Original w shape (16, 128)"
+  auto gathered = sm.AllGather(wv, {"i"}, 0, /*tiled=*/true);
+  EXPECT_EQ(sm.shape(gathered), (Dims{64, 128}));  // "Gathered w shape (64, 128)"
+  sm.Output(sm.Dot(xv, gathered), P({"i", ""}));
+  ExpectNear(Run(sm.Build(), {&x, &w}), HostMatmul(x, w, nullptr), 1e-3f);
+}
+
+TEST_F(ShardMapE2ETest, PsumScatterPrints22_20_12_17) {
+  Tensor x(v1::DTYPE_F32, {4, 4});
+  const float v[16] = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 1, 2};
+  std::memcpy(x.raw(), v, sizeof(v));
+  ShardMapBuilder sm(*mesh_);
+  auto xv = sm.Input(v1::DTYPE_F32, {4, 4}, P({"i", ""}));
+  auto scattered = sm.PsumScatter(xv, {"i"}, 1, /*tiled=*/false);  // local [1, 4] -> [1]
+  sm.Output(scattered, P({"i"}));
+  Tensor y = Run(sm.Build(), {&x});
+  ASSERT_EQ(y.dims(), (Dims{4}));
+  EXPECT_EQ(std::vector<float>(y.data<float>(), y.data<float>() + 4), (std::vector<float>{22, 20, 12, 17}));
+}
+
+TEST_F(ShardMapE2ETest, PpermutePrints3_0_1_2) {
+  Tensor x(v1::DTYPE_F32, {4});
+  for (int i = 0; i < 4; ++i) x.data<float>()[i] = static_cast<float>(i);
+  ShardMapBuilder sm(*mesh_);
+  auto xv = sm.Input(v1::DTYPE_F32, {4}, P({"i"}));
+  sm.Output(sm.Ppermute(xv, {"i"}, {{0, 1}, {1, 2}, {2, 3}, {3, 0}}), P({"i"}));
+  Tensor y = Run(sm.Build(), {&x});
+  EXPECT_EQ(std::vector<float>(y.data<float>(), y.data<float>() + 4), (std::vector<float>{3, 0, 1, 2}));
+}
+
+TEST_F(ShardMapE2ETest, AxisIndexTableForAllEightDevices) {
+  ShardMapBuilder sm(*mesh_);
+  auto row = sm.Stack({sm.AxisIndex({"i"}), sm.AxisIndex({"j"})}, 0);  // [2]
+  sm.Output(sm.Reshape(row, {1, 2}), PartitionSpec(std::vector<PartitionSpec::Entry>{{"i", "j"}}));
+  auto program = sm.Build();
+  ASSERT_TRUE(program.ok()) << program.status();
+  auto outs = client_->ShardMap(*program, {});
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  auto y = client_->Get((*outs)[0].id());
+  ASSERT_TRUE(y.ok());
+  ASSERT_EQ(y->dims(), (Dims{8, 2}));
+  for (int d = 0; d < 8; ++d) {
+    EXPECT_EQ(y->data<int32_t>()[2 * d], d / 2) << "Device " << d << ": i-axis";
+    EXPECT_EQ(y->data<int32_t>()[2 * d + 1], d % 2) << "Device " << d << ": j-axis";
+  }
+}
+
+TEST_F(ShardMapE2ETest, FoldRngOverAxisMatchesJax) {
+  Tensor key(v1::DTYPE_U32, {2});
+  key.data<uint32_t>()[0] = 0;  // jax.random.PRNGKey(0)
+  key.data<uint32_t>()[1] = 0;
+  ShardMapBuilder sm(*mesh_);
+  auto kv = sm.Input(v1::DTYPE_U32, {2}, PartitionSpec());
+  sm.Output(sm.FoldIn(kv, sm.AxisIndex({"i"})), PartitionSpec(std::vector<PartitionSpec::Entry>{{"i", "j"}}));
+  auto program = sm.Build();
+  Tensor y = Run(program, {&key});
+  ASSERT_EQ(y.dims(), (Dims{16}));
+  // The seed prints [1797259609 2579123966] for i = 0, [928981903 3453687069] for i = 1, ...
+  const uint32_t expected[4][2] = {
+      {1797259609u, 2579123966u}, {928981903u, 3453687069u}, {4146024105u, 2718843009u}, {2467461003u, 3840466878u}};
+  for (int d = 0; d < 8; ++d) {
+    EXPECT_EQ(y.data<uint32_t>()[2 * d], expected[d / 2][0]) << "device " << d;
+    EXPECT_EQ(y.data<uint32_t>()[2 * d + 1], expected[d / 2][1]) << "device " << d;
+  }
+}
+
+TEST_F(ShardMapE2ETest, AllToAllMovesBlocksLikeJax) {
+  // x [4, 8] sharded P(None, 'i'): local [4, 2]; all_to_all(split_axis=0, concat_axis=1) over 'i'
+  // gives local [1, 8] laid out P('i', None): the transpose of the blocks.
+  Tensor x(v1::DTYPE_F32, {4, 8});
+  for (int64_t i = 0; i < 32; ++i) x.data<float>()[i] = static_cast<float>(i);
+  ShardMapBuilder sm(*mesh_);
+  auto xv = sm.Input(v1::DTYPE_F32, {4, 8}, P({"", "i"}));
+  auto y = sm.AllToAll(xv, {"i"}, 0, 1);
+  EXPECT_EQ(sm.shape(y), (Dims{1, 8}));
+  sm.Output(y, P({"i", ""}));
+  Tensor out = Run(sm.Build(), {&x});
+  // Resharding P(None, 'i') -> P('i', None) keeps the global array.
+  for (int64_t i = 0; i < 32; ++i) EXPECT_EQ(out.data<float>()[i], i);
+}
+
+TEST_F(ShardMapE2ETest, BadProgramsAreRejectedAndTheClusterKeepsServing) {
+  const Tensor x = Normal({192, 64}, 0);
+  auto xi = client_->Put(x, P({"i", ""}), "bad-x");
+  ASSERT_TRUE(xi.ok());
+  ShardMapBuilder sm(*mesh_);
+  auto xv = sm.Input(v1::DTYPE_F32, {192, 64}, P({"", "j"}));
+  sm.Output(sm.Tanh(xv), P({"", "j"}));
+  auto r = client_->ShardMap(*sm.Build(), {"bad-x"});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("argument 0 (array 'bad-x') is laid out as PartitionSpec('i', None) but in_specs[0] is "
+                        "PartitionSpec(None, 'j')"));
+  ShardMapBuilder bad(*mesh_);
+  auto v = bad.Input(v1::DTYPE_F32, {192, 64}, P({"i", ""}));
+  bad.Ppermute(v, {"i"}, {{0, 1}, {0, 2}});
+  bad.Output(v, P({"i", ""}));
+  auto built = bad.Build();
+  ASSERT_TRUE(built.ok());  // the perm is checked where it runs
+  r = client_->ShardMap(*built, {"bad-x"});
+  EXPECT_THAT(r.status().message(), HasSubstr("is not a permutation: source 0 appears twice"));
+  ShardMapBuilder wrong_axis(*mesh_);
+  wrong_axis.Output(wrong_axis.Psum(wrong_axis.Input(v1::DTYPE_F32, {8}, P({"i"})), {"model"}), P({"i"}));
+  EXPECT_THAT(wrong_axis.Build().status().message(), HasSubstr("mesh axis 'model' is not in"));
+  // Still serving.
+  ShardMapBuilder ok(*mesh_);
+  ok.Output(ok.Tanh(ok.Input(v1::DTYPE_F32, {192, 64}, P({"i", ""}))), P({"i", ""}));
+  auto outs = client_->ShardMap(*ok.Build(), {"bad-x"});
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  auto y = client_->Get((*outs)[0].id());
+  ASSERT_TRUE(y.ok());
+  for (int64_t i = 0; i < x.num_elements(); ++i) ASSERT_NEAR(y->data<float>()[i], std::tanh(x.data<float>()[i]), 1e-5);
+}
+
+}  // namespace
+}  // namespace meshrun
+
+namespace meshrun {
+namespace {
+
+// The seed's first example: a = arange(8) sharded P('i') over Mesh('i': 8); tanh per shard.
+TEST(ShardMapEightWayTest, ShardedTanhOnTheEightWorkerMesh) {
+  LocalClusterOptions o;
+  o.mesh = "i=8";
+  o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-tanh-", getpid());
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto client = Client::Connect((*cluster)->coordinator_address());
+  ASSERT_TRUE(client.ok());
+  Tensor a(v1::DTYPE_F32, {8});
+  for (int i = 0; i < 8; ++i) a.data<float>()[i] = static_cast<float>(i);
+  ASSERT_TRUE((*client)->Put(a, PartitionSpec::Of({"i"}), "a").ok());
+  auto grid = (*client)->VisualizeSharding("a");
+  ASSERT_TRUE(grid.ok());
+  EXPECT_THAT(*grid, ::testing::HasSubstr("| CPU 0 | CPU 1 | CPU 2 | CPU 3 | CPU 4 | CPU 5 | CPU 6 | CPU 7 |"));
+  ShardMapBuilder sm(*Mesh::Parse("i=8"));
+  sm.Output(sm.Tanh(sm.Input(v1::DTYPE_F32, {8}, PartitionSpec::Of({"i"}))), PartitionSpec::Of({"i"}));
+  auto outs = (*client)->ShardMap(*sm.Build(), {"a"}, {"out"});
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  auto out = (*client)->Get("out");
+  ASSERT_TRUE(out.ok());
+  for (int i = 0; i < 8; ++i) EXPECT_NEAR(out->data<float>()[i], std::tanh(static_cast<float>(i)), 1e-6);
+  grid = (*client)->VisualizeSharding("out");
+  EXPECT_THAT(*grid, ::testing::HasSubstr("| CPU 0 | CPU 1 |"));
+  ASSERT_TRUE((*cluster)->Stop().ok());
+}
+
+}  // namespace
+}  // namespace meshrun

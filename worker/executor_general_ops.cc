@@ -1,0 +1,305 @@
+// Compiling the shard_map ops: element-wise math and reductions on oneDNN, data movement from
+// core/array_ops, and collectives with jax.lax's dim semantics on top of the flat collectives.
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "core/array_ops.h"
+#include "core/collectives/permute.h"
+#include "worker/executor.h"
+#include "worker/kernels/kernel.h"
+
+namespace meshrun {
+namespace {
+
+absl::Status Arity(const v1::Op& op, int inputs, int outputs) {
+  if ((inputs >= 0 && op.inputs_size() != inputs) || op.outputs_size() != outputs) {
+    return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), " takes ", inputs, " inputs and ",
+                                                   outputs, " outputs; got ", op.inputs_size(), " and ",
+                                                   op.outputs_size()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Mismatch(const v1::Op& op, const Tensor& got, const std::string& expected) {
+  return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), ": output is ", DTypeName(got.dtype()),
+                                                 DimsToString(got.dims()), "; expected ", expected));
+}
+
+int64_t Prod(const Dims& d, size_t begin, size_t end) {
+  int64_t p = 1;
+  for (size_t i = begin; i < end && i < d.size(); ++i) p *= d[i];
+  return p;
+}
+
+Executor::CompiledOp FromKernel(absl::StatusOr<std::unique_ptr<Kernel>> k) {
+  std::shared_ptr<Kernel> kernel = std::move(*k);
+  return [kernel](const RunContext&) { return kernel ? kernel->Run() : absl::OkStatus(); };
+}
+
+}  // namespace
+
+absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, const std::vector<Tensor*>& in,
+                                                              const std::vector<Tensor*>& out) {
+  switch (op.kind()) {
+    case v1::OP_UNARY: {
+      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      auto k = CreateUnary(op.fn(), *in[0], *out[0], op.value());
+      if (!k.ok()) return k.status();
+      return FromKernel(std::move(k));
+    }
+    case v1::OP_BINARY: {
+      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
+      auto k = CreateBinary(op.fn(), *in[0], *in[1], *out[0]);
+      if (!k.ok()) return k.status();
+      return FromKernel(std::move(k));
+    }
+    case v1::OP_REDUCE: {
+      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      Dims expected = in[0]->dims();
+      for (int64_t d : op.dims()) {
+        if (d < 0 || d >= static_cast<int64_t>(expected.size())) {
+          return absl::InvalidArgumentError(absl::StrCat("reduce over dim ", d, " of ", DimsToString(in[0]->dims())));
+        }
+        expected[d] = 1;
+      }
+      if (out[0]->dims() != expected) return Mismatch(op, *out[0], DimsToString(expected));
+      auto k = CreateReduce(op.fn(), *in[0], *out[0]);
+      if (!k.ok()) return k.status();
+      return FromKernel(std::move(k));
+    }
+    case v1::OP_BROADCAST: {
+      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      const Tensor* x = in[0];
+      Tensor* y = out[0];
+      bool ok = x->dims().size() == y->dims().size() && x->dtype() == y->dtype();
+      for (size_t d = 0; ok && d < x->dims().size(); ++d) ok = x->dims()[d] == 1 || x->dims()[d] == y->dims()[d];
+      if (!ok) return Mismatch(op, *y, absl::StrCat("a broadcast of ", DimsToString(x->dims())));
+      return CompiledOp([x, y](const RunContext&) {
+        Broadcast(*x, *y);
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_RESHAPE: {
+      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      const Tensor* x = in[0];
+      Tensor* y = out[0];
+      if (x->num_elements() != y->num_elements() || x->dtype() != y->dtype()) {
+        return Mismatch(op, *y, absl::StrCat(x->num_elements(), " elements of ", DTypeName(x->dtype())));
+      }
+      return CompiledOp([x, y](const RunContext&) {
+        std::memcpy(y->raw(), x->raw(), x->size_bytes());
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_TRANSPOSE: {
+      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      const Tensor* x = in[0];
+      Tensor* y = out[0];
+      std::vector<int64_t> perm(op.perm().begin(), op.perm().end());
+      Dims expected;
+      std::vector<bool> seen(x->dims().size(), false);
+      for (int64_t p : perm) {
+        if (p < 0 || p >= static_cast<int64_t>(seen.size()) || seen[p]) {
+          return absl::InvalidArgumentError(absl::StrCat("transpose: perm is not a permutation of ", seen.size(), " dims"));
+        }
+        seen[p] = true;
+        expected.push_back(x->dims()[p]);
+      }
+      if (y->dims() != expected || perm.size() != seen.size()) return Mismatch(op, *y, DimsToString(expected));
+      return CompiledOp([x, y, perm](const RunContext&) {
+        Transpose(*x, perm, *y);
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_CONCATENATE: {
+      if (absl::Status s = Arity(op, -1, 1); !s.ok()) return s;
+      std::vector<const Tensor*> xs(in.begin(), in.end());
+      Tensor* y = out[0];
+      const int64_t dim = op.dim();
+      if (xs.empty() || dim < 0 || dim >= static_cast<int64_t>(y->dims().size())) {
+        return absl::InvalidArgumentError(absl::StrCat("concatenate along dim ", dim, " of ", DimsToString(y->dims())));
+      }
+      Dims expected = xs[0]->dims();
+      expected[dim] = 0;
+      for (const Tensor* x : xs) expected[dim] += x->dims()[dim];
+      if (y->dims() != expected) return Mismatch(op, *y, DimsToString(expected));
+      return CompiledOp([xs, y, dim](const RunContext&) {
+        Concatenate(xs, dim, *y);
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_CONVERT: {
+      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      const Tensor* x = in[0];
+      Tensor* y = out[0];
+      if (x->dims() != y->dims()) return Mismatch(op, *y, DimsToString(x->dims()));
+      return CompiledOp([x, y](const RunContext&) {
+        Convert(*x, *y);
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_FILL_VALUE: {
+      if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
+      Tensor* y = out[0];
+      const double value = op.value();
+      return CompiledOp([y, value](const RunContext&) {
+        for (int64_t i = 0; i < y->num_elements(); ++i) SetFromDouble(*y, i, value);
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_AXIS_INDEX: {
+      if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
+      std::vector<std::string> axes(op.axis_names().begin(), op.axis_names().end());
+      absl::StatusOr<Communicator*> comm = CommunicatorFor(axes);
+      if (!comm.ok()) return comm.status();
+      if (out[0]->num_elements() != 1) return Mismatch(op, *out[0], "a scalar");
+      Tensor* y = out[0];
+      const int index = (*comm)->index();
+      return CompiledOp([y, index](const RunContext&) {
+        SetFromDouble(*y, 0, index);
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_FOLD_IN: {
+      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
+      const Tensor* key = in[0];
+      const Tensor* data = in[1];
+      Tensor* y = out[0];
+      if (key->dtype() != v1::DTYPE_U32 || key->num_elements() != 2 || y->dtype() != v1::DTYPE_U32 ||
+          y->num_elements() != 2 || data->num_elements() != 1) {
+        return absl::InvalidArgumentError("fold_in takes a u32[2] key and a scalar, and returns a u32[2] key");
+      }
+      return CompiledOp([key, data, y](const RunContext&) {
+        const PRNGKey k{key->data<uint32_t>()[0], key->data<uint32_t>()[1]};
+        const PRNGKey r = FoldIn(k, static_cast<uint32_t>(static_cast<int64_t>(GetAsDouble(*data, 0))));
+        y->data<uint32_t>()[0] = r[0];
+        y->data<uint32_t>()[1] = r[1];
+        return absl::OkStatus();
+      });
+    }
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unsupported op kind ", op.kind()));
+  }
+}
+
+absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& op, const std::vector<Tensor*>& in,
+                                                                 const std::vector<Tensor*>& out) {
+  if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+  std::vector<std::string> axes(op.axis_names().begin(), op.axis_names().end());
+  absl::StatusOr<Communicator*> comm_or = CommunicatorFor(axes);
+  if (!comm_or.ok()) return comm_or.status();
+  Communicator* comm = *comm_or;
+  const Tensor* x = in[0];
+  Tensor* y = out[0];
+  const int64_t n = comm->size();
+  const Dims& d = x->dims();
+  const DType dtype = x->dtype();
+  const size_t elem = DTypeSize(dtype);
+  if (y->dtype() != dtype) return Mismatch(op, *y, DTypeName(dtype));
+  absl::Duration* timer = &collective_time_;
+  auto timed = [timer](std::function<absl::Status()> fn) -> CompiledOp {
+    return [timer, fn](const RunContext&) {
+      const absl::Time start = absl::Now();
+      absl::Status s = fn();
+      *timer += absl::Now() - start;
+      return s;
+    };
+  };
+  switch (op.kind()) {
+    case v1::OP_PSUM:
+    case v1::OP_PMEAN:
+    case v1::OP_PMAX: {
+      if (y->dims() != d) return Mismatch(op, *y, DimsToString(d));
+      const ReduceOp rop = op.kind() == v1::OP_PSUM ? ReduceOp::kSum
+                           : op.kind() == v1::OP_PMEAN ? ReduceOp::kMean : ReduceOp::kMax;
+      return timed([=] {
+        std::memcpy(y->raw(), x->raw(), x->size_bytes());
+        return comm->AllReduce(y->raw(), y->num_elements(), dtype, rop);
+      });
+    }
+    case v1::OP_ALL_GATHER: {
+      const int64_t a = op.dim();
+      if (a < 0 || a > static_cast<int64_t>(d.size()) || (op.tiled() && a == static_cast<int64_t>(d.size()))) {
+        return absl::InvalidArgumentError(absl::StrCat("all_gather axis ", a, " is out of range for ", DimsToString(d)));
+      }
+      Dims expected = d;
+      if (op.tiled()) {
+        expected[a] *= n;
+      } else {
+        expected.insert(expected.begin() + a, n);
+      }
+      if (y->dims() != expected) return Mismatch(op, *y, DimsToString(expected));
+      const int64_t outer = Prod(d, 0, a), inner = Prod(d, a, d.size());
+      auto scratch = std::make_shared<std::vector<char>>(n * x->size_bytes());
+      return timed([=] {
+        // Gather blocks as [n, outer, inner], then move the group axis inside: [outer, n, inner].
+        if (absl::Status s = comm->AllGather(x->raw(), x->num_elements(), dtype, scratch->data()); !s.ok()) return s;
+        SwapLeadingAxes(scratch->data(), n, outer, inner, elem, y->raw());
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_PSUM_SCATTER: {
+      const int64_t s_dim = op.dim();
+      if (s_dim < 0 || s_dim >= static_cast<int64_t>(d.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("psum_scatter dimension ", s_dim, " is out of range for ",
+                                                       DimsToString(d)));
+      }
+      if (op.tiled() ? d[s_dim] % n != 0 : d[s_dim] != n) {
+        return absl::InvalidArgumentError(absl::StrCat("psum_scatter: dim ", s_dim, " of ", DimsToString(d), " (",
+                                                       d[s_dim], ") must be ", op.tiled() ? "divisible by" : "equal to",
+                                                       " the axis size ", n));
+      }
+      Dims expected = d;
+      if (op.tiled()) {
+        expected[s_dim] /= n;
+      } else {
+        expected.erase(expected.begin() + s_dim);
+      }
+      if (y->dims() != expected) return Mismatch(op, *y, DimsToString(expected));
+      const int64_t outer = Prod(d, 0, s_dim), block = x->num_elements() / std::max<int64_t>(1, outer * n);
+      auto packed = std::make_shared<std::vector<char>>(x->size_bytes());
+      return timed([=] {
+        // [outer, n, block] -> [n, outer, block]: block j of the scatter dim becomes flat block j.
+        SwapLeadingAxes(x->raw(), outer, n, block, elem, packed->data());
+        return comm->ReduceScatter(packed->data(), outer * block, dtype, ReduceOp::kSum, y->raw());
+      });
+    }
+    case v1::OP_PPERMUTE: {
+      if (y->dims() != d) return Mismatch(op, *y, DimsToString(d));
+      if (op.perm_size() % 2 != 0) return absl::InvalidArgumentError("ppermute perm must hold (source, destination) pairs");
+      std::vector<std::pair<int, int>> perm;
+      for (int i = 0; i < op.perm_size(); i += 2) perm.emplace_back(op.perm(i), op.perm(i + 1));
+      if (absl::Status s = ValidatePermutation(perm, static_cast<int>(n)); !s.ok()) return s;
+      return timed([=] { return comm->Permute(x->raw(), x->num_elements(), dtype, perm, y->raw()); });
+    }
+    case v1::OP_ALL_TO_ALL: {
+      const int64_t sd = op.split_dim(), cd = op.concat_dim();
+      if (sd < 0 || cd < 0 || sd >= static_cast<int64_t>(d.size()) || cd >= static_cast<int64_t>(d.size()) ||
+          d[sd] % n != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("all_to_all: split_axis ", sd, " and concat_axis ", cd,
+                                                       " do not fit ", DimsToString(d), " over an axis of size ", n));
+      }
+      Dims block = d;
+      block[sd] /= n;
+      Dims expected = block;
+      expected[cd] *= n;
+      if (y->dims() != expected) return Mismatch(op, *y, DimsToString(expected));
+      const int64_t outer_s = Prod(d, 0, sd), inner_s = x->num_elements() / std::max<int64_t>(1, outer_s * n);
+      const int64_t outer_c = Prod(block, 0, cd), inner_c = Prod(block, cd, block.size());
+      auto packed = std::make_shared<std::vector<char>>(x->size_bytes());
+      auto received = std::make_shared<std::vector<char>>(x->size_bytes());
+      return timed([=] {
+        SwapLeadingAxes(x->raw(), outer_s, n, inner_s, elem, packed->data());
+        if (absl::Status s = comm->AllToAll(packed->data(), x->num_elements() / n, dtype, received->data()); !s.ok()) {
+          return s;
+        }
+        SwapLeadingAxes(received->data(), n, outer_c, inner_c, elem, y->raw());
+        return absl::OkStatus();
+      });
+    }
+    default:
+      return absl::InvalidArgumentError(absl::StrCat("unsupported collective op kind ", op.kind()));
+  }
+}
+
+}  // namespace meshrun

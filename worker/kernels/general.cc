@@ -1,0 +1,130 @@
+// Element-wise and reduction kernels for shard_map programs: oneDNN eltwise, binary (with
+// broadcasting) and reduction primitives.
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "worker/kernels/primitive_kernel.h"
+
+namespace meshrun {
+
+using kernels::CpuEngine;
+using kernels::Guard;
+using kernels::MemoryFor;
+using kernels::PrimitiveKernel;
+using kernels::RowMajorDesc;
+
+namespace {
+
+absl::Status RequireF32(const char* op, const Tensor& t) {
+  if (t.dtype() != v1::DTYPE_F32) {
+    return absl::InvalidArgumentError(absl::StrCat(op, " supports f32; got ", DTypeName(t.dtype()),
+                                                   " (convert it first)"));
+  }
+  return absl::OkStatus();
+}
+
+template <typename V>
+std::string Keys(const std::map<std::string, V>& m) {
+  std::vector<std::string> k;
+  for (const auto& [name, _] : m) k.push_back(name);
+  return absl::StrJoin(k, ", ");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x, Tensor& y, float exponent) {
+  struct Alg {
+    dnnl::algorithm alg;
+    float alpha, beta;
+  };
+  const std::map<std::string, Alg> algs = {
+      {"tanh", {dnnl::algorithm::eltwise_tanh, 0, 0}},     {"exp", {dnnl::algorithm::eltwise_exp, 0, 0}},
+      {"log", {dnnl::algorithm::eltwise_log, 0, 0}},       {"sqrt", {dnnl::algorithm::eltwise_sqrt, 0, 0}},
+      {"rsqrt", {dnnl::algorithm::eltwise_pow, 1, -0.5f}}, {"neg", {dnnl::algorithm::eltwise_linear, -1, 0}},
+      {"abs", {dnnl::algorithm::eltwise_abs, 0, 0}},       {"square", {dnnl::algorithm::eltwise_square, 0, 0}},
+      {"relu", {dnnl::algorithm::eltwise_relu, 0, 0}},     {"logistic", {dnnl::algorithm::eltwise_logistic, 0, 0}},
+      {"silu", {dnnl::algorithm::eltwise_swish, 1, 0}},    {"pow", {dnnl::algorithm::eltwise_pow, 1, exponent}}};
+  auto it = algs.find(fn);
+  if (it == algs.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown unary fn '", fn, "'; allowed: ", Keys(algs)));
+  }
+  if (absl::Status s = RequireF32("unary", x); !s.ok()) return s;
+  if (x.dims() != y.dims()) return absl::InvalidArgumentError("unary: output shape differs from input");
+  std::unique_ptr<Kernel> kernel;
+  if (x.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
+  absl::Status s = Guard("unary", [&] {
+    auto md = RowMajorDesc(x.dims());
+    dnnl::eltwise_forward::primitive_desc pd(
+        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, it->second.alg, md, it->second.alpha,
+                                    it->second.beta),
+        CpuEngine());
+    kernel = std::make_unique<PrimitiveKernel>(
+        "unary", dnnl::eltwise_forward(pd),
+        std::unordered_map<int, dnnl::memory>{{DNNL_ARG_SRC, MemoryFor(md, x.raw())},
+                                              {DNNL_ARG_DST, MemoryFor(md, y.raw())}});
+  });
+  if (!s.ok()) return s;
+  return kernel;
+}
+
+absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, const Tensor& a, const Tensor& b,
+                                                     Tensor& out) {
+  const std::map<std::string, dnnl::algorithm> algs = {
+      {"add", dnnl::algorithm::binary_add}, {"sub", dnnl::algorithm::binary_sub}, {"mul", dnnl::algorithm::binary_mul},
+      {"div", dnnl::algorithm::binary_div}, {"max", dnnl::algorithm::binary_max}, {"min", dnnl::algorithm::binary_min}};
+  auto it = algs.find(fn);
+  if (it == algs.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown binary fn '", fn, "'; allowed: ", Keys(algs)));
+  }
+  if (absl::Status s = RequireF32("binary", a); !s.ok()) return s;
+  if (absl::Status s = RequireF32("binary", b); !s.ok()) return s;
+  bool ok = a.dims().size() == b.dims().size() && a.dims() == out.dims();
+  for (size_t d = 0; ok && d < a.dims().size(); ++d) ok = b.dims()[d] == a.dims()[d] || b.dims()[d] == 1;
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat("binary ", fn, ": ", DimsToString(b.dims()),
+                                                   " does not broadcast to ", DimsToString(a.dims())));
+  }
+  if (a.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
+  std::unique_ptr<Kernel> kernel;
+  absl::Status s = Guard("binary", [&] {
+    auto a_md = RowMajorDesc(a.dims());
+    auto b_md = RowMajorDesc(b.dims());
+    dnnl::binary::primitive_desc pd(dnnl::binary::desc(it->second, a_md, b_md, a_md), CpuEngine());
+    kernel = std::make_unique<PrimitiveKernel>(
+        "binary", dnnl::binary(pd),
+        std::unordered_map<int, dnnl::memory>{{DNNL_ARG_SRC_0, MemoryFor(a_md, a.raw())},
+                                              {DNNL_ARG_SRC_1, MemoryFor(b_md, b.raw())},
+                                              {DNNL_ARG_DST, MemoryFor(a_md, out.raw())}});
+  });
+  if (!s.ok()) return s;
+  return kernel;
+}
+
+absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, const Tensor& x, Tensor& out) {
+  const std::map<std::string, dnnl::algorithm> algs = {{"sum", dnnl::algorithm::reduction_sum},
+                                                       {"mean", dnnl::algorithm::reduction_mean},
+                                                       {"max", dnnl::algorithm::reduction_max},
+                                                       {"min", dnnl::algorithm::reduction_min}};
+  auto it = algs.find(fn);
+  if (it == algs.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown reduce fn '", fn, "'; allowed: ", Keys(algs)));
+  }
+  if (absl::Status s = RequireF32("reduce", x); !s.ok()) return s;
+  if (x.dims().size() != out.dims().size()) return absl::InvalidArgumentError("reduce: output rank differs");
+  if (x.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
+  std::unique_ptr<Kernel> kernel;
+  absl::Status s = Guard("reduce", [&] {
+    auto src_md = RowMajorDesc(x.dims());
+    auto dst_md = RowMajorDesc(out.dims());
+    dnnl::reduction::primitive_desc pd(dnnl::reduction::desc(it->second, src_md, dst_md, 0.0f, 0.0f), CpuEngine());
+    kernel = std::make_unique<PrimitiveKernel>(
+        "reduce", dnnl::reduction(pd),
+        std::unordered_map<int, dnnl::memory>{{DNNL_ARG_SRC, MemoryFor(src_md, x.raw())},
+                                              {DNNL_ARG_DST, MemoryFor(dst_md, out.raw())}});
+  });
+  if (!s.ok()) return s;
+  return kernel;
+}
+
+}  // namespace meshrun
