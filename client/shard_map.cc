@@ -213,6 +213,43 @@ ShardMapBuilder::Value ShardMapBuilder::Convert(Value x, DType dtype) {
   return Add(MakeOp(v1::OP_CONVERT, {Name(x)}), dtype, shape(x));
 }
 
+ShardMapBuilder::Value ShardMapBuilder::Slice(Value x, const std::vector<int64_t>& starts, const Dims& sizes) {
+  if (!Valid(x)) return {};
+  bool ok = starts.size() == shape(x).size() && sizes.size() == starts.size();
+  for (size_t d = 0; ok && d < starts.size(); ++d) ok = starts[d] >= 0 && starts[d] + sizes[d] <= shape(x)[d];
+  if (!Check(ok, absl::StrCat("slice ", DimsToString(sizes), " does not fit in ", DimsToString(shape(x))))) return {};
+  v1::Op op = MakeOp(v1::OP_SLICE, {Name(x)});
+  for (int64_t s : starts) op.add_starts(s);
+  return Add(std::move(op), dtype(x), sizes);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::DynamicSliceInDim(Value x, Value index, int64_t size, int64_t dim) {
+  if (!Valid(x) || !Valid(index)) return {};
+  Dims out = shape(x);
+  if (!Check(dim >= 0 && dim < static_cast<int64_t>(out.size()) && size > 0 && out[dim] % size == 0 &&
+                 NumElements(shape(index)) == 1,
+             absl::StrCat("dynamic_slice_in_dim: size ", size, " along dim ", dim, " of ", DimsToString(out)))) {
+    return {};
+  }
+  out[dim] = size;
+  v1::Op op = MakeOp(v1::OP_DYNAMIC_SLICE, {Name(x), Name(index)});
+  op.set_dim(dim);
+  return Add(std::move(op), dtype(x), out);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::Iota(DType dtype, const Dims& dims, int64_t dim) {
+  if (!Check(dim >= 0 && dim < static_cast<int64_t>(dims.size()), "iota: dim out of range")) return {};
+  v1::Op op = MakeOp(v1::OP_IOTA, {});
+  op.set_dim(dim);
+  return Add(std::move(op), dtype, dims);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::RandomBits(Value key, const Dims& dims) {
+  if (!Valid(key)) return {};
+  if (!Check(dtype(key) == v1::DTYPE_U32 && NumElements(shape(key)) == 2, "random_bits takes a u32[2] key")) return {};
+  return Add(MakeOp(v1::OP_RANDOM_BITS, {Name(key)}), v1::DTYPE_U32, dims);
+}
+
 ShardMapBuilder::Value ShardMapBuilder::Full(DType dtype, const Dims& dims, double value) {
   v1::Op op = MakeOp(v1::OP_FILL_VALUE, {});
   op.set_value(static_cast<float>(value));

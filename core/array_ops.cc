@@ -76,6 +76,24 @@ void Concatenate(const std::vector<const Tensor*>& inputs, int64_t dim, Tensor& 
   }
 }
 
+void Slice(const Tensor& x, const std::vector<int64_t>& starts, Tensor& out) {
+  const size_t elem = DTypeSize(x.dtype());
+  const std::vector<int64_t> xs = Strides(x.dims());
+  const Dims& od = out.dims();
+  std::vector<int64_t> idx(od.size(), 0);
+  const char* src = static_cast<const char*>(x.raw());
+  char* dst = static_cast<char*>(out.raw());
+  for (int64_t i = 0; i < out.num_elements(); ++i) {
+    int64_t flat = 0;
+    for (size_t d = 0; d < od.size(); ++d) flat += (starts[d] + idx[d]) * xs[d];
+    std::memcpy(dst + i * elem, src + flat * elem, elem);
+    for (int d = static_cast<int>(od.size()) - 1; d >= 0; --d) {
+      if (++idx[d] < od[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
 double GetAsDouble(const Tensor& x, int64_t i) {
   switch (x.dtype()) {
     case v1::DTYPE_F32: return x.data<float>()[i];

@@ -23,6 +23,9 @@ void Transpose(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out);
 // out = jnp.concatenate(inputs, axis=dim). REQUIRES: shapes agree except on dim.
 void Concatenate(const std::vector<const Tensor*>& inputs, int64_t dim, Tensor& out);
 
+// out = the block of x starting at `starts` with out's dims (any dtype). REQUIRES: in range.
+void Slice(const Tensor& x, const std::vector<int64_t>& starts, Tensor& out);
+
 // out = x converted to out's dtype (f32, bf16 round-to-nearest-even, i32 and u32 truncating).
 void Convert(const Tensor& x, Tensor& out);
 

@@ -1,5 +1,6 @@
 // Compiling the shard_map ops: element-wise math and reductions on oneDNN, data movement from
 // core/array_ops, and collectives with jax.lax's dim semantics on top of the flat collectives.
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -144,6 +145,77 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       const double value = op.value();
       return CompiledOp([y, value](const RunContext&) {
         for (int64_t i = 0; i < y->num_elements(); ++i) SetFromDouble(*y, i, value);
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_SLICE: {
+      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      const Tensor* x = in[0];
+      Tensor* y = out[0];
+      std::vector<int64_t> starts(op.starts().begin(), op.starts().end());
+      bool ok = starts.size() == x->dims().size() && y->dims().size() == x->dims().size() && y->dtype() == x->dtype();
+      for (size_t d = 0; ok && d < starts.size(); ++d) ok = starts[d] >= 0 && starts[d] + y->dims()[d] <= x->dims()[d];
+      if (!ok) {
+        return absl::InvalidArgumentError(absl::StrCat("slice of ", DimsToString(y->dims()), " does not fit in ",
+                                                       DimsToString(x->dims()), " at the given starts"));
+      }
+      return CompiledOp([x, y, starts](const RunContext&) {
+        Slice(*x, starts, *y);
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_DYNAMIC_SLICE: {
+      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
+      const Tensor* x = in[0];
+      const Tensor* index = in[1];
+      Tensor* y = out[0];
+      const int64_t dim = op.dim();
+      Dims expected = x->dims();
+      if (dim < 0 || dim >= static_cast<int64_t>(expected.size()) || index->num_elements() != 1) {
+        return absl::InvalidArgumentError(absl::StrCat("dynamic_slice along dim ", dim, " of ", DimsToString(x->dims()),
+                                                       " with a scalar start index"));
+      }
+      expected[dim] = y->dims().size() == expected.size() ? y->dims()[dim] : -1;
+      if (y->dims() != expected || y->dtype() != x->dtype() || x->dims()[dim] % y->dims()[dim] != 0) {
+        return Mismatch(op, *y, absl::StrCat("a slice of ", DimsToString(x->dims()), " along dim ", dim));
+      }
+      return CompiledOp([x, index, y, dim](const RunContext&) {
+        const int64_t i = static_cast<int64_t>(GetAsDouble(*index, 0));
+        const int64_t size = y->dims()[dim];
+        if (i < 0 || (i + 1) * size > x->dims()[dim]) {
+          return absl::OutOfRangeError(absl::StrCat("dynamic_slice start block ", i, " of size ", size,
+                                                    " is outside dim ", dim, " (", x->dims()[dim], ")"));
+        }
+        std::vector<int64_t> starts(x->dims().size(), 0);
+        starts[dim] = i * size;
+        Slice(*x, starts, *y);
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_IOTA: {
+      if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
+      Tensor* y = out[0];
+      const int64_t dim = op.dim();
+      if (dim < 0 || dim >= static_cast<int64_t>(y->dims().size())) {
+        return absl::InvalidArgumentError(absl::StrCat("iota along dim ", dim, " of ", DimsToString(y->dims())));
+      }
+      const int64_t inner = Prod(y->dims(), dim + 1, y->dims().size()), size = y->dims()[dim];
+      return CompiledOp([y, inner, size](const RunContext&) {
+        for (int64_t i = 0; i < y->num_elements(); ++i) SetFromDouble(*y, i, (i / inner) % size);
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_RANDOM_BITS: {
+      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      const Tensor* key = in[0];
+      Tensor* y = out[0];
+      if (key->dtype() != v1::DTYPE_U32 || key->num_elements() != 2 || y->dtype() != v1::DTYPE_U32) {
+        return absl::InvalidArgumentError("random_bits takes a u32[2] key and returns u32");
+      }
+      return CompiledOp([key, y](const RunContext&) {
+        const std::vector<uint32_t> bits =
+            RandomBits(PRNGKey{key->data<uint32_t>()[0], key->data<uint32_t>()[1]}, y->num_elements());
+        std::copy(bits.begin(), bits.end(), y->data<uint32_t>());
         return absl::OkStatus();
       });
     }

@@ -63,6 +63,15 @@ class ShardMapBuilder {
   Value Stack(const std::vector<Value>& values, int64_t dim);
   Value Concatenate(const std::vector<Value>& values, int64_t dim);
   Value Convert(Value x, DType dtype);
+  // x[starts[0]:starts[0]+sizes[0], ...].
+  Value Slice(Value x, const std::vector<int64_t>& starts, const Dims& sizes);
+  // lax.dynamic_slice_in_dim(x, index * size, size, axis=dim), index an i32 scalar value (e.g.
+  // AxisIndex): the seed's shard_params keeps this device's slice this way.
+  Value DynamicSliceInDim(Value x, Value index, int64_t size, int64_t dim);
+  // lax.broadcasted_iota(dtype, dims, dim).
+  Value Iota(DType dtype, const Dims& dims, int64_t dim);
+  // jax.random.bits(key, dims) as u32.
+  Value RandomBits(Value key, const Dims& dims);
   Value Full(DType dtype, const Dims& dims, double value);
 
   // jax.lax collectives over one or several mesh axes (the first major).
