@@ -19,6 +19,15 @@ struct AllReduceBenchOptions {
 // (nccl-tests: busbw = algbw * 2(n-1)/n). Returns a process exit code.
 int RunAllReduceBench(const AllReduceBenchOptions& options);
 
+struct CollectivesBenchOptions {
+  std::string mesh = "data=2,model=4";
+  std::vector<int64_t> sizes_bytes = {4 << 10, 1 << 20, 16 << 20};
+  std::string bin_dir;
+};
+// Prints p50 time, algbw and busbw of psum, all_gather, psum_scatter and ppermute over each axis
+// of the mesh (nccl-tests' definitions). Returns a process exit code.
+int RunCollectivesBench(const CollectivesBenchOptions& options);
+
 struct TrainBenchOptions {
   std::vector<int> workers = {1, 2, 8};
   int steps = 600;

@@ -190,8 +190,8 @@ grpc::Status WorkerService::DeleteShard(grpc::ServerContext*, const v1::DeleteSh
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::BenchmarkAllReduce(grpc::ServerContext*, const v1::BenchmarkAllReduceRequest* req,
-                                               v1::BenchmarkAllReduceResponse* resp) {
+grpc::Status WorkerService::BenchmarkCollective(grpc::ServerContext*, const v1::BenchmarkCollectiveRequest* req,
+                                                v1::BenchmarkCollectiveResponse* resp) {
   {
     absl::MutexLock lock(&join_mu_);
     if (!joined_) return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
@@ -201,21 +201,44 @@ grpc::Status WorkerService::BenchmarkAllReduce(grpc::ServerContext*, const v1::B
     return Error(absl::InvalidArgumentError(absl::StrCat("num_bytes ", req->num_bytes(), " and iters ", req->iters(),
                                                          "; expected >= 0 and >= 1")));
   }
-  std::vector<int> group(membership_.mesh.size());
-  std::iota(group.begin(), group.end(), 0);
-  Communicator comm(transport_.get(), group);
-  const int64_t count = req->num_bytes() / 4;
-  std::vector<float> data(count, 1.0f);
+  const Mesh& mesh = membership_.mesh;
+  std::vector<std::string> names(req->axis_names().begin(), req->axis_names().end());
+  if (names.empty()) {
+    for (int a = 0; a < mesh.num_axes(); ++a) names.push_back(mesh.axis_name(a));
+  }
+  absl::StatusOr<std::vector<int>> axes = mesh.AxisIndices(names);
+  if (!axes.ok()) return Error(axes.status());
+  std::vector<int> world(mesh.size());
+  std::iota(world.begin(), world.end(), 0);
+  Communicator everyone(transport_.get(), world);
+  Communicator comm(transport_.get(), mesh.AxesGroup(membership_.rank, *axes));
+  const int64_t n = comm.size();
+  const int64_t count = req->num_bytes() / 4 / n * n;  // divisible by the group for the scatters
+  std::vector<float> a(count, 1.0f), b(count, 0.0f);
+  std::vector<std::pair<int, int>> shift;
+  for (int i = 0; i < n; ++i) shift.push_back({i, static_cast<int>((i + 1) % n)});
+  std::function<absl::Status()> run;
+  if (req->op() == "psum") {
+    run = [&] { return comm.AllReduce(a.data(), count, v1::DTYPE_F32, ReduceOp::kSum); };
+  } else if (req->op() == "all_gather") {
+    run = [&] { return comm.AllGather(a.data(), count / n, v1::DTYPE_F32, b.data()); };
+  } else if (req->op() == "psum_scatter") {
+    run = [&] { return comm.ReduceScatter(a.data(), count / n, v1::DTYPE_F32, ReduceOp::kSum, b.data()); };
+  } else if (req->op() == "ppermute") {
+    run = [&] { return comm.Permute(a.data(), count, v1::DTYPE_F32, shift, b.data()); };
+  } else {
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("unknown collective '", req->op(), "'; allowed: psum, all_gather, psum_scatter, ppermute")));
+  }
   float token = 0;
   for (int i = 0; i < req->warmup_iters() + req->iters(); ++i) {
-    // A 1-element all-reduce lines the ranks up, so each timed call starts together.
-    if (absl::Status s = comm.AllReduce(&token, 1, v1::DTYPE_F32, ReduceOp::kSum); !s.ok()) return Error(s);
+    // A 1-element all-reduce over every worker lines them up, so each timed call starts together.
+    if (absl::Status s = everyone.AllReduce(&token, 1, v1::DTYPE_F32, ReduceOp::kSum); !s.ok()) return Error(s);
     const absl::Time start = absl::Now();
-    if (absl::Status s = comm.AllReduce(data.data(), count, v1::DTYPE_F32, ReduceOp::kMean); !s.ok()) {
-      return Error(s);
-    }
+    if (absl::Status s = run(); !s.ok()) return Error(s);
     if (i >= req->warmup_iters()) resp->add_seconds(absl::ToDoubleSeconds(absl::Now() - start));
   }
+  resp->set_group_size(static_cast<int>(n));
   return grpc::Status::OK;
 }
 

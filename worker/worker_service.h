@@ -28,7 +28,7 @@ struct Membership {
   std::string cluster_id;
 };
 
-// Thread-safe. RPCs that use the program (LoadProgram, RunSteps, Evaluate, BenchmarkAllReduce)
+// Thread-safe. RPCs that use the program (LoadProgram, RunSteps, Evaluate, RunShardMap, BenchmarkCollective)
 // run one at a time; Abort may arrive at any moment and fails the collectives in flight.
 // Every error a handler returns starts with "rank R: ".
 class WorkerService final : public v1::Worker::Service {
@@ -50,8 +50,8 @@ class WorkerService final : public v1::Worker::Service {
   grpc::Status PutShard(grpc::ServerContext*, const v1::PutShardRequest*, v1::PutShardResponse*) override;
   grpc::Status GetShard(grpc::ServerContext*, const v1::GetShardRequest*, v1::GetShardResponse*) override;
   grpc::Status DeleteShard(grpc::ServerContext*, const v1::DeleteShardRequest*, v1::DeleteShardResponse*) override;
-  grpc::Status BenchmarkAllReduce(grpc::ServerContext*, const v1::BenchmarkAllReduceRequest*,
-                                  v1::BenchmarkAllReduceResponse*) override;
+  grpc::Status BenchmarkCollective(grpc::ServerContext*, const v1::BenchmarkCollectiveRequest*,
+                                   v1::BenchmarkCollectiveResponse*) override;
 
  private:
   grpc::Status Error(const absl::Status& s) const;

@@ -56,6 +56,10 @@ int main(int argc, char** argv) {
   ar_cmd->add_option("--workers", ar_workers, "worker counts")->capture_default_str();
   ar_cmd->add_option("--iters", ar.iters, "timed iterations per size (0: scaled to the size)");
   ar_cmd->add_option("--sizes", ar.sizes_bytes, "message sizes in bytes (default 4 KiB..64 MiB)");
+  meshrun::CollectivesBenchOptions cb;
+  auto* cb_cmd = bench_cmd->add_subcommand("collectives", "psum, all_gather, psum_scatter, ppermute over each mesh axis");
+  cb_cmd->add_option("--mesh", cb.mesh, "mesh")->capture_default_str();
+  cb_cmd->add_option("--sizes", cb.sizes_bytes, "message sizes in bytes");
   meshrun::TrainBenchOptions tb;
   auto* tb_cmd = bench_cmd->add_subcommand("train", "samples/s of the main job");
   tb_cmd->add_option("--workers", train_workers, "worker counts")->capture_default_str();
@@ -73,6 +77,7 @@ int main(int argc, char** argv) {
       ar.workers = ParseInts(ar_workers);
       return meshrun::RunAllReduceBench(ar);
     }
+    if (cb_cmd->parsed()) return meshrun::RunCollectivesBench(cb);
     if (tb_cmd->parsed()) {
       tb.workers = ParseInts(train_workers);
       return meshrun::RunTrainBench(tb);

@@ -1,7 +1,6 @@
 #include "core/collectives/ring_reduce_scatter.h"
 
 #include <cstring>
-#include <vector>
 
 #include "core/collectives/reduce_kernels.h"
 #include "core/collectives/ring_util.h"
@@ -22,9 +21,9 @@ absl::Status RingReduceScatter(Communicator& comm, const void* in, int64_t count
     if (count > 0) std::memcpy(out, in, block_bytes);
     return absl::OkStatus();
   }
-  // Work on a copy: blocks are reduced in place as they pass through.
-  std::vector<char> work(static_cast<const char*>(in), static_cast<const char*>(in) + n * block_bytes);
-  char* bytes = work.data();
+  // Each received chunk is reduced into its own message buffer with this rank's input and
+  // forwarded from there, so the input is never copied whole.
+  const char* input = static_cast<const char*>(in);
   const int64_t chunk_elems = std::max<int64_t>(1, comm.options().chunk_bytes / elem);
   const int next = comm.group()[Mod(p + 1, n)];
   const int prev = comm.group()[Mod(p - 1, n)];
@@ -35,7 +34,7 @@ absl::Status RingReduceScatter(Communicator& comm, const void* in, int64_t count
   const int first = Mod(p - 1, n);
   for (int64_t c = 0, i = 0; c < count; c += chunk_elems, ++i) {
     const int64_t len = std::min(chunk_elems, count - c);
-    absl::string_view payload(bytes + (first * count + c) * elem, len * elem);
+    absl::string_view payload(input + (first * count + c) * elem, len * elem);
     if (absl::Status s = t->Send(next, Tag(base, 0, i), payload, deadline); !s.ok()) {
       return ring::Annotate(s, "psum_scatter", n);
     }
@@ -45,23 +44,23 @@ absl::Status RingReduceScatter(Communicator& comm, const void* in, int64_t count
     const bool last = step == n - 2;
     for (int64_t c = 0, i = 0; c < count; c += chunk_elems, ++i) {
       const int64_t len = std::min(chunk_elems, count - c);
-      char* dst = bytes + (block * count + c) * elem;
       absl::StatusOr<std::string> msg = t->Recv(prev, Tag(base, step, i), deadline);
       if (!msg.ok()) return ring::Annotate(msg.status(), "psum_scatter", n);
       if (msg->size() != static_cast<size_t>(len) * elem) {
         return absl::InternalError(absl::StrCat("psum_scatter: rank ", prev, " sent ", msg->size(),
                                                 " bytes; expected ", len * elem));
       }
-      Reduce(dtype, op, dst, msg->data(), len);
+      char* acc = msg->data();
+      Reduce(dtype, op, acc, input + (block * count + c) * elem, len);
       if (last) {
-        if (op == ReduceOp::kMean) Scale(dtype, dst, len, 1.0f / n);
-      } else if (absl::Status s = t->Send(next, Tag(base, step + 1, i), absl::string_view(dst, len * elem), deadline);
+        if (op == ReduceOp::kMean) Scale(dtype, acc, len, 1.0f / n);
+        std::memcpy(static_cast<char*>(out) + c * elem, acc, len * elem);
+      } else if (absl::Status s = t->Send(next, Tag(base, step + 1, i), absl::string_view(acc, len * elem), deadline);
                  !s.ok()) {
         return ring::Annotate(s, "psum_scatter", n);
       }
     }
   }
-  std::memcpy(out, bytes + p * block_bytes, block_bytes);
   return absl::OkStatus();
 }
 

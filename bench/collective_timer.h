@@ -1,0 +1,34 @@
+// Times a collective on a running cluster's workers (each runs it; a call takes as long as its
+// slowest rank) and reports nccl-tests' algbw and busbw.
+#ifndef MESHRUN_BENCH_COLLECTIVE_TIMER_H_
+#define MESHRUN_BENCH_COLLECTIVE_TIMER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "meshrun/v1/worker.grpc.pb.h"
+
+namespace meshrun {
+
+struct CollectiveTiming {
+  double p50_seconds = 0;
+  int group_size = 0;
+  double algbw_gbps = 0;  // bytes / time
+  double busbw_gbps = 0;  // algbw x 2(n-1)/n for psum, (n-1)/n for all_gather / psum_scatter, 1 for ppermute
+};
+
+// The stubs of every worker of the cluster (by rank), from its coordinator.
+absl::StatusOr<std::vector<std::unique_ptr<v1::Worker::Stub>>> WorkerStubs(const std::string& coordinator);
+
+// Errors: the first worker's error, naming its rank.
+absl::StatusOr<CollectiveTiming> TimeCollective(std::vector<std::unique_ptr<v1::Worker::Stub>>& stubs,
+                                                const std::string& op, const std::vector<std::string>& axes,
+                                                int64_t num_bytes, int iters);
+
+std::string HumanBytes(int64_t bytes);
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_BENCH_COLLECTIVE_TIMER_H_
