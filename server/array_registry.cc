@@ -1,6 +1,7 @@
 #include "server/array_registry.h"
 
 #include <numeric>
+#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -201,23 +202,55 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> ArrayRegistry::ShardMap(const v1::Sha
   run.set_collective_timeout_seconds(request.collective_timeout_seconds());
   std::vector<int> ranks(workers_->expected());
   std::iota(ranks.begin(), ranks.end(), 0);
-  absl::Status s = ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
-    v1::RunShardMapResponse resp;
-    grpc::Status st = stubs_[r]->RunShardMap(ctx, run, &resp);
-    if (!st.ok()) {
-      // Unblock the others now rather than at their collective deadlines.
-      for (int q = 0; q < workers_->expected(); ++q) {
+  // Every worker runs the program; the first to fail has the others aborted at once, rather than
+  // leaving them waiting in a collective for its deadline.
+  std::vector<grpc::Status> results(ranks.size());
+  std::atomic<bool> aborted{false};
+  std::vector<std::thread> threads;
+  for (int r : ranks) {
+    threads.emplace_back([&, r] {
+      grpc::ClientContext ctx;
+      SetTimeout(ctx, rpc_timeout_);
+      v1::RunShardMapResponse resp;
+      results[r] = stubs_[r]->RunShardMap(&ctx, run, &resp);
+      if (results[r].ok() || results[r].error_code() == grpc::ABORTED || aborted.exchange(true)) return;
+      for (int q : ranks) {
         if (q == r) continue;
         grpc::ClientContext actx;
         SetTimeout(actx, absl::Seconds(2));
         v1::AbortRequest areq;
-        areq.set_reason(absl::StrCat("shard_map failed on rank ", r, ": ", st.error_message()));
+        areq.set_reason(absl::StrCat("shard_map failed on rank ", r));
         v1::AbortResponse aresp;
         stubs_[q]->Abort(&actx, areq, &aresp);
       }
+    });
+  }
+  for (auto& t : threads) t.join();
+  // Ranks whose own program failed never reached the collectives the others waited in; ranks that
+  // timed out or were aborted did arrive.
+  std::vector<int> failed, timed_out;
+  for (int r : ranks) {
+    const grpc::StatusCode code = results[r].error_code();
+    if (code == grpc::DEADLINE_EXCEEDED) timed_out.push_back(r);
+    if (code != grpc::OK && code != grpc::ABORTED && code != grpc::DEADLINE_EXCEEDED) failed.push_back(r);
+  }
+  absl::Status s;
+  if (!failed.empty()) {
+    const grpc::Status& first = results[failed.front()];
+    s = absl::Status(static_cast<absl::StatusCode>(first.error_code()),
+                     absl::StrCat("shard_map failed on ", failed.size() == 1 ? "rank " : "ranks ",
+                                  absl::StrJoin(failed, ", "), failed.size() < ranks.size() ? " (the other ranks were "
+                                  "aborted in their collectives)" : "", ": ", first.error_message()));
+  } else if (!timed_out.empty()) {
+    // Each message names the rank its collective waited for (a hung or unreachable worker).
+    s = absl::DeadlineExceededError(absl::StrCat("shard_map timed out: ranks ", absl::StrJoin(timed_out, ", "),
+                                                 " waited in a collective; rank ", timed_out.front(), ": ",
+                                                 results[timed_out.front()].error_message()));
+  } else {
+    for (int r : ranks) {
+      if (!results[r].ok()) s = FromGrpcStatus(results[r], absl::StrCat("worker ", workers_->Describe(r)));
     }
-    return st;
-  });
+  }
   if (!s.ok()) {
     ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
       v1::ResetTransportResponse resp;

@@ -270,3 +270,40 @@ TEST(ShardMapEightWayTest, ShardedTanhOnTheEightWorkerMesh) {
 
 }  // namespace
 }  // namespace meshrun
+
+namespace meshrun {
+namespace {
+
+// Ranks 2 and 3 fail before the psum (their dynamic_slice start is out of range); ranks 0 and 1
+// would wait in it. The error names the ranks that did not arrive, comes back in seconds, and
+// the cluster serves the next program.
+TEST(ShardMapFailureTest, RanksThatNeverReachTheCollectiveAreNamed) {
+  LocalClusterOptions o;
+  o.mesh = "i=4";
+  o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-partial-", getpid());
+  auto cluster = LocalCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto client = Client::Connect((*cluster)->coordinator_address());
+  ASSERT_TRUE(client.ok());
+  Tensor x(v1::DTYPE_F32, {4});
+  ASSERT_TRUE((*client)->Put(x, PartitionSpec(), "x").ok());
+  const Mesh mesh = *Mesh::Parse("i=4");
+  ShardMapBuilder sm(mesh);
+  auto xv = sm.Input(v1::DTYPE_F32, {4}, PartitionSpec());
+  auto mine = sm.DynamicSliceInDim(xv, sm.AxisIndex({"i"}), 2, 0);  // blocks 2 and 3 do not exist
+  sm.Output(sm.Psum(mine, {"i"}), PartitionSpec());
+  const absl::Time start = absl::Now();
+  auto r = (*client)->ShardMap(*sm.Build(), {"x"}, {}, absl::Seconds(20));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("shard_map failed on ranks 2, 3"));
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("dynamic_slice start block 2"));
+  ShardMapBuilder ok(mesh);
+  ok.Output(ok.Psum(ok.Input(v1::DTYPE_F32, {4}, PartitionSpec()), {"i"}), PartitionSpec());
+  auto outs = (*client)->ShardMap(*ok.Build(), {"x"});
+  EXPECT_TRUE(outs.ok()) << outs.status();
+  ASSERT_TRUE((*cluster)->Stop().ok());
+}
+
+}  // namespace
+}  // namespace meshrun
