@@ -42,7 +42,15 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx, const v1::S
 
 grpc::Status CoordinatorService::GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
                                            v1::GetStatusResponse* resp) {
-  *resp->mutable_mesh() = registry_->mesh().ToProto();
+  const Mesh& mesh = registry_->mesh();
+  *resp->mutable_mesh() = mesh.ToProto();
+  for (const auto& axes : mesh.AxisSubsets()) {
+    for (const auto& ranks : mesh.GroupsOver(axes)) {
+      v1::CommunicatorGroup* g = resp->add_groups();
+      for (int a : axes) g->add_axis_names(mesh.axis_name(a));
+      for (int r : ranks) g->add_ranks(r);
+    }
+  }
   resp->set_expected_workers(registry_->expected());
   for (auto& w : registry_->Snapshot(heartbeat_timeout_)) *resp->add_workers() = std::move(w);
   std::string state, error;

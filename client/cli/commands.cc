@@ -98,6 +98,14 @@ int Status(const std::string& coordinator) {
               mesh.ok() ? mesh->ToString().c_str() : "?", st->workers_size(), st->expected_workers(),
               st->job_state().c_str(), static_cast<long long>(st->job_step()));
   if (!st->last_error().empty()) std::printf("last error: %s\n", st->last_error().c_str());
+  std::string last_axes;
+  for (const auto& g : st->groups()) {
+    const std::string axes = absl::StrJoin(g.axis_names(), ",");
+    if (axes != last_axes) std::printf("%sgroups over (%s):", last_axes.empty() ? "" : "\n", axes.c_str());
+    last_axes = axes;
+    std::printf(" [%s]", absl::StrJoin(g.ranks(), " ").c_str());
+  }
+  if (!last_axes.empty()) std::printf("\n");
   std::printf("%5s %-22s %8s %-16s %6s %10s\n", "rank", "address", "pid", "host", "alive", "heartbeat");
   for (const auto& w : st->workers()) {
     std::printf("%5d %-22s %8lld %-16s %6s %9.1fs\n", w.peer().rank(), w.peer().address().c_str(),

@@ -1,5 +1,6 @@
 #include "core/sharding/mesh.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/numbers.h"
@@ -109,6 +110,30 @@ std::vector<int> Mesh::AxesGroup(int rank, const std::vector<int>& axes) const {
     group.push_back(RankOf(coords));
   }
   return group;
+}
+
+std::vector<std::vector<int>> Mesh::GroupsOver(const std::vector<int>& axes) const {
+  std::vector<std::vector<int>> groups;
+  std::vector<bool> placed(size(), false);
+  for (int r = 0; r < size(); ++r) {
+    if (placed[r]) continue;
+    groups.push_back(AxesGroup(r, axes));
+    for (int m : groups.back()) placed[m] = true;
+  }
+  return groups;
+}
+
+std::vector<std::vector<int>> Mesh::AxisSubsets() const {
+  std::vector<std::vector<int>> out;
+  for (int mask = 1; mask < (1 << num_axes()); ++mask) {
+    std::vector<int> subset;
+    for (int a = 0; a < num_axes(); ++a) {
+      if (mask & (1 << a)) subset.push_back(a);
+    }
+    out.push_back(subset);
+  }
+  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.size() < b.size(); });
+  return out;
 }
 
 absl::StatusOr<std::vector<int>> Mesh::AxisIndices(const std::vector<std::string>& names) const {

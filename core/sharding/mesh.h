@@ -43,6 +43,11 @@ class Mesh {
   // coordinates on `axes` with the first listed axis major: a collective over several axes,
   // e.g. psum(x, ('i', 'j')). Position k is the device whose axis_index over `axes` is k.
   std::vector<int> AxesGroup(int rank, const std::vector<int>& axes) const;
+  // Every group of a collective over `axes` (each rank in exactly one), each in ring order.
+  std::vector<std::vector<int>> GroupsOver(const std::vector<int>& axes) const;
+  // Every non-empty subset of the axes, in mesh order ({0}, {1}, {0, 1}, ...).
+  std::vector<std::vector<int>> AxisSubsets() const;
+
   // Indices of `names`. Errors: NotFound naming the first unknown axis; InvalidArgument for a
   // repeated name.
   absl::StatusOr<std::vector<int>> AxisIndices(const std::vector<std::string>& names) const;

@@ -59,3 +59,19 @@ TEST(PartitionSpecTest, TrailingNonesAreEqual) {
 
 }  // namespace
 }  // namespace meshrun
+
+namespace meshrun {
+namespace {
+
+TEST(MeshTest, GroupsForEverySubsetOfAxes) {
+  Mesh mesh = *Mesh::Parse("data=2,model=4");
+  EXPECT_EQ(mesh.AxisSubsets(), (std::vector<std::vector<int>>{{0}, {1}, {0, 1}}));
+  EXPECT_EQ(mesh.GroupsOver({0}), (std::vector<std::vector<int>>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(mesh.GroupsOver({1}), (std::vector<std::vector<int>>{{0, 1, 2, 3}, {4, 5, 6, 7}}));
+  EXPECT_EQ(mesh.GroupsOver({0, 1}), (std::vector<std::vector<int>>{{0, 1, 2, 3, 4, 5, 6, 7}}));
+  // ('model', 'data'): model major.
+  EXPECT_EQ(mesh.AxesGroup(5, {1, 0}), (std::vector<int>{0, 4, 1, 5, 2, 6, 3, 7}));
+}
+
+}  // namespace
+}  // namespace meshrun
