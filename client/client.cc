@@ -86,7 +86,16 @@ absl::StatusOr<Tensor> Client::Get(const std::string& id) {
   req.set_id(id);
   v1::GetArrayResponse resp;
   if (grpc::Status s = stub_->GetArray(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
-  return Tensor::FromProto(resp.array());
+  absl::StatusOr<NamedSharding> sharding = NamedSharding::FromProto(resp.info().sharding());
+  if (!sharding.ok()) return sharding.status();
+  Tensor global(resp.info().dtype(), Dims(resp.info().shape().dims().begin(), resp.info().shape().dims().end()));
+  if (resp.blocks_size() != resp.block_ranks_size()) return absl::InternalError("GetArray: blocks without ranks");
+  for (int i = 0; i < resp.blocks_size(); ++i) {
+    absl::StatusOr<Tensor> block = Tensor::FromProto(resp.blocks(i));
+    if (!block.ok()) return block.status();
+    if (absl::Status s = InsertShard(*block, *sharding, resp.block_ranks(i), global); !s.ok()) return s;
+  }
+  return global;
 }
 
 absl::Status Client::Delete(const std::string& id) {

@@ -1,5 +1,7 @@
 #include "meshrun/shard_map.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/sharding/named_sharding.h"
@@ -75,21 +77,28 @@ void ShardMapBuilder::Output(Value v, const PartitionSpec& out_spec) {
 
 ShardMapBuilder::Value ShardMapBuilder::Unary(const std::string& fn, Value x) {
   if (!Valid(x)) return {};
+  const DType original = dtype(x);
+  x = ToF32(x);
   v1::Op op = MakeOp(v1::OP_UNARY, {Name(x)});
   op.set_fn(fn);
-  return Add(std::move(op), dtype(x), shape(x));
+  return Restore(Add(std::move(op), dtype(x), shape(x)), original);
 }
 
 ShardMapBuilder::Value ShardMapBuilder::Pow(Value x, float exponent) {
   if (!Valid(x)) return {};
+  const DType original = dtype(x);
+  x = ToF32(x);
   v1::Op op = MakeOp(v1::OP_UNARY, {Name(x)});
   op.set_fn("pow");
   op.set_value(exponent);
-  return Add(std::move(op), dtype(x), shape(x));
+  return Restore(Add(std::move(op), dtype(x), shape(x)), original);
 }
 
 ShardMapBuilder::Value ShardMapBuilder::Binary(const std::string& fn, Value a, Value b) {
   if (!Valid(a) || !Valid(b)) return {};
+  const DType original = dtype(a);
+  a = ToF32(a);
+  b = ToF32(b);
   // numpy broadcasting: align trailing dims, then broadcast both sides to the common shape.
   Dims da = shape(a), db = shape(b);
   const size_t rank = std::max(da.size(), db.size());
@@ -109,7 +118,7 @@ ShardMapBuilder::Value ShardMapBuilder::Binary(const std::string& fn, Value a, V
   if (shape(b) != db) b = Reshape(b, db);
   v1::Op op = MakeOp(v1::OP_BINARY, {Name(a), Name(b)});
   op.set_fn(fn);
-  return Add(std::move(op), dtype(a), out);
+  return Restore(Add(std::move(op), dtype(a), out), original);
 }
 
 ShardMapBuilder::Value ShardMapBuilder::Dot(Value a, Value b) {
@@ -119,7 +128,78 @@ ShardMapBuilder::Value ShardMapBuilder::Dot(Value a, Value b) {
              absl::StrCat("dot: ", DimsToString(da), " @ ", DimsToString(db), " (local blocks) do not agree"))) {
     return {};
   }
-  return Add(MakeOp(v1::OP_MATMUL, {Name(a), Name(b)}), dtype(a), {da[0], db[1]});
+  const DType original = dtype(a);
+  a = ToF32(a);
+  b = ToF32(b);
+  return Restore(Add(MakeOp(v1::OP_MATMUL, {Name(a), Name(b)}), v1::DTYPE_F32, {da[0], db[1]}), original);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::DotGeneral(Value a, Value b, const std::vector<int64_t>& lhs_contracting,
+                                                   const std::vector<int64_t>& rhs_contracting,
+                                                   const std::vector<int64_t>& lhs_batch,
+                                                   const std::vector<int64_t>& rhs_batch) {
+  if (!Valid(a) || !Valid(b)) return {};
+  const Dims da = shape(a), db = shape(b);
+  auto in_range = [](const std::vector<int64_t>& dims, size_t rank) {
+    for (int64_t d : dims) {
+      if (d < 0 || d >= static_cast<int64_t>(rank)) return false;
+    }
+    return true;
+  };
+  bool ok = lhs_contracting.size() == rhs_contracting.size() && lhs_batch.size() == rhs_batch.size() &&
+            in_range(lhs_contracting, da.size()) && in_range(rhs_contracting, db.size()) &&
+            in_range(lhs_batch, da.size()) && in_range(rhs_batch, db.size());
+  for (size_t i = 0; ok && i < lhs_contracting.size(); ++i) ok = da[lhs_contracting[i]] == db[rhs_contracting[i]];
+  for (size_t i = 0; ok && i < lhs_batch.size(); ++i) ok = da[lhs_batch[i]] == db[rhs_batch[i]];
+  if (!Check(ok, absl::StrCat("dot_general: ", DimsToString(da), " and ", DimsToString(db),
+                              " do not agree on the contracting / batch dims"))) {
+    return {};
+  }
+  auto free_dims = [](size_t rank, const std::vector<int64_t>& a1, const std::vector<int64_t>& a2) {
+    std::vector<int64_t> out;
+    for (int64_t d = 0; d < static_cast<int64_t>(rank); ++d) {
+      if (std::find(a1.begin(), a1.end(), d) == a1.end() && std::find(a2.begin(), a2.end(), d) == a2.end()) {
+        out.push_back(d);
+      }
+    }
+    return out;
+  };
+  const std::vector<int64_t> free_a = free_dims(da.size(), lhs_contracting, lhs_batch);
+  const std::vector<int64_t> free_b = free_dims(db.size(), rhs_contracting, rhs_batch);
+  auto prod = [](const Dims& d, const std::vector<int64_t>& idx) {
+    int64_t p = 1;
+    for (int64_t i : idx) p *= d[i];
+    return p;
+  };
+  const int64_t batch = prod(da, lhs_batch), m = prod(da, free_a), k = prod(da, lhs_contracting),
+                n = prod(db, free_b);
+  // lhs -> [batch..., free..., contracting...], rhs -> [batch..., contracting..., free...].
+  std::vector<int64_t> perm_a = lhs_batch, perm_b = rhs_batch;
+  perm_a.insert(perm_a.end(), free_a.begin(), free_a.end());
+  perm_a.insert(perm_a.end(), lhs_contracting.begin(), lhs_contracting.end());
+  perm_b.insert(perm_b.end(), rhs_contracting.begin(), rhs_contracting.end());
+  perm_b.insert(perm_b.end(), free_b.begin(), free_b.end());
+  auto identity = [](const std::vector<int64_t>& p) {
+    for (size_t i = 0; i < p.size(); ++i) {
+      if (p[i] != static_cast<int64_t>(i)) return false;
+    }
+    return true;
+  };
+  const DType original = dtype(a);
+  Value ta = identity(perm_a) ? ToF32(a) : Transpose(ToF32(a), perm_a);
+  Value tb = identity(perm_b) ? ToF32(b) : Transpose(ToF32(b), perm_b);
+  Dims out_dims;
+  for (int64_t d : lhs_batch) out_dims.push_back(da[d]);
+  for (int64_t d : free_a) out_dims.push_back(da[d]);
+  for (int64_t d : free_b) out_dims.push_back(db[d]);
+  Value product;
+  if (lhs_batch.empty()) {
+    product = Add(MakeOp(v1::OP_MATMUL, {Name(Reshape(ta, {m, k})), Name(Reshape(tb, {k, n}))}), v1::DTYPE_F32, {m, n});
+  } else {
+    product = Add(MakeOp(v1::OP_MATMUL, {Name(Reshape(ta, {batch, m, k})), Name(Reshape(tb, {batch, k, n}))}),
+                  v1::DTYPE_F32, {batch, m, n});
+  }
+  return Restore(Reshape(product, out_dims), original);
 }
 
 ShardMapBuilder::Value ShardMapBuilder::Reduce(const std::string& fn, Value x, const std::vector<int64_t>& dims,
@@ -136,11 +216,13 @@ ShardMapBuilder::Value ShardMapBuilder::Reduce(const std::string& fn, Value x, c
   for (size_t i = 0; i < kept.size(); ++i) {
     if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(i)) == dims.end()) dropped.push_back(kept[i]);
   }
+  const DType original = dtype(x);
+  x = ToF32(x);
   v1::Op op = MakeOp(v1::OP_REDUCE, {Name(x)});
   op.set_fn(fn);
   for (int64_t d : dims) op.add_dims(d);
   Value r = Add(std::move(op), dtype(x), kept);
-  return keepdims ? r : Reshape(r, dropped);
+  return Restore(keepdims ? r : Reshape(r, dropped), original);
 }
 
 ShardMapBuilder::Value ShardMapBuilder::Reshape(Value x, const Dims& dims) {

@@ -89,13 +89,12 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Info(const std::string& id) {
   return it->second;
 }
 
-absl::StatusOr<Tensor> ArrayRegistry::Get(const std::string& id, v1::ArrayInfo* info_out) {
+absl::Status ArrayRegistry::GetBlocks(const std::string& id, v1::GetArrayResponse* response) {
   absl::StatusOr<v1::ArrayInfo> info = Info(id);
   if (!info.ok()) return info.status();
   absl::StatusOr<NamedSharding> sharding = NamedSharding::FromProto(info->sharding());
   if (!sharding.ok()) return sharding.status();
   const Dims dims(info->shape().dims().begin(), info->shape().dims().end());
-  Tensor global(info->dtype(), dims);
   std::vector<int> ranks;
   for (const auto& holders : BlockHolders(dims, *sharding)) ranks.push_back(holders.front());
   std::vector<v1::GetShardResponse> shards(workers_->expected());
@@ -105,13 +104,12 @@ absl::StatusOr<Tensor> ArrayRegistry::Get(const std::string& id, v1::ArrayInfo* 
     return stubs_[r]->GetShard(ctx, req, &shards[r]);
   });
   if (!s.ok()) return s;
+  *response->mutable_info() = *info;
   for (int r : ranks) {
-    absl::StatusOr<Tensor> shard = Tensor::FromProto(shards[r].shard());
-    if (!shard.ok()) return shard.status();
-    if (absl::Status st = InsertShard(*shard, *sharding, r, global); !st.ok()) return st;
+    *response->add_blocks() = std::move(*shards[r].mutable_shard());
+    response->add_block_ranks(r);
   }
-  if (info_out != nullptr) *info_out = *info;
-  return global;
+  return absl::OkStatus();
 }
 
 absl::Status ArrayRegistry::Delete(const std::string& id) {

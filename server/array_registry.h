@@ -29,8 +29,9 @@ class ArrayRegistry {
   // Errors: InvalidArgument for a spec that does not fit the array on the mesh (naming the spec,
   // shape and dim), an unsupported dtype, or an id in use; worker errors.
   absl::StatusOr<v1::ArrayInfo> Put(const Tensor& global, const PartitionSpec& spec, std::string id);
-  // Errors: NotFound naming the id; worker errors.
-  absl::StatusOr<Tensor> Get(const std::string& id, v1::ArrayInfo* info);
+  // One replica of every distinct block, with the rank it came from (device_get's transfer; the
+  // client assembles). Errors: NotFound naming the id; worker errors.
+  absl::Status GetBlocks(const std::string& id, v1::GetArrayResponse* response);
   absl::Status Delete(const std::string& id);
   std::vector<v1::ArrayInfo> List();
   // shard_map: runs `request.program` on every worker over the input arrays, whose specs must

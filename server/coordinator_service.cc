@@ -74,10 +74,7 @@ grpc::Status CoordinatorService::PutArray(grpc::ServerContext*, const v1::PutArr
 
 grpc::Status CoordinatorService::GetArray(grpc::ServerContext*, const v1::GetArrayRequest* req,
                                           v1::GetArrayResponse* resp) {
-  absl::StatusOr<Tensor> array = arrays_->Get(req->id(), resp->mutable_info());
-  if (!array.ok()) return ToGrpcStatus(array.status());
-  *resp->mutable_array() = array->ToProto();
-  return grpc::Status::OK;
+  return ToGrpcStatus(arrays_->GetBlocks(req->id(), resp));
 }
 
 grpc::Status CoordinatorService::DeleteArray(grpc::ServerContext*, const v1::DeleteArrayRequest* req,

@@ -3,6 +3,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "core/collectives/reduce_kernels.h"
 #include "core/random/threefry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -200,6 +201,66 @@ TEST_F(ShardMapE2ETest, AllToAllMovesBlocksLikeJax) {
   Tensor out = Run(sm.Build(), {&x});
   // Resharding P(None, 'i') -> P('i', None) keeps the global array.
   for (int64_t i = 0; i < 32; ++i) EXPECT_EQ(out.data<float>()[i], i);
+}
+
+TEST_F(ShardMapE2ETest, DotGeneralWithBatchAndContractingDims) {
+  // Batched: a [4, 3, 5] and b [4, 5, 2] sharded on the batch dim; contract a's dim 2 with b's 1.
+  const Tensor a = Normal({4, 3, 5}, 7), b = Normal({4, 5, 2}, 8), c = Normal({5, 3}, 9), d = Normal({5, 2}, 10);
+  ShardMapBuilder sm(*mesh_);
+  auto av = sm.Input(v1::DTYPE_F32, {4, 3, 5}, P({"i"}));
+  auto bv = sm.Input(v1::DTYPE_F32, {4, 5, 2}, P({"i"}));
+  auto cv = sm.Input(v1::DTYPE_F32, {5, 3}, PartitionSpec());
+  auto dv = sm.Input(v1::DTYPE_F32, {5, 2}, PartitionSpec());
+  auto batched = sm.DotGeneral(av, bv, {2}, {1}, {0}, {0});
+  EXPECT_EQ(sm.shape(batched), (Dims{1, 3, 2}));
+  sm.Output(batched, P({"i"}));
+  sm.Output(sm.DotGeneral(cv, dv, {0}, {0}), PartitionSpec());  // c^T d
+  auto program = sm.Build();
+  ASSERT_TRUE(program.ok()) << program.status();
+  std::vector<std::string> ids;
+  for (const auto& [t, spec] : std::vector<std::pair<const Tensor*, PartitionSpec>>{
+           {&a, P({"i"})}, {&b, P({"i"})}, {&c, PartitionSpec()}, {&d, PartitionSpec()}}) {
+    auto info = client_->Put(*t, spec);
+    ASSERT_TRUE(info.ok());
+    ids.push_back(info->id());
+  }
+  auto outs = client_->ShardMap(*program, ids);
+  ASSERT_TRUE(outs.ok()) << outs.status();
+  auto y = client_->Get((*outs)[0].id());
+  auto z = client_->Get((*outs)[1].id());
+  ASSERT_TRUE(y.ok() && z.ok());
+  ASSERT_EQ(y->dims(), (Dims{4, 3, 2}));
+  for (int bt = 0; bt < 4; ++bt) {
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j < 2; ++j) {
+        double s = 0;
+        for (int k = 0; k < 5; ++k) s += a.data<float>()[bt * 15 + i * 5 + k] * b.data<float>()[bt * 10 + k * 2 + j];
+        EXPECT_NEAR(y->data<float>()[bt * 6 + i * 2 + j], s, 1e-4);
+      }
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 2; ++j) {
+      double s = 0;
+      for (int k = 0; k < 5; ++k) s += c.data<float>()[k * 3 + i] * d.data<float>()[k * 2 + j];
+      EXPECT_NEAR(z->data<float>()[i * 2 + j], s, 1e-4);
+    }
+  }
+}
+
+TEST_F(ShardMapE2ETest, Bf16MathRunsInF32AndReturnsBf16) {
+  Tensor x(v1::DTYPE_BF16, {8});
+  for (int i = 0; i < 8; ++i) x.data<uint16_t>()[i] = F32ToBf16(0.25f * i);
+  ShardMapBuilder sm(*mesh_);
+  auto xv = sm.Input(v1::DTYPE_BF16, {8}, P({"i"}));
+  auto y = sm.Add(sm.Tanh(xv), sm.Psum(xv, {"j"}));  // psum over j doubles the (replicated) block
+  EXPECT_EQ(sm.dtype(y), v1::DTYPE_BF16);
+  sm.Output(y, P({"i"}));
+  Tensor out = Run(sm.Build(), {&x});
+  ASSERT_EQ(out.dtype(), v1::DTYPE_BF16);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_NEAR(Bf16ToF32(out.data<uint16_t>()[i]), std::tanh(0.25f * i) + 0.5f * i, 0.02) << i;
+  }
 }
 
 TEST_F(ShardMapE2ETest, BadProgramsAreRejectedAndTheClusterKeepsServing) {

@@ -29,8 +29,8 @@ void SetComputeThreads(int num_threads);
 // c [m, n] = alpha * op(a) @ op(b) (+ bias [n] broadcast over rows) (+ c when accumulate), f32:
 // GEMM with beta in {0, 1} (oneDNN output scales and a sum post-op). op(a) is [m, k]: a is stored
 // [m, k], or [k, m] when transpose_a. op(b) is [k, n]: b stored [k, n], or [n, k] when
-// transpose_b. REQUIRES: no bias when alpha != 1. Errors: InvalidArgument naming the mismatched
-// dims.
+// transpose_b. Also batched: a [B, M, K] @ b [B, K, N] -> c [B, M, N] (no transposes or bias).
+// REQUIRES: no bias when alpha != 1. Errors: InvalidArgument naming the mismatched dims.
 struct MatmulOptions {
   bool transpose_a = false;
   bool transpose_b = false;

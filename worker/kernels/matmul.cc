@@ -79,6 +79,20 @@ class RowSumKernel : public Kernel {
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c,
                                                      const MatmulOptions& options) {
+  if (a.dims().size() == 3 && b.dims().size() == 3 && c.dims().size() == 3) {
+    // Batched: [B, M, K] @ [B, K, N] -> [B, M, N].
+    const int64_t bt = a.dims()[0], m = a.dims()[1], k = a.dims()[2], n = b.dims()[2];
+    if (options.transpose_a || options.transpose_b || bias != nullptr || b.dims()[0] != bt || b.dims()[1] != k ||
+        c.dims() != Dims{bt, m, n}) {
+      return absl::InvalidArgumentError(absl::StrCat("batched matmul shapes do not agree: ", DimsToString(a.dims()),
+                                                     " @ ", DimsToString(b.dims()), " -> ", DimsToString(c.dims()),
+                                                     " (no transposes or bias)"));
+    }
+    auto desc = [](int64_t b0, int64_t r, int64_t c0) {
+      return Desc({b0, r, c0}, dnnl::memory::data_type::f32, {r * c0, c0, 1});
+    };
+    return BuildMatmul(desc(bt, m, k), a.raw(), desc(bt, k, n), b.raw(), nullptr, n, desc(bt, m, n), c.raw(), options);
+  }
   if (a.dims().size() != 2 || b.dims().size() != 2 || c.dims().size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat("matmul needs 2-D operands; got a ", DimsToString(a.dims()),
                                                    ", b ", DimsToString(b.dims()), ", c ", DimsToString(c.dims())));

@@ -41,7 +41,8 @@ class ShardMapBuilder {
   // A result, assembled by `out_spec` (its global dims are the local dims times the blocks).
   void Output(Value v, const PartitionSpec& out_spec);
 
-  // Element-wise, f32. Unary fn: tanh exp log sqrt rsqrt neg abs square relu logistic silu.
+  // Element-wise math, reductions and dots run in f32; bf16 inputs are converted to f32 and the
+  // result back to bf16, as XLA does on CPU. Unary fn: tanh exp log sqrt rsqrt neg abs square relu logistic silu.
   Value Unary(const std::string& fn, Value x);
   Value Tanh(Value x) { return Unary("tanh", x); }
   Value Sqrt(Value x) { return Unary("sqrt", x); }
@@ -54,6 +55,12 @@ class ShardMapBuilder {
   Value Div(Value a, Value b) { return Binary("div", a, b); }
   // jnp.dot of 2-D arrays (oneDNN matmul).
   Value Dot(Value a, Value b);
+  // jax.lax.dot_general: contracts lhs_contracting with rhs_contracting, batches over
+  // lhs_batch / rhs_batch; result dims = batch dims, then lhs free dims, then rhs free dims.
+  // Lowered to transposes, reshapes and a (batched) oneDNN matmul.
+  Value DotGeneral(Value a, Value b, const std::vector<int64_t>& lhs_contracting,
+                   const std::vector<int64_t>& rhs_contracting, const std::vector<int64_t>& lhs_batch = {},
+                   const std::vector<int64_t>& rhs_batch = {});
   // fn: sum mean max min over `dims` (jnp.sum(x, axis=dims, keepdims=keepdims)).
   Value Reduce(const std::string& fn, Value x, const std::vector<int64_t>& dims, bool keepdims = false);
   Value Reshape(Value x, const Dims& dims);
@@ -94,6 +101,8 @@ class ShardMapBuilder {
  private:
   Value Add(v1::Op op, DType dtype, Dims dims);
   Value AllReduce(v1::OpKind kind, const char* name, Value x, const std::vector<std::string>& axes);
+  Value ToF32(Value v) { return dtype(v) == v1::DTYPE_BF16 ? Convert(v, v1::DTYPE_F32) : v; }
+  Value Restore(Value v, DType dtype) { return dtype == v1::DTYPE_BF16 ? Convert(v, dtype) : v; }
   bool Check(bool ok, const std::string& message);
   bool Valid(Value v);
   absl::StatusOr<int> GroupSize(const std::vector<std::string>& axes);
