@@ -17,16 +17,9 @@ int RunAllReduceBench(const AllReduceBenchOptions& o) {
   std::printf("%8s %10s %8s %12s %12s %12s\n", "workers", "size", "iters", "p50 time(us)", "algbw(GB/s)",
               "busbw(GB/s)");
   for (int n : o.workers) {
-    LocalClusterOptions lo;
-    lo.mesh = absl::StrCat("data=", n);
-    lo.bin_dir = o.bin_dir;
-    lo.compute_threads = 1;
-    auto cluster = LocalCluster::Start(lo);
-    if (!cluster.ok()) {
-      std::fprintf(stderr, "meshrun bench: %s\n", std::string(cluster.status().message()).c_str());
-      return 1;
-    }
-    auto stubs = WorkerStubs((*cluster)->coordinator_address());
+    auto cluster = StartBenchCluster(absl::StrCat("data=", n), o.bin_dir, 1);
+    if (cluster == nullptr) return 1;
+    auto stubs = WorkerStubs(cluster->coordinator_address());
     if (!stubs.ok()) return 1;
     for (int64_t size : sizes) {
       const int iters = o.iters > 0 ? o.iters : static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / size, 5, 200));
@@ -39,7 +32,7 @@ int RunAllReduceBench(const AllReduceBenchOptions& o) {
                   t->algbw_gbps, t->busbw_gbps);
       std::fflush(stdout);
     }
-    (*cluster)->Stop().IgnoreError();
+    cluster->Stop().IgnoreError();
   }
   return 0;
 }

@@ -1,6 +1,7 @@
 #include "bench/collective_timer.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -13,6 +14,20 @@ std::string HumanBytes(int64_t b) {
   if (b >= (1 << 20)) return absl::StrCat(b >> 20, " MiB");
   if (b >= (1 << 10)) return absl::StrCat(b >> 10, " KiB");
   return absl::StrCat(b, " B");
+}
+
+std::unique_ptr<LocalCluster> StartBenchCluster(const std::string& mesh, const std::string& bin_dir,
+                                                int compute_threads) {
+  LocalClusterOptions lo;
+  lo.mesh = mesh;
+  lo.bin_dir = bin_dir;
+  lo.compute_threads = compute_threads;
+  auto cluster = LocalCluster::Start(lo);
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "meshrun bench: %s\n", std::string(cluster.status().message()).c_str());
+    return nullptr;
+  }
+  return *std::move(cluster);
 }
 
 absl::StatusOr<std::vector<std::unique_ptr<v1::Worker::Stub>>> WorkerStubs(const std::string& coordinator) {

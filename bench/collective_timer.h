@@ -1,4 +1,4 @@
-// Times a collective on a running cluster's workers (each runs it; a call takes as long as its
+// Helpers for the whole-cluster benchmarks. TimeCollective times a collective on a cluster's workers (each runs it; a call takes as long as its
 // slowest rank) and reports nccl-tests' algbw and busbw.
 #ifndef MESHRUN_BENCH_COLLECTIVE_TIMER_H_
 #define MESHRUN_BENCH_COLLECTIVE_TIMER_H_
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "meshrun/local_cluster.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 
 namespace meshrun {
@@ -18,6 +19,11 @@ struct CollectiveTiming {
   double algbw_gbps = 0;  // bytes / time
   double busbw_gbps = 0;  // algbw x 2(n-1)/n for psum, (n-1)/n for all_gather / psum_scatter, 1 for ppermute
 };
+
+// A local cluster for a benchmark (compute_threads 0: LocalCluster's default); prints the error
+// and returns null if it does not start.
+std::unique_ptr<LocalCluster> StartBenchCluster(const std::string& mesh, const std::string& bin_dir,
+                                                int compute_threads);
 
 // The stubs of every worker of the cluster (by rank), from its coordinator.
 absl::StatusOr<std::vector<std::unique_ptr<v1::Worker::Stub>>> WorkerStubs(const std::string& coordinator);

@@ -9,16 +9,9 @@
 namespace meshrun {
 
 int RunCollectivesBench(const CollectivesBenchOptions& o) {
-  LocalClusterOptions lo;
-  lo.mesh = o.mesh;
-  lo.bin_dir = o.bin_dir;
-  lo.compute_threads = 1;
-  auto cluster = LocalCluster::Start(lo);
-  if (!cluster.ok()) {
-    std::fprintf(stderr, "meshrun bench: %s\n", std::string(cluster.status().message()).c_str());
-    return 1;
-  }
-  auto stubs = WorkerStubs((*cluster)->coordinator_address());
+  auto cluster = StartBenchCluster(o.mesh, o.bin_dir, 1);
+  if (cluster == nullptr) return 1;
+  auto stubs = WorkerStubs(cluster->coordinator_address());
   if (!stubs.ok()) return 1;
   auto mesh = Mesh::Parse(o.mesh);
   std::printf("# collectives over each axis of Mesh %s (f32; all groups of an axis run at once)\n", o.mesh.c_str());
@@ -39,7 +32,7 @@ int RunCollectivesBench(const CollectivesBenchOptions& o) {
       }
     }
   }
-  (*cluster)->Stop().IgnoreError();
+  cluster->Stop().IgnoreError();
   return 0;
 }
 

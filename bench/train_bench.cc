@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/bench.h"
+#include "bench/collective_timer.h"
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
 
@@ -12,15 +13,9 @@ int RunTrainBench(const TrainBenchOptions& o) {
   std::printf("%8s %8s %14s %10s %14s %16s\n", "workers", "steps", "samples/s", "loss", "step (ms)",
               "all-reduce (ms)");
   for (int n : o.workers) {
-    LocalClusterOptions lo;
-    lo.mesh = absl::StrCat("data=", n);
-    lo.bin_dir = o.bin_dir;
-    auto cluster = LocalCluster::Start(lo);
-    if (!cluster.ok()) {
-      std::fprintf(stderr, "meshrun bench: %s\n", std::string(cluster.status().message()).c_str());
-      return 1;
-    }
-    auto client = Client::Connect((*cluster)->coordinator_address());
+    auto cluster = StartBenchCluster(absl::StrCat("data=", n), o.bin_dir, 0);
+    if (cluster == nullptr) return 1;
+    auto client = Client::Connect(cluster->coordinator_address());
     if (!client.ok()) return 1;
     JobConfig config;
     config.train.max_steps = o.steps;
@@ -44,7 +39,7 @@ int RunTrainBench(const TrainBenchOptions& o) {
     std::printf("%8d %8d %14.0f %10.4f %14.2f %16.2f\n", n, o.steps, samples / seconds, result->reports.back().loss(),
                 step_ms, collective_ms);
     std::fflush(stdout);
-    (*cluster)->Stop().IgnoreError();
+    cluster->Stop().IgnoreError();
   }
   return 0;
 }

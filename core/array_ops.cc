@@ -13,6 +13,30 @@ std::vector<int64_t> Strides(const Dims& dims) {
   return s;
 }
 
+// Calls fn(i, idx) for every element i of `dims` in row-major order, idx its coordinates.
+template <typename Fn>
+void ForEachIndex(const Dims& dims, int64_t count, Fn fn) {
+  std::vector<int64_t> idx(dims.size(), 0);
+  for (int64_t i = 0; i < count; ++i) {
+    fn(i, idx);
+    for (int d = static_cast<int>(dims.size()) - 1; d >= 0; --d) {
+      if (++idx[d] < dims[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+// Copies out's elements from x, element i from the x offset `source(idx)` (in elements).
+template <typename Source>
+void Gather(const Tensor& x, Tensor& out, Source source) {
+  const size_t elem = DTypeSize(x.dtype());
+  const char* src = static_cast<const char*>(x.raw());
+  char* dst = static_cast<char*>(out.raw());
+  ForEachIndex(out.dims(), out.num_elements(), [&](int64_t i, const std::vector<int64_t>& idx) {
+    std::memcpy(dst + i * elem, src + source(idx) * elem, elem);
+  });
+}
+
 }  // namespace
 
 void SwapLeadingAxes(const void* src, int64_t a, int64_t b, int64_t inner, size_t elem, void* dst) {
@@ -25,40 +49,21 @@ void SwapLeadingAxes(const void* src, int64_t a, int64_t b, int64_t inner, size_
 }
 
 void Broadcast(const Tensor& x, Tensor& out) {
-  const size_t elem = DTypeSize(x.dtype());
-  const Dims& od = out.dims();
   const std::vector<int64_t> xs = Strides(x.dims());
-  const int64_t n = out.num_elements();
-  std::vector<int64_t> idx(od.size(), 0);
-  const char* src = static_cast<const char*>(x.raw());
-  char* dst = static_cast<char*>(out.raw());
-  for (int64_t i = 0; i < n; ++i) {
+  Gather(x, out, [&](const std::vector<int64_t>& idx) {
     int64_t flat = 0;
-    for (size_t d = 0; d < od.size(); ++d) flat += (x.dims()[d] == 1 ? 0 : idx[d]) * xs[d];
-    std::memcpy(dst + i * elem, src + flat * elem, elem);
-    for (int d = static_cast<int>(od.size()) - 1; d >= 0; --d) {
-      if (++idx[d] < od[d]) break;
-      idx[d] = 0;
-    }
-  }
+    for (size_t d = 0; d < idx.size(); ++d) flat += (x.dims()[d] == 1 ? 0 : idx[d]) * xs[d];
+    return flat;
+  });
 }
 
 void Transpose(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) {
-  const size_t elem = DTypeSize(x.dtype());
   const std::vector<int64_t> xs = Strides(x.dims());
-  const Dims& od = out.dims();
-  std::vector<int64_t> idx(od.size(), 0);
-  const char* src = static_cast<const char*>(x.raw());
-  char* dst = static_cast<char*>(out.raw());
-  for (int64_t i = 0; i < out.num_elements(); ++i) {
+  Gather(x, out, [&](const std::vector<int64_t>& idx) {
     int64_t flat = 0;
-    for (size_t d = 0; d < od.size(); ++d) flat += idx[d] * xs[perm[d]];
-    std::memcpy(dst + i * elem, src + flat * elem, elem);
-    for (int d = static_cast<int>(od.size()) - 1; d >= 0; --d) {
-      if (++idx[d] < od[d]) break;
-      idx[d] = 0;
-    }
-  }
+    for (size_t d = 0; d < idx.size(); ++d) flat += idx[d] * xs[perm[d]];
+    return flat;
+  });
 }
 
 void Concatenate(const std::vector<const Tensor*>& inputs, int64_t dim, Tensor& out) {
@@ -77,21 +82,12 @@ void Concatenate(const std::vector<const Tensor*>& inputs, int64_t dim, Tensor& 
 }
 
 void Slice(const Tensor& x, const std::vector<int64_t>& starts, Tensor& out) {
-  const size_t elem = DTypeSize(x.dtype());
   const std::vector<int64_t> xs = Strides(x.dims());
-  const Dims& od = out.dims();
-  std::vector<int64_t> idx(od.size(), 0);
-  const char* src = static_cast<const char*>(x.raw());
-  char* dst = static_cast<char*>(out.raw());
-  for (int64_t i = 0; i < out.num_elements(); ++i) {
+  Gather(x, out, [&](const std::vector<int64_t>& idx) {
     int64_t flat = 0;
-    for (size_t d = 0; d < od.size(); ++d) flat += (starts[d] + idx[d]) * xs[d];
-    std::memcpy(dst + i * elem, src + flat * elem, elem);
-    for (int d = static_cast<int>(od.size()) - 1; d >= 0; --d) {
-      if (++idx[d] < od[d]) break;
-      idx[d] = 0;
-    }
-  }
+    for (size_t d = 0; d < idx.size(); ++d) flat += (starts[d] + idx[d]) * xs[d];
+    return flat;
+  });
 }
 
 double GetAsDouble(const Tensor& x, int64_t i) {

@@ -26,12 +26,10 @@ absl::Status RingAllGather(Communicator& comm, const void* in, int64_t count, DT
   const absl::Time deadline = absl::Now() + comm.options().timeout;
   Transport* t = comm.transport();
 
-  for (int64_t c = 0, i = 0; c < count; c += chunk_elems, ++i) {
-    const int64_t len = std::min(chunk_elems, count - c);
-    absl::string_view payload(bytes + (p * count + c) * elem, len * elem);
-    if (absl::Status s = t->Send(next, Tag(base, 0, i), payload, deadline); !s.ok()) {
-      return ring::Annotate(s, "all_gather", n);
-    }
+  if (absl::Status s = ring::SendChunks(t, next, base, 0, bytes + p * count * elem, count, elem, chunk_elems,
+                                       deadline);
+      !s.ok()) {
+    return ring::Annotate(s, "all_gather", n);
   }
   for (int step = 0; step < n - 1; ++step) {
     const int block = Mod(p - step - 1, n);

@@ -28,20 +28,12 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
   Transport* t = comm.transport();
   char* bytes = static_cast<char*>(data);
 
-  auto send_segment = [&](int seg, int step) -> absl::Status {
-    const Segment& s = segments[seg];
-    for (int64_t c = 0, i = 0; c < s.count; c += chunk_elems, ++i) {
-      int64_t len = std::min(chunk_elems, s.count - c);
-      absl::string_view payload(bytes + (s.offset + c) * elem, len * elem);
-      if (absl::Status st = t->Send(next, tag_base + (uint64_t(step) << 16) + i, payload, deadline); !st.ok()) {
-        return st;
-      }
-    }
-    return absl::OkStatus();
-  };
-
   const int total_steps = 2 * (n - 1);
-  if (absl::Status st = send_segment(p, 0); !st.ok()) return st;
+  if (absl::Status st = ring::SendChunks(t, next, tag_base, 0, bytes + segments[p].offset * elem, segments[p].count,
+                                         elem, chunk_elems, deadline);
+      !st.ok()) {
+    return ring::Annotate(st, "all_reduce", n);
+  }
   for (int step = 0; step < total_steps; ++step) {
     const bool reducing = step < n - 1;
     const int seg = reducing ? Mod(p - step - 1, n) : Mod(p - (step - (n - 1)), n);

@@ -32,12 +32,10 @@ absl::Status RingReduceScatter(Communicator& comm, const void* in, int64_t count
   Transport* t = comm.transport();
 
   const int first = Mod(p - 1, n);
-  for (int64_t c = 0, i = 0; c < count; c += chunk_elems, ++i) {
-    const int64_t len = std::min(chunk_elems, count - c);
-    absl::string_view payload(input + (first * count + c) * elem, len * elem);
-    if (absl::Status s = t->Send(next, Tag(base, 0, i), payload, deadline); !s.ok()) {
-      return ring::Annotate(s, "psum_scatter", n);
-    }
+  if (absl::Status s = ring::SendChunks(t, next, base, 0, input + first * count * elem, count, elem, chunk_elems,
+                                       deadline);
+      !s.ok()) {
+    return ring::Annotate(s, "psum_scatter", n);
   }
   for (int step = 0; step < n - 1; ++step) {
     const int block = Mod(p - 2 - step, n);

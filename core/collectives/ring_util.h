@@ -43,6 +43,18 @@ inline uint64_t Tag(uint64_t base, int step, int64_t chunk) {
   return base + (static_cast<uint64_t>(step) << 16) + static_cast<uint64_t>(chunk);
 }
 
+// Sends `count` elements at `data` to `peer` in chunks of `chunk_elems`, chunk i tagged
+// (base, step, i).
+inline absl::Status SendChunks(Transport* t, int peer, uint64_t base, int step, const char* data, int64_t count,
+                               size_t elem, int64_t chunk_elems, absl::Time deadline) {
+  for (int64_t c = 0, i = 0; c < count; c += chunk_elems, ++i) {
+    const int64_t len = std::min(chunk_elems, count - c);
+    absl::string_view payload(data + c * static_cast<int64_t>(elem), len * elem);
+    if (absl::Status s = t->Send(peer, Tag(base, step, i), payload, deadline); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 // Prefixes a transport error with the collective's name and group size.
 inline absl::Status Annotate(const absl::Status& s, const char* what, int group_size) {
   if (s.ok()) return s;

@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
+#include "tests/testutil/cluster.h"
 #include "tests/testutil/process_util.h"
 
 namespace meshrun {
@@ -18,12 +19,8 @@ using ::testing::HasSubstr;
 class ArraysE2ETest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    LocalClusterOptions o;
-    o.mesh = "i=4,j=2";
-    o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-arrays-", getpid());
-    auto c = LocalCluster::Start(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cluster_ = c->release();
+    cluster_ = testing::StartCluster("i=4,j=2", "arrays").release();
+    ASSERT_NE(cluster_, nullptr);
     auto client = Client::Connect(cluster_->coordinator_address());
     ASSERT_TRUE(client.ok());
     client_ = client->release();
@@ -33,13 +30,7 @@ class ArraysE2ETest : public ::testing::Test {
     if (cluster_ != nullptr) cluster_->Stop().IgnoreError();
     delete cluster_;
   }
-  static Tensor Normal(Dims dims, uint32_t seed) {
-    Tensor t(v1::DTYPE_F32, std::move(dims));
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> d;
-    for (int64_t i = 0; i < t.num_elements(); ++i) t.data<float>()[i] = d(rng);
-    return t;
-  }
+  static Tensor Normal(Dims dims, uint32_t seed) { return testing::NormalTensor(std::move(dims), seed); }
   static void ExpectEqual(const Tensor& a, const Tensor& b) {
     ASSERT_EQ(a.dims(), b.dims());
     ASSERT_EQ(a.dtype(), b.dtype());

@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
+#include "tests/testutil/cluster.h"
 #include "tests/testutil/process_util.h"
 
 namespace meshrun {
@@ -20,14 +21,7 @@ using ::meshrun::testing::RunCommand;
 using ::meshrun::testing::WriteTempFile;
 using ::testing::HasSubstr;
 
-std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh) {
-  LocalClusterOptions o;
-  o.mesh = mesh;
-  o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-e2e-", mesh, "-", getpid());
-  auto c = LocalCluster::Start(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *std::move(c) : nullptr;
-}
+std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh) { return testing::StartCluster(mesh, "e2e"); }
 
 void ExpectAllReaped(const LocalCluster& c) {
   EXPECT_FALSE(ProcessExists(c.coordinator_pid())) << "coordinator pid " << c.coordinator_pid();

@@ -10,6 +10,7 @@
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
 #include "meshrun/shard_map.h"
+#include "tests/testutil/cluster.h"
 
 namespace meshrun {
 namespace {
@@ -22,14 +23,7 @@ Tensor Make(DType dtype, int64_t n) {
   return t;
 }
 
-std::unique_ptr<LocalCluster> Start(const std::string& mesh) {
-  LocalClusterOptions o;
-  o.mesh = mesh;
-  o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-coll-", mesh, "-", getpid());
-  auto c = LocalCluster::Start(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *std::move(c) : nullptr;
-}
+std::unique_ptr<LocalCluster> Start(const std::string& mesh) { return testing::StartCluster(mesh, "coll"); }
 
 // Fetches array `id` as doubles.
 std::vector<double> Fetch(Client& client, const std::string& id) {

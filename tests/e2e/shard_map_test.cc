@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
+#include "tests/testutil/cluster.h"
 #include "meshrun/shard_map.h"
 
 namespace meshrun {
@@ -21,12 +22,8 @@ PartitionSpec P(std::vector<std::string> names) { return PartitionSpec::Of(std::
 class ShardMapE2ETest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    LocalClusterOptions o;
-    o.mesh = "i=4,j=2";
-    o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-shardmap-", getpid());
-    auto c = LocalCluster::Start(o);
-    ASSERT_TRUE(c.ok()) << c.status();
-    cluster_ = c->release();
+    cluster_ = testing::StartCluster("i=4,j=2", "shardmap").release();
+    ASSERT_NE(cluster_, nullptr);
     auto client = Client::Connect(cluster_->coordinator_address());
     ASSERT_TRUE(client.ok());
     client_ = client->release();
@@ -38,13 +35,7 @@ class ShardMapE2ETest : public ::testing::Test {
     delete cluster_;
     delete mesh_;
   }
-  static Tensor Normal(Dims dims, uint32_t seed) {
-    Tensor t(v1::DTYPE_F32, std::move(dims));
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> d;
-    for (int64_t i = 0; i < t.num_elements(); ++i) t.data<float>()[i] = d(rng);
-    return t;
-  }
+  static Tensor Normal(Dims dims, uint32_t seed) { return testing::NormalTensor(std::move(dims), seed); }
   static Tensor HostMatmul(const Tensor& x, const Tensor& w, const Tensor* b) {
     const int64_t m = x.dims()[0], k = x.dims()[1], n = w.dims()[1];
     Tensor out(v1::DTYPE_F32, {m, n});
@@ -304,12 +295,9 @@ namespace {
 
 // The seed's first example: a = arange(8) sharded P('i') over Mesh('i': 8); tanh per shard.
 TEST(ShardMapEightWayTest, ShardedTanhOnTheEightWorkerMesh) {
-  LocalClusterOptions o;
-  o.mesh = "i=8";
-  o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-tanh-", getpid());
-  auto cluster = LocalCluster::Start(o);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto client = Client::Connect((*cluster)->coordinator_address());
+  auto cluster = testing::StartCluster("i=8", "tanh");
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->coordinator_address());
   ASSERT_TRUE(client.ok());
   Tensor a(v1::DTYPE_F32, {8});
   for (int i = 0; i < 8; ++i) a.data<float>()[i] = static_cast<float>(i);
@@ -326,7 +314,7 @@ TEST(ShardMapEightWayTest, ShardedTanhOnTheEightWorkerMesh) {
   for (int i = 0; i < 8; ++i) EXPECT_NEAR(out->data<float>()[i], std::tanh(static_cast<float>(i)), 1e-6);
   grid = (*client)->VisualizeSharding("out");
   EXPECT_THAT(*grid, ::testing::HasSubstr("| CPU 0 | CPU 1 |"));
-  ASSERT_TRUE((*cluster)->Stop().ok());
+  ASSERT_TRUE(cluster->Stop().ok());
 }
 
 }  // namespace
@@ -339,12 +327,9 @@ namespace {
 // would wait in it. The error names the ranks that did not arrive, comes back in seconds, and
 // the cluster serves the next program.
 TEST(ShardMapFailureTest, RanksThatNeverReachTheCollectiveAreNamed) {
-  LocalClusterOptions o;
-  o.mesh = "i=4";
-  o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-partial-", getpid());
-  auto cluster = LocalCluster::Start(o);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  auto client = Client::Connect((*cluster)->coordinator_address());
+  auto cluster = testing::StartCluster("i=4", "partial");
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->coordinator_address());
   ASSERT_TRUE(client.ok());
   Tensor x(v1::DTYPE_F32, {4});
   ASSERT_TRUE((*client)->Put(x, PartitionSpec(), "x").ok());
@@ -363,7 +348,7 @@ TEST(ShardMapFailureTest, RanksThatNeverReachTheCollectiveAreNamed) {
   ok.Output(ok.Psum(ok.Input(v1::DTYPE_F32, {4}, PartitionSpec()), {"i"}), PartitionSpec());
   auto outs = (*client)->ShardMap(*ok.Build(), {"x"});
   EXPECT_TRUE(outs.ok()) << outs.status();
-  ASSERT_TRUE((*cluster)->Stop().ok());
+  ASSERT_TRUE(cluster->Stop().ok());
 }
 
 }  // namespace

@@ -10,45 +10,18 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "net/grpc_util.h"
+#include "tests/testutil/transport_set.h"
 
 namespace meshrun {
 namespace {
 
 using ::testing::HasSubstr;
 
-// `n` ranks, each with its own server, mailbox and transport.
-class GrpcRing {
+// `n` ranks over the real gRPC transport (one server per rank on loopback).
+class GrpcRing : public testing::TransportSet {
  public:
-  explicit GrpcRing(int n) {
-    std::vector<std::string> addresses;
-    for (int r = 0; r < n; ++r) {
-      rings_.push_back(std::make_unique<RingService>());
-      grpc::ServerBuilder b;
-      ConfigureServerBuilder(b);
-      int port = 0;
-      b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-      b.RegisterService(rings_.back().get());
-      servers_.push_back(b.BuildAndStart());
-      addresses.push_back(absl::StrCat("127.0.0.1:", port));
-    }
-    for (int r = 0; r < n; ++r) {
-      mailboxes_.push_back(std::make_unique<Mailbox>(n));
-      rings_[r]->Attach(mailboxes_[r].get(), n, "test-cluster");
-      transports_.push_back(std::make_unique<GrpcTransport>(r, addresses, "test-cluster", mailboxes_[r].get()));
-    }
-  }
-  ~GrpcRing() {
-    transports_.clear();
-    for (auto& s : servers_) s->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
-  }
-  Transport* transport(int r) { return transports_[r].get(); }
-  void KillTransport(int r) { transports_[r].reset(); }
-
- private:
-  std::vector<std::unique_ptr<RingService>> rings_;
-  std::vector<std::unique_ptr<grpc::Server>> servers_;
-  std::vector<std::unique_ptr<Mailbox>> mailboxes_;
-  std::vector<std::unique_ptr<GrpcTransport>> transports_;
+  explicit GrpcRing(int n) : TransportSet(testing::TransportKind::kGrpc, n) {}
+  Transport* transport(int r) { return at(r); }
 };
 
 std::vector<int> Iota(int n) {
