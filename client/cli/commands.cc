@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/sharding/mesh.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "meshrun/client.h"
+#include "net/grpc_util.h"
 #include "meshrun/local_cluster.h"
 
 namespace meshrun::cli {
@@ -137,6 +139,19 @@ int Show(const std::string& coordinator, const std::string& id) {
   if (!grid.ok()) return Fail(grid.status());
   std::printf("%s", grid->c_str());
   return 0;
+}
+
+int Health(const std::string& address, const std::string& service, double timeout_seconds) {
+  auto stub = grpc::health::v1::Health::NewStub(CreateChannel(address));
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(timeout_seconds));
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service(service);
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status s = stub->Check(&ctx, req, &resp);
+  if (!s.ok()) return Fail(FromGrpcStatus(s, absl::StrCat("health check of ", address)));
+  std::printf("%s\n", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()).c_str());
+  return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
 }
 
 int Shutdown(const std::string& coordinator) {

@@ -29,6 +29,8 @@ int Status(const std::string& coordinator);
 int Arrays(const std::string& coordinator);
 // Prints an array's sharding grid (visualize_array_sharding).
 int Show(const std::string& coordinator, const std::string& id);
+// grpc.health.v1 Check against `address`: prints the serving status; exit 0 only on SERVING.
+int Health(const std::string& address, const std::string& service, double timeout_seconds);
 // Stops the workers and the coordinator.
 int Shutdown(const std::string& coordinator);
 

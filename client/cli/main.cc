@@ -39,6 +39,12 @@ int main(int argc, char** argv) {
   std::string coordinator = "127.0.0.1:50051";
   auto* status_cmd = app.add_subcommand("status", "show the cluster's workers and job");
   status_cmd->add_option("--coordinator", coordinator)->capture_default_str();
+  std::string health_addr, health_service;
+  double health_timeout = 2.0;
+  auto* health_cmd = app.add_subcommand("health", "grpc.health.v1 probe: exit 0 only when SERVING");
+  health_cmd->add_option("--addr", health_addr, "server address HOST:PORT")->required();
+  health_cmd->add_option("--service", health_service, "service name (default: the server as a whole)");
+  health_cmd->add_option("--timeout", health_timeout, "seconds")->capture_default_str();
   auto* arrays_cmd = app.add_subcommand("arrays", "list the cluster's sharded arrays with bytes per worker");
   arrays_cmd->add_option("--coordinator", coordinator)->capture_default_str();
   std::string array_id;
@@ -71,6 +77,7 @@ int main(int argc, char** argv) {
     if (train_cmd->parsed()) return meshrun::cli::Train(train);
     if (status_cmd->parsed()) return meshrun::cli::Status(coordinator);
     if (shutdown_cmd->parsed()) return meshrun::cli::Shutdown(coordinator);
+    if (health_cmd->parsed()) return meshrun::cli::Health(health_addr, health_service, health_timeout);
     if (arrays_cmd->parsed()) return meshrun::cli::Arrays(coordinator);
     if (show_cmd->parsed()) return meshrun::cli::Show(coordinator, array_id);
     if (ar_cmd->parsed()) {

@@ -1,6 +1,8 @@
 // End to end with real processes on loopback: meshrun-coordinator + meshrun-worker processes,
 // driven through the client SDK and the meshrun CLI.
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <thread>
 
@@ -176,6 +178,59 @@ TEST(ClusterE2ETest, AWorkerDyingMidJobIsReportedByRankAndNothingHangs) {
   EXPECT_EQ(told, 3);
   ASSERT_TRUE(cluster->Stop().ok());
   ExpectAllReaped(*cluster);
+}
+
+}  // namespace
+}  // namespace meshrun
+
+namespace meshrun {
+namespace {
+
+// `meshrun up` as a user runs it: a real cluster, probed with `meshrun health` (grpc.health.v1)
+// and `meshrun status`, then Ctrl-C: every process it started is gone.
+TEST(CliE2ETest, UpServesHealthAndStatusAndCleansUpOnCtrlC) {
+  const std::string cli = ExecutableDir() + "/meshrun";
+  const std::string log = ::testing::TempDir() + "/meshrun-up.log";
+  const int port = 50000 + getpid() % 10000;
+  const std::string addr = absl::StrCat("127.0.0.1:", port);
+  pid_t up = fork();
+  if (up == 0) {
+    FILE* f = freopen(log.c_str(), "w", stdout);
+    (void)f;
+    dup2(1, 2);
+    execl(cli.c_str(), cli.c_str(), "up", "--mesh", "data=2,model=2", "--port", std::to_string(port).c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  // Wait for "cluster up".
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (ReadFile(log).find("cluster up") == std::string::npos && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  ASSERT_NE(ReadFile(log).find("cluster up"), std::string::npos) << ReadFile(log);
+  auto health = RunCommand({cli, "health", "--addr", addr}, 30);
+  EXPECT_EQ(health.exit_code, 0) << health.output;
+  EXPECT_THAT(health.output, HasSubstr("SERVING"));
+  auto status = RunCommand({cli, "status", "--coordinator", addr}, 30);
+  EXPECT_EQ(status.exit_code, 0) << status.output;
+  EXPECT_THAT(status.output, HasSubstr("workers 4/4"));
+  EXPECT_THAT(status.output, HasSubstr("groups over (data): [0 2] [1 3]"));
+  std::vector<pid_t> pids;
+  auto client = Client::Connect(addr);
+  ASSERT_TRUE(client.ok());
+  auto st = (*client)->GetStatus();
+  ASSERT_TRUE(st.ok());
+  for (const auto& w : st->workers()) pids.push_back(static_cast<pid_t>(w.peer().pid()));
+  ASSERT_EQ(pids.size(), 4u);
+  kill(up, SIGINT);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(up, &wstatus, 0), up);
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
+  // The workers were the `up` process's children, now reaped by it.
+  for (pid_t p : pids) EXPECT_FALSE(ProcessExists(p)) << "worker pid " << p;
+  auto gone = RunCommand({cli, "health", "--addr", addr, "--timeout", "1"}, 30);
+  EXPECT_NE(gone.exit_code, 0);
+  EXPECT_THAT(gone.output, HasSubstr("health check of " + addr));
 }
 
 }  // namespace
