@@ -11,6 +11,7 @@
 #include "glog/logging.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "net/grpc_util.h"
+#include "net/metrics.h"
 #include "server/coordinator_service.h"
 
 namespace meshrun {
@@ -29,16 +30,33 @@ absl::Status RunCoordinator(const CoordinatorOptions& o) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
 
+  std::unique_ptr<MetricsServer> metrics_server;
+  std::unique_ptr<CoordinatorMetrics> metrics;
+  std::string metrics_address;
+  if (o.metrics_port >= 0) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(o.host, o.metrics_port, "coordinator");
+    if (!m.ok()) return m.status();
+    metrics_server = *std::move(m);
+    metrics = std::make_unique<CoordinatorMetrics>(metrics_server->registry(), mesh->size());
+    metrics_address = absl::StrCat(o.host, ":", metrics_server->port());
+    LOG(INFO) << "metrics on http://" << metrics_address << "/metrics";
+  }
   WorkerRegistry registry(*mesh, cluster_id);
   JobDriver::Options jo;
   jo.heartbeat_timeout = o.heartbeat_timeout;
+  jo.metrics = metrics.get();
   JobDriver driver(&registry, jo);
   ArrayRegistry arrays(&registry);
-  CoordinatorService service(&registry, &driver, &arrays, o.heartbeat_timeout);
+  CoordinatorService service(&registry, &driver, &arrays, o.heartbeat_timeout, metrics.get(), metrics_address);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);
+  if (metrics_server != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(metrics_server->GrpcInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   int port = 0;
   builder.AddListeningPort(absl::StrCat(o.host, ":", o.port), grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);

@@ -16,6 +16,7 @@ struct CoordinatorOptions {
   std::string port_file;        // if set, the bound port is written here once serving
   std::string cluster_id;       // empty: random
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+  int metrics_port = 0;          // Prometheus /metrics; 0: any free port; -1: off
 };
 
 // Errors: InvalidArgument for a bad mesh; Unavailable if the port cannot be bound.

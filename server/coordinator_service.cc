@@ -14,6 +14,7 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
   if (!r.ok()) return ToGrpcStatus(r.status());
   LOG(INFO) << "worker " << req->address() << " (pid " << req->pid() << ", " << req->hostname() << ") is rank "
             << r->rank();
+  if (metrics_ != nullptr) metrics_->OnRegistered(registry_->expected());
   *resp = *std::move(r);
   return grpc::Status::OK;
 }
@@ -21,6 +22,7 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
                                            v1::HeartbeatResponse* resp) {
   if (absl::Status s = registry_->Heartbeat(req->rank(), req->cluster_id()); !s.ok()) return ToGrpcStatus(s);
+  if (metrics_ != nullptr) metrics_->OnHeartbeat(req->rank(), absl::Now());
   resp->set_shutdown(registry_->shutdown_requested());
   return grpc::Status::OK;
 }
@@ -59,6 +61,7 @@ grpc::Status CoordinatorService::GetStatus(grpc::ServerContext*, const v1::GetSt
   resp->set_job_state(state);
   resp->set_job_step(step);
   resp->set_last_error(error);
+  resp->set_metrics_address(metrics_address_);
   return grpc::Status::OK;
 }
 

@@ -6,6 +6,7 @@
 #include "absl/synchronization/notification.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "server/array_registry.h"
+#include "server/coordinator_metrics.h"
 #include "server/job_driver.h"
 #include "server/worker_registry.h"
 
@@ -14,9 +15,12 @@ namespace meshrun {
 // Thread-safe. One job runs at a time; a second SubmitJob fails with FailedPrecondition.
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
+  // `metrics` may be null.
   CoordinatorService(WorkerRegistry* registry, JobDriver* driver, ArrayRegistry* arrays,
-                     absl::Duration heartbeat_timeout)
-      : registry_(registry), driver_(driver), arrays_(arrays), heartbeat_timeout_(heartbeat_timeout) {}
+                     absl::Duration heartbeat_timeout, CoordinatorMetrics* metrics = nullptr,
+                     std::string metrics_address = "")
+      : registry_(registry), driver_(driver), arrays_(arrays), heartbeat_timeout_(heartbeat_timeout),
+        metrics_(metrics), metrics_address_(std::move(metrics_address)) {}
 
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
@@ -38,6 +42,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
   JobDriver* driver_;
   ArrayRegistry* arrays_;
   const absl::Duration heartbeat_timeout_;
+  CoordinatorMetrics* metrics_;
+  const std::string metrics_address_;
   absl::Mutex job_mu_;
   absl::Notification shutdown_;
 };

@@ -111,6 +111,7 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
   SetState("running", 0, "");
   auto fail = [&](absl::Status s) {
     SetState("failed", 0, std::string(s.message()));
+    if (options_.metrics != nullptr) options_.metrics->OnJobEnded(false);
     LOG(ERROR) << "job failed: " << s;
     return s;
   };
@@ -174,6 +175,7 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
     // between prints.
     double loss = 0, correct = 0, step_seconds = 0, collective_seconds = 0;
     int64_t count = 0, samples = 0;
+    std::vector<double> all_step_seconds, all_collective_seconds;
     for (const auto& resp : responses) {
       for (const v1::StepMetrics& m : resp.steps()) {
         loss += m.loss_sum();
@@ -181,8 +183,14 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
         count += m.count();
         step_seconds += m.step_seconds();
         collective_seconds += m.collective_seconds();
+        all_step_seconds.push_back(m.step_seconds());
+        all_collective_seconds.push_back(m.collective_seconds());
         ++samples;
       }
+    }
+    if (options_.metrics != nullptr) {
+      options_.metrics->OnSteps(block, config.data.batch_size, loss / count, correct / count, all_step_seconds,
+                                all_collective_seconds);
     }
     const double block_seconds = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - block_start));
     const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
@@ -224,6 +232,7 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
     emit(e);
   }
   SetState("done", step, "");
+  if (options_.metrics != nullptr) options_.metrics->OnJobEnded(true);
   return absl::OkStatus();
 }
 

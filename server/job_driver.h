@@ -13,6 +13,7 @@
 #include "core/config/job_config.h"
 #include "meshrun/v1/coordinator.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
+#include "server/coordinator_metrics.h"
 #include "server/worker_registry.h"
 
 namespace meshrun {
@@ -27,6 +28,7 @@ class JobDriver {
     absl::Duration heartbeat_timeout = absl::Seconds(3);
     absl::Duration ready_timeout = absl::Seconds(60);
     absl::Duration load_timeout = absl::Seconds(120);
+    CoordinatorMetrics* metrics = nullptr;  // optional; must outlive the driver
   };
   // Receives progress; returns false when nobody listens any more (the job is then cancelled).
   using EventSink = std::function<bool(const v1::JobEvent&)>;

@@ -12,6 +12,7 @@ ABSL_FLAG(std::string, host, "127.0.0.1", "address to bind");
 ABSL_FLAG(int, port, 50051, "port to bind (0: any free port)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
 ABSL_FLAG(std::string, cluster_id, "", "cluster id (default: random)");
+ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port, -1: off)");
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(3), "a worker silent this long is dead");
 
 int main(int argc, char** argv) {
@@ -26,6 +27,7 @@ int main(int argc, char** argv) {
   o.port_file = absl::GetFlag(FLAGS_port_file);
   o.cluster_id = absl::GetFlag(FLAGS_cluster_id);
   o.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
+  o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   absl::Status s = meshrun::RunCoordinator(o);
   if (!s.ok()) {
     std::fprintf(stderr, "meshrun-coordinator: %s\n", std::string(s.message()).c_str());

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
 #include "core/optim/adamw.h"
 #include "worker/kernels/kernel.h"
@@ -46,7 +47,7 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
     ex->roles_[decl.name()] = decl.role();
   }
   for (const v1::Function& f : ex->program_.functions()) {
-    CompiledFunction cf{&f, {}};
+    CompiledFunction cf{&f, {}, {}};
     for (int i = 0; i < f.ops_size(); ++i) {
       absl::StatusOr<CompiledOp> op = ex->Compile(f.ops(i));
       if (!op.ok()) {
@@ -55,6 +56,7 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
                                                              "): ", op.status().message()));
       }
       cf.ops.push_back(*std::move(op));
+      cf.labels.push_back(ex->LabelsFor(f.ops(i)));
     }
     for (const v1::Feed& feed : f.feeds()) {
       if (!ex->buffers_.count(feed.buffer())) {
@@ -114,13 +116,48 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
     if (!ctx.feed) return absl::FailedPreconditionError(absl::StrCat("function '", name, "' needs feeds"));
     if (absl::Status s = ctx.feed(feed, &buffers_.at(feed.buffer())); !s.ok()) return s;
   }
+  OpObserver* observer = options_.observer;
   for (size_t i = 0; i < cf.ops.size(); ++i) {
-    if (absl::Status s = cf.ops[i](ctx); !s.ok()) {
+    const absl::Time start = observer ? absl::Now() : absl::InfinitePast();
+    absl::Status s = cf.ops[i](ctx);
+    if (observer != nullptr) {
+      const OpLabels& l = cf.labels[i];
+      const absl::Duration d = absl::Now() - start;
+      if (l.collective.empty()) {
+        observer->OnKernel(l.kernel, d);
+      } else {
+        observer->OnCollective(l.collective, l.axes, l.bytes, d);
+      }
+    }
+    if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("function '", name, "' op ", i, " (",
                                                  v1::OpKind_Name(cf.function->ops(i).kind()), "): ", s.message()));
     }
   }
   return absl::OkStatus();
+}
+
+Executor::OpLabels Executor::LabelsFor(const v1::Op& op) {
+  OpLabels l;
+  static const std::map<v1::OpKind, std::string> kCollectives = {
+      {v1::OP_PSUM, "psum"},          {v1::OP_PMEAN, "pmean"},       {v1::OP_PMAX, "pmax"},
+      {v1::OP_ALL_GATHER, "all_gather"}, {v1::OP_PSUM_SCATTER, "psum_scatter"}, {v1::OP_PPERMUTE, "ppermute"},
+      {v1::OP_ALL_TO_ALL, "all_to_all"}};
+  auto it = kCollectives.find(op.kind());
+  if (op.kind() == v1::OP_ALL_REDUCE) {
+    l.collective = op.reduce_op() == v1::REDUCE_OP_MEAN ? "pmean" : "psum";
+  } else if (it != kCollectives.end()) {
+    l.collective = it->second;
+  }
+  if (!l.collective.empty()) {
+    l.axes = op.axis_name().empty() ? absl::StrJoin(op.axis_names(), ",") : op.axis_name();
+    for (const auto& name : op.inputs()) {
+      if (const Tensor* t = buffer(name)) l.bytes += static_cast<int64_t>(t->size_bytes());
+    }
+    return l;
+  }
+  l.kernel = absl::AsciiStrToLower(v1::OpKind_Name(op.kind()).substr(3));  // OP_MATMUL -> matmul
+  return l;
 }
 
 absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {

@@ -27,6 +27,19 @@ struct RunContext {
   std::function<absl::Status(const v1::Feed&, Tensor*)> feed;
 };
 
+// Receives the duration of every op an Executor runs (for metrics). Implementations must be
+// thread-safe if shared by several executors.
+class OpObserver {
+ public:
+  virtual ~OpObserver() = default;
+  // A compute or data-movement op: `kernel` is its kind in lower case without OP_ ("matmul").
+  virtual void OnKernel(const std::string& kernel, absl::Duration duration) = 0;
+  // A collective: its jax.lax name ("psum", "all_gather", ...), its mesh axes ("data", "i,j"),
+  // and the bytes of its input.
+  virtual void OnCollective(const std::string& op, const std::string& axes, int64_t bytes,
+                            absl::Duration duration) = 0;
+};
+
 // Thread-compatible: one Run at a time. Collectives go through `transport`, which must outlive
 // the executor and be connected to every rank of `mesh`.
 class Executor {
@@ -37,6 +50,7 @@ class Executor {
     Transport* transport = nullptr;  // may be null for programs without collectives
     CollectiveOptions collectives;
     PRNGKey init_key{0, 0};  // parameter initialisation key: fold_in(init_key, op.seed_offset)
+    OpObserver* observer = nullptr;  // optional; must outlive the executor
   };
 
   // Allocates every buffer and compiles every op into a kernel (oneDNN primitives are created
@@ -60,10 +74,19 @@ class Executor {
   using CompiledOp = std::function<absl::Status(const RunContext&)>;
 
  private:
+  // What an observer is told about an op.
+  struct OpLabels {
+    std::string kernel;      // set for compute ops
+    std::string collective;  // set for collectives
+    std::string axes;
+    int64_t bytes = 0;
+  };
   struct CompiledFunction {
     const v1::Function* function;
     std::vector<CompiledOp> ops;
+    std::vector<OpLabels> labels;
   };
+  OpLabels LabelsFor(const v1::Op& op);
   Executor(const v1::StepProgram& program, const Options& options);
   absl::StatusOr<CompiledOp> Compile(const v1::Op& op);
   // The shard_map ops (executor_general_ops.cc).

@@ -10,6 +10,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "net/grpc_util.h"
+#include "net/metrics.h"
 #include "worker/worker_service.h"
 
 namespace meshrun {
@@ -58,11 +59,25 @@ int CurrentWorkerRank() { return g_rank.load(); }
 absl::Status RunWorker(const WorkerRunnerOptions& o) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  const std::string advertise = o.advertise_host.empty() ? o.host : o.advertise_host;
+  std::unique_ptr<MetricsServer> metrics_server;
+  std::unique_ptr<WorkerMetrics> metrics;
+  if (o.metrics_port >= 0) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(o.host, o.metrics_port, "worker");
+    if (!m.ok()) return m.status();
+    metrics_server = *std::move(m);
+    metrics = std::make_unique<WorkerMetrics>(metrics_server->registry());
+  }
   grpc::EnableDefaultHealthCheckService(true);
-  WorkerService worker(o.compute_threads);
+  WorkerService worker(o.compute_threads, metrics.get());
   RingService ring;
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);
+  if (metrics_server != nullptr) {
+    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+    interceptors.push_back(metrics_server->GrpcInterceptorFactory());
+    builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  }
   int port = 0;
   builder.AddListeningPort(absl::StrCat(o.host, ":", o.port), grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&worker);
@@ -71,7 +86,7 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", o.host, ":", o.port));
   }
-  const std::string address = absl::StrCat(o.advertise_host.empty() ? o.host : o.advertise_host, ":", port);
+  const std::string address = absl::StrCat(advertise, ":", port);
   LOG(INFO) << "worker serving on " << address << ", joining coordinator " << o.coordinator;
 
   auto stub = v1::Coordinator::NewStub(CreateChannel(o.coordinator));
@@ -82,6 +97,7 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   gethostname(hostname, sizeof(hostname) - 1);
   req.set_hostname(hostname);
   req.set_requested_rank(o.requested_rank);
+  if (metrics_server != nullptr) req.set_metrics_address(absl::StrCat(advertise, ":", metrics_server->port()));
   absl::StatusOr<v1::RegisterResponse> reg = RegisterWithRetry(*stub, req, o);
   if (!reg.ok()) {
     server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));

@@ -19,6 +19,7 @@ struct WorkerRunnerOptions {
   absl::Duration join_timeout = absl::Seconds(60);       // reach the coordinator and wait for peers
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration orphan_timeout = absl::Seconds(10);     // exit if the coordinator is gone this long
+  int metrics_port = 0;                                   // Prometheus /metrics; 0: any free port; -1: off
 };
 
 // Runs until the coordinator asks the worker to stop (returns OK), the process gets SIGINT or

@@ -61,6 +61,7 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const v1::LoadProg
   eo.transport = transport_.get();
   eo.collectives.timeout = absl::Seconds(req->collective_timeout_seconds() > 0 ? req->collective_timeout_seconds() : 30);
   eo.init_key = MakePRNGKey(req->seed());
+  eo.observer = metrics_;
   SetComputeThreads(compute_threads_);  // before oneDNN primitives are created
   auto executor = Executor::Create(req->program(), eo);
   if (!executor.ok()) return Error(executor.status());
@@ -88,6 +89,7 @@ grpc::Status WorkerService::RunSteps(grpc::ServerContext* ctx, const v1::RunStep
       trainer_.reset();  // state is inconsistent after a failed step
       return Error(r.status());
     }
+    if (metrics_ != nullptr) metrics_->OnStep();
     v1::StepMetrics* m = resp->add_steps();
     m->set_step(r->step);
     m->set_loss_sum(r->loss_sum);
@@ -138,6 +140,7 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
   eo.transport = transport_.get();
   eo.collectives.timeout =
       absl::Seconds(req->collective_timeout_seconds() > 0 ? req->collective_timeout_seconds() : 30);
+  eo.observer = metrics_;
   auto executor = Executor::Create(p.program(), eo);
   if (!executor.ok()) return Error(executor.status());
   for (int i = 0; i < p.inputs_size(); ++i) {

@@ -17,6 +17,7 @@
 #include "worker/grpc_transport.h"
 #include "worker/shard_store.h"
 #include "worker/trainer.h"
+#include "worker/worker_metrics.h"
 
 namespace meshrun {
 
@@ -34,7 +35,9 @@ struct Membership {
 class WorkerService final : public v1::Worker::Service {
  public:
   // `compute_threads`: oneDNN threads per worker (0: library default).
-  explicit WorkerService(int compute_threads) : compute_threads_(compute_threads) {}
+  // `metrics` may be null; it must outlive the service.
+  explicit WorkerService(int compute_threads, WorkerMetrics* metrics = nullptr)
+      : compute_threads_(compute_threads), metrics_(metrics) {}
   ~WorkerService() override;
 
   // Sets up the transport once the coordinator has assigned the rank; attaches `ring` to it.
@@ -59,6 +62,7 @@ class WorkerService final : public v1::Worker::Service {
       const std::string& dir) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
 
   const int compute_threads_;
+  WorkerMetrics* const metrics_;
   absl::Mutex join_mu_;
   bool joined_ ABSL_GUARDED_BY(join_mu_) = false;
   Membership membership_;                 // set once by Join

@@ -23,6 +23,8 @@ CommandResult RunCommand(const std::vector<std::string>& argv, double timeout_se
 bool ProcessExists(pid_t pid);
 
 std::string ReadFile(const std::string& path);
+// GET http://host:port/path over a plain socket; the body, or "" on failure.
+std::string HttpGet(const std::string& host_port, const std::string& path);
 std::string WriteTempFile(const std::string& name, const std::string& contents);
 
 }  // namespace meshrun::testing

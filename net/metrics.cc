@@ -1,0 +1,128 @@
+#include "net/metrics.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+
+namespace meshrun {
+namespace {
+
+// grpc-go's code names, as go-grpc-prometheus writes them.
+const char* CodeName(grpc::StatusCode code) {
+  static const char* kNames[] = {"OK",       "Canceled",          "Unknown",           "InvalidArgument",
+                                 "DeadlineExceeded", "NotFound", "AlreadyExists",     "PermissionDenied",
+                                 "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange",
+                                 "Unimplemented", "Internal",        "Unavailable",       "DataLoss",
+                                 "Unauthenticated"};
+  const int c = static_cast<int>(code);
+  return c >= 0 && c < 17 ? kNames[c] : "Unknown";
+}
+
+const char* TypeName(grpc::experimental::ServerRpcInfo::Type type) {
+  switch (type) {
+    case grpc::experimental::ServerRpcInfo::Type::UNARY: return "unary";
+    case grpc::experimental::ServerRpcInfo::Type::CLIENT_STREAMING: return "client_stream";
+    case grpc::experimental::ServerRpcInfo::Type::SERVER_STREAMING: return "server_stream";
+    default: return "bidi_stream";
+  }
+}
+
+struct GrpcFamilies {
+  prometheus::Family<prometheus::Counter>* started;
+  prometheus::Family<prometheus::Counter>* handled;
+  prometheus::Family<prometheus::Histogram>* seconds;
+};
+
+class Interceptor : public grpc::experimental::Interceptor {
+ public:
+  Interceptor(grpc::experimental::ServerRpcInfo* info, const GrpcFamilies& f) : families_(f) {
+    std::vector<std::string> parts = absl::StrSplit(info->method(), '/', absl::SkipEmpty());
+    labels_ = {{"grpc_type", TypeName(info->type())},
+               {"grpc_service", parts.size() == 2 ? parts[0] : "unknown"},
+               {"grpc_method", parts.size() == 2 ? parts[1] : info->method()}};
+  }
+
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    using grpc::experimental::InterceptionHookPoints;
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
+      start_ = std::chrono::steady_clock::now();
+      families_.started->Add(labels_).Increment();
+    }
+    if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
+      auto labels = labels_;
+      labels["grpc_code"] = CodeName(methods->GetSendStatus().error_code());
+      families_.handled->Add(labels).Increment();
+      families_.seconds->Add(labels_, LatencyBuckets())
+          .Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count());
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const GrpcFamilies& families_;
+  std::map<std::string, std::string> labels_;
+  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+};
+
+class InterceptorFactory : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit InterceptorFactory(prometheus::Registry& r)
+      : families_{&prometheus::BuildCounter()
+                       .Name("grpc_server_started_total")
+                       .Help("RPCs started on the server.")
+                       .Register(r),
+                  &prometheus::BuildCounter()
+                       .Name("grpc_server_handled_total")
+                       .Help("RPCs completed on the server, by status code.")
+                       .Register(r),
+                  &prometheus::BuildHistogram()
+                       .Name("grpc_server_handling_seconds")
+                       .Help("Time from receiving an RPC to sending its status.")
+                       .Register(r)} {}
+
+  grpc::experimental::Interceptor* CreateServerInterceptor(grpc::experimental::ServerRpcInfo* info) override {
+    return new Interceptor(info, families_);
+  }
+
+ private:
+  GrpcFamilies families_;
+};
+
+}  // namespace
+
+const std::vector<double>& LatencyBuckets() {
+  static const std::vector<double> kBuckets = {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                               0.1,    0.25,    0.5,    1,     2.5,    5,     10,   25,    100};
+  return kBuckets;
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& host, int port,
+                                                                     const std::string& component) {
+  std::unique_ptr<MetricsServer> m(new MetricsServer());
+  m->registry_ = std::make_shared<prometheus::Registry>();
+  try {
+    m->exposer_ = std::make_unique<prometheus::Exposer>(absl::StrCat(host, ":", port));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("metrics endpoint cannot listen on ", host, ":", port, ": ", e.what()));
+  }
+  m->exposer_->RegisterCollectable(m->registry_);
+  const std::vector<int> ports = m->exposer_->GetListeningPorts();
+  m->port_ = ports.empty() ? port : ports.front();
+  prometheus::BuildGauge()
+      .Name("meshrun_build_info")
+      .Help("Always 1; labels carry the component and version.")
+      .Register(*m->registry_)
+      .Add({{"component", component}, {"version", "0.1.0"}})
+      .Set(1);
+  return m;
+}
+
+std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MetricsServer::GrpcInterceptorFactory() {
+  return std::make_unique<InterceptorFactory>(*registry_);
+}
+
+}  // namespace meshrun

@@ -1,0 +1,45 @@
+// Prometheus metrics for meshrun's servers: a pull exposer (prometheus-cpp) and a gRPC server
+// interceptor recording the grpc_server_* metrics community dashboards use
+// (go-grpc-prometheus names: grpc_server_started_total, grpc_server_handled_total,
+// grpc_server_handling_seconds, with grpc_type, grpc_service, grpc_method, grpc_code labels).
+#ifndef MESHRUN_NET_METRICS_H_
+#define MESHRUN_NET_METRICS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/support/server_interceptor.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+
+namespace meshrun {
+
+// Serves GET /metrics over HTTP. Thread-safe (prometheus-cpp's registry is).
+class MetricsServer {
+ public:
+  // Listens on host:port (0: any free port) and registers meshrun_build_info{component,
+  // version}. Errors: Unavailable naming the address if it cannot listen.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& host, int port,
+                                                               const std::string& component);
+
+  prometheus::Registry& registry() { return *registry_; }
+  int port() const { return port_; }
+
+  // An interceptor factory for grpc::ServerBuilder::experimental().SetInterceptorCreators.
+  // The families live in this server's registry; the server must outlive the gRPC server.
+  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> GrpcInterceptorFactory();
+
+ private:
+  MetricsServer() = default;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int port_ = 0;
+};
+
+// Buckets for durations from 100 us to 100 s.
+const std::vector<double>& LatencyBuckets();
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_NET_METRICS_H_

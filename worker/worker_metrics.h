@@ -1,0 +1,34 @@
+// The worker's Prometheus metrics, fed by its executors.
+#ifndef MESHRUN_WORKER_WORKER_METRICS_H_
+#define MESHRUN_WORKER_WORKER_METRICS_H_
+
+#include "prometheus/counter.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "worker/executor.h"
+
+namespace meshrun {
+
+// Thread-safe. Families:
+//   meshrun_kernel_duration_seconds{kernel}              histogram
+//   meshrun_collective_duration_seconds{op, axis}        histogram (waiting for peers included)
+//   meshrun_collective_bytes_total{op, axis}             counter (input bytes)
+//   meshrun_worker_steps_total                           counter
+class WorkerMetrics : public OpObserver {
+ public:
+  explicit WorkerMetrics(prometheus::Registry& registry);
+
+  void OnKernel(const std::string& kernel, absl::Duration duration) override;
+  void OnCollective(const std::string& op, const std::string& axes, int64_t bytes, absl::Duration duration) override;
+  void OnStep();
+
+ private:
+  prometheus::Family<prometheus::Histogram>& kernel_seconds_;
+  prometheus::Family<prometheus::Histogram>& collective_seconds_;
+  prometheus::Family<prometheus::Counter>& collective_bytes_;
+  prometheus::Counter& steps_;
+};
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_WORKER_WORKER_METRICS_H_
