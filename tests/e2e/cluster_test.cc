@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -193,6 +194,7 @@ TEST(CliE2ETest, UpServesHealthAndStatusAndCleansUpOnCtrlC) {
   const std::string log = ::testing::TempDir() + "/meshrun-up.log";
   const int port = 50000 + getpid() % 10000;
   const std::string addr = absl::StrCat("127.0.0.1:", port);
+  std::remove(log.c_str());  // a previous run's log would already say "cluster up"
   pid_t up = fork();
   if (up == 0) {
     FILE* f = freopen(log.c_str(), "w", stdout);
