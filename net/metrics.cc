@@ -1,10 +1,15 @@
 #include "net/metrics.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "prometheus/client_metric.h"
 #include "prometheus/counter.h"
+#include "prometheus/metric_family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 
@@ -92,6 +97,50 @@ class InterceptorFactory : public grpc::experimental::ServerInterceptorFactoryIn
   GrpcFamilies families_;
 };
 
+// The standard process_* metrics of Prometheus client libraries, read from /proc/self.
+class ProcessCollector : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out;
+    long ticks = sysconf(_SC_CLK_TCK), page = sysconf(_SC_PAGESIZE);
+    std::ifstream stat("/proc/self/stat");
+    std::string line;
+    std::getline(stat, line);
+    // Fields after the command name (which may hold spaces) start at ") ".
+    const size_t close = line.rfind(") ");
+    if (close == std::string::npos) return out;
+    std::vector<std::string> f = absl::StrSplit(line.substr(close + 2), ' ');
+    if (f.size() < 22) return out;
+    const double cpu = (std::stod(f[11]) + std::stod(f[12])) / static_cast<double>(ticks);
+    const double rss = std::stod(f[21]) * static_cast<double>(page);
+    std::ifstream uptime_file("/proc/uptime");
+    double uptime = 0;
+    uptime_file >> uptime;
+    const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const double start = now - uptime + std::stod(f[19]) / static_cast<double>(ticks);
+    auto family = [&](const char* name, const char* help, prometheus::MetricType type, double value) {
+      prometheus::MetricFamily fam;
+      fam.name = name;
+      fam.help = help;
+      fam.type = type;
+      prometheus::ClientMetric m;
+      if (type == prometheus::MetricType::Counter) {
+        m.counter.value = value;
+      } else {
+        m.gauge.value = value;
+      }
+      fam.metric.push_back(m);
+      out.push_back(fam);
+    };
+    family("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
+           prometheus::MetricType::Counter, cpu);
+    family("process_resident_memory_bytes", "Resident memory size in bytes.", prometheus::MetricType::Gauge, rss);
+    family("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
+           prometheus::MetricType::Gauge, start);
+    return out;
+  }
+};
+
 }  // namespace
 
 const std::vector<double>& LatencyBuckets() {
@@ -110,6 +159,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
     return absl::UnavailableError(absl::StrCat("metrics endpoint cannot listen on ", host, ":", port, ": ", e.what()));
   }
   m->exposer_->RegisterCollectable(m->registry_);
+  m->process_ = std::make_shared<ProcessCollector>();
+  m->exposer_->RegisterCollectable(m->process_);
   const std::vector<int> ports = m->exposer_->GetListeningPorts();
   m->port_ = ports.empty() ? port : ports.front();
   prometheus::BuildGauge()

@@ -19,7 +19,8 @@ namespace meshrun {
 class MetricsServer {
  public:
   // Listens on host:port (0: any free port) and registers meshrun_build_info{component,
-  // version}. Errors: Unavailable naming the address if it cannot listen.
+  // version} and the standard process_cpu_seconds_total, process_resident_memory_bytes and
+  // process_start_time_seconds. Errors: Unavailable naming the address if it cannot listen.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& host, int port,
                                                                const std::string& component);
 
@@ -33,6 +34,7 @@ class MetricsServer {
  private:
   MetricsServer() = default;
   std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<prometheus::Collectable> process_;  // process_cpu_seconds_total, ...
   std::unique_ptr<prometheus::Exposer> exposer_;
   int port_ = 0;
 };

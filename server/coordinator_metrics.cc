@@ -5,7 +5,7 @@
 
 namespace meshrun {
 
-CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, int mesh_devices)
+CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, const Mesh& mesh)
     : registered_(prometheus::BuildGauge()
                       .Name("meshrun_registered_workers")
                       .Help("Workers registered with the coordinator.")
@@ -47,7 +47,12 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, int mesh_devices
       .Help("Devices (workers) in the coordinator's mesh.")
       .Register(r)
       .Add({})
-      .Set(mesh_devices);
+      .Set(mesh.size());
+  auto& axis_size = prometheus::BuildGauge()
+                        .Name("meshrun_mesh_axis_size")
+                        .Help("Size of each mesh axis: the group size of a collective over it.")
+                        .Register(r);
+  for (int a = 0; a < mesh.num_axes(); ++a) axis_size.Add({{"axis", mesh.axis_name(a)}}).Set(mesh.axis_size(a));
   jobs_.Add({{"state", "done"}});
   jobs_.Add({{"state", "failed"}});
 }

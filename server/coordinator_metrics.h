@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "core/sharding/mesh.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -14,6 +15,7 @@ namespace meshrun {
 
 // Thread-safe (prometheus-cpp metrics are atomic). Families:
 //   meshrun_registered_workers, meshrun_mesh_devices                          gauges
+//   meshrun_mesh_axis_size{axis}                                               gauge (for busbw factors)
 //   meshrun_worker_last_heartbeat_timestamp_seconds{rank}                      gauge
 //   meshrun_train_steps_total, meshrun_train_samples_total                     counters
 //   meshrun_train_loss, meshrun_train_accuracy                                 gauges (last interval)
@@ -22,7 +24,7 @@ namespace meshrun {
 //   meshrun_jobs_total{state="done"|"failed"}                                  counter
 class CoordinatorMetrics {
  public:
-  CoordinatorMetrics(prometheus::Registry& registry, int mesh_devices);
+  CoordinatorMetrics(prometheus::Registry& registry, const Mesh& mesh);
 
   void OnRegistered(int registered_workers);
   void OnHeartbeat(int rank, absl::Time when);

@@ -37,7 +37,7 @@ absl::Status RunCoordinator(const CoordinatorOptions& o) {
     absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(o.host, o.metrics_port, "coordinator");
     if (!m.ok()) return m.status();
     metrics_server = *std::move(m);
-    metrics = std::make_unique<CoordinatorMetrics>(metrics_server->registry(), mesh->size());
+    metrics = std::make_unique<CoordinatorMetrics>(metrics_server->registry(), *mesh);
     metrics_address = absl::StrCat(o.host, ":", metrics_server->port());
     LOG(INFO) << "metrics on http://" << metrics_address << "/metrics";
   }
