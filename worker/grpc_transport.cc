@@ -1,5 +1,7 @@
 #include "worker/grpc_transport.h"
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "net/grpc_util.h"
@@ -110,6 +112,10 @@ class GrpcTransport::PeerLink {
     absl::MutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
     const bool first = writer_ == nullptr;
+    // Armed before the stream opens: opening waits for the connection (wait_for_ready), and a
+    // peer that is unreachable must fail this send at its deadline, not hang it.
+    SetWriteDeadline(deadline);
+    in_write_.store(true);
     if (first) {
       ctx_.set_wait_for_ready(true);  // the peer may still be starting; the deadline bounds the wait
       writer_ = stub_->Transfer(&ctx_, &response_);
@@ -118,8 +124,8 @@ class GrpcTransport::PeerLink {
     chunk_.set_tag(tag);
     chunk_.set_data(data.data(), data.size());
     if (first) chunk_.set_cluster_id(cluster_id_);
-    SetWriteDeadline(deadline);
     const bool ok = writer_->Write(chunk_);
+    in_write_.store(false);
     SetWriteDeadline(absl::InfiniteFuture());
     if (first) chunk_.clear_cluster_id();
     if (!ok) {
@@ -134,8 +140,18 @@ class GrpcTransport::PeerLink {
   }
 
   bool failed() {
+    if (cancelled_.load()) return true;
     absl::MutexLock lock(&mu_);
     return !failed_.ok();
+  }
+
+  // Cancels the stream if a write is in flight (it returns at once); the link then counts as
+  // failed, so Reset() replaces it. Idle links are left alone: cancelling them would show peers
+  // a disconnect instead of the abort.
+  void CancelWrite() {
+    if (!in_write_.load()) return;
+    cancelled_.store(true);
+    ctx_.TryCancel();
   }
 
   // Called by the transport's watchdog: cancels a write blocked past its deadline.
@@ -165,6 +181,8 @@ class GrpcTransport::PeerLink {
   absl::Mutex deadline_mu_;
   absl::Time write_deadline_ ABSL_GUARDED_BY(deadline_mu_) = absl::InfiniteFuture();
   bool cancelled_for_deadline_ = false;  // written under deadline_mu_, read after the write fails
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> in_write_{false};
 };
 
 GrpcTransport::GrpcTransport(int rank, std::vector<std::string> addresses, std::string cluster_id,
@@ -216,7 +234,13 @@ absl::StatusOr<GrpcTransport::PeerLink*> GrpcTransport::Link(int peer) {
 absl::Status GrpcTransport::Send(int peer, uint64_t tag, absl::string_view data, absl::Time deadline) {
   absl::StatusOr<PeerLink*> link = Link(peer);
   if (!link.ok()) return link.status();
-  return (*link)->Send(tag, data, deadline);
+  absl::Status s = (*link)->Send(tag, data, deadline);
+  if (!s.ok()) {
+    // A send cut short by Abort reports the abort's reason, not the cancelled link.
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return aborted_;
+  }
+  return s;
 }
 
 absl::StatusOr<std::string> GrpcTransport::Recv(int peer, uint64_t tag, absl::Time deadline) {
@@ -230,6 +254,11 @@ void GrpcTransport::Abort(const absl::Status& reason) {
   {
     absl::MutexLock lock(&mu_);
     if (aborted_.ok()) aborted_ = reason;
+    // A send blocked in a write (a peer that stopped reading or never answered) returns now;
+    // the cancelled links are replaced on Reset().
+    for (auto& link : links_) {
+      if (link) link->CancelWrite();
+    }
   }
   mailbox_->Abort(reason);
 }

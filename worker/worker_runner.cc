@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"

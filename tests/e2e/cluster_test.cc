@@ -204,6 +204,16 @@ TEST(CliE2ETest, UpServesHealthAndStatusAndCleansUpOnCtrlC) {
           static_cast<char*>(nullptr));
     _exit(127);
   }
+  // Whatever happens below, `up` (and with it its cluster) does not outlive the test.
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      if (pid > 0 && waitpid(pid, nullptr, WNOHANG) == 0) {
+        kill(pid, SIGINT);
+        waitpid(pid, nullptr, 0);
+      }
+    }
+  } reaper{up};
   // Wait for "cluster up".
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   while (ReadFile(log).find("cluster up") == std::string::npos && absl::Now() < deadline) {
@@ -227,6 +237,7 @@ TEST(CliE2ETest, UpServesHealthAndStatusAndCleansUpOnCtrlC) {
   kill(up, SIGINT);
   int wstatus = 0;
   ASSERT_EQ(waitpid(up, &wstatus, 0), up);
+  reaper.pid = -1;
   EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0);
   // The workers were the `up` process's children, now reaped by it.
   for (pid_t p : pids) EXPECT_FALSE(ProcessExists(p)) << "worker pid " << p;

@@ -2,6 +2,8 @@
 // as ranks (the e2e tests cover separate processes).
 #include "worker/grpc_transport.h"
 
+#include "core/collectives/mailbox.h"
+
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -71,6 +73,18 @@ TEST(GrpcTransportTest, SilentPeerTimesOutNamingIt) {
   absl::StatusOr<std::string> m = ring.transport(0)->Recv(1, 7, absl::Now() + absl::Milliseconds(200));
   EXPECT_EQ(m.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(m.status().message(), HasSubstr("rank 1"));
+}
+
+TEST(GrpcTransportTest, SendToAnUnreachablePeerFailsAtItsDeadline) {
+  // Rank 1's address has no server: opening the stream waits for a connection that never comes;
+  // the send must fail at its deadline instead of hanging.
+  Mailbox mailbox(2);
+  GrpcTransport t(0, {"127.0.0.1:0", "127.0.0.1:1"}, "c", &mailbox);
+  const absl::Time start = absl::Now();
+  absl::Status s = t.Send(1, 1, "hello", absl::Now() + absl::Milliseconds(300));
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_THAT(s.message(), HasSubstr("rank 1"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
 }
 
 TEST(GrpcTransportTest, MessagesArriveInOrderWithTags) {
