@@ -84,11 +84,12 @@ absl::Status Permute(Communicator& comm, const void* in, int64_t count, DType dt
       return ring::Annotate(s, "ppermute", n);
     }
   }
+  if (bytes == 0) return absl::OkStatus();  // buffers may be null
   if (source < 0) {
     std::memset(out, 0, bytes);
   } else if (source == p) {
     std::memcpy(out, in, bytes);
-  } else if (bytes > 0) {
+  } else {
     if (absl::Status s = RecvChunked(t, comm.group()[source], base, static_cast<char*>(out), bytes, chunk, deadline);
         !s.ok()) {
       return ring::Annotate(s, "ppermute", n);
