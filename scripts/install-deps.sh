@@ -7,7 +7,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libdnnl-dev prometheus-cpp-dev libgoogle-glog-dev zlib1g-dev nlohmann-json3-dev
   libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
-  prometheus dataset-fashion-mnist procps
+  prometheus iproute2 iptables dataset-fashion-mnist procps
 )
 missing=()
 for p in "${PACKAGES[@]}"; do
