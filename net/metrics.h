@@ -27,7 +27,8 @@ class MetricsServer {
   prometheus::Registry& registry() { return *registry_; }
   int port() const { return port_; }
 
-  // An interceptor factory for grpc::ServerBuilder::experimental().SetInterceptorCreators.
+  // An interceptor factory for grpc::ServerBuilder::experimental().SetInterceptorCreators. The
+  // ring transport's data streams are not intercepted.
   // The families live in this server's registry; the server must outlive the gRPC server.
   std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> GrpcInterceptorFactory();
 
