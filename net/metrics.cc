@@ -176,8 +176,10 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::s
   return m;
 }
 
-std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> MetricsServer::GrpcInterceptorFactory() {
-  return std::make_unique<InterceptorFactory>(*registry_);
+void MetricsServer::InstallGrpcMetrics(grpc::ServerBuilder& builder) {
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<InterceptorFactory>(*registry_));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
 }
 
 }  // namespace meshrun

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "grpcpp/server_builder.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
@@ -27,10 +28,9 @@ class MetricsServer {
   prometheus::Registry& registry() { return *registry_; }
   int port() const { return port_; }
 
-  // An interceptor factory for grpc::ServerBuilder::experimental().SetInterceptorCreators. The
-  // ring transport's data streams are not intercepted.
-  // The families live in this server's registry; the server must outlive the gRPC server.
-  std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface> GrpcInterceptorFactory();
+  // Installs the grpc_server_* interceptor on `builder` (the ring transport's data streams are
+  // not intercepted). The families live in this server's registry; it must outlive the gRPC server.
+  void InstallGrpcMetrics(grpc::ServerBuilder& builder);
 
  private:
   MetricsServer() = default;

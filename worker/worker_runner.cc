@@ -75,11 +75,7 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   RingService ring;
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);
-  if (metrics_server != nullptr) {
-    std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-    interceptors.push_back(metrics_server->GrpcInterceptorFactory());
-    builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  }
+  if (metrics_server != nullptr) metrics_server->InstallGrpcMetrics(builder);
   int port = 0;
   builder.AddListeningPort(absl::StrCat(o.host, ":", o.port), grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&worker);
