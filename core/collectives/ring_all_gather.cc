@@ -19,12 +19,7 @@ absl::Status RingAllGather(Communicator& comm, const void* in, int64_t count, DT
   if (count > 0) std::memcpy(bytes + p * block_bytes, in, block_bytes);
   if (n == 1 || count == 0) return absl::OkStatus();
 
-  const int64_t chunk_elems = std::max<int64_t>(1, comm.options().chunk_bytes / elem);
-  const int next = comm.group()[Mod(p + 1, n)];
-  const int prev = comm.group()[Mod(p - 1, n)];
-  const uint64_t base = comm.NextTagBase();
-  const absl::Time deadline = absl::Now() + comm.options().timeout;
-  Transport* t = comm.transport();
+  const auto [t, next, prev, base, deadline, chunk_elems] = ring::MakePlan(comm, elem);
 
   if (absl::Status s = ring::SendChunks(t, next, base, 0, bytes + p * count * elem, count, elem, chunk_elems,
                                        deadline);

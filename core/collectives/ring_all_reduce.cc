@@ -19,13 +19,8 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
   if (n == 1 || count == 0) return absl::OkStatus();
 
   const size_t elem = DTypeSize(dtype);
-  const int64_t chunk_elems = std::max<int64_t>(1, comm.options().chunk_bytes / elem);
   const std::vector<Segment> segments = SplitEvenly(count, n);
-  const int next = comm.group()[Mod(p + 1, n)];
-  const int prev = comm.group()[Mod(p - 1, n)];
-  const uint64_t tag_base = comm.NextTagBase();
-  const absl::Time deadline = absl::Now() + comm.options().timeout;
-  Transport* t = comm.transport();
+  const auto [t, next, prev, tag_base, deadline, chunk_elems] = ring::MakePlan(comm, elem);
   char* bytes = static_cast<char*>(data);
 
   const int total_steps = 2 * (n - 1);

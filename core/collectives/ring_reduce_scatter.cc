@@ -24,12 +24,7 @@ absl::Status RingReduceScatter(Communicator& comm, const void* in, int64_t count
   // Each received chunk is reduced into its own message buffer with this rank's input and
   // forwarded from there, so the input is never copied whole.
   const char* input = static_cast<const char*>(in);
-  const int64_t chunk_elems = std::max<int64_t>(1, comm.options().chunk_bytes / elem);
-  const int next = comm.group()[Mod(p + 1, n)];
-  const int prev = comm.group()[Mod(p - 1, n)];
-  const uint64_t base = comm.NextTagBase();
-  const absl::Time deadline = absl::Now() + comm.options().timeout;
-  Transport* t = comm.transport();
+  const auto [t, next, prev, base, deadline, chunk_elems] = ring::MakePlan(comm, elem);
 
   const int first = Mod(p - 1, n);
   if (absl::Status s = ring::SendChunks(t, next, base, 0, input + first * count * elem, count, elem, chunk_elems,

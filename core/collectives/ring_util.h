@@ -38,6 +38,27 @@ inline std::vector<Segment> EqualBlocks(int64_t block, int parts) {
 
 inline int Mod(int a, int n) { return ((a % n) + n) % n; }
 
+// What every ring algorithm starts from: the transport, this rank's ring neighbours in the
+// group, the collective's tag base (consumed here, once per collective), its deadline and the
+// chunk size in elements.
+struct Plan {
+  Transport* transport;
+  int next;
+  int prev;
+  uint64_t tag_base;
+  absl::Time deadline;
+  int64_t chunk_elems;
+};
+inline Plan MakePlan(Communicator& comm, size_t elem) {
+  const int n = comm.size(), p = comm.index();
+  return Plan{comm.transport(),
+              comm.group()[Mod(p + 1, n)],
+              comm.group()[Mod(p - 1, n)],
+              comm.NextTagBase(),
+              absl::Now() + comm.options().timeout,
+              std::max<int64_t>(1, static_cast<int64_t>(comm.options().chunk_bytes / elem))};
+}
+
 // Tag of chunk `chunk` at ring step `step` of the collective with tag base `base`.
 inline uint64_t Tag(uint64_t base, int step, int64_t chunk) {
   return base + (static_cast<uint64_t>(step) << 16) + static_cast<uint64_t>(chunk);
