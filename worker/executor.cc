@@ -56,7 +56,7 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
                                                              "): ", op.status().message()));
       }
       cf.ops.push_back(*std::move(op));
-      cf.labels.push_back(ex->LabelsFor(f.ops(i)));
+      if (ex->options_.observer != nullptr) cf.recorders.push_back(ex->RecorderFor(f.ops(i)));
     }
     for (const v1::Feed& feed : f.feeds()) {
       if (!ex->buffers_.count(feed.buffer())) {
@@ -116,19 +116,11 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
     if (!ctx.feed) return absl::FailedPreconditionError(absl::StrCat("function '", name, "' needs feeds"));
     if (absl::Status s = ctx.feed(feed, &buffers_.at(feed.buffer())); !s.ok()) return s;
   }
-  OpObserver* observer = options_.observer;
+  const bool record = !cf.recorders.empty();
   for (size_t i = 0; i < cf.ops.size(); ++i) {
-    const absl::Time start = observer ? absl::Now() : absl::InfinitePast();
+    const absl::Time start = record ? absl::Now() : absl::InfinitePast();
     absl::Status s = cf.ops[i](ctx);
-    if (observer != nullptr) {
-      const OpLabels& l = cf.labels[i];
-      const absl::Duration d = absl::Now() - start;
-      if (l.collective.empty()) {
-        observer->OnKernel(l.kernel, d);
-      } else {
-        observer->OnCollective(l.collective, l.axes, l.bytes, d);
-      }
-    }
+    if (record) cf.recorders[i](absl::Now() - start);
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("function '", name, "' op ", i, " (",
                                                  v1::OpKind_Name(cf.function->ops(i).kind()), "): ", s.message()));
@@ -137,27 +129,27 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
   return absl::OkStatus();
 }
 
-Executor::OpLabels Executor::LabelsFor(const v1::Op& op) {
-  OpLabels l;
+OpObserver::Recorder Executor::RecorderFor(const v1::Op& op) {
+  std::string collective;
   static const std::map<v1::OpKind, std::string> kCollectives = {
       {v1::OP_PSUM, "psum"},          {v1::OP_PMEAN, "pmean"},       {v1::OP_PMAX, "pmax"},
       {v1::OP_ALL_GATHER, "all_gather"}, {v1::OP_PSUM_SCATTER, "psum_scatter"}, {v1::OP_PPERMUTE, "ppermute"},
       {v1::OP_ALL_TO_ALL, "all_to_all"}};
   auto it = kCollectives.find(op.kind());
   if (op.kind() == v1::OP_ALL_REDUCE) {
-    l.collective = op.reduce_op() == v1::REDUCE_OP_MEAN ? "pmean" : "psum";
+    collective = op.reduce_op() == v1::REDUCE_OP_MEAN ? "pmean" : "psum";
   } else if (it != kCollectives.end()) {
-    l.collective = it->second;
+    collective = it->second;
   }
-  if (!l.collective.empty()) {
-    l.axes = op.axis_name().empty() ? absl::StrJoin(op.axis_names(), ",") : op.axis_name();
+  if (!collective.empty()) {
+    int64_t bytes = 0;
     for (const auto& name : op.inputs()) {
-      if (const Tensor* t = buffer(name)) l.bytes += static_cast<int64_t>(t->size_bytes());
+      if (const Tensor* t = buffer(name)) bytes += static_cast<int64_t>(t->size_bytes());
     }
-    return l;
+    return options_.observer->ForCollective(
+        collective, op.axis_name().empty() ? absl::StrJoin(op.axis_names(), ",") : op.axis_name(), bytes);
   }
-  l.kernel = absl::AsciiStrToLower(v1::OpKind_Name(op.kind()).substr(3));  // OP_MATMUL -> matmul
-  return l;
+  return options_.observer->ForKernel(absl::AsciiStrToLower(v1::OpKind_Name(op.kind()).substr(3)));  // matmul
 }
 
 absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {

@@ -27,17 +27,18 @@ struct RunContext {
   std::function<absl::Status(const v1::Feed&, Tensor*)> feed;
 };
 
-// Receives the duration of every op an Executor runs (for metrics). Implementations must be
-// thread-safe if shared by several executors.
+// Receives the duration of every op an Executor runs (for metrics). An executor asks once per
+// op, when it compiles the program, for a recorder, and calls it after each run of the op, so
+// the hot path does no label lookups. Recorders must be thread-safe if shared by executors.
 class OpObserver {
  public:
+  using Recorder = std::function<void(absl::Duration)>;
   virtual ~OpObserver() = default;
   // A compute or data-movement op: `kernel` is its kind in lower case without OP_ ("matmul").
-  virtual void OnKernel(const std::string& kernel, absl::Duration duration) = 0;
+  virtual Recorder ForKernel(const std::string& kernel) = 0;
   // A collective: its jax.lax name ("psum", "all_gather", ...), its mesh axes ("data", "i,j"),
   // and the bytes of its input.
-  virtual void OnCollective(const std::string& op, const std::string& axes, int64_t bytes,
-                            absl::Duration duration) = 0;
+  virtual Recorder ForCollective(const std::string& op, const std::string& axes, int64_t bytes) = 0;
 };
 
 // Thread-compatible: one Run at a time. Collectives go through `transport`, which must outlive
@@ -74,19 +75,13 @@ class Executor {
   using CompiledOp = std::function<absl::Status(const RunContext&)>;
 
  private:
-  // What an observer is told about an op.
-  struct OpLabels {
-    std::string kernel;      // set for compute ops
-    std::string collective;  // set for collectives
-    std::string axes;
-    int64_t bytes = 0;
-  };
   struct CompiledFunction {
     const v1::Function* function;
     std::vector<CompiledOp> ops;
-    std::vector<OpLabels> labels;
+    std::vector<OpObserver::Recorder> recorders;  // empty without an observer
   };
-  OpLabels LabelsFor(const v1::Op& op);
+  // The observer's recorder for `op`. REQUIRES: options_.observer != nullptr.
+  OpObserver::Recorder RecorderFor(const v1::Op& op);
   Executor(const v1::StepProgram& program, const Options& options);
   absl::StatusOr<CompiledOp> Compile(const v1::Op& op);
   // The shard_map ops (executor_general_ops.cc).

@@ -23,14 +23,19 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
                  .Register(r)
                  .Add({})) {}
 
-void WorkerMetrics::OnKernel(const std::string& kernel, absl::Duration duration) {
-  kernel_seconds_.Add({{"kernel", kernel}}, LatencyBuckets()).Observe(absl::ToDoubleSeconds(duration));
+// Label lookups happen here, once per op of a program; the recorders only observe.
+OpObserver::Recorder WorkerMetrics::ForKernel(const std::string& kernel) {
+  prometheus::Histogram* seconds = &kernel_seconds_.Add({{"kernel", kernel}}, LatencyBuckets());
+  return [seconds](absl::Duration d) { seconds->Observe(absl::ToDoubleSeconds(d)); };
 }
 
-void WorkerMetrics::OnCollective(const std::string& op, const std::string& axes, int64_t bytes,
-                                 absl::Duration duration) {
-  collective_seconds_.Add({{"op", op}, {"axis", axes}}, LatencyBuckets()).Observe(absl::ToDoubleSeconds(duration));
-  collective_bytes_.Add({{"op", op}, {"axis", axes}}).Increment(static_cast<double>(bytes));
+OpObserver::Recorder WorkerMetrics::ForCollective(const std::string& op, const std::string& axes, int64_t bytes) {
+  prometheus::Histogram* seconds = &collective_seconds_.Add({{"op", op}, {"axis", axes}}, LatencyBuckets());
+  prometheus::Counter* total = &collective_bytes_.Add({{"op", op}, {"axis", axes}});
+  return [seconds, total, bytes](absl::Duration d) {
+    seconds->Observe(absl::ToDoubleSeconds(d));
+    total->Increment(static_cast<double>(bytes));
+  };
 }
 
 void WorkerMetrics::OnStep() { steps_.Increment(); }

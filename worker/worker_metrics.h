@@ -18,8 +18,8 @@ class WorkerMetrics : public OpObserver {
  public:
   explicit WorkerMetrics(prometheus::Registry& registry);
 
-  void OnKernel(const std::string& kernel, absl::Duration duration) override;
-  void OnCollective(const std::string& op, const std::string& axes, int64_t bytes, absl::Duration duration) override;
+  Recorder ForKernel(const std::string& kernel) override;
+  Recorder ForCollective(const std::string& op, const std::string& axes, int64_t bytes) override;
   void OnStep();
 
  private:
