@@ -1,0 +1,195 @@
+#include "core/spmd/sharding_rules.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/sharding/named_sharding.h"
+
+namespace meshrun {
+namespace spmd {
+namespace {
+
+using Entries = std::vector<PartitionSpec::Entry>;
+
+Entries Expand(const PartitionSpec& spec, size_t rank) {
+  Entries e(rank);
+  for (size_t d = 0; d < rank; ++d) e[d] = spec.entry(static_cast<int>(d));
+  return e;
+}
+
+bool UsesAny(const Entries& entries, const PartitionSpec::Entry& axes) {
+  for (const auto& e : entries) {
+    for (const auto& a : axes) {
+      if (std::find(e.begin(), e.end(), a) != e.end()) return true;
+    }
+  }
+  return false;
+}
+
+absl::Status CheckFits(const char* what, const std::vector<int64_t>& shape, const PartitionSpec& spec,
+                       const Mesh& mesh) {
+  absl::Status s = NamedSharding(mesh, spec).Validate(Dims(shape.begin(), shape.end()));
+  if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", s.message()));
+  return absl::OkStatus();
+}
+
+// The operands' layouts as the plan changes them, recording each change.
+class Layouts {
+ public:
+  explicit Layouts(std::vector<Entries> e) : e_(std::move(e)) {}
+  Entries& operator[](int operand) { return e_[operand]; }
+  void Gather(int operand, int dim) {
+    reshards_.push_back({Reshard::kAllGather, operand, dim, e_[operand][dim]});
+    e_[operand][dim].clear();
+  }
+  void Slice(int operand, int dim, const PartitionSpec::Entry& axes) {
+    reshards_.push_back({Reshard::kSlice, operand, dim, axes});
+    e_[operand][dim] = axes;
+  }
+  // Makes lhs dim `a` and rhs dim `b` (same size) laid out alike; returns their layout.
+  PartitionSpec::Entry Align(int a, int b) {
+    if (e_[0][a] == e_[1][b]) return e_[0][a];
+    if (!e_[0][a].empty() && !e_[1][b].empty()) Gather(1, b);
+    if (!e_[0][a].empty()) {
+      if (!UsesAny(e_[1], e_[0][a])) {
+        Slice(1, b, e_[0][a]);
+      } else {
+        Gather(0, a);
+      }
+    } else if (!e_[1][b].empty()) {
+      if (!UsesAny(e_[0], e_[1][b])) {
+        Slice(0, a, e_[1][b]);
+      } else {
+        Gather(1, b);
+      }
+    }
+    return e_[0][a];
+  }
+  OpPlan Finish(Entries result, std::vector<std::string> partial) {
+    OpPlan plan;
+    for (auto& e : e_) plan.operands.emplace_back(std::move(e));
+    plan.reshards = std::move(reshards_);
+    plan.result = PartitionSpec(std::move(result));
+    plan.partial_sum_axes = std::move(partial);
+    return plan;
+  }
+
+ private:
+  std::vector<Entries> e_;
+  std::vector<Reshard> reshards_;
+};
+
+absl::Status CheckDims(const char* what, const std::vector<int>& dims, size_t rank, std::vector<bool>* used) {
+  for (int d : dims) {
+    if (d < 0 || static_cast<size_t>(d) >= rank || (*used)[d]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " dim ", d, " is out of range or repeated (operand rank ", rank, ")"));
+    }
+    (*used)[d] = true;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string ReshardToString(const Reshard& r) {
+  return absl::StrCat(r.kind == Reshard::kSlice ? "slice" : "all_gather", " ", r.operand == 0 ? "lhs" : "rhs",
+                      " dim ", r.dim, " over (", absl::StrJoin(r.axes, ", "), ")");
+}
+
+absl::StatusOr<OpPlan> PlanDotGeneral(const std::vector<int64_t>& lhs_shape, const PartitionSpec& lhs,
+                                      const std::vector<int64_t>& rhs_shape, const PartitionSpec& rhs,
+                                      const DotDimensionNumbers& dn, const Mesh& mesh) {
+  if (absl::Status s = CheckFits("dot_general lhs", lhs_shape, lhs, mesh); !s.ok()) return s;
+  if (absl::Status s = CheckFits("dot_general rhs", rhs_shape, rhs, mesh); !s.ok()) return s;
+  if (dn.lhs_contracting.size() != dn.rhs_contracting.size() || dn.lhs_batch.size() != dn.rhs_batch.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("dot_general: ", dn.lhs_contracting.size(), " lhs vs ",
+                                                   dn.rhs_contracting.size(), " rhs contracting dims, ",
+                                                   dn.lhs_batch.size(), " vs ", dn.rhs_batch.size(), " batch dims"));
+  }
+  std::vector<bool> lhs_used(lhs_shape.size()), rhs_used(rhs_shape.size());
+  for (absl::Status s : {CheckDims("lhs contracting", dn.lhs_contracting, lhs_shape.size(), &lhs_used),
+                         CheckDims("lhs batch", dn.lhs_batch, lhs_shape.size(), &lhs_used),
+                         CheckDims("rhs contracting", dn.rhs_contracting, rhs_shape.size(), &rhs_used),
+                         CheckDims("rhs batch", dn.rhs_batch, rhs_shape.size(), &rhs_used)}) {
+    if (!s.ok()) return s;
+  }
+  auto check_pairs = [&](const char* what, const std::vector<int>& l, const std::vector<int>& r) -> absl::Status {
+    for (size_t i = 0; i < l.size(); ++i) {
+      if (lhs_shape[l[i]] != rhs_shape[r[i]]) {
+        return absl::InvalidArgumentError(absl::StrCat("dot_general ", what, " dims lhs ", l[i], " (size ",
+                                                       lhs_shape[l[i]], ") and rhs ", r[i], " (size ",
+                                                       rhs_shape[r[i]], ") differ in size"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = check_pairs("contracting", dn.lhs_contracting, dn.rhs_contracting); !s.ok()) return s;
+  if (absl::Status s = check_pairs("batch", dn.lhs_batch, dn.rhs_batch); !s.ok()) return s;
+
+  Layouts layouts({Expand(lhs, lhs_shape.size()), Expand(rhs, rhs_shape.size())});
+  std::vector<std::string> partial;
+  for (size_t i = 0; i < dn.lhs_contracting.size(); ++i) {
+    for (const auto& a : layouts.Align(dn.lhs_contracting[i], dn.rhs_contracting[i])) partial.push_back(a);
+  }
+  Entries result;
+  for (size_t i = 0; i < dn.lhs_batch.size(); ++i) result.push_back(layouts.Align(dn.lhs_batch[i], dn.rhs_batch[i]));
+  for (size_t d = 0; d < lhs_shape.size(); ++d) {
+    if (!lhs_used[d]) result.push_back(layouts[0][d]);
+  }
+  for (size_t d = 0; d < rhs_shape.size(); ++d) {
+    if (rhs_used[d]) continue;
+    if (!layouts[1][d].empty() && UsesAny(result, layouts[1][d])) layouts.Gather(1, static_cast<int>(d));
+    result.push_back(layouts[1][d]);
+  }
+  return layouts.Finish(std::move(result), std::move(partial));
+}
+
+absl::StatusOr<OpPlan> PlanElementwise(const std::vector<int64_t>& shape, const PartitionSpec& lhs,
+                                       const PartitionSpec& rhs, const Mesh& mesh) {
+  if (absl::Status s = CheckFits("element-wise lhs", shape, lhs, mesh); !s.ok()) return s;
+  if (absl::Status s = CheckFits("element-wise rhs", shape, rhs, mesh); !s.ok()) return s;
+  Layouts layouts({Expand(lhs, shape.size()), Expand(rhs, shape.size())});
+  // Gather every rhs dim laid out differently first, so no slice meets an axis still in use.
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (layouts[0][d] != layouts[1][d] && !layouts[1][d].empty()) layouts.Gather(1, static_cast<int>(d));
+  }
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (layouts[0][d] != layouts[1][d]) layouts.Slice(1, static_cast<int>(d), layouts[0][d]);
+  }
+  Entries result = layouts[0];
+  return layouts.Finish(std::move(result), {});
+}
+
+absl::StatusOr<OpPlan> PlanReduce(const std::vector<int64_t>& shape, const PartitionSpec& operand,
+                                  const std::vector<int>& dims, const Mesh& mesh) {
+  if (absl::Status s = CheckFits("reduce operand", shape, operand, mesh); !s.ok()) return s;
+  std::vector<bool> reduced(shape.size());
+  if (absl::Status s = CheckDims("reduce", dims, shape.size(), &reduced); !s.ok()) return s;
+  Layouts layouts({Expand(operand, shape.size())});
+  Entries result;
+  std::vector<std::string> partial;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (reduced[d]) {
+      for (const auto& a : layouts[0][d]) partial.push_back(a);
+    } else {
+      result.push_back(layouts[0][d]);
+    }
+  }
+  return layouts.Finish(std::move(result), std::move(partial));
+}
+
+int64_t ReshardBytesPerDevice(const Reshard& r, const std::vector<int64_t>& shape, const PartitionSpec& spec,
+                              const Mesh& mesh, int dtype_bytes) {
+  if (r.kind == Reshard::kSlice) return 0;
+  const Dims local = NamedSharding(mesh, spec).ShardDims(Dims(shape.begin(), shape.end()));
+  int64_t block = dtype_bytes;
+  for (int64_t d : local) block *= d;
+  int64_t n = 1;
+  for (const auto& a : r.axes) n *= mesh.axis_size(*mesh.AxisIndex(a));
+  return (n - 1) * block;
+}
+
+}  // namespace spmd
+}  // namespace meshrun
