@@ -180,6 +180,60 @@ absl::StatusOr<OpPlan> PlanReduce(const std::vector<int64_t>& shape, const Parti
   return layouts.Finish(std::move(result), std::move(partial));
 }
 
+std::string ReductionToString(const Reduction& r) {
+  if (r.kind == Reduction::kPsum) return absl::StrCat("psum over (", absl::StrJoin(r.axes, ", "), ")");
+  return absl::StrCat("psum_scatter over (", absl::StrJoin(r.axes, ", "), ") along dim ", r.dim);
+}
+
+absl::StatusOr<PartialSumPlan> PlanPartialSum(const std::vector<int64_t>& shape, const PartitionSpec& spec,
+                                              const std::vector<std::string>& partial_axes,
+                                              const PartitionSpec& target, const Mesh& mesh) {
+  if (absl::Status s = CheckFits("partial-sum result", shape, spec, mesh); !s.ok()) return s;
+  if (absl::Status s = CheckFits("target", shape, target, mesh); !s.ok()) return s;
+  Entries cur = Expand(spec, shape.size());
+  const Entries want = Expand(target, shape.size());
+  std::vector<std::string> left = partial_axes;
+  for (const std::string& a : left) {
+    if (!mesh.AxisIndex(a).ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("partial-sum axis '", a, "' is not an axis of ", mesh.ToString()));
+    }
+    if (UsesAny(cur, {a})) {
+      return absl::InvalidArgumentError(absl::StrCat("partial-sum axis '", a, "' also shards a dim of ",
+                                                     spec.ToString()));
+    }
+  }
+  PartialSumPlan plan;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (!cur[d].empty() || want[d].empty()) continue;
+    const bool all_partial = std::all_of(want[d].begin(), want[d].end(), [&](const std::string& a) {
+      return std::find(left.begin(), left.end(), a) != left.end();
+    });
+    if (!all_partial) continue;
+    plan.reductions.push_back({Reduction::kPsumScatter, want[d], static_cast<int>(d)});
+    cur[d] = want[d];
+    for (const auto& a : want[d]) left.erase(std::find(left.begin(), left.end(), a));
+  }
+  if (!left.empty()) plan.reductions.push_back({Reduction::kPsum, left, -1});
+  absl::StatusOr<OpPlan> rest = PlanElementwise(shape, target, PartitionSpec(cur), mesh);
+  if (!rest.ok()) return rest.status();
+  for (Reshard r : rest->reshards) {
+    r.operand = 0;
+    plan.reshards.push_back(std::move(r));
+  }
+  return plan;
+}
+
+int64_t ReductionBytesPerDevice(const Reduction& r, const std::vector<int64_t>& shape, const PartitionSpec& spec,
+                                const Mesh& mesh, int dtype_bytes) {
+  const Dims local = NamedSharding(mesh, spec).ShardDims(shape);
+  int64_t bytes = dtype_bytes;
+  for (int64_t d : local) bytes *= d;
+  int64_t n = 1;
+  for (const auto& a : r.axes) n *= mesh.axis_size(*mesh.AxisIndex(a));
+  const int64_t per_step = bytes / n;  // the ring moves one 1/n chunk per step
+  return (r.kind == Reduction::kPsum ? 2 : 1) * (n - 1) * per_step;
+}
+
 int64_t ReshardBytesPerDevice(const Reshard& r, const std::vector<int64_t>& shape, const PartitionSpec& spec,
                               const Mesh& mesh, int dtype_bytes) {
   if (r.kind == Reshard::kSlice) return 0;

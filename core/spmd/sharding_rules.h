@@ -82,6 +82,41 @@ absl::StatusOr<OpPlan> PlanElementwise(const std::vector<int64_t>& shape, const 
 absl::StatusOr<OpPlan> PlanReduce(const std::vector<int64_t>& shape, const PartitionSpec& operand,
                                   const std::vector<int>& dims, const Mesh& mesh);
 
+// Completing partial sums. A result laid out as `spec` holding partial sums over `partial_axes`
+// becomes the fully summed array laid out as `target` (a sharding constraint, or the sharding of
+// the parameter a gradient belongs to) through:
+//   - psum_scatter over target[d]'s axes along dim d (jax.lax.psum_scatter(x, axes,
+//     scatter_dimension=d, tiled=True)) for each dim d the target shards only over partial axes
+//     and `spec` leaves whole: the FSDP gradient's reduce-scatter;
+//   - psum over the partial axes left: the data-parallel gradient all-reduce, or tensor
+//     parallelism's all-reduce after the second matmul;
+//   - then reshards (slice / all_gather) for what still differs from `target`.
+struct Reduction {
+  enum Kind { kPsum, kPsumScatter };
+  Kind kind;
+  std::vector<std::string> axes;
+  int dim = -1;  // kPsumScatter: the scatter dimension
+  bool operator==(const Reduction& o) const { return kind == o.kind && axes == o.axes && dim == o.dim; }
+};
+std::string ReductionToString(const Reduction& r);
+
+struct PartialSumPlan {
+  std::vector<Reduction> reductions;  // in order; each changes the layout as described above
+  std::vector<Reshard> reshards;      // after the reductions (operand 0)
+};
+
+// Errors: InvalidArgument when `spec` or `target` does not fit `shape`, or a partial axis is not
+// a mesh axis or also shards a dim of `spec`.
+absl::StatusOr<PartialSumPlan> PlanPartialSum(const std::vector<int64_t>& shape, const PartitionSpec& spec,
+                                              const std::vector<std::string>& partial_axes,
+                                              const PartitionSpec& target, const Mesh& mesh);
+
+// Bytes each device sends (and receives) for `r` with a ring algorithm on an array of `shape`
+// laid out as `spec` before it: psum 2 (n-1)/n, psum_scatter (n-1)/n of the local bytes, for n
+// devices over r.axes (nccl-tests' bus-bandwidth accounting, shared/REFERENCE.md).
+int64_t ReductionBytesPerDevice(const Reduction& r, const std::vector<int64_t>& shape, const PartitionSpec& spec,
+                                const Mesh& mesh, int dtype_bytes);
+
 // Bytes each device sends and receives to carry out `r` on an operand of `shape` (global) laid
 // out as `spec` before the reshard, for `dtype_bytes`-byte elements: (n - 1) local blocks for an
 // all_gather over n devices, 0 for a slice.

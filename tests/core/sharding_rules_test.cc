@@ -145,3 +145,61 @@ TEST(PlanReduceTest, ShardedReducedDimsLeavePartialResults) {
 }  // namespace
 }  // namespace spmd
 }  // namespace meshrun
+
+namespace meshrun {
+namespace spmd {
+namespace {
+
+PartitionSpec Q(std::vector<std::string> names) { return PartitionSpec::Of(std::move(names)); }
+
+TEST(PlanPartialSumTest, DataParallelGradientIsAPsum) {
+  const Mesh mesh = *Mesh::Parse("data=8");
+  auto plan = PlanPartialSum({784, 512}, PartitionSpec(), {"data"}, PartitionSpec(), mesh);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->reductions, ::testing::ElementsAre(Reduction{Reduction::kPsum, {"data"}, -1}));
+  EXPECT_THAT(plan->reshards, ::testing::IsEmpty());
+  // Ring all-reduce: 2 (n-1)/n of the bytes.
+  EXPECT_EQ(ReductionBytesPerDevice(plan->reductions[0], {784, 512}, PartitionSpec(), mesh, 4),
+            2 * 7 * (784 * 512 * 4 / 8));
+}
+
+TEST(PlanPartialSumTest, FsdpGradientIsAPsumScatterIntoTheParamsLayout) {
+  const Mesh mesh = *Mesh::Parse("data=8");
+  auto plan = PlanPartialSum({784, 512}, PartitionSpec(), {"data"}, Q({"data", ""}), mesh);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_THAT(plan->reductions, ::testing::ElementsAre(Reduction{Reduction::kPsumScatter, {"data"}, 0}));
+  EXPECT_THAT(plan->reshards, ::testing::IsEmpty());
+  EXPECT_EQ(ReductionBytesPerDevice(plan->reductions[0], {784, 512}, PartitionSpec(), mesh, 4),
+            7 * (784 * 512 * 4 / 8));
+}
+
+TEST(PlanPartialSumTest, TensorParallelAndTwoD) {
+  const Mesh mesh = *Mesh::Parse("data=2,model=4");
+  // z ('data', None) partial over 'model' -> psum over 'model'.
+  auto tp = PlanPartialSum({8, 1024}, Q({"data", ""}), {"model"}, Q({"data", ""}), mesh);
+  EXPECT_THAT(tp->reductions, ::testing::ElementsAre(Reduction{Reduction::kPsum, {"model"}, -1}));
+  // A constraint ('data', 'model') on it instead: psum_scatter along dim 1.
+  auto sp = PlanPartialSum({8, 1024}, Q({"data", ""}), {"model"}, Q({"data", "model"}), mesh);
+  EXPECT_THAT(sp->reductions, ::testing::ElementsAre(Reduction{Reduction::kPsumScatter, {"model"}, 1}));
+  // 2-D weight gradient, partial over both axes, parameter sharded (None, 'model'):
+  // reduce-scatter over 'model' along dim 1, then all-reduce over 'data'.
+  auto w = PlanPartialSum({1024, 1024}, PartitionSpec(), {"data", "model"}, Q({"", "model"}), mesh);
+  EXPECT_THAT(w->reductions, ::testing::ElementsAre(Reduction{Reduction::kPsumScatter, {"model"}, 1},
+                                                     Reduction{Reduction::kPsum, {"data"}, -1}));
+  // Nothing partial, layout differs: reshards only.
+  auto moved = PlanPartialSum({8, 1024}, Q({"data", ""}), {}, PartitionSpec(), mesh);
+  EXPECT_THAT(moved->reductions, ::testing::IsEmpty());
+  EXPECT_THAT(moved->reshards, ::testing::ElementsAre(Reshard{Reshard::kAllGather, 0, 0, {"data"}}));
+}
+
+TEST(PlanPartialSumTest, RejectsInconsistentPartialAxes) {
+  const Mesh mesh = *Mesh::Parse("data=2,model=4");
+  EXPECT_THAT(PlanPartialSum({8, 16}, Q({"data", ""}), {"data"}, PartitionSpec(), mesh).status().message(),
+              ::testing::HasSubstr("also shards"));
+  EXPECT_THAT(PlanPartialSum({8, 16}, PartitionSpec(), {"pipe"}, PartitionSpec(), mesh).status().message(),
+              ::testing::HasSubstr("'pipe'"));
+}
+
+}  // namespace
+}  // namespace spmd
+}  // namespace meshrun
