@@ -142,22 +142,13 @@ TEST(PlanReduceTest, ShardedReducedDimsLeavePartialResults) {
   EXPECT_THAT(PlanReduce({8}, PartitionSpec(), {1}, mesh).status().message(), HasSubstr("reduce dim 1"));
 }
 
-}  // namespace
-}  // namespace spmd
-}  // namespace meshrun
-
-namespace meshrun {
-namespace spmd {
-namespace {
-
-PartitionSpec Q(std::vector<std::string> names) { return PartitionSpec::Of(std::move(names)); }
 
 TEST(PlanPartialSumTest, DataParallelGradientIsAPsum) {
   const Mesh mesh = *Mesh::Parse("data=8");
   auto plan = PlanPartialSum({784, 512}, PartitionSpec(), {"data"}, PartitionSpec(), mesh);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_THAT(plan->reductions, ::testing::ElementsAre(Reduction{Reduction::kPsum, {"data"}, -1}));
-  EXPECT_THAT(plan->reshards, ::testing::IsEmpty());
+  EXPECT_THAT(plan->reductions, ElementsAre(Reduction{Reduction::kPsum, {"data"}, -1}));
+  EXPECT_THAT(plan->reshards, IsEmpty());
   // Ring all-reduce: 2 (n-1)/n of the bytes.
   EXPECT_EQ(ReductionBytesPerDevice(plan->reductions[0], {784, 512}, PartitionSpec(), mesh, 4),
             2 * 7 * (784 * 512 * 4 / 8));
@@ -165,10 +156,10 @@ TEST(PlanPartialSumTest, DataParallelGradientIsAPsum) {
 
 TEST(PlanPartialSumTest, FsdpGradientIsAPsumScatterIntoTheParamsLayout) {
   const Mesh mesh = *Mesh::Parse("data=8");
-  auto plan = PlanPartialSum({784, 512}, PartitionSpec(), {"data"}, Q({"data", ""}), mesh);
+  auto plan = PlanPartialSum({784, 512}, PartitionSpec(), {"data"}, P({"data", ""}), mesh);
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_THAT(plan->reductions, ::testing::ElementsAre(Reduction{Reduction::kPsumScatter, {"data"}, 0}));
-  EXPECT_THAT(plan->reshards, ::testing::IsEmpty());
+  EXPECT_THAT(plan->reductions, ElementsAre(Reduction{Reduction::kPsumScatter, {"data"}, 0}));
+  EXPECT_THAT(plan->reshards, IsEmpty());
   EXPECT_EQ(ReductionBytesPerDevice(plan->reductions[0], {784, 512}, PartitionSpec(), mesh, 4),
             7 * (784 * 512 * 4 / 8));
 }
@@ -176,28 +167,28 @@ TEST(PlanPartialSumTest, FsdpGradientIsAPsumScatterIntoTheParamsLayout) {
 TEST(PlanPartialSumTest, TensorParallelAndTwoD) {
   const Mesh mesh = *Mesh::Parse("data=2,model=4");
   // z ('data', None) partial over 'model' -> psum over 'model'.
-  auto tp = PlanPartialSum({8, 1024}, Q({"data", ""}), {"model"}, Q({"data", ""}), mesh);
-  EXPECT_THAT(tp->reductions, ::testing::ElementsAre(Reduction{Reduction::kPsum, {"model"}, -1}));
+  auto tp = PlanPartialSum({8, 1024}, P({"data", ""}), {"model"}, P({"data", ""}), mesh);
+  EXPECT_THAT(tp->reductions, ElementsAre(Reduction{Reduction::kPsum, {"model"}, -1}));
   // A constraint ('data', 'model') on it instead: psum_scatter along dim 1.
-  auto sp = PlanPartialSum({8, 1024}, Q({"data", ""}), {"model"}, Q({"data", "model"}), mesh);
-  EXPECT_THAT(sp->reductions, ::testing::ElementsAre(Reduction{Reduction::kPsumScatter, {"model"}, 1}));
+  auto sp = PlanPartialSum({8, 1024}, P({"data", ""}), {"model"}, P({"data", "model"}), mesh);
+  EXPECT_THAT(sp->reductions, ElementsAre(Reduction{Reduction::kPsumScatter, {"model"}, 1}));
   // 2-D weight gradient, partial over both axes, parameter sharded (None, 'model'):
   // reduce-scatter over 'model' along dim 1, then all-reduce over 'data'.
-  auto w = PlanPartialSum({1024, 1024}, PartitionSpec(), {"data", "model"}, Q({"", "model"}), mesh);
-  EXPECT_THAT(w->reductions, ::testing::ElementsAre(Reduction{Reduction::kPsumScatter, {"model"}, 1},
+  auto w = PlanPartialSum({1024, 1024}, PartitionSpec(), {"data", "model"}, P({"", "model"}), mesh);
+  EXPECT_THAT(w->reductions, ElementsAre(Reduction{Reduction::kPsumScatter, {"model"}, 1},
                                                      Reduction{Reduction::kPsum, {"data"}, -1}));
   // Nothing partial, layout differs: reshards only.
-  auto moved = PlanPartialSum({8, 1024}, Q({"data", ""}), {}, PartitionSpec(), mesh);
-  EXPECT_THAT(moved->reductions, ::testing::IsEmpty());
-  EXPECT_THAT(moved->reshards, ::testing::ElementsAre(Reshard{Reshard::kAllGather, 0, 0, {"data"}}));
+  auto moved = PlanPartialSum({8, 1024}, P({"data", ""}), {}, PartitionSpec(), mesh);
+  EXPECT_THAT(moved->reductions, IsEmpty());
+  EXPECT_THAT(moved->reshards, ElementsAre(Reshard{Reshard::kAllGather, 0, 0, {"data"}}));
 }
 
 TEST(PlanPartialSumTest, RejectsInconsistentPartialAxes) {
   const Mesh mesh = *Mesh::Parse("data=2,model=4");
-  EXPECT_THAT(PlanPartialSum({8, 16}, Q({"data", ""}), {"data"}, PartitionSpec(), mesh).status().message(),
-              ::testing::HasSubstr("also shards"));
+  EXPECT_THAT(PlanPartialSum({8, 16}, P({"data", ""}), {"data"}, PartitionSpec(), mesh).status().message(),
+              HasSubstr("also shards"));
   EXPECT_THAT(PlanPartialSum({8, 16}, PartitionSpec(), {"pipe"}, PartitionSpec(), mesh).status().message(),
-              ::testing::HasSubstr("'pipe'"));
+              HasSubstr("'pipe'"));
 }
 
 }  // namespace
