@@ -16,31 +16,19 @@ namespace {
 using ::meshrun::testing::RunCommand;
 using ::testing::HasSubstr;
 
-class ArraysE2ETest : public ::testing::Test {
+class ArraysE2ETest : public testing::ClusterSuite<ArraysE2ETest> {
+ public:
+  static constexpr const char* kMesh = "i=4,j=2";
+  static constexpr const char* kTag = "arrays";
+
  protected:
-  static void SetUpTestSuite() {
-    cluster_ = testing::StartCluster("i=4,j=2", "arrays").release();
-    ASSERT_NE(cluster_, nullptr);
-    auto client = Client::Connect(cluster_->coordinator_address());
-    ASSERT_TRUE(client.ok());
-    client_ = client->release();
-  }
-  static void TearDownTestSuite() {
-    delete client_;
-    if (cluster_ != nullptr) cluster_->Stop().IgnoreError();
-    delete cluster_;
-  }
   static Tensor Normal(Dims dims, uint32_t seed) { return testing::NormalTensor(std::move(dims), seed); }
   static void ExpectEqual(const Tensor& a, const Tensor& b) {
     ASSERT_EQ(a.dims(), b.dims());
     ASSERT_EQ(a.dtype(), b.dtype());
     ASSERT_EQ(std::memcmp(a.raw(), b.raw(), a.size_bytes()), 0);
   }
-  static LocalCluster* cluster_;
-  static Client* client_;
 };
-LocalCluster* ArraysE2ETest::cluster_ = nullptr;
-Client* ArraysE2ETest::client_ = nullptr;
 
 TEST_F(ArraysE2ETest, PutAndGetRoundTripTheSeedsArrays) {
   // The seed's x (192x64) P('i', None), w (64x128) P(None, 'j'), b (128) P('j').

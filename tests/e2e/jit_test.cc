@@ -109,44 +109,11 @@ TEST(JitPartitionTest, ReportsBadAnnotations) {
   EXPECT_THAT(std::string(jit2.Build().status().message()), ::testing::HasSubstr("differ"));
 }
 
-class JitE2ETest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    cluster_ = testing::StartCluster("data=2,model=4", "jit").release();
-    ASSERT_NE(cluster_, nullptr);
-    auto client = Client::Connect(cluster_->coordinator_address());
-    ASSERT_TRUE(client.ok());
-    client_ = client->release();
-  }
-  static void TearDownTestSuite() {
-    delete client_;
-    if (cluster_ != nullptr) cluster_->Stop().IgnoreError();
-    delete cluster_;
-  }
-  static Tensor Run(const JitBuilder& jit, const std::vector<const Tensor*>& inputs) {
-    auto program = jit.Build();
-    EXPECT_TRUE(program.ok()) << program.status();
-    if (!program.ok()) return Tensor();
-    std::vector<std::string> ids;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      auto info = client_->Put(*inputs[i], PartitionSpec::FromProto(program->in_specs(i)));
-      EXPECT_TRUE(info.ok()) << info.status();
-      if (info.ok()) ids.push_back(info->id());
-    }
-    auto outs = client_->ShardMap(*program, ids);
-    EXPECT_TRUE(outs.ok()) << outs.status();
-    if (!outs.ok()) return Tensor();
-    auto result = client_->Get((*outs)[0].id());
-    EXPECT_TRUE(result.ok()) << result.status();
-    for (const auto& id : ids) client_->Delete(id).IgnoreError();
-    client_->Delete((*outs)[0].id()).IgnoreError();
-    return result.ok() ? *std::move(result) : Tensor();
-  }
-  static LocalCluster* cluster_;
-  static Client* client_;
+class JitE2ETest : public testing::ClusterSuite<JitE2ETest> {
+ public:
+  static constexpr const char* kMesh = "data=2,model=4";
+  static constexpr const char* kTag = "jit";
 };
-LocalCluster* JitE2ETest::cluster_ = nullptr;
-Client* JitE2ETest::client_ = nullptr;
 
 TEST_F(JitE2ETest, EveryLayoutComputesTheUnshardedResult) {
   const Mesh mesh = *Mesh::Parse("data=2,model=4");
@@ -155,7 +122,7 @@ TEST_F(JitE2ETest, EveryLayoutComputesTheUnshardedResult) {
   const Tensor w2 = testing::NormalTensor({kHidden, kDepth}, 2);
   const Tensor want = HostDotReluDot(x, w1, w2);
   for (const Layout& l : Layouts()) {
-    Tensor got = Run(DotReluDot(mesh, l), {&x, &w1, &w2});
+    Tensor got = Run(DotReluDot(mesh, l).Build(), {&x, &w1, &w2});
     ASSERT_EQ(got.dims(), want.dims()) << l.name;
     for (int64_t i = 0; i < want.num_elements(); ++i) {
       ASSERT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-3f * (1 + std::abs(want.data<float>()[i])))
@@ -177,7 +144,7 @@ TEST_F(JitE2ETest, SeedLossSumAndMeanOverShardedDims) {
     ASSERT_EQ(jit.collectives().size(), 1u);
     EXPECT_EQ(jit.collectives()[0].op, fn == "sum" ? "psum" : "pmean");
     EXPECT_EQ(jit.collectives()[0].axes, (std::vector<std::string>{"data", "model"}));
-    Tensor got = Run(jit, {&x});
+    Tensor got = Run(jit.Build(), {&x});
     ASSERT_EQ(got.num_elements(), 1);
     const double want = fn == "sum" ? sum : sum / x.num_elements();
     EXPECT_NEAR(got.data<float>()[0], want, 1e-3 * (1 + std::abs(want))) << fn;
@@ -193,7 +160,7 @@ TEST_F(JitE2ETest, ShardingConstraintReshardsAnIntermediate) {
   EXPECT_EQ(jit.sharding(v), P({"", "model"}));
   jit.Output(jit.Unary("tanh", v), P({"", "model"}));
   EXPECT_EQ(Describe(jit.collectives()), (std::vector<std::string>{"all_gather(data)@0"}));
-  Tensor got = Run(jit, {&x});
+  Tensor got = Run(jit.Build(), {&x});
   ASSERT_EQ(got.dims(), x.dims());
   for (int64_t i = 0; i < x.num_elements(); ++i) ASSERT_NEAR(got.data<float>()[i], std::tanh(x.data<float>()[i]), 1e-5);
 }

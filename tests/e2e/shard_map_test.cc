@@ -19,22 +19,12 @@ using ::testing::HasSubstr;
 
 PartitionSpec P(std::vector<std::string> names) { return PartitionSpec::Of(std::move(names)); }
 
-class ShardMapE2ETest : public ::testing::Test {
+class ShardMapE2ETest : public testing::ClusterSuite<ShardMapE2ETest> {
+ public:
+  static constexpr const char* kMesh = "i=4,j=2";
+  static constexpr const char* kTag = "shardmap";
+
  protected:
-  static void SetUpTestSuite() {
-    cluster_ = testing::StartCluster("i=4,j=2", "shardmap").release();
-    ASSERT_NE(cluster_, nullptr);
-    auto client = Client::Connect(cluster_->coordinator_address());
-    ASSERT_TRUE(client.ok());
-    client_ = client->release();
-    mesh_ = new Mesh(*Mesh::Parse("i=4,j=2"));
-  }
-  static void TearDownTestSuite() {
-    delete client_;
-    if (cluster_ != nullptr) cluster_->Stop().IgnoreError();
-    delete cluster_;
-    delete mesh_;
-  }
   static Tensor Normal(Dims dims, uint32_t seed) { return testing::NormalTensor(std::move(dims), seed); }
   static Tensor HostMatmul(const Tensor& x, const Tensor& w, const Tensor* b) {
     const int64_t m = x.dims()[0], k = x.dims()[1], n = w.dims()[1];
@@ -52,29 +42,7 @@ class ShardMapE2ETest : public ::testing::Test {
     ASSERT_EQ(a.dims(), b.dims());
     for (int64_t i = 0; i < a.num_elements(); ++i) ASSERT_NEAR(a.data<float>()[i], b.data<float>()[i], tol) << i;
   }
-  // Runs `program` over `inputs` (put with the program's in_specs) and fetches result 0.
-  static Tensor Run(const absl::StatusOr<v1::ShardMapProgram>& program, const std::vector<const Tensor*>& inputs) {
-    EXPECT_TRUE(program.ok()) << program.status();
-    std::vector<std::string> ids;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      auto info = client_->Put(*inputs[i], PartitionSpec::FromProto(program->in_specs(i)));
-      EXPECT_TRUE(info.ok()) << info.status();
-      ids.push_back(info->id());
-    }
-    auto outs = client_->ShardMap(*program, ids);
-    EXPECT_TRUE(outs.ok()) << outs.status();
-    if (!outs.ok()) return Tensor();
-    auto result = client_->Get((*outs)[0].id());
-    EXPECT_TRUE(result.ok()) << result.status();
-    return result.ok() ? *std::move(result) : Tensor();
-  }
-  static LocalCluster* cluster_;
-  static Client* client_;
-  static Mesh* mesh_;
 };
-LocalCluster* ShardMapE2ETest::cluster_ = nullptr;
-Client* ShardMapE2ETest::client_ = nullptr;
-Mesh* ShardMapE2ETest::mesh_ = nullptr;
 
 TEST_F(ShardMapE2ETest, ShardedMatmulPlusBiasEqualsUnsharded) {
   const Tensor x = Normal({192, 64}, 0), w = Normal({64, 128}, 1), b = Normal({128}, 2);

@@ -26,4 +26,23 @@ Tensor NormalTensor(Dims dims, uint32_t seed) {
   return t;
 }
 
+Tensor RunShardMap(Client& client, const absl::StatusOr<v1::ShardMapProgram>& program,
+                   const std::vector<const Tensor*>& inputs) {
+  EXPECT_TRUE(program.ok()) << program.status();
+  if (!program.ok()) return Tensor();
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    auto info = client.Put(*inputs[i], PartitionSpec::FromProto(program->in_specs(i)));
+    EXPECT_TRUE(info.ok()) << info.status();
+    if (!info.ok()) return Tensor();
+    ids.push_back(info->id());
+  }
+  auto outs = client.ShardMap(*program, ids);
+  EXPECT_TRUE(outs.ok()) << outs.status();
+  if (!outs.ok()) return Tensor();
+  auto result = client.Get((*outs)[0].id());
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result.ok() ? *std::move(result) : Tensor();
+}
+
 }  // namespace meshrun::testing

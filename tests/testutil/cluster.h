@@ -4,9 +4,15 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
+#include "core/sharding/mesh.h"
 #include "core/tensor.h"
+#include "gtest/gtest.h"
+#include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
+#include "meshrun/v1/program.pb.h"
 
 namespace meshrun::testing {
 
@@ -16,6 +22,47 @@ std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::s
 
 // f32 standard normal samples from std::mt19937(seed).
 Tensor NormalTensor(Dims dims, uint32_t seed);
+
+// Puts `inputs` laid out as `program`'s in_specs (device_put), runs it and fetches result 0
+// (device_get). On any error: the failure is recorded and the Tensor is empty.
+Tensor RunShardMap(Client& client, const absl::StatusOr<v1::ShardMapProgram>& program,
+                   const std::vector<const Tensor*>& inputs);
+
+// Base of a suite whose tests share one cluster for Derived::kMesh (logs tagged Derived::kTag),
+// a client connected to it and the parsed mesh, started once per suite:
+//   class ShardMapE2ETest : public testing::ClusterSuite<ShardMapE2ETest> {
+//    public:
+//     static constexpr const char* kMesh = "i=4,j=2";
+//     static constexpr const char* kTag = "shardmap";
+//   };
+template <typename Derived>
+class ClusterSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    mesh_ = new Mesh(*Mesh::Parse(Derived::kMesh));
+    cluster_ = StartCluster(Derived::kMesh, Derived::kTag).release();
+    ASSERT_NE(cluster_, nullptr);
+    auto client = Client::Connect(cluster_->coordinator_address());
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = client->release();
+  }
+  static void TearDownTestSuite() {
+    delete client_;
+    client_ = nullptr;
+    if (cluster_ != nullptr) cluster_->Stop().IgnoreError();
+    delete cluster_;
+    cluster_ = nullptr;
+    delete mesh_;
+    mesh_ = nullptr;
+  }
+  static Tensor Run(const absl::StatusOr<v1::ShardMapProgram>& program, const std::vector<const Tensor*>& inputs) {
+    return RunShardMap(*client_, program, inputs);
+  }
+
+  static inline LocalCluster* cluster_ = nullptr;
+  static inline Client* client_ = nullptr;
+  static inline Mesh* mesh_ = nullptr;
+};
 
 }  // namespace meshrun::testing
 
