@@ -28,8 +28,7 @@ JitBuilder::Value JitBuilder::Add(State s) {
 JitBuilder::State JitBuilder::ApplyReshards(State s, const std::vector<spmd::Reshard>& reshards,
                                             const std::string& reason) {
   for (const spmd::Reshard& r : reshards) {
-    std::vector<PartitionSpec::Entry> entries;
-    for (size_t d = 0; d < s.global.size(); ++d) entries.push_back(s.spec.entry(static_cast<int>(d)));
+    std::vector<PartitionSpec::Entry> entries = s.spec.Padded(s.global.size());
     if (r.kind == spmd::Reshard::kSlice) {
       int64_t n = 1;
       for (const auto& a : r.axes) n *= mesh_.axis_size(*mesh_.AxisIndex(a));
@@ -50,12 +49,10 @@ JitBuilder::State JitBuilder::ApplyReshards(State s, const std::vector<spmd::Res
 JitBuilder::State JitBuilder::Resolve(const State& in, const PartitionSpec& target, const std::string& reason) {
   State s = in;
   if (!s.partial.empty() && s.partial_fn != "sum") {
-    // mean / max of per-device results: pmean / pmax, then reshard.
-    int64_t bytes = DTypeBytes(s.dtype);
-    for (int64_t d : sm_.shape(s.local)) bytes *= d;
-    int64_t n = 1;
-    for (const auto& a : s.partial) n *= mesh_.axis_size(*mesh_.AxisIndex(a));
-    collectives_.push_back({s.partial_fn == "mean" ? "pmean" : "pmax", s.partial, -1, 2 * (n - 1) * (bytes / n), reason});
+    // mean / max of per-device results: pmean / pmax (an all-reduce, as psum), then reshard.
+    const int64_t bytes = spmd::ReductionBytesPerDevice({spmd::Reduction::kPsum, s.partial}, s.global, s.spec, mesh_,
+                                                        DTypeBytes(s.dtype));
+    collectives_.push_back({s.partial_fn == "mean" ? "pmean" : "pmax", s.partial, -1, bytes, reason});
     s.local = s.partial_fn == "mean" ? sm_.Pmean(s.local, s.partial) : sm_.Pmax(s.local, s.partial);
     s.partial.clear();
   }
@@ -63,8 +60,7 @@ JitBuilder::State JitBuilder::Resolve(const State& in, const PartitionSpec& targ
   if (!Check(plan.ok(), absl::StrCat(reason, ": ", plan.status().message()))) return s;
   for (const spmd::Reduction& r : plan->reductions) {
     const int64_t bytes = spmd::ReductionBytesPerDevice(r, s.global, s.spec, mesh_, DTypeBytes(s.dtype));
-    std::vector<PartitionSpec::Entry> entries;
-    for (size_t d = 0; d < s.global.size(); ++d) entries.push_back(s.spec.entry(static_cast<int>(d)));
+    std::vector<PartitionSpec::Entry> entries = s.spec.Padded(s.global.size());
     if (r.kind == spmd::Reduction::kPsum) {
       collectives_.push_back({"psum", r.axes, -1, bytes, reason});
       s.local = sm_.Psum(s.local, r.axes);

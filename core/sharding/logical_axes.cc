@@ -123,8 +123,7 @@ absl::StatusOr<FsdpLayout> FsdpShard(const std::vector<int64_t>& shape, const Pa
   std::reverse(order.begin(), order.end());
   for (int d : order) {
     if (shape[d] % axis_size == 0 && spec.entry(d).empty()) {
-      std::vector<PartitionSpec::Entry> entries(shape.size());
-      for (size_t i = 0; i < shape.size(); ++i) entries[i] = spec.entry(static_cast<int>(i));
+      std::vector<PartitionSpec::Entry> entries = spec.Padded(shape.size());
       entries[d] = {std::string(axis)};
       out.spec = PartitionSpec(std::move(entries));
       out.dim = d;

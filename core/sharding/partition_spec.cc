@@ -15,6 +15,12 @@ PartitionSpec::Entry PartitionSpec::entry(int dim) const {
   return dim < static_cast<int>(entries_.size()) ? entries_[dim] : Entry{};
 }
 
+std::vector<PartitionSpec::Entry> PartitionSpec::Padded(size_t rank) const {
+  std::vector<Entry> out(rank);
+  for (size_t d = 0; d < rank; ++d) out[d] = entry(static_cast<int>(d));
+  return out;
+}
+
 PartitionSpec PartitionSpec::FromProto(const v1::PartitionSpec& proto) {
   std::vector<Entry> entries;
   for (const auto& e : proto.entries()) entries.emplace_back(e.axis_names().begin(), e.axis_names().end());

@@ -24,6 +24,8 @@ class PartitionSpec {
   const std::vector<Entry>& entries() const { return entries_; }
   // The entry for `dim`, or None for omitted trailing dims.
   Entry entry(int dim) const;
+  // One entry per dim of a rank-`rank` array: entry(0) .. entry(rank - 1).
+  std::vector<Entry> Padded(size_t rank) const;
 
   static PartitionSpec FromProto(const v1::PartitionSpec& proto);
   v1::PartitionSpec ToProto() const;

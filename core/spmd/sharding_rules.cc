@@ -12,12 +12,6 @@ namespace {
 
 using Entries = std::vector<PartitionSpec::Entry>;
 
-Entries Expand(const PartitionSpec& spec, size_t rank) {
-  Entries e(rank);
-  for (size_t d = 0; d < rank; ++d) e[d] = spec.entry(static_cast<int>(d));
-  return e;
-}
-
 bool UsesAny(const Entries& entries, const PartitionSpec::Entry& axes) {
   for (const auto& e : entries) {
     for (const auto& a : axes) {
@@ -29,7 +23,7 @@ bool UsesAny(const Entries& entries, const PartitionSpec::Entry& axes) {
 
 absl::Status CheckFits(const char* what, const std::vector<int64_t>& shape, const PartitionSpec& spec,
                        const Mesh& mesh) {
-  absl::Status s = NamedSharding(mesh, spec).Validate(Dims(shape.begin(), shape.end()));
+  absl::Status s = NamedSharding(mesh, spec).Validate(shape);
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", s.message()));
   return absl::OkStatus();
 }
@@ -80,6 +74,20 @@ class Layouts {
   std::vector<Reshard> reshards_;
 };
 
+// Bytes of the block each device holds. REQUIRES: `spec` fits `shape`.
+int64_t LocalBytes(const std::vector<int64_t>& shape, const PartitionSpec& spec, const Mesh& mesh, int dtype_bytes) {
+  int64_t bytes = dtype_bytes;
+  for (int64_t d : NamedSharding(mesh, spec).ShardDims(shape)) bytes *= d;
+  return bytes;
+}
+
+// Devices in one group over `axes`. REQUIRES: every axis is in `mesh`.
+int64_t GroupSize(const std::vector<std::string>& axes, const Mesh& mesh) {
+  int64_t n = 1;
+  for (const auto& a : axes) n *= mesh.axis_size(*mesh.AxisIndex(a));
+  return n;
+}
+
 absl::Status CheckDims(const char* what, const std::vector<int>& dims, size_t rank, std::vector<bool>* used) {
   for (int d : dims) {
     if (d < 0 || static_cast<size_t>(d) >= rank || (*used)[d]) {
@@ -128,7 +136,7 @@ absl::StatusOr<OpPlan> PlanDotGeneral(const std::vector<int64_t>& lhs_shape, con
   if (absl::Status s = check_pairs("contracting", dn.lhs_contracting, dn.rhs_contracting); !s.ok()) return s;
   if (absl::Status s = check_pairs("batch", dn.lhs_batch, dn.rhs_batch); !s.ok()) return s;
 
-  Layouts layouts({Expand(lhs, lhs_shape.size()), Expand(rhs, rhs_shape.size())});
+  Layouts layouts({lhs.Padded(lhs_shape.size()), rhs.Padded(rhs_shape.size())});
   std::vector<std::string> partial;
   for (size_t i = 0; i < dn.lhs_contracting.size(); ++i) {
     for (const auto& a : layouts.Align(dn.lhs_contracting[i], dn.rhs_contracting[i])) partial.push_back(a);
@@ -150,7 +158,7 @@ absl::StatusOr<OpPlan> PlanElementwise(const std::vector<int64_t>& shape, const 
                                        const PartitionSpec& rhs, const Mesh& mesh) {
   if (absl::Status s = CheckFits("element-wise lhs", shape, lhs, mesh); !s.ok()) return s;
   if (absl::Status s = CheckFits("element-wise rhs", shape, rhs, mesh); !s.ok()) return s;
-  Layouts layouts({Expand(lhs, shape.size()), Expand(rhs, shape.size())});
+  Layouts layouts({lhs.Padded(shape.size()), rhs.Padded(shape.size())});
   // Gather every rhs dim laid out differently first, so no slice meets an axis still in use.
   for (size_t d = 0; d < shape.size(); ++d) {
     if (layouts[0][d] != layouts[1][d] && !layouts[1][d].empty()) layouts.Gather(1, static_cast<int>(d));
@@ -167,7 +175,7 @@ absl::StatusOr<OpPlan> PlanReduce(const std::vector<int64_t>& shape, const Parti
   if (absl::Status s = CheckFits("reduce operand", shape, operand, mesh); !s.ok()) return s;
   std::vector<bool> reduced(shape.size());
   if (absl::Status s = CheckDims("reduce", dims, shape.size(), &reduced); !s.ok()) return s;
-  Layouts layouts({Expand(operand, shape.size())});
+  Layouts layouts({operand.Padded(shape.size())});
   Entries result;
   std::vector<std::string> partial;
   for (size_t d = 0; d < shape.size(); ++d) {
@@ -190,8 +198,8 @@ absl::StatusOr<PartialSumPlan> PlanPartialSum(const std::vector<int64_t>& shape,
                                               const PartitionSpec& target, const Mesh& mesh) {
   if (absl::Status s = CheckFits("partial-sum result", shape, spec, mesh); !s.ok()) return s;
   if (absl::Status s = CheckFits("target", shape, target, mesh); !s.ok()) return s;
-  Entries cur = Expand(spec, shape.size());
-  const Entries want = Expand(target, shape.size());
+  Entries cur = spec.Padded(shape.size());
+  const Entries want = target.Padded(shape.size());
   std::vector<std::string> left = partial_axes;
   for (const std::string& a : left) {
     if (!mesh.AxisIndex(a).ok()) {
@@ -225,24 +233,15 @@ absl::StatusOr<PartialSumPlan> PlanPartialSum(const std::vector<int64_t>& shape,
 
 int64_t ReductionBytesPerDevice(const Reduction& r, const std::vector<int64_t>& shape, const PartitionSpec& spec,
                                 const Mesh& mesh, int dtype_bytes) {
-  const Dims local = NamedSharding(mesh, spec).ShardDims(shape);
-  int64_t bytes = dtype_bytes;
-  for (int64_t d : local) bytes *= d;
-  int64_t n = 1;
-  for (const auto& a : r.axes) n *= mesh.axis_size(*mesh.AxisIndex(a));
-  const int64_t per_step = bytes / n;  // the ring moves one 1/n chunk per step
+  const int64_t n = GroupSize(r.axes, mesh);
+  const int64_t per_step = LocalBytes(shape, spec, mesh, dtype_bytes) / n;  // the ring moves one 1/n chunk per step
   return (r.kind == Reduction::kPsum ? 2 : 1) * (n - 1) * per_step;
 }
 
 int64_t ReshardBytesPerDevice(const Reshard& r, const std::vector<int64_t>& shape, const PartitionSpec& spec,
                               const Mesh& mesh, int dtype_bytes) {
   if (r.kind == Reshard::kSlice) return 0;
-  const Dims local = NamedSharding(mesh, spec).ShardDims(Dims(shape.begin(), shape.end()));
-  int64_t block = dtype_bytes;
-  for (int64_t d : local) block *= d;
-  int64_t n = 1;
-  for (const auto& a : r.axes) n *= mesh.axis_size(*mesh.AxisIndex(a));
-  return (n - 1) * block;
+  return (GroupSize(r.axes, mesh) - 1) * LocalBytes(shape, spec, mesh, dtype_bytes);
 }
 
 }  // namespace spmd
