@@ -11,8 +11,6 @@ namespace {
 
 std::vector<int> ToInt(const std::vector<int64_t>& v) { return std::vector<int>(v.begin(), v.end()); }
 
-int DTypeBytes(DType dtype) { return dtype == v1::DTYPE_BF16 ? 2 : 4; }
-
 }  // namespace
 
 bool JitBuilder::Check(bool ok, const std::string& message) {
@@ -30,14 +28,12 @@ JitBuilder::State JitBuilder::ApplyReshards(State s, const std::vector<spmd::Res
   for (const spmd::Reshard& r : reshards) {
     std::vector<PartitionSpec::Entry> entries = s.spec.Padded(s.global.size());
     if (r.kind == spmd::Reshard::kSlice) {
-      int64_t n = 1;
-      for (const auto& a : r.axes) n *= mesh_.axis_size(*mesh_.AxisIndex(a));
-      const int64_t size = sm_.shape(s.local)[r.dim] / n;
-      s.local = sm_.DynamicSliceInDim(s.local, sm_.AxisIndex(r.axes), size, r.dim);
       entries[r.dim] = r.axes;
+      const int64_t size = NamedSharding(mesh_, PartitionSpec(entries)).ShardDims(s.global)[r.dim];
+      s.local = sm_.DynamicSliceInDim(s.local, sm_.AxisIndex(r.axes), size, r.dim);
     } else {
       collectives_.push_back({"all_gather", r.axes, r.dim,
-                              spmd::ReshardBytesPerDevice(r, s.global, s.spec, mesh_, DTypeBytes(s.dtype)), reason});
+                              spmd::ReshardBytesPerDevice(r, s.global, s.spec, mesh_, static_cast<int>(DTypeSize(s.dtype))), reason});
       s.local = sm_.AllGather(s.local, r.axes, r.dim, /*tiled=*/true);
       entries[r.dim].clear();
     }
@@ -51,7 +47,7 @@ JitBuilder::State JitBuilder::Resolve(const State& in, const PartitionSpec& targ
   if (!s.partial.empty() && s.partial_fn != "sum") {
     // mean / max of per-device results: pmean / pmax (an all-reduce, as psum), then reshard.
     const int64_t bytes = spmd::ReductionBytesPerDevice({spmd::Reduction::kPsum, s.partial}, s.global, s.spec, mesh_,
-                                                        DTypeBytes(s.dtype));
+                                                        static_cast<int>(DTypeSize(s.dtype)));
     collectives_.push_back({s.partial_fn == "mean" ? "pmean" : "pmax", s.partial, -1, bytes, reason});
     s.local = s.partial_fn == "mean" ? sm_.Pmean(s.local, s.partial) : sm_.Pmax(s.local, s.partial);
     s.partial.clear();
@@ -59,7 +55,7 @@ JitBuilder::State JitBuilder::Resolve(const State& in, const PartitionSpec& targ
   absl::StatusOr<spmd::PartialSumPlan> plan = spmd::PlanPartialSum(s.global, s.spec, s.partial, target, mesh_);
   if (!Check(plan.ok(), absl::StrCat(reason, ": ", plan.status().message()))) return s;
   for (const spmd::Reduction& r : plan->reductions) {
-    const int64_t bytes = spmd::ReductionBytesPerDevice(r, s.global, s.spec, mesh_, DTypeBytes(s.dtype));
+    const int64_t bytes = spmd::ReductionBytesPerDevice(r, s.global, s.spec, mesh_, static_cast<int>(DTypeSize(s.dtype)));
     std::vector<PartitionSpec::Entry> entries = s.spec.Padded(s.global.size());
     if (r.kind == spmd::Reduction::kPsum) {
       collectives_.push_back({"psum", r.axes, -1, bytes, reason});
