@@ -15,9 +15,11 @@ namespace {
 std::string EntryToString(const PartitionSpec::Entry& e) {
   if (e.empty()) return "None";
   if (e.size() == 1) return absl::StrCat("'", e[0], "'");
-  return absl::StrCat("(", absl::StrJoin(e, ", ", [](std::string* out, const std::string& a) {
-                        absl::StrAppend(out, "'", a, "'");
-                      }),
+  return absl::StrCat("(",
+                      absl::StrJoin(e, ", ",
+                                    [](std::string* out, const std::string& a) {
+                                      absl::StrAppend(out, "'", a, "'");
+                                    }),
                       ")");
 }
 
@@ -30,8 +32,9 @@ absl::StatusOr<LogicalAxisRules> ParseLogicalAxisRules(absl::string_view text) {
     item = absl::StripAsciiWhitespace(item);
     std::vector<absl::string_view> kv = absl::StrSplit(item, absl::MaxSplits('=', 1));
     if (kv.size() != 2 || absl::StripAsciiWhitespace(kv[0]).empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "logical axis rule '", item, "' is not LOGICAL=MESH_AXIS, LOGICAL=AXIS1+AXIS2 or LOGICAL= (None)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("logical axis rule '", item,
+                       "' is not LOGICAL=MESH_AXIS, LOGICAL=AXIS1+AXIS2 or LOGICAL= (None)"));
     }
     LogicalAxisRule rule{std::string(absl::StripAsciiWhitespace(kv[0])), {}};
     absl::string_view mesh = absl::StripAsciiWhitespace(kv[1]);
@@ -39,7 +42,8 @@ absl::StatusOr<LogicalAxisRules> ParseLogicalAxisRules(absl::string_view text) {
       for (absl::string_view a : absl::StrSplit(mesh, '+')) {
         a = absl::StripAsciiWhitespace(a);
         if (a.empty()) {
-          return absl::InvalidArgumentError(absl::StrCat("logical axis rule '", item, "' has an empty mesh axis"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("logical axis rule '", item, "' has an empty mesh axis"));
         }
         rule.mesh_axes.emplace_back(a);
       }
@@ -50,9 +54,12 @@ absl::StatusOr<LogicalAxisRules> ParseLogicalAxisRules(absl::string_view text) {
 }
 
 std::string LogicalAxisRulesToString(const LogicalAxisRules& rules) {
-  return absl::StrCat("(", absl::StrJoin(rules, ", ", [](std::string* out, const LogicalAxisRule& r) {
-                        absl::StrAppend(out, "('", r.logical, "', ", EntryToString(r.mesh_axes), ")");
-                      }),
+  return absl::StrCat("(",
+                      absl::StrJoin(rules, ", ",
+                                    [](std::string* out, const LogicalAxisRule& r) {
+                                      absl::StrAppend(out, "('", r.logical, "', ",
+                                                      EntryToString(r.mesh_axes), ")");
+                                    }),
                       ")");
 }
 
@@ -60,9 +67,9 @@ absl::Status ValidateLogicalAxisRules(const LogicalAxisRules& rules, const Mesh&
   for (const LogicalAxisRule& r : rules) {
     for (const std::string& a : r.mesh_axes) {
       if (!mesh.AxisIndex(a).ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("logical axis rule ('", r.logical, "', ",
-                                                       EntryToString(r.mesh_axes), ") names mesh axis '", a,
-                                                       "', which is not in ", mesh.ToString()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("logical axis rule ('", r.logical, "', ", EntryToString(r.mesh_axes),
+                         ") names mesh axis '", a, "', which is not in ", mesh.ToString()));
       }
     }
   }
@@ -74,7 +81,8 @@ absl::StatusOr<PartitionSpec> LogicalToMesh(const std::vector<std::string>& logi
   std::set<std::string> seen;
   for (const std::string& n : logical_names) {
     if (!n.empty() && !seen.insert(n).second) {
-      return absl::InvalidArgumentError(absl::StrCat("logical axis '", n, "' occurs more than once in (",
+      return absl::InvalidArgumentError(absl::StrCat("logical axis '", n,
+                                                     "' occurs more than once in (",
                                                      absl::StrJoin(logical_names, ", "), ")"));
     }
   }
@@ -97,10 +105,12 @@ absl::StatusOr<PartitionSpec> LogicalToMesh(const std::vector<std::string>& logi
 }
 
 absl::StatusOr<FsdpLayout> FsdpShard(const std::vector<int64_t>& shape, const PartitionSpec& spec,
-                                     const Mesh& mesh, absl::string_view axis, int64_t min_weight_size) {
+                                     const Mesh& mesh, absl::string_view axis,
+                                     int64_t min_weight_size) {
   absl::StatusOr<int> axis_index = mesh.AxisIndex(axis);
   if (!axis_index.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("FSDP axis '", axis, "' is not an axis of ", mesh.ToString()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("FSDP axis '", axis, "' is not an axis of ", mesh.ToString()));
   }
   const int64_t axis_size = mesh.axis_size(*axis_index);
   FsdpLayout out{spec, -1, ""};
@@ -112,7 +122,8 @@ absl::StatusOr<FsdpLayout> FsdpShard(const std::vector<int64_t>& shape, const Pa
   }
   const int64_t size = std::accumulate(shape.begin(), shape.end(), int64_t{1}, std::multiplies<>());
   if (size <= min_weight_size) {
-    out.reason = absl::StrCat("too small to shard: size ", size, " <= min_weight_size ", min_weight_size);
+    out.reason =
+        absl::StrCat("too small to shard: size ", size, " <= min_weight_size ", min_weight_size);
     return out;
   }
   // numpy: argsort(shape)[::-1]; argsort is stable for these sizes, so equal dims come out in
@@ -130,8 +141,8 @@ absl::StatusOr<FsdpLayout> FsdpShard(const std::vector<int64_t>& shape, const Pa
       return out;
     }
   }
-  out.reason = absl::StrCat("no unsharded dim of (", absl::StrJoin(shape, ", "), ") is divisible by the '", axis,
-                            "' axis size ", axis_size);
+  out.reason = absl::StrCat("no unsharded dim of (", absl::StrJoin(shape, ", "),
+                            ") is divisible by the '", axis, "' axis size ", axis_size);
   return out;
 }
 

@@ -27,7 +27,9 @@ namespace meshrun {
 struct LogicalAxisRule {
   std::string logical;
   PartitionSpec::Entry mesh_axes;
-  bool operator==(const LogicalAxisRule& o) const { return logical == o.logical && mesh_axes == o.mesh_axes; }
+  bool operator==(const LogicalAxisRule& o) const {
+    return logical == o.logical && mesh_axes == o.mesh_axes;
+  }
 };
 // In priority order: earlier rules win (Flax's semantics).
 using LogicalAxisRules = std::vector<LogicalAxisRule>;

@@ -21,8 +21,8 @@ bool UsesAny(const Entries& entries, const PartitionSpec::Entry& axes) {
   return false;
 }
 
-absl::Status CheckFits(const char* what, const std::vector<int64_t>& shape, const PartitionSpec& spec,
-                       const Mesh& mesh) {
+absl::Status CheckFits(const char* what, const std::vector<int64_t>& shape,
+                       const PartitionSpec& spec, const Mesh& mesh) {
   absl::Status s = NamedSharding(mesh, spec).Validate(shape);
   if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", s.message()));
   return absl::OkStatus();
@@ -75,7 +75,8 @@ class Layouts {
 };
 
 // Bytes of the block each device holds. REQUIRES: `spec` fits `shape`.
-int64_t LocalBytes(const std::vector<int64_t>& shape, const PartitionSpec& spec, const Mesh& mesh, int dtype_bytes) {
+int64_t LocalBytes(const std::vector<int64_t>& shape, const PartitionSpec& spec, const Mesh& mesh,
+                   int dtype_bytes) {
   int64_t bytes = dtype_bytes;
   for (int64_t d : NamedSharding(mesh, spec).ShardDims(shape)) bytes *= d;
   return bytes;
@@ -88,7 +89,8 @@ int64_t GroupSize(const std::vector<std::string>& axes, const Mesh& mesh) {
   return n;
 }
 
-absl::Status CheckDims(const char* what, const std::vector<int>& dims, size_t rank, std::vector<bool>* used) {
+absl::Status CheckDims(const char* what, const std::vector<int>& dims, size_t rank,
+                       std::vector<bool>* used) {
   for (int d : dims) {
     if (d < 0 || static_cast<size_t>(d) >= rank || (*used)[d]) {
       return absl::InvalidArgumentError(
@@ -102,53 +104,64 @@ absl::Status CheckDims(const char* what, const std::vector<int>& dims, size_t ra
 }  // namespace
 
 std::string ReshardToString(const Reshard& r) {
-  return absl::StrCat(r.kind == Reshard::kSlice ? "slice" : "all_gather", " ", r.operand == 0 ? "lhs" : "rhs",
-                      " dim ", r.dim, " over (", absl::StrJoin(r.axes, ", "), ")");
+  return absl::StrCat(r.kind == Reshard::kSlice ? "slice" : "all_gather", " ",
+                      r.operand == 0 ? "lhs" : "rhs", " dim ", r.dim, " over (",
+                      absl::StrJoin(r.axes, ", "), ")");
 }
 
-absl::StatusOr<OpPlan> PlanDotGeneral(const std::vector<int64_t>& lhs_shape, const PartitionSpec& lhs,
-                                      const std::vector<int64_t>& rhs_shape, const PartitionSpec& rhs,
-                                      const DotDimensionNumbers& dn, const Mesh& mesh) {
+absl::StatusOr<OpPlan> PlanDotGeneral(const std::vector<int64_t>& lhs_shape,
+                                      const PartitionSpec& lhs,
+                                      const std::vector<int64_t>& rhs_shape,
+                                      const PartitionSpec& rhs, const DotDimensionNumbers& dn,
+                                      const Mesh& mesh) {
   if (absl::Status s = CheckFits("dot_general lhs", lhs_shape, lhs, mesh); !s.ok()) return s;
   if (absl::Status s = CheckFits("dot_general rhs", rhs_shape, rhs, mesh); !s.ok()) return s;
-  if (dn.lhs_contracting.size() != dn.rhs_contracting.size() || dn.lhs_batch.size() != dn.rhs_batch.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("dot_general: ", dn.lhs_contracting.size(), " lhs vs ",
-                                                   dn.rhs_contracting.size(), " rhs contracting dims, ",
-                                                   dn.lhs_batch.size(), " vs ", dn.rhs_batch.size(), " batch dims"));
+  if (dn.lhs_contracting.size() != dn.rhs_contracting.size() ||
+      dn.lhs_batch.size() != dn.rhs_batch.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("dot_general: ", dn.lhs_contracting.size(),
+                                                   " lhs vs ", dn.rhs_contracting.size(),
+                                                   " rhs contracting dims, ", dn.lhs_batch.size(),
+                                                   " vs ", dn.rhs_batch.size(), " batch dims"));
   }
   std::vector<bool> lhs_used(lhs_shape.size()), rhs_used(rhs_shape.size());
-  for (absl::Status s : {CheckDims("lhs contracting", dn.lhs_contracting, lhs_shape.size(), &lhs_used),
-                         CheckDims("lhs batch", dn.lhs_batch, lhs_shape.size(), &lhs_used),
-                         CheckDims("rhs contracting", dn.rhs_contracting, rhs_shape.size(), &rhs_used),
-                         CheckDims("rhs batch", dn.rhs_batch, rhs_shape.size(), &rhs_used)}) {
+  for (absl::Status s :
+       {CheckDims("lhs contracting", dn.lhs_contracting, lhs_shape.size(), &lhs_used),
+        CheckDims("lhs batch", dn.lhs_batch, lhs_shape.size(), &lhs_used),
+        CheckDims("rhs contracting", dn.rhs_contracting, rhs_shape.size(), &rhs_used),
+        CheckDims("rhs batch", dn.rhs_batch, rhs_shape.size(), &rhs_used)}) {
     if (!s.ok()) return s;
   }
-  auto check_pairs = [&](const char* what, const std::vector<int>& l, const std::vector<int>& r) -> absl::Status {
+  auto check_pairs = [&](const char* what, const std::vector<int>& l,
+                         const std::vector<int>& r) -> absl::Status {
     for (size_t i = 0; i < l.size(); ++i) {
       if (lhs_shape[l[i]] != rhs_shape[r[i]]) {
-        return absl::InvalidArgumentError(absl::StrCat("dot_general ", what, " dims lhs ", l[i], " (size ",
-                                                       lhs_shape[l[i]], ") and rhs ", r[i], " (size ",
-                                                       rhs_shape[r[i]], ") differ in size"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("dot_general ", what, " dims lhs ", l[i], " (size ", lhs_shape[l[i]],
+                         ") and rhs ", r[i], " (size ", rhs_shape[r[i]], ") differ in size"));
       }
     }
     return absl::OkStatus();
   };
-  if (absl::Status s = check_pairs("contracting", dn.lhs_contracting, dn.rhs_contracting); !s.ok()) return s;
+  if (absl::Status s = check_pairs("contracting", dn.lhs_contracting, dn.rhs_contracting); !s.ok())
+    return s;
   if (absl::Status s = check_pairs("batch", dn.lhs_batch, dn.rhs_batch); !s.ok()) return s;
 
   Layouts layouts({lhs.Padded(lhs_shape.size()), rhs.Padded(rhs_shape.size())});
   std::vector<std::string> partial;
   for (size_t i = 0; i < dn.lhs_contracting.size(); ++i) {
-    for (const auto& a : layouts.Align(dn.lhs_contracting[i], dn.rhs_contracting[i])) partial.push_back(a);
+    for (const auto& a : layouts.Align(dn.lhs_contracting[i], dn.rhs_contracting[i]))
+      partial.push_back(a);
   }
   Entries result;
-  for (size_t i = 0; i < dn.lhs_batch.size(); ++i) result.push_back(layouts.Align(dn.lhs_batch[i], dn.rhs_batch[i]));
+  for (size_t i = 0; i < dn.lhs_batch.size(); ++i)
+    result.push_back(layouts.Align(dn.lhs_batch[i], dn.rhs_batch[i]));
   for (size_t d = 0; d < lhs_shape.size(); ++d) {
     if (!lhs_used[d]) result.push_back(layouts[0][d]);
   }
   for (size_t d = 0; d < rhs_shape.size(); ++d) {
     if (rhs_used[d]) continue;
-    if (!layouts[1][d].empty() && UsesAny(result, layouts[1][d])) layouts.Gather(1, static_cast<int>(d));
+    if (!layouts[1][d].empty() && UsesAny(result, layouts[1][d]))
+      layouts.Gather(1, static_cast<int>(d));
     result.push_back(layouts[1][d]);
   }
   return layouts.Finish(std::move(result), std::move(partial));
@@ -161,7 +174,8 @@ absl::StatusOr<OpPlan> PlanElementwise(const std::vector<int64_t>& shape, const 
   Layouts layouts({lhs.Padded(shape.size()), rhs.Padded(shape.size())});
   // Gather every rhs dim laid out differently first, so no slice meets an axis still in use.
   for (size_t d = 0; d < shape.size(); ++d) {
-    if (layouts[0][d] != layouts[1][d] && !layouts[1][d].empty()) layouts.Gather(1, static_cast<int>(d));
+    if (layouts[0][d] != layouts[1][d] && !layouts[1][d].empty())
+      layouts.Gather(1, static_cast<int>(d));
   }
   for (size_t d = 0; d < shape.size(); ++d) {
     if (layouts[0][d] != layouts[1][d]) layouts.Slice(1, static_cast<int>(d), layouts[0][d]);
@@ -189,11 +203,13 @@ absl::StatusOr<OpPlan> PlanReduce(const std::vector<int64_t>& shape, const Parti
 }
 
 std::string ReductionToString(const Reduction& r) {
-  if (r.kind == Reduction::kPsum) return absl::StrCat("psum over (", absl::StrJoin(r.axes, ", "), ")");
+  if (r.kind == Reduction::kPsum)
+    return absl::StrCat("psum over (", absl::StrJoin(r.axes, ", "), ")");
   return absl::StrCat("psum_scatter over (", absl::StrJoin(r.axes, ", "), ") along dim ", r.dim);
 }
 
-absl::StatusOr<PartialSumPlan> PlanPartialSum(const std::vector<int64_t>& shape, const PartitionSpec& spec,
+absl::StatusOr<PartialSumPlan> PlanPartialSum(const std::vector<int64_t>& shape,
+                                              const PartitionSpec& spec,
                                               const std::vector<std::string>& partial_axes,
                                               const PartitionSpec& target, const Mesh& mesh) {
   if (absl::Status s = CheckFits("partial-sum result", shape, spec, mesh); !s.ok()) return s;
@@ -203,11 +219,12 @@ absl::StatusOr<PartialSumPlan> PlanPartialSum(const std::vector<int64_t>& shape,
   std::vector<std::string> left = partial_axes;
   for (const std::string& a : left) {
     if (!mesh.AxisIndex(a).ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("partial-sum axis '", a, "' is not an axis of ", mesh.ToString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("partial-sum axis '", a, "' is not an axis of ", mesh.ToString()));
     }
     if (UsesAny(cur, {a})) {
-      return absl::InvalidArgumentError(absl::StrCat("partial-sum axis '", a, "' also shards a dim of ",
-                                                     spec.ToString()));
+      return absl::InvalidArgumentError(
+          absl::StrCat("partial-sum axis '", a, "' also shards a dim of ", spec.ToString()));
     }
   }
   PartialSumPlan plan;
@@ -231,15 +248,16 @@ absl::StatusOr<PartialSumPlan> PlanPartialSum(const std::vector<int64_t>& shape,
   return plan;
 }
 
-int64_t ReductionBytesPerDevice(const Reduction& r, const std::vector<int64_t>& shape, const PartitionSpec& spec,
-                                const Mesh& mesh, int dtype_bytes) {
+int64_t ReductionBytesPerDevice(const Reduction& r, const std::vector<int64_t>& shape,
+                                const PartitionSpec& spec, const Mesh& mesh, int dtype_bytes) {
   const int64_t n = GroupSize(r.axes, mesh);
-  const int64_t per_step = LocalBytes(shape, spec, mesh, dtype_bytes) / n;  // the ring moves one 1/n chunk per step
+  const int64_t per_step =
+      LocalBytes(shape, spec, mesh, dtype_bytes) / n;  // the ring moves one 1/n chunk per step
   return (r.kind == Reduction::kPsum ? 2 : 1) * (n - 1) * per_step;
 }
 
-int64_t ReshardBytesPerDevice(const Reshard& r, const std::vector<int64_t>& shape, const PartitionSpec& spec,
-                              const Mesh& mesh, int dtype_bytes) {
+int64_t ReshardBytesPerDevice(const Reshard& r, const std::vector<int64_t>& shape,
+                              const PartitionSpec& spec, const Mesh& mesh, int dtype_bytes) {
   if (r.kind == Reshard::kSlice) return 0;
   return (GroupSize(r.axes, mesh) - 1) * LocalBytes(shape, spec, mesh, dtype_bytes);
 }

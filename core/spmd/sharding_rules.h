@@ -30,9 +30,10 @@ namespace spmd {
 struct Reshard {
   enum Kind { kSlice, kAllGather };
   Kind kind;
-  int operand;                    // 0: lhs (or the only operand), 1: rhs
-  int dim;                        // the operand dim
-  std::vector<std::string> axes;  // mesh axes the dim becomes sharded over (kSlice) or gathered over
+  int operand;  // 0: lhs (or the only operand), 1: rhs
+  int dim;      // the operand dim
+  std::vector<std::string>
+      axes;  // mesh axes the dim becomes sharded over (kSlice) or gathered over
   bool operator==(const Reshard& o) const {
     return kind == o.kind && operand == o.operand && dim == o.dim && axes == o.axes;
   }
@@ -67,9 +68,11 @@ struct OpPlan {
 // (psum, or psum_scatter), and x('data', None) @ W('data', None) (FSDP) all_gathers W over 'data'.
 // Errors: InvalidArgument for dims out of range, unequal contracting/batch sizes, or a spec that
 // does not fit its shape.
-absl::StatusOr<OpPlan> PlanDotGeneral(const std::vector<int64_t>& lhs_shape, const PartitionSpec& lhs,
-                                      const std::vector<int64_t>& rhs_shape, const PartitionSpec& rhs,
-                                      const DotDimensionNumbers& dnums, const Mesh& mesh);
+absl::StatusOr<OpPlan> PlanDotGeneral(const std::vector<int64_t>& lhs_shape,
+                                      const PartitionSpec& lhs,
+                                      const std::vector<int64_t>& rhs_shape,
+                                      const PartitionSpec& rhs, const DotDimensionNumbers& dnums,
+                                      const Mesh& mesh);
 
 // Element-wise ops on operands of equal shape (broadcast first): the result takes the lhs's
 // layout; each rhs dim laid out differently is all_gathered if sharded, then sliced to the lhs's
@@ -96,7 +99,9 @@ struct Reduction {
   Kind kind;
   std::vector<std::string> axes;
   int dim = -1;  // kPsumScatter: the scatter dimension
-  bool operator==(const Reduction& o) const { return kind == o.kind && axes == o.axes && dim == o.dim; }
+  bool operator==(const Reduction& o) const {
+    return kind == o.kind && axes == o.axes && dim == o.dim;
+  }
 };
 std::string ReductionToString(const Reduction& r);
 
@@ -107,21 +112,22 @@ struct PartialSumPlan {
 
 // Errors: InvalidArgument when `spec` or `target` does not fit `shape`, or a partial axis is not
 // a mesh axis or also shards a dim of `spec`.
-absl::StatusOr<PartialSumPlan> PlanPartialSum(const std::vector<int64_t>& shape, const PartitionSpec& spec,
+absl::StatusOr<PartialSumPlan> PlanPartialSum(const std::vector<int64_t>& shape,
+                                              const PartitionSpec& spec,
                                               const std::vector<std::string>& partial_axes,
                                               const PartitionSpec& target, const Mesh& mesh);
 
 // Bytes each device sends (and receives) for `r` with a ring algorithm on an array of `shape`
 // laid out as `spec` before it: psum 2 (n-1)/n, psum_scatter (n-1)/n of the local bytes, for n
 // devices over r.axes (nccl-tests' bus-bandwidth accounting, shared/REFERENCE.md).
-int64_t ReductionBytesPerDevice(const Reduction& r, const std::vector<int64_t>& shape, const PartitionSpec& spec,
-                                const Mesh& mesh, int dtype_bytes);
+int64_t ReductionBytesPerDevice(const Reduction& r, const std::vector<int64_t>& shape,
+                                const PartitionSpec& spec, const Mesh& mesh, int dtype_bytes);
 
 // Bytes each device sends and receives to carry out `r` on an operand of `shape` (global) laid
 // out as `spec` before the reshard, for `dtype_bytes`-byte elements: (n - 1) local blocks for an
 // all_gather over n devices, 0 for a slice.
-int64_t ReshardBytesPerDevice(const Reshard& r, const std::vector<int64_t>& shape, const PartitionSpec& spec,
-                              const Mesh& mesh, int dtype_bytes);
+int64_t ReshardBytesPerDevice(const Reshard& r, const std::vector<int64_t>& shape,
+                              const PartitionSpec& spec, const Mesh& mesh, int dtype_bytes);
 
 }  // namespace spmd
 }  // namespace meshrun

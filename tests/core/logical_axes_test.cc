@@ -12,17 +12,20 @@ using ::testing::HasSubstr;
 
 LogicalAxisRules Rules(absl::string_view text) { return *ParseLogicalAxisRules(text); }
 Mesh MeshOf(absl::string_view text) { return *Mesh::Parse(text); }
-PartitionSpec Spec(std::vector<PartitionSpec::Entry> entries) { return PartitionSpec(std::move(entries)); }
+PartitionSpec Spec(std::vector<PartitionSpec::Entry> entries) {
+  return PartitionSpec(std::move(entries));
+}
 
 TEST(LogicalAxisRulesTest, ParsesNoneAndTuples) {
   auto rules = ParseLogicalAxisRules("batch=data, hidden=model, embed=, heads=data+model");
   ASSERT_TRUE(rules.ok()) << rules.status();
   EXPECT_EQ(*rules, (LogicalAxisRules{{"batch", {"data"}},
-                                       {"hidden", {"model"}},
-                                       {"embed", {}},
-                                       {"heads", {"data", "model"}}}));
-  EXPECT_EQ(LogicalAxisRulesToString(*rules),
-            "(('batch', 'data'), ('hidden', 'model'), ('embed', None), ('heads', ('data', 'model')))");
+                                      {"hidden", {"model"}},
+                                      {"embed", {}},
+                                      {"heads", {"data", "model"}}}));
+  EXPECT_EQ(
+      LogicalAxisRulesToString(*rules),
+      "(('batch', 'data'), ('hidden', 'model'), ('embed', None), ('heads', ('data', 'model')))");
   EXPECT_TRUE(ParseLogicalAxisRules("")->empty());
 }
 
@@ -35,7 +38,8 @@ TEST(LogicalAxisRulesTest, RejectsMalformedRulesNamingThem) {
 }
 
 TEST(LogicalAxisRulesTest, ValidatesMeshAxes) {
-  EXPECT_TRUE(ValidateLogicalAxisRules(Rules("batch=data,hidden=model"), MeshOf("data=2,model=4")).ok());
+  EXPECT_TRUE(
+      ValidateLogicalAxisRules(Rules("batch=data,hidden=model"), MeshOf("data=2,model=4")).ok());
   auto s = ValidateLogicalAxisRules(Rules("batch=data,hidden=tensor"), MeshOf("data=2,model=4"));
   ASSERT_FALSE(s.ok());
   EXPECT_THAT(s.message(), HasSubstr("'tensor'"));
@@ -47,12 +51,15 @@ TEST(LogicalAxisRulesTest, ValidatesMeshAxes) {
 // non-logical version; the input ('batch', 'embed') into P('data', None).
 TEST(LogicalToMeshTest, SeedMlpRules) {
   const LogicalAxisRules rules = Rules("batch=data,hidden=model");
-  EXPECT_EQ(LogicalToMesh({"layer", "embed", "hidden"}, rules)->ToString(), "PartitionSpec(None, None, 'model')");
-  EXPECT_EQ(LogicalToMesh({"layer", "hidden", "embed"}, rules)->ToString(), "PartitionSpec(None, 'model', None)");
+  EXPECT_EQ(LogicalToMesh({"layer", "embed", "hidden"}, rules)->ToString(),
+            "PartitionSpec(None, None, 'model')");
+  EXPECT_EQ(LogicalToMesh({"layer", "hidden", "embed"}, rules)->ToString(),
+            "PartitionSpec(None, 'model', None)");
   EXPECT_EQ(LogicalToMesh({"batch", "embed"}, rules)->ToString(), "PartitionSpec('data', None)");
   // Changing the rules, not the model: FSDP-style embed over data.
-  EXPECT_EQ(LogicalToMesh({"layer", "embed", "hidden"}, Rules("embed=data,hidden=model"))->ToString(),
-            "PartitionSpec(None, 'data', 'model')");
+  EXPECT_EQ(
+      LogicalToMesh({"layer", "embed", "hidden"}, Rules("embed=data,hidden=model"))->ToString(),
+      "PartitionSpec(None, 'data', 'model')");
 }
 
 TEST(LogicalToMeshTest, EarlierRulesWinAndAMeshAxisShardsOneDim) {
@@ -60,7 +67,8 @@ TEST(LogicalToMeshTest, EarlierRulesWinAndAMeshAxisShardsOneDim) {
   const LogicalAxisRules rules = Rules("batch=data,embed=data,embed=model");
   EXPECT_EQ(*LogicalToMesh({"batch", "embed"}, rules), Spec({{"data"}, {"model"}}));
   // Priority is by rule order, not by dim order.
-  EXPECT_EQ(*LogicalToMesh({"embed", "batch"}, Rules("batch=data,embed=data")), Spec({{}, {"data"}}));
+  EXPECT_EQ(*LogicalToMesh({"embed", "batch"}, Rules("batch=data,embed=data")),
+            Spec({{}, {"data"}}));
   // A tuple rule blocks each of its axes.
   EXPECT_EQ(*LogicalToMesh({"batch", "hidden"}, Rules("batch=data+model,hidden=model")),
             Spec({{"data", "model"}, {}}));
@@ -114,7 +122,8 @@ TEST(FsdpShardTest, FollowsTheSeedsRule) {
   EXPECT_EQ(again->dim, -1);
   EXPECT_EQ(again->spec, Spec({{"data"}}));
   EXPECT_THAT(again->reason, HasSubstr("already"));
-  EXPECT_THAT(FsdpShard({8}, PartitionSpec(), mesh, "fsdp").status().message(), HasSubstr("'fsdp'"));
+  EXPECT_THAT(FsdpShard({8}, PartitionSpec(), mesh, "fsdp").status().message(),
+              HasSubstr("'fsdp'"));
 }
 
 }  // namespace

@@ -20,7 +20,8 @@ const DotDimensionNumbers kGradW{{0}, {0}, {}, {}};   // x^T @ dy: [b, in], [b, 
 TEST(PlanDotGeneralTest, TensorParallelFirstMatmulNeedsNoCommunication) {
   const Mesh mesh = *Mesh::Parse("data=2,model=4");
   // seed 000: x ('data', None) [8, 1024] @ W1 (None, 'model') [1024, 4096]
-  auto plan = PlanDotGeneral({8, 1024}, P({"data", ""}), {1024, 4096}, P({"", "model"}), kMatmul, mesh);
+  auto plan =
+      PlanDotGeneral({8, 1024}, P({"data", ""}), {1024, 4096}, P({"", "model"}), kMatmul, mesh);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_THAT(plan->reshards, IsEmpty());
   EXPECT_EQ(plan->result, P({"data", "model"}));
@@ -30,7 +31,8 @@ TEST(PlanDotGeneralTest, TensorParallelFirstMatmulNeedsNoCommunication) {
 TEST(PlanDotGeneralTest, TensorParallelSecondMatmulLeavesPartialSumsOverModel) {
   const Mesh mesh = *Mesh::Parse("data=2,model=4");
   // y ('data', 'model') @ W2 ('model', None): local partial sums, then psum over 'model'.
-  auto plan = PlanDotGeneral({8, 4096}, P({"data", "model"}), {4096, 1024}, P({"model", ""}), kMatmul, mesh);
+  auto plan = PlanDotGeneral({8, 4096}, P({"data", "model"}), {4096, 1024}, P({"model", ""}),
+                             kMatmul, mesh);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_THAT(plan->reshards, IsEmpty());
   EXPECT_EQ(plan->result, P({"data", ""}));
@@ -39,12 +41,14 @@ TEST(PlanDotGeneralTest, TensorParallelSecondMatmulLeavesPartialSumsOverModel) {
 
 TEST(PlanDotGeneralTest, DataParallel) {
   const Mesh mesh = *Mesh::Parse("data=8");
-  auto fwd = PlanDotGeneral({128, 784}, P({"data", ""}), {784, 512}, PartitionSpec(), kMatmul, mesh);
+  auto fwd =
+      PlanDotGeneral({128, 784}, P({"data", ""}), {784, 512}, PartitionSpec(), kMatmul, mesh);
   EXPECT_THAT(fwd->reshards, IsEmpty());
   EXPECT_EQ(fwd->result, P({"data", ""}));
   // dW = x^T dy: contracting the batch, sharded alike on both sides: partial sums over 'data'
   // (the data-parallel gradient all-reduce).
-  auto grad = PlanDotGeneral({128, 784}, P({"data", ""}), {128, 512}, P({"data", ""}), kGradW, mesh);
+  auto grad =
+      PlanDotGeneral({128, 784}, P({"data", ""}), {128, 512}, P({"data", ""}), kGradW, mesh);
   EXPECT_THAT(grad->reshards, IsEmpty());
   EXPECT_EQ(grad->result, P({"", ""}));
   EXPECT_THAT(grad->partial_sum_axes, ElementsAre("data"));
@@ -54,7 +58,8 @@ TEST(PlanDotGeneralTest, FsdpGathersTheWeightBeforeUse) {
   const Mesh mesh = *Mesh::Parse("data=8");
   // x ('data', None) @ W ('data', None): 'data' already shards x's batch dim, so x cannot be
   // sliced along k; W is all_gathered over 'data'.
-  auto plan = PlanDotGeneral({128, 784}, P({"data", ""}), {784, 512}, P({"data", ""}), kMatmul, mesh);
+  auto plan =
+      PlanDotGeneral({128, 784}, P({"data", ""}), {784, 512}, P({"data", ""}), kMatmul, mesh);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->reshards.size(), 1u);
   EXPECT_EQ(plan->reshards[0], (Reshard{Reshard::kAllGather, 1, 0, {"data"}}));
@@ -62,13 +67,15 @@ TEST(PlanDotGeneralTest, FsdpGathersTheWeightBeforeUse) {
   EXPECT_EQ(plan->result, P({"data", ""}));
   EXPECT_THAT(plan->partial_sum_axes, IsEmpty());
   // Each device receives the 7 blocks it lacks: 7 * (98 * 512 * 4) bytes.
-  EXPECT_EQ(ReshardBytesPerDevice(plan->reshards[0], {784, 512}, P({"data", ""}), mesh, 4), 7 * 98 * 512 * 4);
+  EXPECT_EQ(ReshardBytesPerDevice(plan->reshards[0], {784, 512}, P({"data", ""}), mesh, 4),
+            7 * 98 * 512 * 4);
 }
 
 TEST(PlanDotGeneralTest, ReplicatedOperandIsSlicedForFree) {
   const Mesh mesh = *Mesh::Parse("model=4");
   // x replicated @ W ('model', None): x is sliced along k, partial sums over 'model'.
-  auto plan = PlanDotGeneral({8, 1024}, PartitionSpec(), {1024, 256}, P({"model", ""}), kMatmul, mesh);
+  auto plan =
+      PlanDotGeneral({8, 1024}, PartitionSpec(), {1024, 256}, P({"model", ""}), kMatmul, mesh);
   ASSERT_EQ(plan->reshards.size(), 1u);
   EXPECT_EQ(plan->reshards[0], (Reshard{Reshard::kSlice, 0, 1, {"model"}}));
   EXPECT_EQ(ReshardBytesPerDevice(plan->reshards[0], {8, 1024}, PartitionSpec(), mesh, 4), 0);
@@ -78,7 +85,8 @@ TEST(PlanDotGeneralTest, ReplicatedOperandIsSlicedForFree) {
 
 TEST(PlanDotGeneralTest, ContractingDimsShardedDifferently) {
   const Mesh mesh = *Mesh::Parse("data=2,model=4");
-  auto plan = PlanDotGeneral({8, 1024}, P({"", "model"}), {1024, 256}, P({"data", ""}), kMatmul, mesh);
+  auto plan =
+      PlanDotGeneral({8, 1024}, P({"", "model"}), {1024, 256}, P({"data", ""}), kMatmul, mesh);
   ASSERT_TRUE(plan.ok()) << plan.status();
   // rhs gathered over 'data', then sliced to the lhs's 'model'.
   EXPECT_THAT(plan->reshards, ElementsAre(Reshard{Reshard::kAllGather, 1, 0, {"data"}},
@@ -97,7 +105,8 @@ TEST(PlanDotGeneralTest, BatchDimsOfScanStackedLayers) {
   const Mesh mesh = *Mesh::Parse("layer=2,model=4");
   // [L, b, k] @ [L, k, n] batched over L: lhs sharded over 'layer', rhs sliced to match.
   const DotDimensionNumbers dn{{2}, {1}, {0}, {0}};
-  auto plan = PlanDotGeneral({4, 8, 16}, P({"layer", "", ""}), {4, 16, 32}, P({"", "", "model"}), dn, mesh);
+  auto plan =
+      PlanDotGeneral({4, 8, 16}, P({"layer", "", ""}), {4, 16, 32}, P({"", "", "model"}), dn, mesh);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_THAT(plan->reshards, ElementsAre(Reshard{Reshard::kSlice, 1, 0, {"layer"}}));
   EXPECT_EQ(plan->result, P({"layer", "", "model"}));
@@ -105,13 +114,18 @@ TEST(PlanDotGeneralTest, BatchDimsOfScanStackedLayers) {
 
 TEST(PlanDotGeneralTest, RejectsBadInput) {
   const Mesh mesh = *Mesh::Parse("data=8");
-  EXPECT_THAT(PlanDotGeneral({8, 16}, PartitionSpec(), {32, 4}, PartitionSpec(), kMatmul, mesh).status().message(),
-              HasSubstr("differ in size"));
-  EXPECT_THAT(PlanDotGeneral({8, 16}, PartitionSpec(), {16, 4}, PartitionSpec(), {{2}, {0}, {}, {}}, mesh)
+  EXPECT_THAT(PlanDotGeneral({8, 16}, PartitionSpec(), {32, 4}, PartitionSpec(), kMatmul, mesh)
                   .status()
                   .message(),
-              HasSubstr("lhs contracting dim 2"));
-  EXPECT_THAT(PlanDotGeneral({6, 16}, P({"data"}), {16, 4}, PartitionSpec(), kMatmul, mesh).status().message(),
+              HasSubstr("differ in size"));
+  EXPECT_THAT(
+      PlanDotGeneral({8, 16}, PartitionSpec(), {16, 4}, PartitionSpec(), {{2}, {0}, {}, {}}, mesh)
+          .status()
+          .message(),
+      HasSubstr("lhs contracting dim 2"));
+  EXPECT_THAT(PlanDotGeneral({6, 16}, P({"data"}), {16, 4}, PartitionSpec(), kMatmul, mesh)
+                  .status()
+                  .message(),
               HasSubstr("lhs"));
 }
 
@@ -139,9 +153,9 @@ TEST(PlanReduceTest, ShardedReducedDimsLeavePartialResults) {
   EXPECT_THAT(loss->partial_sum_axes, ElementsAre("data"));
   auto all = PlanReduce({8, 16}, P({"data", "model"}), {0, 1}, mesh);
   EXPECT_THAT(all->partial_sum_axes, ElementsAre("data", "model"));
-  EXPECT_THAT(PlanReduce({8}, PartitionSpec(), {1}, mesh).status().message(), HasSubstr("reduce dim 1"));
+  EXPECT_THAT(PlanReduce({8}, PartitionSpec(), {1}, mesh).status().message(),
+              HasSubstr("reduce dim 1"));
 }
-
 
 TEST(PlanPartialSumTest, DataParallelGradientIsAPsum) {
   const Mesh mesh = *Mesh::Parse("data=8");
@@ -176,7 +190,7 @@ TEST(PlanPartialSumTest, TensorParallelAndTwoD) {
   // reduce-scatter over 'model' along dim 1, then all-reduce over 'data'.
   auto w = PlanPartialSum({1024, 1024}, PartitionSpec(), {"data", "model"}, P({"", "model"}), mesh);
   EXPECT_THAT(w->reductions, ElementsAre(Reduction{Reduction::kPsumScatter, {"model"}, 1},
-                                                     Reduction{Reduction::kPsum, {"data"}, -1}));
+                                         Reduction{Reduction::kPsum, {"data"}, -1}));
   // Nothing partial, layout differs: reshards only.
   auto moved = PlanPartialSum({8, 1024}, P({"data", ""}), {}, PartitionSpec(), mesh);
   EXPECT_THAT(moved->reductions, IsEmpty());
@@ -185,10 +199,12 @@ TEST(PlanPartialSumTest, TensorParallelAndTwoD) {
 
 TEST(PlanPartialSumTest, RejectsInconsistentPartialAxes) {
   const Mesh mesh = *Mesh::Parse("data=2,model=4");
-  EXPECT_THAT(PlanPartialSum({8, 16}, P({"data", ""}), {"data"}, PartitionSpec(), mesh).status().message(),
-              HasSubstr("also shards"));
-  EXPECT_THAT(PlanPartialSum({8, 16}, PartitionSpec(), {"pipe"}, PartitionSpec(), mesh).status().message(),
-              HasSubstr("'pipe'"));
+  EXPECT_THAT(
+      PlanPartialSum({8, 16}, P({"data", ""}), {"data"}, PartitionSpec(), mesh).status().message(),
+      HasSubstr("also shards"));
+  EXPECT_THAT(
+      PlanPartialSum({8, 16}, PartitionSpec(), {"pipe"}, PartitionSpec(), mesh).status().message(),
+      HasSubstr("'pipe'"));
 }
 
 }  // namespace

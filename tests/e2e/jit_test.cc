@@ -23,7 +23,8 @@ Tensor HostDotReluDot(const Tensor& x, const Tensor& w1, const Tensor& w2) {
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < h; ++j) {
       double s = 0;
-      for (int64_t p = 0; p < k; ++p) s += double{x.data<float>()[i * k + p]} * w1.data<float>()[p * h + j];
+      for (int64_t p = 0; p < k; ++p)
+        s += double{x.data<float>()[i * k + p]} * w1.data<float>()[p * h + j];
       y[i * h + j] = std::max(s, 0.0);
     }
   }
@@ -47,7 +48,8 @@ struct Layout {
 std::vector<std::string> Describe(const std::vector<JitBuilder::Collective>& cs) {
   std::vector<std::string> out;
   for (const auto& c : cs) {
-    out.push_back(absl::StrCat(c.op, "(", absl::StrJoin(c.axes, ","), ")", c.dim >= 0 ? absl::StrCat("@", c.dim) : ""));
+    out.push_back(absl::StrCat(c.op, "(", absl::StrJoin(c.axes, ","), ")",
+                               c.dim >= 0 ? absl::StrCat("@", c.dim) : ""));
   }
   return out;
 }
@@ -67,19 +69,46 @@ JitBuilder DotReluDot(const Mesh& mesh, const Layout& l) {
 std::vector<Layout> Layouts() {
   const Mesh mesh = *Mesh::Parse("data=2,model=4");
   // FSDP layouts come from the seed's rule, not written by hand.
-  const PartitionSpec w1_fsdp = FsdpShard({kDepth, kHidden}, PartitionSpec(), mesh, "data", 16)->spec;
-  const PartitionSpec w2_fsdp = FsdpShard({kHidden, kDepth}, PartitionSpec(), mesh, "data", 16)->spec;
-  const PartitionSpec w1_2d = FsdpShard({kDepth, kHidden}, P({"", "model"}), mesh, "data", 16)->spec;
-  const PartitionSpec w2_2d = FsdpShard({kHidden, kDepth}, P({"model", ""}), mesh, "data", 16)->spec;
+  const PartitionSpec w1_fsdp =
+      FsdpShard({kDepth, kHidden}, PartitionSpec(), mesh, "data", 16)->spec;
+  const PartitionSpec w2_fsdp =
+      FsdpShard({kHidden, kDepth}, PartitionSpec(), mesh, "data", 16)->spec;
+  const PartitionSpec w1_2d =
+      FsdpShard({kDepth, kHidden}, P({"", "model"}), mesh, "data", 16)->spec;
+  const PartitionSpec w2_2d =
+      FsdpShard({kHidden, kDepth}, P({"model", ""}), mesh, "data", 16)->spec;
   return {
       {"data_parallel", P({"data", ""}), PartitionSpec(), PartitionSpec(), P({"data", ""}), {}},
-      {"tensor_parallel", P({"data", ""}), P({"", "model"}), P({"model", ""}), P({"data", ""}), {"psum(model)"}},
-      {"tensor_parallel_scattered_output", P({"data", ""}), P({"", "model"}), P({"model", ""}), P({"data", "model"}),
+      {"tensor_parallel",
+       P({"data", ""}),
+       P({"", "model"}),
+       P({"model", ""}),
+       P({"data", ""}),
+       {"psum(model)"}},
+      {"tensor_parallel_scattered_output",
+       P({"data", ""}),
+       P({"", "model"}),
+       P({"model", ""}),
+       P({"data", "model"}),
        {"psum_scatter(model)@1"}},
-      {"fsdp", P({"data", ""}), w1_fsdp, w2_fsdp, P({"data", ""}), {"all_gather(data)@1", "all_gather(data)@0"}},
-      {"fsdp_and_tensor_parallel", P({"data", ""}), w1_2d, w2_2d, P({"data", ""}),
+      {"fsdp",
+       P({"data", ""}),
+       w1_fsdp,
+       w2_fsdp,
+       P({"data", ""}),
+       {"all_gather(data)@1", "all_gather(data)@0"}},
+      {"fsdp_and_tensor_parallel",
+       P({"data", ""}),
+       w1_2d,
+       w2_2d,
+       P({"data", ""}),
        {"all_gather(data)@0", "all_gather(data)@1", "psum(model)"}},
-      {"replicated_everything", PartitionSpec(), PartitionSpec(), PartitionSpec(), PartitionSpec(), {}},
+      {"replicated_everything",
+       PartitionSpec(),
+       PartitionSpec(),
+       PartitionSpec(),
+       PartitionSpec(),
+       {}},
   };
 }
 
@@ -125,7 +154,8 @@ TEST_F(JitE2ETest, EveryLayoutComputesTheUnshardedResult) {
     Tensor got = Run(DotReluDot(mesh, l).Build(), {&x, &w1, &w2});
     ASSERT_EQ(got.dims(), want.dims()) << l.name;
     for (int64_t i = 0; i < want.num_elements(); ++i) {
-      ASSERT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-3f * (1 + std::abs(want.data<float>()[i])))
+      ASSERT_NEAR(got.data<float>()[i], want.data<float>()[i],
+                  1e-3f * (1 + std::abs(want.data<float>()[i])))
           << l.name << " element " << i;
     }
   }
@@ -139,8 +169,9 @@ TEST_F(JitE2ETest, SeedLossSumAndMeanOverShardedDims) {
   for (int64_t i = 0; i < x.num_elements(); ++i) sum += x.data<float>()[i];
   for (const std::string fn : {"sum", "mean"}) {
     JitBuilder jit(mesh);
-    jit.Output(jit.Reduce(fn, jit.Input(v1::DTYPE_F32, {kBatch, kHidden}, P({"data", "model"})), {0, 1}),
-               PartitionSpec());
+    jit.Output(
+        jit.Reduce(fn, jit.Input(v1::DTYPE_F32, {kBatch, kHidden}, P({"data", "model"})), {0, 1}),
+        PartitionSpec());
     ASSERT_EQ(jit.collectives().size(), 1u);
     EXPECT_EQ(jit.collectives()[0].op, fn == "sum" ? "psum" : "pmean");
     EXPECT_EQ(jit.collectives()[0].axes, (std::vector<std::string>{"data", "model"}));
@@ -156,13 +187,15 @@ TEST_F(JitE2ETest, ShardingConstraintReshardsAnIntermediate) {
   const Mesh mesh = *Mesh::Parse("data=2,model=4");
   const Tensor x = testing::NormalTensor({kBatch, kHidden}, 4);
   JitBuilder jit(mesh);
-  auto v = jit.WithShardingConstraint(jit.Input(v1::DTYPE_F32, {kBatch, kHidden}, P({"data", ""})), P({"", "model"}));
+  auto v = jit.WithShardingConstraint(jit.Input(v1::DTYPE_F32, {kBatch, kHidden}, P({"data", ""})),
+                                      P({"", "model"}));
   EXPECT_EQ(jit.sharding(v), P({"", "model"}));
   jit.Output(jit.Unary("tanh", v), P({"", "model"}));
   EXPECT_EQ(Describe(jit.collectives()), (std::vector<std::string>{"all_gather(data)@0"}));
   Tensor got = Run(jit.Build(), {&x});
   ASSERT_EQ(got.dims(), x.dims());
-  for (int64_t i = 0; i < x.num_elements(); ++i) ASSERT_NEAR(got.data<float>()[i], std::tanh(x.data<float>()[i]), 1e-5);
+  for (int64_t i = 0; i < x.num_elements(); ++i)
+    ASSERT_NEAR(got.data<float>()[i], std::tanh(x.data<float>()[i]), 1e-5);
 }
 
 }  // namespace

@@ -68,7 +68,8 @@ class JitBuilder {
   // jnp.dot of 2-D arrays and jax.lax.dot_general (result: batch, lhs free, rhs free dims).
   Value Dot(Value a, Value b) { return DotGeneral(a, b, {1}, {0}); }
   Value DotGeneral(Value a, Value b, const std::vector<int64_t>& lhs_contracting,
-                   const std::vector<int64_t>& rhs_contracting, const std::vector<int64_t>& lhs_batch = {},
+                   const std::vector<int64_t>& rhs_contracting,
+                   const std::vector<int64_t>& lhs_batch = {},
                    const std::vector<int64_t>& rhs_batch = {});
   // fn: sum, mean, max over `dims`.
   Value Reduce(const std::string& fn, Value x, const std::vector<int64_t>& dims);
@@ -92,12 +93,15 @@ class JitBuilder {
   };
   Value Add(State s);
   bool Check(bool ok, const std::string& message);
-  bool Valid(Value v) const { return status_.ok() && v.id >= 0 && v.id < static_cast<int>(values_.size()); }
+  bool Valid(Value v) const {
+    return status_.ok() && v.id >= 0 && v.id < static_cast<int>(values_.size());
+  }
   // Completes pending partial results and reshards to `target`; returns the local value.
   State Resolve(const State& s, const PartitionSpec& target, const std::string& reason);
   // Completes pending partial results, keeping the layout.
   State Complete(const State& s, const std::string& reason) { return Resolve(s, s.spec, reason); }
-  State ApplyReshards(State s, const std::vector<spmd::Reshard>& reshards, const std::string& reason);
+  State ApplyReshards(State s, const std::vector<spmd::Reshard>& reshards,
+                      const std::string& reason);
 
   Mesh mesh_;
   ShardMapBuilder sm_;
