@@ -5,6 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/array_ops.h"
+#include "core/optim/adamw.h"
+#include "core/random/threefry.h"
+#include "core/sharding/named_sharding.h"
 #include "core/collectives/permute.h"
 #include "worker/executor.h"
 #include "worker/kernels/kernel.h"
@@ -45,6 +48,12 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
     case v1::OP_UNARY: {
       if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
       auto k = CreateUnary(op.fn(), *in[0], *out[0], op.value());
+      if (!k.ok()) return k.status();
+      return FromKernel(std::move(k));
+    }
+    case v1::OP_UNARY_GRAD: {
+      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
+      auto k = CreateUnaryGrad(op.fn(), *in[0], *in[1], *out[0]);
       if (!k.ok()) return k.status();
       return FromKernel(std::move(k));
     }
@@ -136,6 +145,85 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       if (x->dims() != y->dims()) return Mismatch(op, *y, DimsToString(x->dims()));
       return CompiledOp([x, y](const RunContext&) {
         Convert(*x, *y);
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_ADAM_UPDATE: {
+      if (absl::Status s = Arity(op, 5, 3); !s.ok()) return s;
+      const Tensor *param = in[0], *grad = in[1], *mu = in[2], *nu = in[3], *step = in[4];
+      for (const Tensor* t : {param, grad, mu, nu, static_cast<const Tensor*>(out[0]),
+                              static_cast<const Tensor*>(out[1]), static_cast<const Tensor*>(out[2])}) {
+        if (t->dtype() != v1::DTYPE_F32 || t->dims() != param->dims()) {
+          return absl::InvalidArgumentError(absl::StrCat("OP_ADAM_UPDATE: param, grad, mu, nu and the outputs must ",
+                                                         "all be f32", DimsToString(param->dims()), "; got ",
+                                                         DTypeName(t->dtype()), DimsToString(t->dims())));
+        }
+      }
+      if (step->dtype() != v1::DTYPE_F32 || step->num_elements() != 1) {
+        return absl::InvalidArgumentError(absl::StrCat("OP_ADAM_UPDATE: step must be f32[]; got ",
+                                                       DTypeName(step->dtype()), DimsToString(step->dims())));
+      }
+      AdamWHyperParams hp;
+      hp.learning_rate = op.adamw().learning_rate();
+      hp.b1 = op.adamw().b1();
+      hp.b2 = op.adamw().b2();
+      hp.eps = op.adamw().eps();
+      hp.weight_decay = op.adamw().weight_decay();
+      Tensor *p_out = out[0], *mu_out = out[1], *nu_out = out[2];
+      return CompiledOp([=](const RunContext&) {
+        const int64_t n = param->num_elements();
+        std::memcpy(p_out->data<float>(), param->data<float>(), n * sizeof(float));
+        std::memcpy(mu_out->data<float>(), mu->data<float>(), n * sizeof(float));
+        std::memcpy(nu_out->data<float>(), nu->data<float>(), n * sizeof(float));
+        const int64_t count = static_cast<int64_t>(step->data<float>()[0]) + 1;
+        AdamWUpdate(hp, count, p_out->data<float>(), grad->data<float>(), mu_out->data<float>(),
+                    nu_out->data<float>(), n);
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_RANDOM_INIT: {
+      if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
+      Tensor* y = out[0];
+      const Dims global(op.dims().begin(), op.dims().end());
+      if (options_.mesh == nullptr) return absl::FailedPreconditionError("OP_RANDOM_INIT needs the mesh");
+      const NamedSharding sharding(*options_.mesh, PartitionSpec::FromProto(op.spec()));
+      if (absl::Status s = sharding.Validate(global); !s.ok()) return s;
+      if (y->dtype() != v1::DTYPE_F32 || y->dims() != sharding.ShardDims(global)) {
+        return Mismatch(op, *y, absl::StrCat("f32", DimsToString(sharding.ShardDims(global)), " (the block of ",
+                                             DimsToString(global), " under ", sharding.spec().ToString(), ")"));
+      }
+      const std::string fn = op.fn();
+      if (fn != "zeros" && fn != "ones" && fn != "normal" && fn != "truncated_normal") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("OP_RANDOM_INIT: unknown fn '", fn, "'; allowed: zeros, ones, normal, truncated_normal"));
+      }
+      if (op.key_size() != 2) {
+        return absl::InvalidArgumentError(absl::StrCat("OP_RANDOM_INIT: key has ", op.key_size(), " words; expected 2"));
+      }
+      const PRNGKey key{op.key(0), op.key(1)};
+      const std::vector<int64_t> offsets = sharding.ShardOffsets(global, options_.rank);
+      const float scale = op.scale();
+      const int kind = fn == "zeros" ? 0 : fn == "ones" ? 1 : fn == "normal" ? 2 : 3;
+      return CompiledOp([y, global, offsets, key, kind, scale](const RunContext&) {
+        const Dims& local = y->dims();
+        const int64_t n = NumElements(global);
+        const size_t rank = local.size();
+        std::vector<int64_t> idx(rank, 0);  // index within the block, row-major
+        float* out = y->data<float>();
+        for (int64_t i = 0; i < y->num_elements(); ++i) {
+          int64_t flat = 0;  // the element's index in the global array
+          for (size_t d = 0; d < rank; ++d) flat = flat * global[d] + offsets[d] + idx[d];
+          switch (kind) {
+            case 0: out[i] = 0.0f; break;
+            case 1: out[i] = 1.0f; break;
+            case 2: out[i] = NormalAt(key, n, flat, scale); break;
+            default: out[i] = TruncatedNormalAt(key, n, flat, scale);
+          }
+          for (size_t d = rank; d-- > 0;) {
+            if (++idx[d] < local[d]) break;
+            idx[d] = 0;
+          }
+        }
         return absl::OkStatus();
       });
     }

@@ -92,6 +92,32 @@ float ErfInv(float x) {
   return p * x;
 }
 
+uint32_t RandomBitsAt(const PRNGKey& key, int64_t n, int64_t i) {
+  // ThreefryCounts on the counts 0..n-1 padded with one 0 to even length: element i < half is
+  // word 0 of the block (i, i + half), element i >= half word 1 of (i - half, i).
+  const int64_t half = (n + 1) / 2;
+  const auto count = [n](int64_t c) { return c < n ? static_cast<uint32_t>(c) : 0u; };
+  if (i < half) return Threefry2x32(key, count(i), count(i + half))[0];
+  return Threefry2x32(key, count(i - half), count(i))[1];
+}
+
+float TruncatedNormalAt(const PRNGKey& key, int64_t n, int64_t i, float scale) {
+  const float sqrt2 = std::sqrt(2.0f);
+  const float a = std::erf(-2.0f / sqrt2);
+  const float b = std::erf(2.0f / sqrt2);
+  const float u = std::max(a, BitsToUnitFloat(RandomBitsAt(key, n, i)) * (b - a) + a);
+  const float z =
+      std::clamp(sqrt2 * ErfInv(u), std::nextafter(-2.0f, 0.0f), std::nextafter(2.0f, 0.0f));
+  return z * scale;
+}
+
+float NormalAt(const PRNGKey& key, int64_t n, int64_t i, float scale) {
+  // jax.random.normal: uniform(key, minval=nextafter(-1, 0), maxval=1), then sqrt(2) erfinv.
+  const float lo = std::nextafter(-1.0f, 0.0f);
+  const float u = std::max(lo, BitsToUnitFloat(RandomBitsAt(key, n, i)) * (1.0f - lo) + lo);
+  return std::sqrt(2.0f) * ErfInv(u) * scale;
+}
+
 void TruncatedNormal(const PRNGKey& key, int64_t n, float scale, float* out) {
   const float sqrt2 = std::sqrt(2.0f);
   const float a = std::erf(-2.0f / sqrt2);

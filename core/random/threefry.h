@@ -32,6 +32,15 @@ inline float BitsToUnitFloat(uint32_t bits) {
 
 // jax.random.truncated_normal(key, -2, 2, (n,)) * scale, written into out[0..n).
 void TruncatedNormal(const PRNGKey& key, int64_t n, float scale, float* out);
+// Element i of RandomBits(key, n), computed alone (a device draws just its block of a global
+// array, with the values the whole array would have). REQUIRES: 0 <= i < n.
+uint32_t RandomBitsAt(const PRNGKey& key, int64_t n, int64_t i);
+// Element i of jax.random.truncated_normal(key, -2, 2, (n,)) * scale, alone.
+float TruncatedNormalAt(const PRNGKey& key, int64_t n, int64_t i, float scale);
+// Element i of jax.random.normal(key, (n,)) * scale, alone (sqrt(2) erfinv of a uniform draw in
+// (-1, 1), as jax does).
+float NormalAt(const PRNGKey& key, int64_t n, int64_t i, float scale);
+
 // Inverse error function (Giles' single-precision approximation, as XLA uses).
 float ErfInv(float x);
 

@@ -49,5 +49,33 @@ TEST(ThreefryTest, ErfInvInvertsErf) {
   for (float x : {-0.99f, -0.5f, 0.0f, 0.3f, 0.9f, 0.999f}) EXPECT_NEAR(std::erf(ErfInv(x)), x, 2e-6);
 }
 
+// A device draws only its block: element i computed alone equals element i of the whole draw,
+// for even and odd lengths (the odd one pads the counts with a 0).
+TEST(ThreefryTest, ElementsDrawnAloneEqualTheWholeDraw) {
+  for (int64_t n : {1, 2, 7, 10, 1001}) {
+    const PRNGKey key = FoldIn(MakePRNGKey(5), static_cast<uint32_t>(n));
+    const std::vector<uint32_t> bits = RandomBits(key, n);
+    std::vector<float> tn(n);
+    TruncatedNormal(key, n, 0.5f, tn.data());
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(RandomBitsAt(key, n, i), bits[i]) << "n " << n << " i " << i;
+      ASSERT_EQ(TruncatedNormalAt(key, n, i, 0.5f), tn[i]) << "n " << n << " i " << i;
+    }
+  }
+}
+
+TEST(ThreefryTest, NormalStatistics) {
+  const int64_t n = 200000;
+  double mean = 0, var = 0;
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = NormalAt(MakePRNGKey(4), n, i, 2.0f);
+  for (float x : v) mean += x;
+  mean /= n;
+  for (float x : v) var += (x - mean) * (x - mean);
+  var /= n;
+  EXPECT_NEAR(mean, 0.0, 0.02);
+  EXPECT_NEAR(var, 4.0, 0.05);
+}
+
 }  // namespace
 }  // namespace meshrun

@@ -33,18 +33,62 @@ std::string Keys(const std::map<std::string, V>& m) {
 
 }  // namespace
 
+namespace {
+
+struct EltwiseAlg {
+  dnnl::algorithm alg;
+  float alpha, beta;
+};
+
+// The oneDNN eltwise algorithm (and its alpha, beta) of each unary fn.
+std::map<std::string, EltwiseAlg> UnaryAlgs(float exponent) {
+  return {{"tanh", {dnnl::algorithm::eltwise_tanh, 0, 0}},     {"exp", {dnnl::algorithm::eltwise_exp, 0, 0}},
+          {"log", {dnnl::algorithm::eltwise_log, 0, 0}},       {"sqrt", {dnnl::algorithm::eltwise_sqrt, 0, 0}},
+          {"rsqrt", {dnnl::algorithm::eltwise_pow, 1, -0.5f}}, {"neg", {dnnl::algorithm::eltwise_linear, -1, 0}},
+          {"abs", {dnnl::algorithm::eltwise_abs, 0, 0}},       {"square", {dnnl::algorithm::eltwise_square, 0, 0}},
+          {"relu", {dnnl::algorithm::eltwise_relu, 0, 0}},     {"logistic", {dnnl::algorithm::eltwise_logistic, 0, 0}},
+          {"silu", {dnnl::algorithm::eltwise_swish, 1, 0}},    {"pow", {dnnl::algorithm::eltwise_pow, 1, exponent}}};
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, const Tensor& x, const Tensor& dy,
+                                                        Tensor& dx) {
+  std::map<std::string, EltwiseAlg> algs;
+  for (const char* name : {"tanh", "exp", "log", "sqrt", "abs", "square", "relu", "logistic", "silu"})
+    algs[name] = UnaryAlgs(1.0f).at(name);
+  auto it = algs.find(fn);
+  if (it == algs.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown unary_grad fn '", fn, "'; allowed: ", Keys(algs)));
+  }
+  if (absl::Status s = RequireF32("unary_grad", x); !s.ok()) return s;
+  if (absl::Status s = RequireF32("unary_grad", dy); !s.ok()) return s;
+  if (x.dims() != dy.dims() || x.dims() != dx.dims()) {
+    return absl::InvalidArgumentError(absl::StrCat("unary_grad ", fn, ": x ", DimsToString(x.dims()), ", dy ",
+                                                   DimsToString(dy.dims()), " and dx ", DimsToString(dx.dims()),
+                                                   " must have one shape"));
+  }
+  if (x.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
+  std::unique_ptr<Kernel> kernel;
+  absl::Status s = Guard("unary_grad", [&] {
+    auto md = RowMajorDesc(x.dims());
+    const EltwiseAlg& a = it->second;
+    dnnl::eltwise_forward::primitive_desc hint(
+        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, a.alg, md, a.alpha, a.beta), CpuEngine());
+    dnnl::eltwise_backward::primitive_desc pd(dnnl::eltwise_backward::desc(a.alg, md, md, a.alpha, a.beta),
+                                              CpuEngine(), hint);
+    kernel = std::make_unique<PrimitiveKernel>(
+        "unary_grad", dnnl::eltwise_backward(pd),
+        std::unordered_map<int, dnnl::memory>{{DNNL_ARG_SRC, MemoryFor(md, x.raw())},
+                                              {DNNL_ARG_DIFF_DST, MemoryFor(md, dy.raw())},
+                                              {DNNL_ARG_DIFF_SRC, MemoryFor(md, dx.raw())}});
+  });
+  if (!s.ok()) return s;
+  return kernel;
+}
+
 absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x, Tensor& y, float exponent) {
-  struct Alg {
-    dnnl::algorithm alg;
-    float alpha, beta;
-  };
-  const std::map<std::string, Alg> algs = {
-      {"tanh", {dnnl::algorithm::eltwise_tanh, 0, 0}},     {"exp", {dnnl::algorithm::eltwise_exp, 0, 0}},
-      {"log", {dnnl::algorithm::eltwise_log, 0, 0}},       {"sqrt", {dnnl::algorithm::eltwise_sqrt, 0, 0}},
-      {"rsqrt", {dnnl::algorithm::eltwise_pow, 1, -0.5f}}, {"neg", {dnnl::algorithm::eltwise_linear, -1, 0}},
-      {"abs", {dnnl::algorithm::eltwise_abs, 0, 0}},       {"square", {dnnl::algorithm::eltwise_square, 0, 0}},
-      {"relu", {dnnl::algorithm::eltwise_relu, 0, 0}},     {"logistic", {dnnl::algorithm::eltwise_logistic, 0, 0}},
-      {"silu", {dnnl::algorithm::eltwise_swish, 1, 0}},    {"pow", {dnnl::algorithm::eltwise_pow, 1, exponent}}};
+  const std::map<std::string, EltwiseAlg> algs = UnaryAlgs(exponent);
   auto it = algs.find(fn);
   if (it == algs.end()) {
     return absl::InvalidArgumentError(absl::StrCat("unknown unary fn '", fn, "'; allowed: ", Keys(algs)));

@@ -70,6 +70,12 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateSoftmaxCrossEntropy(const Tensor& 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x, Tensor& y,
                                                     float exponent = 1.0f);
 
+// dx = dy * fn'(x) element-wise, f32, all three the same shape: the VJP of CreateUnary's fn, as a
+// oneDNN eltwise backward primitive (from x, not from y). fn: tanh exp log sqrt abs square relu
+// logistic silu (relu'(0) = 0, as jax.nn.relu). Errors: InvalidArgument naming an unknown fn.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, const Tensor& x, const Tensor& dy,
+                                                        Tensor& dx);
+
 // out = fn(a, b) element-wise, f32, out shaped like a; b has a's rank with each dim equal or 1
 // (numpy broadcasting; oneDNN binary). fn: add sub mul div max min.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, const Tensor& a, const Tensor& b,
