@@ -130,13 +130,15 @@ absl::StatusOr<std::string> Client::VisualizeSharding(const std::string& id) {
 absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ShardMap(const v1::ShardMapProgram& program,
                                                             const std::vector<std::string>& input_ids,
                                                             const std::vector<std::string>& output_ids,
-                                                            absl::Duration collective_timeout) {
+                                                            absl::Duration collective_timeout,
+                                                            const std::vector<int>& donate_argnums) {
   grpc::ClientContext ctx;
   SetTimeout(ctx, collective_timeout * 4 + absl::Seconds(60));
   v1::ShardMapRequest req;
   *req.mutable_program() = program;
   for (const auto& id : input_ids) req.add_input_ids(id);
   for (const auto& id : output_ids) req.add_output_ids(id);
+  for (int a : donate_argnums) req.add_donate_argnums(a);
   req.set_collective_timeout_seconds(absl::ToDoubleSeconds(collective_timeout));
   v1::ShardMapResponse resp;
   if (grpc::Status s = stub_->ShardMap(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);

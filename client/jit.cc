@@ -1,6 +1,7 @@
 #include "meshrun/jit.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -20,7 +21,8 @@ bool JitBuilder::Check(bool ok, const std::string& message) {
   return ok && status_.ok();
 }
 
-JitBuilder::Value JitBuilder::Add(State s) {
+JitBuilder::Value JitBuilder::Push(State s, Node node) {
+  s.node = std::move(node);
   values_.push_back(std::move(s));
   return {static_cast<int>(values_.size()) - 1};
 }
@@ -85,7 +87,12 @@ JitBuilder::Value JitBuilder::Input(DType dtype, const Dims& global_dims,
   if (!status_.ok()) return {};
   absl::Status fits = NamedSharding(mesh_, in_spec).Validate(global_dims);
   if (!Check(fits.ok(), absl::StrCat("input ", values_.size(), ": ", fits.message()))) return {};
-  return Add({sm_.Input(dtype, global_dims, in_spec), dtype, global_dims, in_spec, {}, ""});
+  State s;
+  s.local = sm_.Input(dtype, global_dims, in_spec);
+  s.dtype = dtype;
+  s.global = global_dims;
+  s.spec = in_spec;
+  return Push(std::move(s), Node());
 }
 
 void JitBuilder::Output(Value v, const PartitionSpec& out_spec) {
@@ -96,33 +103,51 @@ void JitBuilder::Output(Value v, const PartitionSpec& out_spec) {
 
 JitBuilder::Value JitBuilder::WithShardingConstraint(Value v, const PartitionSpec& spec) {
   if (!Valid(v)) return {};
-  return Add(
-      Resolve(values_[v.id], spec, absl::StrCat("with_sharding_constraint ", spec.ToString())));
+  Node node(Node::kConstraint, {v.id});
+  node.spec = spec;
+  return Push(
+      Resolve(values_[v.id], spec, absl::StrCat("with_sharding_constraint ", spec.ToString())),
+      std::move(node));
 }
 
 JitBuilder::Value JitBuilder::Unary(const std::string& fn, Value x) {
   if (!Valid(x)) return {};
   State s = Complete(values_[x.id], fn);
   s.local = sm_.Unary(fn, s.local);
-  return Add(std::move(s));
+  return Push(std::move(s), Node(Node::kUnary, {x.id}, fn));
 }
 
 JitBuilder::Value JitBuilder::Binary(const std::string& fn, Value a, Value b) {
   if (!Valid(a) || !Valid(b)) return {};
   const State& sa = values_[a.id];
   const State& sb = values_[b.id];
-  if (!Check(sa.global == sb.global,
+  const bool scalar = sa.global.empty() || sb.global.empty();
+  if (!Check(scalar || sa.global == sb.global,
              absl::StrCat(fn, ": operand shapes (", absl::StrJoin(sa.global, ", "), ") and (",
                           absl::StrJoin(sb.global, ", "), ") differ"))) {
     return {};
   }
+  Node node(Node::kBinary, {a.id, b.id}, fn);
+  if ((fn == "add" || fn == "sub") && !sa.partial.empty() && sa.partial == sb.partial &&
+      sa.partial_fn == "sum" && sb.partial_fn == "sum" && sa.spec == sb.spec) {
+    // Sums of partial sums stay partial (one psum later, not two now): accumulated gradients.
+    State out = sa;
+    out.local = sm_.Binary(fn, sa.local, sb.local);
+    return Push(std::move(out), std::move(node));
+  }
   State l = Complete(sa, fn);
   State r = Complete(sb, fn);
+  if (scalar) {
+    // A scalar is replicated: every device combines it with its own block.
+    State out = l.global.empty() ? r : l;
+    out.local = sm_.Binary(fn, l.local, r.local);
+    return Push(std::move(out), std::move(node));
+  }
   absl::StatusOr<spmd::OpPlan> plan = spmd::PlanElementwise(l.global, l.spec, r.spec, mesh_);
   if (!Check(plan.ok(), absl::StrCat(fn, ": ", plan.status().message()))) return {};
   r = ApplyReshards(std::move(r), plan->reshards, fn);
   l.local = sm_.Binary(fn, l.local, r.local);
-  return Add(std::move(l));
+  return Push(std::move(l), std::move(node));
 }
 
 JitBuilder::Value JitBuilder::DotGeneral(Value a, Value b,
@@ -163,7 +188,9 @@ JitBuilder::Value JitBuilder::DotGeneral(Value a, Value b,
   out.spec = plan->result;
   out.partial = plan->partial_sum_axes;
   out.partial_fn = "sum";
-  return Add(std::move(out));
+  Node node(Node::kDot, {a.id, b.id});
+  node.dnums = dn;
+  return Push(std::move(out), std::move(node));
 }
 
 JitBuilder::Value JitBuilder::Reduce(const std::string& fn, Value x,
@@ -186,7 +213,443 @@ JitBuilder::Value JitBuilder::Reduce(const std::string& fn, Value x,
   out.spec = plan->result;
   out.partial = plan->partial_sum_axes;
   out.partial_fn = fn;
-  return Add(std::move(out));
+  Node node(Node::kReduce, {x.id}, fn);
+  node.dims = dims;
+  return Push(std::move(out), std::move(node));
+}
+
+JitBuilder::Value JitBuilder::Constant(float value, const Dims& global_dims,
+                                       const PartitionSpec& spec) {
+  if (!status_.ok()) return {};
+  const NamedSharding sharding(mesh_, spec);
+  absl::Status fits = sharding.Validate(global_dims);
+  if (!Check(fits.ok(), absl::StrCat("constant ", value, ": ", fits.message()))) return {};
+  State s;
+  s.local = sm_.Full(v1::DTYPE_F32, sharding.ShardDims(global_dims), value);
+  s.dtype = v1::DTYPE_F32;
+  s.global = global_dims;
+  s.spec = spec;
+  return Push(std::move(s), Node(Node::kConstant));
+}
+
+JitBuilder::Value JitBuilder::StopGradient(Value x) {
+  if (!Valid(x)) return {};
+  return Push(values_[x.id], Node(Node::kStopGradient, {x.id}));
+}
+
+JitBuilder::Value JitBuilder::UnaryGrad(const std::string& fn, Value x, Value dy) {
+  if (!Valid(x) || !Valid(dy)) return {};
+  State sx = Complete(values_[x.id], fn + " grad");
+  if (!Check(sx.global == values_[dy.id].global,
+             absl::StrCat(fn, " grad: x (", absl::StrJoin(sx.global, ", "), ") and dy (",
+                          absl::StrJoin(values_[dy.id].global, ", "), ") differ"))) {
+    return {};
+  }
+  State sdy = Resolve(values_[dy.id], sx.spec, fn + " grad");
+  sx.local = sm_.UnaryGrad(fn, sx.local, sdy.local);
+  return Push(std::move(sx), Node(Node::kUnaryGrad, {x.id, dy.id}, fn));
+}
+
+JitBuilder::Value JitBuilder::BroadcastInDim(Value x, const Dims& out_dims,
+                                             const std::vector<int64_t>& broadcast_dimensions,
+                                             const PartitionSpec& out_spec) {
+  if (!Valid(x)) return {};
+  const Dims in = values_[x.id].global;
+  bool ok = broadcast_dimensions.size() == in.size();
+  for (size_t i = 0; ok && i < in.size(); ++i) {
+    const int64_t d = broadcast_dimensions[i];
+    ok = d >= 0 && d < static_cast<int64_t>(out_dims.size()) && out_dims[d] == in[i] &&
+         (i == 0 || d > broadcast_dimensions[i - 1]);
+  }
+  if (!Check(ok, absl::StrCat("broadcast_in_dim: (", absl::StrJoin(in, ", "), ") to (",
+                              absl::StrJoin(out_dims, ", "), ") with broadcast_dimensions (",
+                              absl::StrJoin(broadcast_dimensions, ", "),
+                              "): expected increasing dims of equal size"))) {
+    return {};
+  }
+  const NamedSharding sharding(mesh_, out_spec);
+  absl::Status fits = sharding.Validate(out_dims);
+  if (!Check(fits.ok(), absl::StrCat("broadcast_in_dim: ", fits.message()))) return {};
+  const std::vector<PartitionSpec::Entry> out_entries = out_spec.Padded(out_dims.size());
+  std::vector<PartitionSpec::Entry> in_entries;
+  for (int64_t d : broadcast_dimensions) in_entries.push_back(out_entries[d]);
+  State s = Resolve(values_[x.id], PartitionSpec(in_entries), "broadcast_in_dim");
+  const Dims local_out = sharding.ShardDims(out_dims);
+  Dims keep(out_dims.size(), 1);
+  for (size_t i = 0; i < broadcast_dimensions.size(); ++i)
+    keep[broadcast_dimensions[i]] = local_out[broadcast_dimensions[i]];
+  if (keep != sm_.shape(s.local)) s.local = sm_.Reshape(s.local, keep);
+  if (keep != local_out) s.local = sm_.BroadcastTo(s.local, local_out);
+  s.global = out_dims;
+  s.spec = out_spec;
+  Node node(Node::kBroadcast, {x.id});
+  node.dims = broadcast_dimensions;
+  node.spec = out_spec;
+  return Push(std::move(s), std::move(node));
+}
+
+JitBuilder::Value JitBuilder::Transpose(Value x, const std::vector<int64_t>& perm) {
+  if (!Valid(x)) return {};
+  State s = Complete(values_[x.id], "transpose");
+  std::vector<int64_t> sorted = perm;
+  std::sort(sorted.begin(), sorted.end());
+  bool ok = perm.size() == s.global.size();
+  for (size_t i = 0; ok && i < sorted.size(); ++i) ok = sorted[i] == static_cast<int64_t>(i);
+  if (!Check(ok, absl::StrCat("transpose: perm (", absl::StrJoin(perm, ", "),
+                              ") is not a permutation of the ", s.global.size(), " dims"))) {
+    return {};
+  }
+  const std::vector<PartitionSpec::Entry> in = s.spec.Padded(s.global.size());
+  std::vector<PartitionSpec::Entry> entries;
+  Dims global;
+  for (int64_t p : perm) {
+    entries.push_back(in[p]);
+    global.push_back(s.global[p]);
+  }
+  s.local = sm_.Transpose(s.local, perm);
+  s.global = global;
+  s.spec = PartitionSpec(entries);
+  Node node(Node::kTranspose, {x.id});
+  node.dims = perm;
+  return Push(std::move(s), std::move(node));
+}
+
+JitBuilder::Value JitBuilder::Index(Value x, int64_t index) {
+  if (!Valid(x)) return {};
+  const State& sx = values_[x.id];
+  if (!Check(!sx.global.empty() && index >= 0 && index < sx.global[0],
+             absl::StrCat("index ", index, " is out of range for shape (",
+                          absl::StrJoin(sx.global, ", "), ")"))) {
+    return {};
+  }
+  std::vector<PartitionSpec::Entry> entries = sx.spec.Padded(sx.global.size());
+  PartitionSpec::Entry first = entries[0];
+  entries[0].clear();
+  State s = Resolve(sx, PartitionSpec(entries), absl::StrCat("index ", index));
+  Dims sizes = sm_.shape(s.local);
+  std::vector<int64_t> starts(sizes.size(), 0);
+  starts[0] = index;
+  sizes[0] = 1;
+  s.local = sm_.Reshape(sm_.Slice(s.local, starts, sizes), Dims(sizes.begin() + 1, sizes.end()));
+  s.global.erase(s.global.begin());
+  s.spec = PartitionSpec(std::vector<PartitionSpec::Entry>(entries.begin() + 1, entries.end()));
+  Node node(Node::kIndex, {x.id});
+  node.index = index;
+  return Push(std::move(s), std::move(node));
+}
+
+JitBuilder::Value JitBuilder::Stack(const std::vector<Value>& values) {
+  if (!Check(!values.empty(), "stack: no values")) return {};
+  for (Value v : values)
+    if (!Valid(v)) return {};
+  const State first = Complete(values_[values[0].id], "stack");
+  std::vector<ShardMapBuilder::Value> locals;
+  Node node(Node::kStack);
+  for (Value v : values) {
+    if (!Check(values_[v.id].global == first.global,
+               absl::StrCat("stack: shapes (", absl::StrJoin(first.global, ", "), ") and (",
+                            absl::StrJoin(values_[v.id].global, ", "), ") differ"))) {
+      return {};
+    }
+    locals.push_back(Resolve(values_[v.id], first.spec, "stack").local);
+    node.operands.push_back(v.id);
+  }
+  State s = first;
+  s.local = sm_.Stack(locals, 0);
+  s.global.insert(s.global.begin(), static_cast<int64_t>(values.size()));
+  std::vector<PartitionSpec::Entry> entries = first.spec.Padded(first.global.size());
+  entries.insert(entries.begin(), PartitionSpec::Entry{});
+  s.spec = PartitionSpec(entries);
+  return Push(std::move(s), std::move(node));
+}
+
+std::vector<JitBuilder::Value> JitBuilder::AdamUpdate(Value param, Value grad, Value mu, Value nu,
+                                                      Value step, const v1::AdamWAttrs& hp) {
+  for (Value v : {param, grad, mu, nu, step})
+    if (!Valid(v)) return {};
+  const State p = Complete(values_[param.id], "adam update");
+  for (Value v : {grad, mu, nu}) {
+    if (!Check(values_[v.id].global == p.global,
+               absl::StrCat("adam update: param (", absl::StrJoin(p.global, ", "), ") and (",
+                            absl::StrJoin(values_[v.id].global, ", "), ") differ"))) {
+      return {};
+    }
+  }
+  if (!Check(values_[step.id].global.empty(), "adam update: step must be a scalar")) return {};
+  const std::string reason = "adam update";
+  const State g = Resolve(values_[grad.id], p.spec, reason);
+  const State m = Resolve(values_[mu.id], p.spec, reason);
+  const State v = Resolve(values_[nu.id], p.spec, reason);
+  const State t = Resolve(values_[step.id], PartitionSpec(), reason);
+  std::vector<ShardMapBuilder::Value> locals =
+      sm_.AdamUpdate(p.local, g.local, m.local, v.local, t.local, hp);
+  std::vector<Value> out;
+  for (ShardMapBuilder::Value local : locals) {
+    State s = p;
+    s.local = local;
+    out.push_back(
+        Push(std::move(s), Node(Node::kOptimizer, {param.id, grad.id, mu.id, nu.id, step.id})));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reverse-mode autodiff over the tape.
+
+struct JitBuilder::Cotangent {
+  Value sum;                      // the summed contributions, if any
+  std::map<int64_t, Value> rows;  // contributions to rows of dim 0 (from Index)
+  bool any() const { return sum.id >= 0 || !rows.empty(); }
+};
+
+namespace {
+
+// Positions of `dims` in the sorted list of [0, rank) minus `minus` (the free dims of a dot
+// operand, in operand order).
+std::vector<int64_t> FreeDims(size_t rank, const std::vector<int>& contracting,
+                              const std::vector<int>& batch) {
+  std::vector<int64_t> out;
+  for (size_t d = 0; d < rank; ++d) {
+    const auto in = [&](const std::vector<int>& v) {
+      return std::find(v.begin(), v.end(), static_cast<int>(d)) != v.end();
+    };
+    if (!in(contracting) && !in(batch)) out.push_back(static_cast<int64_t>(d));
+  }
+  return out;
+}
+
+std::vector<int64_t> Iota(int64_t begin, int64_t n) {
+  std::vector<int64_t> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = begin + i;
+  return v;
+}
+
+std::vector<int64_t> ToInt64(const std::vector<int>& v) {
+  return std::vector<int64_t>(v.begin(), v.end());
+}
+
+bool IsIdentity(const std::vector<int64_t>& perm) {
+  for (size_t i = 0; i < perm.size(); ++i)
+    if (perm[i] != static_cast<int64_t>(i)) return false;
+  return true;
+}
+
+}  // namespace
+
+void JitBuilder::Backprop(int id, Value g, std::vector<Cotangent>& cts) {
+  const Node node = values_[id].node;  // copied: values_ grows below
+  const auto add = [&](int operand, Value contribution) {
+    Cotangent& ct = cts[operand];
+    ct.sum = ct.sum.id < 0 ? contribution : Add(ct.sum, contribution);
+  };
+  const auto needs = [&](int operand) { return cts[operand].sum.id != -2; };
+  const Dims shape = values_[id].global;
+  switch (node.kind) {
+    case Node::kInput:
+    case Node::kConstant:
+    case Node::kStopGradient:
+      return;
+    case Node::kConstraint:
+      add(node.operands[0], WithShardingConstraint(g, node.spec));
+      return;
+    case Node::kUnary: {
+      const int x = node.operands[0];
+      if (node.fn == "neg") {
+        add(x, Unary("neg", g));
+      } else if (node.fn == "rsqrt") {  // d/dx x^-1/2 = -1/2 x^-3/2
+        add(x, Mul(g, Scale(Mul(Value{id}, Div(Value{id}, Value{x})), -0.5f)));
+      } else {
+        add(x, UnaryGrad(node.fn, Value{x}, g));
+      }
+      return;
+    }
+    case Node::kBinary: {
+      const int a = node.operands[0], b = node.operands[1];
+      // A scalar operand of a shaped result receives the sum of the cotangent.
+      const auto fit = [&](int operand, Value v) {
+        if (!values_[operand].global.empty() || shape.empty()) return v;
+        return Reduce("sum", v, Iota(0, static_cast<int64_t>(shape.size())));
+      };
+      if (node.fn == "add") {
+        if (needs(a)) add(a, fit(a, g));
+        if (needs(b)) add(b, fit(b, g));
+      } else if (node.fn == "sub") {
+        if (needs(a)) add(a, fit(a, g));
+        if (needs(b)) add(b, fit(b, Unary("neg", g)));
+      } else if (node.fn == "mul") {
+        if (needs(a)) add(a, fit(a, Mul(g, Value{b})));
+        if (needs(b)) add(b, fit(b, Mul(g, Value{a})));
+      } else if (node.fn == "div") {
+        if (needs(a)) add(a, fit(a, Div(g, Value{b})));
+        if (needs(b)) add(b, fit(b, Unary("neg", Div(Mul(g, Value{id}), Value{b}))));
+      } else {
+        Check(false, absl::StrCat("grad: binary ", node.fn, " is not differentiable here"));
+      }
+      return;
+    }
+    case Node::kUnaryGrad:
+      Check(false, "grad: a second derivative (of unary_grad) is not supported");
+      return;
+    case Node::kOptimizer:
+      Check(false, "grad: an optimizer update is not differentiable");
+      return;
+    case Node::kReduce: {
+      const int x = node.operands[0];
+      const Dims in = values_[x].global;
+      const PartitionSpec in_spec = values_[x].spec;
+      if (!Check(node.fn == "sum" || node.fn == "mean",
+                 absl::StrCat("grad: reduce ", node.fn, " is not differentiable here"))) {
+        return;
+      }
+      std::vector<int64_t> kept;
+      int64_t reduced = 1;
+      for (size_t d = 0; d < in.size(); ++d) {
+        if (std::find(node.dims.begin(), node.dims.end(), static_cast<int64_t>(d)) ==
+            node.dims.end()) {
+          kept.push_back(static_cast<int64_t>(d));
+        } else {
+          reduced *= in[d];
+        }
+      }
+      Value b = BroadcastInDim(g, in, kept, in_spec);
+      add(x, node.fn == "mean" ? Scale(b, 1.0f / static_cast<float>(reduced)) : b);
+      return;
+    }
+    case Node::kBroadcast: {
+      const int x = node.operands[0];
+      std::vector<int64_t> added;
+      for (size_t d = 0; d < shape.size(); ++d) {
+        if (std::find(node.dims.begin(), node.dims.end(), static_cast<int64_t>(d)) ==
+            node.dims.end()) {
+          added.push_back(static_cast<int64_t>(d));
+        }
+      }
+      add(x, added.empty() ? g : Reduce("sum", g, added));
+      return;
+    }
+    case Node::kTranspose: {
+      std::vector<int64_t> inverse(node.dims.size());
+      for (size_t i = 0; i < node.dims.size(); ++i) inverse[node.dims[i]] = static_cast<int64_t>(i);
+      add(node.operands[0], Transpose(g, inverse));
+      return;
+    }
+    case Node::kIndex: {
+      Cotangent& ct = cts[node.operands[0]];
+      auto it = ct.rows.find(node.index);
+      if (it == ct.rows.end()) {
+        ct.rows[node.index] = g;
+      } else {
+        it->second = Add(it->second, g);
+      }
+      return;
+    }
+    case Node::kStack:
+      for (size_t i = 0; i < node.operands.size(); ++i) {
+        if (needs(node.operands[i])) add(node.operands[i], Index(g, static_cast<int64_t>(i)));
+      }
+      return;
+    case Node::kDot: {
+      // jax's dot_general transpose rules: each operand's cotangent is a dot_general of the
+      // result's cotangent with the other operand, then a transpose into the operand's dim order.
+      const int a = node.operands[0], b = node.operands[1];
+      const spmd::DotDimensionNumbers& dn = node.dnums;
+      const size_t ra = values_[a].global.size(), rb = values_[b].global.size();
+      const int64_t nb = static_cast<int64_t>(dn.lhs_batch.size());
+      const std::vector<int64_t> lf = FreeDims(ra, dn.lhs_contracting, dn.lhs_batch);
+      const std::vector<int64_t> rf = FreeDims(rb, dn.rhs_contracting, dn.rhs_batch);
+      const std::vector<int64_t> g_lf = Iota(nb, static_cast<int64_t>(lf.size()));
+      const std::vector<int64_t> g_rf =
+          Iota(nb + static_cast<int64_t>(lf.size()), static_cast<int64_t>(rf.size()));
+      if (needs(a)) {
+        Value raw = DotGeneral(g, Value{b}, g_rf, rf, Iota(0, nb), ToInt64(dn.rhs_batch));
+        // raw dims: batch, lhs free (in order), then rhs contracting dims in increasing order.
+        std::vector<int64_t> perm(ra);
+        for (int64_t k = 0; k < nb; ++k) perm[dn.lhs_batch[k]] = k;
+        for (size_t i = 0; i < lf.size(); ++i) perm[lf[i]] = nb + static_cast<int64_t>(i);
+        std::vector<int> rc = dn.rhs_contracting;
+        std::sort(rc.begin(), rc.end());
+        for (size_t m = 0; m < rc.size(); ++m) {
+          const size_t k = std::find(dn.rhs_contracting.begin(), dn.rhs_contracting.end(), rc[m]) -
+                           dn.rhs_contracting.begin();
+          perm[dn.lhs_contracting[k]] = nb + static_cast<int64_t>(lf.size() + m);
+        }
+        add(a, IsIdentity(perm) ? raw : Transpose(raw, perm));
+      }
+      if (needs(b)) {
+        Value raw = DotGeneral(Value{a}, g, lf, g_lf, ToInt64(dn.lhs_batch), Iota(0, nb));
+        // raw dims: batch, lhs contracting dims in increasing order, then rhs free (in order).
+        std::vector<int64_t> perm(rb);
+        for (int64_t k = 0; k < nb; ++k) perm[dn.rhs_batch[k]] = k;
+        std::vector<int> lc = dn.lhs_contracting;
+        std::sort(lc.begin(), lc.end());
+        for (size_t m = 0; m < lc.size(); ++m) {
+          const size_t k = std::find(dn.lhs_contracting.begin(), dn.lhs_contracting.end(), lc[m]) -
+                           dn.lhs_contracting.begin();
+          perm[dn.rhs_contracting[k]] = nb + static_cast<int64_t>(m);
+        }
+        for (size_t j = 0; j < rf.size(); ++j)
+          perm[rf[j]] = nb + static_cast<int64_t>(lc.size() + j);
+        add(b, IsIdentity(perm) ? raw : Transpose(raw, perm));
+      }
+      return;
+    }
+  }
+}
+
+std::vector<JitBuilder::Value> JitBuilder::Grad(Value loss, const std::vector<Value>& wrt) {
+  std::vector<Value> grads(wrt.size());
+  if (!Valid(loss)) return grads;
+  for (Value w : wrt)
+    if (!Valid(w)) return grads;
+  if (!Check(values_[loss.id].global.empty() && values_[loss.id].dtype == v1::DTYPE_F32,
+             absl::StrCat("grad: the loss must be an f32 scalar; got shape (",
+                          absl::StrJoin(values_[loss.id].global, ", "), ")"))) {
+    return grads;
+  }
+  const int n = static_cast<int>(values_.size());
+  // Which values depend on `wrt` (only they get cotangents); sum.id == -2 marks the others.
+  std::vector<bool> wanted(n, false);
+  for (Value w : wrt) wanted[w.id] = true;
+  std::vector<bool> depends(n, false);
+  for (int id = 0; id < n; ++id) {
+    const Node& node = values_[id].node;
+    depends[id] = wanted[id];
+    if (node.kind == Node::kStopGradient) continue;
+    for (int o : node.operands) depends[id] = depends[id] || depends[o];
+  }
+  std::vector<Cotangent> cts(n);
+  for (int id = 0; id < n; ++id)
+    if (!depends[id]) cts[id].sum.id = -2;
+  if (depends[loss.id]) cts[loss.id].sum = Constant(1.0f, {});
+  for (int id = loss.id; id >= 0 && status_.ok(); --id) {
+    Cotangent& ct = cts[id];
+    if (!depends[id] || !ct.any()) continue;
+    if (!ct.rows.empty()) {
+      // Rows of a stacked value read by Index: the cotangent is the stack of the rows' ones.
+      const Dims global = values_[id].global;
+      const Dims row(global.begin() + 1, global.end());
+      std::vector<PartitionSpec::Entry> e = values_[id].spec.Padded(global.size());
+      const PartitionSpec row_spec(std::vector<PartitionSpec::Entry>(e.begin() + 1, e.end()));
+      std::vector<Value> rows;
+      for (int64_t i = 0; i < global[0]; ++i) {
+        auto it = ct.rows.find(i);
+        rows.push_back(it != ct.rows.end() ? it->second : Constant(0.0f, row, row_spec));
+      }
+      Value stacked = Stack(rows);
+      ct.sum = ct.sum.id < 0 ? stacked : Add(ct.sum, stacked);
+      ct.rows.clear();
+    }
+    if (!wanted[id]) Backprop(id, ct.sum, cts);
+  }
+  for (size_t i = 0; i < wrt.size(); ++i) {
+    if (cts[wrt[i].id].sum.id >= 0) {
+      grads[i] = cts[wrt[i].id].sum;
+    } else {
+      const State w = values_[wrt[i].id];
+      grads[i] = Constant(0.0f, w.global, w.spec);
+    }
+  }
+  return grads;
 }
 
 absl::StatusOr<v1::ShardMapProgram> JitBuilder::Build() const {

@@ -73,6 +73,20 @@ ShardMapBuilder::Value ShardMapBuilder::Unary(const std::string& fn, Value x) {
   return Restore(Add(std::move(op), dtype(x), shape(x)), original);
 }
 
+ShardMapBuilder::Value ShardMapBuilder::UnaryGrad(const std::string& fn, Value x, Value dy) {
+  if (!Valid(x) || !Valid(dy)) return {};
+  if (!Check(shape(x) == shape(dy), absl::StrCat(fn, " grad: x ", DimsToString(shape(x)), " and dy ",
+                                                 DimsToString(shape(dy)), " differ"))) {
+    return {};
+  }
+  const DType original = dtype(x);
+  x = ToF32(x);
+  dy = ToF32(dy);
+  v1::Op op = MakeOp(v1::OP_UNARY_GRAD, {Name(x), Name(dy)});
+  op.set_fn(fn);
+  return Restore(Add(std::move(op), dtype(x), shape(x)), original);
+}
+
 ShardMapBuilder::Value ShardMapBuilder::Pow(Value x, float exponent) {
   if (!Valid(x)) return {};
   const DType original = dtype(x);
@@ -313,6 +327,50 @@ ShardMapBuilder::Value ShardMapBuilder::Iota(DType dtype, const Dims& dims, int6
   v1::Op op = MakeOp(v1::OP_IOTA, {});
   op.set_dim(dim);
   return Add(std::move(op), dtype, dims);
+}
+
+std::vector<ShardMapBuilder::Value> ShardMapBuilder::AdamUpdate(Value param, Value grad, Value mu,
+                                                               Value nu, Value step,
+                                                               const v1::AdamWAttrs& hp) {
+  for (Value v : {param, grad, mu, nu, step})
+    if (!Valid(v)) return {};
+  for (Value v : {grad, mu, nu}) {
+    if (!Check(shape(v) == shape(param) && dtype(v) == v1::DTYPE_F32 && dtype(param) == v1::DTYPE_F32,
+               absl::StrCat("adam update: param ", DimsToString(shape(param)), " and ",
+                            DimsToString(shape(v)), " must be f32 of one shape"))) {
+      return {};
+    }
+  }
+  if (!Check(shape(step).empty(), absl::StrCat("adam update: step must be a scalar; got ",
+                                               DimsToString(shape(step))))) {
+    return {};
+  }
+  v1::Op op = MakeOp(v1::OP_ADAM_UPDATE, {Name(param), Name(grad), Name(mu), Name(nu), Name(step)});
+  *op.mutable_adamw() = hp;
+  std::vector<Value> outs;
+  for (int i = 0; i < 3; ++i) {
+    outs.push_back(Add(v1::Op(), v1::DTYPE_F32, shape(param)));  // declares the buffer only
+    op.add_outputs(Name(outs.back()));
+  }
+  if (program_.program().functions_size() == 0) program_.mutable_program()->add_functions()->set_name("main");
+  *program_.mutable_program()->mutable_functions(0)->add_ops() = std::move(op);
+  return outs;
+}
+
+ShardMapBuilder::Value ShardMapBuilder::RandomInit(const Dims& global_dims, const PartitionSpec& spec,
+                                                   const std::string& fn, float scale,
+                                                   const std::array<uint32_t, 2>& key) {
+  const NamedSharding sharding(mesh_, spec);
+  absl::Status fits = sharding.Validate(global_dims);
+  if (!Check(fits.ok(), absl::StrCat("random init: ", fits.message()))) return {};
+  v1::Op op = MakeOp(v1::OP_RANDOM_INIT, {});
+  op.set_fn(fn);
+  op.set_scale(scale);
+  for (int64_t d : global_dims) op.add_dims(d);
+  *op.mutable_spec() = spec.ToProto();
+  op.add_key(key[0]);
+  op.add_key(key[1]);
+  return Add(std::move(op), v1::DTYPE_F32, sharding.ShardDims(global_dims));
 }
 
 ShardMapBuilder::Value ShardMapBuilder::Full(DType dtype, const Dims& dims, double value) {

@@ -1,6 +1,7 @@
 #include "server/array_registry.h"
 
 #include <numeric>
+#include <set>
 #include <atomic>
 #include <thread>
 
@@ -184,11 +185,22 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> ArrayRegistry::ShardMap(const v1::Sha
     info.set_bytes_per_worker(NumElements(local) * DTypeSize(info.dtype()));
     outputs.push_back(info);
   }
+  std::set<std::string> donated;
+  for (int a : request.donate_argnums()) {
+    if (a < 0 || a >= request.input_ids_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("donate_argnums: ", a, " is not an argument index (0..",
+                                                     request.input_ids_size() - 1, ")"));
+    }
+    donated.insert(request.input_ids(a));
+  }
   {
     absl::MutexLock lock(&mu_);
     for (int i = 0; i < p.outputs_size(); ++i) {
       std::string id = request.output_ids_size() ? request.output_ids(i) : absl::StrCat("array-", next_id_++);
-      if (arrays_.count(id)) return absl::InvalidArgumentError(absl::StrCat("array id '", id, "' is in use"));
+      if (arrays_.count(id) && !donated.count(id)) {
+        return absl::InvalidArgumentError(absl::StrCat("array id '", id, "' is in use (only a donated argument's id ",
+                                                       "may be reused)"));
+      }
       outputs[i].set_id(id);
     }
   }
@@ -254,6 +266,14 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> ArrayRegistry::ShardMap(const v1::Sha
       v1::ResetTransportResponse resp;
       return stubs_[r]->ResetTransport(ctx, v1::ResetTransportRequest(), &resp);
     }).IgnoreError();
+    if (!donated.empty()) {
+      // As with jax.jit's donation, the donated arrays are consumed: some workers may already hold
+      // their results under those ids, so none of them is readable any more.
+      absl::MutexLock lock(&mu_);
+      for (const auto& id : donated) arrays_.erase(id);
+      s = absl::Status(s.code(), absl::StrCat(s.message(), "; the donated arrays (",
+                                              absl::StrJoin(donated, ", "), ") are consumed"));
+    }
     return s;
   }
   absl::MutexLock lock(&mu_);

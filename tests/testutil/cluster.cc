@@ -26,23 +26,34 @@ Tensor NormalTensor(Dims dims, uint32_t seed) {
   return t;
 }
 
-Tensor RunShardMap(Client& client, const absl::StatusOr<v1::ShardMapProgram>& program,
-                   const std::vector<const Tensor*>& inputs) {
+std::vector<Tensor> RunShardMapAll(Client& client, const absl::StatusOr<v1::ShardMapProgram>& program,
+                                   const std::vector<const Tensor*>& inputs) {
   EXPECT_TRUE(program.ok()) << program.status();
-  if (!program.ok()) return Tensor();
+  if (!program.ok()) return {};
   std::vector<std::string> ids;
   for (size_t i = 0; i < inputs.size(); ++i) {
     auto info = client.Put(*inputs[i], PartitionSpec::FromProto(program->in_specs(i)));
     EXPECT_TRUE(info.ok()) << info.status();
-    if (!info.ok()) return Tensor();
+    if (!info.ok()) return {};
     ids.push_back(info->id());
   }
   auto outs = client.ShardMap(*program, ids);
   EXPECT_TRUE(outs.ok()) << outs.status();
-  if (!outs.ok()) return Tensor();
-  auto result = client.Get((*outs)[0].id());
-  EXPECT_TRUE(result.ok()) << result.status();
-  return result.ok() ? *std::move(result) : Tensor();
+  if (!outs.ok()) return {};
+  std::vector<Tensor> results;
+  for (const auto& o : *outs) {
+    auto result = client.Get(o.id());
+    EXPECT_TRUE(result.ok()) << result.status();
+    if (!result.ok()) return {};
+    results.push_back(*std::move(result));
+  }
+  return results;
+}
+
+Tensor RunShardMap(Client& client, const absl::StatusOr<v1::ShardMapProgram>& program,
+                   const std::vector<const Tensor*>& inputs) {
+  std::vector<Tensor> results = RunShardMapAll(client, program, inputs);
+  return results.empty() ? Tensor() : std::move(results[0]);
 }
 
 }  // namespace meshrun::testing

@@ -28,6 +28,10 @@ Tensor NormalTensor(Dims dims, uint32_t seed);
 Tensor RunShardMap(Client& client, const absl::StatusOr<v1::ShardMapProgram>& program,
                    const std::vector<const Tensor*>& inputs);
 
+// As RunShardMap, returning every result (device_get); empty on any error (recorded).
+std::vector<Tensor> RunShardMapAll(Client& client, const absl::StatusOr<v1::ShardMapProgram>& program,
+                                   const std::vector<const Tensor*>& inputs);
+
 // Base of a suite whose tests share one cluster for Derived::kMesh (logs tagged Derived::kTag),
 // a client connected to it and the parsed mesh, started once per suite:
 //   class ShardMapE2ETest : public testing::ClusterSuite<ShardMapE2ETest> {

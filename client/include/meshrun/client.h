@@ -64,10 +64,15 @@ class Client {
   // cluster, whose specs must equal the program's in_specs; returns the results, which stay on
   // the cluster. Errors: InvalidArgument naming a mismatched argument or spec; the failing
   // worker's error (a collective deadline names the rank that did not arrive).
+  // donate_argnums (jax.jit's): arguments the call consumes; a result may reuse a donated
+  // argument's id, replacing that array. As in JAX the donated arrays are consumed: if the call
+  // fails they are deleted (the error names them); donated arguments no result replaces are left
+  // in place when it succeeds.
   absl::StatusOr<std::vector<v1::ArrayInfo>> ShardMap(const v1::ShardMapProgram& program,
                                                       const std::vector<std::string>& input_ids,
                                                       const std::vector<std::string>& output_ids = {},
-                                                      absl::Duration collective_timeout = absl::Seconds(30));
+                                                      absl::Duration collective_timeout = absl::Seconds(30),
+                                                      const std::vector<int>& donate_argnums = {});
 
   // Stops the workers and then the coordinator.
   absl::Status Shutdown();

@@ -19,6 +19,11 @@
 // psum before another op, or by a psum_scatter when a sharding constraint or output spec wants
 // it sharded over the partial axes.
 //
+// Every op is also recorded on a tape (the global program: ops on global arrays, no collectives),
+// over which Grad derives the reverse-mode VJP, as jax.vjp does: the backward ops are added to the
+// same program and partitioned by the same rules, so a data-parallel gradient's psum and FSDP's
+// psum_scatter come out of the partitioner, not out of hand-written collectives.
+//
 // Not thread-safe. The first error (a shape or spec that does not fit) is recorded with the op
 // that caused it and returned by Build(); ops added after it are ignored.
 #ifndef MESHRUN_CLIENT_JIT_H_
@@ -61,10 +66,39 @@ class JitBuilder {
   // jax.lax.with_sharding_constraint.
   Value WithShardingConstraint(Value v, const PartitionSpec& spec);
 
+  // jnp.full(global_dims, value) (f32), created directly in the layout `spec` (each device fills
+  // only its block).
+  Value Constant(float value, const Dims& global_dims, const PartitionSpec& spec = PartitionSpec());
+  // jax.lax.stop_gradient: x, with no gradient flowing back through it.
+  Value StopGradient(Value x);
+
   // Element-wise (ShardMapBuilder's functions: tanh, relu, exp, ..., add, sub, mul, div, max).
-  // Binary operands must have equal shapes.
+  // Binary operands must have equal shapes, or one of them is a scalar (shape []).
   Value Unary(const std::string& fn, Value x);
   Value Binary(const std::string& fn, Value a, Value b);
+  Value Add(Value a, Value b) { return Binary("add", a, b); }
+  Value Sub(Value a, Value b) { return Binary("sub", a, b); }
+  Value Mul(Value a, Value b) { return Binary("mul", a, b); }
+  Value Div(Value a, Value b) { return Binary("div", a, b); }
+  // x op scalar, the scalar a replicated constant.
+  Value Scale(Value x, float c) { return Mul(x, Constant(c, {})); }
+  // dy * fn'(x): the VJP of Unary(fn, x) (tanh exp log sqrt abs square relu logistic silu).
+  Value UnaryGrad(const std::string& fn, Value x, Value dy);
+  // jax.lax.broadcast_in_dim(x, out_dims, broadcast_dimensions): x's dim i becomes the output's
+  // dim broadcast_dimensions[i] (increasing; sizes equal); the other dims are new. The result is
+  // laid out as `out_spec` (x's dims are resharded to its entries; each device broadcasts only
+  // into its block).
+  Value BroadcastInDim(Value x, const Dims& out_dims,
+                       const std::vector<int64_t>& broadcast_dimensions,
+                       const PartitionSpec& out_spec = PartitionSpec());
+  // jnp.transpose(x, perm): the output's dim i is x's dim perm[i]; the layout is permuted alike.
+  Value Transpose(Value x, const std::vector<int64_t>& perm);
+  // x[index] along dim 0 (a static index; dim 0 is all_gathered first if it is sharded), as a
+  // scan over stacked layers reads layer `index`'s parameters.
+  Value Index(Value x, int64_t index);
+  // jnp.stack(values, axis=0): equal shapes, laid out as the first (the others are resharded);
+  // the new dim 0 is not sharded.
+  Value Stack(const std::vector<Value>& values);
   // jnp.dot of 2-D arrays and jax.lax.dot_general (result: batch, lhs free, rhs free dims).
   Value Dot(Value a, Value b) { return DotGeneral(a, b, {1}, {0}); }
   Value DotGeneral(Value a, Value b, const std::vector<int64_t>& lhs_contracting,
@@ -74,16 +108,70 @@ class JitBuilder {
   // fn: sum, mean, max over `dims`.
   Value Reduce(const std::string& fn, Value x, const std::vector<int64_t>& dims);
 
-  const Dims& shape(Value v) const { return values_[v.id].global; }
+  // optax.adamw (weight_decay 0: optax.adam) on one parameter, fused: param, grad, mu, nu of one
+  // global shape, step an f32 scalar (the count before this update). Runs in param's layout: grad
+  // (partial sums and all), mu and nu are resolved to it, so an FSDP parameter's gradient is
+  // psum_scattered, and the optimizer state stays sharded exactly like its parameter (ZeRO).
+  // Returns {param', mu', nu'}. Not differentiable.
+  std::vector<Value> AdamUpdate(Value param, Value grad, Value mu, Value nu, Value step,
+                                const v1::AdamWAttrs& hp);
+
+  // Reverse-mode autodiff (jax.grad of a scalar): the gradient of `loss` (f32, shape []) with
+  // respect to each of `wrt`, in the same order, each with its value's global shape. A value
+  // `loss` does not depend on gets a zero gradient. The cotangents are new values of this
+  // program; their layouts are whatever the partitioner chose (constrain them, e.g. to the
+  // parameter's sharding, with WithShardingConstraint). Differentiable ops: everything above
+  // except Reduce max, the binary max / min and AdamUpdate (an error names the op). Each call
+  // differentiates one loss (gradient accumulation calls it once per minibatch).
+  std::vector<Value> Grad(Value loss, const std::vector<Value>& wrt);
+
+  const Mesh& mesh() const { return mesh_; }
+  // The global shape of `v` (empty for an invalid value).
+  const Dims& shape(Value v) const {
+    static const Dims kNone;
+    return v.id >= 0 && v.id < static_cast<int>(values_.size()) ? values_[v.id].global : kNone;
+  }
   // The layout chosen for `v` (partial sums not yet completed are not part of it).
-  PartitionSpec sharding(Value v) const { return values_[v.id].spec; }
+  PartitionSpec sharding(Value v) const {
+    return v.id >= 0 && v.id < static_cast<int>(values_.size()) ? values_[v.id].spec
+                                                                : PartitionSpec();
+  }
   // The collectives inserted so far, in program order.
   const std::vector<Collective>& collectives() const { return collectives_; }
 
   absl::StatusOr<v1::ShardMapProgram> Build() const;
 
  private:
+  // One op of the global program (the tape Grad walks).
+  struct Node {
+    enum Kind {
+      kInput,
+      kConstant,
+      kStopGradient,
+      kConstraint,
+      kUnary,
+      kUnaryGrad,
+      kBinary,
+      kDot,
+      kReduce,
+      kBroadcast,
+      kTranspose,
+      kIndex,
+      kStack,
+      kOptimizer
+    };
+    explicit Node(Kind k = kInput, std::vector<int> ops = {}, std::string f = "")
+        : kind(k), operands(std::move(ops)), fn(std::move(f)) {}
+    Kind kind;
+    std::vector<int> operands;
+    std::string fn;             // kUnary, kUnaryGrad, kBinary, kReduce
+    std::vector<int64_t> dims;  // kReduce dims, kBroadcast broadcast_dimensions, kTranspose perm
+    spmd::DotDimensionNumbers dnums;  // kDot
+    int64_t index = 0;                // kIndex
+    PartitionSpec spec;               // kConstraint, kBroadcast
+  };
   struct State {
+    Node node;
     ShardMapBuilder::Value local;
     DType dtype;
     Dims global;
@@ -91,7 +179,11 @@ class JitBuilder {
     std::vector<std::string> partial;  // pending reduction over these axes
     std::string partial_fn;            // sum, mean or max
   };
-  Value Add(State s);
+  // Appends a value computed by `node`.
+  Value Push(State s, Node node);
+  // The cotangent contributions of one value during Grad.
+  struct Cotangent;
+  void Backprop(int id, Value g, std::vector<Cotangent>& cts);
   bool Check(bool ok, const std::string& message);
   bool Valid(Value v) const {
     return status_.ok() && v.id >= 0 && v.id < static_cast<int>(values_.size());

@@ -11,6 +11,7 @@
 #ifndef MESHRUN_CLIENT_INCLUDE_MESHRUN_SHARD_MAP_H_
 #define MESHRUN_CLIENT_INCLUDE_MESHRUN_SHARD_MAP_H_
 
+#include <array>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,6 +48,8 @@ class ShardMapBuilder {
   Value Tanh(Value x) { return Unary("tanh", x); }
   Value Sqrt(Value x) { return Unary("sqrt", x); }
   Value Pow(Value x, float exponent);
+  // dy * fn'(x): the VJP of Unary(fn, x) (fn: tanh exp log sqrt abs square relu logistic silu).
+  Value UnaryGrad(const std::string& fn, Value x, Value dy);
   // Binary fn: add sub mul div max min, with numpy broadcasting of both sides.
   Value Binary(const std::string& fn, Value a, Value b);
   Value Add(Value a, Value b) { return Binary("add", a, b); }
@@ -80,6 +83,16 @@ class ShardMapBuilder {
   // jax.random.bits(key, dims) as u32.
   Value RandomBits(Value key, const Dims& dims);
   Value Full(DType dtype, const Dims& dims, double value);
+
+  // optax.adamw (weight_decay 0: optax.adam) on one block, out of place: returns param', mu', nu'.
+  // step: f32 [], the step count before this update (t = step + 1).
+  std::vector<Value> AdamUpdate(Value param, Value grad, Value mu, Value nu, Value step,
+                                const v1::AdamWAttrs& hp);
+
+  // This device's block of a global f32 array of `global_dims` laid out as `spec`, drawn as the
+  // whole array would be: fn zeros, ones, normal or truncated_normal (times `scale`) with `key`.
+  Value RandomInit(const Dims& global_dims, const PartitionSpec& spec, const std::string& fn,
+                   float scale, const std::array<uint32_t, 2>& key);
 
   // jax.lax collectives over one or several mesh axes (the first major).
   Value AxisIndex(const std::vector<std::string>& axes);

@@ -1,0 +1,128 @@
+// Train steps derived from a loss function, and the TrainState they update on the cluster.
+//
+// BuildTrainStep traces the loss twice, as jax.jit does with abstract values: the first trace
+// (no cluster, nothing allocated: jax.eval_shape) finds the parameters and their layouts; the
+// second builds the global step program: the forward pass per minibatch, its VJP
+// (JitBuilder::Grad), the mean of the minibatch gradients, and the optimizer update, then
+// partitioned. Gradients of sharded parameters come out with the parameter's sharding (a
+// data-parallel psum, FSDP's psum_scatter), and the optimizer state is sharded exactly like its
+// parameter.
+//
+//   nn::ShardingConfig sharding{*ParseLogicalAxisRules("batch=data,hidden=model")};
+//   auto step = BuildTrainStep(mesh, sharding, OptimizerConfig{}, {{"x", {8, 1024}, {"batch",
+//   ""}}},
+//       [](nn::Scope& s, const std::vector<nn::Value>& b) {
+//         JitBuilder& jit = s.jit();
+//         return jit.Reduce("sum", nn::Mlp(s.Child("mlp"), b[0], 4, 1024, true), {0, 1});
+//       }, /*seed=*/0);
+//   auto state = TrainState::Init(client, *step);   // sharded init: each worker draws its blocks
+//   state->Step({x_id});                             // -> the loss
+//
+// TrainState: step (f32 [], the number of updates applied, exact to 2^24), params, opt_state
+// (optax.adam's mu and nu per parameter; none for sgd). Each is an array on the cluster named
+// "<prefix>/<name>" (e.g. train_state/params/mlp/W1, train_state/opt_state/mu/params/mlp/W1).
+#ifndef MESHRUN_CLIENT_INCLUDE_MESHRUN_TRAIN_STEP_H_
+#define MESHRUN_CLIENT_INCLUDE_MESHRUN_TRAIN_STEP_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/sharding/mesh.h"
+#include "meshrun/client.h"
+#include "meshrun/jit.h"
+#include "meshrun/nn.h"
+
+namespace meshrun {
+
+// optax.sgd, optax.adam, optax.adamw (shared/REFERENCE.md).
+struct OptimizerConfig {
+  enum Kind { kSgd, kAdam, kAdamW };
+  Kind kind = kAdam;
+  float learning_rate = 1e-3f;
+  float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 1e-4f;  // adamw only
+};
+// "sgd", "adam", "adamw". Errors: InvalidArgument naming the value.
+absl::StatusOr<OptimizerConfig::Kind> ParseOptimizerKind(const std::string& name);
+
+// One batch input: its global shape per minibatch and the logical names of its dims
+// (('batch', None) -> P('data', None) under batch=data). With num_minibatches k > 1 the array fed
+// is [k, ...shape] (the seed's accumulate_gradients reshape), its leading dim unsharded.
+struct BatchSpec {
+  std::string name;
+  Dims shape;
+  std::vector<std::string> logical_axes;
+};
+
+// The loss of one minibatch: a scalar f32 value of scope.jit().
+using LossFn = std::function<nn::Value(nn::Scope& scope, const std::vector<nn::Value>& batch)>;
+
+// An array of the TrainState or of the batch, as the plan lists it.
+struct PlannedArray {
+  std::string name;
+  Dims shape;
+  PartitionSpec spec;
+  int64_t bytes_per_worker = 0;  // f32
+};
+
+struct TrainStep {
+  Mesh mesh;
+  // Arguments: state (in `state`'s order), then the batch; results: the new state, then the
+  // mean loss of the step (f32 []). State arguments are donated.
+  v1::ShardMapProgram step;
+  // No arguments; results: the initial state (sharded initialisation).
+  v1::ShardMapProgram init;
+  std::vector<nn::ParamInfo> params;
+  std::vector<PlannedArray> state;  // "step", "params/...", "opt_state/mu/params/...", ...
+  std::vector<PlannedArray> batch;
+  std::vector<JitBuilder::Collective> collectives;  // of one step
+  int num_minibatches = 1;
+
+  // Bytes of params + optimizer state each worker holds.
+  int64_t StateBytesPerWorker() const;
+  // What `meshrun plan` prints: every state array's PartitionSpec and bytes per worker (as the
+  // seeds print state_spec), the batch layout, and the collectives of one step with their bytes.
+  std::string Plan() const;
+};
+
+// Errors (InvalidArgument, before anything is allocated), naming the parameter or input and the
+// dim: a rule naming a mesh axis that does not exist, a logical name on two dims, a shape that
+// does not divide, a loss that is not a scalar, an op the partitioner cannot lay out.
+absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingConfig& sharding,
+                                         const OptimizerConfig& optimizer,
+                                         const std::vector<BatchSpec>& batch, const LossFn& loss,
+                                         uint64_t seed, int num_minibatches = 1);
+
+// A TrainState living on the cluster. Not thread-safe; the arrays stay on the cluster until
+// Delete.
+class TrainState {
+ public:
+  // Runs `step.init` on the cluster: every worker draws only its blocks of the parameters (the
+  // values equal the unsharded draw for the seed, whatever the mesh) and zeroes its blocks of the
+  // optimizer state. Errors: the cluster's (e.g. an id in use under `prefix`).
+  static absl::StatusOr<TrainState> Init(Client* client, const TrainStep* step,
+                                         std::string prefix = "train_state");
+
+  // One step on batch arrays already on the cluster (laid out as step.batch). Returns the loss.
+  absl::StatusOr<float> Step(const std::vector<std::string>& batch_ids);
+  // device_get of one state array by its name ("params/mlp/W1").
+  absl::StatusOr<Tensor> Get(const std::string& name) const;
+  // The cluster id of a state array.
+  std::string Id(const std::string& name) const { return prefix_ + "/" + name; }
+  int64_t steps() const { return steps_; }
+  absl::Status Delete();
+
+ private:
+  TrainState(Client* client, const TrainStep* step, std::string prefix)
+      : client_(client), step_(step), prefix_(std::move(prefix)) {}
+  Client* client_;
+  const TrainStep* step_;
+  std::string prefix_;
+  int64_t steps_ = 0;
+};
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_CLIENT_INCLUDE_MESHRUN_TRAIN_STEP_H_

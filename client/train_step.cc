@@ -1,0 +1,271 @@
+#include "meshrun/train_step.h"
+
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/sharding/named_sharding.h"
+
+namespace meshrun {
+namespace {
+
+int64_t BytesPerWorker(const Mesh& mesh, const Dims& shape, const PartitionSpec& spec) {
+  return NumElements(NamedSharding(mesh, spec).ShardDims(shape)) *
+         static_cast<int64_t>(sizeof(float));
+}
+
+// The batch arrays' layouts: the rules applied to each input's logical axes; with minibatches,
+// a leading unsharded dim.
+absl::StatusOr<std::vector<PlannedArray>> PlanBatch(const Mesh& mesh,
+                                                    const nn::ShardingConfig& sharding,
+                                                    const std::vector<BatchSpec>& batch,
+                                                    int num_minibatches) {
+  std::vector<PlannedArray> out;
+  for (const BatchSpec& b : batch) {
+    if (b.logical_axes.size() != b.shape.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch input ", b.name, ": ", b.logical_axes.size(),
+                       " logical axes for shape (", absl::StrJoin(b.shape, ", "), ")"));
+    }
+    absl::StatusOr<PartitionSpec> spec = LogicalToMesh(b.logical_axes, sharding.rules);
+    if (!spec.ok())
+      return absl::InvalidArgumentError(
+          absl::StrCat("batch input ", b.name, ": ", spec.status().message()));
+    if (absl::Status s = NamedSharding(mesh, *spec).Validate(b.shape); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("batch input ", b.name, ": ", s.message()));
+    }
+    PlannedArray a{b.name, b.shape, *spec, 0};
+    if (num_minibatches > 1) {
+      a.shape.insert(a.shape.begin(), num_minibatches);
+      std::vector<PartitionSpec::Entry> e = spec->Padded(b.shape.size());
+      e.insert(e.begin(), PartitionSpec::Entry{});
+      a.spec = PartitionSpec(e);
+    }
+    a.bytes_per_worker = BytesPerWorker(mesh, a.shape, a.spec);
+    out.push_back(a);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<OptimizerConfig::Kind> ParseOptimizerKind(const std::string& name) {
+  if (name == "sgd") return OptimizerConfig::kSgd;
+  if (name == "adam") return OptimizerConfig::kAdam;
+  if (name == "adamw") return OptimizerConfig::kAdamW;
+  return absl::InvalidArgumentError(
+      absl::StrCat("optimizer '", name, "': expected sgd, adam or adamw"));
+}
+
+int64_t TrainStep::StateBytesPerWorker() const {
+  int64_t total = 0;
+  for (const PlannedArray& a : state) total += a.bytes_per_worker;
+  return total;
+}
+
+std::string TrainStep::Plan() const {
+  std::string out =
+      absl::StrCat("mesh ", mesh.ToString(), "\nstate (", state.size(), " arrays):\n");
+  for (const PlannedArray& a : state) {
+    absl::StrAppendFormat(&out, "  %-44s (%s)  %s  %d bytes/worker\n", a.name,
+                          absl::StrJoin(a.shape, ", "), a.spec.ToString(), a.bytes_per_worker);
+  }
+  absl::StrAppendFormat(&out, "  total %d bytes/worker\nbatch:\n", StateBytesPerWorker());
+  for (const PlannedArray& a : batch) {
+    absl::StrAppendFormat(&out, "  %-44s (%s)  %s  %d bytes/worker\n", a.name,
+                          absl::StrJoin(a.shape, ", "), a.spec.ToString(), a.bytes_per_worker);
+  }
+  int64_t bytes = 0;
+  absl::StrAppendFormat(&out, "collectives of one step (%d):\n", collectives.size());
+  for (const JitBuilder::Collective& c : collectives) {
+    absl::StrAppendFormat(
+        &out, "  %-12s over (%s)%s  %d bytes/worker  for %s\n", c.op, absl::StrJoin(c.axes, ", "),
+        c.dim >= 0 ? absl::StrCat(" dim ", c.dim) : "", c.bytes_per_device, c.reason);
+    bytes += c.bytes_per_device;
+  }
+  absl::StrAppendFormat(&out, "  total %d bytes/worker sent per step\n", bytes);
+  return out;
+}
+
+absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingConfig& sharding,
+                                         const OptimizerConfig& optimizer,
+                                         const std::vector<BatchSpec>& batch, const LossFn& loss_fn,
+                                         uint64_t seed, int num_minibatches) {
+  if (num_minibatches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_minibatches ", num_minibatches, ": expected >= 1"));
+  }
+  TrainStep out{mesh, {}, {}, {}, {}, {}, {}, num_minibatches};
+  absl::StatusOr<std::vector<PlannedArray>> planned_batch =
+      PlanBatch(mesh, sharding, batch, num_minibatches);
+  if (!planned_batch.ok()) return planned_batch.status();
+  out.batch = *planned_batch;
+
+  // Trace 1 (abstract): which parameters, with which layouts.
+  {
+    JitBuilder probe(mesh);
+    nn::Scope scope(probe, sharding);
+    std::vector<nn::Value> inputs;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      std::vector<PartitionSpec::Entry> e = out.batch[i].spec.Padded(out.batch[i].shape.size());
+      if (num_minibatches > 1) e.erase(e.begin());
+      inputs.push_back(probe.Input(v1::DTYPE_F32, batch[i].shape, PartitionSpec(e)));
+    }
+    nn::Value loss = loss_fn(scope, inputs);
+    if (!scope.status().ok()) return scope.status();
+    probe.Output(loss, PartitionSpec());
+    if (absl::StatusOr<v1::ShardMapProgram> p = probe.Build(); !p.ok()) return p.status();
+    if (!probe.shape(loss).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("the loss must be a scalar; got shape (",
+                                                     absl::StrJoin(probe.shape(loss), ", "), ")"));
+    }
+    out.params = scope.params();
+  }
+  if (out.params.empty()) return absl::InvalidArgumentError("the loss has no parameters");
+
+  // Trace 2: the step program.
+  JitBuilder jit(mesh);
+  const bool adam = optimizer.kind != OptimizerConfig::kSgd;
+  out.state.push_back({"step", {}, PartitionSpec(), 4});
+  nn::Value step = jit.Input(v1::DTYPE_F32, {}, PartitionSpec());
+  nn::Scope scope(jit, sharding, out.params);
+  for (const nn::ParamInfo& p : out.params) {
+    out.state.push_back({p.name, p.shape, p.spec, BytesPerWorker(mesh, p.shape, p.spec)});
+  }
+  std::vector<nn::Value> mu, nu;
+  if (adam) {
+    for (const char* moment : {"mu", "nu"}) {
+      for (const nn::ParamInfo& p : out.params) {
+        out.state.push_back({absl::StrCat("opt_state/", moment, "/", p.name), p.shape, p.spec,
+                             BytesPerWorker(mesh, p.shape, p.spec)});
+        (moment[0] == 'm' ? mu : nu).push_back(jit.Input(v1::DTYPE_F32, p.shape, p.spec));
+      }
+    }
+  }
+  std::vector<nn::Value> batch_values;
+  for (const PlannedArray& a : out.batch)
+    batch_values.push_back(jit.Input(v1::DTYPE_F32, a.shape, a.spec));
+
+  const std::vector<nn::Value> params = scope.param_values();
+  std::vector<nn::Value> grads;
+  nn::Value loss_sum;
+  for (int k = 0; k < num_minibatches; ++k) {
+    std::vector<nn::Value> mb;
+    for (nn::Value v : batch_values) mb.push_back(num_minibatches > 1 ? jit.Index(v, k) : v);
+    nn::Value loss = loss_fn(scope, mb);
+    if (!scope.status().ok()) return scope.status();
+    std::vector<nn::Value> g = jit.Grad(loss, params);
+    loss_sum = k == 0 ? loss : jit.Add(loss_sum, loss);
+    if (k == 0) {
+      grads = g;
+    } else {
+      for (size_t j = 0; j < g.size(); ++j) grads[j] = jit.Add(grads[j], g[j]);
+    }
+  }
+  if (num_minibatches > 1) {
+    // The seed's accumulate_gradients: the mean of the minibatch gradients and losses.
+    const float inv = 1.0f / static_cast<float>(num_minibatches);
+    for (nn::Value& g : grads) g = jit.Scale(g, inv);
+    loss_sum = jit.Scale(loss_sum, inv);
+  }
+  v1::AdamWAttrs hp;
+  hp.set_learning_rate(optimizer.learning_rate);
+  hp.set_b1(optimizer.b1);
+  hp.set_b2(optimizer.b2);
+  hp.set_eps(optimizer.eps);
+  hp.set_weight_decay(optimizer.kind == OptimizerConfig::kAdamW ? optimizer.weight_decay : 0.0f);
+  std::vector<nn::Value> new_params, new_mu, new_nu;
+  for (size_t j = 0; j < params.size(); ++j) {
+    // The gradient in its parameter's layout: psum over the axes it was summed over, or
+    // psum_scatter where the parameter is sharded over them (FSDP).
+    nn::Value g = jit.WithShardingConstraint(grads[j], out.params[j].spec);
+    if (adam) {
+      std::vector<nn::Value> u = jit.AdamUpdate(params[j], g, mu[j], nu[j], step, hp);
+      if (u.size() != 3) break;
+      new_params.push_back(u[0]);
+      new_mu.push_back(u[1]);
+      new_nu.push_back(u[2]);
+    } else {
+      new_params.push_back(jit.Sub(params[j], jit.Scale(g, optimizer.learning_rate)));
+    }
+  }
+  jit.Output(jit.Add(step, jit.Constant(1.0f, {})), PartitionSpec());
+  for (size_t j = 0; j < new_params.size(); ++j) jit.Output(new_params[j], out.params[j].spec);
+  for (size_t j = 0; j < new_mu.size(); ++j) jit.Output(new_mu[j], out.params[j].spec);
+  for (size_t j = 0; j < new_nu.size(); ++j) jit.Output(new_nu[j], out.params[j].spec);
+  jit.Output(loss_sum, PartitionSpec());
+  absl::StatusOr<v1::ShardMapProgram> program = jit.Build();
+  if (!program.ok()) return program.status();
+  out.step = *std::move(program);
+  out.collectives = jit.collectives();
+
+  // The init program: each worker draws its own blocks.
+  ShardMapBuilder init(mesh);
+  init.Output(init.Full(v1::DTYPE_F32, {}, 0.0), PartitionSpec());
+  for (const nn::ParamInfo& p : out.params) {
+    absl::StatusOr<nn::Draw> d = nn::ResolveInitializer(p.init, p.shape, p.batch_dims);
+    if (!d.ok()) return d.status();
+    init.Output(init.RandomInit(p.shape, p.spec, d->fn, d->scale, nn::ParamKey(seed, p.name)),
+                p.spec);
+  }
+  if (adam) {
+    for (int moment = 0; moment < 2; ++moment) {
+      for (const nn::ParamInfo& p : out.params)
+        init.Output(init.RandomInit(p.shape, p.spec, "zeros", 0, {0, 0}), p.spec);
+    }
+  }
+  absl::StatusOr<v1::ShardMapProgram> init_program = init.Build();
+  if (!init_program.ok()) return init_program.status();
+  out.init = *std::move(init_program);
+  return out;
+}
+
+absl::StatusOr<TrainState> TrainState::Init(Client* client, const TrainStep* step,
+                                            std::string prefix) {
+  TrainState state(client, step, std::move(prefix));
+  std::vector<std::string> ids;
+  for (const PlannedArray& a : step->state) ids.push_back(state.Id(a.name));
+  absl::StatusOr<std::vector<v1::ArrayInfo>> out = client->ShardMap(step->init, {}, ids);
+  if (!out.ok()) return out.status();
+  return state;
+}
+
+absl::StatusOr<float> TrainState::Step(const std::vector<std::string>& batch_ids) {
+  if (batch_ids.size() != step_->batch.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("train step takes ", step_->batch.size(),
+                                                   " batch arrays; got ", batch_ids.size()));
+  }
+  std::vector<std::string> inputs, outputs;
+  std::vector<int> donate;
+  for (const PlannedArray& a : step_->state) {
+    donate.push_back(static_cast<int>(inputs.size()));
+    inputs.push_back(Id(a.name));
+    outputs.push_back(Id(a.name));
+  }
+  inputs.insert(inputs.end(), batch_ids.begin(), batch_ids.end());
+  const std::string loss_id = Id("loss");
+  outputs.push_back(loss_id);
+  absl::StatusOr<std::vector<v1::ArrayInfo>> out =
+      client_->ShardMap(step_->step, inputs, outputs, absl::Seconds(30), donate);
+  if (!out.ok()) return out.status();
+  absl::StatusOr<Tensor> loss = client_->Get(loss_id);
+  absl::Status deleted = client_->Delete(loss_id);
+  if (!loss.ok()) return loss.status();
+  if (!deleted.ok()) return deleted;
+  ++steps_;
+  return loss->data<float>()[0];
+}
+
+absl::StatusOr<Tensor> TrainState::Get(const std::string& name) const {
+  return client_->Get(Id(name));
+}
+
+absl::Status TrainState::Delete() {
+  for (const PlannedArray& a : step_->state) {
+    if (absl::Status s = client_->Delete(Id(a.name)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace meshrun

@@ -1,0 +1,431 @@
+// Train steps derived by autodiff and partitioned from annotations alone, on real clusters of
+// worker processes: gradients against the host's, sharded initialisation against the unsharded
+// draw, and the seeds' workloads (000's scan-stacked MLP, 003's DotReluDot with MSE, the seed
+// classifier) whose first 20 losses under every layout agree with a single worker's.
+#include "meshrun/train_step.h"
+
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/data/idx_dataset.h"
+#include "core/sharding/logical_axes.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "meshrun/client.h"
+#include "meshrun/jit.h"
+#include "meshrun/local_cluster.h"
+#include "meshrun/nn.h"
+#include "tests/testutil/cluster.h"
+
+namespace meshrun {
+namespace {
+
+PartitionSpec P(std::vector<std::string> names) { return PartitionSpec::Of(std::move(names)); }
+
+std::vector<std::string> Ops(const std::vector<JitBuilder::Collective>& cs) {
+  std::vector<std::string> out;
+  for (const auto& c : cs) {
+    out.push_back(absl::StrCat(c.op, "(", absl::StrJoin(c.axes, ","), ")",
+                               c.dim >= 0 ? absl::StrCat("@", c.dim) : ""));
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gradients: loss = mean((relu(x @ w1) @ w2 - t)^2), against the host's analytic gradients.
+
+constexpr int64_t kB = 8, kD = 32, kH = 64;
+
+struct HostGrads {
+  double loss = 0;
+  std::vector<double> dw1, dw2;
+};
+
+HostGrads HostDotReluDotMse(const Tensor& x, const Tensor& w1, const Tensor& w2, const Tensor& t) {
+  const float *X = x.data<float>(), *W1 = w1.data<float>(), *W2 = w2.data<float>(),
+              *T = t.data<float>();
+  std::vector<double> pre(kB * kH), h(kB * kH), dy(kB * kD), dh(kB * kH);
+  for (int64_t i = 0; i < kB; ++i)
+    for (int64_t j = 0; j < kH; ++j) {
+      double s = 0;
+      for (int64_t p = 0; p < kD; ++p) s += double{X[i * kD + p]} * W1[p * kH + j];
+      pre[i * kH + j] = s;
+      h[i * kH + j] = std::max(s, 0.0);
+    }
+  HostGrads g;
+  const double n = kB * kD;
+  for (int64_t i = 0; i < kB; ++i)
+    for (int64_t j = 0; j < kD; ++j) {
+      double y = 0;
+      for (int64_t p = 0; p < kH; ++p) y += h[i * kH + p] * W2[p * kD + j];
+      const double d = y - T[i * kD + j];
+      g.loss += d * d / n;
+      dy[i * kD + j] = 2 * d / n;
+    }
+  g.dw2.assign(kH * kD, 0);
+  for (int64_t p = 0; p < kH; ++p)
+    for (int64_t j = 0; j < kD; ++j)
+      for (int64_t i = 0; i < kB; ++i) g.dw2[p * kD + j] += h[i * kH + p] * dy[i * kD + j];
+  for (int64_t i = 0; i < kB; ++i)
+    for (int64_t p = 0; p < kH; ++p) {
+      double s = 0;
+      for (int64_t j = 0; j < kD; ++j) s += dy[i * kD + j] * W2[p * kD + j];
+      dh[i * kH + p] = pre[i * kH + p] > 0 ? s : 0;
+    }
+  g.dw1.assign(kD * kH, 0);
+  for (int64_t q = 0; q < kD; ++q)
+    for (int64_t p = 0; p < kH; ++p)
+      for (int64_t i = 0; i < kB; ++i) g.dw1[q * kH + p] += double{X[i * kD + q]} * dh[i * kH + p];
+  return g;
+}
+
+struct GradLayout {
+  std::string name;
+  PartitionSpec x, w1, w2;
+  std::vector<std::string> expected;  // the collectives the partitioner must insert
+};
+
+std::vector<GradLayout> GradLayouts() {
+  return {
+      // Data parallel: each weight gradient is summed over 'data' (the psum of DP's pmean).
+      {"data_parallel",
+       P({"data", ""}),
+       PartitionSpec(),
+       PartitionSpec(),
+       {"pmean(data)", "psum(data)", "psum(data)"}},
+      // Tensor parallel: the forward psum over 'model', then each gradient's psum over 'data'.
+      {"tensor_parallel",
+       P({"data", ""}),
+       P({"", "model"}),
+       P({"model", ""}),
+       {"psum(model)", "pmean(data)", "psum(data)", "psum(data)"}},
+      // FSDP: weights all_gathered for use, gradients reduce-scattered into the weights' layout.
+      {"fsdp",
+       P({"data", ""}),
+       P({"", "data"}),
+       P({"data", ""}),
+       {"all_gather(data)@1", "all_gather(data)@0", "all_gather(data)@0", "pmean(data)",
+        "psum_scatter(data)@1", "psum_scatter(data)@0"}},
+  };
+}
+
+JitBuilder GradProgram(const Mesh& mesh, const GradLayout& l) {
+  JitBuilder jit(mesh);
+  auto x = jit.Input(v1::DTYPE_F32, {kB, kD}, l.x);
+  auto w1 = jit.Input(v1::DTYPE_F32, {kD, kH}, l.w1);
+  auto w2 = jit.Input(v1::DTYPE_F32, {kH, kD}, l.w2);
+  auto t = jit.Input(v1::DTYPE_F32, {kB, kD}, l.x);
+  auto loss = nn::MseLoss(jit, jit.Dot(jit.Unary("relu", jit.Dot(x, w1)), w2), t);
+  std::vector<JitBuilder::Value> g = jit.Grad(loss, {w1, w2});
+  jit.Output(loss, PartitionSpec());
+  jit.Output(jit.WithShardingConstraint(g[0], l.w1), l.w1);
+  jit.Output(jit.WithShardingConstraint(g[1], l.w2), l.w2);
+  return jit;
+}
+
+TEST(AutodiffTest, GradientCollectivesFollowFromTheLayouts) {
+  const Mesh mesh = *Mesh::Parse("data=2,model=4");
+  for (const GradLayout& l : GradLayouts()) {
+    JitBuilder jit = GradProgram(mesh, l);
+    ASSERT_TRUE(jit.Build().ok()) << l.name << ": " << jit.Build().status();
+    EXPECT_EQ(Ops(jit.collectives()), l.expected) << l.name;
+  }
+}
+
+TEST(AutodiffTest, RejectsNonScalarLossesAndNonDifferentiableOps) {
+  JitBuilder jit(*Mesh::Parse("data=2,model=4"));
+  auto x = jit.Input(v1::DTYPE_F32, {8, 4}, PartitionSpec());
+  jit.Grad(x, {x});
+  EXPECT_THAT(std::string(jit.Build().status().message()), ::testing::HasSubstr("f32 scalar"));
+  JitBuilder jit2(*Mesh::Parse("data=2,model=4"));
+  auto y = jit2.Input(v1::DTYPE_F32, {8, 4}, PartitionSpec());
+  jit2.Grad(jit2.Reduce("max", y, {0, 1}), {y});
+  jit2.Output(y, PartitionSpec());
+  EXPECT_THAT(std::string(jit2.Build().status().message()), ::testing::HasSubstr("reduce max"));
+}
+
+class AutodiffE2ETest : public testing::ClusterSuite<AutodiffE2ETest> {
+ public:
+  static constexpr const char* kMesh = "data=2,model=4";
+  static constexpr const char* kTag = "autodiff";
+};
+
+TEST_F(AutodiffE2ETest, GradientsEqualTheHostsUnderEveryLayout) {
+  const Tensor x = testing::NormalTensor({kB, kD}, 10);
+  const Tensor w1 = testing::NormalTensor({kD, kH}, 11);
+  const Tensor w2 = testing::NormalTensor({kH, kD}, 12);
+  const Tensor t = testing::NormalTensor({kB, kD}, 13);
+  const HostGrads want = HostDotReluDotMse(x, w1, w2, t);
+  for (const GradLayout& l : GradLayouts()) {
+    std::vector<Tensor> got =
+        testing::RunShardMapAll(*client_, GradProgram(*mesh_, l).Build(), {&x, &w1, &w2, &t});
+    ASSERT_EQ(got.size(), 3u) << l.name;
+    EXPECT_NEAR(got[0].data<float>()[0], want.loss, 1e-4 * want.loss) << l.name;
+    for (int64_t i = 0; i < kD * kH; ++i)
+      ASSERT_NEAR(got[1].data<float>()[i], want.dw1[i], 1e-4 * (1 + std::abs(want.dw1[i])))
+          << l.name << " dw1 " << i;
+    for (int64_t i = 0; i < kH * kD; ++i)
+      ASSERT_NEAR(got[2].data<float>()[i], want.dw2[i], 1e-4 * (1 + std::abs(want.dw2[i])))
+          << l.name << " dw2 " << i;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The seeds' workloads under every layout, against one worker.
+
+struct Layout {
+  std::string name;
+  std::string rules;  // logical axis rules
+  std::string fsdp_axis;
+};
+
+nn::ShardingConfig Sharding(const Layout& l, int64_t min_weight_size = int64_t{1} << 18) {
+  nn::ShardingConfig s;
+  s.rules = *ParseLogicalAxisRules(l.rules);
+  s.fsdp_axis = l.fsdp_axis;
+  s.min_weight_size = min_weight_size;
+  return s;
+}
+
+// Puts each host batch with its planned layout; returns the ids.
+std::vector<std::string> PutBatch(Client& client, const TrainStep& step,
+                                  const std::vector<const Tensor*>& batch) {
+  std::vector<std::string> ids;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto info = client.Put(*batch[i], step.batch[i].spec);
+    EXPECT_TRUE(info.ok()) << info.status();
+    if (info.ok()) ids.push_back(info->id());
+  }
+  return ids;
+}
+
+struct RunResult {
+  std::vector<float> losses;
+  std::map<std::string, Tensor> init;  // parameters right after initialisation
+  int64_t state_bytes_per_worker = 0;  // as the cluster reports its arrays
+};
+
+// Initialises a TrainState, runs `steps` steps on one batch (the seeds train on one batch), and
+// deletes everything it put on the cluster.
+RunResult Train(Client& client, const TrainStep& step, const std::vector<const Tensor*>& batch,
+                int steps) {
+  RunResult r;
+  auto state = TrainState::Init(&client, &step);
+  EXPECT_TRUE(state.ok()) << state.status();
+  if (!state.ok()) return r;
+  for (const nn::ParamInfo& p : step.params) {
+    auto t = state->Get(p.name);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (t.ok()) r.init[p.name] = *std::move(t);
+  }
+  auto arrays = client.ListArrays();
+  EXPECT_TRUE(arrays.ok()) << arrays.status();
+  for (const auto& a : *arrays) {
+    if (absl::StartsWith(a.id(), "train_state/params/") ||
+        absl::StartsWith(a.id(), "train_state/opt_state/"))
+      r.state_bytes_per_worker += a.bytes_per_worker();
+  }
+  std::vector<std::string> ids = PutBatch(client, step, batch);
+  for (int i = 0; i < steps && ids.size() == batch.size(); ++i) {
+    auto loss = state->Step(ids);
+    EXPECT_TRUE(loss.ok()) << "step " << i << ": " << loss.status();
+    if (!loss.ok()) break;
+    r.losses.push_back(*loss);
+  }
+  EXPECT_EQ(state->steps(), steps);
+  EXPECT_TRUE(state->Delete().ok());
+  for (const auto& id : ids) EXPECT_TRUE(client.Delete(id).ok());
+  return r;
+}
+
+void ExpectAgree(const RunResult& got, const RunResult& want, const std::string& name) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << name;
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    EXPECT_LE(std::abs(got.losses[i] - want.losses[i]), 1e-4 * std::abs(want.losses[i]))
+        << name << " step " << i << ": " << got.losses[i] << " vs one worker's " << want.losses[i];
+  }
+  // Sharded initialisation draws exactly the unsharded values.
+  ASSERT_EQ(got.init.size(), want.init.size()) << name;
+  for (const auto& [param, t] : want.init) {
+    const Tensor& g = got.init.at(param);
+    ASSERT_EQ(g.dims(), t.dims()) << name << " " << param;
+    EXPECT_EQ(std::memcmp(g.raw(), t.raw(), t.size_bytes()), 0)
+        << name << ": " << param << " initialised differently";
+  }
+}
+
+class SeedWorkloadsE2ETest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    for (const char* mesh : {"data=1,model=1", "data=2,model=4", "data=8"}) {
+      auto cluster = testing::StartCluster(mesh, "workloads");
+      ASSERT_NE(cluster, nullptr) << mesh;
+      auto client = Client::Connect(cluster->coordinator_address());
+      ASSERT_TRUE(client.ok()) << client.status();
+      clusters_[mesh] = cluster.release();
+      clients_[mesh] = client->release();
+    }
+  }
+  static void TearDownTestSuite() {
+    for (auto& [mesh, client] : clients_) delete client;
+    for (auto& [mesh, cluster] : clusters_) {
+      cluster->Stop().IgnoreError();
+      delete cluster;
+    }
+    clients_.clear();
+    clusters_.clear();
+  }
+  static Client& client(const std::string& mesh) { return *clients_.at(mesh); }
+
+  static inline std::map<std::string, LocalCluster*> clusters_;
+  static inline std::map<std::string, Client*> clients_;
+};
+
+// The 2x4 layouts of seeds 000 and 002: the same model, only the rules differ.
+std::vector<Layout> TwoByFourLayouts() {
+  return {{"data_parallel", "batch=data", ""},
+          {"fsdp", "batch=data", "data"},
+          {"tensor_parallel", "hidden=model", ""},
+          {"2d", "batch=data,hidden=model", ""},
+          {"fsdp_and_tensor_parallel", "batch=data,hidden=model", "data"}};
+}
+
+// Workload 1: seed 000's MLP, 4 scan-stacked DotReluDot(1024) blocks, batch 8, Adam 1e-3, y.sum().
+TEST_F(SeedWorkloadsE2ETest, Seed000ScanMlpLossesAgreeAcrossLayouts) {
+  const LossFn loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
+    nn::Value y = nn::Mlp(s.Child("mlp"), b[0], 4, 1024, /*use_scan=*/true);
+    return s.jit().Reduce("sum", y, {0, 1});
+  };
+  const std::vector<BatchSpec> batch = {{"x", {8, 1024}, {"batch", "embed"}}};
+  const Tensor x = testing::NormalTensor({8, 1024}, 20);
+  const Mesh one = *Mesh::Parse("data=1,model=1");
+  auto single = BuildTrainStep(one, Sharding({"one", "", ""}), OptimizerConfig{}, batch, loss, 0);
+  ASSERT_TRUE(single.ok()) << single.status();
+  const RunResult want = Train(client("data=1,model=1"), *single, {&x}, 20);
+  ASSERT_EQ(want.losses.size(), 20u);
+  EXPECT_LT(want.losses.back(), want.losses.front());
+  const Mesh mesh = *Mesh::Parse("data=2,model=4");
+  for (const Layout& l : TwoByFourLayouts()) {
+    auto step = BuildTrainStep(mesh, Sharding(l), OptimizerConfig{}, batch, loss, 0);
+    ASSERT_TRUE(step.ok()) << l.name << ": " << step.status();
+    if (l.name == "2d") {
+      // The seed's specs: W1 (None, None, 'model'), W2 (None, 'model', None); Adam's state alike.
+      EXPECT_EQ(step->params[0].spec, P({"", "", "model"}));
+      EXPECT_EQ(step->params[1].spec, P({"", "model", ""}));
+    }
+    ExpectAgree(Train(client("data=2,model=4"), *step, {&x}, 20), want, l.name);
+  }
+}
+
+// Workload 2: seed 003's DotReluDot(1024) (lecun_normal, no bias) with MSE, Adam 1e-3, input and
+// label laid out ('data', None).
+TEST_F(SeedWorkloadsE2ETest, Seed003DotReluDotMseLossesAgreeAcrossLayouts) {
+  const LossFn loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
+    JitBuilder& jit = s.jit();
+    nn::DenseOptions dense;
+    dense.use_bias = false;
+    nn::Value y = jit.Unary("relu", nn::Dense(s.Child("dot1"), b[0], 1024, dense));
+    y = s.WithLogicalConstraint(y, {"batch", "hidden"});
+    nn::Value w2 = s.Param("w2", {1024, 1024}, {"hidden", "embed"}, nn::LecunNormal());
+    return nn::MseLoss(jit, jit.Dot(y, w2), b[1]);
+  };
+  const std::vector<BatchSpec> batch = {{"input", {8, 1024}, {"batch", ""}},
+                                        {"label", {8, 1024}, {"batch", ""}}};
+  const Tensor x = testing::NormalTensor({8, 1024}, 1);
+  const Tensor t = testing::NormalTensor({8, 1024}, 2);
+  auto single = BuildTrainStep(*Mesh::Parse("data=1,model=1"), Sharding({"one", "", ""}),
+                               OptimizerConfig{}, batch, loss, 0);
+  ASSERT_TRUE(single.ok()) << single.status();
+  const RunResult want = Train(client("data=1,model=1"), *single, {&x, &t}, 20);
+  ASSERT_EQ(want.losses.size(), 20u);
+  // The seed's run over-fits quickly (1.455, 0.765, 0.510, ...): so does this one.
+  EXPECT_LT(want.losses[4], 0.5 * want.losses[0]);
+  const Mesh mesh = *Mesh::Parse("data=2,model=4");
+  for (const Layout& l : TwoByFourLayouts()) {
+    auto step = BuildTrainStep(mesh, Sharding(l), OptimizerConfig{}, batch, loss, 0);
+    ASSERT_TRUE(step.ok()) << l.name << ": " << step.status();
+    ExpectAgree(Train(client("data=2,model=4"), *step, {&x, &t}, 20), want, l.name);
+  }
+}
+
+// Workload 3: the seed classifier (Dense 784->512, SiLU, Dense 512->10, softmax cross-entropy;
+// dropout off so that layouts are comparable), AdamW, 2 minibatches of gradient accumulation, on
+// real Fashion-MNIST images; 8-way data parallel and FSDP against one worker, and FSDP's
+// resident state against DP's.
+TEST_F(SeedWorkloadsE2ETest, SeedClassifierUnderDataParallelAndFsdp) {
+  auto data = LoadFashionMnist("/usr/share/datasets/fashion-mnist", "train");
+  ASSERT_TRUE(data.ok()) << data.status();
+  constexpr int64_t kMb = 32, kK = 2;
+  Tensor images(v1::DTYPE_F32, {kK, kMb, 784});
+  Tensor one_hot(v1::DTYPE_F32, {kK, kMb, 10});
+  for (int64_t i = 0; i < kK * kMb; ++i) {
+    for (int64_t p = 0; p < 784; ++p)
+      images.data<float>()[i * 784 + p] = data->images[i * 784 + p] / 255.0f;
+    for (int64_t c = 0; c < 10; ++c)
+      one_hot.data<float>()[i * 10 + c] = data->labels[i] == c ? 1.0f : 0.0f;
+  }
+  const LossFn loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
+    JitBuilder& jit = s.jit();
+    nn::Value h = jit.Unary("silu", nn::Dense(s.Child("input_dense"), b[0], 512));
+    nn::Value logits = nn::Dense(s.Child("output_dense"), h, 10);
+    return nn::SoftmaxCrossEntropy(jit, logits, b[1]);
+  };
+  const std::vector<BatchSpec> batch = {{"images", {kMb, 784}, {"batch", ""}},
+                                        {"labels", {kMb, 10}, {"batch", ""}}};
+  OptimizerConfig adamw;
+  adamw.kind = OptimizerConfig::kAdamW;
+  auto single = BuildTrainStep(*Mesh::Parse("data=1,model=1"), Sharding({"one", "", ""}), adamw,
+                               batch, loss, 0, kK);
+  ASSERT_TRUE(single.ok()) << single.status();
+  const RunResult want = Train(client("data=1,model=1"), *single, {&images, &one_hot}, 20);
+  ASSERT_EQ(want.losses.size(), 20u);
+  EXPECT_LT(want.losses.back(), 0.5 * want.losses.front());
+  const Mesh mesh = *Mesh::Parse("data=8");
+  std::map<std::string, RunResult> runs;
+  for (const Layout& l :
+       {Layout{"data_parallel", "batch=data", ""}, Layout{"fsdp", "batch=data", "data"}}) {
+    auto step = BuildTrainStep(mesh, Sharding(l), adamw, batch, loss, 0, kK);
+    ASSERT_TRUE(step.ok()) << l.name << ": " << step.status();
+    runs[l.name] = Train(client("data=8"), *step, {&images, &one_hot}, 20);
+    ExpectAgree(runs[l.name], want, l.name);
+  }
+  // ZeRO-3: FSDP's resident params + Adam state per worker <= DP's / 8 + 10%.
+  const int64_t dp = runs["data_parallel"].state_bytes_per_worker;
+  const int64_t fsdp = runs["fsdp"].state_bytes_per_worker;
+  EXPECT_GT(dp, 0);
+  EXPECT_LE(fsdp, dp / 8 * 1.1) << "FSDP " << fsdp << " bytes/worker vs DP " << dp;
+}
+
+TEST(TrainStepPlanTest, RejectsBadAnnotationsBeforeAllocating) {
+  const Mesh mesh = *Mesh::Parse("data=2,model=4");
+  const LossFn loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
+    return s.jit().Reduce("sum", nn::DotReluDot(s.Child("block"), b[0], 6), {0, 1});
+  };
+  const std::vector<BatchSpec> batch = {{"x", {8, 16}, {"batch", ""}}};
+  // A rule naming a mesh axis that does not exist.
+  auto a =
+      BuildTrainStep(mesh, Sharding({"", "batch=rows", ""}), OptimizerConfig{}, batch, loss, 0);
+  EXPECT_THAT(std::string(a.status().message()), ::testing::HasSubstr("rows"));
+  // hidden (6) does not divide over model (4): names the parameter.
+  auto b =
+      BuildTrainStep(mesh, Sharding({"", "hidden=model", ""}), OptimizerConfig{}, batch, loss, 0);
+  EXPECT_THAT(std::string(b.status().message()), ::testing::HasSubstr("params/block/W1"));
+  // A batch that does not divide over data.
+  auto c = BuildTrainStep(mesh, Sharding({"", "batch=data", ""}), OptimizerConfig{},
+                          {{"x", {7, 16}, {"batch", ""}}}, loss, 0);
+  EXPECT_THAT(std::string(c.status().message()), ::testing::HasSubstr("batch input x"));
+  // The plan of a good one lists every state array with its spec, and the step's collectives.
+  auto d = BuildTrainStep(mesh, Sharding({"", "batch=data", "data"}, 16), OptimizerConfig{}, batch,
+                          loss, 0);
+  ASSERT_TRUE(d.ok()) << d.status();
+  const std::string plan = d->Plan();
+  EXPECT_THAT(plan, ::testing::HasSubstr("opt_state/mu/params/block/W1"));
+  EXPECT_THAT(plan, ::testing::HasSubstr("psum_scatter"));
+}
+
+}  // namespace
+}  // namespace meshrun
