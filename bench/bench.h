@@ -37,6 +37,19 @@ struct TrainBenchOptions {
 // each worker count. Returns a process exit code.
 int RunTrainBench(const TrainBenchOptions& options);
 
+struct StepBenchOptions {
+  std::vector<std::string> workloads = {"mlp", "dot_relu_dot", "classifier"};  // meshrun/workloads.h
+  std::vector<std::string> layouts = {"single", "dp", "fsdp", "tp", "2d"};
+  std::string mesh = "data=2,model=4";  // the "single" layout runs on one worker
+  int steps = 10;   // timed steps (after `warmup`)
+  int warmup = 2;
+  std::string bin_dir;
+};
+// Prints, per workload and layout: p50 step time (client-side, one step call), samples/s, the
+// first and last loss, params + optimizer state per worker and the workers' peak RSS (VmHWM).
+// Returns a process exit code.
+int RunStepBench(const StepBenchOptions& options);
+
 }  // namespace meshrun
 
 #endif  // MESHRUN_BENCH_BENCH_H_

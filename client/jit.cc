@@ -135,6 +135,19 @@ JitBuilder::Value JitBuilder::Binary(const std::string& fn, Value a, Value b) {
     out.local = sm_.Binary(fn, sa.local, sb.local);
     return Push(std::move(out), std::move(node));
   }
+  if (scalar && (fn == "mul" || (fn == "div" && sb.global.empty()))) {
+    // Scaling is linear: a partial sum times a (complete) scalar stays a partial sum, so an
+    // averaged gradient is still reduce-scattered into an FSDP layout rather than all-reduced.
+    const bool a_scalar = sa.global.empty();
+    const State& vec = a_scalar ? sb : sa;
+    const State& sca = a_scalar ? sa : sb;
+    if (!vec.partial.empty() && vec.partial_fn == "sum" && sca.partial.empty()) {
+      State out = vec;
+      out.local =
+          sm_.Binary(fn, a_scalar ? sca.local : vec.local, a_scalar ? vec.local : sca.local);
+      return Push(std::move(out), std::move(node));
+    }
+  }
   State l = Complete(sa, fn);
   State r = Complete(sb, fn);
   if (scalar) {
@@ -342,25 +355,36 @@ JitBuilder::Value JitBuilder::Stack(const std::vector<Value>& values) {
   if (!Check(!values.empty(), "stack: no values")) return {};
   for (Value v : values)
     if (!Valid(v)) return {};
-  const State first = Complete(values_[values[0].id], "stack");
+  const State& head = values_[values[0].id];
+  bool same_partial = !head.partial.empty() && head.partial_fn == "sum";
+  for (Value v : values) {
+    const State& s = values_[v.id];
+    if (!Check(s.global == head.global,
+               absl::StrCat("stack: shapes (", absl::StrJoin(head.global, ", "), ") and (",
+                            absl::StrJoin(s.global, ", "), ") differ"))) {
+      return {};
+    }
+    same_partial =
+        same_partial && s.partial == head.partial && s.partial_fn == "sum" && s.spec == head.spec;
+  }
+  // Rows that are all partial sums over the same axes in one layout stack as they are (one psum
+  // of the stack later, not one per row); otherwise each row is completed and resharded to the
+  // first row's layout.
+  State out = same_partial ? head : Complete(head, "stack");
   std::vector<ShardMapBuilder::Value> locals;
   Node node(Node::kStack);
   for (Value v : values) {
-    if (!Check(values_[v.id].global == first.global,
-               absl::StrCat("stack: shapes (", absl::StrJoin(first.global, ", "), ") and (",
-                            absl::StrJoin(values_[v.id].global, ", "), ") differ"))) {
-      return {};
-    }
-    locals.push_back(Resolve(values_[v.id], first.spec, "stack").local);
+    locals.push_back(same_partial           ? values_[v.id].local
+                     : v.id == values[0].id ? out.local
+                                            : Resolve(values_[v.id], out.spec, "stack").local);
     node.operands.push_back(v.id);
   }
-  State s = first;
-  s.local = sm_.Stack(locals, 0);
-  s.global.insert(s.global.begin(), static_cast<int64_t>(values.size()));
-  std::vector<PartitionSpec::Entry> entries = first.spec.Padded(first.global.size());
+  std::vector<PartitionSpec::Entry> entries = out.spec.Padded(out.global.size());
   entries.insert(entries.begin(), PartitionSpec::Entry{});
-  s.spec = PartitionSpec(entries);
-  return Push(std::move(s), std::move(node));
+  out.local = sm_.Stack(locals, 0);
+  out.global.insert(out.global.begin(), static_cast<int64_t>(values.size()));
+  out.spec = PartitionSpec(entries);
+  return Push(std::move(out), std::move(node));
 }
 
 std::vector<JitBuilder::Value> JitBuilder::AdamUpdate(Value param, Value grad, Value mu, Value nu,

@@ -1,5 +1,8 @@
 #include "client/cli/commands.h"
 
+#include "core/sharding/logical_axes.h"
+#include "meshrun/workloads.h"
+
 #include <unistd.h>
 
 #include <atomic>
@@ -159,6 +162,36 @@ int Shutdown(const std::string& coordinator) {
   if (!client.ok()) return Fail(client.status());
   if (absl::Status s = (*client)->Shutdown(); !s.ok()) return Fail(s);
   std::printf("shutdown requested\n");
+  return 0;
+}
+
+int Plan(const PlanArgs& args) {
+  const auto fail = [](const absl::Status& s) {
+    std::fprintf(stderr, "meshrun plan: %s\n", std::string(s.message()).c_str());
+    return 2;
+  };
+  absl::StatusOr<Workload> w = SeedWorkload(args.workload);
+  if (!w.ok()) return fail(w.status());
+  absl::StatusOr<Mesh> mesh = Mesh::Parse(args.mesh);
+  if (!mesh.ok()) return fail(mesh.status());
+  nn::ShardingConfig sharding;
+  if (!args.layout.empty()) {
+    absl::StatusOr<nn::ShardingConfig> named = LayoutSharding(args.layout);
+    if (!named.ok()) return fail(named.status());
+    sharding = *named;
+  } else {
+    absl::StatusOr<LogicalAxisRules> rules = ParseLogicalAxisRules(args.rules);
+    if (!rules.ok()) return fail(rules.status());
+    sharding.rules = *rules;
+    sharding.fsdp_axis = args.fsdp_axis;
+  }
+  sharding.min_weight_size = args.min_weight_size;
+  absl::StatusOr<TrainStep> step =
+      BuildTrainStep(*mesh, sharding, w->optimizer, w->batch, w->loss, 0, w->num_minibatches);
+  if (!step.ok()) return fail(step.status());
+  std::printf("# %s\n# rules %s%s\n%s", w->description.c_str(), LogicalAxisRulesToString(sharding.rules).c_str(),
+              sharding.fsdp_axis.empty() ? "" : absl::StrCat(", FSDP over '", sharding.fsdp_axis, "'").c_str(),
+              step->Plan().c_str());
   return 0;
 }
 

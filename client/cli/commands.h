@@ -2,6 +2,7 @@
 #ifndef MESHRUN_CLIENT_CLI_COMMANDS_H_
 #define MESHRUN_CLIENT_CLI_COMMANDS_H_
 
+#include <cstdint>
 #include <string>
 
 namespace meshrun::cli {
@@ -31,6 +32,20 @@ int Arrays(const std::string& coordinator);
 int Show(const std::string& coordinator, const std::string& id);
 // grpc.health.v1 Check against `address`: prints the serving status; exit 0 only on SERVING.
 int Health(const std::string& address, const std::string& service, double timeout_seconds);
+struct PlanArgs {
+  std::string workload = "mlp";  // meshrun/workloads.h
+  std::string mesh = "data=2,model=4";
+  std::string layout;            // a named layout (dp, fsdp, tp, 2d, fsdp_tp, single), or:
+  std::string rules;             // logical axis rules, e.g. batch=data,hidden=model
+  std::string fsdp_axis;         // with rules: shard parameters over this axis
+  int64_t min_weight_size = int64_t{1} << 18;
+};
+// Abstract evaluation (jax.eval_shape + nn.get_partition_spec): nothing is allocated and no
+// cluster is needed. Prints every parameter's and optimizer-state array's PartitionSpec and bytes
+// per worker, the batch layout, and the collectives of one step with their bytes. Exit 2 with
+// the error (naming the parameter and dim) when the job cannot be planned.
+int Plan(const PlanArgs& args);
+
 // Stops the workers and the coordinator.
 int Shutdown(const std::string& coordinator);
 

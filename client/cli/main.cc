@@ -1,4 +1,4 @@
-// meshrun: the command-line client. Subcommands: up, train, status, shutdown, bench.
+// meshrun: the command-line client. Subcommands: up, train, status, shutdown, plan, bench.
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -54,6 +54,16 @@ int main(int argc, char** argv) {
   auto* shutdown_cmd = app.add_subcommand("shutdown", "stop a cluster's workers and coordinator");
   shutdown_cmd->add_option("--coordinator", coordinator)->capture_default_str();
 
+  meshrun::cli::PlanArgs plan;
+  auto* plan_cmd = app.add_subcommand("plan", "plan a workload's train step under a layout, allocating nothing");
+  plan_cmd->add_option("--workload", plan.workload, "mlp, dot_relu_dot or classifier")->capture_default_str();
+  plan_cmd->add_option("--mesh", plan.mesh, "mesh axes")->capture_default_str();
+  plan_cmd->add_option("--layout", plan.layout, "single, dp, fsdp, tp, 2d or fsdp_tp");
+  plan_cmd->add_option("--rules", plan.rules, "logical axis rules, e.g. batch=data,hidden=model");
+  plan_cmd->add_option("--fsdp", plan.fsdp_axis, "shard parameters over this mesh axis (with --rules)");
+  plan_cmd->add_option("--min-weight-size", plan.min_weight_size, "FSDP leaves smaller parameters replicated")
+      ->capture_default_str();
+
   auto* bench_cmd = app.add_subcommand("bench", "benchmarks over real local clusters");
   bench_cmd->require_subcommand(1);
   std::string ar_workers = "2,4,8", train_workers = "1,2,8";
@@ -71,6 +81,14 @@ int main(int argc, char** argv) {
   tb_cmd->add_option("--workers", train_workers, "worker counts")->capture_default_str();
   tb_cmd->add_option("--steps", tb.steps, "steps per run")->capture_default_str();
 
+  meshrun::StepBenchOptions sb;
+  std::string sb_workloads = "mlp,dot_relu_dot,classifier", sb_layouts = "single,dp,fsdp,tp,2d";
+  auto* sb_cmd = bench_cmd->add_subcommand("step", "step time, samples/s and peak RSS of the seeds' workloads per layout");
+  sb_cmd->add_option("--workloads", sb_workloads, "comma-separated")->capture_default_str();
+  sb_cmd->add_option("--layouts", sb_layouts, "comma-separated")->capture_default_str();
+  sb_cmd->add_option("--mesh", sb.mesh, "mesh of the multi-worker layouts")->capture_default_str();
+  sb_cmd->add_option("--steps", sb.steps, "timed steps per run")->capture_default_str();
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (up_cmd->parsed()) return meshrun::cli::Up(up);
@@ -85,6 +103,12 @@ int main(int argc, char** argv) {
       return meshrun::RunAllReduceBench(ar);
     }
     if (cb_cmd->parsed()) return meshrun::RunCollectivesBench(cb);
+    if (plan_cmd->parsed()) return meshrun::cli::Plan(plan);
+    if (sb_cmd->parsed()) {
+      sb.workloads = absl::StrSplit(sb_workloads, ',', absl::SkipEmpty());
+      sb.layouts = absl::StrSplit(sb_layouts, ',', absl::SkipEmpty());
+      return meshrun::RunStepBench(sb);
+    }
     if (tb_cmd->parsed()) {
       tb.workers = ParseInts(train_workers);
       return meshrun::RunTrainBench(tb);

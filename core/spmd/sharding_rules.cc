@@ -251,9 +251,10 @@ absl::StatusOr<PartialSumPlan> PlanPartialSum(const std::vector<int64_t>& shape,
 int64_t ReductionBytesPerDevice(const Reduction& r, const std::vector<int64_t>& shape,
                                 const PartitionSpec& spec, const Mesh& mesh, int dtype_bytes) {
   const int64_t n = GroupSize(r.axes, mesh);
-  const int64_t per_step =
-      LocalBytes(shape, spec, mesh, dtype_bytes) / n;  // the ring moves one 1/n chunk per step
-  return (r.kind == Reduction::kPsum ? 2 : 1) * (n - 1) * per_step;
+  // The ring moves one 1/n chunk per step: 2(n-1) steps for psum, n-1 for psum_scatter.
+  const int64_t total = (r.kind == Reduction::kPsum ? 2 : 1) * (n - 1) *
+                        LocalBytes(shape, spec, mesh, dtype_bytes);
+  return (total + n - 1) / n;
 }
 
 int64_t ReshardBytesPerDevice(const Reshard& r, const std::vector<int64_t>& shape,

@@ -11,7 +11,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/data/idx_dataset.h"
 #include "core/sharding/logical_axes.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -19,6 +18,7 @@
 #include "meshrun/jit.h"
 #include "meshrun/local_cluster.h"
 #include "meshrun/nn.h"
+#include "meshrun/workloads.h"
 #include "tests/testutil/cluster.h"
 
 namespace meshrun {
@@ -177,16 +177,11 @@ TEST_F(AutodiffE2ETest, GradientsEqualTheHostsUnderEveryLayout) {
 // ---------------------------------------------------------------------------------------------
 // The seeds' workloads under every layout, against one worker.
 
-struct Layout {
-  std::string name;
-  std::string rules;  // logical axis rules
-  std::string fsdp_axis;
-};
-
-nn::ShardingConfig Sharding(const Layout& l, int64_t min_weight_size = int64_t{1} << 18) {
+nn::ShardingConfig Sharding(const std::string& rules, const std::string& fsdp_axis,
+                            int64_t min_weight_size = int64_t{1} << 18) {
   nn::ShardingConfig s;
-  s.rules = *ParseLogicalAxisRules(l.rules);
-  s.fsdp_axis = l.fsdp_axis;
+  s.rules = *ParseLogicalAxisRules(rules);
+  s.fsdp_axis = fsdp_axis;
   s.min_weight_size = min_weight_size;
   return s;
 }
@@ -283,121 +278,74 @@ class SeedWorkloadsE2ETest : public ::testing::Test {
 
   static inline std::map<std::string, LocalCluster*> clusters_;
   static inline std::map<std::string, Client*> clients_;
+
+  // Runs `workload` 20 steps under `layout` on the cluster for `mesh`.
+  static RunResult Run(const std::string& workload, const std::string& layout,
+                       const std::string& mesh, TrainStep* built = nullptr) {
+    auto w = SeedWorkload(workload);
+    EXPECT_TRUE(w.ok()) << w.status();
+    auto sharding = LayoutSharding(layout);
+    EXPECT_TRUE(sharding.ok()) << sharding.status();
+    if (!w.ok() || !sharding.ok()) return {};
+    auto step = BuildTrainStep(*Mesh::Parse(mesh), *sharding, w->optimizer, w->batch, w->loss, 0,
+                               w->num_minibatches);
+    EXPECT_TRUE(step.ok()) << workload << " " << layout << ": " << step.status();
+    auto batch = SeedWorkloadBatch(*w);
+    EXPECT_TRUE(batch.ok()) << batch.status();
+    if (!step.ok() || !batch.ok()) return {};
+    if (built != nullptr) *built = *step;
+    std::vector<const Tensor*> inputs;
+    for (const Tensor& t : *batch) inputs.push_back(&t);
+    return Train(client(mesh), *step, inputs, 20);
+  }
 };
 
-// The 2x4 layouts of seeds 000 and 002: the same model, only the rules differ.
-std::vector<Layout> TwoByFourLayouts() {
-  return {{"data_parallel", "batch=data", ""},
-          {"fsdp", "batch=data", "data"},
-          {"tensor_parallel", "hidden=model", ""},
-          {"2d", "batch=data,hidden=model", ""},
-          {"fsdp_and_tensor_parallel", "batch=data,hidden=model", "data"}};
-}
+constexpr const char* kOne = "data=1,model=1";
+constexpr const char* kTwoByFour = "data=2,model=4";
 
-// Workload 1: seed 000's MLP, 4 scan-stacked DotReluDot(1024) blocks, batch 8, Adam 1e-3, y.sum().
+// Workload 1: seed 000's MLP under every 2x4 layout of seeds 000 and 002 (only the rules differ).
 TEST_F(SeedWorkloadsE2ETest, Seed000ScanMlpLossesAgreeAcrossLayouts) {
-  const LossFn loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
-    nn::Value y = nn::Mlp(s.Child("mlp"), b[0], 4, 1024, /*use_scan=*/true);
-    return s.jit().Reduce("sum", y, {0, 1});
-  };
-  const std::vector<BatchSpec> batch = {{"x", {8, 1024}, {"batch", "embed"}}};
-  const Tensor x = testing::NormalTensor({8, 1024}, 20);
-  const Mesh one = *Mesh::Parse("data=1,model=1");
-  auto single = BuildTrainStep(one, Sharding({"one", "", ""}), OptimizerConfig{}, batch, loss, 0);
-  ASSERT_TRUE(single.ok()) << single.status();
-  const RunResult want = Train(client("data=1,model=1"), *single, {&x}, 20);
+  const RunResult want = Run("mlp", "single", kOne);
   ASSERT_EQ(want.losses.size(), 20u);
   EXPECT_LT(want.losses.back(), want.losses.front());
-  const Mesh mesh = *Mesh::Parse("data=2,model=4");
-  for (const Layout& l : TwoByFourLayouts()) {
-    auto step = BuildTrainStep(mesh, Sharding(l), OptimizerConfig{}, batch, loss, 0);
-    ASSERT_TRUE(step.ok()) << l.name << ": " << step.status();
-    if (l.name == "2d") {
+  for (const std::string layout : {"dp", "fsdp", "tp", "2d", "fsdp_tp"}) {
+    TrainStep step;
+    ExpectAgree(Run("mlp", layout, kTwoByFour, &step), want, layout);
+    if (layout == "2d") {
       // The seed's specs: W1 (None, None, 'model'), W2 (None, 'model', None); Adam's state alike.
-      EXPECT_EQ(step->params[0].spec, P({"", "", "model"}));
-      EXPECT_EQ(step->params[1].spec, P({"", "model", ""}));
+      EXPECT_EQ(step.params[0].spec, P({"", "", "model"}));
+      EXPECT_EQ(step.params[1].spec, P({"", "model", ""}));
+      EXPECT_EQ(step.state[3].spec, P({"", "", "model"}));  // opt_state/mu/.../W1
     }
-    ExpectAgree(Train(client("data=2,model=4"), *step, {&x}, 20), want, l.name);
   }
 }
 
-// Workload 2: seed 003's DotReluDot(1024) (lecun_normal, no bias) with MSE, Adam 1e-3, input and
-// label laid out ('data', None).
+// Workload 2: seed 003's DotReluDot with MSE, input and label laid out ('data', None).
 TEST_F(SeedWorkloadsE2ETest, Seed003DotReluDotMseLossesAgreeAcrossLayouts) {
-  const LossFn loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
-    JitBuilder& jit = s.jit();
-    nn::DenseOptions dense;
-    dense.use_bias = false;
-    nn::Value y = jit.Unary("relu", nn::Dense(s.Child("dot1"), b[0], 1024, dense));
-    y = s.WithLogicalConstraint(y, {"batch", "hidden"});
-    nn::Value w2 = s.Param("w2", {1024, 1024}, {"hidden", "embed"}, nn::LecunNormal());
-    return nn::MseLoss(jit, jit.Dot(y, w2), b[1]);
-  };
-  const std::vector<BatchSpec> batch = {{"input", {8, 1024}, {"batch", ""}},
-                                        {"label", {8, 1024}, {"batch", ""}}};
-  const Tensor x = testing::NormalTensor({8, 1024}, 1);
-  const Tensor t = testing::NormalTensor({8, 1024}, 2);
-  auto single = BuildTrainStep(*Mesh::Parse("data=1,model=1"), Sharding({"one", "", ""}),
-                               OptimizerConfig{}, batch, loss, 0);
-  ASSERT_TRUE(single.ok()) << single.status();
-  const RunResult want = Train(client("data=1,model=1"), *single, {&x, &t}, 20);
+  const RunResult want = Run("dot_relu_dot", "single", kOne);
   ASSERT_EQ(want.losses.size(), 20u);
   // The seed's run over-fits quickly (1.455, 0.765, 0.510, ...): so does this one.
   EXPECT_LT(want.losses[4], 0.5 * want.losses[0]);
-  const Mesh mesh = *Mesh::Parse("data=2,model=4");
-  for (const Layout& l : TwoByFourLayouts()) {
-    auto step = BuildTrainStep(mesh, Sharding(l), OptimizerConfig{}, batch, loss, 0);
-    ASSERT_TRUE(step.ok()) << l.name << ": " << step.status();
-    ExpectAgree(Train(client("data=2,model=4"), *step, {&x, &t}, 20), want, l.name);
+  for (const std::string layout : {"dp", "fsdp", "tp", "2d", "fsdp_tp"}) {
+    ExpectAgree(Run("dot_relu_dot", layout, kTwoByFour), want, layout);
   }
 }
 
-// Workload 3: the seed classifier (Dense 784->512, SiLU, Dense 512->10, softmax cross-entropy;
-// dropout off so that layouts are comparable), AdamW, 2 minibatches of gradient accumulation, on
-// real Fashion-MNIST images; 8-way data parallel and FSDP against one worker, and FSDP's
-// resident state against DP's.
+// Workload 3: the seed classifier on real Fashion-MNIST images, 8-way data parallel and FSDP
+// against one worker, and FSDP's resident state against DP's.
 TEST_F(SeedWorkloadsE2ETest, SeedClassifierUnderDataParallelAndFsdp) {
-  auto data = LoadFashionMnist("/usr/share/datasets/fashion-mnist", "train");
-  ASSERT_TRUE(data.ok()) << data.status();
-  constexpr int64_t kMb = 32, kK = 2;
-  Tensor images(v1::DTYPE_F32, {kK, kMb, 784});
-  Tensor one_hot(v1::DTYPE_F32, {kK, kMb, 10});
-  for (int64_t i = 0; i < kK * kMb; ++i) {
-    for (int64_t p = 0; p < 784; ++p)
-      images.data<float>()[i * 784 + p] = data->images[i * 784 + p] / 255.0f;
-    for (int64_t c = 0; c < 10; ++c)
-      one_hot.data<float>()[i * 10 + c] = data->labels[i] == c ? 1.0f : 0.0f;
-  }
-  const LossFn loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
-    JitBuilder& jit = s.jit();
-    nn::Value h = jit.Unary("silu", nn::Dense(s.Child("input_dense"), b[0], 512));
-    nn::Value logits = nn::Dense(s.Child("output_dense"), h, 10);
-    return nn::SoftmaxCrossEntropy(jit, logits, b[1]);
-  };
-  const std::vector<BatchSpec> batch = {{"images", {kMb, 784}, {"batch", ""}},
-                                        {"labels", {kMb, 10}, {"batch", ""}}};
-  OptimizerConfig adamw;
-  adamw.kind = OptimizerConfig::kAdamW;
-  auto single = BuildTrainStep(*Mesh::Parse("data=1,model=1"), Sharding({"one", "", ""}), adamw,
-                               batch, loss, 0, kK);
-  ASSERT_TRUE(single.ok()) << single.status();
-  const RunResult want = Train(client("data=1,model=1"), *single, {&images, &one_hot}, 20);
+  const RunResult want = Run("classifier", "single", kOne);
   ASSERT_EQ(want.losses.size(), 20u);
   EXPECT_LT(want.losses.back(), 0.5 * want.losses.front());
-  const Mesh mesh = *Mesh::Parse("data=8");
-  std::map<std::string, RunResult> runs;
-  for (const Layout& l :
-       {Layout{"data_parallel", "batch=data", ""}, Layout{"fsdp", "batch=data", "data"}}) {
-    auto step = BuildTrainStep(mesh, Sharding(l), adamw, batch, loss, 0, kK);
-    ASSERT_TRUE(step.ok()) << l.name << ": " << step.status();
-    runs[l.name] = Train(client("data=8"), *step, {&images, &one_hot}, 20);
-    ExpectAgree(runs[l.name], want, l.name);
-  }
+  const RunResult dp = Run("classifier", "dp", "data=8");
+  const RunResult fsdp = Run("classifier", "fsdp", "data=8");
+  ExpectAgree(dp, want, "dp");
+  ExpectAgree(fsdp, want, "fsdp");
   // ZeRO-3: FSDP's resident params + Adam state per worker <= DP's / 8 + 10%.
-  const int64_t dp = runs["data_parallel"].state_bytes_per_worker;
-  const int64_t fsdp = runs["fsdp"].state_bytes_per_worker;
-  EXPECT_GT(dp, 0);
-  EXPECT_LE(fsdp, dp / 8 * 1.1) << "FSDP " << fsdp << " bytes/worker vs DP " << dp;
+  EXPECT_GT(dp.state_bytes_per_worker, 0);
+  EXPECT_LE(fsdp.state_bytes_per_worker, dp.state_bytes_per_worker / 8 * 1.1)
+      << "FSDP " << fsdp.state_bytes_per_worker << " bytes/worker vs DP "
+      << dp.state_bytes_per_worker;
 }
 
 TEST(TrainStepPlanTest, RejectsBadAnnotationsBeforeAllocating) {
@@ -407,20 +355,18 @@ TEST(TrainStepPlanTest, RejectsBadAnnotationsBeforeAllocating) {
   };
   const std::vector<BatchSpec> batch = {{"x", {8, 16}, {"batch", ""}}};
   // A rule naming a mesh axis that does not exist.
-  auto a =
-      BuildTrainStep(mesh, Sharding({"", "batch=rows", ""}), OptimizerConfig{}, batch, loss, 0);
+  auto a = BuildTrainStep(mesh, Sharding("batch=rows", ""), OptimizerConfig{}, batch, loss, 0);
   EXPECT_THAT(std::string(a.status().message()), ::testing::HasSubstr("rows"));
   // hidden (6) does not divide over model (4): names the parameter.
-  auto b =
-      BuildTrainStep(mesh, Sharding({"", "hidden=model", ""}), OptimizerConfig{}, batch, loss, 0);
+  auto b = BuildTrainStep(mesh, Sharding("hidden=model", ""), OptimizerConfig{}, batch, loss, 0);
   EXPECT_THAT(std::string(b.status().message()), ::testing::HasSubstr("params/block/W1"));
   // A batch that does not divide over data.
-  auto c = BuildTrainStep(mesh, Sharding({"", "batch=data", ""}), OptimizerConfig{},
+  auto c = BuildTrainStep(mesh, Sharding("batch=data", ""), OptimizerConfig{},
                           {{"x", {7, 16}, {"batch", ""}}}, loss, 0);
   EXPECT_THAT(std::string(c.status().message()), ::testing::HasSubstr("batch input x"));
   // The plan of a good one lists every state array with its spec, and the step's collectives.
-  auto d = BuildTrainStep(mesh, Sharding({"", "batch=data", "data"}, 16), OptimizerConfig{}, batch,
-                          loss, 0);
+  auto d =
+      BuildTrainStep(mesh, Sharding("batch=data", "data", 16), OptimizerConfig{}, batch, loss, 0);
   ASSERT_TRUE(d.ok()) << d.status();
   const std::string plan = d->Plan();
   EXPECT_THAT(plan, ::testing::HasSubstr("opt_state/mu/params/block/W1"));

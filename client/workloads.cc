@@ -1,0 +1,124 @@
+#include "meshrun/workloads.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/data/idx_dataset.h"
+#include "core/random/threefry.h"
+
+namespace meshrun {
+namespace {
+
+// jax.random.normal(jax.random.key(seed), dims).
+Tensor JaxNormal(uint64_t seed, const Dims& dims) {
+  Tensor t(v1::DTYPE_F32, dims);
+  const int64_t n = t.num_elements();
+  for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = NormalAt(MakePRNGKey(seed), n, i, 1.0f);
+  return t;
+}
+
+constexpr int64_t kClassifierMinibatch = 32, kClassifierMinibatches = 2;
+
+}  // namespace
+
+std::vector<std::string> SeedWorkloadNames() { return {"mlp", "dot_relu_dot", "classifier"}; }
+
+absl::StatusOr<Workload> SeedWorkload(const std::string& name) {
+  Workload w;
+  w.name = name;
+  if (name == "mlp") {
+    w.description =
+        "seed 000: MLP, 4 scan-stacked DotReluDot(1024), batch 8, Adam 1e-3, loss y.sum()";
+    w.batch = {{"x", {8, 1024}, {"batch", "embed"}}};
+    w.loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
+      nn::Value y = nn::Mlp(s.Child("mlp"), b[0], 4, 1024, /*use_scan=*/true);
+      return s.jit().Reduce("sum", y, {0, 1});
+    };
+    w.examples_per_step = 8;
+  } else if (name == "dot_relu_dot") {
+    w.description = "seed 003: DotReluDot(1024), MSE, Adam 1e-3, batch 8";
+    w.batch = {{"input", {8, 1024}, {"batch", ""}}, {"label", {8, 1024}, {"batch", ""}}};
+    w.loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
+      JitBuilder& jit = s.jit();
+      nn::DenseOptions dense;
+      dense.use_bias = false;
+      nn::Value y = jit.Unary("relu", nn::Dense(s.Child("dot1"), b[0], 1024, dense));
+      y = s.WithLogicalConstraint(y, {"batch", "hidden"});
+      nn::Value w2 = s.Param("w2", {1024, 1024}, {"hidden", "embed"}, nn::LecunNormal());
+      return nn::MseLoss(jit, jit.Dot(y, w2), b[1]);
+    };
+    w.examples_per_step = 8;
+  } else if (name == "classifier") {
+    w.description =
+        "seed classifier: Dense 784->512, SiLU, Dense 512->10, softmax CE, AdamW, 2 x 32 images";
+    w.batch = {{"images", {kClassifierMinibatch, 784}, {"batch", ""}},
+               {"labels", {kClassifierMinibatch, 10}, {"batch", ""}}};
+    w.loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
+      JitBuilder& jit = s.jit();
+      nn::Value h = jit.Unary("silu", nn::Dense(s.Child("input_dense"), b[0], 512));
+      nn::Value logits = nn::Dense(s.Child("output_dense"), h, 10);
+      return nn::SoftmaxCrossEntropy(jit, logits, b[1]);
+    };
+    w.optimizer.kind = OptimizerConfig::kAdamW;
+    w.num_minibatches = kClassifierMinibatches;
+    w.examples_per_step = kClassifierMinibatch * kClassifierMinibatches;
+  } else {
+    return absl::NotFoundError(
+        absl::StrCat("workload '", name, "'; known: ", absl::StrJoin(SeedWorkloadNames(), ", ")));
+  }
+  return w;
+}
+
+absl::StatusOr<std::vector<Tensor>> SeedWorkloadBatch(const Workload& w,
+                                                      const std::string& data_dir) {
+  if (w.name != "classifier") {
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < w.batch.size(); ++i) out.push_back(JaxNormal(i + 1, w.batch[i].shape));
+    return out;
+  }
+  absl::StatusOr<ImageDataset> data = LoadFashionMnist(data_dir, "train");
+  if (!data.ok()) return data.status();
+  const int64_t k = w.num_minibatches, mb = kClassifierMinibatch;
+  Tensor images(v1::DTYPE_F32, {k, mb, 784});
+  Tensor one_hot(v1::DTYPE_F32, {k, mb, 10});
+  for (int64_t i = 0; i < k * mb; ++i) {
+    for (int64_t p = 0; p < 784; ++p)
+      images.data<float>()[i * 784 + p] = data->images[i * 784 + p] / 255.0f;
+    for (int64_t c = 0; c < 10; ++c)
+      one_hot.data<float>()[i * 10 + c] = data->labels[i] == c ? 1.0f : 0.0f;
+  }
+  std::vector<Tensor> out;
+  out.push_back(std::move(images));
+  out.push_back(std::move(one_hot));
+  return out;
+}
+
+std::vector<std::string> LayoutNames() { return {"single", "dp", "fsdp", "tp", "2d", "fsdp_tp"}; }
+
+absl::StatusOr<nn::ShardingConfig> LayoutSharding(const std::string& layout) {
+  std::string rules, fsdp;
+  if (layout == "single") {
+  } else if (layout == "dp") {
+    rules = "batch=data";
+  } else if (layout == "fsdp") {
+    rules = "batch=data";
+    fsdp = "data";
+  } else if (layout == "tp") {
+    rules = "hidden=model";
+  } else if (layout == "2d") {
+    rules = "batch=data,hidden=model";
+  } else if (layout == "fsdp_tp") {
+    rules = "batch=data,hidden=model";
+    fsdp = "data";
+  } else {
+    return absl::NotFoundError(
+        absl::StrCat("layout '", layout, "'; known: ", absl::StrJoin(LayoutNames(), ", ")));
+  }
+  nn::ShardingConfig s;
+  absl::StatusOr<LogicalAxisRules> r = ParseLogicalAxisRules(rules);
+  if (!r.ok()) return r.status();
+  s.rules = *r;
+  s.fsdp_axis = fsdp;
+  return s;
+}
+
+}  // namespace meshrun
