@@ -55,7 +55,9 @@ absl::StatusOr<Workload> SeedWorkload(const std::string& name) {
     w.loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
       JitBuilder& jit = s.jit();
       nn::Value h = jit.Unary("silu", nn::Dense(s.Child("input_dense"), b[0], 512));
-      nn::Value logits = nn::Dense(s.Child("output_dense"), h, 10);
+      nn::DenseOptions out;
+      out.kernel_axes = {"hidden", "classes"};
+      nn::Value logits = nn::Dense(s.Child("output_dense"), h, 10, out);
       return nn::SoftmaxCrossEntropy(jit, logits, b[1]);
     };
     w.optimizer.kind = OptimizerConfig::kAdamW;

@@ -1,5 +1,7 @@
 #include "core/tensor.h"
 
+#include <algorithm>
+
 #include <cstdlib>
 #include <cstring>
 
@@ -49,7 +51,10 @@ Tensor::Tensor(DType dtype, Dims dims) : dtype_(dtype), dims_(std::move(dims)) {
   std::memset(data_.get(), 0, rounded);
 }
 
-Tensor::Tensor(const Tensor& other) : Tensor(other.dtype_, other.dims_) {
+Tensor::Tensor(const Tensor& other) : dtype_(other.dtype_), dims_(other.dims_) {
+  // Every byte is overwritten: no zero-fill first.
+  const size_t rounded = std::max<size_t>(64, ((size_bytes() + 63) / 64) * 64);
+  data_.reset(std::aligned_alloc(64, rounded));
   std::memcpy(raw(), other.raw(), size_bytes());
 }
 

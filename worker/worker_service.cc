@@ -141,8 +141,20 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
   eo.collectives.timeout =
       absl::Seconds(req->collective_timeout_seconds() > 0 ? req->collective_timeout_seconds() : 30);
   eo.observer = metrics_;
-  auto executor = Executor::Create(p.program(), eo);
-  if (!executor.ok()) return Error(executor.status());
+  std::string fingerprint;
+  p.program().SerializeToString(&fingerprint);
+  absl::StrAppend(&fingerprint, "|", req->collective_timeout_seconds());
+  auto cached = std::find_if(executors_.begin(), executors_.end(),
+                             [&](const CachedExecutor& c) { return c.fingerprint == fingerprint; });
+  if (cached == executors_.end()) {
+    absl::StatusOr<std::unique_ptr<Executor>> compiled = Executor::Create(p.program(), eo);
+    if (!compiled.ok()) return Error(compiled.status());
+    constexpr size_t kMaxCachedPrograms = 4;
+    if (executors_.size() >= kMaxCachedPrograms) executors_.erase(executors_.begin());
+    executors_.push_back({std::move(fingerprint), *std::move(compiled)});
+    cached = executors_.end() - 1;
+  }
+  std::unique_ptr<Executor>* executor = &cached->executor;
   for (int i = 0; i < p.inputs_size(); ++i) {
     absl::StatusOr<std::shared_ptr<const Tensor>> shard = shards_.Get(req->input_ids(i));
     if (!shard.ok()) return Error(shard.status());
@@ -156,7 +168,10 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
     }
     std::memcpy(buffer->raw(), (*shard)->raw(), buffer->size_bytes());
   }
-  if (absl::Status s = (*executor)->Run("main", RunContext{}); !s.ok()) return Error(s);
+  if (absl::Status s = (*executor)->Run("main", RunContext{}); !s.ok()) {
+    executors_.erase(cached);  // recompiled on the next call, from a clean state
+    return Error(s);
+  }
   for (int i = 0; i < p.outputs_size(); ++i) {
     Tensor* buffer = (*executor)->buffer(p.outputs(i));
     if (buffer == nullptr) return Error(absl::InvalidArgumentError(absl::StrCat("no output buffer '", p.outputs(i), "'")));

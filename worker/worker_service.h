@@ -73,6 +73,14 @@ class WorkerService final : public v1::Worker::Service {
 
   absl::Mutex job_mu_;
   std::unique_ptr<Trainer> trainer_ ABSL_GUARDED_BY(job_mu_);
+  // Compiled shard_map programs, by fingerprint (the program's bytes and the collective
+  // deadline): a train step's program comes back every step, and compiling it (buffers, oneDNN
+  // primitives) costs more than running it. The few most recent are kept, as jax.jit's cache.
+  struct CachedExecutor {
+    std::string fingerprint;
+    std::unique_ptr<Executor> executor;
+  };
+  std::vector<CachedExecutor> executors_ ABSL_GUARDED_BY(job_mu_);
   std::map<std::string, std::pair<std::shared_ptr<const ImageDataset>, std::shared_ptr<const ImageDataset>>>
       datasets_ ABSL_GUARDED_BY(job_mu_);
 };
