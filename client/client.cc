@@ -145,6 +145,24 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ShardMap(const v1::ShardMapPr
   return std::vector<v1::ArrayInfo>(resp.outputs().begin(), resp.outputs().end());
 }
 
+absl::StatusOr<v1::SaveCheckpointResponse> Client::SaveCheckpoint(const v1::SaveCheckpointRequest& request,
+                                                                  absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, timeout);
+  v1::SaveCheckpointResponse resp;
+  if (grpc::Status s = stub_->SaveCheckpoint(&ctx, request, &resp); !s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
+absl::StatusOr<v1::RestoreCheckpointResponse> Client::RestoreCheckpoint(const v1::RestoreCheckpointRequest& request,
+                                                                        absl::Duration timeout) {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, timeout);
+  v1::RestoreCheckpointResponse resp;
+  if (grpc::Status s = stub_->RestoreCheckpoint(&ctx, request, &resp); !s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
 absl::Status Client::Shutdown() {
   grpc::ClientContext ctx;
   SetTimeout(ctx, absl::Seconds(5));

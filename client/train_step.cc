@@ -231,6 +231,38 @@ absl::StatusOr<TrainState> TrainState::Init(Client* client, const TrainStep* ste
   return state;
 }
 
+absl::StatusOr<std::string> TrainState::Save(const std::string& root, int keep) {
+  v1::SaveCheckpointRequest req;
+  req.set_root(root);
+  req.set_step(steps_);
+  req.set_keep(keep);
+  for (const PlannedArray& a : step_->state) {
+    v1::CheckpointArray* c = req.add_arrays();
+    c->set_name(a.name);
+    c->set_id(Id(a.name));
+  }
+  absl::StatusOr<v1::SaveCheckpointResponse> resp = client_->SaveCheckpoint(req);
+  if (!resp.ok()) return resp.status();
+  return resp->path();
+}
+
+absl::StatusOr<TrainState> TrainState::Restore(Client* client, const TrainStep* step, const std::string& path,
+                                               std::string prefix) {
+  TrainState state(client, step, std::move(prefix));
+  v1::RestoreCheckpointRequest req;
+  req.set_path(path);
+  for (const PlannedArray& a : step->state) {
+    v1::CheckpointArray* c = req.add_arrays();
+    c->set_name(a.name);
+    c->set_id(state.Id(a.name));
+    *c->mutable_spec() = a.spec.ToProto();
+  }
+  absl::StatusOr<v1::RestoreCheckpointResponse> resp = client->RestoreCheckpoint(req);
+  if (!resp.ok()) return resp.status();
+  state.steps_ = resp->step();
+  return state;
+}
+
 absl::StatusOr<float> TrainState::Step(const std::vector<std::string>& batch_ids) {
   if (batch_ids.size() != step_->batch.size()) {
     return absl::InvalidArgumentError(absl::StrCat("train step takes ", step_->batch.size(),

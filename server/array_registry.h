@@ -41,6 +41,20 @@ class ArrayRegistry {
   // spec that does not fit; worker errors (a collective deadline names the rank waited for).
   absl::StatusOr<std::vector<v1::ArrayInfo>> ShardMap(const v1::ShardMapRequest& request);
 
+  // Sharded checkpoints (core/checkpoint/checkpoint.h). Save: every worker writes the blocks it
+  // owns of the named arrays in parallel into <root>/step_<N>.tmp-*, then the manifest is written
+  // and the directory committed by a rename; older committed checkpoints beyond `keep` (> 0) are
+  // deleted, as are uncommitted leftovers. A failure (a full disk, a dead worker) leaves the
+  // previous checkpoints as they were. Errors: NotFound for an unknown array id; InvalidArgument
+  // for a duplicate name; the failing worker's error naming its rank and file.
+  absl::StatusOr<v1::SaveCheckpointResponse> SaveCheckpoint(const v1::SaveCheckpointRequest& request);
+  // Restore into each array's target spec on this cluster's mesh (any layout, any mesh that the
+  // shapes divide over): every worker reads only the saved blocks its block intersects.
+  // Errors: NotFound for a missing checkpoint or array (naming it); InvalidArgument for a target
+  // layout that cannot hold the saved shape or an id in use; DataLoss naming the array and file
+  // for a corrupt or truncated block. Nothing is registered on failure.
+  absl::StatusOr<v1::RestoreCheckpointResponse> RestoreCheckpoint(const v1::RestoreCheckpointRequest& request);
+
   // Errors: NotFound naming the id and the arrays that exist.
   absl::StatusOr<v1::ArrayInfo> Info(const std::string& id);
 

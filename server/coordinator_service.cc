@@ -93,6 +93,22 @@ grpc::Status CoordinatorService::ShardMap(grpc::ServerContext*, const v1::ShardM
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::SaveCheckpoint(grpc::ServerContext*, const v1::SaveCheckpointRequest* req,
+                                                v1::SaveCheckpointResponse* resp) {
+  absl::StatusOr<v1::SaveCheckpointResponse> r = arrays_->SaveCheckpoint(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::RestoreCheckpoint(grpc::ServerContext*, const v1::RestoreCheckpointRequest* req,
+                                                   v1::RestoreCheckpointResponse* resp) {
+  absl::StatusOr<v1::RestoreCheckpointResponse> r = arrays_->RestoreCheckpoint(*req);
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::ListArrays(grpc::ServerContext*, const v1::ListArraysRequest*,
                                             v1::ListArraysResponse* resp) {
   for (auto& info : arrays_->List()) *resp->add_arrays() = std::move(info);

@@ -31,6 +31,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status GetArray(grpc::ServerContext*, const v1::GetArrayRequest*, v1::GetArrayResponse*) override;
   grpc::Status DeleteArray(grpc::ServerContext*, const v1::DeleteArrayRequest*, v1::DeleteArrayResponse*) override;
   grpc::Status ShardMap(grpc::ServerContext*, const v1::ShardMapRequest*, v1::ShardMapResponse*) override;
+  grpc::Status SaveCheckpoint(grpc::ServerContext*, const v1::SaveCheckpointRequest*,
+                              v1::SaveCheckpointResponse*) override;
+  grpc::Status RestoreCheckpoint(grpc::ServerContext*, const v1::RestoreCheckpointRequest*,
+                                 v1::RestoreCheckpointResponse*) override;
   grpc::Status ListArrays(grpc::ServerContext*, const v1::ListArraysRequest*, v1::ListArraysResponse*) override;
   grpc::Status Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*, v1::ShutdownResponse*) override;
 

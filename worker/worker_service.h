@@ -50,6 +50,8 @@ class WorkerService final : public v1::Worker::Service {
   grpc::Status RunShardMap(grpc::ServerContext*, const v1::RunShardMapRequest*, v1::RunShardMapResponse*) override;
   grpc::Status ResetTransport(grpc::ServerContext*, const v1::ResetTransportRequest*,
                               v1::ResetTransportResponse*) override;
+  grpc::Status SaveShards(grpc::ServerContext*, const v1::SaveShardsRequest*, v1::SaveShardsResponse*) override;
+  grpc::Status LoadShards(grpc::ServerContext*, const v1::LoadShardsRequest*, v1::LoadShardsResponse*) override;
   grpc::Status PutShard(grpc::ServerContext*, const v1::PutShardRequest*, v1::PutShardResponse*) override;
   grpc::Status GetShard(grpc::ServerContext*, const v1::GetShardRequest*, v1::GetShardResponse*) override;
   grpc::Status DeleteShard(grpc::ServerContext*, const v1::DeleteShardRequest*, v1::DeleteShardResponse*) override;

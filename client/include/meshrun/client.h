@@ -74,6 +74,17 @@ class Client {
                                                       absl::Duration collective_timeout = absl::Seconds(30),
                                                       const std::vector<int>& donate_argnums = {});
 
+  // Sharded checkpoints (core/checkpoint/checkpoint.h; `root` must be visible to every worker).
+  // Save: every worker writes its own blocks in parallel; committed atomically as
+  // <root>/step_<step>; keep > 0 deletes all but the newest `keep`. Restore: each array into
+  // `spec` on this cluster (another layout or mesh than at save time works), each worker reading
+  // only the blocks it needs. Errors: see ArrayRegistry (server/array_registry.h): NotFound,
+  // InvalidArgument, DataLoss naming the array and file, a worker's error naming its rank.
+  absl::StatusOr<v1::SaveCheckpointResponse> SaveCheckpoint(const v1::SaveCheckpointRequest& request,
+                                                            absl::Duration timeout = absl::Minutes(10));
+  absl::StatusOr<v1::RestoreCheckpointResponse> RestoreCheckpoint(const v1::RestoreCheckpointRequest& request,
+                                                                  absl::Duration timeout = absl::Minutes(10));
+
   // Stops the workers and then the coordinator.
   absl::Status Shutdown();
 

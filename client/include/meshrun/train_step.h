@@ -105,6 +105,17 @@ class TrainState {
   static absl::StatusOr<TrainState> Init(Client* client, const TrainStep* step,
                                          std::string prefix = "train_state");
 
+  // The TrainState as it was when the step loop stopped: every array restored from the
+  // checkpoint directory `path` into `step`'s layouts (which may differ from the layouts it was
+  // saved under: DP -> FSDP, 2x4 -> 1 worker, ...). Errors: NotFound naming a missing array,
+  // DataLoss naming a corrupt block's array and file.
+  static absl::StatusOr<TrainState> Restore(Client* client, const TrainStep* step, const std::string& path,
+                                            std::string prefix = "train_state");
+  // Saves the whole TrainState (step, params, opt_state) as <root>/step_<steps()>, each worker
+  // writing its own blocks; keep > 0 keeps only the newest `keep` checkpoints. Returns the
+  // committed directory.
+  absl::StatusOr<std::string> Save(const std::string& root, int keep = 0);
+
   // One step on batch arrays already on the cluster (laid out as step.batch). Returns the loss.
   absl::StatusOr<float> Step(const std::vector<std::string>& batch_ids);
   // device_get of one state array by its name ("params/mlp/W1").

@@ -1,0 +1,305 @@
+#include "core/checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+namespace meshrun::checkpoint {
+namespace {
+
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+std::string SafetensorsDType(DType d) {
+  switch (d) {
+    case v1::DTYPE_F32:
+      return "F32";
+    case v1::DTYPE_BF16:
+      return "BF16";
+    case v1::DTYPE_I32:
+      return "I32";
+    case v1::DTYPE_U32:
+      return "U32";
+    default:
+      return "";
+  }
+}
+
+absl::StatusOr<DType> FromSafetensorsDType(const std::string& s) {
+  if (s == "F32") return v1::DTYPE_F32;
+  if (s == "BF16") return v1::DTYPE_BF16;
+  if (s == "I32") return v1::DTYPE_I32;
+  if (s == "U32") return v1::DTYPE_U32;
+  return absl::DataLossError(absl::StrCat("dtype '", s, "': expected F32, BF16, I32 or U32"));
+}
+
+absl::Status ErrnoStatus(const std::string& what, const std::string& path, int err) {
+  const std::string msg = absl::StrCat(what, " ", path, ": ", std::strerror(err));
+  if (err == ENOSPC || err == EDQUOT) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoStatus("write", path, errno);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+const ArrayEntry* Manifest::Find(const std::string& name) const {
+  for (const ArrayEntry& a : arrays)
+    if (a.name == name) return &a;
+  return nullptr;
+}
+
+std::string ToJson(const Manifest& m) {
+  json arrays = json::array();
+  for (const ArrayEntry& a : m.arrays) {
+    json spec = json::array();
+    for (const auto& e : a.spec.entries()) spec.push_back(e);
+    json blocks = json::array();
+    for (const Block& b : a.blocks) {
+      blocks.push_back({{"offsets", b.offsets},
+                        {"shape", b.shape},
+                        {"file", b.file},
+                        {"tensor", b.tensor},
+                        {"data_offset", b.data_offset},
+                        {"nbytes", b.nbytes},
+                        {"crc32", b.crc32}});
+    }
+    arrays.push_back({{"name", a.name},
+                      {"dtype", SafetensorsDType(a.dtype)},
+                      {"shape", a.shape},
+                      {"spec", spec},
+                      {"blocks", blocks}});
+  }
+  json j = {{"format", "meshrun-checkpoint"},
+            {"format_version", m.format_version},
+            {"step", m.step},
+            {"mesh", m.mesh},
+            {"arrays", arrays}};
+  return j.dump(1);
+}
+
+absl::StatusOr<Manifest> ParseManifest(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object())
+    return absl::DataLossError("manifest.json is not a JSON object");
+  Manifest m;
+  try {
+    m.format_version = j.at("format_version").get<int>();
+    if (m.format_version != kFormatVersion) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("manifest format_version ", m.format_version,
+                       " is not supported (this meshrun reads version ", kFormatVersion, ")"));
+    }
+    m.step = j.at("step").get<int64_t>();
+    m.mesh = j.at("mesh").get<std::string>();
+    for (const json& ja : j.at("arrays")) {
+      ArrayEntry a;
+      a.name = ja.at("name").get<std::string>();
+      absl::StatusOr<DType> dtype = FromSafetensorsDType(ja.at("dtype").get<std::string>());
+      if (!dtype.ok())
+        return absl::DataLossError(absl::StrCat("array ", a.name, ": ", dtype.status().message()));
+      a.dtype = *dtype;
+      a.shape = ja.at("shape").get<Dims>();
+      std::vector<PartitionSpec::Entry> entries;
+      for (const json& e : ja.at("spec")) entries.push_back(e.get<std::vector<std::string>>());
+      a.spec = PartitionSpec(entries);
+      for (const json& jb : ja.at("blocks")) {
+        Block b;
+        b.offsets = jb.at("offsets").get<std::vector<int64_t>>();
+        b.shape = jb.at("shape").get<Dims>();
+        b.file = jb.at("file").get<std::string>();
+        b.tensor = jb.at("tensor").get<std::string>();
+        b.data_offset = jb.at("data_offset").get<int64_t>();
+        b.nbytes = jb.at("nbytes").get<int64_t>();
+        b.crc32 = jb.at("crc32").get<uint32_t>();
+        if (b.offsets.size() != a.shape.size() || b.shape.size() != a.shape.size() ||
+            b.nbytes != NumElements(b.shape) * static_cast<int64_t>(DTypeSize(a.dtype)) ||
+            b.file.find('/') != std::string::npos) {
+          return absl::DataLossError(absl::StrCat("array ", a.name, ": block ", b.tensor, " in ",
+                                                  b.file,
+                                                  " does not fit the array's shape and dtype"));
+        }
+        a.blocks.push_back(std::move(b));
+      }
+      m.arrays.push_back(std::move(a));
+    }
+  } catch (const json::exception& e) {
+    return absl::DataLossError(absl::StrCat("manifest.json: ", e.what()));
+  }
+  return m;
+}
+
+absl::StatusOr<Manifest> ReadManifest(const std::string& dir) {
+  const std::string path = (fs::path(dir) / "manifest.json").string();
+  std::ifstream in(path);
+  if (!in)
+    return absl::NotFoundError(
+        absl::StrCat("no committed checkpoint at ", dir, " (", path, " is missing)"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  absl::StatusOr<Manifest> m = ParseManifest(ss.str());
+  if (!m.ok())
+    return absl::Status(m.status().code(), absl::StrCat(path, ": ", m.status().message()));
+  return m;
+}
+
+std::string StepDirName(int64_t step) { return absl::StrFormat("step_%08d", step); }
+
+std::vector<std::pair<int64_t, std::string>> ListCheckpoints(const std::string& root) {
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    int64_t step;
+    if (name.rfind("step_", 0) != 0 || !absl::SimpleAtoi(name.substr(5), &step)) continue;
+    if (!fs::exists(entry.path() / "manifest.json", ec)) continue;
+    out.emplace_back(step, entry.path().string());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& root) {
+  auto all = ListCheckpoints(root);
+  if (all.empty()) return absl::NotFoundError(absl::StrCat("no committed checkpoint under ", root));
+  return all.back().second;
+}
+
+std::vector<const Block*> BlocksIntersecting(const ArrayEntry& a,
+                                             const std::vector<int64_t>& offsets,
+                                             const Dims& shape) {
+  std::vector<const Block*> out;
+  for (const Block& b : a.blocks) {
+    bool overlaps = true;
+    for (size_t d = 0; d < shape.size() && overlaps; ++d) {
+      overlaps = b.offsets[d] < offsets[d] + shape[d] && offsets[d] < b.offsets[d] + b.shape[d];
+    }
+    if (overlaps) out.push_back(&b);
+  }
+  return out;
+}
+
+void CopyIntersection(const Tensor& src, const std::vector<int64_t>& src_offsets, Tensor& dst,
+                      const std::vector<int64_t>& dst_offsets) {
+  const size_t rank = dst.dims().size();
+  const int64_t esize = DTypeSize(dst.dtype());
+  if (rank == 0) {
+    std::memcpy(dst.raw(), src.raw(), esize);
+    return;
+  }
+  std::vector<int64_t> lo(rank), hi(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    lo[d] = std::max(src_offsets[d], dst_offsets[d]);
+    hi[d] = std::min(src_offsets[d] + src.dims()[d], dst_offsets[d] + dst.dims()[d]);
+    if (lo[d] >= hi[d]) return;
+  }
+  // Contiguous runs along the last dim, for every index of the leading dims.
+  const int64_t run = (hi[rank - 1] - lo[rank - 1]) * esize;
+  std::vector<int64_t> idx(lo.begin(), lo.end() - 1);
+  const auto flat = [&](const Dims& dims, const std::vector<int64_t>& origin, int64_t last) {
+    int64_t f = 0;
+    for (size_t d = 0; d + 1 < rank; ++d) f = f * dims[d] + (idx[d] - origin[d]);
+    return f * dims[rank - 1] + (last - origin[rank - 1]);
+  };
+  while (true) {
+    std::memcpy(
+        static_cast<char*>(dst.raw()) + flat(dst.dims(), dst_offsets, lo[rank - 1]) * esize,
+        static_cast<const char*>(src.raw()) + flat(src.dims(), src_offsets, lo[rank - 1]) * esize,
+        run);
+    size_t d = rank - 1;
+    while (d > 0) {
+      --d;
+      if (++idx[d] < hi[d]) break;
+      idx[d] = lo[d];
+      if (d == 0) return;
+    }
+    if (rank == 1) return;
+  }
+}
+
+absl::StatusOr<std::vector<int64_t>> WriteSafetensors(
+    const std::string& path, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
+    const std::vector<std::pair<std::string, std::string>>& metadata) {
+  json header = json::object();
+  json meta = json::object();
+  for (const auto& [k, v] : metadata) meta[k] = v;
+  if (!metadata.empty()) header["__metadata__"] = meta;
+  int64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    header[name] = {{"dtype", SafetensorsDType(t->dtype())},
+                    {"shape", t->dims()},
+                    {"data_offsets", {offset, offset + static_cast<int64_t>(t->size_bytes())}}};
+    offset += static_cast<int64_t>(t->size_bytes());
+  }
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8,
+           ' ');  // data starts 8-byte aligned, as the reference writer does
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus("open", path, errno);
+  uint8_t size_le[8];
+  for (int i = 0; i < 8; ++i)
+    size_le[i] = static_cast<uint8_t>(static_cast<uint64_t>(h.size()) >> (8 * i));
+  absl::Status s = WriteAll(fd, size_le, 8, path);
+  if (s.ok()) s = WriteAll(fd, h.data(), h.size(), path);
+  std::vector<int64_t> offsets;
+  const int64_t base = 8 + static_cast<int64_t>(h.size());
+  int64_t at = base;
+  for (const auto& [name, t] : tensors) {
+    if (!s.ok()) break;
+    offsets.push_back(at);
+    s = WriteAll(fd, t->raw(), t->size_bytes(), path);
+    at += static_cast<int64_t>(t->size_bytes());
+  }
+  if (s.ok() && ::fsync(fd) != 0) s = ErrnoStatus("fsync", path, errno);
+  if (::close(fd) != 0 && s.ok()) s = ErrnoStatus("close", path, errno);
+  if (!s.ok()) return s;
+  return offsets;
+}
+
+absl::Status SyncDir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("open", dir, errno);
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  return rc == 0 ? absl::OkStatus() : ErrnoStatus("fsync", dir, err);
+}
+
+uint32_t Crc32(const void* data, int64_t nbytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const Bytef* p = static_cast<const Bytef*>(data);
+  while (nbytes > 0) {
+    const uInt n = static_cast<uInt>(std::min<int64_t>(nbytes, 1 << 30));
+    crc = crc32(crc, p, n);
+    p += n;
+    nbytes -= n;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+}  // namespace meshrun::checkpoint
