@@ -1,10 +1,12 @@
 #include "meshrun/train_step.h"
 
+#include <map>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/checkpoint/checkpoint.h"
 #include "core/sharding/named_sharding.h"
 
 namespace meshrun {
@@ -246,8 +248,81 @@ absl::StatusOr<std::string> TrainState::Save(const std::string& root, int keep) 
   return resp->path();
 }
 
-absl::StatusOr<TrainState> TrainState::Restore(Client* client, const TrainStep* step, const std::string& path,
-                                               std::string prefix) {
+absl::StatusOr<TrainState> TrainState::InitFrom(Client* client, const TrainStep* step,
+                                                const std::string& path, std::string prefix) {
+  absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> file =
+      checkpoint::ReadSafetensors(path);
+  if (!file.ok()) return file.status();
+  std::map<std::string, const Tensor*> by_name;
+  for (const auto& [name, t] : *file) by_name[name] = &t;
+  for (const nn::ParamInfo& p : step->params) {
+    auto it = by_name.find(p.name);
+    if (it == by_name.end())
+      return absl::NotFoundError(absl::StrCat(path, " has no tensor ", p.name));
+    if (it->second->dims() != p.shape || it->second->dtype() != v1::DTYPE_F32) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": ", p.name, " is ", DTypeName(it->second->dtype()),
+          DimsToString(it->second->dims()), "; the model wants f32", DimsToString(p.shape)));
+    }
+  }
+  absl::StatusOr<TrainState> state = Init(client, step, std::move(prefix));
+  if (!state.ok()) return state.status();
+  for (const nn::ParamInfo& p : step->params) {
+    if (absl::Status s = client->Delete(state->Id(p.name)); !s.ok()) return s;
+    absl::StatusOr<v1::ArrayInfo> put = client->Put(*by_name[p.name], p.spec, state->Id(p.name));
+    if (!put.ok()) return put.status();
+  }
+  return state;
+}
+
+TrainState::~TrainState() {
+  if (pending_save_.valid()) pending_save_.wait();
+}
+
+absl::Status TrainState::SaveAsync(const std::string& root, int keep) {
+  if (pending_save_.valid()) {
+    if (absl::StatusOr<std::string> previous = pending_save_.get(); !previous.ok())
+      return previous.status();
+  }
+  // The snapshot: an identity shard_map copies every state block on its worker.
+  ShardMapBuilder copy(step_->mesh);
+  std::vector<std::string> ids, snapshot_ids;
+  for (const PlannedArray& a : step_->state) {
+    copy.Output(copy.Input(v1::DTYPE_F32, a.shape, a.spec), a.spec);
+    ids.push_back(Id(a.name));
+    snapshot_ids.push_back(Id("snapshot/" + a.name));
+  }
+  absl::StatusOr<v1::ShardMapProgram> program = copy.Build();
+  if (!program.ok()) return program.status();
+  absl::StatusOr<std::vector<v1::ArrayInfo>> out = client_->ShardMap(*program, ids, snapshot_ids);
+  if (!out.ok()) return out.status();
+  v1::SaveCheckpointRequest req;
+  req.set_root(root);
+  req.set_step(steps_);
+  req.set_keep(keep);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    v1::CheckpointArray* c = req.add_arrays();
+    c->set_name(step_->state[i].name);
+    c->set_id(snapshot_ids[i]);
+  }
+  Client* client = client_;
+  pending_save_ =
+      std::async(std::launch::async, [client, req, snapshot_ids]() -> absl::StatusOr<std::string> {
+        absl::StatusOr<v1::SaveCheckpointResponse> resp = client->SaveCheckpoint(req);
+        for (const std::string& id : snapshot_ids) client->Delete(id).IgnoreError();
+        if (!resp.ok()) return resp.status();
+        return resp->path();
+      });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> TrainState::WaitForSave() {
+  if (!pending_save_.valid()) return absl::FailedPreconditionError("no async save in flight");
+  return pending_save_.get();
+}
+
+absl::StatusOr<TrainState> TrainState::Restore(Client* client, const TrainStep* step,
+                                               const std::string& path, std::string prefix) {
   TrainState state(client, step, std::move(prefix));
   v1::RestoreCheckpointRequest req;
   req.set_path(path);

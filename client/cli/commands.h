@@ -46,6 +46,31 @@ struct PlanArgs {
 // the error (naming the parameter and dim) when the job cannot be planned.
 int Plan(const PlanArgs& args);
 
+struct WorkloadTrainArgs {
+  std::string workload;  // meshrun/workloads.h
+  std::string layout = "dp";
+  std::string mesh = "data=2,model=4";
+  int64_t steps = 20;
+  std::string coordinator;  // empty: an embedded local cluster
+  std::string log_dir;
+  std::string ckpt_dir;     // non-empty: save there every `save_every` steps and at the end
+  int save_every = 0;
+  int keep = 0;             // > 0: keep the newest `keep` checkpoints
+  bool async_save = false;
+  bool resume = false;      // continue from the newest committed checkpoint in ckpt_dir
+  std::string init_from;    // a safetensors file of parameters
+};
+// Trains a seed workload with a derived train step, printing each step's loss (%.9g).
+int TrainWorkload(const WorkloadTrainArgs& args);
+// Checks a checkpoint against a workload's TrainState under a layout and mesh, allocating
+// nothing: missing / extra arrays, shape or dtype mismatches, layouts that cannot be produced,
+// and the bytes each worker would read. Exit 0 when restorable.
+int CkptValidate(const std::string& path, const std::string& workload, const std::string& layout,
+                 const std::string& mesh);
+// Writes a checkpoint's parameters, unsharded, to one safetensors file under their names
+// (params/dot1/kernel).
+int Export(const std::string& path, const std::string& out);
+
 // Stops the workers and the coordinator.
 int Shutdown(const std::string& coordinator);
 

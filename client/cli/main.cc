@@ -31,10 +31,34 @@ int main(int argc, char** argv) {
 
   meshrun::cli::TrainArgs train;
   auto* train_cmd = app.add_subcommand("train", "run a train job");
-  train_cmd->add_option("--config", train.config_path, "job config (JSON)")->required();
+  meshrun::cli::WorkloadTrainArgs wtrain;
+  train_cmd->add_option("--config", train.config_path, "job config (JSON) of the main job");
+  train_cmd->add_option("--workload", wtrain.workload, "or a seed workload: mlp, dot_relu_dot, classifier");
+  train_cmd->add_option("--layout", wtrain.layout, "workload layout: single, dp, fsdp, tp, 2d, fsdp_tp")
+      ->capture_default_str();
+  train_cmd->add_option("--steps", wtrain.steps, "workload: train until this step")->capture_default_str();
+  train_cmd->add_option("--ckpt-dir", wtrain.ckpt_dir, "workload: checkpoint root");
+  train_cmd->add_option("--save-every", wtrain.save_every, "workload: save every N steps (and at the end)");
+  train_cmd->add_option("--keep", wtrain.keep, "workload: keep the newest K checkpoints");
+  train_cmd->add_flag("--async-save", wtrain.async_save, "workload: save in the background");
+  train_cmd->add_flag("--resume", wtrain.resume, "workload: continue from the newest checkpoint in --ckpt-dir");
+  train_cmd->add_option("--init-from", wtrain.init_from, "workload: parameters from a safetensors file");
   train_cmd->add_option("--coordinator", train.coordinator, "a running cluster's coordinator (default: start one)");
   train_cmd->add_option("--mesh", train.mesh, "mesh of the embedded cluster (default: the config's, else data=8)");
   train_cmd->add_option("--log-dir", train.log_dir, "directory for the embedded cluster's logs");
+
+  std::string ckpt_path, ckpt_workload = "mlp", ckpt_layout = "dp", ckpt_mesh = "data=2,model=4";
+  auto* ckpt_cmd = app.add_subcommand("ckpt", "sharded checkpoints");
+  ckpt_cmd->require_subcommand(1);
+  auto* validate_cmd = ckpt_cmd->add_subcommand("validate", "check a checkpoint against a workload, allocating nothing");
+  validate_cmd->add_option("checkpoint", ckpt_path, "a committed checkpoint directory")->required();
+  validate_cmd->add_option("--workload", ckpt_workload)->capture_default_str();
+  validate_cmd->add_option("--layout", ckpt_layout)->capture_default_str();
+  validate_cmd->add_option("--mesh", ckpt_mesh)->capture_default_str();
+  std::string export_out;
+  auto* export_cmd = app.add_subcommand("export", "a checkpoint's parameters, unsharded, as one safetensors file");
+  export_cmd->add_option("checkpoint", ckpt_path, "a committed checkpoint directory")->required();
+  export_cmd->add_option("file", export_out, "output .safetensors")->required();
 
   std::string coordinator = "127.0.0.1:50051";
   auto* status_cmd = app.add_subcommand("status", "show the cluster's workers and job");
@@ -92,7 +116,18 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (up_cmd->parsed()) return meshrun::cli::Up(up);
-    if (train_cmd->parsed()) return meshrun::cli::Train(train);
+    if (train_cmd->parsed()) {
+      if (!wtrain.workload.empty()) {
+        wtrain.coordinator = train.coordinator;
+        wtrain.log_dir = train.log_dir;
+        if (!train.mesh.empty()) wtrain.mesh = train.mesh;
+        return meshrun::cli::TrainWorkload(wtrain);
+      }
+      if (train.config_path.empty()) throw CLI::RequiredError("--config or --workload");
+      return meshrun::cli::Train(train);
+    }
+    if (validate_cmd->parsed()) return meshrun::cli::CkptValidate(ckpt_path, ckpt_workload, ckpt_layout, ckpt_mesh);
+    if (export_cmd->parsed()) return meshrun::cli::Export(ckpt_path, export_out);
     if (status_cmd->parsed()) return meshrun::cli::Status(coordinator);
     if (shutdown_cmd->parsed()) return meshrun::cli::Shutdown(coordinator);
     if (health_cmd->parsed()) return meshrun::cli::Health(health_addr, health_service, health_timeout);

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/sharding/named_sharding.h"
 #include "nlohmann/json.hpp"
 
 namespace meshrun::checkpoint {
@@ -279,6 +280,124 @@ absl::StatusOr<std::vector<int64_t>> WriteSafetensors(
   if (::close(fd) != 0 && s.ok()) s = ErrnoStatus("close", path, errno);
   if (!s.ok()) return s;
   return offsets;
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ReadSafetensors(
+    const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string bytes = ss.str();
+  if (bytes.size() < 8)
+    return absl::DataLossError(absl::StrCat(path, " is not a safetensors file (too short)"));
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
+  if (n > bytes.size() - 8)
+    return absl::DataLossError(absl::StrCat(path, ": header size ", n, " exceeds the file"));
+  json header = json::parse(bytes.substr(8, n), nullptr, /*allow_exceptions=*/false);
+  if (header.is_discarded() || !header.is_object())
+    return absl::DataLossError(absl::StrCat(path, ": bad JSON header"));
+  std::vector<std::pair<int64_t, std::string>> order;
+  for (auto it = header.begin(); it != header.end(); ++it) {
+    if (it.key() == "__metadata__") continue;
+    try {
+      order.emplace_back(it.value().at("data_offsets").at(0).get<int64_t>(), it.key());
+    } catch (const json::exception& e) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor ", it.key(), ": ", e.what()));
+    }
+  }
+  std::sort(order.begin(), order.end());
+  std::vector<std::pair<std::string, Tensor>> out;
+  const size_t base = 8 + n;
+  for (const auto& [begin, name] : order) {
+    const json& t = header[name];
+    absl::StatusOr<DType> dtype = FromSafetensorsDType(t.at("dtype").get<std::string>());
+    if (!dtype.ok())
+      return absl::DataLossError(
+          absl::StrCat(path, ": tensor ", name, ": ", dtype.status().message()));
+    Tensor tensor(*dtype, t.at("shape").get<Dims>());
+    const int64_t end = t.at("data_offsets").at(1).get<int64_t>();
+    if (end - begin != static_cast<int64_t>(tensor.size_bytes()) || base + end > bytes.size()) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " has data_offsets [", begin,
+                                              ", ", end,
+                                              ") that do not fit its shape or the file"));
+    }
+    std::memcpy(tensor.raw(), bytes.data() + base + begin, tensor.size_bytes());
+    out.emplace_back(name, std::move(tensor));
+  }
+  return out;
+}
+
+absl::StatusOr<Tensor> ReadBlock(const std::string& dir, const ArrayEntry& array,
+                                 const Block& block) {
+  const std::string path = (fs::path(dir) / block.file).string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("array ", array.name, ": cannot open ", path));
+  Tensor t(array.dtype, block.shape);
+  in.seekg(block.data_offset);
+  in.read(static_cast<char*>(t.raw()), block.nbytes);
+  if (in.gcount() != block.nbytes) {
+    return absl::DataLossError(absl::StrCat("array ", array.name, ": ", path, " is truncated"));
+  }
+  if (Crc32(t.raw(), block.nbytes) != block.crc32) {
+    return absl::DataLossError(absl::StrCat("array ", array.name, ": the block ", block.tensor,
+                                            " in ", path,
+                                            " does not match its checksum (corrupted)"));
+  }
+  return t;
+}
+
+absl::StatusOr<Tensor> ReadArray(const std::string& dir, const ArrayEntry& array) {
+  Tensor out(array.dtype, array.shape);
+  const std::vector<int64_t> origin(array.shape.size(), 0);
+  for (const Block& b : array.blocks) {
+    absl::StatusOr<Tensor> t = ReadBlock(dir, array, b);
+    if (!t.ok()) return t.status();
+    CopyIntersection(*t, b.offsets, out, origin);
+  }
+  return out;
+}
+
+RestoreReport ValidateRestore(const Manifest& m, const std::vector<WantedArray>& wanted,
+                              const Mesh& mesh) {
+  RestoreReport r;
+  r.bytes_per_worker.assign(mesh.size(), 0);
+  std::vector<std::string> seen;
+  for (const WantedArray& w : wanted) {
+    const ArrayEntry* a = m.Find(w.name);
+    if (a == nullptr) {
+      r.errors.push_back(absl::StrCat("missing array ", w.name));
+      continue;
+    }
+    seen.push_back(w.name);
+    if (a->shape != w.shape || a->dtype != w.dtype) {
+      r.errors.push_back(absl::StrCat("array ", w.name, ": saved as ", DTypeName(a->dtype), " (",
+                                      absl::StrJoin(a->shape, ", "), "), wanted ",
+                                      DTypeName(w.dtype), " (", absl::StrJoin(w.shape, ", "), ")"));
+      continue;
+    }
+    const NamedSharding sharding(mesh, w.spec);
+    if (absl::Status s = sharding.Validate(a->shape); !s.ok()) {
+      r.errors.push_back(absl::StrCat("array ", w.name, ": cannot be laid out as ",
+                                      w.spec.ToString(), ": ", s.message()));
+      continue;
+    }
+    for (int rank = 0; rank < mesh.size(); ++rank) {
+      for (const Block* b : BlocksIntersecting(*a, sharding.ShardOffsets(a->shape, rank),
+                                               sharding.ShardDims(a->shape))) {
+        r.bytes_per_worker[rank] += b->nbytes;
+      }
+    }
+  }
+  for (const ArrayEntry& a : m.arrays) {
+    if (std::find(seen.begin(), seen.end(), a.name) == seen.end() &&
+        std::none_of(wanted.begin(), wanted.end(),
+                     [&](const WantedArray& w) { return w.name == a.name; })) {
+      r.extra.push_back(a.name);
+    }
+  }
+  return r;
 }
 
 absl::Status SyncDir(const std::string& dir) {

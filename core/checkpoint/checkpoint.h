@@ -94,6 +94,36 @@ absl::StatusOr<std::vector<int64_t>> WriteSafetensors(
     const std::string& path, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
     const std::vector<std::pair<std::string, std::string>>& metadata = {});
 
+// Reads a safetensors file whole: its tensors by name, in file order (F32, BF16, I32, U32).
+// Errors: NotFound / DataLoss naming the path and what is wrong.
+absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ReadSafetensors(
+    const std::string& path);
+
+// One saved block, read by its byte range from <checkpoint_dir>/<block.file> and checked against
+// its CRC-32. Errors: NotFound (missing file), DataLoss (truncated, checksum mismatch), each
+// naming the array and the file.
+absl::StatusOr<Tensor> ReadBlock(const std::string& checkpoint_dir, const ArrayEntry& array,
+                                 const Block& block);
+// The whole array assembled from its blocks (for export; a restore never does this).
+absl::StatusOr<Tensor> ReadArray(const std::string& checkpoint_dir, const ArrayEntry& array);
+
+// What `meshrun ckpt validate` checks before anything is allocated: every wanted array exists
+// with the wanted shape and dtype, the target layout fits it on `mesh`; extra arrays are
+// reported. bytes_per_worker[r] is what rank r would read.
+struct WantedArray {
+  std::string name;
+  DType dtype = v1::DTYPE_F32;
+  Dims shape;
+  PartitionSpec spec;
+};
+struct RestoreReport {
+  std::vector<std::string> errors;  // empty: restorable
+  std::vector<std::string> extra;   // in the checkpoint, not wanted
+  std::vector<int64_t> bytes_per_worker;
+};
+RestoreReport ValidateRestore(const Manifest& m, const std::vector<WantedArray>& wanted,
+                              const Mesh& mesh);
+
 // fsync of a directory (after a rename inside it).
 absl::Status SyncDir(const std::string& dir);
 

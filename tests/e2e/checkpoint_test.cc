@@ -224,6 +224,30 @@ TEST_F(CheckpointE2ETest, ResumedRunEqualsUninterruptedRunBitForBit) {
   EXPECT_TRUE(resumed->Delete().ok());
 }
 
+TEST_F(CheckpointE2ETest, AsyncSaveWritesTheStateOfTheCallWhileStepsGoOn) {
+  const std::string mesh = "data=2,model=4";
+  const TrainStep step = Step("fsdp", mesh);
+  auto state = TrainState::Init(&client(mesh), &step, "async");
+  ASSERT_TRUE(state.ok()) << state.status();
+  Steps(client(mesh), step, *state, 5);
+  ASSERT_TRUE(state->SaveAsync(root_).ok());
+  const std::vector<float> after = Steps(client(mesh), step, *state, 5);  // while it writes
+  ASSERT_TRUE(state->SaveAsync(root_).ok());                              // waits for the first
+  auto second = state->WaitForSave();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(checkpoint::ListCheckpoints(root_).size(), 2u);
+  // The first save holds step 5's state, not a later one: resuming from it replays steps 6..10.
+  auto resumed = TrainState::Restore(&client(mesh), &step,
+                                     (fs::path(root_) / "step_00000005").string(), "again");
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_EQ(resumed->steps(), 5);
+  const std::vector<float> replay = Steps(client(mesh), step, *resumed, 5);
+  ASSERT_EQ(replay.size(), after.size());
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(replay[i], after[i]) << "step " << 6 + i;
+  EXPECT_TRUE(resumed->Delete().ok());
+  EXPECT_TRUE(state->Delete().ok());
+}
+
 TEST_F(CheckpointE2ETest, CorruptTruncatedAndUncommittedCheckpoints) {
   const std::string mesh = "data=2,model=4";
   const TrainStep step = Step("fsdp", mesh);

@@ -25,6 +25,7 @@
 #define MESHRUN_CLIENT_INCLUDE_MESHRUN_TRAIN_STEP_H_
 
 #include <functional>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -99,11 +100,22 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
 // Delete.
 class TrainState {
  public:
+  TrainState(TrainState&&) = default;
+  TrainState& operator=(TrainState&&) = default;
+  ~TrainState();  // waits for an async save in flight
+
   // Runs `step.init` on the cluster: every worker draws only its blocks of the parameters (the
   // values equal the unsharded draw for the seed, whatever the mesh) and zeroes its blocks of the
   // optimizer state. Errors: the cluster's (e.g. an id in use under `prefix`).
   static absl::StatusOr<TrainState> Init(Client* client, const TrainStep* step,
                                          std::string prefix = "train_state");
+
+  // Init, then the parameters from a safetensors file (the job's init_from) holding unsharded
+  // arrays under the parameter names (params/dot1/kernel, as `meshrun export` writes them, or
+  // Python's safetensors): each worker receives only its block. Errors: NotFound naming a
+  // parameter the file lacks; InvalidArgument naming one whose shape or dtype differs.
+  static absl::StatusOr<TrainState> InitFrom(Client* client, const TrainStep* step, const std::string& path,
+                                             std::string prefix = "train_state");
 
   // The TrainState as it was when the step loop stopped: every array restored from the
   // checkpoint directory `path` into `step`'s layouts (which may differ from the layouts it was
@@ -115,6 +127,12 @@ class TrainState {
   // writing its own blocks; keep > 0 keeps only the newest `keep` checkpoints. Returns the
   // committed directory.
   absl::StatusOr<std::string> Save(const std::string& root, int keep = 0);
+  // Orbax's AsyncCheckpointer / DCP's async_save: returns once a snapshot of the state is taken
+  // (a copy on each worker, so the next steps may replace the state), and writes it in the
+  // background. A second save first waits for the one in flight. WaitForSave returns the
+  // committed directory of the last async save (or its error).
+  absl::Status SaveAsync(const std::string& root, int keep = 0);
+  absl::StatusOr<std::string> WaitForSave();
 
   // One step on batch arrays already on the cluster (laid out as step.batch). Returns the loss.
   absl::StatusOr<float> Step(const std::vector<std::string>& batch_ids);
@@ -132,6 +150,7 @@ class TrainState {
   const TrainStep* step_;
   std::string prefix_;
   int64_t steps_ = 0;
+  std::future<absl::StatusOr<std::string>> pending_save_;
 };
 
 }  // namespace meshrun
