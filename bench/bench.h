@@ -50,6 +50,19 @@ struct StepBenchOptions {
 // Returns a process exit code.
 int RunStepBench(const StepBenchOptions& options);
 
+struct CkptBenchOptions {
+  std::string workload = "mlp";  // seed 000's TrainState: 4 x 2 x 1024 x 1024 params + Adam, ~100 MB
+  std::string layout = "dp";
+  std::string mesh = "data=8";
+  std::string dir;               // empty: a directory under the system temp dir
+  int steps = 5;                 // for the reference step time
+  int repeats = 2;
+  std::string bin_dir;
+};
+// Prints save and restore time and aggregate GB/s (restore from the page cache), and how long an
+// async save blocks the step loop, in seconds and in step times. Returns a process exit code.
+int RunCkptBench(const CkptBenchOptions& options);
+
 }  // namespace meshrun
 
 #endif  // MESHRUN_BENCH_BENCH_H_

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -113,7 +114,14 @@ grpc::Status WorkerService::LoadShards(grpc::ServerContext*, const v1::LoadShard
     const std::vector<int64_t> target = sharding.ShardOffsets(global, m.rank);
     int64_t covered = 0;
     for (const v1::BlockSource& src : item.sources()) {
-      Tensor saved(item.dtype(), Dims(src.shape().begin(), src.shape().end()));
+      // A saved block that is exactly the target block is read in place; others into a scratch
+      // block whose overlap is then copied.
+      const Dims src_dims(src.shape().begin(), src.shape().end());
+      const bool same =
+          src_dims == block.dims() &&
+          std::equal(target.begin(), target.end(), src.offsets().begin(), src.offsets().end());
+      Tensor scratch = same ? Tensor() : Tensor(item.dtype(), src_dims);
+      Tensor& saved = same ? block : scratch;
       if (static_cast<int64_t>(saved.size_bytes()) != src.nbytes()) {
         return Error(absl::DataLossError(
             absl::StrCat("array ", item.name(), ": block in ", src.file(), " has ", src.nbytes(),
@@ -135,8 +143,10 @@ grpc::Status WorkerService::LoadShards(grpc::ServerContext*, const v1::LoadShard
             ") in ", src.file(), " does not match its checksum (corrupted)")));
       }
       bytes_read += src.nbytes();
-      checkpoint::CopyIntersection(
-          saved, std::vector<int64_t>(src.offsets().begin(), src.offsets().end()), block, target);
+      if (!same) {
+        checkpoint::CopyIntersection(
+            saved, std::vector<int64_t>(src.offsets().begin(), src.offsets().end()), block, target);
+      }
       int64_t overlap = 1;
       for (size_t d = 0; d < target.size(); ++d) {
         overlap *= std::max<int64_t>(

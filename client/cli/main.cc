@@ -113,6 +113,13 @@ int main(int argc, char** argv) {
   sb_cmd->add_option("--mesh", sb.mesh, "mesh of the multi-worker layouts")->capture_default_str();
   sb_cmd->add_option("--steps", sb.steps, "timed steps per run")->capture_default_str();
 
+  meshrun::CkptBenchOptions kb;
+  auto* kb_cmd = bench_cmd->add_subcommand("ckpt", "save / restore GB/s of a TrainState and async-save blocking");
+  kb_cmd->add_option("--workload", kb.workload)->capture_default_str();
+  kb_cmd->add_option("--layout", kb.layout)->capture_default_str();
+  kb_cmd->add_option("--mesh", kb.mesh)->capture_default_str();
+  kb_cmd->add_option("--dir", kb.dir, "checkpoint root (default: under the temp dir)");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (up_cmd->parsed()) return meshrun::cli::Up(up);
@@ -139,6 +146,7 @@ int main(int argc, char** argv) {
     }
     if (cb_cmd->parsed()) return meshrun::RunCollectivesBench(cb);
     if (plan_cmd->parsed()) return meshrun::cli::Plan(plan);
+    if (kb_cmd->parsed()) return meshrun::RunCkptBench(kb);
     if (sb_cmd->parsed()) {
       sb.workloads = absl::StrSplit(sb_workloads, ',', absl::SkipEmpty());
       sb.layouts = absl::StrSplit(sb_layouts, ',', absl::SkipEmpty());
