@@ -5,6 +5,9 @@
 // ignored.
 #include "core/checkpoint/checkpoint.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -305,6 +308,48 @@ TEST_F(CheckpointE2ETest, CorruptTruncatedAndUncommittedCheckpoints) {
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_FALSE(fs::exists(fs::path(root_) / "step_00000099.tmp-dead"));
   EXPECT_TRUE(state->Delete().ok());
+}
+
+// A worker killed before a save completes: the save fails naming the worker, and the previous
+// checkpoint stays committed and readable, with no leftovers.
+TEST(CheckpointFaultTest, WorkerKilledDuringSaveLeavesThePreviousCheckpoint) {
+  auto cluster = testing::StartCluster("data=2", "checkpoint-kill");
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto w = SeedWorkload("dot_relu_dot");
+  auto step = BuildTrainStep(*Mesh::Parse("data=2"), *LayoutSharding("fsdp"), w->optimizer,
+                             w->batch, w->loss, 0);
+  ASSERT_TRUE(step.ok()) << step.status();
+  auto state = TrainState::Init(client->get(), &*step);
+  ASSERT_TRUE(state.ok()) << state.status();
+  const std::string root = (fs::path(::testing::TempDir()) / "ckpt-kill").string();
+  fs::remove_all(root);
+  auto first = state->Save(root);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const pid_t victim = cluster->worker_pids()[1];
+  ASSERT_EQ(::kill(victim, SIGKILL), 0);
+  ::waitpid(victim, nullptr, 0);
+  v1::SaveCheckpointRequest req;
+  req.set_root(root);
+  req.set_step(7);
+  for (const PlannedArray& a : step->state) {
+    v1::CheckpointArray* c = req.add_arrays();
+    c->set_name(a.name);
+    c->set_id(state->Id(a.name));
+  }
+  auto second = (*client)->SaveCheckpoint(req, absl::Seconds(60));
+  ASSERT_FALSE(second.ok());
+  // Named by its rank and pid (ranks follow registration, not start order).
+  EXPECT_THAT(std::string(second.status().message()),
+              ::testing::ContainsRegex("worker rank [01] .*pid " + std::to_string(victim)));
+  EXPECT_EQ(checkpoint::ListCheckpoints(root).size(), 1u);
+  for (const auto& e : fs::directory_iterator(root))
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << e.path();
+  auto m = checkpoint::ReadManifest(*first);
+  ASSERT_TRUE(m.ok()) << m.status();
+  for (const auto& a : m->arrays) EXPECT_TRUE(checkpoint::ReadArray(*first, a).ok()) << a.name;
+  cluster->Stop().IgnoreError();
 }
 
 }  // namespace

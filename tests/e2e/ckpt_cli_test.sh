@@ -31,6 +31,24 @@ if "$bin/meshrun" ckpt validate "$tmp/ckpt/step_00000010" --workload dot_relu_do
 fi
 grep -q "not divisible" "$tmp/bad.txt" || { cat "$tmp/bad.txt"; echo "FAIL: no reason given"; exit 1; }
 
+# A full disk: a 40 MB tmpfs holds one checkpoint of this state (25 MB), not two. The second
+# save fails with a clear error, and the first stays committed and valid.
+if mkdir -p "$tmp/small" && mount -t tmpfs -o size=40m tmpfs "$tmp/small" 2>/dev/null; then
+  trap 'umount "$tmp/small" 2>/dev/null; rm -rf "$tmp"' EXIT
+  if "$bin/meshrun" train --workload dot_relu_dot --layout dp --mesh data=2 --steps 2 --save-every 1 \
+      --ckpt-dir "$tmp/small" --log-dir "$tmp/logs" > "$tmp/full.txt" 2>&1; then
+    cat "$tmp/full.txt"; echo "FAIL: a save onto a full disk succeeded"; exit 1
+  fi
+  grep -q "No space left" "$tmp/full.txt" || { cat "$tmp/full.txt"; echo "FAIL: no disk-full error"; exit 1; }
+  [ "$(ls "$tmp/small")" = "step_00000001" ] || { ls -la "$tmp/small"; echo "FAIL: leftovers on the full disk"; exit 1; }
+  "$bin/meshrun" ckpt validate "$tmp/small/step_00000001" --workload dot_relu_dot --layout dp --mesh data=2
+  "$bin/meshrun" export "$tmp/small/step_00000001" "$tmp/small-export.safetensors"
+  umount "$tmp/small"
+  echo "full disk: save failed cleanly, the previous checkpoint is intact"
+else
+  echo "full disk: skipped (cannot mount a tmpfs here)"
+fi
+
 venv="$work/safetensors-venv"
 if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import safetensors, numpy' 2>/dev/null; then
   python3 -m venv "$venv"
