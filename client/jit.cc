@@ -16,6 +16,11 @@ std::vector<int> ToInt(const std::vector<int64_t>& v) {
 
 }  // namespace
 
+std::string JitBuilder::Collective::Short() const {
+  return absl::StrCat(op, "(", absl::StrJoin(axes, ","), ")",
+                      dim >= 0 ? absl::StrCat("@", dim) : "");
+}
+
 bool JitBuilder::Check(bool ok, const std::string& message) {
   if (!ok && status_.ok()) status_ = absl::InvalidArgumentError(message);
   return ok && status_.ok();

@@ -40,15 +40,17 @@ absl::Status ReadRange(int fd, const std::string& path, int64_t offset, int64_t 
 
 }  // namespace
 
+absl::StatusOr<Membership> WorkerService::JoinedMembership() {
+  absl::MutexLock lock(&join_mu_);
+  if (!joined_) return absl::FailedPreconditionError("worker has not joined a cluster yet");
+  return membership_;
+}
+
 grpc::Status WorkerService::SaveShards(grpc::ServerContext*, const v1::SaveShardsRequest* req,
                                        v1::SaveShardsResponse* resp) {
-  Membership m;
-  {
-    absl::MutexLock lock(&join_mu_);
-    if (!joined_)
-      return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
-    m = membership_;
-  }
+  absl::StatusOr<Membership> joined = JoinedMembership();
+  if (!joined.ok()) return Error(joined.status());
+  const Membership& m = *joined;
   // Snapshot first: shards are immutable and replaced, never changed, so holding them is enough.
   std::vector<std::shared_ptr<const Tensor>> held;
   std::vector<std::pair<std::string, const Tensor*>> tensors;
@@ -93,13 +95,9 @@ grpc::Status WorkerService::SaveShards(grpc::ServerContext*, const v1::SaveShard
 
 grpc::Status WorkerService::LoadShards(grpc::ServerContext*, const v1::LoadShardsRequest* req,
                                        v1::LoadShardsResponse* resp) {
-  Membership m;
-  {
-    absl::MutexLock lock(&join_mu_);
-    if (!joined_)
-      return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
-    m = membership_;
-  }
+  absl::StatusOr<Membership> joined = JoinedMembership();
+  if (!joined.ok()) return Error(joined.status());
+  const Membership& m = *joined;
   // Everything is read and verified before any array is stored: a failure stores nothing.
   std::vector<std::pair<std::string, Tensor>> loaded;
   int64_t bytes_read = 0;

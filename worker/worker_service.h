@@ -60,6 +60,8 @@ class WorkerService final : public v1::Worker::Service {
 
  private:
   grpc::Status Error(const absl::Status& s) const;
+  // The membership, once Join has set it. Errors: FailedPrecondition before.
+  absl::StatusOr<Membership> JoinedMembership();
   absl::StatusOr<std::pair<std::shared_ptr<const ImageDataset>, std::shared_ptr<const ImageDataset>>> Datasets(
       const std::string& dir) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
 

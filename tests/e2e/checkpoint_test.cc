@@ -8,6 +8,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <array>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -58,27 +59,12 @@ TEST(CheckpointFormatTest, CopyIntersectionMovesTheOverlap) {
   EXPECT_EQ(std::vector<float>(dst.data<float>(), dst.data<float>() + 8), want);
 }
 
-class CheckpointE2ETest : public ::testing::Test {
+class CheckpointE2ETest : public testing::MultiClusterSuite<CheckpointE2ETest> {
+ public:
+  static constexpr std::array<const char*, 2> kMeshes = {"data=2,model=4", "data=1,model=1"};
+  static constexpr const char* kTag = "checkpoint";
+
  protected:
-  static void SetUpTestSuite() {
-    for (const char* mesh : {"data=2,model=4", "data=1,model=1"}) {
-      auto cluster = testing::StartCluster(mesh, "checkpoint");
-      ASSERT_NE(cluster, nullptr) << mesh;
-      auto client = Client::Connect(cluster->coordinator_address());
-      ASSERT_TRUE(client.ok()) << client.status();
-      clusters_[mesh] = cluster.release();
-      clients_[mesh] = client->release();
-    }
-  }
-  static void TearDownTestSuite() {
-    for (auto& [mesh, client] : clients_) delete client;
-    for (auto& [mesh, cluster] : clusters_) {
-      cluster->Stop().IgnoreError();
-      delete cluster;
-    }
-    clients_.clear();
-    clusters_.clear();
-  }
   void SetUp() override {
     // Everything a test writes lives under base_: its checkpoint root and any copies.
     base_ = (fs::path(::testing::TempDir()) /
@@ -87,8 +73,6 @@ class CheckpointE2ETest : public ::testing::Test {
     fs::remove_all(base_);
     root_ = base_ + "/root";
   }
-  static Client& client(const std::string& mesh) { return *clients_.at(mesh); }
-
   static TrainStep Step(const std::string& layout, const std::string& mesh) {
     auto w = SeedWorkload("dot_relu_dot");
     auto sharding = LayoutSharding(layout);
@@ -114,8 +98,6 @@ class CheckpointE2ETest : public ::testing::Test {
   }
 
   std::string base_, root_;
-  static inline std::map<std::string, LocalCluster*> clusters_;
-  static inline std::map<std::string, Client*> clients_;
 };
 
 void ExpectSameState(const TrainStep& step, const TrainState& a, const TrainState& b,

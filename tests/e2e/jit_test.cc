@@ -47,10 +47,7 @@ struct Layout {
 
 std::vector<std::string> Describe(const std::vector<JitBuilder::Collective>& cs) {
   std::vector<std::string> out;
-  for (const auto& c : cs) {
-    out.push_back(absl::StrCat(c.op, "(", absl::StrJoin(c.axes, ","), ")",
-                               c.dim >= 0 ? absl::StrCat("@", c.dim) : ""));
-  }
+  for (const auto& c : cs) out.push_back(c.Short());
   return out;
 }
 

@@ -4,6 +4,7 @@
 // classifier) whose first 20 losses under every layout agree with a single worker's.
 #include "meshrun/train_step.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -28,10 +29,7 @@ PartitionSpec P(std::vector<std::string> names) { return PartitionSpec::Of(std::
 
 std::vector<std::string> Ops(const std::vector<JitBuilder::Collective>& cs) {
   std::vector<std::string> out;
-  for (const auto& c : cs) {
-    out.push_back(absl::StrCat(c.op, "(", absl::StrJoin(c.axes, ","), ")",
-                               c.dim >= 0 ? absl::StrCat("@", c.dim) : ""));
-  }
+  for (const auto& c : cs) out.push_back(c.Short());
   return out;
 }
 
@@ -253,32 +251,13 @@ void ExpectAgree(const RunResult& got, const RunResult& want, const std::string&
   }
 }
 
-class SeedWorkloadsE2ETest : public ::testing::Test {
+class SeedWorkloadsE2ETest : public testing::MultiClusterSuite<SeedWorkloadsE2ETest> {
+ public:
+  static constexpr std::array<const char*, 3> kMeshes = {"data=1,model=1", "data=2,model=4",
+                                                         "data=8"};
+  static constexpr const char* kTag = "workloads";
+
  protected:
-  static void SetUpTestSuite() {
-    for (const char* mesh : {"data=1,model=1", "data=2,model=4", "data=8"}) {
-      auto cluster = testing::StartCluster(mesh, "workloads");
-      ASSERT_NE(cluster, nullptr) << mesh;
-      auto client = Client::Connect(cluster->coordinator_address());
-      ASSERT_TRUE(client.ok()) << client.status();
-      clusters_[mesh] = cluster.release();
-      clients_[mesh] = client->release();
-    }
-  }
-  static void TearDownTestSuite() {
-    for (auto& [mesh, client] : clients_) delete client;
-    for (auto& [mesh, cluster] : clusters_) {
-      cluster->Stop().IgnoreError();
-      delete cluster;
-    }
-    clients_.clear();
-    clusters_.clear();
-  }
-  static Client& client(const std::string& mesh) { return *clients_.at(mesh); }
-
-  static inline std::map<std::string, LocalCluster*> clusters_;
-  static inline std::map<std::string, Client*> clients_;
-
   // Runs `workload` 20 steps under `layout` on the cluster for `mesh`.
   static RunResult Run(const std::string& workload, const std::string& layout,
                        const std::string& mesh, TrainStep* built = nullptr) {

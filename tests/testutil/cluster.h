@@ -2,6 +2,7 @@
 #ifndef MESHRUN_TESTS_TESTUTIL_CLUSTER_H_
 #define MESHRUN_TESTS_TESTUTIL_CLUSTER_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,7 +30,8 @@ Tensor RunShardMap(Client& client, const absl::StatusOr<v1::ShardMapProgram>& pr
                    const std::vector<const Tensor*>& inputs);
 
 // As RunShardMap, returning every result (device_get); empty on any error (recorded).
-std::vector<Tensor> RunShardMapAll(Client& client, const absl::StatusOr<v1::ShardMapProgram>& program,
+std::vector<Tensor> RunShardMapAll(Client& client,
+                                   const absl::StatusOr<v1::ShardMapProgram>& program,
                                    const std::vector<const Tensor*>& inputs);
 
 // Base of a suite whose tests share one cluster for Derived::kMesh (logs tagged Derived::kTag),
@@ -59,13 +61,50 @@ class ClusterSuite : public ::testing::Test {
     delete mesh_;
     mesh_ = nullptr;
   }
-  static Tensor Run(const absl::StatusOr<v1::ShardMapProgram>& program, const std::vector<const Tensor*>& inputs) {
+  static Tensor Run(const absl::StatusOr<v1::ShardMapProgram>& program,
+                    const std::vector<const Tensor*>& inputs) {
     return RunShardMap(*client_, program, inputs);
   }
 
   static inline LocalCluster* cluster_ = nullptr;
   static inline Client* client_ = nullptr;
   static inline Mesh* mesh_ = nullptr;
+};
+
+// Base of a suite whose tests share one cluster per mesh of Derived::kMeshes (a
+// std::array<const char*, N>), logs tagged Derived::kTag, with a client for each:
+//   class CheckpointE2ETest : public testing::MultiClusterSuite<CheckpointE2ETest> {
+//    public:
+//     static constexpr std::array<const char*, 2> kMeshes = {"data=2,model=4", "data=1,model=1"};
+//     static constexpr const char* kTag = "checkpoint";
+//   };
+//   ... client("data=2,model=4") ...
+template <typename Derived>
+class MultiClusterSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    for (const char* mesh : Derived::kMeshes) {
+      auto cluster = StartCluster(mesh, Derived::kTag);
+      ASSERT_NE(cluster, nullptr) << mesh;
+      auto client = Client::Connect(cluster->coordinator_address());
+      ASSERT_TRUE(client.ok()) << client.status();
+      clusters_[mesh] = cluster.release();
+      clients_[mesh] = client->release();
+    }
+  }
+  static void TearDownTestSuite() {
+    for (auto& [mesh, client] : clients_) delete client;
+    for (auto& [mesh, cluster] : clusters_) {
+      cluster->Stop().IgnoreError();
+      delete cluster;
+    }
+    clients_.clear();
+    clusters_.clear();
+  }
+  static Client& client(const std::string& mesh) { return *clients_.at(mesh); }
+
+  static inline std::map<std::string, LocalCluster*> clusters_;
+  static inline std::map<std::string, Client*> clients_;
 };
 
 }  // namespace meshrun::testing

@@ -55,6 +55,8 @@ class JitBuilder {
     int64_t dim = -1;               // all_gather / psum_scatter dim
     int64_t bytes_per_device = 0;   // sent by each device (ring algorithms)
     std::string reason;             // the op it serves
+    // "psum(model)", "all_gather(data)@1": the op, its axes and its dim.
+    std::string Short() const;
   };
 
   explicit JitBuilder(Mesh mesh) : mesh_(mesh), sm_(std::move(mesh)) {}
