@@ -34,7 +34,7 @@ grep -q "not divisible" "$tmp/bad.txt" || { cat "$tmp/bad.txt"; echo "FAIL: no r
 # A full disk: a 40 MB tmpfs holds one checkpoint of this state (25 MB), not two. The second
 # save fails with a clear error, and the first stays committed and valid.
 if mkdir -p "$tmp/small" && mount -t tmpfs -o size=40m tmpfs "$tmp/small" 2>/dev/null; then
-  trap 'umount "$tmp/small" 2>/dev/null; rm -rf "$tmp"' EXIT
+  trap 'umount "$tmp/small" 2>/dev/null || true; rm -rf "$tmp"' EXIT
   if "$bin/meshrun" train --workload dot_relu_dot --layout dp --mesh data=2 --steps 2 --save-every 1 \
       --ckpt-dir "$tmp/small" --log-dir "$tmp/logs" > "$tmp/full.txt" 2>&1; then
     cat "$tmp/full.txt"; echo "FAIL: a save onto a full disk succeeded"; exit 1
