@@ -250,6 +250,34 @@ JitBuilder::Value JitBuilder::Constant(float value, const Dims& global_dims,
   return Push(std::move(s), Node(Node::kConstant));
 }
 
+JitBuilder::Value JitBuilder::FoldIn(Value key, Value data) {
+  if (!Valid(key) || !Valid(data)) return {};
+  State k = Resolve(values_[key.id], PartitionSpec(), "fold_in");
+  const State d = Resolve(values_[data.id], PartitionSpec(), "fold_in");
+  ShardMapBuilder::Value scalar = d.local;
+  if (d.dtype == v1::DTYPE_F32) scalar = sm_.Convert(scalar, v1::DTYPE_I32);
+  k.local = sm_.FoldIn(k.local, scalar);
+  return Push(std::move(k), Node(Node::kConstant));
+}
+
+JitBuilder::Value JitBuilder::Dropout(Value x, Value key, float rate,
+                                      const std::vector<std::string>& fold_axes) {
+  if (!Valid(x) || !Valid(key)) return {};
+  if (!Check(rate >= 0.0f && rate < 1.0f,
+             absl::StrCat("dropout rate ", rate, ": expected 0 <= rate < 1")))
+    return {};
+  if (rate == 0.0f) return x;
+  const State sx = Complete(values_[x.id], "dropout");
+  State k = Resolve(values_[key.id], PartitionSpec(), "dropout");
+  if (!fold_axes.empty()) k.local = sm_.FoldIn(k.local, sm_.AxisIndex(fold_axes));
+  State mask = sx;
+  mask.local = sm_.DropoutMask(k.local, sm_.shape(sx.local), rate);
+  const Value m = Push(std::move(mask), Node(Node::kConstant));  // no gradient flows into the mask
+  Node completed(Node::kConstraint, {x.id});  // x as completed above, not completed twice
+  completed.spec = sx.spec;
+  return Mul(Push(sx, std::move(completed)), m);
+}
+
 JitBuilder::Value JitBuilder::StopGradient(Value x) {
   if (!Valid(x)) return {};
   return Push(values_[x.id], Node(Node::kStopGradient, {x.id}));

@@ -151,6 +151,27 @@ Value Scope::WithLogicalConstraint(Value x, const std::vector<std::string>& logi
   return jit().WithShardingConstraint(x, *spec);
 }
 
+Value Scope::MakeRng() {
+  if (shared_->rng.id < 0) {
+    if (shared_->status.ok())
+      shared_->status =
+          absl::FailedPreconditionError(absl::StrCat(path_, ": make_rng without a key"));
+    return {};
+  }
+  JitBuilder& j = jit();
+  return j.FoldIn(shared_->rng, j.Constant(static_cast<float>(shared_->rng_count++), {}));
+}
+
+std::vector<std::string> Scope::BatchAxes() const {
+  absl::StatusOr<PartitionSpec> spec = LogicalToMesh({"batch"}, shared_->sharding.rules);
+  return spec.ok() ? spec->entry(0) : std::vector<std::string>{};
+}
+
+Value Dropout(Scope& scope, Value x, float rate, bool deterministic) {
+  if (deterministic || rate == 0.0f) return x;
+  return scope.jit().Dropout(x, scope.MakeRng(), rate, scope.BatchAxes());
+}
+
 Value Dense(Scope scope, Value x, int64_t features, const DenseOptions& options) {
   JitBuilder& jit = scope.jit();
   const Dims in = jit.shape(x);

@@ -10,8 +10,23 @@ using shard_map_internal::SetAxes;
 
 ShardMapBuilder::Value ShardMapBuilder::RandomBits(Value key, const Dims& dims) {
   if (!Valid(key)) return {};
-  if (!Check(dtype(key) == v1::DTYPE_U32 && NumElements(shape(key)) == 2, "random_bits takes a u32[2] key")) return {};
+  if (!Check(dtype(key) == v1::DTYPE_U32 && NumElements(shape(key)) == 2,
+             "random_bits takes a u32[2] key"))
+    return {};
   return Add(MakeOp(v1::OP_RANDOM_BITS, {Name(key)}), v1::DTYPE_U32, dims);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::DropoutMask(Value key, const Dims& dims, float rate) {
+  if (!Valid(key)) return {};
+  if (!Check(dtype(key) == v1::DTYPE_U32 && NumElements(shape(key)) == 2,
+             "dropout takes a u32[2] key"))
+    return {};
+  if (!Check(rate >= 0.0f && rate < 1.0f,
+             absl::StrCat("dropout rate ", rate, ": expected 0 <= rate < 1")))
+    return {};
+  v1::Op op = MakeOp(v1::OP_DROPOUT_MASK, {Name(key)});
+  op.set_rate(rate);
+  return Add(std::move(op), v1::DTYPE_F32, dims);
 }
 
 ShardMapBuilder::Value ShardMapBuilder::AxisIndex(const std::vector<std::string>& axes) {
@@ -42,8 +57,8 @@ ShardMapBuilder::Value ShardMapBuilder::Pmax(Value x, const std::vector<std::str
   return AllReduce(v1::OP_PMAX, "pmax", x, axes);
 }
 
-ShardMapBuilder::Value ShardMapBuilder::AllGather(Value x, const std::vector<std::string>& axes, int64_t axis,
-                                                  bool tiled) {
+ShardMapBuilder::Value ShardMapBuilder::AllGather(Value x, const std::vector<std::string>& axes,
+                                                  int64_t axis, bool tiled) {
   if (!Valid(x)) return {};
   absl::StatusOr<int> n = GroupSize(axes);
   if (!Check(n.ok(), absl::StrCat("all_gather: ", n.status().message()))) return {};
@@ -72,7 +87,8 @@ ShardMapBuilder::Value ShardMapBuilder::PsumScatter(Value x, const std::vector<s
   if (!Check(n.ok(), absl::StrCat("psum_scatter: ", n.status().message()))) return {};
   Dims out = shape(x);
   const int64_t d = scatter_dimension;
-  if (!Check(d >= 0 && d < static_cast<int64_t>(out.size()) && (tiled ? out[d] % *n == 0 : out[d] == *n),
+  if (!Check(d >= 0 && d < static_cast<int64_t>(out.size()) &&
+                 (tiled ? out[d] % *n == 0 : out[d] == *n),
              absl::StrCat("psum_scatter: dim ", d, " of ", DimsToString(out), " must be ",
                           tiled ? "divisible by" : "equal to", " the axis size ", *n))) {
     return {};
@@ -103,8 +119,8 @@ ShardMapBuilder::Value ShardMapBuilder::Ppermute(Value x, const std::vector<std:
   return Add(std::move(op), dtype(x), shape(x));
 }
 
-ShardMapBuilder::Value ShardMapBuilder::AllToAll(Value x, const std::vector<std::string>& axes, int64_t split_axis,
-                                                 int64_t concat_axis) {
+ShardMapBuilder::Value ShardMapBuilder::AllToAll(Value x, const std::vector<std::string>& axes,
+                                                 int64_t split_axis, int64_t concat_axis) {
   if (!Valid(x)) return {};
   absl::StatusOr<int> n = GroupSize(axes);
   if (!Check(n.ok(), absl::StrCat("all_to_all: ", n.status().message()))) return {};
@@ -127,7 +143,8 @@ ShardMapBuilder::Value ShardMapBuilder::AllToAll(Value x, const std::vector<std:
 
 ShardMapBuilder::Value ShardMapBuilder::FoldIn(Value key, Value data) {
   if (!Valid(key) || !Valid(data)) return {};
-  if (!Check(dtype(key) == v1::DTYPE_U32 && NumElements(shape(key)) == 2 && NumElements(shape(data)) == 1,
+  if (!Check(dtype(key) == v1::DTYPE_U32 && NumElements(shape(key)) == 2 &&
+                 NumElements(shape(data)) == 1,
              "fold_in takes a u32[2] key and a scalar")) {
     return {};
   }

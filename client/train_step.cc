@@ -98,7 +98,7 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
     return absl::InvalidArgumentError(
         absl::StrCat("num_minibatches ", num_minibatches, ": expected >= 1"));
   }
-  TrainStep out{mesh, {}, {}, {}, {}, {}, {}, num_minibatches};
+  TrainStep out{mesh, {}, {}, {}, {}, {}, {}, num_minibatches, seed};
   absl::StatusOr<std::vector<PlannedArray>> planned_batch =
       PlanBatch(mesh, sharding, batch, num_minibatches);
   if (!planned_batch.ok()) return planned_batch.status();
@@ -108,6 +108,7 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
   {
     JitBuilder probe(mesh);
     nn::Scope scope(probe, sharding);
+    scope.SetRng(probe.Input(v1::DTYPE_U32, {2}, PartitionSpec()));
     std::vector<nn::Value> inputs;
     for (size_t i = 0; i < batch.size(); ++i) {
       std::vector<PartitionSpec::Entry> e = out.batch[i].spec.Padded(out.batch[i].shape.size());
@@ -131,6 +132,8 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
   const bool adam = optimizer.kind != OptimizerConfig::kSgd;
   out.state.push_back({"step", {}, PartitionSpec(), 4});
   nn::Value step = jit.Input(v1::DTYPE_F32, {}, PartitionSpec());
+  out.state.push_back({"rng", {2}, PartitionSpec(), 8, v1::DTYPE_U32});
+  nn::Value rng = jit.Input(v1::DTYPE_U32, {2}, PartitionSpec());
   nn::Scope scope(jit, sharding, out.params);
   for (const nn::ParamInfo& p : out.params) {
     out.state.push_back({p.name, p.shape, p.spec, BytesPerWorker(mesh, p.shape, p.spec)});
@@ -155,6 +158,7 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
   for (int k = 0; k < num_minibatches; ++k) {
     std::vector<nn::Value> mb;
     for (nn::Value v : batch_values) mb.push_back(num_minibatches > 1 ? jit.Index(v, k) : v);
+    scope.SetRng(jit.FoldIn(jit.FoldIn(rng, step), jit.Constant(static_cast<float>(k), {})));
     nn::Value loss = loss_fn(scope, mb);
     if (!scope.status().ok()) return scope.status();
     std::vector<nn::Value> g = jit.Grad(loss, params);
@@ -193,6 +197,7 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
     }
   }
   jit.Output(jit.Add(step, jit.Constant(1.0f, {})), PartitionSpec());
+  jit.Output(rng, PartitionSpec());
   for (size_t j = 0; j < new_params.size(); ++j) jit.Output(new_params[j], out.params[j].spec);
   for (size_t j = 0; j < new_mu.size(); ++j) jit.Output(new_mu[j], out.params[j].spec);
   for (size_t j = 0; j < new_nu.size(); ++j) jit.Output(new_nu[j], out.params[j].spec);
@@ -227,9 +232,16 @@ absl::StatusOr<TrainState> TrainState::Init(Client* client, const TrainStep* ste
                                             std::string prefix) {
   TrainState state(client, step, std::move(prefix));
   std::vector<std::string> ids;
-  for (const PlannedArray& a : step->state) ids.push_back(state.Id(a.name));
+  for (const PlannedArray& a : step->state)
+    if (a.name != "rng") ids.push_back(state.Id(a.name));
   absl::StatusOr<std::vector<v1::ArrayInfo>> out = client->ShardMap(step->init, {}, ids);
   if (!out.ok()) return out.status();
+  // jax.random.PRNGKey(seed), put from here (two words; no float constant can carry them).
+  Tensor key(v1::DTYPE_U32, {2});
+  key.data<uint32_t>()[0] = static_cast<uint32_t>(step->seed >> 32);
+  key.data<uint32_t>()[1] = static_cast<uint32_t>(step->seed & 0xFFFFFFFFu);
+  absl::StatusOr<v1::ArrayInfo> put = client->Put(key, PartitionSpec(), state.Id("rng"));
+  if (!put.ok()) return put.status();
   return state;
 }
 
@@ -288,7 +300,7 @@ absl::Status TrainState::SaveAsync(const std::string& root, int keep) {
   ShardMapBuilder copy(step_->mesh);
   std::vector<std::string> ids, snapshot_ids;
   for (const PlannedArray& a : step_->state) {
-    copy.Output(copy.Input(v1::DTYPE_F32, a.shape, a.spec), a.spec);
+    copy.Output(copy.Input(a.dtype, a.shape, a.spec), a.spec);
     ids.push_back(Id(a.name));
     snapshot_ids.push_back(Id("snapshot/" + a.name));
   }

@@ -307,6 +307,26 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
         return absl::OkStatus();
       });
     }
+    case v1::OP_DROPOUT_MASK: {
+      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      const Tensor* key = in[0];
+      Tensor* y = out[0];
+      if (key->dtype() != v1::DTYPE_U32 || key->num_elements() != 2 || y->dtype() != v1::DTYPE_F32) {
+        return absl::InvalidArgumentError("dropout_mask takes a u32[2] key and returns f32");
+      }
+      const float rate = op.rate();
+      if (!(rate >= 0.0f && rate < 1.0f)) {
+        return absl::InvalidArgumentError(absl::StrCat("dropout rate ", rate, ": expected 0 <= rate < 1"));
+      }
+      return CompiledOp([key, y, rate](const RunContext&) {
+        const std::vector<uint32_t> bits =
+            RandomBits(PRNGKey{key->data<uint32_t>()[0], key->data<uint32_t>()[1]}, y->num_elements());
+        const float keep = 1.0f - rate, scale = 1.0f / keep;
+        float* m = y->data<float>();
+        for (int64_t i = 0; i < y->num_elements(); ++i) m[i] = BitsToUnitFloat(bits[i]) < keep ? scale : 0.0f;
+        return absl::OkStatus();
+      });
+    }
     case v1::OP_AXIS_INDEX: {
       if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
       std::vector<std::string> axes(op.axis_names().begin(), op.axis_names().end());

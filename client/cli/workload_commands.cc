@@ -113,7 +113,7 @@ int CkptValidate(const std::string& path, const std::string& workload, const std
   if (!step.ok()) return Fail(cmd, step.status());
   std::vector<checkpoint::WantedArray> wanted;
   for (const PlannedArray& a : step->state)
-    wanted.push_back({a.name, v1::DTYPE_F32, a.shape, a.spec});
+    wanted.push_back({a.name, a.dtype, a.shape, a.spec});
   const checkpoint::RestoreReport r = checkpoint::ValidateRestore(*m, wanted, step->mesh);
   std::printf("checkpoint %s: step %lld, saved on %s, %zu arrays\n", path.c_str(),
               static_cast<long long>(m->step), m->mesh.c_str(), m->arrays.size());

@@ -86,6 +86,15 @@ class JitBuilder {
   Value Scale(Value x, float c) { return Mul(x, Constant(c, {})); }
   // dy * fn'(x): the VJP of Unary(fn, x) (tanh exp log sqrt abs square relu logistic silu).
   Value UnaryGrad(const std::string& fn, Value x, Value dy);
+  // flax.linen.Dropout(rate) on x with `key` (a replicated u32[2] value): each device draws the
+  // mask of its own block from fold_in(key, axis_index(fold_axes)) (the seeds'
+  // fold_rng_over_axis: masks differ across those axes' shards and agree across the others), and
+  // returns x * mask, so the gradient flows through the kept elements only.
+  Value Dropout(Value x, Value key, float rate, const std::vector<std::string>& fold_axes);
+  // jax.random.fold_in(key, data): key a u32[2] value, data an f32 or i32 scalar value (an f32 is
+  // converted to i32 first, e.g. the TrainState's step). Replicated; not differentiable.
+  Value FoldIn(Value key, Value data);
+
   // jax.lax.broadcast_in_dim(x, out_dims, broadcast_dimensions): x's dim i becomes the output's
   // dim broadcast_dimensions[i] (increasing; sizes equal); the other dims are new. The result is
   // laid out as `out_spec` (x's dims are resharded to its entries; each device broadcasts only

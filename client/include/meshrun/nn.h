@@ -96,6 +96,17 @@ class Scope {
   // The PartitionSpec the rules give `logical_axes` (for inputs: ('batch', None) etc.).
   absl::StatusOr<PartitionSpec> LogicalSpec(const std::vector<std::string>& logical_axes) const;
 
+  // self.make_rng('dropout'): a fresh key per call, derived from the key SetRng gave (the train
+  // step sets fold_in(fold_in(TrainState.rng, step), minibatch)). Errors (recorded) when none
+  // was set.
+  Value MakeRng();
+  void SetRng(Value key) {
+    shared_->rng = key;
+    shared_->rng_count = 0;
+  }
+  // The mesh axes the rules map 'batch' to: dropout folds its key over them.
+  std::vector<std::string> BatchAxes() const;
+
   JitBuilder& jit() const { return *shared_->jit; }
   const std::vector<ParamInfo>& params() const { return shared_->params; }
   const std::vector<Value>& param_values() const { return shared_->values; }
@@ -113,6 +124,8 @@ class Scope {
     std::vector<ParamInfo> declared;
     bool predeclared = false;
     absl::Status status;
+    Value rng;
+    int rng_count = 0;
   };
   Scope(std::shared_ptr<Shared> shared, std::string path)
       : shared_(std::move(shared)), path_(std::move(path)) {}
@@ -139,6 +152,10 @@ Value DotReluDot(Scope scope, Value x, int64_t depth);
 // 'embed', 'hidden'); 'layer' is unpartitioned unless a rule maps it: metadata_params
 // {PARTITION_NAME: None}).
 Value Mlp(Scope scope, Value x, int num_layers, int64_t depth, bool use_scan);
+
+// flax.linen.Dropout(rate): identity when `deterministic`; otherwise x * mask with the key from
+// scope.MakeRng() folded over the batch axes (shared/seeds/001's fold_rng_over_axis).
+Value Dropout(Scope& scope, Value x, float rate, bool deterministic = false);
 
 // jax.nn.silu / relu via JitBuilder::Unary.
 inline Value Relu(JitBuilder& jit, Value x) { return jit.Unary("relu", x); }

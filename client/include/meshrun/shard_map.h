@@ -82,6 +82,8 @@ class ShardMapBuilder {
   Value Iota(DType dtype, const Dims& dims, int64_t dim);
   // jax.random.bits(key, dims) as u32.
   Value RandomBits(Value key, const Dims& dims);
+  // flax's dropout mask (f32 `dims`): 1/(1-rate) where bernoulli(key, 1-rate) keeps, else 0.
+  Value DropoutMask(Value key, const Dims& dims, float rate);
   Value Full(DType dtype, const Dims& dims, double value);
 
   // optax.adamw (weight_decay 0: optax.adam) on one block, out of place: returns param', mu', nu'.

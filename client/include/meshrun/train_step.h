@@ -18,8 +18,10 @@
 //   auto state = TrainState::Init(client, *step);   // sharded init: each worker draws its blocks
 //   state->Step({x_id});                             // -> the loss
 //
-// TrainState: step (f32 [], the number of updates applied, exact to 2^24), params, opt_state
-// (optax.adam's mu and nu per parameter; none for sgd). Each is an array on the cluster named
+// TrainState: step (f32 [], the number of updates applied, exact to 2^24), rng (u32 [2],
+// jax.random.PRNGKey(seed); step k's dropout keys are fold_in(fold_in(rng, k), minibatch)),
+// params, opt_state (optax.adam's mu and nu per parameter; none for sgd). Each is an array on the
+// cluster named
 // "<prefix>/<name>" (e.g. train_state/params/mlp/W1, train_state/opt_state/mu/params/mlp/W1).
 #ifndef MESHRUN_CLIENT_INCLUDE_MESHRUN_TRAIN_STEP_H_
 #define MESHRUN_CLIENT_INCLUDE_MESHRUN_TRAIN_STEP_H_
@@ -65,7 +67,8 @@ struct PlannedArray {
   std::string name;
   Dims shape;
   PartitionSpec spec;
-  int64_t bytes_per_worker = 0;  // f32
+  int64_t bytes_per_worker = 0;
+  DType dtype = v1::DTYPE_F32;  // f32, but the rng key (u32 [2])
 };
 
 struct TrainStep {
@@ -73,13 +76,14 @@ struct TrainStep {
   // Arguments: state (in `state`'s order), then the batch; results: the new state, then the
   // mean loss of the step (f32 []). State arguments are donated.
   v1::ShardMapProgram step;
-  // No arguments; results: the initial state (sharded initialisation).
+  // No arguments; results: the initial state but the rng (sharded initialisation).
   v1::ShardMapProgram init;
   std::vector<nn::ParamInfo> params;
-  std::vector<PlannedArray> state;  // "step", "params/...", "opt_state/mu/params/...", ...
+  std::vector<PlannedArray> state;  // "step", "rng", "params/...", "opt_state/mu/params/...", ...
   std::vector<PlannedArray> batch;
   std::vector<JitBuilder::Collective> collectives;  // of one step
   int num_minibatches = 1;
+  uint64_t seed = 0;  // of the initialisation and of TrainState.rng
 
   // Bytes of params + optimizer state each worker holds.
   int64_t StateBytesPerWorker() const;
@@ -114,14 +118,16 @@ class TrainState {
   // arrays under the parameter names (params/dot1/kernel, as `meshrun export` writes them, or
   // Python's safetensors): each worker receives only its block. Errors: NotFound naming a
   // parameter the file lacks; InvalidArgument naming one whose shape or dtype differs.
-  static absl::StatusOr<TrainState> InitFrom(Client* client, const TrainStep* step, const std::string& path,
+  static absl::StatusOr<TrainState> InitFrom(Client* client, const TrainStep* step,
+                                             const std::string& path,
                                              std::string prefix = "train_state");
 
   // The TrainState as it was when the step loop stopped: every array restored from the
   // checkpoint directory `path` into `step`'s layouts (which may differ from the layouts it was
   // saved under: DP -> FSDP, 2x4 -> 1 worker, ...). Errors: NotFound naming a missing array,
   // DataLoss naming a corrupt block's array and file.
-  static absl::StatusOr<TrainState> Restore(Client* client, const TrainStep* step, const std::string& path,
+  static absl::StatusOr<TrainState> Restore(Client* client, const TrainStep* step,
+                                            const std::string& path,
                                             std::string prefix = "train_state");
   // Saves the whole TrainState (step, params, opt_state) as <root>/step_<steps()>, each worker
   // writing its own blocks; keep > 0 keeps only the newest `keep` checkpoints. Returns the
