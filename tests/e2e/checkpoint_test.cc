@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -61,7 +62,8 @@ TEST(CheckpointFormatTest, CopyIntersectionMovesTheOverlap) {
 
 class CheckpointE2ETest : public testing::MultiClusterSuite<CheckpointE2ETest> {
  public:
-  static constexpr std::array<const char*, 2> kMeshes = {"data=2,model=4", "data=1,model=1"};
+  static constexpr std::array<const char*, 3> kMeshes = {"data=2,model=4", "data=1,model=1",
+                                                         "data=4"};
   static constexpr const char* kTag = "checkpoint";
 
  protected:
@@ -143,17 +145,22 @@ TEST_F(CheckpointE2ETest, SavedUnderDataParallelRestoresUnderOtherLayoutsAndMesh
     EXPECT_TRUE(restored->Delete().ok());
     EXPECT_TRUE(back->Delete().ok());
   }
-  // On one worker (another mesh): the whole state, equal.
-  const TrainStep single = Step("single", "data=1,model=1");
-  auto one = TrainState::Restore(&client("data=1,model=1"), &single, *path, "one");
-  ASSERT_TRUE(one.ok()) << one.status();
-  for (const PlannedArray& arr : dp.state) {
-    auto x = state->Get(arr.name);
-    auto y = one->Get(arr.name);
-    ASSERT_TRUE(x.ok() && y.ok()) << arr.name;
-    EXPECT_EQ(std::memcmp(x->raw(), y->raw(), x->size_bytes()), 0) << arr.name;
+  // On other meshes: one worker, and FSDP on 4 workers; the whole state, equal.
+  for (const auto& [other_mesh, layout] :
+       {std::pair<std::string, std::string>{"data=1,model=1", "single"},
+        std::pair<std::string, std::string>{"data=4", "fsdp"}}) {
+    const TrainStep other = Step(layout, other_mesh);
+    auto there = TrainState::Restore(&client(other_mesh), &other, *path, "there");
+    ASSERT_TRUE(there.ok()) << other_mesh << ": " << there.status();
+    for (const PlannedArray& arr : dp.state) {
+      auto x = state->Get(arr.name);
+      auto y = there->Get(arr.name);
+      ASSERT_TRUE(x.ok() && y.ok()) << other_mesh << " " << arr.name;
+      EXPECT_EQ(std::memcmp(x->raw(), y->raw(), x->size_bytes()), 0)
+          << other_mesh << ": " << arr.name;
+    }
+    EXPECT_TRUE(there->Delete().ok());
   }
-  EXPECT_TRUE(one->Delete().ok());
   EXPECT_TRUE(state->Delete().ok());
 }
 
