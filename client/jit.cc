@@ -14,6 +14,20 @@ std::vector<int> ToInt(const std::vector<int64_t>& v) {
   return std::vector<int>(v.begin(), v.end());
 }
 
+// The dims of a dot_general operand of rank `rank` that are neither contracting nor batch, in
+// order (they become the result's dims after the batch dims).
+std::vector<int64_t> FreeDims(size_t rank, const std::vector<int>& contracting,
+                              const std::vector<int>& batch) {
+  std::vector<int64_t> out;
+  for (size_t d = 0; d < rank; ++d) {
+    const auto in = [&](const std::vector<int>& v) {
+      return std::find(v.begin(), v.end(), static_cast<int>(d)) != v.end();
+    };
+    if (!in(contracting) && !in(batch)) out.push_back(static_cast<int64_t>(d));
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string JitBuilder::Collective::Short() const {
@@ -191,18 +205,10 @@ JitBuilder::Value JitBuilder::DotGeneral(Value a, Value b,
       sm_.DotGeneral(l.local, r.local, lhs_contracting, rhs_contracting, lhs_batch, rhs_batch);
   out.dtype = l.dtype;
   for (size_t i = 0; i < lhs_batch.size(); ++i) out.global.push_back(l.global[lhs_batch[i]]);
-  for (size_t d = 0; d < l.global.size(); ++d) {
-    const auto in = [&](const std::vector<int64_t>& v) {
-      return std::find(v.begin(), v.end(), d) != v.end();
-    };
-    if (!in(lhs_contracting) && !in(lhs_batch)) out.global.push_back(l.global[d]);
-  }
-  for (size_t d = 0; d < r.global.size(); ++d) {
-    const auto in = [&](const std::vector<int64_t>& v) {
-      return std::find(v.begin(), v.end(), d) != v.end();
-    };
-    if (!in(rhs_contracting) && !in(rhs_batch)) out.global.push_back(r.global[d]);
-  }
+  for (int64_t d : FreeDims(l.global.size(), dn.lhs_contracting, dn.lhs_batch))
+    out.global.push_back(l.global[d]);
+  for (int64_t d : FreeDims(r.global.size(), dn.rhs_contracting, dn.rhs_batch))
+    out.global.push_back(r.global[d]);
   out.spec = plan->result;
   out.partial = plan->partial_sum_axes;
   out.partial_fn = "sum";
@@ -369,7 +375,6 @@ JitBuilder::Value JitBuilder::Index(Value x, int64_t index) {
     return {};
   }
   std::vector<PartitionSpec::Entry> entries = sx.spec.Padded(sx.global.size());
-  PartitionSpec::Entry first = entries[0];
   entries[0].clear();
   State s = Resolve(sx, PartitionSpec(entries), absl::StrCat("index ", index));
   Dims sizes = sm_.shape(s.local);
@@ -460,20 +465,6 @@ struct JitBuilder::Cotangent {
 };
 
 namespace {
-
-// Positions of `dims` in the sorted list of [0, rank) minus `minus` (the free dims of a dot
-// operand, in operand order).
-std::vector<int64_t> FreeDims(size_t rank, const std::vector<int>& contracting,
-                              const std::vector<int>& batch) {
-  std::vector<int64_t> out;
-  for (size_t d = 0; d < rank; ++d) {
-    const auto in = [&](const std::vector<int>& v) {
-      return std::find(v.begin(), v.end(), static_cast<int>(d)) != v.end();
-    };
-    if (!in(contracting) && !in(batch)) out.push_back(static_cast<int64_t>(d));
-  }
-  return out;
-}
 
 std::vector<int64_t> Iota(int64_t begin, int64_t n) {
   std::vector<int64_t> v(n);

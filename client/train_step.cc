@@ -245,7 +245,8 @@ absl::StatusOr<TrainState> TrainState::Init(Client* client, const TrainStep* ste
   return state;
 }
 
-absl::StatusOr<std::string> TrainState::Save(const std::string& root, int keep) {
+v1::SaveCheckpointRequest TrainState::SaveRequest(const std::string& root, int keep,
+                                                  const std::string& id_prefix) const {
   v1::SaveCheckpointRequest req;
   req.set_root(root);
   req.set_step(steps_);
@@ -253,9 +254,14 @@ absl::StatusOr<std::string> TrainState::Save(const std::string& root, int keep) 
   for (const PlannedArray& a : step_->state) {
     v1::CheckpointArray* c = req.add_arrays();
     c->set_name(a.name);
-    c->set_id(Id(a.name));
+    c->set_id(Id(id_prefix + a.name));
   }
-  absl::StatusOr<v1::SaveCheckpointResponse> resp = client_->SaveCheckpoint(req);
+  return req;
+}
+
+absl::StatusOr<std::string> TrainState::Save(const std::string& root, int keep) {
+  absl::StatusOr<v1::SaveCheckpointResponse> resp =
+      client_->SaveCheckpoint(SaveRequest(root, keep, ""));
   if (!resp.ok()) return resp.status();
   return resp->path();
 }
@@ -297,26 +303,19 @@ absl::Status TrainState::SaveAsync(const std::string& root, int keep) {
       return previous.status();
   }
   // The snapshot: an identity shard_map copies every state block on its worker.
+  const std::string snapshot = "snapshot/";
   ShardMapBuilder copy(step_->mesh);
   std::vector<std::string> ids, snapshot_ids;
   for (const PlannedArray& a : step_->state) {
     copy.Output(copy.Input(a.dtype, a.shape, a.spec), a.spec);
     ids.push_back(Id(a.name));
-    snapshot_ids.push_back(Id("snapshot/" + a.name));
+    snapshot_ids.push_back(Id(snapshot + a.name));
   }
   absl::StatusOr<v1::ShardMapProgram> program = copy.Build();
   if (!program.ok()) return program.status();
   absl::StatusOr<std::vector<v1::ArrayInfo>> out = client_->ShardMap(*program, ids, snapshot_ids);
   if (!out.ok()) return out.status();
-  v1::SaveCheckpointRequest req;
-  req.set_root(root);
-  req.set_step(steps_);
-  req.set_keep(keep);
-  for (size_t i = 0; i < ids.size(); ++i) {
-    v1::CheckpointArray* c = req.add_arrays();
-    c->set_name(step_->state[i].name);
-    c->set_id(snapshot_ids[i]);
-  }
+  const v1::SaveCheckpointRequest req = SaveRequest(root, keep, snapshot);
   Client* client = client_;
   pending_save_ =
       std::async(std::launch::async, [client, req, snapshot_ids]() -> absl::StatusOr<std::string> {

@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 #include <random>
 #include <set>
@@ -21,21 +20,6 @@ namespace {
 namespace fs = std::filesystem;
 
 Dims ToDims(const v1::Shape& s) { return Dims(s.dims().begin(), s.dims().end()); }
-
-absl::Status WriteFileSynced(const std::string& path, const std::string& data) {
-  {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << data;
-    out.flush();
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
-  }
-  // fsync through a descriptor: ofstream has none to give.
-  FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return absl::InternalError(absl::StrCat("cannot reopen ", path));
-  const int rc = ::fsync(fileno(f));
-  std::fclose(f);
-  return rc == 0 ? absl::OkStatus() : absl::InternalError(absl::StrCat("fsync ", path));
-}
 
 }  // namespace
 
@@ -125,7 +109,8 @@ absl::StatusOr<v1::SaveCheckpointResponse> ArrayRegistry::SaveCheckpoint(
     m.arrays.push_back(std::move(a));
   }
   // Commit: the manifest last, then the rename.
-  s = WriteFileSynced((fs::path(tmp_dir) / "manifest.json").string(), checkpoint::ToJson(m));
+  s = checkpoint::WriteFileSynced((fs::path(tmp_dir) / "manifest.json").string(),
+                                  checkpoint::ToJson(m));
   if (s.ok()) s = checkpoint::SyncDir(tmp_dir);
   if (s.ok()) {
     fs::remove_all(final_dir, ec);  // a re-save of the same step replaces it

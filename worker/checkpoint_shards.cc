@@ -1,12 +1,5 @@
 // WorkerService's checkpoint RPCs: each worker writes the blocks it owns and reads back the saved
 // blocks its target block needs (core/checkpoint/checkpoint.h has the format).
-#include <fcntl.h>
-#include <unistd.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/checkpoint/checkpoint.h"
@@ -18,25 +11,6 @@ namespace meshrun {
 namespace {
 
 Dims ToDims(const v1::Shape& s) { return Dims(s.dims().begin(), s.dims().end()); }
-
-// pread of exactly n bytes. Errors: DataLoss naming the file when it is shorter (truncated).
-absl::Status ReadRange(int fd, const std::string& path, int64_t offset, int64_t n, void* out) {
-  char* p = static_cast<char*>(out);
-  while (n > 0) {
-    const ssize_t r = ::pread(fd, p, static_cast<size_t>(n), offset);
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      return absl::InternalError(absl::StrCat("read ", path, ": ", std::strerror(errno)));
-    }
-    if (r == 0)
-      return absl::DataLossError(
-          absl::StrCat(path, " is truncated: ", n, " bytes missing at offset ", offset));
-    p += r;
-    offset += r;
-    n -= r;
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 
@@ -108,51 +82,29 @@ grpc::Status WorkerService::LoadShards(grpc::ServerContext*, const v1::LoadShard
       return Error(
           absl::InvalidArgumentError(absl::StrCat("array ", item.name(), ": ", s.message())));
     }
-    Tensor block(item.dtype(), sharding.ShardDims(global));
+    const Dims dims = sharding.ShardDims(global);
     const std::vector<int64_t> target = sharding.ShardOffsets(global, m.rank);
+    Tensor block;
+    bool allocated = false;
     int64_t covered = 0;
     for (const v1::BlockSource& src : item.sources()) {
-      // A saved block that is exactly the target block is read in place; others into a scratch
-      // block whose overlap is then copied.
       const Dims src_dims(src.shape().begin(), src.shape().end());
-      const bool same =
-          src_dims == block.dims() &&
-          std::equal(target.begin(), target.end(), src.offsets().begin(), src.offsets().end());
-      Tensor scratch = same ? Tensor() : Tensor(item.dtype(), src_dims);
-      Tensor& saved = same ? block : scratch;
-      if (static_cast<int64_t>(saved.size_bytes()) != src.nbytes()) {
-        return Error(absl::DataLossError(
-            absl::StrCat("array ", item.name(), ": block in ", src.file(), " has ", src.nbytes(),
-                         " bytes; its shape needs ", saved.size_bytes())));
-      }
-      const int fd = ::open(src.file().c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) {
-        return Error(absl::NotFoundError(absl::StrCat("array ", item.name(), ": cannot open ",
-                                                      src.file(), ": ", std::strerror(errno))));
-      }
-      absl::Status s = ReadRange(fd, src.file(), src.data_offset(), src.nbytes(), saved.raw());
-      ::close(fd);
-      if (!s.ok())
-        return Error(
-            absl::Status(s.code(), absl::StrCat("array ", item.name(), ": ", s.message())));
-      if (checkpoint::Crc32(saved.raw(), src.nbytes()) != src.crc32()) {
-        return Error(absl::DataLossError(absl::StrCat(
-            "array ", item.name(), ": the block at offsets (", absl::StrJoin(src.offsets(), ", "),
-            ") in ", src.file(), " does not match its checksum (corrupted)")));
-      }
+      const std::vector<int64_t> src_offsets(src.offsets().begin(), src.offsets().end());
+      absl::StatusOr<Tensor> saved =
+          checkpoint::ReadBlockAt(src.file(), item.name(), item.dtype(), src_dims,
+                                  src.data_offset(), src.nbytes(), src.crc32());
+      if (!saved.ok()) return Error(saved.status());
       bytes_read += src.nbytes();
-      if (!same) {
-        checkpoint::CopyIntersection(
-            saved, std::vector<int64_t>(src.offsets().begin(), src.offsets().end()), block, target);
+      if (!allocated && src_offsets == target && src_dims == dims) {
+        block = *std::move(saved);  // the saved block is exactly this worker's block
+        covered += block.num_elements();
+      } else {
+        if (!allocated) block = Tensor(item.dtype(), dims);
+        covered += checkpoint::CopyIntersection(*saved, src_offsets, block, target);
       }
-      int64_t overlap = 1;
-      for (size_t d = 0; d < target.size(); ++d) {
-        overlap *= std::max<int64_t>(
-            0, std::min(src.offsets(d) + src.shape(d), target[d] + block.dims()[d]) -
-                   std::max(src.offsets(d), target[d]));
-      }
-      covered += overlap;
+      allocated = true;
     }
+    if (!allocated) block = Tensor(item.dtype(), dims);
     if (covered != block.num_elements()) {
       return Error(absl::DataLossError(
           absl::StrCat("array ", item.name(), ": the saved blocks cover ", covered, " of the ",

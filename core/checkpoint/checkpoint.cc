@@ -205,20 +205,22 @@ std::vector<const Block*> BlocksIntersecting(const ArrayEntry& a,
   return out;
 }
 
-void CopyIntersection(const Tensor& src, const std::vector<int64_t>& src_offsets, Tensor& dst,
-                      const std::vector<int64_t>& dst_offsets) {
+int64_t CopyIntersection(const Tensor& src, const std::vector<int64_t>& src_offsets, Tensor& dst,
+                         const std::vector<int64_t>& dst_offsets) {
   const size_t rank = dst.dims().size();
   const int64_t esize = DTypeSize(dst.dtype());
   if (rank == 0) {
     std::memcpy(dst.raw(), src.raw(), esize);
-    return;
+    return 1;
   }
   std::vector<int64_t> lo(rank), hi(rank);
   for (size_t d = 0; d < rank; ++d) {
     lo[d] = std::max(src_offsets[d], dst_offsets[d]);
     hi[d] = std::min(src_offsets[d] + src.dims()[d], dst_offsets[d] + dst.dims()[d]);
-    if (lo[d] >= hi[d]) return;
+    if (lo[d] >= hi[d]) return 0;
   }
+  int64_t copied = 1;
+  for (size_t d = 0; d < rank; ++d) copied *= hi[d] - lo[d];
   // Contiguous runs along the last dim, for every index of the leading dims.
   const int64_t run = (hi[rank - 1] - lo[rank - 1]) * esize;
   std::vector<int64_t> idx(lo.begin(), lo.end() - 1);
@@ -237,9 +239,9 @@ void CopyIntersection(const Tensor& src, const std::vector<int64_t>& src_offsets
       --d;
       if (++idx[d] < hi[d]) break;
       idx[d] = lo[d];
-      if (d == 0) return;
+      if (d == 0) return copied;
     }
-    if (rank == 1) return;
+    if (rank == 1) return copied;
   }
 }
 
@@ -329,23 +331,51 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ReadSafetensors(
   return out;
 }
 
-absl::StatusOr<Tensor> ReadBlock(const std::string& dir, const ArrayEntry& array,
-                                 const Block& block) {
-  const std::string path = (fs::path(dir) / block.file).string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("array ", array.name, ": cannot open ", path));
-  Tensor t(array.dtype, block.shape);
-  in.seekg(block.data_offset);
-  in.read(static_cast<char*>(t.raw()), block.nbytes);
-  if (in.gcount() != block.nbytes) {
-    return absl::DataLossError(absl::StrCat("array ", array.name, ": ", path, " is truncated"));
+absl::StatusOr<Tensor> ReadBlockAt(const std::string& path, const std::string& array, DType dtype,
+                                   const Dims& shape, int64_t data_offset, int64_t nbytes,
+                                   uint32_t crc32) {
+  Tensor t(dtype, shape);
+  if (static_cast<int64_t>(t.size_bytes()) != nbytes) {
+    return absl::DataLossError(absl::StrCat("array ", array, ": block in ", path, " has ", nbytes,
+                                            " bytes; its shape needs ", t.size_bytes()));
   }
-  if (Crc32(t.raw(), block.nbytes) != block.crc32) {
-    return absl::DataLossError(absl::StrCat("array ", array.name, ": the block ", block.tensor,
-                                            " in ", path,
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(
+        absl::StrCat("array ", array, ": cannot open ", path, ": ", std::strerror(errno)));
+  }
+  char* p = static_cast<char*>(t.raw());
+  int64_t offset = data_offset, left = nbytes;
+  absl::Status s;
+  while (left > 0 && s.ok()) {
+    const ssize_t r = ::pread(fd, p, static_cast<size_t>(left), offset);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      s = absl::InternalError(
+          absl::StrCat("array ", array, ": read ", path, ": ", std::strerror(errno)));
+    } else if (r == 0) {
+      s = absl::DataLossError(absl::StrCat("array ", array, ": ", path, " is truncated: ", left,
+                                           " bytes missing at offset ", offset));
+    } else {
+      p += r;
+      offset += r;
+      left -= r;
+    }
+  }
+  ::close(fd);
+  if (!s.ok()) return s;
+  if (Crc32(t.raw(), nbytes) != crc32) {
+    return absl::DataLossError(absl::StrCat("array ", array, ": the block at byte ", data_offset,
+                                            " of ", path,
                                             " does not match its checksum (corrupted)"));
   }
   return t;
+}
+
+absl::StatusOr<Tensor> ReadBlock(const std::string& dir, const ArrayEntry& array,
+                                 const Block& block) {
+  return ReadBlockAt((fs::path(dir) / block.file).string(), array.name, array.dtype, block.shape,
+                     block.data_offset, block.nbytes, block.crc32);
 }
 
 absl::StatusOr<Tensor> ReadArray(const std::string& dir, const ArrayEntry& array) {
@@ -398,6 +428,15 @@ RestoreReport ValidateRestore(const Manifest& m, const std::vector<WantedArray>&
     }
   }
   return r;
+}
+
+absl::Status WriteFileSynced(const std::string& path, const std::string& data) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoStatus("open", path, errno);
+  absl::Status s = WriteAll(fd, data.data(), data.size(), path);
+  if (s.ok() && ::fsync(fd) != 0) s = ErrnoStatus("fsync", path, errno);
+  if (::close(fd) != 0 && s.ok()) s = ErrnoStatus("close", path, errno);
+  return s;
 }
 
 absl::Status SyncDir(const std::string& dir) {

@@ -83,9 +83,9 @@ std::vector<const Block*> BlocksIntersecting(const ArrayEntry& a,
                                              const Dims& shape);
 
 // Copies the part of `src` (a block at src_offsets) inside `dst` (a block at dst_offsets), both
-// row-major of the same dtype.
-void CopyIntersection(const Tensor& src, const std::vector<int64_t>& src_offsets, Tensor& dst,
-                      const std::vector<int64_t>& dst_offsets);
+// row-major of the same dtype. Returns the number of elements copied (0 when they do not meet).
+int64_t CopyIntersection(const Tensor& src, const std::vector<int64_t>& src_offsets, Tensor& dst,
+                         const std::vector<int64_t>& dst_offsets);
 
 // Writes `tensors` as one safetensors file at `path` and fsyncs it. Returns, per tensor, its
 // absolute data offset in the file. Errors: Internal / ResourceExhausted (disk full) naming the
@@ -99,9 +99,13 @@ absl::StatusOr<std::vector<int64_t>> WriteSafetensors(
 absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ReadSafetensors(
     const std::string& path);
 
-// One saved block, read by its byte range from <checkpoint_dir>/<block.file> and checked against
-// its CRC-32. Errors: NotFound (missing file), DataLoss (truncated, checksum mismatch), each
-// naming the array and the file.
+// One saved block of `array`: `nbytes` at byte `data_offset` of the file `path`, as a `dtype`
+// block of `shape`, checked against its CRC-32. Errors, each naming the array and the file:
+// NotFound (missing file), DataLoss (nbytes not the shape's size, truncated, checksum mismatch).
+absl::StatusOr<Tensor> ReadBlockAt(const std::string& path, const std::string& array, DType dtype,
+                                   const Dims& shape, int64_t data_offset, int64_t nbytes,
+                                   uint32_t crc32);
+// ReadBlockAt for a manifest's block, in <checkpoint_dir>/<block.file>.
 absl::StatusOr<Tensor> ReadBlock(const std::string& checkpoint_dir, const ArrayEntry& array,
                                  const Block& block);
 // The whole array assembled from its blocks (for export; a restore never does this).
@@ -123,6 +127,10 @@ struct RestoreReport {
 };
 RestoreReport ValidateRestore(const Manifest& m, const std::vector<WantedArray>& wanted,
                               const Mesh& mesh);
+
+// Writes `data` to `path` (replacing it) and fsyncs it. Errors: Internal / ResourceExhausted
+// (disk full) naming the path.
+absl::Status WriteFileSynced(const std::string& path, const std::string& data);
 
 // fsync of a directory (after a rename inside it).
 absl::Status SyncDir(const std::string& dir);

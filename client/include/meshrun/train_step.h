@@ -152,6 +152,9 @@ class TrainState {
  private:
   TrainState(Client* client, const TrainStep* step, std::string prefix)
       : client_(client), step_(step), prefix_(std::move(prefix)) {}
+  // Saves every state array, read from the ids Id(id_prefix + name), under its name.
+  v1::SaveCheckpointRequest SaveRequest(const std::string& root, int keep,
+                                        const std::string& id_prefix) const;
   Client* client_;
   const TrainStep* step_;
   std::string prefix_;
