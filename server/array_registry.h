@@ -15,6 +15,7 @@
 #include "core/tensor.h"
 #include "meshrun/v1/coordinator.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
+#include "server/checkpoint_ops.h"
 #include "server/worker_registry.h"
 
 namespace meshrun {
@@ -60,6 +61,8 @@ class ArrayRegistry {
 
  private:
   absl::Status EnsureStubs();
+  // ForRanks over every rank, as server/checkpoint_ops.h's ForEachWorker. REQUIRES: EnsureStubs.
+  ForEachWorker EachWorker();
   // Runs call(rank) for each rank in `ranks` in parallel; the first error, naming its rank.
   absl::Status ForRanks(const std::vector<int>& ranks,
                         const std::function<grpc::Status(int rank, grpc::ClientContext*)>& call);

@@ -6,11 +6,73 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "core/checkpoint/checkpoint.h"
 #include "core/program/dp_classifier.h"
 #include "glog/logging.h"
 #include "net/grpc_util.h"
+#include "server/checkpoint_ops.h"
 
 namespace meshrun {
+namespace {
+
+// Worker shard-store ids of the job's TrainState copies: what a restore loads before the program
+// takes it, and the snapshot a save writes from.
+const std::string kRestorePrefix = "job/restore/";
+const std::string kSnapshotPrefix = "job/snapshot/";
+
+// Puts the state the job starts from on the workers, as arrays kRestorePrefix + name: the newest
+// committed checkpoint in checkpoint.dir when checkpoint.resume is set and there is one, else the
+// params of checkpoint.init_from (a safetensors file). Errors name the checkpoint or file and the
+// array.
+struct RestoredState {
+  int64_t step = -1;  // the step the job starts at; -1: from its init, nothing restored
+  int arrays = 0;     // how many state arrays each worker must take from the store
+};
+absl::StatusOr<RestoredState> RestoreJobState(const JobConfig& config, const Mesh& mesh,
+                                        const std::vector<checkpoint::WantedArray>& state,
+                                        const ForEachWorker& each_worker,
+                                        const std::function<bool(const std::string&)>& info) {
+  std::string path;
+  absl::StatusOr<checkpoint::Manifest> m = absl::NotFoundError("");
+  std::vector<CheckpointArray> targets;
+  if (config.checkpoint.resume) {
+    absl::StatusOr<std::string> latest = checkpoint::LatestCheckpoint(config.checkpoint.dir);
+    if (latest.ok()) {
+      path = *latest;
+      m = checkpoint::ReadManifest(path);
+      if (!m.ok()) return m.status();
+      for (const checkpoint::WantedArray& a : state) {
+        targets.push_back({a.name, kRestorePrefix + a.name, a.dtype, a.shape, a.spec});
+      }
+    } else {
+      info(absl::StrCat("resume: no committed checkpoint in ", config.checkpoint.dir,
+                        "; starting from step 0"));
+    }
+  }
+  if (targets.empty() && !config.checkpoint.init_from.empty()) {
+    path = config.checkpoint.init_from;
+    m = checkpoint::SafetensorsManifest(path);
+    if (!m.ok()) return m.status();
+    m->step = 0;
+    for (const checkpoint::WantedArray& a : state) {
+      if (absl::StartsWith(a.name, "params/"))
+        targets.push_back({a.name, kRestorePrefix + a.name, a.dtype, a.shape, a.spec});
+    }
+  }
+  if (targets.empty()) return RestoredState{};
+  absl::StatusOr<std::vector<v1::LoadShardsRequest>> loads = PlanLoad(*m, path, mesh, targets);
+  if (!loads.ok()) return loads.status();
+  absl::StatusOr<int64_t> bytes = LoadBlocks(*loads, targets, each_worker);
+  if (!bytes.ok()) return bytes.status();
+  info(absl::StrCat(config.checkpoint.resume && path != config.checkpoint.init_from
+                        ? "resumed from "
+                        : "initialised from ",
+                    path, " at step ", m->step, ": ", targets.size(), " arrays, ", *bytes,
+                    " bytes read by the workers"));
+  return RestoredState{m->step, static_cast<int>(targets.size())};
+}
+
+}  // namespace
 
 void JobDriver::SetState(const std::string& state, int64_t step, const std::string& error) {
   absl::MutexLock lock(&mu_);
@@ -142,58 +204,127 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
                     " examples per worker per step in ", program->num_minibatches(), " minibatches; ", total,
                     " steps (", steps_per_epoch, " per epoch)"));
 
+  // Checkpoints (config.checkpoint): where the state comes from, if not from init.
+  const std::vector<checkpoint::WantedArray> state = TrainStateArrays(*program, mesh);
+  const ForEachWorker each_worker = [this](const WorkerCall& call) {
+    return AllWorkers("checkpoint", options_.load_timeout, call);
+  };
+  absl::StatusOr<RestoredState> restored = RestoreJobState(config, mesh, state, each_worker, info);
+  if (!restored.ok()) return fail(restored.status());
+  int64_t step = std::max<int64_t>(0, restored->step);
+  const std::string restore_prefix = restored->step >= 0 ? kRestorePrefix : "";
+
   v1::LoadProgramRequest load;
   *load.mutable_program() = *program;
+  load.set_restore_prefix(restore_prefix);
   load.set_dataset_dir(config.data.path);
   load.set_seed(config.train.seed);
   load.set_global_batch_size(config.data.batch_size);
   load.set_collective_timeout_seconds(config.train.collective_timeout_seconds);
-  absl::Status s = AllWorkers("LoadProgram", options_.load_timeout, [&](int, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
+  absl::Status s = AllWorkers("LoadProgram", options_.load_timeout, [&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
     v1::LoadProgramResponse resp;
-    return stub.LoadProgram(ctx, load, &resp);
+    grpc::Status st = stub.LoadProgram(ctx, load, &resp);
+    if (st.ok() && resp.restored_size() != restored->arrays) {
+      return grpc::Status(grpc::INTERNAL, absl::StrCat("rank ", r, ": took ", resp.restored_size(), " of the ",
+                                                       restored->arrays, " restored state arrays"));
+    }
+    return st;
   });
   if (!s.ok()) return fail(s);
 
+  // A save in flight (async: written from the workers' snapshot while the next steps run).
+  std::thread save_thread;
+  absl::StatusOr<v1::SaveCheckpointResponse> save_result;
+  absl::Duration save_time;
+  auto finish_save = [&]() -> absl::Status {
+    if (!save_thread.joinable()) return absl::OkStatus();
+    save_thread.join();
+    if (!save_result.ok()) return save_result.status();
+    info(absl::StrCat("checkpoint saved: ", save_result->path(), " (", save_result->bytes_written(),
+                      " bytes in ", absl::FormatDuration(save_time), ")"));
+    return absl::OkStatus();
+  };
+  auto fail_after_save = [&](absl::Status s) {
+    if (save_thread.joinable()) save_thread.join();
+    return fail(std::move(s));
+  };
+  const bool saving = !config.checkpoint.dir.empty();
+  auto is_save_step = [&](int64_t at) {
+    return saving && (at == total || (config.checkpoint.save_every > 0 && at % config.checkpoint.save_every == 0));
+  };
+  std::vector<CheckpointArray> snapshot_arrays;
+  for (const checkpoint::WantedArray& a : state) {
+    snapshot_arrays.push_back({a.name, kSnapshotPrefix + a.name, a.dtype, a.shape, a.spec});
+  }
+
+  const int64_t first_step = step;
   const absl::Time start = absl::Now();
-  int64_t step = 0;
+  absl::Time interval_start = start;
+  int64_t interval_first = step;
   std::vector<v1::RunStepsResponse> responses(stubs_.size());
+  std::vector<v1::StepMetrics> interval;  // every worker's metrics since the last report
   while (step < total) {
-    const int block = static_cast<int>(std::min<int64_t>(config.train.log_every, total - step));
-    const absl::Time block_start = absl::Now();
+    // Up to the next report (every log_every steps), the next save or the end.
+    int64_t next = std::min<int64_t>(total, (step / config.train.log_every + 1) * config.train.log_every);
+    if (saving && config.checkpoint.save_every > 0) {
+      next = std::min<int64_t>(next, (step / config.checkpoint.save_every + 1) * config.checkpoint.save_every);
+    }
+    const int block = static_cast<int>(next - step);
     v1::RunStepsRequest req;
     req.set_first_step(step);
     req.set_num_steps(block);
+    if (is_save_step(next)) {
+      // A second save waits for the first; the snapshot replaces the one it writes from.
+      if (absl::Status saved = finish_save(); !saved.ok()) return fail(saved);
+      req.set_snapshot_prefix(kSnapshotPrefix);
+    }
     const absl::Duration timeout = absl::Seconds(config.train.collective_timeout_seconds * block + 30);
     s = AllWorkers(absl::StrCat("steps ", step, "..", step + block - 1), timeout,
                    [&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
                      responses[r].Clear();
                      return stub.RunSteps(ctx, req, &responses[r]);
                    });
-    if (!s.ok()) return fail(s);
+    if (!s.ok()) return fail_after_save(s);
     step += block;
+    for (const auto& resp : responses) interval.insert(interval.end(), resp.steps().begin(), resp.steps().end());
+    if (is_save_step(step)) {
+      const int64_t at = step;
+      save_thread = std::thread([&, at] {
+        const absl::Time t0 = absl::Now();
+        save_result = WriteCheckpoint(config.checkpoint.dir, at, config.checkpoint.keep, mesh, snapshot_arrays,
+                                      each_worker);
+        save_time = absl::Now() - t0;
+      });
+      if (!config.checkpoint.async) {
+        if (absl::Status saved = finish_save(); !saved.ok()) return fail(saved);
+      }
+    }
+    if (step % config.train.log_every != 0 && step != total) continue;
+    const int64_t steps_done = step - interval_first;
     // Means over every step of the interval and every worker, as the seed's metrics accumulate
     // between prints.
     double loss = 0, correct = 0, step_seconds = 0, collective_seconds = 0;
     int64_t count = 0, samples = 0;
     std::vector<double> all_step_seconds, all_collective_seconds;
-    for (const auto& resp : responses) {
-      for (const v1::StepMetrics& m : resp.steps()) {
-        loss += m.loss_sum();
-        correct += m.correct();
-        count += m.count();
-        step_seconds += m.step_seconds();
-        collective_seconds += m.collective_seconds();
-        all_step_seconds.push_back(m.step_seconds());
-        all_collective_seconds.push_back(m.collective_seconds());
-        ++samples;
-      }
+    for (const v1::StepMetrics& m : interval) {
+      loss += m.loss_sum();
+      correct += m.correct();
+      count += m.count();
+      step_seconds += m.step_seconds();
+      collective_seconds += m.collective_seconds();
+      all_step_seconds.push_back(m.step_seconds());
+      all_collective_seconds.push_back(m.collective_seconds());
+      ++samples;
     }
+    interval.clear();
     if (options_.metrics != nullptr) {
-      options_.metrics->OnSteps(block, config.data.batch_size, loss / count, correct / count, all_step_seconds,
-                                all_collective_seconds);
+      options_.metrics->OnSteps(static_cast<int>(steps_done), config.data.batch_size, loss / count,
+                                correct / count, all_step_seconds, all_collective_seconds);
     }
-    const double block_seconds = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - block_start));
+    const double block_seconds = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - interval_start));
     const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+    interval_start = absl::Now();
+    interval_first = step;
     v1::JobEvent e;
     v1::StepReport* rep = e.mutable_step();
     rep->set_step(step);
@@ -201,15 +332,32 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
     rep->set_epoch(static_cast<double>(step) / steps_per_epoch);
     rep->set_loss(loss / count);
     rep->set_accuracy(correct / count);
-    rep->set_samples_per_second(block * config.data.batch_size / block_seconds);
-    rep->set_eta_seconds(elapsed / step * (total - step));
+    rep->set_samples_per_second(steps_done * config.data.batch_size / block_seconds);
+    rep->set_eta_seconds(elapsed / (step - first_step) * (total - step));
     rep->set_step_seconds(step_seconds / samples);
     rep->set_collective_seconds(collective_seconds / samples);
     SetState("running", step, "");
     if (!emit(e)) {
       AbortAll("job cancelled: the client went away");
-      return fail(absl::CancelledError("job cancelled: the client went away"));
+      return fail_after_save(absl::CancelledError("job cancelled: the client went away"));
     }
+  }
+  if (absl::Status saved = finish_save(); !saved.ok()) return fail(saved);
+  if (saving) {
+    // The snapshot's copies are not needed any more.
+    AllWorkers("dropping the checkpoint snapshot", absl::Seconds(10),
+               [&](int, v1::Worker::Stub& stub, grpc::ClientContext*) {
+                 for (const CheckpointArray& a : snapshot_arrays) {
+                   grpc::ClientContext ctx;
+                   SetTimeout(ctx, absl::Seconds(5));
+                   v1::DeleteShardRequest req;
+                   req.set_array_id(a.array_id);
+                   v1::DeleteShardResponse resp;
+                   stub.DeleteShard(&ctx, req, &resp);
+                 }
+                 return grpc::Status::OK;
+               })
+        .IgnoreError();
   }
 
   if (config.train.evaluate) {

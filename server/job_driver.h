@@ -35,7 +35,12 @@ class JobDriver {
 
   JobDriver(WorkerRegistry* registry, Options options) : registry_(registry), options_(options) {}
 
-  // Runs `config` to completion. Errors: InvalidArgument for a config that does not fit the
+  // Runs `config` to completion. With config.checkpoint.dir, the TrainState is saved every
+  // save_every steps and at the end (server/checkpoint_ops.h; async: written from a snapshot the
+  // workers take after the step while the next steps run, a second save waiting for the first),
+  // keeping the newest `keep`; `resume` starts from the newest committed checkpoint there (its
+  // step, params, opt_state and rng; the data order is the seed's, so the losses continue as an
+  // uninterrupted run's), `init_from` from a safetensors file of params. Errors: InvalidArgument for a config that does not fit the
   // cluster (mesh mismatch, indivisible batch); the first worker failure (Unavailable naming a
   // dead rank, DeadlineExceeded, or the worker's own error prefixed with its rank); Cancelled
   // when the sink stops listening.

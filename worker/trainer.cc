@@ -1,5 +1,7 @@
 #include "worker/trainer.h"
 
+#include <algorithm>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -124,6 +126,52 @@ absl::StatusOr<StepResult> Trainer::RunStep(int64_t step) {
   r.step_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   r.collective_seconds = absl::ToDoubleSeconds(executor_->collective_time() - collective_before);
   return r;
+}
+
+std::vector<std::string> Trainer::StateNames() {
+  std::vector<std::string> names;
+  for (const v1::BufferDecl& b : executor_->program().buffers()) {
+    if (b.role() == v1::BUFFER_ROLE_PARAM || b.role() == v1::BUFFER_ROLE_OPT_STATE)
+      names.push_back(b.name());
+  }
+  names.push_back("rng");
+  return names;
+}
+
+std::vector<std::pair<std::string, Tensor>> Trainer::StateSnapshot() {
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const std::string& name : StateNames()) {
+    if (name == "rng") {
+      Tensor key(v1::DTYPE_U32, {2});
+      key.data<uint32_t>()[0] = base_key_[0];
+      key.data<uint32_t>()[1] = base_key_[1];
+      out.emplace_back(name, std::move(key));
+    } else {
+      const Tensor* b = executor_->buffer(name);
+      Tensor copy(b->dtype(), b->dims());
+      std::memcpy(copy.raw(), b->raw(), b->size_bytes());
+      out.emplace_back(name, std::move(copy));
+    }
+  }
+  return out;
+}
+
+absl::Status Trainer::RestoreState(const std::string& name, const Tensor& value) {
+  const std::vector<std::string> names = StateNames();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    return absl::NotFoundError(absl::StrCat("'", name, "' is not part of the job's TrainState"));
+  }
+  Tensor* dst = nullptr;
+  Tensor key(v1::DTYPE_U32, {2});
+  dst = name == "rng" ? &key : executor_->buffer(name);
+  if (value.dtype() != dst->dtype() || value.dims() != dst->dims()) {
+    return absl::InvalidArgumentError(absl::StrCat("state '", name, "' is ", DTypeName(dst->dtype()),
+                                                   DimsToString(dst->dims()), "; the value is ",
+                                                   DTypeName(value.dtype()), DimsToString(value.dims())));
+  }
+  std::memcpy(dst->raw(), value.raw(), value.size_bytes());
+  if (name == "rng") base_key_ = {key.data<uint32_t>()[0], key.data<uint32_t>()[1]};
+  return absl::OkStatus();
 }
 
 absl::StatusOr<StepResult> Trainer::Evaluate() {

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -44,6 +46,16 @@ class Trainer {
   absl::StatusOr<StepResult> RunStep(int64_t step);
   // Forward pass over this worker's shard of the test set.
   absl::StatusOr<StepResult> Evaluate();
+
+  // The TrainState, as a checkpoint holds it: copies of every PARAM and OPT_STATE buffer under
+  // its name (this worker's block; the main job's are whole, replicated arrays) and "rng", the
+  // job's base PRNGKey (u32[2]). The step is not part of it: the caller knows it.
+  std::vector<std::pair<std::string, Tensor>> StateSnapshot();
+  // Replaces the state named `name` (a StateSnapshot name) with `value`. Errors: NotFound for a
+  // name that is not state; InvalidArgument when value's dtype or shape differ from the buffer's.
+  absl::Status RestoreState(const std::string& name, const Tensor& value);
+  // The StateSnapshot names.
+  std::vector<std::string> StateNames();
 
   int64_t steps_per_epoch() const { return steps_per_epoch_; }
   Executor& executor() { return *executor_; }

@@ -45,7 +45,7 @@ WorkerService::Datasets(const std::string& dir) {
 }
 
 grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const v1::LoadProgramRequest* req,
-                                        v1::LoadProgramResponse*) {
+                                        v1::LoadProgramResponse* resp) {
   {
     absl::MutexLock lock(&join_mu_);
     if (!joined_) return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
@@ -72,6 +72,22 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const v1::LoadProg
   auto trainer = Trainer::Create(*std::move(executor), data->first, data->second, to);
   if (!trainer.ok()) return Error(trainer.status());
   trainer_ = *std::move(trainer);
+  if (!req->restore_prefix().empty()) {
+    // Everything is checked before anything is replaced, so a bad restore leaves init's state.
+    std::vector<std::pair<std::string, std::shared_ptr<const Tensor>>> restore;
+    for (const std::string& name : trainer_->StateNames()) {
+      absl::StatusOr<std::shared_ptr<const Tensor>> t = shards_.Get(req->restore_prefix() + name);
+      if (t.ok()) restore.emplace_back(name, *std::move(t));
+    }
+    for (const auto& [name, t] : restore) {
+      if (absl::Status s = trainer_->RestoreState(name, *t); !s.ok()) {
+        trainer_.reset();
+        return Error(s);
+      }
+      resp->add_restored(name);
+    }
+    for (const auto& [name, t] : restore) shards_.Delete(req->restore_prefix() + name).IgnoreError();
+  }
   LOG(INFO) << "program loaded: " << req->program().buffers_size() << " buffers, "
             << trainer_->executor().ResidentBytes(v1::BUFFER_ROLE_UNSPECIFIED) << " bytes resident";
   return grpc::Status::OK;
@@ -97,6 +113,9 @@ grpc::Status WorkerService::RunSteps(grpc::ServerContext* ctx, const v1::RunStep
     m->set_count(r->count);
     m->set_step_seconds(r->step_seconds);
     m->set_collective_seconds(r->collective_seconds);
+  }
+  if (!req->snapshot_prefix().empty()) {
+    for (auto& [name, t] : trainer_->StateSnapshot()) shards_.Put(req->snapshot_prefix() + name, std::move(t));
   }
   return grpc::Status::OK;
 }

@@ -1,21 +1,24 @@
 #include "client/cli/commands.h"
 
-#include "core/sharding/logical_axes.h"
-#include "meshrun/workloads.h"
-
 #include <unistd.h>
 
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/program/dp_classifier.h"
+#include "core/sharding/logical_axes.h"
 #include "core/sharding/mesh.h"
+#include "core/sharding/named_sharding.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "meshrun/client.h"
-#include "net/grpc_util.h"
 #include "meshrun/local_cluster.h"
+#include "meshrun/workloads.h"
+#include "net/grpc_util.h"
 
 namespace meshrun::cli {
 namespace {
@@ -55,6 +58,15 @@ int Up(const UpArgs& args) {
 int Train(const TrainArgs& args) {
   absl::StatusOr<JobConfig> config = LoadJobConfig(args.config_path);
   if (!config.ok()) return Fail(config.status());
+  if (!args.ckpt_dir.empty()) config->checkpoint.dir = args.ckpt_dir;
+  if (args.resume) config->checkpoint.resume = true;
+  if (config->checkpoint.resume && config->checkpoint.dir.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--resume needs a checkpoint directory: 'checkpoint.dir' in the config or --ckpt-dir"));
+  }
+  for (std::string* path : {&config->checkpoint.dir, &config->checkpoint.init_from}) {
+    if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
+  }
   std::unique_ptr<LocalCluster> cluster;
   std::string address = args.coordinator;
   if (address.empty()) {
@@ -165,7 +177,81 @@ int Shutdown(const std::string& coordinator) {
   return 0;
 }
 
+absl::StatusOr<JobPlan> PlanJob(const std::string& config_path, const std::string& mesh_text) {
+  absl::StatusOr<JobConfig> config = LoadJobConfig(config_path);
+  if (!config.ok()) return config.status();
+  std::string text = mesh_text;
+  if (text.empty() && !config->mesh.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& [name, size] : config->mesh) parts.push_back(absl::StrCat(name, "=", size));
+    text = absl::StrJoin(parts, ",");
+  }
+  if (text.empty()) text = "data=8";
+  absl::StatusOr<Mesh> mesh = Mesh::Parse(text);
+  if (!mesh.ok()) return mesh.status();
+  absl::StatusOr<v1::StepProgram> program = BuildDpClassifierProgram(*config, *mesh);
+  if (!program.ok()) return program.status();
+  return JobPlan{*std::move(config), *std::move(mesh), *std::move(program)};
+}
+
+namespace {
+
+// `meshrun plan JOB`: the main job's plan (core/program/dp_classifier.h), from its step program.
+int PlanMainJob(const PlanArgs& args) {
+  absl::StatusOr<JobPlan> job = PlanJob(args.config_path, args.mesh);
+  if (!job.ok()) {
+    std::fprintf(stderr, "meshrun plan: %s\n", std::string(job.status().message()).c_str());
+    return 2;
+  }
+  const v1::StepProgram& p = job->program;
+  std::printf("# job %s: model %s on mesh %s (%d workers)\n", args.config_path.c_str(),
+              job->config.model.name.c_str(), job->mesh.ToString().c_str(), job->mesh.size());
+  std::printf("state (TrainState: params, opt_state, rng):\n");
+  int64_t total = 0;
+  for (const checkpoint::WantedArray& a : TrainStateArrays(p, job->mesh)) {
+    const NamedSharding sharding(job->mesh, a.spec);
+    const int64_t bytes = NumElements(sharding.ShardDims(a.shape)) * DTypeSize(a.dtype);
+    total += bytes;
+    std::printf("  %-34s %s%-12s %-18s %10lld bytes/worker\n", a.name.c_str(), DTypeName(a.dtype).c_str(),
+                DimsToString(a.shape).c_str(), a.spec.ToString().c_str(), static_cast<long long>(bytes));
+  }
+  std::printf("  %-34s %43lld bytes/worker\n", "total", static_cast<long long>(total));
+  const int64_t per_worker = int64_t{p.minibatch_size()} * p.num_minibatches();
+  std::printf("batch: %d examples, PartitionSpec('data', None): %lld per worker per step in %d minibatches of %d\n",
+              job->config.data.batch_size, static_cast<long long>(per_worker), p.num_minibatches(),
+              p.minibatch_size());
+  std::printf("collectives per step:\n");
+  std::map<std::string, const v1::BufferDecl*> buffers;
+  for (const v1::BufferDecl& b : p.buffers()) buffers[b.name()] = &b;
+  for (const v1::Function& f : p.functions()) {
+    if (f.name() == "init" || f.name() == "eval") continue;
+    const int64_t times = f.name() == "microbatch" ? p.num_minibatches() : 1;
+    for (const v1::Op& op : f.ops()) {
+      if (op.kind() != v1::OP_ALL_REDUCE) continue;
+      int64_t bytes = 0;
+      for (const std::string& in : op.inputs()) {
+        const v1::BufferDecl* b = buffers[in];
+        if (b != nullptr) bytes += NumElements(Dims(b->shape().dims().begin(), b->shape().dims().end())) * DTypeSize(b->dtype());
+      }
+      const int64_t n = job->mesh.axis_size(*job->mesh.AxisIndex(op.axis_name()));
+      std::printf("  %s(%s) in '%s' x%lld: %d arrays, %lld bytes; ring: %lld bytes sent per worker\n",
+                  op.reduce_op() == v1::REDUCE_OP_MEAN ? "pmean" : "psum", op.axis_name().c_str(), f.name().c_str(),
+                  static_cast<long long>(times), op.inputs_size(), static_cast<long long>(bytes),
+                  static_cast<long long>(2 * (n - 1) * bytes / n));
+    }
+  }
+  if (!job->config.checkpoint.dir.empty()) {
+    std::printf("checkpoint: %s every %d steps and at the end, keep %d%s%s\n", job->config.checkpoint.dir.c_str(),
+                job->config.checkpoint.save_every, job->config.checkpoint.keep,
+                job->config.checkpoint.async ? ", async" : "", job->config.checkpoint.resume ? ", resume" : "");
+  }
+  return 0;
+}
+
+}  // namespace
+
 int Plan(const PlanArgs& args) {
+  if (!args.config_path.empty()) return PlanMainJob(args);
   const auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "meshrun plan: %s\n", std::string(s.message()).c_str());
     return 2;

@@ -5,7 +5,21 @@
 #include <cstdint>
 #include <string>
 
+#include "absl/status/statusor.h"
+#include "core/config/job_config.h"
+#include "core/sharding/mesh.h"
+#include "meshrun/v1/program.pb.h"
+
 namespace meshrun::cli {
+
+// A job config planned without a cluster: its mesh (`mesh_text` when non-empty, else the
+// config's, else data=8) and its step program. Errors: the config's, the mesh's, the planner's.
+struct JobPlan {
+  JobConfig config;
+  Mesh mesh;
+  v1::StepProgram program;
+};
+absl::StatusOr<JobPlan> PlanJob(const std::string& config_path, const std::string& mesh_text);
 
 struct UpArgs {
   std::string mesh = "data=8";
@@ -20,8 +34,12 @@ struct TrainArgs {
   std::string coordinator;  // empty: an embedded local cluster for the run
   std::string mesh;         // for the embedded cluster; empty: the config's mesh, else data=8
   std::string log_dir;
+  std::string ckpt_dir;  // non-empty: replaces the config's checkpoint.dir
+  bool resume = false;   // sets the config's checkpoint.resume
 };
-// Submits a train job, prints a progress line per log interval and the test accuracy.
+// Submits a train job, prints a progress line per log interval and the test accuracy. Relative
+// checkpoint.dir / init_from paths are made absolute (the coordinator and workers may run
+// elsewhere; they need the same filesystem view).
 int Train(const TrainArgs& args);
 
 // Prints the mesh, every worker (rank, address, pid, heartbeat age) and the job state.
@@ -33,6 +51,7 @@ int Show(const std::string& coordinator, const std::string& id);
 // grpc.health.v1 Check against `address`: prints the serving status; exit 0 only on SERVING.
 int Health(const std::string& address, const std::string& service, double timeout_seconds);
 struct PlanArgs {
+  std::string config_path;       // a job config (JSON); else a workload:
   std::string workload = "mlp";  // meshrun/workloads.h
   std::string mesh = "data=2,model=4";
   std::string layout;            // a named layout (dp, fsdp, tp, 2d, fsdp_tp, single), or:
@@ -41,7 +60,7 @@ struct PlanArgs {
   int64_t min_weight_size = int64_t{1} << 18;
 };
 // Abstract evaluation (jax.eval_shape + nn.get_partition_spec): nothing is allocated and no
-// cluster is needed. Prints every parameter's and optimizer-state array's PartitionSpec and bytes
+// cluster is needed. With config_path, plans that job (its mesh, or `mesh` when given). Prints every parameter's and optimizer-state array's PartitionSpec and bytes
 // per worker, the batch layout, and the collectives of one step with their bytes. Exit 2 with
 // the error (naming the parameter and dim) when the job cannot be planned.
 int Plan(const PlanArgs& args);
@@ -67,6 +86,10 @@ int TrainWorkload(const WorkloadTrainArgs& args);
 // and the bytes each worker would read. Exit 0 when restorable.
 int CkptValidate(const std::string& path, const std::string& workload, const std::string& layout,
                  const std::string& mesh);
+// The same against a job config's TrainState (params, opt_state, rng) on its mesh (or `mesh`
+// when non-empty).
+int CkptValidateJob(const std::string& path, const std::string& config_path,
+                    const std::string& mesh);
 // Writes a checkpoint's parameters, unsharded, to one safetensors file under their names
 // (params/dot1/kernel).
 int Export(const std::string& path, const std::string& out);

@@ -37,11 +37,12 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--layout", wtrain.layout, "workload layout: single, dp, fsdp, tp, 2d, fsdp_tp")
       ->capture_default_str();
   train_cmd->add_option("--steps", wtrain.steps, "workload: train until this step")->capture_default_str();
-  train_cmd->add_option("--ckpt-dir", wtrain.ckpt_dir, "workload: checkpoint root");
+  train_cmd->add_option("--ckpt-dir", wtrain.ckpt_dir, "checkpoint root (for --config: replaces checkpoint.dir)");
   train_cmd->add_option("--save-every", wtrain.save_every, "workload: save every N steps (and at the end)");
   train_cmd->add_option("--keep", wtrain.keep, "workload: keep the newest K checkpoints");
   train_cmd->add_flag("--async-save", wtrain.async_save, "workload: save in the background");
-  train_cmd->add_flag("--resume", wtrain.resume, "workload: continue from the newest checkpoint in --ckpt-dir");
+  train_cmd->add_flag("--resume", wtrain.resume,
+                      "continue from the newest committed checkpoint (the config's checkpoint.dir or --ckpt-dir)");
   train_cmd->add_option("--init-from", wtrain.init_from, "workload: parameters from a safetensors file");
   train_cmd->add_option("--coordinator", train.coordinator, "a running cluster's coordinator (default: start one)");
   train_cmd->add_option("--mesh", train.mesh, "mesh of the embedded cluster (default: the config's, else data=8)");
@@ -50,8 +51,10 @@ int main(int argc, char** argv) {
   std::string ckpt_path, ckpt_workload = "mlp", ckpt_layout = "dp", ckpt_mesh = "data=2,model=4";
   auto* ckpt_cmd = app.add_subcommand("ckpt", "sharded checkpoints");
   ckpt_cmd->require_subcommand(1);
-  auto* validate_cmd = ckpt_cmd->add_subcommand("validate", "check a checkpoint against a workload, allocating nothing");
+  std::string ckpt_config;
+  auto* validate_cmd = ckpt_cmd->add_subcommand("validate", "check a checkpoint against a job or workload, allocating nothing");
   validate_cmd->add_option("checkpoint", ckpt_path, "a committed checkpoint directory")->required();
+  validate_cmd->add_option("--config", ckpt_config, "job config (JSON): check against its TrainState and mesh");
   validate_cmd->add_option("--workload", ckpt_workload)->capture_default_str();
   validate_cmd->add_option("--layout", ckpt_layout)->capture_default_str();
   validate_cmd->add_option("--mesh", ckpt_mesh)->capture_default_str();
@@ -79,7 +82,8 @@ int main(int argc, char** argv) {
   shutdown_cmd->add_option("--coordinator", coordinator)->capture_default_str();
 
   meshrun::cli::PlanArgs plan;
-  auto* plan_cmd = app.add_subcommand("plan", "plan a workload's train step under a layout, allocating nothing");
+  auto* plan_cmd = app.add_subcommand("plan", "plan a job (JOB.json) or a workload's train step under a layout, allocating nothing");
+  plan_cmd->add_option("job", plan.config_path, "job config (JSON)");
   plan_cmd->add_option("--workload", plan.workload, "mlp, dot_relu_dot or classifier")->capture_default_str();
   plan_cmd->add_option("--mesh", plan.mesh, "mesh axes")->capture_default_str();
   plan_cmd->add_option("--layout", plan.layout, "single, dp, fsdp, tp, 2d or fsdp_tp");
@@ -131,9 +135,17 @@ int main(int argc, char** argv) {
         return meshrun::cli::TrainWorkload(wtrain);
       }
       if (train.config_path.empty()) throw CLI::RequiredError("--config or --workload");
+      train.resume = wtrain.resume;
+      train.ckpt_dir = wtrain.ckpt_dir;
       return meshrun::cli::Train(train);
     }
-    if (validate_cmd->parsed()) return meshrun::cli::CkptValidate(ckpt_path, ckpt_workload, ckpt_layout, ckpt_mesh);
+    if (validate_cmd->parsed()) {
+      if (!ckpt_config.empty()) {
+        return meshrun::cli::CkptValidateJob(ckpt_path, ckpt_config,
+                                             validate_cmd->count("--mesh") ? ckpt_mesh : "");
+      }
+      return meshrun::cli::CkptValidate(ckpt_path, ckpt_workload, ckpt_layout, ckpt_mesh);
+    }
     if (export_cmd->parsed()) return meshrun::cli::Export(ckpt_path, export_out);
     if (status_cmd->parsed()) return meshrun::cli::Status(coordinator);
     if (shutdown_cmd->parsed()) return meshrun::cli::Shutdown(coordinator);
@@ -145,7 +157,10 @@ int main(int argc, char** argv) {
       return meshrun::RunAllReduceBench(ar);
     }
     if (cb_cmd->parsed()) return meshrun::RunCollectivesBench(cb);
-    if (plan_cmd->parsed()) return meshrun::cli::Plan(plan);
+    if (plan_cmd->parsed()) {
+      if (!plan.config_path.empty() && !plan_cmd->count("--mesh")) plan.mesh.clear();
+      return meshrun::cli::Plan(plan);
+    }
     if (kb_cmd->parsed()) return meshrun::RunCkptBench(kb);
     if (sb_cmd->parsed()) {
       sb.workloads = absl::StrSplit(sb_workloads, ',', absl::SkipEmpty());

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "client/cli/commands.h"
 #include "core/checkpoint/checkpoint.h"
+#include "core/program/dp_classifier.h"
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
 #include "meshrun/train_step.h"
@@ -104,17 +105,13 @@ int TrainWorkload(const WorkloadTrainArgs& a) {
   return stop(0);
 }
 
-int CkptValidate(const std::string& path, const std::string& workload, const std::string& layout,
-                 const std::string& mesh_text) {
-  const std::string cmd = "ckpt validate";
-  absl::StatusOr<checkpoint::Manifest> m = checkpoint::ReadManifest(path);
-  if (!m.ok()) return Fail(cmd, m.status());
-  absl::StatusOr<TrainStep> step = PlanWorkload(workload, layout, mesh_text);
-  if (!step.ok()) return Fail(cmd, step.status());
-  std::vector<checkpoint::WantedArray> wanted;
-  for (const PlannedArray& a : step->state)
-    wanted.push_back({a.name, a.dtype, a.shape, a.spec});
-  const checkpoint::RestoreReport r = checkpoint::ValidateRestore(*m, wanted, step->mesh);
+namespace {
+
+// Prints what ValidateRestore found; exit 0 when restorable.
+int ReportRestore(const std::string& path, const checkpoint::Manifest* m,
+                  const std::vector<checkpoint::WantedArray>& wanted, const Mesh& mesh,
+                  const std::string& layout, const std::string& mesh_text) {
+  const checkpoint::RestoreReport r = checkpoint::ValidateRestore(*m, wanted, mesh);
   std::printf("checkpoint %s: step %lld, saved on %s, %zu arrays\n", path.c_str(),
               static_cast<long long>(m->step), m->mesh.c_str(), m->arrays.size());
   for (const std::string& e : r.extra) std::printf("  extra array (not restored): %s\n", e.c_str());
@@ -126,6 +123,32 @@ int CkptValidate(const std::string& path, const std::string& workload, const std
   std::printf(r.errors.empty() ? "OK: restorable as %s on %s\n" : "NOT restorable as %s on %s\n",
               layout.c_str(), mesh_text.c_str());
   return r.errors.empty() ? 0 : 1;
+}
+
+}  // namespace
+
+int CkptValidate(const std::string& path, const std::string& workload, const std::string& layout,
+                 const std::string& mesh_text) {
+  const std::string cmd = "ckpt validate";
+  absl::StatusOr<checkpoint::Manifest> m = checkpoint::ReadManifest(path);
+  if (!m.ok()) return Fail(cmd, m.status());
+  absl::StatusOr<TrainStep> step = PlanWorkload(workload, layout, mesh_text);
+  if (!step.ok()) return Fail(cmd, step.status());
+  std::vector<checkpoint::WantedArray> wanted;
+  for (const PlannedArray& a : step->state)
+    wanted.push_back({a.name, a.dtype, a.shape, a.spec});
+  return ReportRestore(path, &*m, wanted, step->mesh, layout, mesh_text);
+}
+
+int CkptValidateJob(const std::string& path, const std::string& config_path,
+                    const std::string& mesh_text) {
+  const std::string cmd = "ckpt validate";
+  absl::StatusOr<checkpoint::Manifest> m = checkpoint::ReadManifest(path);
+  if (!m.ok()) return Fail(cmd, m.status());
+  absl::StatusOr<JobPlan> job = PlanJob(config_path, mesh_text);
+  if (!job.ok()) return Fail(cmd, job.status());
+  return ReportRestore(path, &*m, TrainStateArrays(job->program, job->mesh), job->mesh,
+                       absl::StrCat("the TrainState of ", config_path), job->mesh.ToString());
 }
 
 int Export(const std::string& path, const std::string& out) {

@@ -284,13 +284,20 @@ absl::StatusOr<std::vector<int64_t>> WriteSafetensors(
   return offsets;
 }
 
-absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ReadSafetensors(
-    const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const std::string bytes = ss.str();
+namespace {
+
+// A tensor of a safetensors file: where its bytes lie in the file.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype;
+  Dims shape;
+  int64_t data_offset;  // absolute
+  int64_t nbytes;
+};
+
+// Parses the header of `bytes` (a whole file); entries in file order.
+absl::StatusOr<std::vector<SafetensorsEntry>> ParseSafetensors(const std::string& path,
+                                                               const std::string& bytes) {
   if (bytes.size() < 8)
     return absl::DataLossError(absl::StrCat(path, " is not a safetensors file (too short)"));
   uint64_t n = 0;
@@ -310,25 +317,69 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ReadSafetensors(
     }
   }
   std::sort(order.begin(), order.end());
-  std::vector<std::pair<std::string, Tensor>> out;
-  const size_t base = 8 + n;
+  std::vector<SafetensorsEntry> out;
+  const int64_t base = static_cast<int64_t>(8 + n);
   for (const auto& [begin, name] : order) {
     const json& t = header[name];
     absl::StatusOr<DType> dtype = FromSafetensorsDType(t.at("dtype").get<std::string>());
     if (!dtype.ok())
       return absl::DataLossError(
           absl::StrCat(path, ": tensor ", name, ": ", dtype.status().message()));
-    Tensor tensor(*dtype, t.at("shape").get<Dims>());
+    const Dims shape = t.at("shape").get<Dims>();
+    const int64_t nbytes = NumElements(shape) * DTypeSize(*dtype);
     const int64_t end = t.at("data_offsets").at(1).get<int64_t>();
-    if (end - begin != static_cast<int64_t>(tensor.size_bytes()) || base + end > bytes.size()) {
+    if (end - begin != nbytes || base + end > static_cast<int64_t>(bytes.size())) {
       return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " has data_offsets [", begin,
                                               ", ", end,
                                               ") that do not fit its shape or the file"));
     }
-    std::memcpy(tensor.raw(), bytes.data() + base + begin, tensor.size_bytes());
-    out.emplace_back(name, std::move(tensor));
+    out.push_back({name, *dtype, shape, base + begin, nbytes});
   }
   return out;
+}
+
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ReadSafetensors(
+    const std::string& path) {
+  absl::StatusOr<std::string> bytes = ReadWholeFile(path);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<std::vector<SafetensorsEntry>> entries = ParseSafetensors(path, *bytes);
+  if (!entries.ok()) return entries.status();
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const SafetensorsEntry& e : *entries) {
+    Tensor tensor(e.dtype, e.shape);
+    std::memcpy(tensor.raw(), bytes->data() + e.data_offset, e.nbytes);
+    out.emplace_back(e.name, std::move(tensor));
+  }
+  return out;
+}
+
+absl::StatusOr<Manifest> SafetensorsManifest(const std::string& path) {
+  const std::string abs = std::filesystem::absolute(path).string();
+  absl::StatusOr<std::string> bytes = ReadWholeFile(abs);
+  if (!bytes.ok()) return bytes.status();
+  absl::StatusOr<std::vector<SafetensorsEntry>> entries = ParseSafetensors(abs, *bytes);
+  if (!entries.ok()) return entries.status();
+  Manifest m;
+  for (const SafetensorsEntry& e : *entries) {
+    ArrayEntry a;
+    a.name = e.name;
+    a.dtype = e.dtype;
+    a.shape = e.shape;
+    a.blocks.push_back({std::vector<int64_t>(e.shape.size(), 0), e.shape, abs, e.name,
+                        e.data_offset, e.nbytes, Crc32(bytes->data() + e.data_offset, e.nbytes)});
+    m.arrays.push_back(std::move(a));
+  }
+  return m;
 }
 
 absl::StatusOr<Tensor> ReadBlockAt(const std::string& path, const std::string& array, DType dtype,

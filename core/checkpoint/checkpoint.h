@@ -99,6 +99,12 @@ absl::StatusOr<std::vector<int64_t>> WriteSafetensors(
 absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ReadSafetensors(
     const std::string& path);
 
+// A plain safetensors file (one unsharded tensor per name, e.g. from Python or `meshrun export`)
+// seen as a checkpoint: step 0, every tensor one block covering its array, `file` the absolute
+// path, CRC-32s computed from the file now. So a job starts from it (`init_from`) by the restore
+// path: each worker reads the byte ranges its blocks need. Errors: those of ReadSafetensors.
+absl::StatusOr<Manifest> SafetensorsManifest(const std::string& path);
+
 // One saved block of `array`: `nbytes` at byte `data_offset` of the file `path`, as a `dtype`
 // block of `shape`, checked against its CRC-32. Errors, each naming the array and the file:
 // NotFound (missing file), DataLoss (nbytes not the shape's size, truncated, checksum mismatch).

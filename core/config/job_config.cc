@@ -123,6 +123,13 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
         {"log_every", Int(&c.train.log_every, 1, 1000000)},
         {"evaluate", Bool(&c.train.evaluate)},
         {"collective_timeout_seconds", Num(&c.train.collective_timeout_seconds, 0.0, 3600.0, true)}}},
+      {"checkpoint",
+       {{"dir", Str(&c.checkpoint.dir)},
+        {"save_every", Int(&c.checkpoint.save_every, 0, 1 << 30)},
+        {"keep", Int(&c.checkpoint.keep, 0, 1 << 20)},
+        {"async", Bool(&c.checkpoint.async)},
+        {"resume", Bool(&c.checkpoint.resume)},
+        {"init_from", Str(&c.checkpoint.init_from)}}},
   };
   for (const auto& [key, value] : root.items()) {
     if (key == "mesh") {
@@ -138,11 +145,22 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
     auto it = schema.find(key);
     if (it == schema.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "unknown key '", key, "'; allowed: data, mesh, model, optimizer, train"));
+          "unknown key '", key, "'; allowed: checkpoint, data, mesh, model, optimizer, train"));
     }
     if (absl::Status s = ApplySection(key, value, it->second); !s.ok()) return s;
   }
   c.train.seed = static_cast<uint64_t>(seed);
+  if (c.checkpoint.dir.empty()) {
+    for (auto [key, set] : {std::pair<const char*, bool>{"save_every", c.checkpoint.save_every > 0},
+                            {"keep", c.checkpoint.keep > 0},
+                            {"async", c.checkpoint.async},
+                            {"resume", c.checkpoint.resume}}) {
+      if (set) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("'checkpoint.", key, "' is set but 'checkpoint.dir' is not"));
+      }
+    }
+  }
   if (c.data.batch_size % c.optimizer.num_minibatches != 0) {
     return absl::InvalidArgumentError(absl::StrCat("'data.batch_size' (", c.data.batch_size,
                                                    ") must be divisible by 'optimizer.num_minibatches' (",
@@ -181,6 +199,12 @@ std::string JobConfigToJson(const JobConfig& c) {
                    {"log_every", c.train.log_every},
                    {"evaluate", c.train.evaluate},
                    {"collective_timeout_seconds", c.train.collective_timeout_seconds}};
+  root["checkpoint"] = {{"save_every", c.checkpoint.save_every},
+                        {"keep", c.checkpoint.keep},
+                        {"async", c.checkpoint.async},
+                        {"resume", c.checkpoint.resume}};
+  if (!c.checkpoint.dir.empty()) root["checkpoint"]["dir"] = c.checkpoint.dir;
+  if (!c.checkpoint.init_from.empty()) root["checkpoint"]["init_from"] = c.checkpoint.init_from;
   return root.dump(2);
 }
 

@@ -22,9 +22,18 @@ namespace meshrun {
 //   "data":      {"dataset": "fashion_mnist", "path": "/usr/share/datasets/fashion-mnist",
 //                 "batch_size": 128},
 //   "train":     {"epochs": 1, "max_steps": 0, "seed": 42, "log_every": 50, "evaluate": true,
-//                 "collective_timeout_seconds": 30}
+//                 "collective_timeout_seconds": 30},
+//   "checkpoint": {"dir": "", "save_every": 0, "keep": 0, "async": false, "resume": false,
+//                  "init_from": ""}
 // }
 // `max_steps` > 0 stops after that many steps (otherwise epochs * floor(60000 / batch_size)).
+// Checkpoint policy (core/checkpoint/checkpoint.h has the format): with a `dir`, the TrainState
+// (params, opt_state, rng; the step in the manifest) is saved every `save_every` steps (0: only
+// at the end) and always at the end of the job, keeping the newest `keep` (0: all); `async`
+// writes from a snapshot while the next steps run (a second save waits for the first); `resume`
+// continues from the newest committed checkpoint in `dir` (none there: from the start).
+// `init_from` starts from a safetensors file of parameters under their names
+// (params/input_dense/kernel ...), e.g. one written by `meshrun export` or by Python.
 struct JobConfig {
   std::vector<std::pair<std::string, int>> mesh;  // empty: use the cluster's mesh
   struct Model {
@@ -55,6 +64,14 @@ struct JobConfig {
     bool evaluate = true;
     double collective_timeout_seconds = 30;
   } train;
+  struct Checkpoint {
+    std::string dir;  // empty: no checkpoints
+    int save_every = 0;
+    int keep = 0;
+    bool async = false;
+    bool resume = false;
+    std::string init_from;
+  } checkpoint;
 };
 
 // Parses and validates a JSON job config. Errors (InvalidArgument) name the offending key and what

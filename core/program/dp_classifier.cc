@@ -222,4 +222,25 @@ absl::StatusOr<v1::StepProgram> BuildDpClassifierProgram(const JobConfig& config
   return program;
 }
 
+std::vector<checkpoint::WantedArray> TrainStateArrays(const v1::StepProgram& program,
+                                                      const Mesh& mesh) {
+  std::vector<checkpoint::WantedArray> out;
+  for (const v1::BufferDecl& b : program.buffers()) {
+    if (b.role() != v1::BUFFER_ROLE_PARAM && b.role() != v1::BUFFER_ROLE_OPT_STATE) continue;
+    checkpoint::WantedArray a;
+    a.name = b.name();
+    a.dtype = b.dtype();
+    a.spec = PartitionSpec::FromProto(b.sharding().spec());
+    a.shape.assign(b.shape().dims().begin(), b.shape().dims().end());
+    for (size_t d = 0; d < a.shape.size() && d < a.spec.entries().size(); ++d) {
+      for (const std::string& axis : a.spec.entries()[d]) {
+        if (absl::StatusOr<int> i = mesh.AxisIndex(axis); i.ok()) a.shape[d] *= mesh.axis_size(*i);
+      }
+    }
+    out.push_back(std::move(a));
+  }
+  out.push_back({"rng", v1::DTYPE_U32, {2}, PartitionSpec()});
+  return out;
+}
+
 }  // namespace meshrun

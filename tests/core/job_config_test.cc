@@ -32,6 +32,27 @@ TEST(JobConfigTest, ParsesEverySection) {
   EXPECT_EQ(again->train.max_steps, 20);
 }
 
+TEST(JobConfigTest, ParsesTheCheckpointPolicy) {
+  absl::StatusOr<JobConfig> c = ParseJobConfig(R"({"checkpoint": {"dir": "/tmp/ck", "save_every": 20,
+      "keep": 2, "async": true, "resume": true, "init_from": "w.safetensors"}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->checkpoint.dir, "/tmp/ck");
+  EXPECT_EQ(c->checkpoint.save_every, 20);
+  EXPECT_EQ(c->checkpoint.keep, 2);
+  EXPECT_TRUE(c->checkpoint.async);
+  EXPECT_TRUE(c->checkpoint.resume);
+  absl::StatusOr<JobConfig> again = ParseJobConfig(JobConfigToJson(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->checkpoint.dir, "/tmp/ck");
+  EXPECT_EQ(again->checkpoint.save_every, 20);
+  EXPECT_EQ(again->checkpoint.init_from, "w.safetensors");
+  EXPECT_TRUE(again->checkpoint.resume);
+  EXPECT_EQ(ParseJobConfig(R"({"checkpoint": {"save_every": 5}})").status().message(),
+            "'checkpoint.save_every' is set but 'checkpoint.dir' is not");
+  EXPECT_THAT(ParseJobConfig(R"({"checkpoint": {"keep": -1, "dir": "x"}})").status().message(),
+              HasSubstr("'checkpoint.keep' is -1"));
+}
+
 TEST(JobConfigTest, RejectsUnknownKeysNamingThem) {
   EXPECT_EQ(ParseJobConfig(R"({"model": {"hiden_size": 3}})").status().message(),
             "unknown key 'model.hiden_size'; allowed: dropout_rate, hidden_size, name, num_classes");

@@ -6,11 +6,15 @@
 #     shapes do not divide over;
 #  3. weights move between meshrun and Python: a safetensors file written by Python's safetensors
 #     (numpy) starts a job (--init-from), `meshrun export` writes the checkpoint's parameters and
-#     Python reads them back equal to what it wrote (0 steps: the parameters as initialised).
+#     Python reads them back equal to what it wrote (0 steps: the parameters as initialised);
+#  4. the main job (`meshrun train --config`) with the checkpoint policy in its config: stopped at
+#     step 6 and resumed (--resume) to 10 prints the losses of an uninterrupted run; `meshrun ckpt
+#     validate CKPT --config JOB` and `meshrun plan JOB`; Python's zero parameters as init_from
+#     give a first loss of ln(10); `meshrun export` gives Python params/input_dense/kernel.
 # Usage: ckpt_cli_test.sh BIN_DIR WORK_DIR   (a Python venv with safetensors + numpy is made there)
 set -euo pipefail
-bin="$1"
-work="$2"
+bin="$(cd "$1" && pwd)"
+work="$(cd "$2" && pwd)"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 run() { "$bin/meshrun" train --workload dot_relu_dot --layout 2d --mesh data=2,model=4 --log-dir "$tmp/logs" "$@"; }
@@ -71,5 +75,62 @@ assert sorted(a) == sorted(b), (sorted(a), sorted(b))
 for k in a:
     assert a[k].shape == b[k].shape and np.array_equal(a[k], b[k]), k
 print("interop: %d arrays round-tripped through meshrun exactly" % len(a))
+PY
+
+# 4. The main job, its checkpoint policy in the config (a relative dir, made absolute by the CLI).
+cd "$tmp"
+job() { # job FILE MAX_STEPS EXTRA_CHECKPOINT_KEYS
+  cat > "$1" <<JSON
+{"mesh": {"data": 2}, "train": {"max_steps": $2, "log_every": 1, "evaluate": false},
+ "checkpoint": {"dir": "job_ckpt", "save_every": 3, "keep": 2$3}}
+JSON
+}
+losses() { sed -nE 's/^step ([0-9]+)\/[0-9]+ .*loss ([0-9.]+).*/\1 \2/p'; }
+main() { "$bin/meshrun" train --log-dir "$tmp/logs" --config "$@"; }
+job straight.json 10 ""
+main straight.json --ckpt-dir straight_ckpt | losses > main_straight.txt
+job first.json 6 ', "async": true'
+main first.json | losses > main_first.txt
+[ "$(ls job_ckpt)" = "$(printf 'step_00000003\nstep_00000006')" ] || { ls job_ckpt; echo "FAIL: keep 2"; exit 1; }
+job second.json 10 ""
+main second.json --resume | tee main_second_full.txt | losses > main_second.txt
+grep -q "resumed from $tmp/job_ckpt/step_00000006 at step 6" main_second_full.txt \
+  || { cat main_second_full.txt; echo "FAIL: not resumed"; exit 1; }
+cat main_first.txt main_second.txt > main_resumed.txt
+[ "$(wc -l < main_straight.txt)" = 10 ] || { cat main_straight.txt; echo "FAIL: expected 10 losses"; exit 1; }
+if ! diff main_straight.txt main_resumed.txt; then echo "FAIL: the main job's resumed losses differ"; exit 1; fi
+echo "main job resume: 10 losses identical"
+"$bin/meshrun" ckpt validate job_ckpt/step_00000010 --config second.json
+"$bin/meshrun" ckpt validate job_ckpt/step_00000010 --config second.json --mesh data=8 | grep -q "OK: restorable"
+echo '{"model": {"hidden_size": 256}}' > narrow.json
+if "$bin/meshrun" ckpt validate job_ckpt/step_00000010 --config narrow.json > narrow.txt 2>&1; then
+  echo "FAIL: validate accepted a checkpoint of another hidden size"; exit 1
+fi
+grep -q "params/input_dense/kernel" narrow.txt || { cat narrow.txt; echo "FAIL: array not named"; exit 1; }
+"$bin/meshrun" plan second.json | tee plan.txt
+grep -q "pmean(data)" plan.txt && grep -q "opt_state/nu/input_dense/kernel" plan.txt \
+  || { echo "FAIL: plan lacks the state or the collectives"; exit 1; }
+"$venv/bin/python" - zeros.safetensors <<'PY'
+import sys, numpy as np
+from safetensors.numpy import save_file
+save_file({"params/input_dense/kernel": np.zeros((784, 512), np.float32),
+           "params/input_dense/bias": np.zeros((512,), np.float32),
+           "params/output_dense/kernel": np.zeros((512, 10), np.float32),
+           "params/output_dense/bias": np.zeros((10,), np.float32)}, sys.argv[1])
+PY
+cat > zeros.json <<JSON
+{"mesh": {"data": 2}, "train": {"max_steps": 1, "log_every": 1, "evaluate": false},
+ "checkpoint": {"init_from": "zeros.safetensors"}}
+JSON
+[ "$(main zeros.json | losses)" = "1 2.3026" ] || { echo "FAIL: zero params do not give ln(10)"; exit 1; }
+"$bin/meshrun" export job_ckpt/step_00000010 main.safetensors
+"$venv/bin/python" - main.safetensors <<'PY'
+import sys
+from safetensors.numpy import load_file
+t = load_file(sys.argv[1])
+assert sorted(t) == ["params/input_dense/bias", "params/input_dense/kernel",
+                     "params/output_dense/bias", "params/output_dense/kernel"], sorted(t)
+assert t["params/input_dense/kernel"].shape == (784, 512)
+print("main job: init_from a Python file and export to Python")
 PY
 echo PASS
