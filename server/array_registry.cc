@@ -216,6 +216,10 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> ArrayRegistry::ShardMap(const v1::Sha
   // leaving them waiting in a collective for its deadline.
   std::vector<grpc::Status> results(ranks.size());
   std::atomic<bool> aborted{false};
+  // Per rank: its result came after the others were told to abort. An aborted rank's ring
+  // streams close, so its neighbours may fail with "disconnected" before their own abort lands:
+  // such transport errors are consequences of the abort, not failures of their own.
+  std::vector<char> after_abort(ranks.size(), 0);
   std::vector<std::thread> threads;
   for (int r : ranks) {
     threads.emplace_back([&, r] {
@@ -223,6 +227,7 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> ArrayRegistry::ShardMap(const v1::Sha
       SetTimeout(ctx, rpc_timeout_);
       v1::RunShardMapResponse resp;
       results[r] = stubs_[r]->RunShardMap(&ctx, run, &resp);
+      after_abort[r] = aborted.load();
       if (results[r].ok() || results[r].error_code() == grpc::ABORTED || aborted.exchange(true)) return;
       for (int q : ranks) {
         if (q == r) continue;
@@ -242,7 +247,9 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> ArrayRegistry::ShardMap(const v1::Sha
   for (int r : ranks) {
     const grpc::StatusCode code = results[r].error_code();
     if (code == grpc::DEADLINE_EXCEEDED) timed_out.push_back(r);
-    if (code != grpc::OK && code != grpc::ABORTED && code != grpc::DEADLINE_EXCEEDED) failed.push_back(r);
+    const bool consequence = code == grpc::UNAVAILABLE && after_abort[r];
+    if (code != grpc::OK && code != grpc::ABORTED && code != grpc::DEADLINE_EXCEEDED && !consequence)
+      failed.push_back(r);
   }
   absl::Status s;
   if (!failed.empty()) {
