@@ -145,6 +145,28 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ShardMap(const v1::ShardMapPr
   return std::vector<v1::ArrayInfo>(resp.outputs().begin(), resp.outputs().end());
 }
 
+absl::StatusOr<Client::JitResult> Client::Jit(const v1::GlobalProgram& program,
+                                              const std::vector<std::string>& input_ids,
+                                              const std::vector<std::string>& output_ids,
+                                              absl::Duration collective_timeout,
+                                              const std::vector<int>& donate_argnums) {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, collective_timeout * 4 + absl::Seconds(60));
+  v1::JitRequest req;
+  *req.mutable_program() = program;
+  for (const auto& id : input_ids) req.add_input_ids(id);
+  for (const auto& id : output_ids) req.add_output_ids(id);
+  for (int a : donate_argnums) req.add_donate_argnums(a);
+  req.set_collective_timeout_seconds(absl::ToDoubleSeconds(collective_timeout));
+  v1::JitResponse resp;
+  if (grpc::Status s = stub_->Jit(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
+  JitResult r;
+  r.outputs.assign(resp.outputs().begin(), resp.outputs().end());
+  r.collectives.assign(resp.collectives().begin(), resp.collectives().end());
+  r.cache_hit = resp.cache_hit();
+  return r;
+}
+
 absl::StatusOr<v1::SaveCheckpointResponse> Client::SaveCheckpoint(const v1::SaveCheckpointRequest& request,
                                                                   absl::Duration timeout) {
   grpc::ClientContext ctx;

@@ -98,7 +98,7 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
     return absl::InvalidArgumentError(
         absl::StrCat("num_minibatches ", num_minibatches, ": expected >= 1"));
   }
-  TrainStep out{mesh, {}, {}, {}, {}, {}, {}, num_minibatches, seed};
+  TrainStep out{mesh, {}, {}, {}, {}, {}, {}, {}, num_minibatches, seed};
   absl::StatusOr<std::vector<PlannedArray>> planned_batch =
       PlanBatch(mesh, sharding, batch, num_minibatches);
   if (!planned_batch.ok()) return planned_batch.status();
@@ -205,6 +205,7 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
   absl::StatusOr<v1::ShardMapProgram> program = jit.Build();
   if (!program.ok()) return program.status();
   out.step = *std::move(program);
+  out.step_global = jit.global_program();
   out.collectives = jit.collectives();
 
   // The init program: each worker draws its own blocks.
@@ -364,8 +365,9 @@ absl::StatusOr<float> TrainState::Step(const std::vector<std::string>& batch_ids
   inputs.insert(inputs.end(), batch_ids.begin(), batch_ids.end());
   const std::string loss_id = Id("loss");
   outputs.push_back(loss_id);
-  absl::StatusOr<std::vector<v1::ArrayInfo>> out =
-      client_->ShardMap(step_->step, inputs, outputs, absl::Seconds(30), donate);
+  // The coordinator partitions the global step (once; then from its cache) and runs it.
+  absl::StatusOr<Client::JitResult> out =
+      client_->Jit(step_->step_global, inputs, outputs, absl::Seconds(30), donate);
   if (!out.ok()) return out.status();
   absl::StatusOr<Tensor> loss = client_->Get(loss_id);
   absl::Status deleted = client_->Delete(loss_id);

@@ -93,6 +93,25 @@ grpc::Status CoordinatorService::ShardMap(grpc::ServerContext*, const v1::ShardM
   return grpc::Status::OK;
 }
 
+grpc::Status CoordinatorService::Jit(grpc::ServerContext*, const v1::JitRequest* req, v1::JitResponse* resp) {
+  bool cache_hit = false;
+  absl::StatusOr<std::shared_ptr<const Partitioner::Partitioned>> partitioned =
+      partitioner_.Partition(req->program(), &cache_hit);
+  if (!partitioned.ok()) return ToGrpcStatus(partitioned.status());
+  v1::ShardMapRequest call;
+  *call.mutable_program() = (*partitioned)->program;
+  *call.mutable_input_ids() = req->input_ids();
+  *call.mutable_output_ids() = req->output_ids();
+  call.set_collective_timeout_seconds(req->collective_timeout_seconds());
+  *call.mutable_donate_argnums() = req->donate_argnums();
+  absl::StatusOr<std::vector<v1::ArrayInfo>> outputs = arrays_->ShardMap(call);
+  if (!outputs.ok()) return ToGrpcStatus(outputs.status());
+  for (auto& o : *outputs) *resp->add_outputs() = std::move(o);
+  for (const std::string& c : (*partitioned)->collectives) resp->add_collectives(c);
+  resp->set_cache_hit(cache_hit);
+  return grpc::Status::OK;
+}
+
 grpc::Status CoordinatorService::SaveCheckpoint(grpc::ServerContext*, const v1::SaveCheckpointRequest* req,
                                                 v1::SaveCheckpointResponse* resp) {
   absl::StatusOr<v1::SaveCheckpointResponse> r = arrays_->SaveCheckpoint(*req);

@@ -8,6 +8,7 @@
 #include "server/array_registry.h"
 #include "server/coordinator_metrics.h"
 #include "server/job_driver.h"
+#include "server/partitioner.h"
 #include "server/worker_registry.h"
 
 namespace meshrun {
@@ -20,7 +21,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
                      absl::Duration heartbeat_timeout, CoordinatorMetrics* metrics = nullptr,
                      std::string metrics_address = "")
       : registry_(registry), driver_(driver), arrays_(arrays), heartbeat_timeout_(heartbeat_timeout),
-        metrics_(metrics), metrics_address_(std::move(metrics_address)) {}
+        metrics_(metrics), metrics_address_(std::move(metrics_address)), partitioner_(registry->mesh()) {}
 
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
@@ -31,6 +32,9 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status GetArray(grpc::ServerContext*, const v1::GetArrayRequest*, v1::GetArrayResponse*) override;
   grpc::Status DeleteArray(grpc::ServerContext*, const v1::DeleteArrayRequest*, v1::DeleteArrayResponse*) override;
   grpc::Status ShardMap(grpc::ServerContext*, const v1::ShardMapRequest*, v1::ShardMapResponse*) override;
+  // Partitions the global program on the cluster's mesh (server/partitioner.h), then runs it as
+  // ShardMap does.
+  grpc::Status Jit(grpc::ServerContext*, const v1::JitRequest*, v1::JitResponse*) override;
   grpc::Status SaveCheckpoint(grpc::ServerContext*, const v1::SaveCheckpointRequest*,
                               v1::SaveCheckpointResponse*) override;
   grpc::Status RestoreCheckpoint(grpc::ServerContext*, const v1::RestoreCheckpointRequest*,
@@ -50,6 +54,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   const std::string metrics_address_;
   absl::Mutex job_mu_;
   absl::Notification shutdown_;
+  Partitioner partitioner_;
 };
 
 }  // namespace meshrun

@@ -1,4 +1,4 @@
-#include "meshrun/jit.h"
+#include "core/spmd/jit.h"
 
 #include <algorithm>
 #include <map>
@@ -33,6 +33,19 @@ std::vector<int64_t> FreeDims(size_t rank, const std::vector<int>& contracting,
 std::string JitBuilder::Collective::Short() const {
   return absl::StrCat(op, "(", absl::StrJoin(axes, ","), ")",
                       dim >= 0 ? absl::StrCat("@", dim) : "");
+}
+
+JitBuilder::Scope::Scope(JitBuilder* b, v1::GlobalOp::Kind kind) : b_(b) {
+  if (b_->depth_++ == 0) {
+    op = b_->global_.add_ops();
+    op->set_kind(kind);
+  }
+}
+
+JitBuilder::Scope& JitBuilder::Scope::Operands(std::initializer_list<Value> values) {
+  if (op != nullptr)
+    for (Value v : values) op->add_operands(v.id);
+  return *this;
 }
 
 bool JitBuilder::Check(bool ok, const std::string& message) {
@@ -103,6 +116,12 @@ JitBuilder::State JitBuilder::Resolve(const State& in, const PartitionSpec& targ
 
 JitBuilder::Value JitBuilder::Input(DType dtype, const Dims& global_dims,
                                     const PartitionSpec& in_spec) {
+  Scope rec(this, v1::GlobalOp::INPUT);
+  if (rec.op != nullptr) {
+    rec.op->set_dtype(dtype);
+    for (int64_t d : global_dims) rec.op->add_shape(d);
+    *rec.op->mutable_spec() = in_spec.ToProto();
+  }
   if (!status_.ok()) return {};
   absl::Status fits = NamedSharding(mesh_, in_spec).Validate(global_dims);
   if (!Check(fits.ok(), absl::StrCat("input ", values_.size(), ": ", fits.message()))) return {};
@@ -115,12 +134,18 @@ JitBuilder::Value JitBuilder::Input(DType dtype, const Dims& global_dims,
 }
 
 void JitBuilder::Output(Value v, const PartitionSpec& out_spec) {
+  Scope rec(this, v1::GlobalOp::OUTPUT);
+  rec.Operands({v});
+  if (rec.op != nullptr) *rec.op->mutable_spec() = out_spec.ToProto();
   if (!Valid(v)) return;
   State s = Resolve(values_[v.id], out_spec, absl::StrCat("output ", out_spec.ToString()));
   sm_.Output(s.local, out_spec);
 }
 
 JitBuilder::Value JitBuilder::WithShardingConstraint(Value v, const PartitionSpec& spec) {
+  Scope rec(this, v1::GlobalOp::CONSTRAINT);
+  rec.Operands({v});
+  if (rec.op != nullptr) *rec.op->mutable_spec() = spec.ToProto();
   if (!Valid(v)) return {};
   Node node(Node::kConstraint, {v.id});
   node.spec = spec;
@@ -130,6 +155,9 @@ JitBuilder::Value JitBuilder::WithShardingConstraint(Value v, const PartitionSpe
 }
 
 JitBuilder::Value JitBuilder::Unary(const std::string& fn, Value x) {
+  Scope rec(this, v1::GlobalOp::UNARY);
+  rec.Operands({x});
+  if (rec.op != nullptr) rec.op->set_fn(fn);
   if (!Valid(x)) return {};
   State s = Complete(values_[x.id], fn);
   s.local = sm_.Unary(fn, s.local);
@@ -137,6 +165,9 @@ JitBuilder::Value JitBuilder::Unary(const std::string& fn, Value x) {
 }
 
 JitBuilder::Value JitBuilder::Binary(const std::string& fn, Value a, Value b) {
+  Scope rec(this, v1::GlobalOp::BINARY);
+  rec.Operands({a, b});
+  if (rec.op != nullptr) rec.op->set_fn(fn);
   if (!Valid(a) || !Valid(b)) return {};
   const State& sa = values_[a.id];
   const State& sb = values_[b.id];
@@ -187,6 +218,14 @@ JitBuilder::Value JitBuilder::DotGeneral(Value a, Value b,
                                          const std::vector<int64_t>& rhs_contracting,
                                          const std::vector<int64_t>& lhs_batch,
                                          const std::vector<int64_t>& rhs_batch) {
+  Scope rec(this, v1::GlobalOp::DOT_GENERAL);
+  rec.Operands({a, b});
+  if (rec.op != nullptr) {
+    for (int64_t d : lhs_contracting) rec.op->add_lhs_contracting(d);
+    for (int64_t d : rhs_contracting) rec.op->add_rhs_contracting(d);
+    for (int64_t d : lhs_batch) rec.op->add_lhs_batch(d);
+    for (int64_t d : rhs_batch) rec.op->add_rhs_batch(d);
+  }
   if (!Valid(a) || !Valid(b)) return {};
   State l = Complete(values_[a.id], "dot_general");
   State r = Complete(values_[b.id], "dot_general");
@@ -219,6 +258,12 @@ JitBuilder::Value JitBuilder::DotGeneral(Value a, Value b,
 
 JitBuilder::Value JitBuilder::Reduce(const std::string& fn, Value x,
                                      const std::vector<int64_t>& dims) {
+  Scope rec(this, v1::GlobalOp::REDUCE);
+  rec.Operands({x});
+  if (rec.op != nullptr) {
+    rec.op->set_fn(fn);
+    for (int64_t d : dims) rec.op->add_dims(d);
+  }
   if (!Valid(x)) return {};
   if (!Check(fn == "sum" || fn == "mean" || fn == "max",
              absl::StrCat("reduce: fn '", fn, "' is not one of sum, mean, max"))) {
@@ -244,6 +289,12 @@ JitBuilder::Value JitBuilder::Reduce(const std::string& fn, Value x,
 
 JitBuilder::Value JitBuilder::Constant(float value, const Dims& global_dims,
                                        const PartitionSpec& spec) {
+  Scope rec(this, v1::GlobalOp::CONSTANT);
+  if (rec.op != nullptr) {
+    rec.op->set_value(value);
+    for (int64_t d : global_dims) rec.op->add_shape(d);
+    *rec.op->mutable_spec() = spec.ToProto();
+  }
   if (!status_.ok()) return {};
   const NamedSharding sharding(mesh_, spec);
   absl::Status fits = sharding.Validate(global_dims);
@@ -257,6 +308,8 @@ JitBuilder::Value JitBuilder::Constant(float value, const Dims& global_dims,
 }
 
 JitBuilder::Value JitBuilder::FoldIn(Value key, Value data) {
+  Scope rec(this, v1::GlobalOp::FOLD_IN);
+  rec.Operands({key, data});
   if (!Valid(key) || !Valid(data)) return {};
   State k = Resolve(values_[key.id], PartitionSpec(), "fold_in");
   const State d = Resolve(values_[data.id], PartitionSpec(), "fold_in");
@@ -268,6 +321,12 @@ JitBuilder::Value JitBuilder::FoldIn(Value key, Value data) {
 
 JitBuilder::Value JitBuilder::Dropout(Value x, Value key, float rate,
                                       const std::vector<std::string>& fold_axes) {
+  Scope rec(this, v1::GlobalOp::DROPOUT);
+  rec.Operands({x, key});
+  if (rec.op != nullptr) {
+    rec.op->set_rate(rate);
+    for (const std::string& a : fold_axes) rec.op->add_axes(a);
+  }
   if (!Valid(x) || !Valid(key)) return {};
   if (!Check(rate >= 0.0f && rate < 1.0f,
              absl::StrCat("dropout rate ", rate, ": expected 0 <= rate < 1")))
@@ -285,11 +344,16 @@ JitBuilder::Value JitBuilder::Dropout(Value x, Value key, float rate,
 }
 
 JitBuilder::Value JitBuilder::StopGradient(Value x) {
+  Scope rec(this, v1::GlobalOp::STOP_GRADIENT);
+  rec.Operands({x});
   if (!Valid(x)) return {};
   return Push(values_[x.id], Node(Node::kStopGradient, {x.id}));
 }
 
 JitBuilder::Value JitBuilder::UnaryGrad(const std::string& fn, Value x, Value dy) {
+  Scope rec(this, v1::GlobalOp::UNARY_GRAD);
+  rec.Operands({x, dy});
+  if (rec.op != nullptr) rec.op->set_fn(fn);
   if (!Valid(x) || !Valid(dy)) return {};
   State sx = Complete(values_[x.id], fn + " grad");
   if (!Check(sx.global == values_[dy.id].global,
@@ -305,6 +369,13 @@ JitBuilder::Value JitBuilder::UnaryGrad(const std::string& fn, Value x, Value dy
 JitBuilder::Value JitBuilder::BroadcastInDim(Value x, const Dims& out_dims,
                                              const std::vector<int64_t>& broadcast_dimensions,
                                              const PartitionSpec& out_spec) {
+  Scope rec(this, v1::GlobalOp::BROADCAST_IN_DIM);
+  rec.Operands({x});
+  if (rec.op != nullptr) {
+    for (int64_t d : out_dims) rec.op->add_shape(d);
+    for (int64_t d : broadcast_dimensions) rec.op->add_dims(d);
+    *rec.op->mutable_spec() = out_spec.ToProto();
+  }
   if (!Valid(x)) return {};
   const Dims in = values_[x.id].global;
   bool ok = broadcast_dimensions.size() == in.size();
@@ -341,6 +412,10 @@ JitBuilder::Value JitBuilder::BroadcastInDim(Value x, const Dims& out_dims,
 }
 
 JitBuilder::Value JitBuilder::Transpose(Value x, const std::vector<int64_t>& perm) {
+  Scope rec(this, v1::GlobalOp::TRANSPOSE);
+  rec.Operands({x});
+  if (rec.op != nullptr)
+    for (int64_t d : perm) rec.op->add_dims(d);
   if (!Valid(x)) return {};
   State s = Complete(values_[x.id], "transpose");
   std::vector<int64_t> sorted = perm;
@@ -367,6 +442,9 @@ JitBuilder::Value JitBuilder::Transpose(Value x, const std::vector<int64_t>& per
 }
 
 JitBuilder::Value JitBuilder::Index(Value x, int64_t index) {
+  Scope rec(this, v1::GlobalOp::INDEX);
+  rec.Operands({x});
+  if (rec.op != nullptr) rec.op->set_index(index);
   if (!Valid(x)) return {};
   const State& sx = values_[x.id];
   if (!Check(!sx.global.empty() && index >= 0 && index < sx.global[0],
@@ -390,6 +468,9 @@ JitBuilder::Value JitBuilder::Index(Value x, int64_t index) {
 }
 
 JitBuilder::Value JitBuilder::Stack(const std::vector<Value>& values) {
+  Scope rec(this, v1::GlobalOp::STACK);
+  if (rec.op != nullptr)
+    for (Value v : values) rec.op->add_operands(v.id);
   if (!Check(!values.empty(), "stack: no values")) return {};
   for (Value v : values)
     if (!Valid(v)) return {};
@@ -427,6 +508,9 @@ JitBuilder::Value JitBuilder::Stack(const std::vector<Value>& values) {
 
 std::vector<JitBuilder::Value> JitBuilder::AdamUpdate(Value param, Value grad, Value mu, Value nu,
                                                       Value step, const v1::AdamWAttrs& hp) {
+  Scope rec(this, v1::GlobalOp::ADAM_UPDATE);
+  rec.Operands({param, grad, mu, nu, step});
+  if (rec.op != nullptr) *rec.op->mutable_adam() = hp;
   for (Value v : {param, grad, mu, nu, step})
     if (!Valid(v)) return {};
   const State p = Complete(values_[param.id], "adam update");
@@ -645,6 +729,10 @@ void JitBuilder::Backprop(int id, Value g, std::vector<Cotangent>& cts) {
 }
 
 std::vector<JitBuilder::Value> JitBuilder::Grad(Value loss, const std::vector<Value>& wrt) {
+  Scope rec(this, v1::GlobalOp::GRAD);
+  rec.Operands({loss});
+  if (rec.op != nullptr)
+    for (Value w : wrt) rec.op->add_operands(w.id);
   std::vector<Value> grads(wrt.size());
   if (!Valid(loss)) return grads;
   for (Value w : wrt)
@@ -698,6 +786,100 @@ std::vector<JitBuilder::Value> JitBuilder::Grad(Value loss, const std::vector<Va
     }
   }
   return grads;
+}
+
+absl::StatusOr<std::unique_ptr<JitBuilder>> JitBuilder::FromGlobalProgram(
+    Mesh mesh, const v1::GlobalProgram& program) {
+  auto jit = std::make_unique<JitBuilder>(std::move(mesh));
+  auto spec = [](const v1::GlobalOp& op) { return PartitionSpec::FromProto(op.spec()); };
+  auto dims = [](const auto& field) { return std::vector<int64_t>(field.begin(), field.end()); };
+  for (int i = 0; i < program.ops_size(); ++i) {
+    const v1::GlobalOp& op = program.ops(i);
+    const std::string where =
+        absl::StrCat("global program op ", i, " (", v1::GlobalOp::Kind_Name(op.kind()), ")");
+    std::vector<Value> in;
+    for (int id : op.operands()) {
+      if (id < 0 || id >= static_cast<int>(jit->values_.size())) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": operand ", id,
+                                                       " does not exist (", jit->values_.size(),
+                                                       " values so far)"));
+      }
+      in.push_back({id});
+    }
+    auto need = [&](size_t n, bool exact = true) -> absl::Status {
+      if (exact ? in.size() == n : in.size() >= n) return absl::OkStatus();
+      return absl::InvalidArgumentError(absl::StrCat(where, ": ", in.size(), " operands; expected ",
+                                                     exact ? "" : "at least ", n));
+    };
+    absl::Status arity;
+    switch (op.kind()) {
+      case v1::GlobalOp::INPUT:
+        if (arity = need(0); arity.ok()) jit->Input(op.dtype(), dims(op.shape()), spec(op));
+        break;
+      case v1::GlobalOp::OUTPUT:
+        if (arity = need(1); arity.ok()) jit->Output(in[0], spec(op));
+        break;
+      case v1::GlobalOp::CONSTRAINT:
+        if (arity = need(1); arity.ok()) jit->WithShardingConstraint(in[0], spec(op));
+        break;
+      case v1::GlobalOp::CONSTANT:
+        if (arity = need(0); arity.ok()) jit->Constant(op.value(), dims(op.shape()), spec(op));
+        break;
+      case v1::GlobalOp::STOP_GRADIENT:
+        if (arity = need(1); arity.ok()) jit->StopGradient(in[0]);
+        break;
+      case v1::GlobalOp::UNARY:
+        if (arity = need(1); arity.ok()) jit->Unary(op.fn(), in[0]);
+        break;
+      case v1::GlobalOp::BINARY:
+        if (arity = need(2); arity.ok()) jit->Binary(op.fn(), in[0], in[1]);
+        break;
+      case v1::GlobalOp::UNARY_GRAD:
+        if (arity = need(2); arity.ok()) jit->UnaryGrad(op.fn(), in[0], in[1]);
+        break;
+      case v1::GlobalOp::DROPOUT:
+        if (arity = need(2); arity.ok())
+          jit->Dropout(in[0], in[1], op.rate(), {op.axes().begin(), op.axes().end()});
+        break;
+      case v1::GlobalOp::FOLD_IN:
+        if (arity = need(2); arity.ok()) jit->FoldIn(in[0], in[1]);
+        break;
+      case v1::GlobalOp::BROADCAST_IN_DIM:
+        if (arity = need(1); arity.ok())
+          jit->BroadcastInDim(in[0], dims(op.shape()), dims(op.dims()), spec(op));
+        break;
+      case v1::GlobalOp::TRANSPOSE:
+        if (arity = need(1); arity.ok()) jit->Transpose(in[0], dims(op.dims()));
+        break;
+      case v1::GlobalOp::INDEX:
+        if (arity = need(1); arity.ok()) jit->Index(in[0], op.index());
+        break;
+      case v1::GlobalOp::STACK:
+        if (arity = need(1, false); arity.ok()) jit->Stack(in);
+        break;
+      case v1::GlobalOp::DOT_GENERAL:
+        if (arity = need(2); arity.ok()) {
+          jit->DotGeneral(in[0], in[1], dims(op.lhs_contracting()), dims(op.rhs_contracting()),
+                          dims(op.lhs_batch()), dims(op.rhs_batch()));
+        }
+        break;
+      case v1::GlobalOp::REDUCE:
+        if (arity = need(1); arity.ok()) jit->Reduce(op.fn(), in[0], dims(op.dims()));
+        break;
+      case v1::GlobalOp::ADAM_UPDATE:
+        if (arity = need(5); arity.ok()) jit->AdamUpdate(in[0], in[1], in[2], in[3], in[4], op.adam());
+        break;
+      case v1::GlobalOp::GRAD:
+        if (arity = need(1, false); arity.ok())
+          jit->Grad(in[0], std::vector<Value>(in.begin() + 1, in.end()));
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(where, ": unknown kind ", op.kind()));
+    }
+    if (!arity.ok()) return arity;
+    if (!jit->status_.ok()) break;  // later ops may name values this one failed to make
+  }
+  return jit;
 }
 
 absl::StatusOr<v1::ShardMapProgram> JitBuilder::Build() const {

@@ -26,10 +26,12 @@
 //
 // Not thread-safe. The first error (a shape or spec that does not fit) is recorded with the op
 // that caused it and returned by Build(); ops added after it are ignored.
-#ifndef MESHRUN_CLIENT_JIT_H_
-#define MESHRUN_CLIENT_JIT_H_
+#ifndef MESHRUN_CORE_SPMD_JIT_H_
+#define MESHRUN_CORE_SPMD_JIT_H_
 
 #include <cstdint>
+#include <initializer_list>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,7 +40,7 @@
 #include "core/sharding/partition_spec.h"
 #include "core/spmd/sharding_rules.h"
 #include "core/tensor.h"
-#include "meshrun/shard_map.h"
+#include "core/spmd/shard_map.h"
 #include "meshrun/v1/program.pb.h"
 
 namespace meshrun {
@@ -152,7 +154,35 @@ class JitBuilder {
 
   absl::StatusOr<v1::ShardMapProgram> Build() const;
 
+  // The global program recorded so far: every call above made by the user (not the ones the
+  // builder makes itself, e.g. Grad's backward ops), in order, with its value operands. It holds
+  // no collectives and no per-shard shapes; replaying it on the same mesh rebuilds this builder.
+  const v1::GlobalProgram& global_program() const { return global_; }
+  // Replays `program` on `mesh` (as the coordinator partitions a client's jax.jit program):
+  // the same calls, hence the same values, layouts, collectives and per-shard program. Errors:
+  // InvalidArgument naming the op's index and kind for an unknown kind or an operand id that
+  // does not exist at that point. A program that does not partition is not an error here: its
+  // Build() returns the error, as for a builder used directly.
+  static absl::StatusOr<std::unique_ptr<JitBuilder>> FromGlobalProgram(
+      Mesh mesh, const v1::GlobalProgram& program);
+
  private:
+  // Records a user call as a GlobalOp while it runs: only the outermost call (depth 0) is
+  // recorded; `op` is null for nested ones.
+  class Scope {
+   public:
+    Scope(JitBuilder* b, v1::GlobalOp::Kind kind);
+    ~Scope() { --b_->depth_; }
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+    // Adds value operands (nested calls: nothing).
+    Scope& Operands(std::initializer_list<Value> values);
+    v1::GlobalOp* op = nullptr;
+
+   private:
+    JitBuilder* b_;
+  };
+
   // One op of the global program (the tape Grad walks).
   struct Node {
     enum Kind {
@@ -211,8 +241,10 @@ class JitBuilder {
   std::vector<State> values_;
   std::vector<Collective> collectives_;
   absl::Status status_;
+  v1::GlobalProgram global_;
+  int depth_ = 0;  // nesting of the public calls in progress
 };
 
 }  // namespace meshrun
 
-#endif  // MESHRUN_CLIENT_JIT_H_
+#endif  // MESHRUN_CORE_SPMD_JIT_H_

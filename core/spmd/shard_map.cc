@@ -1,11 +1,11 @@
-#include "meshrun/shard_map.h"
+#include "core/spmd/shard_map.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/sharding/named_sharding.h"
-#include "client/shard_map_internal.h"
+#include "core/spmd/shard_map_internal.h"
 
 namespace meshrun {
 

@@ -8,8 +8,8 @@
 //   b.Output(b.Dot(x, w), P("i", "j"));
 //   absl::StatusOr<v1::ShardMapProgram> program = b.Build();
 //   client->ShardMap(*program, {"x", "w"});
-#ifndef MESHRUN_CLIENT_INCLUDE_MESHRUN_SHARD_MAP_H_
-#define MESHRUN_CLIENT_INCLUDE_MESHRUN_SHARD_MAP_H_
+#ifndef MESHRUN_CORE_SPMD_SHARD_MAP_H_
+#define MESHRUN_CORE_SPMD_SHARD_MAP_H_
 
 #include <array>
 #include <string>
@@ -136,4 +136,4 @@ class ShardMapBuilder {
 
 }  // namespace meshrun
 
-#endif  // MESHRUN_CLIENT_INCLUDE_MESHRUN_SHARD_MAP_H_
+#endif  // MESHRUN_CORE_SPMD_SHARD_MAP_H_

@@ -1,7 +1,7 @@
 // ShardMapBuilder: collectives over mesh axes, axis_index, and the random-key ops.
 #include "absl/strings/str_cat.h"
-#include "client/shard_map_internal.h"
-#include "meshrun/shard_map.h"
+#include "core/spmd/shard_map_internal.h"
+#include "core/spmd/shard_map.h"
 
 namespace meshrun {
 

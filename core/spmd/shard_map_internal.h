@@ -1,6 +1,6 @@
 // Helpers shared by the ShardMapBuilder sources (internal to client/).
-#ifndef MESHRUN_CLIENT_SHARD_MAP_INTERNAL_H_
-#define MESHRUN_CLIENT_SHARD_MAP_INTERNAL_H_
+#ifndef MESHRUN_CORE_SPMD_SHARD_MAP_INTERNAL_H_
+#define MESHRUN_CORE_SPMD_SHARD_MAP_INTERNAL_H_
 
 #include <string>
 #include <vector>
@@ -23,4 +23,4 @@ inline void SetAxes(v1::Op& op, const std::vector<std::string>& axes) {
 
 }  // namespace meshrun::shard_map_internal
 
-#endif  // MESHRUN_CLIENT_SHARD_MAP_INTERNAL_H_
+#endif  // MESHRUN_CORE_SPMD_SHARD_MAP_INTERNAL_H_

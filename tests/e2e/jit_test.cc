@@ -3,6 +3,9 @@
 // processes and compared with the unsharded result computed here.
 #include "meshrun/jit.h"
 
+#include <cstring>
+#include <utility>
+
 #include "absl/strings/str_join.h"
 #include "core/sharding/logical_axes.h"
 #include "gmock/gmock.h"
@@ -154,6 +157,98 @@ TEST_F(JitE2ETest, EveryLayoutComputesTheUnshardedResult) {
       ASSERT_NEAR(got.data<float>()[i], want.data<float>()[i],
                   1e-3f * (1 + std::abs(want.data<float>()[i])))
           << l.name << " element " << i;
+    }
+  }
+}
+
+// The coordinator, not the client, partitions: the client sends the global program (no
+// collectives, global shapes) and the coordinator inserts each layout's collectives, runs the
+// per-shard program, and serves later calls from its cache.
+TEST_F(JitE2ETest, TheCoordinatorPartitionsTheGlobalProgram) {
+  const Mesh mesh = *Mesh::Parse("data=2,model=4");
+  const Tensor x = testing::NormalTensor({kBatch, kDepth}, 0);
+  const Tensor w1 = testing::NormalTensor({kDepth, kHidden}, 1);
+  const Tensor w2 = testing::NormalTensor({kHidden, kDepth}, 2);
+  const Tensor want = HostDotReluDot(x, w1, w2);
+  for (const Layout& l : Layouts()) {
+    const JitBuilder jit = DotReluDot(mesh, l);
+    const v1::GlobalProgram& program = jit.global_program();
+    ASSERT_EQ(program.ops_size(), 7) << l.name;  // 3 inputs, dot, relu, dot, output
+    std::vector<std::string> ids;
+    for (auto [t, spec] : {std::pair{&x, l.x}, {&w1, l.w1}, {&w2, l.w2}}) {
+      absl::StatusOr<v1::ArrayInfo> put = client_->Put(*t, spec);
+      ASSERT_TRUE(put.ok()) << put.status();
+      ids.push_back(put->id());
+    }
+    for (int call = 0; call < 2; ++call) {
+      absl::StatusOr<Client::JitResult> r = client_->Jit(program, ids);
+      ASSERT_TRUE(r.ok()) << l.name << ": " << r.status();
+      EXPECT_EQ(r->collectives, l.expected) << l.name;
+      EXPECT_EQ(r->cache_hit, call == 1) << l.name;
+      ASSERT_EQ(r->outputs.size(), 1u);
+      absl::StatusOr<Tensor> got = client_->Get(r->outputs[0].id());
+      ASSERT_TRUE(got.ok()) << got.status();
+      ASSERT_EQ(got->dims(), want.dims());
+      for (int64_t i = 0; i < want.num_elements(); ++i) {
+        ASSERT_NEAR(got->data<float>()[i], want.data<float>()[i],
+                    1e-3f * (1 + std::abs(want.data<float>()[i])))
+            << l.name << " element " << i;
+      }
+      ASSERT_TRUE(client_->Delete(r->outputs[0].id()).ok());
+    }
+    for (const std::string& id : ids) ASSERT_TRUE(client_->Delete(id).ok());
+  }
+
+  // Malformed programs and programs that do not partition on the cluster's mesh are rejected
+  // naming the op.
+  v1::GlobalProgram bad = DotReluDot(mesh, Layouts()[1]).global_program();
+  bad.mutable_ops(4)->set_operands(0, 99);
+  absl::StatusOr<Client::JitResult> r = client_->Jit(bad, {});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              ::testing::HasSubstr("global program op 4 (UNARY): operand 99 does not exist"));
+  JitBuilder other(*Mesh::Parse("data=2,expert=4"));
+  other.Output(other.Input(v1::DTYPE_F32, {8, 64}, P({"expert", ""})), PartitionSpec());
+  r = client_->Jit(other.global_program(), {});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("expert"));
+}
+
+// Grad ops are derived by the coordinator: the data-parallel gradient's psum comes out of its
+// partitioner, and the gradient equals the one partitioned in the client.
+TEST_F(JitE2ETest, TheCoordinatorDerivesGradients) {
+  const Mesh mesh = *Mesh::Parse("data=2,model=4");
+  JitBuilder jit(mesh);
+  auto x = jit.Input(v1::DTYPE_F32, {kBatch, kDepth}, P({"data", ""}));
+  auto w1 = jit.Input(v1::DTYPE_F32, {kDepth, kHidden}, PartitionSpec());
+  auto loss = jit.Reduce("sum", jit.Unary("relu", jit.Dot(x, w1)), {0, 1});
+  jit.Output(jit.Grad(loss, {w1})[0], PartitionSpec());
+  ASSERT_EQ(jit.global_program().ops(jit.global_program().ops_size() - 2).kind(), v1::GlobalOp::GRAD);
+  const Tensor tx = testing::NormalTensor({kBatch, kDepth}, 5);
+  const Tensor tw = testing::NormalTensor({kDepth, kHidden}, 6);
+  const Tensor local = Run(jit.Build(), {&tx, &tw});
+  ASSERT_EQ(local.dims(), (Dims{kDepth, kHidden}));
+  absl::StatusOr<v1::ArrayInfo> px = client_->Put(tx, P({"data", ""}));
+  absl::StatusOr<v1::ArrayInfo> pw = client_->Put(tw, PartitionSpec());
+  ASSERT_TRUE(px.ok() && pw.ok());
+  absl::StatusOr<Client::JitResult> r = client_->Jit(jit.global_program(), {px->id(), pw->id()});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->collectives, ::testing::Contains("psum(data)"));
+  absl::StatusOr<Tensor> remote = client_->Get(r->outputs[0].id());
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  ASSERT_EQ(remote->dims(), local.dims());
+  EXPECT_EQ(std::memcmp(remote->raw(), local.raw(), local.size_bytes()), 0);
+  // The host's gradient: d/dw1 sum(relu(x @ w1)) = x^T (x @ w1 > 0).
+  for (int64_t p = 0; p < kDepth; p += 13) {
+    for (int64_t j = 0; j < kHidden; j += 37) {
+      double g = 0;
+      for (int64_t i = 0; i < kBatch; ++i) {
+        double h = 0;
+        for (int64_t k = 0; k < kDepth; ++k)
+          h += double{tx.data<float>()[i * kDepth + k]} * tw.data<float>()[k * kHidden + j];
+        if (h > 0) g += tx.data<float>()[i * kDepth + p];
+      }
+      EXPECT_NEAR(remote->data<float>()[p * kHidden + j], g, 1e-3 * (1 + std::abs(g)));
     }
   }
 }

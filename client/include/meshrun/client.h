@@ -74,6 +74,22 @@ class Client {
                                                       absl::Duration collective_timeout = absl::Seconds(30),
                                                       const std::vector<int>& donate_argnums = {});
 
+  // jax.jit on the cluster: the COORDINATOR partitions `program` (a JitBuilder's
+  // global_program(): ops on global arrays, no collectives) for its mesh, choosing each
+  // intermediate's layout and inserting the collectives, derives the VJP of its grad ops, and runs
+  // the per-shard program as ShardMap does (same arguments, donation and errors). Partitioned
+  // programs are cached on the coordinator. Errors: InvalidArgument naming the op (and dim) that
+  // does not partition on the cluster's mesh, or a malformed op by its index; those of ShardMap.
+  struct JitResult {
+    std::vector<v1::ArrayInfo> outputs;
+    std::vector<std::string> collectives;  // inserted by the coordinator: "psum(model)", ...
+    bool cache_hit = false;                // partitioned by an earlier call
+  };
+  absl::StatusOr<JitResult> Jit(const v1::GlobalProgram& program, const std::vector<std::string>& input_ids,
+                                const std::vector<std::string>& output_ids = {},
+                                absl::Duration collective_timeout = absl::Seconds(30),
+                                const std::vector<int>& donate_argnums = {});
+
   // Sharded checkpoints (core/checkpoint/checkpoint.h; `root` must be visible to every worker).
   // Save: every worker writes its own blocks in parallel; committed atomically as
   // <root>/step_<step>; keep > 0 deletes all but the newest `keep`. Restore: each array into

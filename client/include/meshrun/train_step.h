@@ -74,7 +74,11 @@ struct PlannedArray {
 struct TrainStep {
   Mesh mesh;
   // Arguments: state (in `state`'s order), then the batch; results: the new state, then the
-  // mean loss of the step (f32 []). State arguments are donated.
+  // mean loss of the step (f32 []). State arguments are donated. `step_global` is the step as the
+  // user's model traced it (forward, grad, optimizer; no collectives): what TrainState::Step
+  // sends, for the coordinator to partition (Client::Jit); `step` is the same program partitioned
+  // here, for the plan and the checks before anything is allocated.
+  v1::GlobalProgram step_global;
   v1::ShardMapProgram step;
   // No arguments; results: the initial state but the rng (sharded initialisation).
   v1::ShardMapProgram init;
