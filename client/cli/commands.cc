@@ -67,6 +67,13 @@ int Train(const TrainArgs& args) {
   for (std::string* path : {&config->checkpoint.dir, &config->checkpoint.init_from}) {
     if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
   }
+  if (config->derived_step()) {
+    // The client traces the model; the coordinator partitions and runs each step.
+    WorkloadTrainArgs w = WorkloadArgsFromConfig(*config, args.mesh);
+    w.coordinator = args.coordinator;
+    w.log_dir = args.log_dir;
+    return TrainWorkload(w);
+  }
   std::unique_ptr<LocalCluster> cluster;
   std::string address = args.coordinator;
   if (address.empty()) {
@@ -250,28 +257,34 @@ int PlanMainJob(const PlanArgs& args) {
 
 }  // namespace
 
-int Plan(const PlanArgs& args) {
-  if (!args.config_path.empty()) return PlanMainJob(args);
+int Plan(const PlanArgs& in) {
   const auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "meshrun plan: %s\n", std::string(s.message()).c_str());
     return 2;
   };
+  PlanArgs args = in;
+  if (!args.config_path.empty()) {
+    absl::StatusOr<JobConfig> config = LoadJobConfig(args.config_path);
+    if (!config.ok()) return fail(config.status());
+    if (!config->derived_step()) return PlanMainJob(args);
+    const WorkloadTrainArgs w = WorkloadArgsFromConfig(*config, args.mesh);
+    args.workload = w.workload;
+    args.layout = w.layout;
+    args.rules = w.rules;
+    args.fsdp_axis = w.fsdp_axis;
+    args.min_weight_size = w.min_weight_size;
+    args.mesh = w.mesh;
+    std::printf("# job %s\n", args.config_path.c_str());
+  }
   absl::StatusOr<Workload> w = SeedWorkload(args.workload);
   if (!w.ok()) return fail(w.status());
   absl::StatusOr<Mesh> mesh = Mesh::Parse(args.mesh);
   if (!mesh.ok()) return fail(mesh.status());
-  nn::ShardingConfig sharding;
-  if (!args.layout.empty()) {
-    absl::StatusOr<nn::ShardingConfig> named = LayoutSharding(args.layout);
-    if (!named.ok()) return fail(named.status());
-    sharding = *named;
-  } else {
-    absl::StatusOr<LogicalAxisRules> rules = ParseLogicalAxisRules(args.rules);
-    if (!rules.ok()) return fail(rules.status());
-    sharding.rules = *rules;
-    sharding.fsdp_axis = args.fsdp_axis;
-  }
-  sharding.min_weight_size = args.min_weight_size;
+  absl::StatusOr<nn::ShardingConfig> named =
+      WorkloadSharding(args.layout, args.rules, args.fsdp_axis, args.min_weight_size);
+  if (!named.ok()) return fail(named.status());
+  nn::ShardingConfig sharding = *named;
+  if (args.layout.empty()) sharding.min_weight_size = args.min_weight_size;
   absl::StatusOr<TrainStep> step =
       BuildTrainStep(*mesh, sharding, w->optimizer, w->batch, w->loss, 0, w->num_minibatches);
   if (!step.ok()) return fail(step.status());

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "core/config/job_config.h"
 #include "core/sharding/mesh.h"
+#include "meshrun/nn.h"
 #include "meshrun/v1/program.pb.h"
 
 namespace meshrun::cli {
@@ -67,7 +68,10 @@ int Plan(const PlanArgs& args);
 
 struct WorkloadTrainArgs {
   std::string workload;  // meshrun/workloads.h
-  std::string layout = "dp";
+  std::string layout = "dp";  // a named layout, or (empty) the rules below
+  std::string rules;          // logical axis rules, e.g. batch=data,hidden=model
+  std::string fsdp_axis;
+  int64_t min_weight_size = int64_t{1} << 18;
   std::string mesh = "data=2,model=4";
   int64_t steps = 20;
   std::string coordinator;  // empty: an embedded local cluster
@@ -79,15 +83,22 @@ struct WorkloadTrainArgs {
   bool resume = false;      // continue from the newest committed checkpoint in ckpt_dir
   std::string init_from;    // a safetensors file of parameters
 };
+// A named layout (meshrun/workloads.h), or logical axis rules with FSDP over `fsdp_axis`.
+// Errors: NotFound naming an unknown layout; InvalidArgument naming a malformed rule.
+absl::StatusOr<nn::ShardingConfig> WorkloadSharding(const std::string& layout, const std::string& rules,
+                                                    const std::string& fsdp_axis, int64_t min_weight_size);
 // Trains a seed workload with a derived train step, printing each step's loss (%.9g).
 int TrainWorkload(const WorkloadTrainArgs& args);
+// A job config of a derived train step (JobConfig::derived_step) as TrainWorkload's arguments:
+// its workload, sharding, mesh (`mesh` when non-empty, else the config's, else data=2,model=4),
+// max_steps (default 20) and checkpoint policy.
+WorkloadTrainArgs WorkloadArgsFromConfig(const JobConfig& config, const std::string& mesh);
 // Checks a checkpoint against a workload's TrainState under a layout and mesh, allocating
 // nothing: missing / extra arrays, shape or dtype mismatches, layouts that cannot be produced,
 // and the bytes each worker would read. Exit 0 when restorable.
-int CkptValidate(const std::string& path, const std::string& workload, const std::string& layout,
-                 const std::string& mesh);
-// The same against a job config's TrainState (params, opt_state, rng) on its mesh (or `mesh`
-// when non-empty).
+int CkptValidate(const std::string& path, const WorkloadTrainArgs& workload);
+// The same against a job config's TrainState (params, opt_state, rng; a derived step's per its
+// sharding) on its mesh (or `mesh` when non-empty).
 int CkptValidateJob(const std::string& path, const std::string& config_path,
                     const std::string& mesh);
 // Writes a checkpoint's parameters, unsharded, to one safetensors file under their names

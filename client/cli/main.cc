@@ -144,7 +144,11 @@ int main(int argc, char** argv) {
         return meshrun::cli::CkptValidateJob(ckpt_path, ckpt_config,
                                              validate_cmd->count("--mesh") ? ckpt_mesh : "");
       }
-      return meshrun::cli::CkptValidate(ckpt_path, ckpt_workload, ckpt_layout, ckpt_mesh);
+      meshrun::cli::WorkloadTrainArgs w;
+      w.workload = ckpt_workload;
+      w.layout = ckpt_layout;
+      w.mesh = ckpt_mesh;
+      return meshrun::cli::CkptValidate(ckpt_path, w);
     }
     if (export_cmd->parsed()) return meshrun::cli::Export(ckpt_path, export_out);
     if (status_cmd->parsed()) return meshrun::cli::Status(coordinator);

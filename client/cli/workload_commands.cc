@@ -8,6 +8,7 @@
 #include "client/cli/commands.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/program/dp_classifier.h"
+#include "core/sharding/logical_axes.h"
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
 #include "meshrun/train_step.h"
@@ -21,22 +22,60 @@ int Fail(const std::string& cmd, const absl::Status& s) {
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
-absl::StatusOr<TrainStep> PlanWorkload(const std::string& workload, const std::string& layout,
-                                       const std::string& mesh_text) {
-  absl::StatusOr<Workload> w = SeedWorkload(workload);
+absl::StatusOr<TrainStep> PlanWorkload(const WorkloadTrainArgs& a) {
+  absl::StatusOr<Workload> w = SeedWorkload(a.workload);
   if (!w.ok()) return w.status();
-  absl::StatusOr<nn::ShardingConfig> sharding = LayoutSharding(layout);
+  absl::StatusOr<nn::ShardingConfig> sharding =
+      WorkloadSharding(a.layout, a.rules, a.fsdp_axis, a.min_weight_size);
   if (!sharding.ok()) return sharding.status();
-  absl::StatusOr<Mesh> mesh = Mesh::Parse(mesh_text);
+  absl::StatusOr<Mesh> mesh = Mesh::Parse(a.mesh);
   if (!mesh.ok()) return mesh.status();
   return BuildTrainStep(*mesh, *sharding, w->optimizer, w->batch, w->loss, 0, w->num_minibatches);
 }
 
 }  // namespace
 
+absl::StatusOr<nn::ShardingConfig> WorkloadSharding(const std::string& layout,
+                                                    const std::string& rules,
+                                                    const std::string& fsdp_axis,
+                                                    int64_t min_weight_size) {
+  if (!layout.empty()) return LayoutSharding(layout);
+  nn::ShardingConfig sharding;
+  absl::StatusOr<LogicalAxisRules> parsed = ParseLogicalAxisRules(rules);
+  if (!parsed.ok()) return parsed.status();
+  sharding.rules = *parsed;
+  sharding.fsdp_axis = fsdp_axis;
+  sharding.min_weight_size = min_weight_size;
+  return sharding;
+}
+
+WorkloadTrainArgs WorkloadArgsFromConfig(const JobConfig& c, const std::string& mesh) {
+  WorkloadTrainArgs a;
+  a.workload = c.model.name;
+  a.layout = c.sharding.layout;
+  a.rules = c.sharding.rules;
+  a.fsdp_axis = c.sharding.fsdp_axis;
+  a.min_weight_size = c.sharding.min_weight_size;
+  a.mesh = mesh;
+  if (a.mesh.empty() && !c.mesh.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& [name, size] : c.mesh) parts.push_back(absl::StrCat(name, "=", size));
+    a.mesh = absl::StrJoin(parts, ",");
+  }
+  if (a.mesh.empty()) a.mesh = "data=2,model=4";
+  a.steps = c.train.max_steps > 0 ? c.train.max_steps : 20;
+  a.ckpt_dir = c.checkpoint.dir;
+  a.save_every = c.checkpoint.save_every;
+  a.keep = c.checkpoint.keep;
+  a.async_save = c.checkpoint.async;
+  a.resume = c.checkpoint.resume;
+  a.init_from = c.checkpoint.init_from;
+  return a;
+}
+
 int TrainWorkload(const WorkloadTrainArgs& a) {
   const std::string cmd = "train";
-  absl::StatusOr<TrainStep> step = PlanWorkload(a.workload, a.layout, a.mesh);
+  absl::StatusOr<TrainStep> step = PlanWorkload(a);
   if (!step.ok()) return Fail(cmd, step.status());
   absl::StatusOr<Workload> w = SeedWorkload(a.workload);
   absl::StatusOr<std::vector<Tensor>> batch = SeedWorkloadBatch(*w);
@@ -127,22 +166,26 @@ int ReportRestore(const std::string& path, const checkpoint::Manifest* m,
 
 }  // namespace
 
-int CkptValidate(const std::string& path, const std::string& workload, const std::string& layout,
-                 const std::string& mesh_text) {
+int CkptValidate(const std::string& path, const WorkloadTrainArgs& workload) {
   const std::string cmd = "ckpt validate";
   absl::StatusOr<checkpoint::Manifest> m = checkpoint::ReadManifest(path);
   if (!m.ok()) return Fail(cmd, m.status());
-  absl::StatusOr<TrainStep> step = PlanWorkload(workload, layout, mesh_text);
+  absl::StatusOr<TrainStep> step = PlanWorkload(workload);
   if (!step.ok()) return Fail(cmd, step.status());
   std::vector<checkpoint::WantedArray> wanted;
   for (const PlannedArray& a : step->state)
     wanted.push_back({a.name, a.dtype, a.shape, a.spec});
-  return ReportRestore(path, &*m, wanted, step->mesh, layout, mesh_text);
+  const std::string layout =
+      !workload.layout.empty() ? workload.layout : absl::StrCat("rules ", workload.rules);
+  return ReportRestore(path, &*m, wanted, step->mesh, layout, workload.mesh);
 }
 
 int CkptValidateJob(const std::string& path, const std::string& config_path,
                     const std::string& mesh_text) {
   const std::string cmd = "ckpt validate";
+  absl::StatusOr<JobConfig> config = LoadJobConfig(config_path);
+  if (!config.ok()) return Fail(cmd, config.status());
+  if (config->derived_step()) return CkptValidate(path, WorkloadArgsFromConfig(*config, mesh_text));
   absl::StatusOr<checkpoint::Manifest> m = checkpoint::ReadManifest(path);
   if (!m.ok()) return Fail(cmd, m.status());
   absl::StatusOr<JobPlan> job = PlanJob(config_path, mesh_text);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 
 namespace meshrun {
@@ -74,6 +75,38 @@ Setter Bool(bool* out) {
   };
 }
 
+// Flax's logical axis rules as JSON: [["batch", "data"], ["hidden", "model"], ["embed", null],
+// ["heads", ["data", "model"]]], stored as ParseLogicalAxisRules' text ("batch=data,...").
+Setter Rules(std::string* out) {
+  return [=](const std::string& key, const json& v) {
+    const absl::string_view expected =
+        "a list of [logical axis, mesh axis | [mesh axes] | null] pairs";
+    if (!v.is_array()) return Bad(key, v, expected);
+    std::vector<std::string> rules;
+    for (const json& rule : v) {
+      if (!rule.is_array() || rule.size() != 2 || !rule[0].is_string() || rule[0].get<std::string>().empty()) {
+        return Bad(key, rule, expected);
+      }
+      std::string mesh_axes;
+      if (rule[1].is_string()) {
+        mesh_axes = rule[1].get<std::string>();
+      } else if (rule[1].is_array() && !rule[1].empty()) {
+        std::vector<std::string> axes;
+        for (const json& a : rule[1]) {
+          if (!a.is_string()) return Bad(key, rule, expected);
+          axes.push_back(a.get<std::string>());
+        }
+        mesh_axes = absl::StrJoin(axes, "+");
+      } else if (!rule[1].is_null()) {
+        return Bad(key, rule, expected);
+      }
+      rules.push_back(absl::StrCat(rule[0].get<std::string>(), "=", mesh_axes));
+    }
+    *out = absl::StrJoin(rules, ",");
+    return absl::OkStatus();
+  };
+}
+
 absl::Status ApplySection(const std::string& section, const json& obj,
                           const std::map<std::string, Setter>& setters) {
   if (!obj.is_object()) return Bad(section, obj, "an object");
@@ -100,7 +133,7 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
   int64_t seed = static_cast<int64_t>(c.train.seed);
   const std::map<std::string, std::map<std::string, Setter>> schema = {
       {"model",
-       {{"name", Enum(&c.model.name, {"dp_classifier"})},
+       {{"name", Enum(&c.model.name, {"dp_classifier", "mlp", "dot_relu_dot", "classifier"})},
         {"hidden_size", Int(&c.model.hidden_size, 1, 1 << 16)},
         {"num_classes", Int(&c.model.num_classes, 2, 10)},
         {"dropout_rate", Num(&c.model.dropout_rate, 0.0, 0.95)}}},
@@ -123,6 +156,11 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
         {"log_every", Int(&c.train.log_every, 1, 1000000)},
         {"evaluate", Bool(&c.train.evaluate)},
         {"collective_timeout_seconds", Num(&c.train.collective_timeout_seconds, 0.0, 3600.0, true)}}},
+      {"sharding",
+       {{"layout", Str(&c.sharding.layout)},
+        {"rules", Rules(&c.sharding.rules)},
+        {"fsdp_axis", Str(&c.sharding.fsdp_axis)},
+        {"min_weight_size", Int(&c.sharding.min_weight_size, 0, int64_t{1} << 40)}}},
       {"checkpoint",
        {{"dir", Str(&c.checkpoint.dir)},
         {"save_every", Int(&c.checkpoint.save_every, 0, 1 << 30)},
@@ -145,11 +183,20 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
     auto it = schema.find(key);
     if (it == schema.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "unknown key '", key, "'; allowed: checkpoint, data, mesh, model, optimizer, train"));
+          "unknown key '", key, "'; allowed: checkpoint, data, mesh, model, optimizer, sharding, train"));
     }
     if (absl::Status s = ApplySection(key, value, it->second); !s.ok()) return s;
   }
   c.train.seed = static_cast<uint64_t>(seed);
+  if (root.contains("sharding") && !c.derived_step()) {
+    return absl::InvalidArgumentError(
+        "'sharding' applies to the derived train steps (model.name mlp, dot_relu_dot, classifier); "
+        "dp_classifier's plan is fixed: data parallel over 'data'");
+  }
+  if (!c.sharding.layout.empty() && (!c.sharding.rules.empty() || !c.sharding.fsdp_axis.empty())) {
+    return absl::InvalidArgumentError(
+        "'sharding.layout' names a layout; give either it or 'sharding.rules' / 'sharding.fsdp_axis'");
+  }
   if (c.checkpoint.dir.empty()) {
     for (auto [key, set] : {std::pair<const char*, bool>{"save_every", c.checkpoint.save_every > 0},
                             {"keep", c.checkpoint.keep > 0},
@@ -192,6 +239,26 @@ std::string JobConfigToJson(const JobConfig& c) {
                        {"b1", c.optimizer.b1},             {"b2", c.optimizer.b2},
                        {"eps", c.optimizer.eps},           {"weight_decay", c.optimizer.weight_decay},
                        {"num_minibatches", c.optimizer.num_minibatches}};
+  if (c.derived_step()) {
+    root["sharding"] = {{"min_weight_size", c.sharding.min_weight_size}};
+    if (!c.sharding.layout.empty()) root["sharding"]["layout"] = c.sharding.layout;
+    if (!c.sharding.fsdp_axis.empty()) root["sharding"]["fsdp_axis"] = c.sharding.fsdp_axis;
+    if (!c.sharding.rules.empty()) {
+      json rules = json::array();
+      for (absl::string_view rule : absl::StrSplit(c.sharding.rules, ',')) {
+        std::pair<std::string, std::string> kv = absl::StrSplit(rule, absl::MaxSplits('=', 1));
+        json target = nullptr;
+        if (kv.second.find('+') != std::string::npos) {
+          target = json::array();
+          for (absl::string_view a : absl::StrSplit(kv.second, '+')) target.push_back(std::string(a));
+        } else if (!kv.second.empty()) {
+          target = kv.second;
+        }
+        rules.push_back({kv.first, target});
+      }
+      root["sharding"]["rules"] = rules;
+    }
+  }
   root["data"] = {{"dataset", c.data.dataset}, {"path", c.data.path}, {"batch_size", c.data.batch_size}};
   root["train"] = {{"epochs", c.train.epochs},
                    {"max_steps", c.train.max_steps},

@@ -17,6 +17,8 @@ namespace meshrun {
 //   "mesh":      {"data": 8},                        axis name -> size; must match the cluster
 //   "model":     {"name": "dp_classifier", "hidden_size": 512, "num_classes": 10,
 //                 "dropout_rate": 0.1},
+//   "sharding":  {"layout": "fsdp"} or {"rules": [["batch", "data"], ["hidden", "model"]],
+//                 "fsdp_axis": "data", "min_weight_size": 262144},
 //   "optimizer": {"name": "adamw" | "adam" | "sgd", "learning_rate": 1e-3, "b1": 0.9,
 //                 "b2": 0.999, "eps": 1e-8, "weight_decay": 1e-4, "num_minibatches": 4},
 //   "data":      {"dataset": "fashion_mnist", "path": "/usr/share/datasets/fashion-mnist",
@@ -27,6 +29,13 @@ namespace meshrun {
 //                  "init_from": ""}
 // }
 // `max_steps` > 0 stops after that many steps (otherwise epochs * floor(60000 / batch_size)).
+// model.name "dp_classifier" is the main job, planned and driven by the coordinator (fixed data
+// parallel plan). "mlp", "dot_relu_dot" and "classifier" are the seeds' workloads
+// (client/include/meshrun/workloads.h) as train steps derived from the model and partitioned by
+// the coordinator; for them "sharding" picks the layout: a named one (single, dp, fsdp, tp, 2d,
+// fsdp_tp) or logical axis rules, as Flax writes them (a rule maps a logical axis to a mesh
+// axis, a list of mesh axes, or null), with FSDP over `fsdp_axis` for parameters larger than
+// `min_weight_size`; they train `max_steps` steps (default 20) of the workload's batch.
 // Checkpoint policy (core/checkpoint/checkpoint.h has the format): with a `dir`, the TrainState
 // (params, opt_state, rng; the step in the manifest) is saved every `save_every` steps (0: only
 // at the end) and always at the end of the job, keeping the newest `keep` (0: all); `async`
@@ -36,12 +45,21 @@ namespace meshrun {
 // (params/input_dense/kernel ...), e.g. one written by `meshrun export` or by Python.
 struct JobConfig {
   std::vector<std::pair<std::string, int>> mesh;  // empty: use the cluster's mesh
+  // Whether `model` is a derived train step (mlp, dot_relu_dot, classifier) rather than the
+  // coordinator-driven dp_classifier.
+  bool derived_step() const { return model.name != "dp_classifier"; }
   struct Model {
     std::string name = "dp_classifier";
     int hidden_size = 512;
     int num_classes = 10;
     double dropout_rate = 0.1;
   } model;
+  struct Sharding {
+    std::string layout;     // a named layout; empty: `rules`
+    std::string rules;      // as ParseLogicalAxisRules reads them: "batch=data,hidden=model"
+    std::string fsdp_axis;  // non-empty: FSDP over this mesh axis
+    int64_t min_weight_size = int64_t{1} << 18;
+  } sharding;
   struct Optimizer {
     std::string name = "adamw";
     double learning_rate = 1e-3;

@@ -74,6 +74,11 @@ const char* kParams[] = {"input_dense/kernel", "input_dense/bias", "output_dense
 }  // namespace
 
 absl::StatusOr<v1::StepProgram> BuildDpClassifierProgram(const JobConfig& config, const Mesh& mesh) {
+  if (config.derived_step()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model '", config.model.name, "' is a derived train step: `meshrun train --config` runs it ",
+        "from the client, the coordinator partitioning each step; the job driver runs dp_classifier"));
+  }
   absl::StatusOr<int> data_axis = mesh.AxisIndex("data");
   if (!data_axis.ok()) {
     return absl::InvalidArgumentError(

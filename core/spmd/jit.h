@@ -11,7 +11,13 @@
 //   auto w2 = jit.Input(v1::DTYPE_F32, {4096, 1024}, P("model", None));
 //   jit.Output(jit.Dot(jit.Unary("relu", jit.Dot(x, w1)), w2), P("data", None));
 //   jit.collectives();   // [psum over (model): 4096 bytes per device]
-//   client->ShardMap(*jit.Build(), {"x", "w1", "w2"});
+//   client->Jit(jit.global_program(), {"x", "w1", "w2"});   // partitioned by the coordinator
+//   client->ShardMap(*jit.Build(), {"x", "w1", "w2"});      // or here, as a per-shard program
+//
+// The builder records the user's calls as a v1::GlobalProgram (global shapes, shardings on
+// inputs, outputs and constraints, grad as an op, no collectives); the coordinator partitions a
+// client's program by replaying it here (FromGlobalProgram), so the layouts and collectives it
+// chooses are the ones this builder reports.
 //
 // Shapes are global and row-major. Partitioning is eager: each op is partitioned as it is added,
 // from its operands' layouts; a value holding partial sums (after a dot over a sharded

@@ -53,6 +53,37 @@ TEST(JobConfigTest, ParsesTheCheckpointPolicy) {
               HasSubstr("'checkpoint.keep' is -1"));
 }
 
+TEST(JobConfigTest, ParsesTheShardingOfDerivedTrainSteps) {
+  absl::StatusOr<JobConfig> c = ParseJobConfig(R"({"model": {"name": "mlp"}, "sharding": {
+      "rules": [["batch", "data"], ["hidden", "model"], ["embed", null], ["heads", ["data", "model"]]],
+      "fsdp_axis": "data", "min_weight_size": 1024}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->derived_step());
+  EXPECT_EQ(c->sharding.rules, "batch=data,hidden=model,embed=,heads=data+model");
+  EXPECT_EQ(c->sharding.fsdp_axis, "data");
+  EXPECT_EQ(c->sharding.min_weight_size, 1024);
+  absl::StatusOr<JobConfig> again = ParseJobConfig(JobConfigToJson(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->sharding.rules, c->sharding.rules);
+  EXPECT_EQ(again->sharding.fsdp_axis, "data");
+  EXPECT_EQ(again->model.name, "mlp");
+  c = ParseJobConfig(R"({"model": {"name": "classifier"}, "sharding": {"layout": "fsdp"}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sharding.layout, "fsdp");
+  EXPECT_FALSE(ParseJobConfig("{}")->derived_step());
+
+  EXPECT_THAT(ParseJobConfig(R"({"sharding": {"layout": "dp"}})").status().message(),
+              HasSubstr("'sharding' applies to the derived train steps"));
+  EXPECT_THAT(ParseJobConfig(R"({"model": {"name": "mlp"}, "sharding": {"rules": [["batch", 3]]}})")
+                  .status()
+                  .message(),
+              HasSubstr("'sharding.rules' is [\"batch\",3]; expected a list of"));
+  EXPECT_THAT(ParseJobConfig(R"({"model": {"name": "mlp"}, "sharding": {"layout": "2d", "fsdp_axis": "data"}})")
+                  .status()
+                  .message(),
+              HasSubstr("give either it or 'sharding.rules'"));
+}
+
 TEST(JobConfigTest, RejectsUnknownKeysNamingThem) {
   EXPECT_EQ(ParseJobConfig(R"({"model": {"hiden_size": 3}})").status().message(),
             "unknown key 'model.hiden_size'; allowed: dropout_rate, hidden_size, name, num_classes");
