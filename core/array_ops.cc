@@ -1,5 +1,6 @@
 #include "core/array_ops.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/collectives/reduce_kernels.h"
@@ -26,15 +27,58 @@ void ForEachIndex(const Dims& dims, int64_t count, Fn fn) {
   }
 }
 
-// Copies out's elements from x, element i from the x offset `source(idx)` (in elements).
-template <typename Source>
-void Gather(const Tensor& x, Tensor& out, Source source) {
-  const size_t elem = DTypeSize(x.dtype());
+// Copies out's elements from x: out[idx] = x[base + sum(idx[d] * strides[d])] (offsets in
+// elements). Runs that are contiguous in x (stride 1 along out's last dim) are copied whole, a
+// transposed pair of trailing dims in cache-sized tiles, anything else element by element.
+template <size_t kElem>
+void StridedCopy(const char* src, const std::vector<int64_t>& strides, int64_t base,
+                 const Dims& out_dims, char* dst) {
+  const int rank = static_cast<int>(out_dims.size());
+  const int64_t total = NumElements(out_dims);
+  if (total == 0) return;
+  if (rank == 0) {
+    std::memcpy(dst, src + base * kElem, kElem);
+    return;
+  }
+  const int64_t inner = out_dims[rank - 1];
+  const bool runs = strides[rank - 1] == 1;
+  const bool tiles = !runs && rank >= 2 && strides[rank - 2] == 1;
+  const int outer_rank = runs ? rank - 1 : tiles ? rank - 2 : rank;
+  const Dims outer(out_dims.begin(), out_dims.begin() + outer_rank);
+  const int64_t block = total / std::max<int64_t>(1, NumElements(outer));  // out elements per outer index
+  ForEachIndex(outer, NumElements(outer), [&](int64_t o, const std::vector<int64_t>& idx) {
+    int64_t from = base;
+    for (int d = 0; d < outer_rank; ++d) from += idx[d] * strides[d];
+    char* to = dst + o * block * static_cast<int64_t>(kElem);
+    if (runs) {
+      std::memcpy(to, src + from * kElem, inner * kElem);
+    } else if (tiles) {
+      // out[i][j] = x[from + i + j * sj]: walk 32 x 32 tiles so both sides stay in cache.
+      const int64_t rows = out_dims[rank - 2], sj = strides[rank - 1];
+      constexpr int64_t kTile = 32;
+      for (int64_t i0 = 0; i0 < rows; i0 += kTile) {
+        for (int64_t j0 = 0; j0 < inner; j0 += kTile) {
+          for (int64_t i = i0; i < std::min(rows, i0 + kTile); ++i) {
+            for (int64_t j = j0; j < std::min(inner, j0 + kTile); ++j)
+              std::memcpy(to + (i * inner + j) * kElem, src + (from + i + j * sj) * kElem, kElem);
+          }
+        }
+      }
+    } else {
+      std::memcpy(to, src + from * kElem, kElem);
+    }
+  });
+}
+
+void Gather(const Tensor& x, const std::vector<int64_t>& strides, int64_t base, Tensor& out) {
   const char* src = static_cast<const char*>(x.raw());
   char* dst = static_cast<char*>(out.raw());
-  ForEachIndex(out.dims(), out.num_elements(), [&](int64_t i, const std::vector<int64_t>& idx) {
-    std::memcpy(dst + i * elem, src + source(idx) * elem, elem);
-  });
+  switch (DTypeSize(x.dtype())) {
+    case 2: return StridedCopy<2>(src, strides, base, out.dims(), dst);
+    case 4: return StridedCopy<4>(src, strides, base, out.dims(), dst);
+    case 8: return StridedCopy<8>(src, strides, base, out.dims(), dst);
+    default: return StridedCopy<1>(src, strides, base, out.dims(), dst);
+  }
 }
 
 }  // namespace
@@ -49,21 +93,18 @@ void SwapLeadingAxes(const void* src, int64_t a, int64_t b, int64_t inner, size_
 }
 
 void Broadcast(const Tensor& x, Tensor& out) {
-  const std::vector<int64_t> xs = Strides(x.dims());
-  Gather(x, out, [&](const std::vector<int64_t>& idx) {
-    int64_t flat = 0;
-    for (size_t d = 0; d < idx.size(); ++d) flat += (x.dims()[d] == 1 ? 0 : idx[d]) * xs[d];
-    return flat;
-  });
+  std::vector<int64_t> strides = Strides(x.dims());
+  for (size_t d = 0; d < strides.size(); ++d) {
+    if (x.dims()[d] == 1) strides[d] = 0;
+  }
+  Gather(x, strides, 0, out);
 }
 
 void Transpose(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) {
   const std::vector<int64_t> xs = Strides(x.dims());
-  Gather(x, out, [&](const std::vector<int64_t>& idx) {
-    int64_t flat = 0;
-    for (size_t d = 0; d < idx.size(); ++d) flat += idx[d] * xs[perm[d]];
-    return flat;
-  });
+  std::vector<int64_t> strides;
+  for (int64_t p : perm) strides.push_back(xs[p]);
+  Gather(x, strides, 0, out);
 }
 
 void Concatenate(const std::vector<const Tensor*>& inputs, int64_t dim, Tensor& out) {
@@ -83,11 +124,9 @@ void Concatenate(const std::vector<const Tensor*>& inputs, int64_t dim, Tensor& 
 
 void Slice(const Tensor& x, const std::vector<int64_t>& starts, Tensor& out) {
   const std::vector<int64_t> xs = Strides(x.dims());
-  Gather(x, out, [&](const std::vector<int64_t>& idx) {
-    int64_t flat = 0;
-    for (size_t d = 0; d < idx.size(); ++d) flat += (starts[d] + idx[d]) * xs[d];
-    return flat;
-  });
+  int64_t base = 0;
+  for (size_t d = 0; d < xs.size(); ++d) base += starts[d] * xs[d];
+  Gather(x, xs, base, out);
 }
 
 double GetAsDouble(const Tensor& x, int64_t i) {

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -46,8 +47,14 @@ int Up(const UpArgs& args) {
               (*cluster)->coordinator_address().c_str(), (*cluster)->worker_pids().size(), args.mesh.c_str(),
               (*cluster)->log_dir().c_str());
   std::fflush(stdout);
+  // A remote `meshrun shutdown` ends the coordinator: it is then gone or a zombie (ours to reap).
+  const auto coordinator_alive = [pid = (*cluster)->coordinator_pid()] {
+    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+    std::string pid_field, comm, state;
+    return stat >> pid_field >> comm >> state && state != "Z";
+  };
   while (!g_stop.load()) {
-    if (kill((*cluster)->coordinator_pid(), 0) != 0) break;
+    if (!coordinator_alive()) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
   std::printf("stopping cluster\n");

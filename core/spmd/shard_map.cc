@@ -189,19 +189,31 @@ ShardMapBuilder::Value ShardMapBuilder::DotGeneral(Value a, Value b, const std::
     return true;
   };
   const DType original = dtype(a);
-  Value ta = identity(perm_a) ? ToF32(a) : Transpose(ToF32(a), perm_a);
-  Value tb = identity(perm_b) ? ToF32(b) : Transpose(ToF32(b), perm_b);
   Dims out_dims;
   for (int64_t d : lhs_batch) out_dims.push_back(da[d]);
   for (int64_t d : free_a) out_dims.push_back(da[d]);
   for (int64_t d : free_b) out_dims.push_back(db[d]);
-  Value product;
   if (lhs_batch.empty()) {
-    product = Add(MakeOp(v1::OP_MATMUL, {Name(Reshape(ta, {m, k})), Name(Reshape(tb, {k, n}))}), v1::DTYPE_F32, {m, n});
-  } else {
-    product = Add(MakeOp(v1::OP_MATMUL, {Name(Reshape(ta, {batch, m, k})), Name(Reshape(tb, {batch, k, n}))}),
-                  v1::DTYPE_F32, {batch, m, n});
+    // An operand stored [contracting..., free...] (lhs) or [free..., contracting...] (rhs) is
+    // read transposed by the matmul itself (oneDNN strides), as a VJP's x^T @ dy is, instead of
+    // being copied by a transpose first.
+    std::vector<int64_t> swapped_a = lhs_contracting, swapped_b = free_b;
+    swapped_a.insert(swapped_a.end(), free_a.begin(), free_a.end());
+    swapped_b.insert(swapped_b.end(), rhs_contracting.begin(), rhs_contracting.end());
+    const bool ta_flag = !identity(perm_a) && identity(swapped_a);
+    const bool tb_flag = !identity(perm_b) && identity(swapped_b);
+    Value la = ta_flag || identity(perm_a) ? ToF32(a) : Transpose(ToF32(a), perm_a);
+    Value lb = tb_flag || identity(perm_b) ? ToF32(b) : Transpose(ToF32(b), perm_b);
+    v1::Op op = MakeOp(v1::OP_MATMUL, {Name(Reshape(la, ta_flag ? Dims{k, m} : Dims{m, k})),
+                                       Name(Reshape(lb, tb_flag ? Dims{n, k} : Dims{k, n}))});
+    op.set_transpose_a(ta_flag);
+    op.set_transpose_b(tb_flag);
+    return Restore(Reshape(Add(std::move(op), v1::DTYPE_F32, {m, n}), out_dims), original);
   }
+  Value ta = identity(perm_a) ? ToF32(a) : Transpose(ToF32(a), perm_a);
+  Value tb = identity(perm_b) ? ToF32(b) : Transpose(ToF32(b), perm_b);
+  Value product = Add(MakeOp(v1::OP_MATMUL, {Name(Reshape(ta, {batch, m, k})), Name(Reshape(tb, {batch, k, n}))}),
+                      v1::DTYPE_F32, {batch, m, n});
   return Restore(Reshape(product, out_dims), original);
 }
 
@@ -234,6 +246,7 @@ ShardMapBuilder::Value ShardMapBuilder::Reshape(Value x, const Dims& dims) {
              absl::StrCat("reshape ", DimsToString(shape(x)), " to ", DimsToString(dims)))) {
     return {};
   }
+  if (dims == shape(x)) return x;  // values are immutable: the same array
   return Add(MakeOp(v1::OP_RESHAPE, {Name(x)}), dtype(x), dims);
 }
 
