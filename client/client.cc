@@ -127,6 +127,20 @@ absl::StatusOr<std::string> Client::VisualizeSharding(const std::string& id) {
   return absl::NotFoundError(absl::StrCat("no array '", id, "' on the cluster at ", address_));
 }
 
+namespace {
+
+// The arguments ShardMapRequest and JitRequest share.
+template <typename Request>
+void SetCall(const std::vector<std::string>& input_ids, const std::vector<std::string>& output_ids,
+             absl::Duration collective_timeout, const std::vector<int>& donate_argnums, Request& req) {
+  for (const auto& id : input_ids) req.add_input_ids(id);
+  for (const auto& id : output_ids) req.add_output_ids(id);
+  for (int a : donate_argnums) req.add_donate_argnums(a);
+  req.set_collective_timeout_seconds(absl::ToDoubleSeconds(collective_timeout));
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ShardMap(const v1::ShardMapProgram& program,
                                                             const std::vector<std::string>& input_ids,
                                                             const std::vector<std::string>& output_ids,
@@ -136,10 +150,7 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ShardMap(const v1::ShardMapPr
   SetTimeout(ctx, collective_timeout * 4 + absl::Seconds(60));
   v1::ShardMapRequest req;
   *req.mutable_program() = program;
-  for (const auto& id : input_ids) req.add_input_ids(id);
-  for (const auto& id : output_ids) req.add_output_ids(id);
-  for (int a : donate_argnums) req.add_donate_argnums(a);
-  req.set_collective_timeout_seconds(absl::ToDoubleSeconds(collective_timeout));
+  SetCall(input_ids, output_ids, collective_timeout, donate_argnums, req);
   v1::ShardMapResponse resp;
   if (grpc::Status s = stub_->ShardMap(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
   return std::vector<v1::ArrayInfo>(resp.outputs().begin(), resp.outputs().end());
@@ -154,10 +165,7 @@ absl::StatusOr<Client::JitResult> Client::Jit(const v1::GlobalProgram& program,
   SetTimeout(ctx, collective_timeout * 4 + absl::Seconds(60));
   v1::JitRequest req;
   *req.mutable_program() = program;
-  for (const auto& id : input_ids) req.add_input_ids(id);
-  for (const auto& id : output_ids) req.add_output_ids(id);
-  for (int a : donate_argnums) req.add_donate_argnums(a);
-  req.set_collective_timeout_seconds(absl::ToDoubleSeconds(collective_timeout));
+  SetCall(input_ids, output_ids, collective_timeout, donate_argnums, req);
   v1::JitResponse resp;
   if (grpc::Status s = stub_->Jit(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
   JitResult r;

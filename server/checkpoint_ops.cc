@@ -167,6 +167,20 @@ absl::StatusOr<std::vector<v1::LoadShardsRequest>> PlanLoad(
   return loads;
 }
 
+void DeleteOnWorkers(const std::vector<CheckpointArray>& arrays, const ForEachWorker& for_each) {
+  for_each([&](int, v1::Worker::Stub& stub, grpc::ClientContext*) {
+    for (const CheckpointArray& a : arrays) {
+      grpc::ClientContext ctx;  // one per call: a context serves a single RPC
+      SetTimeout(ctx, absl::Seconds(10));
+      v1::DeleteShardRequest req;
+      req.set_array_id(a.array_id);
+      v1::DeleteShardResponse resp;
+      stub.DeleteShard(&ctx, req, &resp);
+    }
+    return grpc::Status::OK;
+  }).IgnoreError();
+}
+
 absl::StatusOr<int64_t> LoadBlocks(const std::vector<v1::LoadShardsRequest>& loads,
                                    const std::vector<CheckpointArray>& targets,
                                    const ForEachWorker& for_each) {
@@ -179,17 +193,7 @@ absl::StatusOr<int64_t> LoadBlocks(const std::vector<v1::LoadShardsRequest>& loa
   });
   if (!s.ok()) {
     // Workers that succeeded hold blocks under the ids; drop them so nothing half-restored stays.
-    for_each([&](int, v1::Worker::Stub& stub, grpc::ClientContext*) {
-      for (const CheckpointArray& a : targets) {
-        grpc::ClientContext ctx;  // one per call: a context serves a single RPC
-        SetTimeout(ctx, absl::Seconds(10));
-        v1::DeleteShardRequest req;
-        req.set_array_id(a.array_id);
-        v1::DeleteShardResponse resp;
-        stub.DeleteShard(&ctx, req, &resp);
-      }
-      return grpc::Status::OK;
-    }).IgnoreError();
+    DeleteOnWorkers(targets, for_each);
     return s;
   }
   return std::accumulate(bytes.begin(), bytes.end(), int64_t{0});

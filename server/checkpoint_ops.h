@@ -58,6 +58,10 @@ absl::StatusOr<std::vector<v1::LoadShardsRequest>> PlanLoad(
     const checkpoint::Manifest& m, const std::string& path, const Mesh& mesh,
     const std::vector<CheckpointArray>& targets);
 
+// Deletes the arrays' blocks (array_id) from every worker's store; best effort, errors ignored
+// (a worker that lacks one has nothing to drop).
+void DeleteOnWorkers(const std::vector<CheckpointArray>& arrays, const ForEachWorker& for_each);
+
 // Runs the per-rank requests of PlanLoad; the bytes all workers read. On failure the ids are
 // deleted again on every worker, so nothing half-restored stays.
 absl::StatusOr<int64_t> LoadBlocks(const std::vector<v1::LoadShardsRequest>& loads,

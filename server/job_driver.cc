@@ -345,19 +345,7 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
   if (absl::Status saved = finish_save(); !saved.ok()) return fail(saved);
   if (saving) {
     // The snapshot's copies are not needed any more.
-    AllWorkers("dropping the checkpoint snapshot", absl::Seconds(10),
-               [&](int, v1::Worker::Stub& stub, grpc::ClientContext*) {
-                 for (const CheckpointArray& a : snapshot_arrays) {
-                   grpc::ClientContext ctx;
-                   SetTimeout(ctx, absl::Seconds(5));
-                   v1::DeleteShardRequest req;
-                   req.set_array_id(a.array_id);
-                   v1::DeleteShardResponse resp;
-                   stub.DeleteShard(&ctx, req, &resp);
-                 }
-                 return grpc::Status::OK;
-               })
-        .IgnoreError();
+    DeleteOnWorkers(snapshot_arrays, each_worker);
   }
 
   if (config.train.evaluate) {
