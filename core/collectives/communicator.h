@@ -23,6 +23,9 @@ struct CollectiveOptions {
   absl::Duration timeout = absl::Seconds(30);
   // Messages are at most this large; a ring step is pipelined chunk by chunk.
   size_t chunk_bytes = 512 * 1024;
+  // All-reduces of at most this many bytes over a power-of-two group use recursive doubling
+  // (log2(P) latency-bound steps) instead of the ring (ring_all_reduce.h); 0: always the ring.
+  size_t small_message_bytes = 256 * 1024;
 };
 
 // The ranks of `group` (global ranks, in axis-index order) that include transport->rank().
@@ -40,7 +43,8 @@ class Communicator {
   const CollectiveOptions& options() const { return options_; }
 
   // In-place all-reduce of `count` elements of `dtype` (f32, bf16, i32) at `data`, as
-  // jax.lax.psum / pmean over the group's axis. Ring algorithm: see ring_all_reduce.h.
+  // jax.lax.psum / pmean over the group's axis. Ring algorithm, or recursive doubling for small
+  // messages over power-of-two groups: see ring_all_reduce.h.
   // Errors: those of Transport (naming the rank that failed or timed out); InvalidArgument for an
   // unsupported dtype or pmean over integers.
   absl::Status AllReduce(void* data, int64_t count, DType dtype, ReduceOp op);

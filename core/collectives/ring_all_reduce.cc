@@ -66,4 +66,42 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
   return absl::OkStatus();
 }
 
+absl::Status RecursiveDoublingAllReduce(Communicator& comm, void* data, int64_t count, DType dtype,
+                                        ReduceOp op) {
+  if (absl::Status s = CheckReducible(dtype, op); !s.ok()) return s;
+  const int n = comm.size();
+  const int p = comm.index();
+  if (n == 1 || count == 0) return absl::OkStatus();
+  if ((n & (n - 1)) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("recursive doubling all_reduce needs a power-of-two group; got ", n, " ranks"));
+  }
+  const size_t elem = DTypeSize(dtype);
+  const int64_t bytes = count * static_cast<int64_t>(elem);
+  Transport* t = comm.transport();
+  const uint64_t tag_base = comm.NextTagBase();
+  const absl::Time deadline = absl::Now() + comm.options().timeout;
+  char* buf = static_cast<char*>(data);
+  for (int step = 0, distance = 1; distance < n; ++step, distance <<= 1) {
+    const int partner = comm.group()[p ^ distance];
+    const uint64_t tag = tag_base + (uint64_t(step) << 16);
+    if (absl::Status st = t->Send(partner, tag, absl::string_view(buf, bytes), deadline); !st.ok()) {
+      return ring::Annotate(st, "all_reduce", n);
+    }
+    absl::StatusOr<std::string> msg = t->Recv(partner, tag, deadline);
+    if (!msg.ok()) {
+      return absl::Status(msg.status().code(),
+                          absl::StrCat("all_reduce over ranks of size ", n, " at butterfly step ",
+                                       step, ": ", msg.status().message()));
+    }
+    if (msg->size() != static_cast<size_t>(bytes)) {
+      return absl::InternalError(absl::StrCat("rank ", partner, " sent ", msg->size(),
+                                              " bytes at butterfly step ", step, "; expected ", bytes));
+    }
+    Reduce(dtype, op, buf, msg->data(), count);
+  }
+  if (op == ReduceOp::kMean) Scale(dtype, buf, count, 1.0f / n);
+  return absl::OkStatus();
+}
+
 }  // namespace meshrun

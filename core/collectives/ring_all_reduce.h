@@ -1,4 +1,4 @@
-// Ring all-reduce: reduce-scatter then all-gather, chunked and pipelined.
+// All-reduce algorithms. Ring all-reduce: reduce-scatter then all-gather, chunked and pipelined.
 //
 // The buffer of `count` elements is cut into P = group size segments (sizes differ by at most one
 // element; a segment may be empty when count < P), and each segment into chunks of at most
@@ -22,6 +22,14 @@
 namespace meshrun {
 
 absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType dtype, ReduceOp op);
+
+// Recursive doubling (butterfly) all-reduce, the latency-bound algorithm MPICH and NCCL use for
+// small messages: for a group of P = 2^k ranks, k steps; at step s position p exchanges its whole
+// partial result with position p XOR 2^s and both add the two. log2(P) message latencies instead
+// of the ring's 2(P-1), at log2(P) times the buffer sent instead of 2(P-1)/P. Both partners add
+// the same two operands, so every rank ends with the same bits. REQUIRES: P a power of two.
+absl::Status RecursiveDoublingAllReduce(Communicator& comm, void* data, int64_t count, DType dtype,
+                                        ReduceOp op);
 
 }  // namespace meshrun
 
