@@ -73,7 +73,14 @@ cat >"$work/job.json" <<JOB
 }
 JOB
 step "meshrun train: 50 steps through the published coordinator port"
-"$bin/meshrun" train --config "$work/job.json" --coordinator "localhost:$MESHRUN_COORDINATOR_PORT" | tee "$work/train.log"
+rc=0
+"$bin/meshrun" train --config "$work/job.json" --coordinator "localhost:$MESHRUN_COORDINATOR_PORT" \
+  > "$work/train.log" 2>&1 || rc=$?
+cat "$work/train.log"
+if [ "$rc" -ne 0 ]; then
+  echo "FAIL: meshrun train exited with status $rc$([ "$rc" -gt 128 ] && echo " (signal $((rc - 128)))")"
+  exit 1
+fi
 losses=$(grep -o 'loss [0-9.]*' "$work/train.log" | awk '{print $2}')
 first=$(echo "$losses" | head -1)
 last=$(echo "$losses" | tail -1)
