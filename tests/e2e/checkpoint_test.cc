@@ -7,6 +7,7 @@
 
 #include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstring>
@@ -297,6 +298,70 @@ TEST_F(CheckpointE2ETest, CorruptTruncatedAndUncommittedCheckpoints) {
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_FALSE(fs::exists(fs::path(root_) / "step_00000099.tmp-dead"));
   EXPECT_TRUE(state->Delete().ok());
+}
+
+// The issue's own case: a TrainState saved under 8-way data parallelism (mesh data=8) comes back
+// under FSDP on the same 8 workers, under 2-D on a 2x4 data x model mesh and under FSDP on 4
+// workers, every array bitwise equal (FSDP holding under a quarter of DP's bytes per worker).
+TEST(CheckpointMeshTest, SavedUnderEightWayDataParallelRestoresUnderFsdp2dAndOnFourWorkers) {
+  const std::string root =
+      (fs::path(::testing::TempDir()) / absl::StrCat("ckpt-eight-way-", getpid())).string();
+  fs::remove_all(root);
+  auto w = SeedWorkload("dot_relu_dot");
+  auto step_for = [&](const std::string& layout, const std::string& mesh) {
+    auto step = BuildTrainStep(*Mesh::Parse(mesh), *LayoutSharding(layout), w->optimizer, w->batch,
+                               w->loss, 0);
+    EXPECT_TRUE(step.ok()) << step.status();
+    return *step;
+  };
+  std::map<std::string, Tensor> saved;
+  std::string path;
+  const TrainStep dp = step_for("dp", "data=8");
+  {
+    auto cluster = testing::StartCluster("data=8", "checkpoint-8");
+    ASSERT_NE(cluster, nullptr);
+    auto client = Client::Connect(cluster->coordinator_address());
+    ASSERT_TRUE(client.ok()) << client.status();
+    auto state = TrainState::Init(client->get(), &dp, "dp8");
+    ASSERT_TRUE(state.ok()) << state.status();
+    auto batch = SeedWorkloadBatch(*w);
+    std::vector<std::string> ids;
+    for (size_t i = 0; i < batch->size(); ++i) ids.push_back((*client)->Put((*batch)[i], dp.batch[i].spec)->id());
+    for (int i = 0; i < 2; ++i) ASSERT_TRUE(state->Step(ids).ok());
+    auto saved_path = state->Save(root);
+    ASSERT_TRUE(saved_path.ok()) << saved_path.status();
+    path = *saved_path;
+    for (const PlannedArray& a : dp.state) saved[a.name] = *state->Get(a.name);
+    // FSDP on the same 8 workers.
+    const TrainStep fsdp = step_for("fsdp", "data=8");
+    auto restored = TrainState::Restore(client->get(), &fsdp, path, "fsdp8");
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    for (const PlannedArray& a : fsdp.state) {
+      auto got = restored->Get(a.name);
+      ASSERT_TRUE(got.ok()) << a.name;
+      EXPECT_EQ(std::memcmp(got->raw(), saved[a.name].raw(), got->size_bytes()), 0) << "fsdp: " << a.name;
+    }
+    EXPECT_LT(fsdp.StateBytesPerWorker(), dp.StateBytesPerWorker() / 4);
+    ASSERT_TRUE(cluster->Stop().ok());
+  }
+  for (const auto& [mesh, layout] : {std::pair<std::string, std::string>{"data=2,model=4", "2d"},
+                                     std::pair<std::string, std::string>{"data=4", "fsdp"}}) {
+    auto cluster = testing::StartCluster(mesh, "checkpoint-other");
+    ASSERT_NE(cluster, nullptr);
+    auto client = Client::Connect(cluster->coordinator_address());
+    ASSERT_TRUE(client.ok()) << client.status();
+    const TrainStep other = step_for(layout, mesh);
+    auto restored = TrainState::Restore(client->get(), &other, path, "other");
+    ASSERT_TRUE(restored.ok()) << mesh << ": " << restored.status();
+    EXPECT_EQ(restored->steps(), 2);
+    for (const PlannedArray& a : other.state) {
+      auto got = restored->Get(a.name);
+      ASSERT_TRUE(got.ok()) << a.name;
+      EXPECT_EQ(std::memcmp(got->raw(), saved[a.name].raw(), got->size_bytes()), 0) << mesh << ": " << a.name;
+    }
+    ASSERT_TRUE(cluster->Stop().ok());
+  }
+  fs::remove_all(root);
 }
 
 // A worker killed before a save completes: the save fails naming the worker, and the previous
