@@ -20,6 +20,17 @@ namespace {
 const std::string kRestorePrefix = "job/restore/";
 const std::string kSnapshotPrefix = "job/snapshot/";
 
+// The state arrays whose names start with `only` (all: ""), as the workers store them under
+// `prefix`.
+std::vector<CheckpointArray> StoredUnder(const std::vector<checkpoint::WantedArray>& state,
+                                         const std::string& prefix, const std::string& only = "") {
+  std::vector<CheckpointArray> out;
+  for (const checkpoint::WantedArray& a : state) {
+    if (absl::StartsWith(a.name, only)) out.push_back({a.name, prefix + a.name, a.dtype, a.shape, a.spec});
+  }
+  return out;
+}
+
 // Puts the state the job starts from on the workers, as arrays kRestorePrefix + name: the newest
 // committed checkpoint in checkpoint.dir when checkpoint.resume is set and there is one, else the
 // params of checkpoint.init_from (a safetensors file). Errors name the checkpoint or file and the
@@ -41,33 +52,25 @@ absl::StatusOr<RestoredState> RestoreJobState(const JobConfig& config, const Mes
       path = *latest;
       m = checkpoint::ReadManifest(path);
       if (!m.ok()) return m.status();
-      for (const checkpoint::WantedArray& a : state) {
-        targets.push_back({a.name, kRestorePrefix + a.name, a.dtype, a.shape, a.spec});
-      }
+      targets = StoredUnder(state, kRestorePrefix);
     } else {
       info(absl::StrCat("resume: no committed checkpoint in ", config.checkpoint.dir,
                         "; starting from step 0"));
     }
   }
-  if (targets.empty() && !config.checkpoint.init_from.empty()) {
+  const bool resuming = !targets.empty();
+  if (!resuming && !config.checkpoint.init_from.empty()) {
     path = config.checkpoint.init_from;
     m = checkpoint::SafetensorsManifest(path);
     if (!m.ok()) return m.status();
-    m->step = 0;
-    for (const checkpoint::WantedArray& a : state) {
-      if (absl::StartsWith(a.name, "params/"))
-        targets.push_back({a.name, kRestorePrefix + a.name, a.dtype, a.shape, a.spec});
-    }
+    targets = StoredUnder(state, kRestorePrefix, "params/");
   }
   if (targets.empty()) return RestoredState{};
   absl::StatusOr<std::vector<v1::LoadShardsRequest>> loads = PlanLoad(*m, path, mesh, targets);
   if (!loads.ok()) return loads.status();
   absl::StatusOr<int64_t> bytes = LoadBlocks(*loads, targets, each_worker);
   if (!bytes.ok()) return bytes.status();
-  info(absl::StrCat(config.checkpoint.resume && path != config.checkpoint.init_from
-                        ? "resumed from "
-                        : "initialised from ",
-                    path, " at step ", m->step, ": ", targets.size(), " arrays, ", *bytes,
+  info(absl::StrCat(resuming ? "resumed from " : "initialised from ", path, " at step ", m->step, ": ", targets.size(), " arrays, ", *bytes,
                     " bytes read by the workers"));
   return RestoredState{m->step, static_cast<int>(targets.size())};
 }
@@ -252,10 +255,7 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
   auto is_save_step = [&](int64_t at) {
     return saving && (at == total || (config.checkpoint.save_every > 0 && at % config.checkpoint.save_every == 0));
   };
-  std::vector<CheckpointArray> snapshot_arrays;
-  for (const checkpoint::WantedArray& a : state) {
-    snapshot_arrays.push_back({a.name, kSnapshotPrefix + a.name, a.dtype, a.shape, a.spec});
-  }
+  const std::vector<CheckpointArray> snapshot_arrays = StoredUnder(state, kSnapshotPrefix);
 
   const int64_t first_step = step;
   const absl::Time start = absl::Now();

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "core/program/dp_classifier.h"
 #include "worker/kernels/kernel.h"
 
 namespace meshrun {
@@ -129,12 +130,12 @@ absl::StatusOr<StepResult> Trainer::RunStep(int64_t step) {
 }
 
 std::vector<std::string> Trainer::StateNames() {
+  // The same arrays the coordinator checkpoints.
   std::vector<std::string> names;
-  for (const v1::BufferDecl& b : executor_->program().buffers()) {
-    if (b.role() == v1::BUFFER_ROLE_PARAM || b.role() == v1::BUFFER_ROLE_OPT_STATE)
-      names.push_back(b.name());
+  for (const checkpoint::WantedArray& a :
+       TrainStateArrays(executor_->program(), *executor_->options().mesh)) {
+    names.push_back(a.name);
   }
-  names.push_back("rng");
   return names;
 }
 
@@ -147,10 +148,7 @@ std::vector<std::pair<std::string, Tensor>> Trainer::StateSnapshot() {
       key.data<uint32_t>()[1] = base_key_[1];
       out.emplace_back(name, std::move(key));
     } else {
-      const Tensor* b = executor_->buffer(name);
-      Tensor copy(b->dtype(), b->dims());
-      std::memcpy(copy.raw(), b->raw(), b->size_bytes());
-      out.emplace_back(name, std::move(copy));
+      out.emplace_back(name, *executor_->buffer(name));  // a deep copy
     }
   }
   return out;
@@ -161,9 +159,9 @@ absl::Status Trainer::RestoreState(const std::string& name, const Tensor& value)
   if (std::find(names.begin(), names.end(), name) == names.end()) {
     return absl::NotFoundError(absl::StrCat("'", name, "' is not part of the job's TrainState"));
   }
-  Tensor* dst = nullptr;
   Tensor key(v1::DTYPE_U32, {2});
-  dst = name == "rng" ? &key : executor_->buffer(name);
+  // In place: the executor's primitives hold the buffers' addresses.
+  Tensor* dst = name == "rng" ? &key : executor_->buffer(name);
   if (value.dtype() != dst->dtype() || value.dims() != dst->dims()) {
     return absl::InvalidArgumentError(absl::StrCat("state '", name, "' is ", DTypeName(dst->dtype()),
                                                    DimsToString(dst->dims()), "; the value is ",

@@ -85,13 +85,7 @@ int Train(const TrainArgs& args) {
   std::string address = args.coordinator;
   if (address.empty()) {
     LocalClusterOptions o;
-    o.mesh = args.mesh;
-    if (o.mesh.empty() && !config->mesh.empty()) {
-      std::vector<std::string> parts;
-      for (const auto& [name, size] : config->mesh) parts.push_back(absl::StrCat(name, "=", size));
-      o.mesh = absl::StrJoin(parts, ",");
-    }
-    if (o.mesh.empty()) o.mesh = "data=8";
+    o.mesh = JobMeshText(*config, args.mesh, "data=8");
     o.log_dir = args.log_dir;
     std::fprintf(stderr, "starting a local cluster (mesh %s)\n", o.mesh.c_str());
     auto started = LocalCluster::Start(o);
@@ -191,28 +185,27 @@ int Shutdown(const std::string& coordinator) {
   return 0;
 }
 
-absl::StatusOr<JobPlan> PlanJob(const std::string& config_path, const std::string& mesh_text) {
-  absl::StatusOr<JobConfig> config = LoadJobConfig(config_path);
-  if (!config.ok()) return config.status();
-  std::string text = mesh_text;
-  if (text.empty() && !config->mesh.empty()) {
-    std::vector<std::string> parts;
-    for (const auto& [name, size] : config->mesh) parts.push_back(absl::StrCat(name, "=", size));
-    text = absl::StrJoin(parts, ",");
-  }
-  if (text.empty()) text = "data=8";
-  absl::StatusOr<Mesh> mesh = Mesh::Parse(text);
+std::string JobMeshText(const JobConfig& config, const std::string& given, const std::string& fallback) {
+  if (!given.empty()) return given;
+  if (config.mesh.empty()) return fallback;
+  std::vector<std::string> parts;
+  for (const auto& [name, size] : config.mesh) parts.push_back(absl::StrCat(name, "=", size));
+  return absl::StrJoin(parts, ",");
+}
+
+absl::StatusOr<JobPlan> PlanJob(const JobConfig& config, const std::string& mesh_text) {
+  absl::StatusOr<Mesh> mesh = Mesh::Parse(JobMeshText(config, mesh_text, "data=8"));
   if (!mesh.ok()) return mesh.status();
-  absl::StatusOr<v1::StepProgram> program = BuildDpClassifierProgram(*config, *mesh);
+  absl::StatusOr<v1::StepProgram> program = BuildDpClassifierProgram(config, *mesh);
   if (!program.ok()) return program.status();
-  return JobPlan{*std::move(config), *std::move(mesh), *std::move(program)};
+  return JobPlan{config, *std::move(mesh), *std::move(program)};
 }
 
 namespace {
 
 // `meshrun plan JOB`: the main job's plan (core/program/dp_classifier.h), from its step program.
-int PlanMainJob(const PlanArgs& args) {
-  absl::StatusOr<JobPlan> job = PlanJob(args.config_path, args.mesh);
+int PlanMainJob(const PlanArgs& args, const JobConfig& config) {
+  absl::StatusOr<JobPlan> job = PlanJob(config, args.mesh);
   if (!job.ok()) {
     std::fprintf(stderr, "meshrun plan: %s\n", std::string(job.status().message()).c_str());
     return 2;
@@ -273,7 +266,7 @@ int Plan(const PlanArgs& in) {
   if (!args.config_path.empty()) {
     absl::StatusOr<JobConfig> config = LoadJobConfig(args.config_path);
     if (!config.ok()) return fail(config.status());
-    if (!config->derived_step()) return PlanMainJob(args);
+    if (!config->derived_step()) return PlanMainJob(args, *config);
     const WorkloadTrainArgs w = WorkloadArgsFromConfig(*config, args.mesh);
     args.workload = w.workload;
     args.layout = w.layout;
@@ -290,8 +283,7 @@ int Plan(const PlanArgs& in) {
   absl::StatusOr<nn::ShardingConfig> named =
       WorkloadSharding(args.layout, args.rules, args.fsdp_axis, args.min_weight_size);
   if (!named.ok()) return fail(named.status());
-  nn::ShardingConfig sharding = *named;
-  if (args.layout.empty()) sharding.min_weight_size = args.min_weight_size;
+  const nn::ShardingConfig& sharding = *named;
   absl::StatusOr<TrainStep> step =
       BuildTrainStep(*mesh, sharding, w->optimizer, w->batch, w->loss, 0, w->num_minibatches);
   if (!step.ok()) return fail(step.status());

@@ -13,14 +13,18 @@
 
 namespace meshrun::cli {
 
-// A job config planned without a cluster: its mesh (`mesh_text` when non-empty, else the
-// config's, else data=8) and its step program. Errors: the config's, the mesh's, the planner's.
+// The mesh a job runs on, as Mesh::Parse reads it: `given` when non-empty, else the config's,
+// else `fallback`.
+std::string JobMeshText(const JobConfig& config, const std::string& given, const std::string& fallback);
+
+// A main-job config planned without a cluster: its mesh (`mesh_text` when non-empty, else the
+// config's, else data=8) and its step program. Errors: the mesh's, the planner's.
 struct JobPlan {
   JobConfig config;
   Mesh mesh;
   v1::StepProgram program;
 };
-absl::StatusOr<JobPlan> PlanJob(const std::string& config_path, const std::string& mesh_text);
+absl::StatusOr<JobPlan> PlanJob(const JobConfig& config, const std::string& mesh_text);
 
 struct UpArgs {
   std::string mesh = "data=8";
@@ -83,7 +87,8 @@ struct WorkloadTrainArgs {
   bool resume = false;      // continue from the newest committed checkpoint in ckpt_dir
   std::string init_from;    // a safetensors file of parameters
 };
-// A named layout (meshrun/workloads.h), or logical axis rules with FSDP over `fsdp_axis`.
+// A named layout (meshrun/workloads.h), or logical axis rules with FSDP over `fsdp_axis`; either
+// way parameters under `min_weight_size` elements stay replicated.
 // Errors: NotFound naming an unknown layout; InvalidArgument naming a malformed rule.
 absl::StatusOr<nn::ShardingConfig> WorkloadSharding(const std::string& layout, const std::string& rules,
                                                     const std::string& fsdp_axis, int64_t min_weight_size);

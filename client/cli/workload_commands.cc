@@ -39,12 +39,17 @@ absl::StatusOr<nn::ShardingConfig> WorkloadSharding(const std::string& layout,
                                                     const std::string& rules,
                                                     const std::string& fsdp_axis,
                                                     int64_t min_weight_size) {
-  if (!layout.empty()) return LayoutSharding(layout);
   nn::ShardingConfig sharding;
-  absl::StatusOr<LogicalAxisRules> parsed = ParseLogicalAxisRules(rules);
-  if (!parsed.ok()) return parsed.status();
-  sharding.rules = *parsed;
-  sharding.fsdp_axis = fsdp_axis;
+  if (!layout.empty()) {
+    absl::StatusOr<nn::ShardingConfig> named = LayoutSharding(layout);
+    if (!named.ok()) return named.status();
+    sharding = *named;
+  } else {
+    absl::StatusOr<LogicalAxisRules> parsed = ParseLogicalAxisRules(rules);
+    if (!parsed.ok()) return parsed.status();
+    sharding.rules = *parsed;
+    sharding.fsdp_axis = fsdp_axis;
+  }
   sharding.min_weight_size = min_weight_size;
   return sharding;
 }
@@ -56,13 +61,7 @@ WorkloadTrainArgs WorkloadArgsFromConfig(const JobConfig& c, const std::string& 
   a.rules = c.sharding.rules;
   a.fsdp_axis = c.sharding.fsdp_axis;
   a.min_weight_size = c.sharding.min_weight_size;
-  a.mesh = mesh;
-  if (a.mesh.empty() && !c.mesh.empty()) {
-    std::vector<std::string> parts;
-    for (const auto& [name, size] : c.mesh) parts.push_back(absl::StrCat(name, "=", size));
-    a.mesh = absl::StrJoin(parts, ",");
-  }
-  if (a.mesh.empty()) a.mesh = "data=2,model=4";
+  a.mesh = JobMeshText(c, mesh, "data=2,model=4");
   a.steps = c.train.max_steps > 0 ? c.train.max_steps : 20;
   a.ckpt_dir = c.checkpoint.dir;
   a.save_every = c.checkpoint.save_every;
@@ -188,7 +187,7 @@ int CkptValidateJob(const std::string& path, const std::string& config_path,
   if (config->derived_step()) return CkptValidate(path, WorkloadArgsFromConfig(*config, mesh_text));
   absl::StatusOr<checkpoint::Manifest> m = checkpoint::ReadManifest(path);
   if (!m.ok()) return Fail(cmd, m.status());
-  absl::StatusOr<JobPlan> job = PlanJob(config_path, mesh_text);
+  absl::StatusOr<JobPlan> job = PlanJob(*config, mesh_text);
   if (!job.ok()) return Fail(cmd, job.status());
   return ReportRestore(path, &*m, TrainStateArrays(job->program, job->mesh), job->mesh,
                        absl::StrCat("the TrainState of ", config_path), job->mesh.ToString());
