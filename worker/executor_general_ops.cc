@@ -171,13 +171,9 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       hp.weight_decay = op.adamw().weight_decay();
       Tensor *p_out = out[0], *mu_out = out[1], *nu_out = out[2];
       return CompiledOp([=](const RunContext&) {
-        const int64_t n = param->num_elements();
-        std::memcpy(p_out->data<float>(), param->data<float>(), n * sizeof(float));
-        std::memcpy(mu_out->data<float>(), mu->data<float>(), n * sizeof(float));
-        std::memcpy(nu_out->data<float>(), nu->data<float>(), n * sizeof(float));
         const int64_t count = static_cast<int64_t>(step->data<float>()[0]) + 1;
-        AdamWUpdate(hp, count, p_out->data<float>(), grad->data<float>(), mu_out->data<float>(),
-                    nu_out->data<float>(), n);
+        AdamWUpdate(hp, count, param->data<float>(), grad->data<float>(), mu->data<float>(), nu->data<float>(),
+                    p_out->data<float>(), mu_out->data<float>(), nu_out->data<float>(), param->num_elements());
         return absl::OkStatus();
       });
     }

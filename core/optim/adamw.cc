@@ -4,21 +4,31 @@
 
 namespace meshrun {
 
-// Built for AVX2+FMA and for the baseline ISA; the loader picks the best the CPU has.
-__attribute__((target_clones("avx2", "default"))) void AdamWUpdate(const AdamWHyperParams& hp, int64_t count, float* __restrict param,
-                 const float* __restrict grad, float* __restrict mu, float* __restrict nu, int64_t n) {
+// Built for AVX2+FMA and for the baseline ISA; the loader picks the best the CPU has. Element i
+// reads only index i of each input before writing index i of each output, so an output may be its
+// own input.
+__attribute__((target_clones("avx2", "default"))) void AdamWUpdate(
+    const AdamWHyperParams& hp, int64_t count, const float* param_in, const float* __restrict grad,
+    const float* mu_in, const float* nu_in, float* param_out, float* mu_out, float* nu_out, int64_t n) {
   const float c1 = 1.0f / (1.0f - static_cast<float>(std::pow(double{hp.b1}, double(count))));
   const float c2 = 1.0f / (1.0f - static_cast<float>(std::pow(double{hp.b2}, double(count))));
   const float b1 = hp.b1, b2 = hp.b2, eps = hp.eps, lr = hp.learning_rate, wd = hp.weight_decay;
+#pragma GCC ivdep
   for (int64_t i = 0; i < n; ++i) {
     const float g = grad[i];
-    const float m = b1 * mu[i] + (1.0f - b1) * g;
-    const float v = b2 * nu[i] + (1.0f - b2) * g * g;
-    mu[i] = m;
-    nu[i] = v;
-    const float update = (m * c1) / (std::sqrt(v * c2) + eps) + wd * param[i];
-    param[i] -= lr * update;
+    const float p = param_in[i];
+    const float m = b1 * mu_in[i] + (1.0f - b1) * g;
+    const float v = b2 * nu_in[i] + (1.0f - b2) * g * g;
+    mu_out[i] = m;
+    nu_out[i] = v;
+    const float update = (m * c1) / (std::sqrt(v * c2) + eps) + wd * p;
+    param_out[i] = p - lr * update;
   }
+}
+
+void AdamWUpdate(const AdamWHyperParams& hp, int64_t count, float* param, const float* grad, float* mu, float* nu,
+                 int64_t n) {
+  AdamWUpdate(hp, count, param, grad, mu, nu, param, mu, nu, n);
 }
 
 void SgdUpdate(float learning_rate, float* param, const float* grad, int64_t n) {
