@@ -41,22 +41,30 @@ int64_t NumElements(const Dims& dims) {
 
 std::string DimsToString(const Dims& dims) { return absl::StrCat("[", absl::StrJoin(dims, ", "), "]"); }
 
-void Tensor::FreeDeleter::operator()(void* p) const { std::free(p); }
+std::shared_ptr<void> Tensor::Allocate(size_t bytes) {
+  const size_t rounded = std::max<size_t>(64, ((bytes + 63) / 64) * 64);
+  return std::shared_ptr<void>(std::aligned_alloc(64, rounded), [](void* p) { std::free(p); });
+}
 
 Tensor::Tensor(DType dtype, Dims dims) : dtype_(dtype), dims_(std::move(dims)) {
-  size_t bytes = size_bytes();
-  size_t rounded = ((bytes + 63) / 64) * 64;
-  if (rounded == 0) rounded = 64;
-  data_.reset(std::aligned_alloc(64, rounded));
-  std::memset(data_.get(), 0, rounded);
+  data_ = Allocate(size_bytes());
+  std::memset(data_.get(), 0, size_bytes());
 }
 
 Tensor::Tensor(const Tensor& other) : dtype_(other.dtype_), dims_(other.dims_) {
-  // Every byte is overwritten: no zero-fill first.
-  const size_t rounded = std::max<size_t>(64, ((size_bytes() + 63) / 64) * 64);
-  data_.reset(std::aligned_alloc(64, rounded));
+  data_ = Allocate(size_bytes());  // every byte is overwritten: no zero-fill first
   std::memcpy(raw(), other.raw(), size_bytes());
 }
+
+Tensor Tensor::Alias() const {
+  Tensor alias;
+  alias.dtype_ = dtype_;
+  alias.dims_ = dims_;
+  alias.data_ = data_;
+  return alias;
+}
+
+void Tensor::ReplaceStorage() { data_ = Allocate(size_bytes()); }
 
 Tensor& Tensor::operator=(const Tensor& other) {
   if (this != &other) *this = Tensor(other);

@@ -25,8 +25,9 @@ using Dims = std::vector<int64_t>;
 int64_t NumElements(const Dims& dims);
 std::string DimsToString(const Dims& dims);  // "[128, 784]"
 
-// A dense row-major array owned by this object. Storage is 64-byte aligned so oneDNN can use it
-// directly. Copyable (deep copy) and movable. Not thread-safe for concurrent mutation.
+// A dense row-major array. Storage is 64-byte aligned so oneDNN can use it directly. Copyable
+// (deep copy) and movable. Alias() shares storage without copying, for a worker handing buffers
+// between its executor and its shard store. Not thread-safe for concurrent mutation.
 class Tensor {
  public:
   Tensor() = default;
@@ -49,17 +50,24 @@ class Tensor {
   template <typename T>
   const T* data() const { return static_cast<const T*>(raw()); }
 
+  // A Tensor over this one's memory, not a copy: a write through either is seen by both. The
+  // owner of a const Tensor that aliases it out must only read through the alias.
+  Tensor Alias() const;
+  // True while another Tensor shares this one's memory.
+  bool aliased() const { return data_.use_count() > 1; }
+  // Gives this Tensor memory of its own, contents unspecified; its aliases keep the old memory.
+  void ReplaceStorage();
+
   v1::Tensor ToProto() const;
   // Errors: InvalidArgument if the byte count does not match dtype and shape.
   static absl::StatusOr<Tensor> FromProto(const v1::Tensor& proto);
 
  private:
-  struct FreeDeleter {
-    void operator()(void* p) const;
-  };
+  // Uninitialised 64-byte-aligned storage of at least `bytes` bytes (64 for 0).
+  static std::shared_ptr<void> Allocate(size_t bytes);
   DType dtype_ = v1::DTYPE_UNSPECIFIED;
   Dims dims_;
-  std::unique_ptr<void, FreeDeleter> data_;
+  std::shared_ptr<void> data_;
 };
 
 }  // namespace meshrun

@@ -65,8 +65,34 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
       }
     }
     ex->functions_[f.name()] = std::move(cf);
+    for (const v1::Op& op : f.ops()) ex->written_.insert(op.outputs().begin(), op.outputs().end());
+    for (const v1::Feed& feed : f.feeds()) ex->written_.insert(feed.buffer());
   }
+  for (const std::string& name : ex->written_) ex->written_buffers_.push_back(&ex->buffers_.at(name));
   return ex;
+}
+
+absl::Status Executor::BindInput(const std::string& name, const Tensor& value) {
+  Tensor* b = buffer(name);
+  if (b == nullptr) return absl::InvalidArgumentError(absl::StrCat("no input buffer '", name, "'"));
+  if (b->dims() != value.dims() || b->dtype() != value.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is ", DTypeName(value.dtype()),
+                                                   DimsToString(value.dims()), " but the program expects ",
+                                                   DTypeName(b->dtype()), DimsToString(b->dims())));
+  }
+  if (!written_.count(name)) {
+    *b = value.Alias();  // only read: kernels re-point at it when they run
+    return absl::OkStatus();
+  }
+  if (b->aliased()) b->ReplaceStorage();
+  std::memcpy(b->raw(), value.raw(), b->size_bytes());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Executor::TakeOutput(const std::string& name) {
+  Tensor* b = buffer(name);
+  if (b == nullptr) return absl::InvalidArgumentError(absl::StrCat("no output buffer '", name, "'"));
+  return b->Alias();
 }
 
 Tensor* Executor::buffer(const std::string& name) {
@@ -112,6 +138,10 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
   auto it = functions_.find(name);
   if (it == functions_.end()) return absl::NotFoundError(absl::StrCat("program has no function '", name, "'"));
   const CompiledFunction& cf = it->second;
+  // Memory handed out by TakeOutput (or shared with a bound input) is never written again.
+  for (Tensor* b : written_buffers_) {
+    if (b->aliased()) b->ReplaceStorage();
+  }
   for (const v1::Feed& feed : cf.function->feeds()) {
     if (!ctx.feed) return absl::FailedPreconditionError(absl::StrCat("function '", name, "' needs feeds"));
     if (absl::Status s = ctx.feed(feed, &buffers_.at(feed.buffer())); !s.ok()) return s;

@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,16 @@ class Executor {
   // prefixed with the function and op index (collective errors name the peer rank).
   absl::Status Run(const std::string& name, const RunContext& ctx);
 
+  // Zero-copy arguments and results (donation, as jax.jit's donate_argnums saves a copy):
+  // BindInput makes input buffer `name` read `value`'s memory when no op of the program writes
+  // that buffer, and copies `value` into it otherwise. Errors: InvalidArgument for an unknown
+  // buffer, or naming both dtypes and shapes when `value` does not match the buffer.
+  absl::Status BindInput(const std::string& name, const Tensor& value);
+  // Buffer `name` (after a Run) as a Tensor over the same memory, not a copy. The executor gives
+  // the buffer new memory before its next Run writes it, so the result stays as it is.
+  // Errors: InvalidArgument for an unknown buffer.
+  absl::StatusOr<Tensor> TakeOutput(const std::string& name);
+
   // The buffer called `name`, or null.
   Tensor* buffer(const std::string& name);
   const v1::StepProgram& program() const { return program_; }
@@ -97,6 +108,8 @@ class Executor {
   v1::StepProgram program_;
   Options options_;
   std::map<std::string, Tensor> buffers_;
+  std::set<std::string> written_;  // buffers an op or a feed writes
+  std::vector<Tensor*> written_buffers_;
   std::map<std::string, v1::BufferRole> roles_;
   std::map<std::string, CompiledFunction> functions_;
   std::map<std::string, std::unique_ptr<Communicator>> communicators_;

@@ -177,24 +177,19 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
   for (int i = 0; i < p.inputs_size(); ++i) {
     absl::StatusOr<std::shared_ptr<const Tensor>> shard = shards_.Get(req->input_ids(i));
     if (!shard.ok()) return Error(shard.status());
-    Tensor* buffer = (*executor)->buffer(p.inputs(i));
-    if (buffer == nullptr) return Error(absl::InvalidArgumentError(absl::StrCat("no input buffer '", p.inputs(i), "'")));
-    if (buffer->dims() != (*shard)->dims() || buffer->dtype() != (*shard)->dtype()) {
-      return Error(absl::InvalidArgumentError(absl::StrCat(
-          "argument ", i, " (array '", req->input_ids(i), "') has block ", DTypeName((*shard)->dtype()),
-          DimsToString((*shard)->dims()), " but the program expects ", DTypeName(buffer->dtype()),
-          DimsToString(buffer->dims()))));
+    if (absl::Status s = (*executor)->BindInput(p.inputs(i), **shard); !s.ok()) {
+      return Error(absl::Status(s.code(), absl::StrCat("argument ", i, " (array '", req->input_ids(i), "'): ",
+                                                       s.message())));
     }
-    std::memcpy(buffer->raw(), (*shard)->raw(), buffer->size_bytes());
   }
   if (absl::Status s = (*executor)->Run("main", RunContext{}); !s.ok()) {
     executors_.erase(cached);  // recompiled on the next call, from a clean state
     return Error(s);
   }
   for (int i = 0; i < p.outputs_size(); ++i) {
-    Tensor* buffer = (*executor)->buffer(p.outputs(i));
-    if (buffer == nullptr) return Error(absl::InvalidArgumentError(absl::StrCat("no output buffer '", p.outputs(i), "'")));
-    shards_.Put(req->output_ids(i), *buffer);
+    absl::StatusOr<Tensor> result = (*executor)->TakeOutput(p.outputs(i));
+    if (!result.ok()) return Error(result.status());
+    shards_.Put(req->output_ids(i), *std::move(result));
   }
   return grpc::Status::OK;
 }

@@ -41,6 +41,26 @@ TEST(OptaxTest, AdamWMatchesOptax) {
                             -0.0010485094971954823f});
 }
 
+TEST(OptaxTest, OutOfPlaceAdamWEqualsInPlaceAndLeavesItsInputs) {
+  AdamWHyperParams hp;
+  hp.learning_rate = 1e-2f;
+  hp.weight_decay = 0.1f;
+  std::vector<float> p = kParams, mu(4, 0.0f), nu(4, 0.0f);
+  for (size_t t = 0; t < kGrads.size(); ++t) {
+    std::vector<float> p_out(4), mu_out(4), nu_out(4);
+    const std::vector<float> p_in = p, mu_in = mu, nu_in = nu;
+    AdamWUpdate(hp, t + 1, p.data(), kGrads[t].data(), mu.data(), nu.data(), p_out.data(), mu_out.data(),
+                nu_out.data(), 4);
+    EXPECT_EQ(p, p_in);
+    EXPECT_EQ(mu, mu_in);
+    EXPECT_EQ(nu, nu_in);
+    p = p_out;
+    mu = mu_out;
+    nu = nu_out;
+  }
+  EXPECT_EQ(p, RunAdamW(hp));
+}
+
 TEST(OptaxTest, SgdMatchesOptax) {
   std::vector<float> p = kParams;
   for (const auto& g : kGrads) SgdUpdate(0.1f, p.data(), g.data(), 4);

@@ -6,7 +6,7 @@ namespace meshrun {
 
 using kernels::CpuEngine;
 using kernels::Guard;
-using kernels::MemoryFor;
+using kernels::Bind;
 using kernels::PrimitiveKernel;
 using kernels::RowMajorDesc;
 
@@ -21,9 +21,9 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateAccumulate(const Tensor& x, float 
     dnnl::sum::primitive_desc pd(md, {1.0f, scale}, {md, md}, CpuEngine());
     kernel = std::make_unique<PrimitiveKernel>(
         "accumulate", dnnl::sum(pd),
-        std::unordered_map<int, dnnl::memory>{{DNNL_ARG_MULTIPLE_SRC + 0, MemoryFor(md, acc.raw())},
-                                              {DNNL_ARG_MULTIPLE_SRC + 1, MemoryFor(md, x.raw())},
-                                              {DNNL_ARG_DST, MemoryFor(md, acc.raw())}});
+        kernels::Args{{DNNL_ARG_MULTIPLE_SRC + 0, Bind(md, acc)},
+                                              {DNNL_ARG_MULTIPLE_SRC + 1, Bind(md, x)},
+                                              {DNNL_ARG_DST, Bind(md, acc)}});
   });
   if (!s.ok()) return s;
   return kernel;

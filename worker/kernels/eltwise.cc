@@ -6,7 +6,7 @@ namespace meshrun {
 
 using kernels::CpuEngine;
 using kernels::Guard;
-using kernels::MemoryFor;
+using kernels::Bind;
 using kernels::PrimitiveKernel;
 using kernels::RowMajorDesc;
 
@@ -35,8 +35,8 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateSilu(const Tensor& x, Tensor& y) {
     auto md = RowMajorDesc(x.dims());
     kernel = std::make_unique<PrimitiveKernel>(
         "silu", dnnl::eltwise_forward(SiluForwardDesc(md)),
-        std::unordered_map<int, dnnl::memory>{{DNNL_ARG_SRC, MemoryFor(md, x.raw())},
-                                              {DNNL_ARG_DST, MemoryFor(md, y.raw())}});
+        kernels::Args{{DNNL_ARG_SRC, Bind(md, x)},
+                                              {DNNL_ARG_DST, Bind(md, y)}});
   });
   if (!s.ok()) return s;
   return kernel;
@@ -53,9 +53,9 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateSiluGrad(const Tensor& x, const Te
         SiluForwardDesc(md));
     kernel = std::make_unique<PrimitiveKernel>(
         "silu_grad", dnnl::eltwise_backward(pd),
-        std::unordered_map<int, dnnl::memory>{{DNNL_ARG_SRC, MemoryFor(md, x.raw())},
-                                              {DNNL_ARG_DIFF_DST, MemoryFor(md, dy.raw())},
-                                              {DNNL_ARG_DIFF_SRC, MemoryFor(md, dx.raw())}});
+        kernels::Args{{DNNL_ARG_SRC, Bind(md, x)},
+                                              {DNNL_ARG_DIFF_DST, Bind(md, dy)},
+                                              {DNNL_ARG_DIFF_SRC, Bind(md, dx)}});
   });
   if (!s.ok()) return s;
   return kernel;
@@ -70,9 +70,9 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateMultiply(const Tensor& a, const Te
     dnnl::binary::primitive_desc pd(dnnl::binary::desc(dnnl::algorithm::binary_mul, md, md, md), CpuEngine());
     kernel = std::make_unique<PrimitiveKernel>(
         "multiply", dnnl::binary(pd),
-        std::unordered_map<int, dnnl::memory>{{DNNL_ARG_SRC_0, MemoryFor(md, a.raw())},
-                                              {DNNL_ARG_SRC_1, MemoryFor(md, b.raw())},
-                                              {DNNL_ARG_DST, MemoryFor(md, out.raw())}});
+        kernels::Args{{DNNL_ARG_SRC_0, Bind(md, a)},
+                                              {DNNL_ARG_SRC_1, Bind(md, b)},
+                                              {DNNL_ARG_DST, Bind(md, out)}});
   });
   if (!s.ok()) return s;
   return kernel;

@@ -26,8 +26,8 @@ dnnl::memory::desc RowMajorDesc(const Dims& dims) {
   return dnnl::memory::desc(d, dnnl::memory::data_type::f32, strides);
 }
 
-dnnl::memory MemoryFor(const dnnl::memory::desc& md, const void* data) {
-  return dnnl::memory(md, CpuEngine(), const_cast<void*>(data));
+BoundMemory Bind(const dnnl::memory::desc& md, const Tensor& tensor) {
+  return BoundMemory{dnnl::memory(md, CpuEngine(), const_cast<void*>(tensor.raw())), &tensor};
 }
 
 absl::Status Guard(const char* what, const std::function<void()>& fn) {

@@ -3,6 +3,8 @@
 #define MESHRUN_WORKER_KERNELS_ENGINE_H_
 
 #include <functional>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "core/tensor.h"
@@ -14,7 +16,21 @@ dnnl::engine& CpuEngine();
 
 // A row-major f32 memory descriptor for `dims` ({} becomes {1}).
 dnnl::memory::desc RowMajorDesc(const Dims& dims);
-dnnl::memory MemoryFor(const dnnl::memory::desc& md, const void* data);
+
+// A primitive's argument over a Tensor. The memory is re-pointed at the tensor's current storage
+// before every execution (Rebind), so an executor may swap a buffer's storage between runs (an
+// input aliasing a stored shard, an output handed to the store) without recompiling.
+struct BoundMemory {
+  dnnl::memory memory;
+  const Tensor* tensor = nullptr;
+  void Rebind() {
+    void* p = const_cast<void*>(tensor->raw());
+    if (memory.get_data_handle() != p) memory.set_data_handle(p);
+  }
+};
+BoundMemory Bind(const dnnl::memory::desc& md, const Tensor& tensor);
+// A primitive's arguments by DNNL_ARG_* id.
+using Args = std::vector<std::pair<int, BoundMemory>>;
 
 // Runs `fn`, converting dnnl::error (and any std::exception) into Internal naming `what`.
 absl::Status Guard(const char* what, const std::function<void()>& fn);

@@ -10,7 +10,7 @@ namespace meshrun {
 
 using kernels::CpuEngine;
 using kernels::Guard;
-using kernels::MemoryFor;
+using kernels::Bind;
 using kernels::PrimitiveKernel;
 using kernels::RowMajorDesc;
 
@@ -79,9 +79,9 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, c
                                               CpuEngine(), hint);
     kernel = std::make_unique<PrimitiveKernel>(
         "unary_grad", dnnl::eltwise_backward(pd),
-        std::unordered_map<int, dnnl::memory>{{DNNL_ARG_SRC, MemoryFor(md, x.raw())},
-                                              {DNNL_ARG_DIFF_DST, MemoryFor(md, dy.raw())},
-                                              {DNNL_ARG_DIFF_SRC, MemoryFor(md, dx.raw())}});
+        kernels::Args{{DNNL_ARG_SRC, Bind(md, x)},
+                                              {DNNL_ARG_DIFF_DST, Bind(md, dy)},
+                                              {DNNL_ARG_DIFF_SRC, Bind(md, dx)}});
   });
   if (!s.ok()) return s;
   return kernel;
@@ -105,8 +105,8 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const
         CpuEngine());
     kernel = std::make_unique<PrimitiveKernel>(
         "unary", dnnl::eltwise_forward(pd),
-        std::unordered_map<int, dnnl::memory>{{DNNL_ARG_SRC, MemoryFor(md, x.raw())},
-                                              {DNNL_ARG_DST, MemoryFor(md, y.raw())}});
+        kernels::Args{{DNNL_ARG_SRC, Bind(md, x)},
+                                              {DNNL_ARG_DST, Bind(md, y)}});
   });
   if (!s.ok()) return s;
   return kernel;
@@ -137,9 +137,9 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
     dnnl::binary::primitive_desc pd(dnnl::binary::desc(it->second, a_md, b_md, a_md), CpuEngine());
     kernel = std::make_unique<PrimitiveKernel>(
         "binary", dnnl::binary(pd),
-        std::unordered_map<int, dnnl::memory>{{DNNL_ARG_SRC_0, MemoryFor(a_md, a.raw())},
-                                              {DNNL_ARG_SRC_1, MemoryFor(b_md, b.raw())},
-                                              {DNNL_ARG_DST, MemoryFor(a_md, out.raw())}});
+        kernels::Args{{DNNL_ARG_SRC_0, Bind(a_md, a)},
+                                              {DNNL_ARG_SRC_1, Bind(b_md, b)},
+                                              {DNNL_ARG_DST, Bind(a_md, out)}});
   });
   if (!s.ok()) return s;
   return kernel;
@@ -164,8 +164,8 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, cons
     dnnl::reduction::primitive_desc pd(dnnl::reduction::desc(it->second, src_md, dst_md, 0.0f, 0.0f), CpuEngine());
     kernel = std::make_unique<PrimitiveKernel>(
         "reduce", dnnl::reduction(pd),
-        std::unordered_map<int, dnnl::memory>{{DNNL_ARG_SRC, MemoryFor(src_md, x.raw())},
-                                              {DNNL_ARG_DST, MemoryFor(dst_md, out.raw())}});
+        kernels::Args{{DNNL_ARG_SRC, Bind(src_md, x)},
+                                              {DNNL_ARG_DST, Bind(dst_md, out)}});
   });
   if (!s.ok()) return s;
   return kernel;

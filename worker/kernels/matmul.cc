@@ -9,7 +9,7 @@ namespace meshrun {
 
 using kernels::CpuEngine;
 using kernels::Guard;
-using kernels::MemoryFor;
+using kernels::Bind;
 using kernels::PrimitiveKernel;
 
 namespace {
@@ -23,9 +23,9 @@ Desc MatrixDesc(int64_t rows, int64_t cols, bool transposed_storage) {
 }
 
 // The primitive for c = alpha * a @ b (+ bias) (+ c), over the given views of fixed buffers.
-absl::StatusOr<std::unique_ptr<Kernel>> BuildMatmul(const Desc& a_md, const void* a, const Desc& b_md,
-                                                    const void* b, const void* bias, int64_t n, const Desc& c_md,
-                                                    void* c, const MatmulOptions& options) {
+absl::StatusOr<std::unique_ptr<Kernel>> BuildMatmul(const Desc& a_md, const Tensor& a, const Desc& b_md,
+                                                    const Tensor& b, const Tensor* bias, int64_t n, const Desc& c_md,
+                                                    Tensor& c, const MatmulOptions& options) {
   if (bias != nullptr && options.alpha != 1.0f) {
     return absl::InvalidArgumentError("matmul: a bias with alpha != 1 is not supported");
   }
@@ -38,12 +38,11 @@ absl::StatusOr<std::unique_ptr<Kernel>> BuildMatmul(const Desc& a_md, const void
       ops.append_sum(1.0f);
       attr.set_post_ops(ops);
     }
-    std::unordered_map<int, dnnl::memory> args = {
-        {DNNL_ARG_SRC, MemoryFor(a_md, a)}, {DNNL_ARG_WEIGHTS, MemoryFor(b_md, b)}, {DNNL_ARG_DST, MemoryFor(c_md, c)}};
+    kernels::Args args = {{DNNL_ARG_SRC, Bind(a_md, a)}, {DNNL_ARG_WEIGHTS, Bind(b_md, b)}, {DNNL_ARG_DST, Bind(c_md, c)}};
     dnnl::matmul::primitive_desc pd;
     if (bias != nullptr) {
       Desc bias_md({1, n}, dnnl::memory::data_type::f32, {n, 1});
-      args[DNNL_ARG_BIAS] = MemoryFor(bias_md, bias);
+      args.emplace_back(DNNL_ARG_BIAS, Bind(bias_md, *bias));
       pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), attr, CpuEngine());
     } else {
       pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, CpuEngine());
@@ -62,8 +61,8 @@ class RowSumKernel : public Kernel {
   }
   absl::Status Init(const Tensor& x, Tensor& out, const MatmulOptions& options) {
     const int64_t n = x.dims()[0], k = x.dims()[1];
-    absl::StatusOr<std::unique_ptr<Kernel>> m = BuildMatmul(MatrixDesc(1, n, false), ones_.raw(), MatrixDesc(n, k, false),
-                                                            x.raw(), nullptr, k, MatrixDesc(1, k, false), out.raw(), options);
+    absl::StatusOr<std::unique_ptr<Kernel>> m = BuildMatmul(MatrixDesc(1, n, false), ones_, MatrixDesc(n, k, false), x,
+                                                            nullptr, k, MatrixDesc(1, k, false), out, options);
     if (!m.ok()) return m.status();
     matmul_ = *std::move(m);
     return absl::OkStatus();
@@ -91,7 +90,7 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tens
     auto desc = [](int64_t b0, int64_t r, int64_t c0) {
       return Desc({b0, r, c0}, dnnl::memory::data_type::f32, {r * c0, c0, 1});
     };
-    return BuildMatmul(desc(bt, m, k), a.raw(), desc(bt, k, n), b.raw(), nullptr, n, desc(bt, m, n), c.raw(), options);
+    return BuildMatmul(desc(bt, m, k), a, desc(bt, k, n), b, nullptr, n, desc(bt, m, n), c, options);
   }
   if (a.dims().size() != 2 || b.dims().size() != 2 || c.dims().size() != 2) {
     return absl::InvalidArgumentError(absl::StrCat("matmul needs 2-D operands; got a ", DimsToString(a.dims()),
@@ -109,8 +108,8 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tens
     return absl::InvalidArgumentError(
         absl::StrCat("matmul bias has shape ", DimsToString(bias->dims()), "; expected [", n, "]"));
   }
-  return BuildMatmul(MatrixDesc(m, k, options.transpose_a), a.raw(), MatrixDesc(k, n, options.transpose_b), b.raw(),
-                     bias ? bias->raw() : nullptr, n, MatrixDesc(m, n, false), c.raw(), options);
+  return BuildMatmul(MatrixDesc(m, k, options.transpose_a), a, MatrixDesc(k, n, options.transpose_b), b, bias, n,
+                     MatrixDesc(m, n, false), c, options);
 }
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateReduceSumRows(const Tensor& x, Tensor& out, float alpha, bool accumulate) {

@@ -10,7 +10,8 @@ namespace meshrun {
 
 using kernels::CpuEngine;
 using kernels::Guard;
-using kernels::MemoryFor;
+using kernels::Bind;
+using kernels::BoundMemory;
 using kernels::RowMajorDesc;
 
 namespace {
@@ -33,12 +34,14 @@ class SoftmaxCrossEntropyKernel : public Kernel {
       dnnl::logsoftmax_forward::primitive_desc pd(
           dnnl::logsoftmax_forward::desc(dnnl::prop_kind::forward_inference, md, 1), CpuEngine());
       prim_ = dnnl::logsoftmax_forward(pd);
-      args_ = {{DNNL_ARG_SRC, MemoryFor(md, logits_.raw())}, {DNNL_ARG_DST, MemoryFor(md, logp_.raw())}};
+      src_ = Bind(md, logits_);
+      args_ = {{DNNL_ARG_SRC, src_.memory}, {DNNL_ARG_DST, Bind(md, logp_).memory}};  // logp_ is ours: fixed
     });
   }
 
   absl::Status Run() override {
     absl::Status s = Guard("logsoftmax", [&] {
+      src_.Rebind();
       prim_.execute(stream_, args_);
       stream_.wait();
     });
@@ -79,6 +82,7 @@ class SoftmaxCrossEntropyKernel : public Kernel {
   Tensor logp_;
   dnnl::stream stream_;
   dnnl::primitive prim_;
+  BoundMemory src_;
   std::unordered_map<int, dnnl::memory> args_;
 };
 
