@@ -64,6 +64,10 @@ Tensor Tensor::Alias() const {
   return alias;
 }
 
+void Tensor::ShareMemory(const Tensor& other, size_t byte_offset) {
+  data_ = std::shared_ptr<void>(other.data_, static_cast<char*>(other.data_.get()) + byte_offset);
+}
+
 void Tensor::ReplaceStorage() { data_ = Allocate(size_bytes()); }
 
 Tensor& Tensor::operator=(const Tensor& other) {

@@ -53,6 +53,10 @@ class Tensor {
   // A Tensor over this one's memory, not a copy: a write through either is seen by both. The
   // owner of a const Tensor that aliases it out must only read through the alias.
   Tensor Alias() const;
+  // Makes this Tensor a view of `other`'s memory from `byte_offset` on, keeping its own dtype and
+  // dims (a reshape or a contiguous slice without a copy). REQUIRES: byte_offset + size_bytes()
+  // <= other.size_bytes().
+  void ShareMemory(const Tensor& other, size_t byte_offset);
   // True while another Tensor shares this one's memory.
   bool aliased() const { return data_.use_count() > 1; }
   // Gives this Tensor memory of its own, contents unspecified; its aliases keep the old memory.

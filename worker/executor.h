@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -95,6 +96,10 @@ class Executor {
   OpObserver::Recorder RecorderFor(const v1::Op& op);
   Executor(const v1::StepProgram& program, const Options& options);
   absl::StatusOr<CompiledOp> Compile(const v1::Op& op);
+  // Fills view_ops_.
+  void FindViewOps();
+  // A view op if `op` is in view_ops_ and its result is one contiguous block of its input.
+  std::optional<CompiledOp> CompileView(const v1::Op& op, const Tensor* x, Tensor* y);
   // The shard_map ops (executor_general_ops.cc).
   absl::StatusOr<CompiledOp> CompileGeneral(const v1::Op& op, const std::vector<Tensor*>& in,
                                             const std::vector<Tensor*>& out);
@@ -109,7 +114,11 @@ class Executor {
   Options options_;
   std::map<std::string, Tensor> buffers_;
   std::set<std::string> written_;  // buffers an op or a feed writes
-  std::vector<Tensor*> written_buffers_;
+  std::vector<Tensor*> written_buffers_;  // those that own their memory (not views)
+  // Reshapes and slices that may make their output a view of their input instead of a copy: the
+  // output has no other writer and the input is written only by earlier ops of the same function.
+  std::set<const v1::Op*> view_ops_;
+  std::set<std::string> views_;  // outputs of view ops compiled as views
   std::map<std::string, v1::BufferRole> roles_;
   std::map<std::string, CompiledFunction> functions_;
   std::map<std::string, std::unique_ptr<Communicator>> communicators_;

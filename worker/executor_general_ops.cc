@@ -96,6 +96,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       if (x->num_elements() != y->num_elements() || x->dtype() != y->dtype()) {
         return Mismatch(op, *y, absl::StrCat(x->num_elements(), " elements of ", DTypeName(x->dtype())));
       }
+      if (std::optional<CompiledOp> view = CompileView(op, x, y)) return *view;
       return CompiledOp([x, y](const RunContext&) {
         std::memcpy(y->raw(), x->raw(), x->size_bytes());
         return absl::OkStatus();
@@ -243,6 +244,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
         return absl::InvalidArgumentError(absl::StrCat("slice of ", DimsToString(y->dims()), " does not fit in ",
                                                        DimsToString(x->dims()), " at the given starts"));
       }
+      if (std::optional<CompiledOp> view = CompileView(op, x, y)) return *view;
       return CompiledOp([x, y, starts](const RunContext&) {
         Slice(*x, starts, *y);
         return absl::OkStatus();
@@ -263,6 +265,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       if (y->dims() != expected || y->dtype() != x->dtype() || x->dims()[dim] % y->dims()[dim] != 0) {
         return Mismatch(op, *y, absl::StrCat("a slice of ", DimsToString(x->dims()), " along dim ", dim));
       }
+      if (std::optional<CompiledOp> view = CompileView(op, x, y)) return *view;
       return CompiledOp([x, index, y, dim](const RunContext&) {
         const int64_t i = static_cast<int64_t>(GetAsDouble(*index, 0));
         const int64_t size = y->dims()[dim];

@@ -89,5 +89,58 @@ TEST(ExecutorBindingTest, AnArgumentOfAnotherShapeOrAnUnknownBufferIsRefused) {
   EXPECT_THAT(ex->TakeOutput("z").status().message(), HasSubstr("no output buffer 'z'"));
 }
 
+// layer = stacked[i] (a dynamic slice, as a scan over stacked layers reads its parameters), then a
+// reshape and a matmul; `before` reshapes `a` before an op adds `b` into `a`.
+constexpr char kViewProgram[] = R"pb(
+  buffers { name: "stacked" dtype: DTYPE_F32 shape { dims: 4 dims: 2 dims: 3 } }
+  buffers { name: "i" dtype: DTYPE_I32 shape {} }
+  buffers { name: "layer" dtype: DTYPE_F32 shape { dims: 1 dims: 2 dims: 3 } }
+  buffers { name: "kernel" dtype: DTYPE_F32 shape { dims: 2 dims: 3 } }
+  buffers { name: "x" dtype: DTYPE_F32 shape { dims: 1 dims: 2 } }
+  buffers { name: "y" dtype: DTYPE_F32 shape { dims: 1 dims: 3 } }
+  buffers { name: "a" dtype: DTYPE_F32 shape { dims: 2 dims: 3 } }
+  buffers { name: "b" dtype: DTYPE_F32 shape { dims: 2 dims: 3 } }
+  buffers { name: "before" dtype: DTYPE_F32 shape { dims: 6 } }
+  functions {
+    name: "main"
+    ops { kind: OP_DYNAMIC_SLICE inputs: "stacked" inputs: "i" outputs: "layer" dim: 0 }
+    ops { kind: OP_RESHAPE inputs: "layer" outputs: "kernel" }
+    ops { kind: OP_MATMUL inputs: "x" inputs: "kernel" outputs: "y" }
+    ops { kind: OP_RESHAPE inputs: "a" outputs: "before" }
+    ops { kind: OP_ACCUMULATE inputs: "b" outputs: "a" scale: 1 }
+  }
+)pb";
+
+TEST(ExecutorBindingTest, SlicesAndReshapesAreViewsUnlessTheirInputIsWrittenLater) {
+  v1::StepProgram program;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kViewProgram, &program));
+  absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(program, Executor::Options{});
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  Tensor stacked(v1::DTYPE_F32, {4, 2, 3});
+  for (int64_t k = 0; k < stacked.num_elements(); ++k) stacked.data<float>()[k] = static_cast<float>(k);
+  Tensor i(v1::DTYPE_I32, {});
+  i.data<int32_t>()[0] = 2;
+  ASSERT_TRUE((*ex)->BindInput("stacked", stacked).ok());
+  ASSERT_TRUE((*ex)->BindInput("i", i).ok());
+  ASSERT_TRUE((*ex)->BindInput("x", Matrix(1, 2, {1, 10})).ok());
+  ASSERT_TRUE((*ex)->BindInput("a", Matrix(2, 3, {1, 2, 3, 4, 5, 6})).ok());
+  ASSERT_TRUE((*ex)->BindInput("b", Matrix(2, 3, {1, 1, 1, 1, 1, 1})).ok());
+  ASSERT_TRUE((*ex)->Run("main", RunContext{}).ok());
+
+  // stacked[2] is elements 12..17: [[12, 13, 14], [15, 16, 17]]; x @ it = [162, 173, 184].
+  EXPECT_EQ((*ex)->buffer("kernel")->raw(), stacked.data<float>() + 12) << "slice and reshape without copies";
+  EXPECT_THAT(Values(*(*ex)->TakeOutput("y")), ElementsAre(162, 173, 184));
+  EXPECT_NE((*ex)->buffer("before")->raw(), (*ex)->buffer("a")->raw()) << "a is written after the reshape";
+  EXPECT_THAT(Values(*(*ex)->TakeOutput("before")), ElementsAre(1, 2, 3, 4, 5, 6));
+  EXPECT_THAT(Values(*(*ex)->TakeOutput("a")), ElementsAre(2, 3, 4, 5, 6, 7));
+
+  Tensor past_the_end(v1::DTYPE_I32, {});
+  past_the_end.data<int32_t>()[0] = 4;
+  ASSERT_TRUE((*ex)->BindInput("i", past_the_end).ok());
+  absl::Status s = (*ex)->Run("main", RunContext{});
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(s.message(), HasSubstr("dynamic_slice start block 4 of size 1 is outside dim 0 (4)"));
+}
+
 }  // namespace
 }  // namespace meshrun
