@@ -210,6 +210,7 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> ArrayRegistry::ShardMap(const v1::Sha
   for (const auto& id : request.input_ids()) run.add_input_ids(id);
   for (const auto& o : outputs) run.add_output_ids(o.id());
   run.set_collective_timeout_seconds(request.collective_timeout_seconds());
+  *run.mutable_donate_argnums() = request.donate_argnums();
   std::vector<int> ranks(workers_->expected());
   std::iota(ranks.begin(), ranks.end(), 0);
   // Every worker runs the program; the first to fail has the others aborted at once, rather than

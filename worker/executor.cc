@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
     ex->buffers_.emplace(decl.name(), Tensor(decl.dtype(), dims));
     ex->roles_[decl.name()] = decl.role();
   }
-  ex->FindViewOps();
+  ex->AnalyzeBuffers();
   for (const v1::Function& f : ex->program_.functions()) {
     CompiledFunction cf{&f, {}, {}};
     for (int i = 0; i < f.ops_size(); ++i) {
@@ -76,14 +76,41 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
   return ex;
 }
 
-void Executor::FindViewOps() {
-  // Every writer of every buffer: (function, op index), a feed as op index -1.
-  std::map<std::string, std::vector<std::pair<int, int>>> writers;
+void Executor::AnalyzeBuffers() {
+  // Every writer and reader of every buffer: (function, op index), a feed as op index -1.
+  std::map<std::string, std::vector<std::pair<int, int>>> writers, readers;
   for (int f = 0; f < program_.functions_size(); ++f) {
     const v1::Function& fn = program_.functions(f);
     for (const v1::Feed& feed : fn.feeds()) writers[feed.buffer()].push_back({f, -1});
     for (int i = 0; i < fn.ops_size(); ++i) {
       for (const std::string& out : fn.ops(i).outputs()) writers[out].push_back({f, i});
+      for (const std::string& in : fn.ops(i).inputs()) readers[in].push_back({f, i});
+    }
+  }
+  std::set<std::string> viewed;  // inputs of view ops: a view would see an in-place update
+  for (int f = 0; f < program_.functions_size(); ++f) {
+    for (const v1::Op& op : program_.functions(f).ops()) {
+      if (op.kind() == v1::OP_RESHAPE || op.kind() == v1::OP_SLICE || op.kind() == v1::OP_DYNAMIC_SLICE) {
+        viewed.insert(op.inputs().begin(), op.inputs().end());
+      }
+    }
+  }
+  for (int f = 0; f < program_.functions_size(); ++f) {
+    const v1::Function& fn = program_.functions(f);
+    for (int i = 0; i < fn.ops_size(); ++i) {
+      const v1::Op& op = fn.ops(i);
+      if (op.kind() != v1::OP_ADAM_UPDATE || op.inputs_size() != 5 || op.outputs_size() != 3) continue;
+      // (output, input): new param over param, new mu over mu, new nu over nu.
+      for (const auto& [k, j] : {std::pair<int, int>{0, 0}, {1, 2}, {2, 3}}) {
+        const std::string& x = op.inputs(j);
+        const std::string& y = op.outputs(k);
+        bool ok = x != y && writers[x].empty() && !viewed.count(x) &&
+                  writers[y] == std::vector<std::pair<int, int>>{{f, i}} &&
+                  std::count(op.inputs().begin(), op.inputs().end(), x) == 1 &&
+                  std::count(op.inputs().begin(), op.inputs().end(), y) == 0;
+        for (const auto& [rf, ri] : readers[x]) ok = ok && rf == f && ri <= i;
+        if (ok) in_place_[x].push_back(y);
+      }
     }
   }
   for (int f = 0; f < program_.functions_size(); ++f) {
@@ -161,7 +188,7 @@ std::optional<Executor::CompiledOp> Executor::CompileView(const v1::Op& op, cons
   return std::nullopt;
 }
 
-absl::Status Executor::BindInput(const std::string& name, const Tensor& value) {
+absl::Status Executor::BindInput(const std::string& name, const Tensor& value, bool donated) {
   Tensor* b = buffer(name);
   if (b == nullptr) return absl::InvalidArgumentError(absl::StrCat("no input buffer '", name, "'"));
   if (b->dims() != value.dims() || b->dtype() != value.dtype()) {
@@ -169,8 +196,10 @@ absl::Status Executor::BindInput(const std::string& name, const Tensor& value) {
                                                    DimsToString(value.dims()), " but the program expects ",
                                                    DTypeName(b->dtype()), DimsToString(b->dims())));
   }
+  donated_.erase(name);
   if (!written_.count(name)) {
     *b = value.Alias();  // only read: kernels re-point at it when they run
+    if (donated) donated_.insert(name);
     return absl::OkStatus();
   }
   if (b->aliased()) b->ReplaceStorage();
@@ -227,9 +256,21 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
   auto it = functions_.find(name);
   if (it == functions_.end()) return absl::NotFoundError(absl::StrCat("program has no function '", name, "'"));
   const CompiledFunction& cf = it->second;
-  // Memory handed out by TakeOutput (or shared with a bound input) is never written again.
+  // Results written over donated inputs; then memory handed out by TakeOutput (or shared with
+  // a bound input) is never written again.
+  std::set<const Tensor*> over_donated;
+  for (const std::string& x : donated_) {
+    auto it = in_place_.find(x);
+    if (it == in_place_.end()) continue;
+    for (const std::string& y : it->second) {
+      Tensor* out = &buffers_.at(y);
+      out->ShareMemory(buffers_.at(x), 0);
+      over_donated.insert(out);
+    }
+  }
+  donated_.clear();
   for (Tensor* b : written_buffers_) {
-    if (b->aliased()) b->ReplaceStorage();
+    if (b->aliased() && !over_donated.count(b)) b->ReplaceStorage();
   }
   for (const v1::Feed& feed : cf.function->feeds()) {
     if (!ctx.feed) return absl::FailedPreconditionError(absl::StrCat("function '", name, "' needs feeds"));

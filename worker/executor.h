@@ -69,7 +69,11 @@ class Executor {
   // BindInput makes input buffer `name` read `value`'s memory when no op of the program writes
   // that buffer, and copies `value` into it otherwise. Errors: InvalidArgument for an unknown
   // buffer, or naming both dtypes and shapes when `value` does not match the buffer.
-  absl::Status BindInput(const std::string& name, const Tensor& value);
+  // `donated`: the caller gives up `value` (it holds no other reference to it and will not read
+  // it again), so an op that may update in place writes its result into this memory (an Adam
+  // update's new param, mu and nu over the old ones), as XLA reuses a donated buffer. Donation
+  // lasts for the next Run.
+  absl::Status BindInput(const std::string& name, const Tensor& value, bool donated = false);
   // Buffer `name` (after a Run) as a Tensor over the same memory, not a copy. The executor gives
   // the buffer new memory before its next Run writes it, so the result stays as it is.
   // Errors: InvalidArgument for an unknown buffer.
@@ -96,8 +100,8 @@ class Executor {
   OpObserver::Recorder RecorderFor(const v1::Op& op);
   Executor(const v1::StepProgram& program, const Options& options);
   absl::StatusOr<CompiledOp> Compile(const v1::Op& op);
-  // Fills view_ops_.
-  void FindViewOps();
+  // Fills view_ops_ and in_place_.
+  void AnalyzeBuffers();
   // A view op if `op` is in view_ops_ and its result is one contiguous block of its input.
   std::optional<CompiledOp> CompileView(const v1::Op& op, const Tensor* x, Tensor* y);
   // The shard_map ops (executor_general_ops.cc).
@@ -119,6 +123,10 @@ class Executor {
   // output has no other writer and the input is written only by earlier ops of the same function.
   std::set<const v1::Op*> view_ops_;
   std::set<std::string> views_;  // outputs of view ops compiled as views
+  // Input buffer -> the outputs an op may write over it when it is donated: the op reads element
+  // i of the input before writing element i of the output, and nothing reads the input later.
+  std::map<std::string, std::vector<std::string>> in_place_;
+  std::set<std::string> donated_;  // inputs donated for the next Run
   std::map<std::string, v1::BufferRole> roles_;
   std::map<std::string, CompiledFunction> functions_;
   std::map<std::string, std::unique_ptr<Communicator>> communicators_;

@@ -17,6 +17,15 @@ absl::StatusOr<std::shared_ptr<const Tensor>> ShardStore::Get(const std::string&
   return it->second;
 }
 
+absl::StatusOr<std::shared_ptr<const Tensor>> ShardStore::Take(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = shards_.find(id);
+  if (it == shards_.end()) return absl::NotFoundError(absl::StrCat("no array '", id, "' on this worker"));
+  std::shared_ptr<const Tensor> shard = std::move(it->second);
+  shards_.erase(it);
+  return shard;
+}
+
 absl::Status ShardStore::Delete(const std::string& id) {
   absl::MutexLock lock(&mu_);
   if (shards_.erase(id) == 0) return absl::NotFoundError(absl::StrCat("no array '", id, "' on this worker"));

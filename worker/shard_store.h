@@ -20,6 +20,8 @@ class ShardStore {
   void Put(const std::string& id, Tensor shard);
   // Errors: NotFound naming the id.
   absl::StatusOr<std::shared_ptr<const Tensor>> Get(const std::string& id);
+  // Removes the shard of `id` and returns it. Errors: NotFound naming the id.
+  absl::StatusOr<std::shared_ptr<const Tensor>> Take(const std::string& id);
   // Errors: NotFound naming the id.
   absl::Status Delete(const std::string& id);
   int64_t TotalBytes();

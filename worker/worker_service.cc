@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <numeric>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -174,10 +175,18 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
     cached = executors_.end() - 1;
   }
   std::unique_ptr<Executor>* executor = &cached->executor;
+  std::set<int> donated(req->donate_argnums().begin(), req->donate_argnums().end());
   for (int i = 0; i < p.inputs_size(); ++i) {
-    absl::StatusOr<std::shared_ptr<const Tensor>> shard = shards_.Get(req->input_ids(i));
+    // A donated argument leaves the store; if no one else holds it (a concurrent GetShard), the
+    // program may write its results over it. Passed twice or returned as is, it is only read.
+    const bool donate = donated.count(i) &&
+                        std::count(req->input_ids().begin(), req->input_ids().end(), req->input_ids(i)) == 1 &&
+                        std::count(p.outputs().begin(), p.outputs().end(), p.inputs(i)) == 0;
+    absl::StatusOr<std::shared_ptr<const Tensor>> shard =
+        donate ? shards_.Take(req->input_ids(i)) : shards_.Get(req->input_ids(i));
     if (!shard.ok()) return Error(shard.status());
-    if (absl::Status s = (*executor)->BindInput(p.inputs(i), **shard); !s.ok()) {
+    const bool sole_owner = shard->use_count() == 1;
+    if (absl::Status s = (*executor)->BindInput(p.inputs(i), **shard, donate && sole_owner); !s.ok()) {
       return Error(absl::Status(s.code(), absl::StrCat("argument ", i, " (array '", req->input_ids(i), "'): ",
                                                        s.message())));
     }

@@ -142,5 +142,62 @@ TEST(ExecutorBindingTest, SlicesAndReshapesAreViewsUnlessTheirInputIsWrittenLate
   EXPECT_THAT(s.message(), HasSubstr("dynamic_slice start block 4 of size 1 is outside dim 0 (4)"));
 }
 
+// One Adam update (optax.adam, lr 0.1) of a 2-element parameter; `seen` reads mu after it.
+constexpr char kAdamProgram[] = R"pb(
+  buffers { name: "p" dtype: DTYPE_F32 shape { dims: 2 } }
+  buffers { name: "g" dtype: DTYPE_F32 shape { dims: 2 } }
+  buffers { name: "mu" dtype: DTYPE_F32 shape { dims: 2 } }
+  buffers { name: "nu" dtype: DTYPE_F32 shape { dims: 2 } }
+  buffers { name: "step" dtype: DTYPE_F32 shape {} }
+  buffers { name: "p2" dtype: DTYPE_F32 shape { dims: 2 } }
+  buffers { name: "mu2" dtype: DTYPE_F32 shape { dims: 2 } }
+  buffers { name: "nu2" dtype: DTYPE_F32 shape { dims: 2 } }
+  buffers { name: "seen" dtype: DTYPE_F32 shape { dims: 2 } }
+  functions {
+    name: "main"
+    ops {
+      kind: OP_ADAM_UPDATE
+      inputs: "p" inputs: "g" inputs: "mu" inputs: "nu" inputs: "step"
+      outputs: "p2" outputs: "mu2" outputs: "nu2"
+      adamw { learning_rate: 0.1 b1: 0.9 b2: 0.999 eps: 1e-8 }
+    }
+    ops { kind: OP_UNARY fn: "abs" inputs: "mu" outputs: "seen" }
+  }
+)pb";
+
+TEST(ExecutorBindingTest, AdamWritesOverDonatedInputsThatNoLaterOpReads) {
+  v1::StepProgram program;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kAdamProgram, &program));
+  for (const bool donate : {false, true}) {
+    SCOPED_TRACE(donate ? "donated" : "not donated");
+    absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(program, Executor::Options{});
+    ASSERT_TRUE(ex.ok()) << ex.status();
+    Tensor p(v1::DTYPE_F32, {2}), g(v1::DTYPE_F32, {2}), mu(v1::DTYPE_F32, {2}), nu(v1::DTYPE_F32, {2});
+    p.data<float>()[0] = 1.0f;
+    p.data<float>()[1] = -2.0f;
+    g.data<float>()[0] = 0.5f;
+    g.data<float>()[1] = 0.25f;
+    ASSERT_TRUE((*ex)->BindInput("p", p, donate).ok());
+    ASSERT_TRUE((*ex)->BindInput("g", g, donate).ok());
+    ASSERT_TRUE((*ex)->BindInput("mu", mu, donate).ok());
+    ASSERT_TRUE((*ex)->BindInput("nu", nu, donate).ok());
+    ASSERT_TRUE((*ex)->BindInput("step", Tensor(v1::DTYPE_F32, {})).ok());
+    ASSERT_TRUE((*ex)->Run("main", RunContext{}).ok());
+    // optax.adam's first step moves each parameter by lr against the gradient's sign.
+    EXPECT_THAT(Values(*(*ex)->TakeOutput("p2")), ElementsAre(::testing::FloatNear(0.9f, 1e-6f),
+                                                                 ::testing::FloatNear(-2.1f, 1e-6f)));
+    EXPECT_THAT(Values(*(*ex)->TakeOutput("mu2")), ElementsAre(::testing::FloatNear(0.05f, 1e-7f),
+                                                                  ::testing::FloatNear(0.025f, 1e-7f)));
+    EXPECT_THAT(Values(*(*ex)->TakeOutput("seen")), ElementsAre(0, 0)) << "mu read after the update";
+    EXPECT_EQ((*ex)->buffer("p2")->raw() == p.raw(), donate) << "param updated in place only when donated";
+    EXPECT_EQ((*ex)->buffer("nu2")->raw() == nu.raw(), donate);
+    EXPECT_NE((*ex)->buffer("mu2")->raw(), mu.raw()) << "a later op reads mu: never in place";
+    EXPECT_THAT(Values(mu), ElementsAre(0, 0));
+    if (!donate) {
+      EXPECT_THAT(Values(p), ElementsAre(1, -2)) << "a kept argument is never written";
+    }
+  }
+}
+
 }  // namespace
 }  // namespace meshrun
