@@ -79,13 +79,10 @@ absl::StatusOr<v1::ArrayInfo> Client::Put(const Tensor& host, const PartitionSpe
   return resp.info();
 }
 
-absl::StatusOr<Tensor> Client::Get(const std::string& id) {
-  grpc::ClientContext ctx;
-  SetTimeout(ctx, absl::Seconds(120));
-  v1::GetArrayRequest req;
-  req.set_id(id);
-  v1::GetArrayResponse resp;
-  if (grpc::Status s = stub_->GetArray(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
+namespace {
+
+// The global array from one replica of each of its blocks (device_get's assembly).
+absl::StatusOr<Tensor> Assemble(const v1::GetArrayResponse& resp) {
   absl::StatusOr<NamedSharding> sharding = NamedSharding::FromProto(resp.info().sharding());
   if (!sharding.ok()) return sharding.status();
   Tensor global(resp.info().dtype(), Dims(resp.info().shape().dims().begin(), resp.info().shape().dims().end()));
@@ -96,6 +93,18 @@ absl::StatusOr<Tensor> Client::Get(const std::string& id) {
     if (absl::Status s = InsertShard(*block, *sharding, resp.block_ranks(i), global); !s.ok()) return s;
   }
   return global;
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> Client::Get(const std::string& id) {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(120));
+  v1::GetArrayRequest req;
+  req.set_id(id);
+  v1::GetArrayResponse resp;
+  if (grpc::Status s = stub_->GetArray(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
+  return Assemble(resp);
 }
 
 absl::Status Client::Delete(const std::string& id) {
@@ -160,18 +169,25 @@ absl::StatusOr<Client::JitResult> Client::Jit(const v1::GlobalProgram& program,
                                               const std::vector<std::string>& input_ids,
                                               const std::vector<std::string>& output_ids,
                                               absl::Duration collective_timeout,
-                                              const std::vector<int>& donate_argnums) {
+                                              const std::vector<int>& donate_argnums,
+                                              const std::vector<int>& fetch_outputs) {
   grpc::ClientContext ctx;
   SetTimeout(ctx, collective_timeout * 4 + absl::Seconds(60));
   v1::JitRequest req;
   *req.mutable_program() = program;
   SetCall(input_ids, output_ids, collective_timeout, donate_argnums, req);
+  for (int f : fetch_outputs) req.add_fetch_outputs(f);
   v1::JitResponse resp;
   if (grpc::Status s = stub_->Jit(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
   JitResult r;
   r.outputs.assign(resp.outputs().begin(), resp.outputs().end());
   r.collectives.assign(resp.collectives().begin(), resp.collectives().end());
   r.cache_hit = resp.cache_hit();
+  for (const v1::GetArrayResponse& got : resp.fetched()) {
+    absl::StatusOr<Tensor> t = Assemble(got);
+    if (!t.ok()) return t.status();
+    r.fetched.push_back(*std::move(t));
+  }
   return r;
 }
 

@@ -363,18 +363,16 @@ absl::StatusOr<float> TrainState::Step(const std::vector<std::string>& batch_ids
     outputs.push_back(Id(a.name));
   }
   inputs.insert(inputs.end(), batch_ids.begin(), batch_ids.end());
-  const std::string loss_id = Id("loss");
-  outputs.push_back(loss_id);
+  outputs.push_back("");  // the loss comes back in the response
   // The coordinator partitions the global step (once; then from its cache) and runs it.
-  absl::StatusOr<Client::JitResult> out =
-      client_->Jit(step_->step_global, inputs, outputs, absl::Seconds(30), donate);
+  absl::StatusOr<Client::JitResult> out = client_->Jit(step_->step_global, inputs, outputs, absl::Seconds(30), donate,
+                                                       {static_cast<int>(outputs.size()) - 1});
   if (!out.ok()) return out.status();
-  absl::StatusOr<Tensor> loss = client_->Get(loss_id);
-  absl::Status deleted = client_->Delete(loss_id);
-  if (!loss.ok()) return loss.status();
-  if (!deleted.ok()) return deleted;
+  if (out->fetched.size() != 1 || out->fetched[0].num_elements() != 1) {
+    return absl::InternalError("the train step returned no scalar loss");
+  }
   ++steps_;
-  return loss->data<float>()[0];
+  return out->fetched[0].data<float>()[0];
 }
 
 absl::StatusOr<Tensor> TrainState::Get(const std::string& name) const {

@@ -128,7 +128,7 @@ absl::Status ArrayRegistry::Delete(const std::string& id) {
   return s;
 }
 
-absl::StatusOr<std::vector<v1::ArrayInfo>> ArrayRegistry::ShardMap(const v1::ShardMapRequest& request) {
+absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapRequest& request) {
   const v1::ShardMapProgram& p = request.program();
   const Mesh& mesh = workers_->mesh();
   if (p.inputs_size() != request.input_ids_size() || p.in_specs_size() != p.inputs_size()) {
@@ -193,9 +193,17 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> ArrayRegistry::ShardMap(const v1::Sha
     }
     donated.insert(request.input_ids(a));
   }
+  std::set<int> fetched;
+  for (int o : request.fetch_outputs()) {
+    if (o < 0 || o >= p.outputs_size() || !fetched.insert(o).second) {
+      return absl::InvalidArgumentError(absl::StrCat("fetch_outputs: ", o, " is not a result index (0..",
+                                                     p.outputs_size() - 1, ") or is given twice"));
+    }
+  }
   {
     absl::MutexLock lock(&mu_);
     for (int i = 0; i < p.outputs_size(); ++i) {
+      if (fetched.count(i)) continue;  // returned, never registered
       std::string id = request.output_ids_size() ? request.output_ids(i) : absl::StrCat("array-", next_id_++);
       if (arrays_.count(id) && !donated.count(id)) {
         return absl::InvalidArgumentError(absl::StrCat("array id '", id, "' is in use (only a donated argument's id ",
@@ -213,6 +221,19 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> ArrayRegistry::ShardMap(const v1::Sha
   *run.mutable_donate_argnums() = request.donate_argnums();
   std::vector<int> ranks(workers_->expected());
   std::iota(ranks.begin(), ranks.end(), 0);
+  // A fetched result comes back from one holder of each of its blocks (the lowest rank).
+  std::vector<v1::RunShardMapRequest> runs(ranks.size(), run);
+  std::vector<std::vector<int>> returned_by(ranks.size());  // rank -> fetch_outputs positions
+  for (int f = 0; f < request.fetch_outputs_size(); ++f) {
+    const v1::ArrayInfo& info = outputs[request.fetch_outputs(f)];
+    absl::StatusOr<NamedSharding> sharding = NamedSharding::FromProto(info.sharding());
+    if (!sharding.ok()) return sharding.status();
+    for (const auto& holders : BlockHolders(Dims(info.shape().dims().begin(), info.shape().dims().end()), *sharding)) {
+      runs[holders.front()].add_return_outputs(request.fetch_outputs(f));
+      returned_by[holders.front()].push_back(f);
+    }
+  }
+  std::vector<v1::RunShardMapResponse> responses(ranks.size());
   // Every worker runs the program; the first to fail has the others aborted at once, rather than
   // leaving them waiting in a collective for its deadline.
   std::vector<grpc::Status> results(ranks.size());
@@ -226,8 +247,7 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> ArrayRegistry::ShardMap(const v1::Sha
     threads.emplace_back([&, r] {
       grpc::ClientContext ctx;
       SetTimeout(ctx, rpc_timeout_);
-      v1::RunShardMapResponse resp;
-      results[r] = stubs_[r]->RunShardMap(&ctx, run, &resp);
+      results[r] = stubs_[r]->RunShardMap(&ctx, runs[r], &responses[r]);
       after_abort[r] = aborted.load();
       if (results[r].ok() || results[r].error_code() == grpc::ABORTED || aborted.exchange(true)) return;
       for (int q : ranks) {
@@ -284,9 +304,30 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> ArrayRegistry::ShardMap(const v1::Sha
     }
     return s;
   }
+  v1::ShardMapResponse response;
+  for (int f = 0; f < request.fetch_outputs_size(); ++f) {
+    v1::GetArrayResponse* got = response.add_fetched();
+    *got->mutable_info() = outputs[request.fetch_outputs(f)];
+  }
+  for (int r : ranks) {
+    if (responses[r].outputs_size() != static_cast<int>(returned_by[r].size())) {
+      return absl::InternalError(absl::StrCat("worker ", workers_->Describe(r), " returned ",
+                                              responses[r].outputs_size(), " results; expected ",
+                                              returned_by[r].size()));
+    }
+    for (size_t k = 0; k < returned_by[r].size(); ++k) {
+      v1::GetArrayResponse* got = response.mutable_fetched(returned_by[r][k]);
+      *got->add_blocks() = std::move(*responses[r].mutable_outputs(k));
+      got->add_block_ranks(r);
+    }
+  }
   absl::MutexLock lock(&mu_);
-  for (const auto& o : outputs) arrays_[o.id()] = o;
-  return outputs;
+  for (int i = 0; i < p.outputs_size(); ++i) {
+    if (fetched.count(i)) continue;
+    arrays_[outputs[i].id()] = outputs[i];
+    *response.add_outputs() = outputs[i];
+  }
+  return response;
 }
 
 std::vector<v1::ArrayInfo> ArrayRegistry::List() {

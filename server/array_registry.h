@@ -40,7 +40,8 @@ class ArrayRegistry {
   // every worker is told to abort, then to reset its transport, and no output is registered.
   // Errors: InvalidArgument naming the argument, array and spec that do not match, or an output
   // spec that does not fit; worker errors (a collective deadline names the rank waited for).
-  absl::StatusOr<std::vector<v1::ArrayInfo>> ShardMap(const v1::ShardMapRequest& request);
+  // Results named in request.fetch_outputs come back in the response instead of being registered.
+  absl::StatusOr<v1::ShardMapResponse> ShardMap(const v1::ShardMapRequest& request);
 
   // Sharded checkpoints (core/checkpoint/checkpoint.h). Save: every worker writes the blocks it
   // owns of the named arrays in parallel into <root>/step_<N>.tmp-*, then the manifest is written

@@ -87,9 +87,9 @@ grpc::Status CoordinatorService::DeleteArray(grpc::ServerContext*, const v1::Del
 
 grpc::Status CoordinatorService::ShardMap(grpc::ServerContext*, const v1::ShardMapRequest* req,
                                           v1::ShardMapResponse* resp) {
-  absl::StatusOr<std::vector<v1::ArrayInfo>> outputs = arrays_->ShardMap(*req);
-  if (!outputs.ok()) return ToGrpcStatus(outputs.status());
-  for (auto& o : *outputs) *resp->add_outputs() = std::move(o);
+  absl::StatusOr<v1::ShardMapResponse> result = arrays_->ShardMap(*req);
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *resp = *std::move(result);
   return grpc::Status::OK;
 }
 
@@ -104,9 +104,11 @@ grpc::Status CoordinatorService::Jit(grpc::ServerContext*, const v1::JitRequest*
   *call.mutable_output_ids() = req->output_ids();
   call.set_collective_timeout_seconds(req->collective_timeout_seconds());
   *call.mutable_donate_argnums() = req->donate_argnums();
-  absl::StatusOr<std::vector<v1::ArrayInfo>> outputs = arrays_->ShardMap(call);
-  if (!outputs.ok()) return ToGrpcStatus(outputs.status());
-  for (auto& o : *outputs) *resp->add_outputs() = std::move(o);
+  *call.mutable_fetch_outputs() = req->fetch_outputs();
+  absl::StatusOr<v1::ShardMapResponse> result = arrays_->ShardMap(call);
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *resp->mutable_outputs() = std::move(*result->mutable_outputs());
+  *resp->mutable_fetched() = std::move(*result->mutable_fetched());
   for (const std::string& c : (*partitioned)->collectives) resp->add_collectives(c);
   resp->set_cache_hit(cache_hit);
   return grpc::Status::OK;

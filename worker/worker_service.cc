@@ -141,7 +141,7 @@ grpc::Status WorkerService::Abort(grpc::ServerContext*, const v1::AbortRequest* 
 }
 
 grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShardMapRequest* req,
-                                        v1::RunShardMapResponse*) {
+                                        v1::RunShardMapResponse* resp) {
   {
     absl::MutexLock lock(&join_mu_);
     if (!joined_) return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
@@ -175,6 +175,13 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
     cached = executors_.end() - 1;
   }
   std::unique_ptr<Executor>* executor = &cached->executor;
+  const std::set<int> returned(req->return_outputs().begin(), req->return_outputs().end());
+  for (int i : returned) {
+    if (i < 0 || i >= p.outputs_size()) {
+      return Error(absl::InvalidArgumentError(absl::StrCat("return_outputs: ", i, " is not a result index (0..",
+                                                           p.outputs_size() - 1, ")")));
+    }
+  }
   std::set<int> donated(req->donate_argnums().begin(), req->donate_argnums().end());
   for (int i = 0; i < p.inputs_size(); ++i) {
     // A donated argument leaves the store; if no one else holds it (a concurrent GetShard), the
@@ -195,7 +202,13 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
     executors_.erase(cached);  // recompiled on the next call, from a clean state
     return Error(s);
   }
+  for (int i : req->return_outputs()) {
+    absl::StatusOr<Tensor> result = (*executor)->TakeOutput(p.outputs(i));
+    if (!result.ok()) return Error(result.status());
+    *resp->add_outputs() = result->ToProto();
+  }
   for (int i = 0; i < p.outputs_size(); ++i) {
+    if (returned.count(i)) continue;
     absl::StatusOr<Tensor> result = (*executor)->TakeOutput(p.outputs(i));
     if (!result.ok()) return Error(result.status());
     shards_.Put(req->output_ids(i), *std::move(result));

@@ -216,6 +216,43 @@ TEST_F(JitE2ETest, TheCoordinatorPartitionsTheGlobalProgram) {
 
 // Grad ops are derived by the coordinator: the data-parallel gradient's psum comes out of its
 // partitioner, and the gradient equals the one partitioned in the client.
+TEST_F(JitE2ETest, FetchedResultsComeBackInTheResponseAndStayOffTheCluster) {
+  const Mesh mesh = *Mesh::Parse("data=2,model=4");
+  const Tensor x = testing::NormalTensor({kBatch, kDepth}, 0);
+  const Tensor w1 = testing::NormalTensor({kDepth, kHidden}, 1);
+  const Tensor w2 = testing::NormalTensor({kHidden, kDepth}, 2);
+  for (const Layout& l : Layouts()) {
+    const v1::GlobalProgram program = DotReluDot(mesh, l).global_program();
+    std::vector<std::string> ids;
+    for (auto [t, spec] : {std::pair{&x, l.x}, {&w1, l.w1}, {&w2, l.w2}}) {
+      absl::StatusOr<v1::ArrayInfo> put = client_->Put(*t, spec);
+      ASSERT_TRUE(put.ok()) << put.status();
+      ids.push_back(put->id());
+    }
+    absl::StatusOr<Client::JitResult> kept = client_->Jit(program, ids);
+    ASSERT_TRUE(kept.ok()) << l.name << ": " << kept.status();
+    absl::StatusOr<Tensor> want = client_->Get(kept->outputs[0].id());
+    ASSERT_TRUE(want.ok()) << want.status();
+    const size_t arrays_before = client_->ListArrays()->size();
+
+    absl::StatusOr<Client::JitResult> r = client_->Jit(program, ids, {"unused"}, absl::Seconds(30), {}, {0});
+    ASSERT_TRUE(r.ok()) << l.name << ": " << r.status();
+    EXPECT_TRUE(r->outputs.empty()) << l.name;
+    ASSERT_EQ(r->fetched.size(), 1u) << l.name;
+    ASSERT_EQ(r->fetched[0].dims(), want->dims()) << l.name;
+    EXPECT_EQ(std::memcmp(r->fetched[0].raw(), want->raw(), want->size_bytes()), 0)
+        << l.name << ": the fetched result differs from the stored one";
+    EXPECT_EQ(client_->ListArrays()->size(), arrays_before) << l.name << ": a fetched result was kept";
+    EXPECT_EQ(client_->Get("unused").status().code(), absl::StatusCode::kNotFound);
+
+    r = client_->Jit(program, ids, {}, absl::Seconds(30), {}, {1});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("fetch_outputs: 1 is not a result index (0..0)"));
+    ASSERT_TRUE(client_->Delete(kept->outputs[0].id()).ok());
+    for (const std::string& id : ids) ASSERT_TRUE(client_->Delete(id).ok());
+  }
+}
+
 TEST_F(JitE2ETest, TheCoordinatorDerivesGradients) {
   const Mesh mesh = *Mesh::Parse("data=2,model=4");
   JitBuilder jit(mesh);

@@ -78,17 +78,23 @@ class Client {
   // global_program(): ops on global arrays, no collectives) for its mesh, choosing each
   // intermediate's layout and inserting the collectives, derives the VJP of its grad ops, and runs
   // the per-shard program as ShardMap does (same arguments, donation and errors). Partitioned
-  // programs are cached on the coordinator. Errors: InvalidArgument naming the op (and dim) that
-  // does not partition on the cluster's mesh, or a malformed op by its index; those of ShardMap.
+  // programs are cached on the coordinator. The results at `fetch_outputs` (indices of the
+  // program's outputs) come back as host arrays in JitResult::fetched instead of staying on the
+  // cluster (jax.device_get of a result, in the same call; their output ids are not used), and
+  // JitResult::outputs lists the others. Errors: InvalidArgument naming the op (and dim) that
+  // does not partition on the cluster's mesh, a malformed op by its index, or a fetch index out
+  // of range; those of ShardMap.
   struct JitResult {
     std::vector<v1::ArrayInfo> outputs;
     std::vector<std::string> collectives;  // inserted by the coordinator: "psum(model)", ...
     bool cache_hit = false;                // partitioned by an earlier call
+    std::vector<Tensor> fetched;           // the results named by fetch_outputs, in its order
   };
   absl::StatusOr<JitResult> Jit(const v1::GlobalProgram& program, const std::vector<std::string>& input_ids,
                                 const std::vector<std::string>& output_ids = {},
                                 absl::Duration collective_timeout = absl::Seconds(30),
-                                const std::vector<int>& donate_argnums = {});
+                                const std::vector<int>& donate_argnums = {},
+                                const std::vector<int>& fetch_outputs = {});
 
   // Sharded checkpoints (core/checkpoint/checkpoint.h; `root` must be visible to every worker).
   // Save: every worker writes its own blocks in parallel; committed atomically as
