@@ -70,8 +70,10 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
     for (const v1::Op& op : f.ops()) ex->written_.insert(op.outputs().begin(), op.outputs().end());
     for (const v1::Feed& feed : f.feeds()) ex->written_.insert(feed.buffer());
   }
+  std::set<std::string> placed;
+  for (const Placement& p : ex->placements_) placed.insert(p.part);
   for (const std::string& name : ex->written_) {
-    if (!ex->views_.count(name)) ex->written_buffers_.push_back(&ex->buffers_.at(name));
+    if (!ex->views_.count(name) && !placed.count(name)) ex->written_buffers_.push_back(&ex->buffers_.at(name));
   }
   return ex;
 }
@@ -124,6 +126,49 @@ void Executor::AnalyzeBuffers() {
       bool ok = y_writers.size() == 1 && y_writers[0] == std::make_pair(f, i);
       for (const auto& [wf, wi] : writers[op.inputs(0)]) ok = ok && wf == f && wi >= 0 && wi < i;
       if (ok) view_ops_.insert(&op);
+    }
+  }
+  // Concatenations along a leading dim whose parts can be computed in place, each where the
+  // concatenation puts it (XLA's buffer assignment does the same): a part, or the buffer a
+  // reshape views as the part, has one writer, earlier in the function, and nothing else is
+  // placed there; the result has no other writer.
+  std::set<std::string> placed;
+  for (int f = 0; f < program_.functions_size(); ++f) {
+    const v1::Function& fn = program_.functions(f);
+    for (int c = 0; c < fn.ops_size(); ++c) {
+      const v1::Op& op = fn.ops(c);
+      if (op.kind() != v1::OP_CONCATENATE || op.outputs_size() != 1) continue;
+      const std::string& out = op.outputs(0);
+      const auto single = [&](const std::string& b, int before) {
+        const std::vector<std::pair<int, int>>& w = writers[b];
+        return w.size() == 1 && w[0].first == f && w[0].second >= 0 && w[0].second < before ? w[0].second : -1;
+      };
+      auto out_it = buffers_.find(out);
+      if (out_it == buffers_.end() || single(out, c + 1) != c || in_place_.count(out)) continue;
+      const Dims& od = out_it->second.dims();
+      bool ok = op.dim() >= 0 && op.dim() < static_cast<int64_t>(od.size());
+      for (int64_t d = 0; ok && d < op.dim(); ++d) ok = od[d] == 1;
+      std::vector<std::pair<std::string, size_t>> parts;
+      size_t offset = 0;
+      for (int k = 0; ok && k < op.inputs_size(); ++k) {
+        std::string target = op.inputs(k);
+        const int w = single(target, c);
+        ok = w >= 0 && buffers_.count(target);
+        if (ok && view_ops_.count(&fn.ops(w)) && fn.ops(w).kind() == v1::OP_RESHAPE) {
+          target = fn.ops(w).inputs(0);  // the reshape's input is where the part is computed
+          ok = single(target, w) >= 0;
+        }
+        ok = ok && target != out && !placed.count(target) && !in_place_.count(target) && buffers_.count(target);
+        for (const auto& [name, unused] : parts) ok = ok && name != target;
+        if (!ok) break;
+        parts.push_back({target, offset});
+        offset += buffers_.at(target).size_bytes();
+      }
+      if (!ok || offset != out_it->second.size_bytes()) continue;
+      for (const auto& [name, off] : parts) {
+        placed.insert(name);
+        placements_.push_back({name, out, off});
+      }
     }
   }
 }
@@ -272,6 +317,7 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
   for (Tensor* b : written_buffers_) {
     if (b->aliased() && !over_donated.count(b)) b->ReplaceStorage();
   }
+  for (const Placement& p : placements_) buffers_.at(p.part).ShareMemory(buffers_.at(p.whole), p.byte_offset);
   for (const v1::Feed& feed : cf.function->feeds()) {
     if (!ctx.feed) return absl::FailedPreconditionError(absl::StrCat("function '", name, "' needs feeds"));
     if (absl::Status s = ctx.feed(feed, &buffers_.at(feed.buffer())); !s.ok()) return s;

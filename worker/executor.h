@@ -100,7 +100,7 @@ class Executor {
   OpObserver::Recorder RecorderFor(const v1::Op& op);
   Executor(const v1::StepProgram& program, const Options& options);
   absl::StatusOr<CompiledOp> Compile(const v1::Op& op);
-  // Fills view_ops_ and in_place_.
+  // Fills view_ops_, in_place_ and placements_.
   void AnalyzeBuffers();
   // A view op if `op` is in view_ops_ and its result is one contiguous block of its input.
   std::optional<CompiledOp> CompileView(const v1::Op& op, const Tensor* x, Tensor* y);
@@ -127,6 +127,14 @@ class Executor {
   // i of the input before writing element i of the output, and nothing reads the input later.
   std::map<std::string, std::vector<std::string>> in_place_;
   std::set<std::string> donated_;  // inputs donated for the next Run
+  // Parts of concatenations computed where the concatenation puts them (its copy then does
+  // nothing): before each Run, `part` becomes a view of `whole` from `byte_offset` on.
+  struct Placement {
+    std::string part;
+    std::string whole;
+    size_t byte_offset;
+  };
+  std::vector<Placement> placements_;
   std::map<std::string, v1::BufferRole> roles_;
   std::map<std::string, CompiledFunction> functions_;
   std::map<std::string, std::unique_ptr<Communicator>> communicators_;

@@ -134,8 +134,17 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       expected[dim] = 0;
       for (const Tensor* x : xs) expected[dim] += x->dims()[dim];
       if (y->dims() != expected) return Mismatch(op, *y, DimsToString(expected));
-      return CompiledOp([xs, y, dim](const RunContext&) {
-        Concatenate(xs, dim, *y);
+      bool leading = true;  // parts are contiguous blocks of y
+      for (int64_t d = 0; d < dim; ++d) leading = leading && y->dims()[d] == 1;
+      return CompiledOp([xs, y, dim, leading](const RunContext&) {
+        // Parts already computed in place (Executor::placements_) need no copy.
+        const char* at = static_cast<const char*>(y->raw());
+        bool in_place = leading;
+        for (const Tensor* x : xs) {
+          in_place = in_place && x->raw() == at;
+          at += x->size_bytes();
+        }
+        if (!in_place) Concatenate(xs, dim, *y);
         return absl::OkStatus();
       });
     }

@@ -199,5 +199,49 @@ TEST(ExecutorBindingTest, AdamWritesOverDonatedInputsThatNoLaterOpReads) {
   }
 }
 
+// out = concatenate([|a0|, reshape(|a1|)]) along dim 0, as a scan stacks its per-layer
+// gradients; side = concatenate([a0t, a0t]) along dim 1, whose parts are not contiguous in it.
+constexpr char kConcatProgram[] = R"pb(
+  buffers { name: "a0" dtype: DTYPE_F32 shape { dims: 1 dims: 3 } }
+  buffers { name: "a1" dtype: DTYPE_F32 shape { dims: 3 } }
+  buffers { name: "p0" dtype: DTYPE_F32 shape { dims: 1 dims: 3 } }
+  buffers { name: "p1flat" dtype: DTYPE_F32 shape { dims: 3 } }
+  buffers { name: "p1" dtype: DTYPE_F32 shape { dims: 1 dims: 3 } }
+  buffers { name: "out" dtype: DTYPE_F32 shape { dims: 2 dims: 3 } }
+  buffers { name: "a0t" dtype: DTYPE_F32 shape { dims: 3 dims: 1 } }
+  buffers { name: "side" dtype: DTYPE_F32 shape { dims: 3 dims: 2 } }
+  functions {
+    name: "main"
+    ops { kind: OP_UNARY fn: "abs" inputs: "a0" outputs: "p0" }
+    ops { kind: OP_UNARY fn: "abs" inputs: "a1" outputs: "p1flat" }
+    ops { kind: OP_RESHAPE inputs: "p1flat" outputs: "p1" }
+    ops { kind: OP_CONCATENATE inputs: "p0" inputs: "p1" outputs: "out" dim: 0 }
+    ops { kind: OP_RESHAPE inputs: "a0" outputs: "a0t" }
+    ops { kind: OP_CONCATENATE inputs: "a0t" inputs: "a0t" outputs: "side" dim: 1 }
+  }
+)pb";
+
+TEST(ExecutorBindingTest, ConcatenatedPartsAreComputedInPlace) {
+  v1::StepProgram program;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kConcatProgram, &program));
+  absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(program, Executor::Options{});
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  for (int call = 0; call < 2; ++call) {
+    const float sign = call == 0 ? -1.0f : 1.0f;
+    Tensor a1(v1::DTYPE_F32, {3});
+    for (int i = 0; i < 3; ++i) a1.data<float>()[i] = sign * (4 + i);
+    ASSERT_TRUE((*ex)->BindInput("a0", Matrix(1, 3, {sign * 1, 2, sign * 3})).ok());
+    ASSERT_TRUE((*ex)->BindInput("a1", a1).ok());
+    ASSERT_TRUE((*ex)->Run("main", RunContext{}).ok());
+    const char* out = static_cast<const char*>((*ex)->buffer("out")->raw());
+    EXPECT_EQ((*ex)->buffer("p0")->raw(), out);
+    EXPECT_EQ((*ex)->buffer("p1flat")->raw(), out + 3 * sizeof(float)) << "computed where the concat puts it";
+    absl::StatusOr<Tensor> got = (*ex)->TakeOutput("out");
+    ASSERT_TRUE(got.ok());
+    EXPECT_THAT(Values(*got), ElementsAre(1, 2, 3, 4, 5, 6)) << "call " << call;
+    EXPECT_THAT(Values(*(*ex)->TakeOutput("side")), ElementsAre(sign * 1, sign * 1, 2, 2, sign * 3, sign * 3));
+  }
+}
+
 }  // namespace
 }  // namespace meshrun
