@@ -4,6 +4,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/synchronization/mutex.h"
 #include "glog/logging.h"
 #include "server/coordinator_runner.h"
 
@@ -18,6 +19,9 @@ ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(3), "a worker silent 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("meshrun coordinator: mesh topology, sharding plans, job driver");
   absl::ParseCommandLine(argc, argv);
+  // Debian's Abseil checks every Mutex acquisition for lock-order cycles (a debugging aid); off,
+  // as in release builds.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0]);
   meshrun::CoordinatorOptions o;
