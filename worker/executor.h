@@ -65,8 +65,7 @@ class Executor {
   // prefixed with the function and op index (collective errors name the peer rank).
   absl::Status Run(const std::string& name, const RunContext& ctx);
 
-  // Zero-copy arguments and results (donation, as jax.jit's donate_argnums saves a copy):
-  // BindInput makes input buffer `name` read `value`'s memory when no op of the program writes
+  // Zero-copy arguments and results. BindInput makes input buffer `name` read `value`'s memory when no op of the program writes
   // that buffer, and copies `value` into it otherwise. Errors: InvalidArgument for an unknown
   // buffer, or naming both dtypes and shapes when `value` does not match the buffer.
   // `donated`: the caller gives up `value` (it holds no other reference to it and will not read
@@ -79,7 +78,8 @@ class Executor {
   // Errors: InvalidArgument for an unknown buffer.
   absl::StatusOr<Tensor> TakeOutput(const std::string& name);
 
-  // The buffer called `name`, or null.
+  // The buffer called `name`, or null. The Tensor stays where it is for the executor's life, but
+  // its memory may change from one Run to the next (bound inputs, views, handed-out results).
   Tensor* buffer(const std::string& name);
   const v1::StepProgram& program() const { return program_; }
   const Options& options() const { return options_; }

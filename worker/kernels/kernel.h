@@ -15,7 +15,8 @@
 namespace meshrun {
 
 // A primitive bound to its buffers. Run() is not thread-safe for one kernel; distinct kernels may
-// run concurrently. The buffers given at creation must outlive the kernel and must not move.
+// run concurrently. The Tensors given at creation must outlive the kernel and must not move; their
+// memory may change between runs (each run reads and writes the tensors' current storage).
 class Kernel {
  public:
   virtual ~Kernel() = default;
