@@ -6,7 +6,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
-#include "core/array_ops.h"
 #include "core/optim/adamw.h"
 #include "worker/kernels/kernel.h"
 
@@ -26,6 +25,11 @@ absl::Status Arity(const v1::Op& op, int inputs, int outputs) {
                                                    op.outputs_size()));
   }
   return absl::OkStatus();
+}
+
+// Reshapes and slices: their result may be a view of their input (Executor::CompileView).
+bool IsViewKind(v1::OpKind kind) {
+  return kind == v1::OP_RESHAPE || kind == v1::OP_SLICE || kind == v1::OP_DYNAMIC_SLICE;
 }
 
 }  // namespace
@@ -67,8 +71,6 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
       }
     }
     ex->functions_[f.name()] = std::move(cf);
-    for (const v1::Op& op : f.ops()) ex->written_.insert(op.outputs().begin(), op.outputs().end());
-    for (const v1::Feed& feed : f.feeds()) ex->written_.insert(feed.buffer());
   }
   std::set<std::string> placed;
   for (const Placement& p : ex->placements_) placed.insert(p.part);
@@ -81,22 +83,17 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
 void Executor::AnalyzeBuffers() {
   // Every writer and reader of every buffer: (function, op index), a feed as op index -1.
   std::map<std::string, std::vector<std::pair<int, int>>> writers, readers;
+  std::set<std::string> viewed;  // inputs of view ops: a view would see an in-place update
   for (int f = 0; f < program_.functions_size(); ++f) {
     const v1::Function& fn = program_.functions(f);
     for (const v1::Feed& feed : fn.feeds()) writers[feed.buffer()].push_back({f, -1});
     for (int i = 0; i < fn.ops_size(); ++i) {
       for (const std::string& out : fn.ops(i).outputs()) writers[out].push_back({f, i});
       for (const std::string& in : fn.ops(i).inputs()) readers[in].push_back({f, i});
+      if (IsViewKind(fn.ops(i).kind())) viewed.insert(fn.ops(i).inputs().begin(), fn.ops(i).inputs().end());
     }
   }
-  std::set<std::string> viewed;  // inputs of view ops: a view would see an in-place update
-  for (int f = 0; f < program_.functions_size(); ++f) {
-    for (const v1::Op& op : program_.functions(f).ops()) {
-      if (op.kind() == v1::OP_RESHAPE || op.kind() == v1::OP_SLICE || op.kind() == v1::OP_DYNAMIC_SLICE) {
-        viewed.insert(op.inputs().begin(), op.inputs().end());
-      }
-    }
-  }
+  for (const auto& [name, unused] : writers) written_.insert(name);
   for (int f = 0; f < program_.functions_size(); ++f) {
     const v1::Function& fn = program_.functions(f);
     for (int i = 0; i < fn.ops_size(); ++i) {
@@ -119,9 +116,7 @@ void Executor::AnalyzeBuffers() {
     const v1::Function& fn = program_.functions(f);
     for (int i = 0; i < fn.ops_size(); ++i) {
       const v1::Op& op = fn.ops(i);
-      const bool view_kind =
-          op.kind() == v1::OP_RESHAPE || op.kind() == v1::OP_SLICE || op.kind() == v1::OP_DYNAMIC_SLICE;
-      if (!view_kind || op.inputs_size() < 1 || op.outputs_size() != 1 || op.inputs(0) == op.outputs(0)) continue;
+      if (!IsViewKind(op.kind()) || op.inputs_size() < 1 || op.outputs_size() != 1 || op.inputs(0) == op.outputs(0)) continue;
       const std::vector<std::pair<int, int>>& y_writers = writers[op.outputs(0)];
       bool ok = y_writers.size() == 1 && y_writers[0] == std::make_pair(f, i);
       for (const auto& [wf, wi] : writers[op.inputs(0)]) ok = ok && wf == f && wi >= 0 && wi < i;
@@ -171,66 +166,6 @@ void Executor::AnalyzeBuffers() {
       }
     }
   }
-}
-
-std::optional<Executor::CompiledOp> Executor::CompileView(const v1::Op& op, const Tensor* x, Tensor* y) {
-  if (!view_ops_.count(&op)) return std::nullopt;
-  const Dims& xd = x->dims();
-  const Dims& yd = y->dims();
-  // Row-major strides of x, in elements.
-  std::vector<int64_t> stride(xd.size(), 1);
-  for (int d = static_cast<int>(xd.size()) - 2; d >= 0; --d) stride[d] = stride[d + 1] * xd[d + 1];
-  // A block of x is contiguous when the dims before its first partial one are single indices and
-  // those after it are whole.
-  auto contiguous = [&](int64_t partial) {
-    for (int64_t d = 0; d < static_cast<int64_t>(xd.size()); ++d) {
-      if (d < partial && yd[d] != 1) return false;
-      if (d > partial && yd[d] != xd[d]) return false;
-    }
-    return true;
-  };
-  const size_t elem = DTypeSize(x->dtype());
-  views_.insert(op.outputs(0));
-  switch (op.kind()) {
-    case v1::OP_RESHAPE:
-      return CompiledOp([x, y](const RunContext&) {
-        y->ShareMemory(*x, 0);
-        return absl::OkStatus();
-      });
-    case v1::OP_SLICE: {
-      int64_t partial = 0;
-      while (partial < static_cast<int64_t>(xd.size()) && yd[partial] == 1) ++partial;
-      if (partial == static_cast<int64_t>(xd.size())) partial = static_cast<int64_t>(xd.size()) - 1;
-      if (!contiguous(partial)) break;
-      int64_t offset = 0;
-      for (size_t d = 0; d < xd.size(); ++d) offset += op.starts(d) * stride[d];
-      const size_t byte_offset = offset * elem;
-      return CompiledOp([x, y, byte_offset](const RunContext&) {
-        y->ShareMemory(*x, byte_offset);
-        return absl::OkStatus();
-      });
-    }
-    case v1::OP_DYNAMIC_SLICE: {
-      const int64_t dim = op.dim();
-      if (!contiguous(dim)) break;
-      const Tensor* index = buffer(op.inputs(1));
-      const size_t block_bytes = stride[dim] * yd[dim] * elem;
-      return CompiledOp([x, y, index, dim, block_bytes](const RunContext&) {
-        const int64_t i = static_cast<int64_t>(GetAsDouble(*index, 0));
-        const int64_t size = y->dims()[dim];
-        if (i < 0 || (i + 1) * size > x->dims()[dim]) {
-          return absl::OutOfRangeError(absl::StrCat("dynamic_slice start block ", i, " of size ", size,
-                                                    " is outside dim ", dim, " (", x->dims()[dim], ")"));
-        }
-        y->ShareMemory(*x, i * block_bytes);
-        return absl::OkStatus();
-      });
-    }
-    default:
-      break;
-  }
-  views_.erase(op.outputs(0));
-  return std::nullopt;
 }
 
 absl::Status Executor::BindInput(const std::string& name, const Tensor& value, bool donated) {
@@ -305,9 +240,9 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
   // a bound input) is never written again.
   std::set<const Tensor*> over_donated;
   for (const std::string& x : donated_) {
-    auto it = in_place_.find(x);
-    if (it == in_place_.end()) continue;
-    for (const std::string& y : it->second) {
+    auto targets = in_place_.find(x);
+    if (targets == in_place_.end()) continue;
+    for (const std::string& y : targets->second) {
       Tensor* out = &buffers_.at(y);
       out->ShareMemory(buffers_.at(x), 0);
       over_donated.insert(out);

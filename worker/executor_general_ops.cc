@@ -40,7 +40,75 @@ Executor::CompiledOp FromKernel(absl::StatusOr<std::unique_ptr<Kernel>> k) {
   return [kernel](const RunContext&) { return kernel ? kernel->Run() : absl::OkStatus(); };
 }
 
+// The start block of a dynamic_slice: y is block `index` of x's dim `dim` (blocks of y's size).
+// Errors: OutOfRange naming the block when it is outside the dim.
+absl::StatusOr<int64_t> DynamicSliceBlock(const Tensor& x, const Tensor& index, const Tensor& y, int64_t dim) {
+  const int64_t i = static_cast<int64_t>(GetAsDouble(index, 0));
+  const int64_t size = y.dims()[dim];
+  if (i < 0 || (i + 1) * size > x.dims()[dim]) {
+    return absl::OutOfRangeError(absl::StrCat("dynamic_slice start block ", i, " of size ", size,
+                                              " is outside dim ", dim, " (", x.dims()[dim], ")"));
+  }
+  return i;
+}
+
 }  // namespace
+
+std::optional<Executor::CompiledOp> Executor::CompileView(const v1::Op& op, const Tensor* x, Tensor* y) {
+  if (!view_ops_.count(&op)) return std::nullopt;
+  const Dims& xd = x->dims();
+  const Dims& yd = y->dims();
+  // Row-major strides of x, in elements.
+  std::vector<int64_t> stride(xd.size(), 1);
+  for (int d = static_cast<int>(xd.size()) - 2; d >= 0; --d) stride[d] = stride[d + 1] * xd[d + 1];
+  // A block of x is contiguous when the dims before its first partial one are single indices and
+  // those after it are whole.
+  auto contiguous = [&](int64_t partial) {
+    for (int64_t d = 0; d < static_cast<int64_t>(xd.size()); ++d) {
+      if (d < partial && yd[d] != 1) return false;
+      if (d > partial && yd[d] != xd[d]) return false;
+    }
+    return true;
+  };
+  const size_t elem = DTypeSize(x->dtype());
+  views_.insert(op.outputs(0));
+  switch (op.kind()) {
+    case v1::OP_RESHAPE:
+      return CompiledOp([x, y](const RunContext&) {
+        y->ShareMemory(*x, 0);
+        return absl::OkStatus();
+      });
+    case v1::OP_SLICE: {
+      int64_t partial = 0;
+      while (partial < static_cast<int64_t>(xd.size()) && yd[partial] == 1) ++partial;
+      if (partial == static_cast<int64_t>(xd.size())) partial = static_cast<int64_t>(xd.size()) - 1;
+      if (!contiguous(partial)) break;
+      int64_t offset = 0;
+      for (size_t d = 0; d < xd.size(); ++d) offset += op.starts(d) * stride[d];
+      const size_t byte_offset = offset * elem;
+      return CompiledOp([x, y, byte_offset](const RunContext&) {
+        y->ShareMemory(*x, byte_offset);
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_DYNAMIC_SLICE: {
+      const int64_t dim = op.dim();
+      if (!contiguous(dim)) break;
+      const Tensor* index = buffer(op.inputs(1));
+      const size_t block_bytes = stride[dim] * yd[dim] * elem;
+      return CompiledOp([x, y, index, dim, block_bytes](const RunContext&) {
+        absl::StatusOr<int64_t> i = DynamicSliceBlock(*x, *index, *y, dim);
+        if (!i.ok()) return i.status();
+        y->ShareMemory(*x, *i * block_bytes);
+        return absl::OkStatus();
+      });
+    }
+    default:
+      break;
+  }
+  views_.erase(op.outputs(0));
+  return std::nullopt;
+}
 
 absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, const std::vector<Tensor*>& in,
                                                               const std::vector<Tensor*>& out) {
@@ -276,14 +344,10 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       }
       if (std::optional<CompiledOp> view = CompileView(op, x, y)) return *view;
       return CompiledOp([x, index, y, dim](const RunContext&) {
-        const int64_t i = static_cast<int64_t>(GetAsDouble(*index, 0));
-        const int64_t size = y->dims()[dim];
-        if (i < 0 || (i + 1) * size > x->dims()[dim]) {
-          return absl::OutOfRangeError(absl::StrCat("dynamic_slice start block ", i, " of size ", size,
-                                                    " is outside dim ", dim, " (", x->dims()[dim], ")"));
-        }
+        absl::StatusOr<int64_t> i = DynamicSliceBlock(*x, *index, *y, dim);
+        if (!i.ok()) return i.status();
         std::vector<int64_t> starts(x->dims().size(), 0);
-        starts[dim] = i * size;
+        starts[dim] = *i * y->dims()[dim];
         Slice(*x, starts, *y);
         return absl::OkStatus();
       });
