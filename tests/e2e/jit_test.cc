@@ -142,6 +142,19 @@ class JitE2ETest : public testing::ClusterSuite<JitE2ETest> {
  public:
   static constexpr const char* kMesh = "data=2,model=4";
   static constexpr const char* kTag = "jit";
+
+ protected:
+  // Puts x, w1 and w2 laid out as `l` says; their array ids, in that order.
+  absl::StatusOr<std::vector<std::string>> PutArguments(const Layout& l, const Tensor& x, const Tensor& w1,
+                                                        const Tensor& w2) {
+    std::vector<std::string> ids;
+    for (auto [t, spec] : {std::pair{&x, l.x}, {&w1, l.w1}, {&w2, l.w2}}) {
+      absl::StatusOr<v1::ArrayInfo> put = client_->Put(*t, spec);
+      if (!put.ok()) return put.status();
+      ids.push_back(put->id());
+    }
+    return ids;
+  }
 };
 
 TEST_F(JitE2ETest, EveryLayoutComputesTheUnshardedResult) {
@@ -174,12 +187,9 @@ TEST_F(JitE2ETest, TheCoordinatorPartitionsTheGlobalProgram) {
     const JitBuilder jit = DotReluDot(mesh, l);
     const v1::GlobalProgram& program = jit.global_program();
     ASSERT_EQ(program.ops_size(), 7) << l.name;  // 3 inputs, dot, relu, dot, output
-    std::vector<std::string> ids;
-    for (auto [t, spec] : {std::pair{&x, l.x}, {&w1, l.w1}, {&w2, l.w2}}) {
-      absl::StatusOr<v1::ArrayInfo> put = client_->Put(*t, spec);
-      ASSERT_TRUE(put.ok()) << put.status();
-      ids.push_back(put->id());
-    }
+    absl::StatusOr<std::vector<std::string>> put = PutArguments(l, x, w1, w2);
+    ASSERT_TRUE(put.ok()) << put.status();
+    const std::vector<std::string>& ids = *put;
     for (int call = 0; call < 2; ++call) {
       absl::StatusOr<Client::JitResult> r = client_->Jit(program, ids);
       ASSERT_TRUE(r.ok()) << l.name << ": " << r.status();
@@ -223,12 +233,9 @@ TEST_F(JitE2ETest, FetchedResultsComeBackInTheResponseAndStayOffTheCluster) {
   const Tensor w2 = testing::NormalTensor({kHidden, kDepth}, 2);
   for (const Layout& l : Layouts()) {
     const v1::GlobalProgram program = DotReluDot(mesh, l).global_program();
-    std::vector<std::string> ids;
-    for (auto [t, spec] : {std::pair{&x, l.x}, {&w1, l.w1}, {&w2, l.w2}}) {
-      absl::StatusOr<v1::ArrayInfo> put = client_->Put(*t, spec);
-      ASSERT_TRUE(put.ok()) << put.status();
-      ids.push_back(put->id());
-    }
+    absl::StatusOr<std::vector<std::string>> put = PutArguments(l, x, w1, w2);
+    ASSERT_TRUE(put.ok()) << put.status();
+    const std::vector<std::string>& ids = *put;
     absl::StatusOr<Client::JitResult> kept = client_->Jit(program, ids);
     ASSERT_TRUE(kept.ok()) << l.name << ": " << kept.status();
     absl::StatusOr<Tensor> want = client_->Get(kept->outputs[0].id());
