@@ -17,7 +17,7 @@ int RunAllReduceBench(const AllReduceBenchOptions& o) {
   std::printf("%8s %10s %8s %12s %12s %12s\n", "workers", "size", "iters", "p50 time(us)", "algbw(GB/s)",
               "busbw(GB/s)");
   for (int n : o.workers) {
-    auto cluster = StartBenchCluster(absl::StrCat("data=", n), o.bin_dir, 1);
+    auto cluster = StartBenchCluster(absl::StrCat("data=", n), o.bin_dir, 1, o.shm_transport);
     if (cluster == nullptr) return 1;
     auto stubs = WorkerStubs(cluster->coordinator_address());
     if (!stubs.ok()) return 1;

@@ -1,5 +1,6 @@
-// Whole-cluster benchmarks run by `meshrun bench ...`: real coordinator and worker processes over
-// loopback gRPC, timed from the outside.
+// Whole-cluster benchmarks run by `meshrun bench ...`: real coordinator and worker processes on
+// this host, timed from the outside. Collectives go through shared memory (worker/shm_transport.h)
+// unless `shm_transport` is false, when they take the loopback gRPC ring as between hosts.
 #ifndef MESHRUN_BENCH_BENCH_H_
 #define MESHRUN_BENCH_BENCH_H_
 
@@ -13,6 +14,7 @@ struct AllReduceBenchOptions {
   std::vector<int> workers = {2, 4, 8};
   std::vector<int64_t> sizes_bytes;  // empty: 4 KiB, 16 KiB, ..., 64 MiB
   int iters = 0;                     // 0: scaled to the size
+  bool shm_transport = true;
   std::string bin_dir;
 };
 // Prints, per worker count and message size: p50 time per all-reduce, algbw and busbw
@@ -22,6 +24,7 @@ int RunAllReduceBench(const AllReduceBenchOptions& options);
 struct CollectivesBenchOptions {
   std::string mesh = "data=2,model=4";
   std::vector<int64_t> sizes_bytes = {4 << 10, 1 << 20, 16 << 20};
+  bool shm_transport = true;
   std::string bin_dir;
 };
 // Prints p50 time, algbw and busbw of psum, all_gather, psum_scatter and ppermute over each axis
@@ -43,6 +46,7 @@ struct StepBenchOptions {
   std::string mesh = "data=2,model=4";  // the "single" layout runs on one worker
   int steps = 10;   // timed steps (after `warmup`)
   int warmup = 2;
+  bool shm_transport = true;
   std::string bin_dir;
 };
 // Prints, per workload and layout: p50 step time (client-side, one step call), samples/s, the

@@ -17,8 +17,9 @@ std::string HumanBytes(int64_t b) {
 }
 
 std::unique_ptr<LocalCluster> StartBenchCluster(const std::string& mesh, const std::string& bin_dir,
-                                                int compute_threads) {
+                                                int compute_threads, bool shm_transport) {
   LocalClusterOptions lo;
+  lo.shm_transport = shm_transport;
   lo.mesh = mesh;
   lo.bin_dir = bin_dir;
   lo.compute_threads = compute_threads;

@@ -20,10 +20,10 @@ struct CollectiveTiming {
   double busbw_gbps = 0;  // algbw x 2(n-1)/n for psum, (n-1)/n for all_gather / psum_scatter, 1 for ppermute
 };
 
-// A local cluster for a benchmark (compute_threads 0: LocalCluster's default); prints the error
-// and returns null if it does not start.
+// A local cluster for a benchmark (compute_threads 0: LocalCluster's default; shm_transport as
+// LocalClusterOptions); prints the error and returns null if it does not start.
 std::unique_ptr<LocalCluster> StartBenchCluster(const std::string& mesh, const std::string& bin_dir,
-                                                int compute_threads);
+                                                int compute_threads, bool shm_transport = true);
 
 // The stubs of every worker of the cluster (by rank), from its coordinator.
 absl::StatusOr<std::vector<std::unique_ptr<v1::Worker::Stub>>> WorkerStubs(const std::string& coordinator);

@@ -9,7 +9,7 @@
 namespace meshrun {
 
 int RunCollectivesBench(const CollectivesBenchOptions& o) {
-  auto cluster = StartBenchCluster(o.mesh, o.bin_dir, 1);
+  auto cluster = StartBenchCluster(o.mesh, o.bin_dir, 1, o.shm_transport);
   if (cluster == nullptr) return 1;
   auto stubs = WorkerStubs(cluster->coordinator_address());
   if (!stubs.ok()) return 1;

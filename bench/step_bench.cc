@@ -58,7 +58,7 @@ int RunStepBench(const StepBenchOptions& o) {
                     mesh_text.c_str(), std::string(step.status().message()).c_str());
         continue;
       }
-      auto cluster = StartBenchCluster(mesh_text, o.bin_dir, 0);
+      auto cluster = StartBenchCluster(mesh_text, o.bin_dir, 0, o.shm_transport);
       if (cluster == nullptr) return 1;
       auto client = Client::Connect(cluster->coordinator_address());
       if (!client.ok()) return Fail(client.status(), "connect");

@@ -123,7 +123,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     absl::StatusOr<pid_t> w =
         Spawn(bin + "/meshrun-worker",
               {absl::StrCat("--coordinator=", c->address_), absl::StrCat("--compute_threads=", threads),
-               absl::StrCat("--join_timeout=", absl::FormatDuration(o.start_timeout))},
+               absl::StrCat("--join_timeout=", absl::FormatDuration(o.start_timeout)),
+               absl::StrCat("--shm_transport=", o.shm_transport ? "true" : "false")},
               absl::StrCat(c->log_dir_, "/worker", r, ".log"), env);
     if (!w.ok()) return w.status();
     c->worker_pids_.push_back(*w);

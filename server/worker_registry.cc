@@ -48,6 +48,7 @@ absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(const v1::Register
     e.peer.set_pid(req.pid());
     e.peer.set_hostname(req.hostname());
     e.peer.set_metrics_address(req.metrics_address());
+    e.peer.set_shm_host_id(req.shm_host_id());
     e.last_heartbeat = absl::Now();
   }
   auto all = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return RegisteredCountLocked() == expected(); };

@@ -18,6 +18,7 @@ ABSL_FLAG(int, rank, -1, "rank to ask for (-1: any)");
 ABSL_FLAG(int, compute_threads, 0, "oneDNN compute threads (0: library default)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port, -1: off)");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(60), "how long to try to join the cluster");
+ABSL_FLAG(bool, shm_transport, true, "collectives with workers on this host go through shared memory (false: gRPC)");
 ABSL_FLAG(absl::Duration, orphan_timeout, absl::Seconds(10), "exit when the coordinator is gone this long");
 
 namespace {
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
   o.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   o.orphan_timeout = absl::GetFlag(FLAGS_orphan_timeout);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.shm_transport = absl::GetFlag(FLAGS_shm_transport);
   absl::Status s = meshrun::RunWorker(o);
   if (!s.ok()) {
     LOG(ERROR) << s;

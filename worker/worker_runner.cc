@@ -13,6 +13,7 @@
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "net/grpc_util.h"
 #include "net/metrics.h"
+#include "worker/shm_transport.h"
 #include "worker/worker_service.h"
 
 namespace meshrun {
@@ -95,6 +96,7 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   gethostname(hostname, sizeof(hostname) - 1);
   req.set_hostname(hostname);
   req.set_requested_rank(o.requested_rank);
+  if (o.shm_transport) req.set_shm_host_id(ShmHostId());
   if (metrics_server != nullptr) req.set_metrics_address(absl::StrCat(advertise, ":", metrics_server->port()));
   absl::StatusOr<v1::RegisterResponse> reg = RegisterWithRetry(*stub, req, o);
   if (!reg.ok()) {
@@ -106,7 +108,10 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   absl::StatusOr<Mesh> mesh = Mesh::FromProto(reg->mesh());
   if (!mesh.ok()) return mesh.status();
   m.mesh = *mesh;
-  for (const auto& p : reg->peers()) m.addresses.push_back(p.address());
+  for (const auto& p : reg->peers()) {
+    m.addresses.push_back(p.address());
+    m.shm_peers.push_back(ShmPeer{p.shm_host_id(), p.pid()});
+  }
   m.cluster_id = reg->cluster_id();
   g_rank.store(m.rank);
   worker.Join(m, &ring);

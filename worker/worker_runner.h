@@ -20,6 +20,9 @@ struct WorkerRunnerOptions {
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
   absl::Duration orphan_timeout = absl::Seconds(10);     // exit if the coordinator is gone this long
   int metrics_port = 0;                                   // Prometheus /metrics; 0: any free port; -1: off
+  // Collectives with peers on this host go through shared memory (worker/shm_transport.h);
+  // false: every peer over gRPC.
+  bool shm_transport = true;
 };
 
 // Runs until the coordinator asks the worker to stop (returns OK), the process gets SIGINT or

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "glog/logging.h"
 #include "net/grpc_util.h"
 #include "worker/kernels/kernel.h"
@@ -23,6 +24,19 @@ void WorkerService::Join(Membership membership, RingService* ring) {
   mailbox_ = std::make_unique<Mailbox>(membership_.mesh.size());
   transport_ = std::make_unique<GrpcTransport>(membership_.rank, membership_.addresses, membership_.cluster_id,
                                                mailbox_.get());
+  if (membership_.shm_peers.size() == membership_.addresses.size()) {
+    absl::StatusOr<std::unique_ptr<ShmTransport>> shm =
+        ShmTransport::Create(membership_.rank, membership_.cluster_id, membership_.shm_peers, mailbox_.get(),
+                             std::move(transport_), ShmTransport::Options());
+    CHECK(shm.ok()) << shm.status();  // only a malformed membership fails, and Join's caller built it
+    std::vector<int> local;
+    for (int r = 0; r < (*shm)->world_size(); ++r) {
+      if ((*shm)->CoLocated(r)) local.push_back(r);
+    }
+    LOG(INFO) << "shared-memory links to the ranks on this host: [" << absl::StrJoin(local, ", ")
+              << "]; gRPC to the others";
+    transport_ = *std::move(shm);
+  }
   ring->Attach(mailbox_.get(), membership_.mesh.size(), membership_.cluster_id);
   joined_ = true;
 }

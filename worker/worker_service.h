@@ -15,6 +15,7 @@
 #include "core/sharding/mesh.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "worker/grpc_transport.h"
+#include "worker/shm_transport.h"
 #include "worker/shard_store.h"
 #include "worker/trainer.h"
 #include "worker/worker_metrics.h"
@@ -27,6 +28,9 @@ struct Membership {
   Mesh mesh;
   std::vector<std::string> addresses;  // by rank
   std::string cluster_id;
+  // By rank, where each worker runs; peers on this worker's host (same non-empty host id) get
+  // shared-memory links. Empty: gRPC to everyone.
+  std::vector<ShmPeer> shm_peers;
 };
 
 // Thread-safe. RPCs that use the program (LoadProgram, RunSteps, Evaluate, RunShardMap, BenchmarkCollective)
@@ -71,7 +75,7 @@ class WorkerService final : public v1::Worker::Service {
   bool joined_ ABSL_GUARDED_BY(join_mu_) = false;
   Membership membership_;                 // set once by Join
   std::unique_ptr<Mailbox> mailbox_;      // set once by Join
-  std::unique_ptr<GrpcTransport> transport_;
+  std::unique_ptr<Transport> transport_;  // ShmTransport over GrpcTransport, or GrpcTransport
 
   ShardStore shards_;
 

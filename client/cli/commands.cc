@@ -41,6 +41,7 @@ int Up(const UpArgs& args) {
   o.mesh = args.mesh;
   o.port = args.port;
   o.log_dir = args.log_dir;
+  o.shm_transport = !args.no_shm;
   auto cluster = LocalCluster::Start(o);
   if (!cluster.ok()) return Fail(cluster.status());
   std::printf("meshrun cluster up: coordinator %s, %zu workers, mesh %s\nlogs: %s\npress Ctrl-C to stop\n",

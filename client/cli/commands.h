@@ -30,6 +30,7 @@ struct UpArgs {
   std::string mesh = "data=8";
   int port = 50051;
   std::string log_dir;
+  bool no_shm = false;  // collectives over gRPC only
 };
 // Starts a local cluster and keeps it up until SIGINT / SIGTERM, then stops it cleanly.
 int Up(const UpArgs& args);

@@ -28,6 +28,8 @@ int main(int argc, char** argv) {
   up_cmd->add_option("--mesh", up.mesh, "mesh axes, e.g. data=8 or data=2,model=4")->capture_default_str();
   up_cmd->add_option("--port", up.port, "coordinator port (0: any free port)")->capture_default_str();
   up_cmd->add_option("--log-dir", up.log_dir, "directory for process logs");
+  up_cmd->add_flag("--no-shm", up.no_shm,
+                   "workers exchange collective data over the gRPC ring only (default: shared memory on this host)");
 
   meshrun::cli::TrainArgs train;
   auto* train_cmd = app.add_subcommand("train", "run a train job");
@@ -100,10 +102,14 @@ int main(int argc, char** argv) {
   ar_cmd->add_option("--workers", ar_workers, "worker counts")->capture_default_str();
   ar_cmd->add_option("--iters", ar.iters, "timed iterations per size (0: scaled to the size)");
   ar_cmd->add_option("--sizes", ar.sizes_bytes, "message sizes in bytes (default 4 KiB..64 MiB)");
+  const std::string kNoShm = "collectives over the loopback gRPC ring, as between hosts (default: shared memory)";
+  bool ar_no_shm = false, cb_no_shm = false, sb_no_shm = false;
+  ar_cmd->add_flag("--no-shm", ar_no_shm, kNoShm);
   meshrun::CollectivesBenchOptions cb;
   auto* cb_cmd = bench_cmd->add_subcommand("collectives", "psum, all_gather, psum_scatter, ppermute over each mesh axis");
   cb_cmd->add_option("--mesh", cb.mesh, "mesh")->capture_default_str();
   cb_cmd->add_option("--sizes", cb.sizes_bytes, "message sizes in bytes");
+  cb_cmd->add_flag("--no-shm", cb_no_shm, kNoShm);
   meshrun::TrainBenchOptions tb;
   auto* tb_cmd = bench_cmd->add_subcommand("train", "samples/s of the main job");
   tb_cmd->add_option("--workers", train_workers, "worker counts")->capture_default_str();
@@ -116,6 +122,7 @@ int main(int argc, char** argv) {
   sb_cmd->add_option("--layouts", sb_layouts, "comma-separated")->capture_default_str();
   sb_cmd->add_option("--mesh", sb.mesh, "mesh of the multi-worker layouts")->capture_default_str();
   sb_cmd->add_option("--steps", sb.steps, "timed steps per run")->capture_default_str();
+  sb_cmd->add_flag("--no-shm", sb_no_shm, kNoShm);
 
   meshrun::CkptBenchOptions kb;
   auto* kb_cmd = bench_cmd->add_subcommand("ckpt", "save / restore GB/s of a TrainState and async-save blocking");
@@ -158,9 +165,13 @@ int main(int argc, char** argv) {
     if (show_cmd->parsed()) return meshrun::cli::Show(coordinator, array_id);
     if (ar_cmd->parsed()) {
       ar.workers = ParseInts(ar_workers);
+      ar.shm_transport = !ar_no_shm;
       return meshrun::RunAllReduceBench(ar);
     }
-    if (cb_cmd->parsed()) return meshrun::RunCollectivesBench(cb);
+    if (cb_cmd->parsed()) {
+      cb.shm_transport = !cb_no_shm;
+      return meshrun::RunCollectivesBench(cb);
+    }
     if (plan_cmd->parsed()) {
       if (!plan.config_path.empty() && !plan_cmd->count("--mesh")) plan.mesh.clear();
       return meshrun::cli::Plan(plan);
@@ -169,6 +180,7 @@ int main(int argc, char** argv) {
     if (sb_cmd->parsed()) {
       sb.workloads = absl::StrSplit(sb_workloads, ',', absl::SkipEmpty());
       sb.layouts = absl::StrSplit(sb_layouts, ',', absl::SkipEmpty());
+      sb.shm_transport = !sb_no_shm;
       return meshrun::RunStepBench(sb);
     }
     if (tb_cmd->parsed()) {

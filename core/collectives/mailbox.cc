@@ -6,7 +6,20 @@ namespace meshrun {
 
 Mailbox::Mailbox(int world_size) : queues_(world_size), peer_failed_(world_size) {}
 
+void Mailbox::SetControlHandler(uint64_t tag, ControlHandler handler) {
+  absl::MutexLock lock(&control_mu_);
+  control_tag_ = tag;
+  control_ = std::move(handler);
+}
+
 void Mailbox::Deliver(int src, uint64_t tag, std::string payload) {
+  {
+    absl::MutexLock lock(&control_mu_);
+    if (control_ && tag == control_tag_) {
+      control_(src, payload);
+      return;
+    }
+  }
   absl::MutexLock lock(&mu_);
   queues_[src].push_back(Message{tag, std::move(payload)});
 }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,14 @@ class Mailbox {
  public:
   explicit Mailbox(int world_size);
 
+  // Queues `payload` for Take(src), or hands it to the control handler of `tag` if one is set.
   void Deliver(int src, uint64_t tag, std::string payload);
+  // Messages tagged `tag` go to `handler` on the delivering thread instead of the queues (a
+  // transport's own control messages, e.g. ShmTransport's ring announcements). One tag at a time;
+  // a null handler removes it, waiting for a call in progress to return. `handler` must not call
+  // SetControlHandler.
+  using ControlHandler = std::function<void(int src, const std::string& payload)>;
+  void SetControlHandler(uint64_t tag, ControlHandler handler);
   // Future Take(src) calls fail with `status` once src's queue is drained.
   void MarkPeerFailed(int src, absl::Status status);
   // Fails every Take with `reason` until Reset().
@@ -36,6 +44,9 @@ class Mailbox {
     uint64_t tag;
     std::string payload;
   };
+  absl::Mutex control_mu_;  // held while a control handler runs
+  uint64_t control_tag_ ABSL_GUARDED_BY(control_mu_) = 0;
+  ControlHandler control_ ABSL_GUARDED_BY(control_mu_);
   absl::Mutex mu_;
   std::vector<std::deque<Message>> queues_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> peer_failed_ ABSL_GUARDED_BY(mu_);

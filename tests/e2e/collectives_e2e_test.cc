@@ -2,10 +2,14 @@
 // the 2x4 mesh, element counts 0, 1 and 13, f32 and bf16, each device's result compared with a
 // reference computed here. Outputs use a spec that gives every device its own block, so the
 // assembled array holds every device's local result.
+#include <fstream>
+#include <sstream>
+
 #include "absl/strings/str_cat.h"
 #include "core/array_ops.h"
 #include "core/collectives/reduce_kernels.h"
 #include "core/random/threefry.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
@@ -104,8 +108,19 @@ TEST_P(WorldSizeTest, EveryCollectiveMatchesTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(OneToEight, WorldSizeTest, ::testing::Range(1, 9));
 
-TEST(SubAxisGroupsTest, CollectivesOverEachAxisAndBothOfThe2x4Mesh) {
-  auto cluster = Start("data=2,model=4");
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Over shared memory (the workers share this host) and over the gRPC ring only, as between hosts.
+class SubAxisOverTransportTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(SubAxisOverTransportTest, CollectivesOverEachAxisAndBothOfThe2x4Mesh) {
+  const bool shm = GetParam();
+  auto cluster = testing::StartCluster("data=2,model=4", "coll", shm);
   ASSERT_NE(cluster, nullptr);
   auto client = Client::Connect(cluster->coordinator_address());
   ASSERT_TRUE(client.ok());
@@ -146,7 +161,17 @@ TEST(SubAxisGroupsTest, CollectivesOverEachAxisAndBothOfThe2x4Mesh) {
     }
   }
   ASSERT_TRUE(cluster->Stop().ok());
+  // Each worker names its 7 peers as on this host, or none.
+  for (int w = 0; w < 8; ++w) {
+    EXPECT_THAT(ReadFile(absl::StrCat(cluster->log_dir(), "/worker", w, ".log")),
+                ::testing::ContainsRegex(shm ? "on this host: \\[[0-7], [0-7], [0-7], [0-7], [0-7], [0-7], [0-7]\\]"
+                                             : "on this host: \\[\\]"))
+        << "worker " << w;
+  }
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, SubAxisOverTransportTest, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "Shm" : "Grpc"; });
 
 // The seed's FSDP shard_params pattern: each device keeps lax.dynamic_slice_in_dim(w,
 // axis_index * size, size); plus iota and random bits.

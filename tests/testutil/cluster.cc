@@ -9,10 +9,11 @@
 
 namespace meshrun::testing {
 
-std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::string& tag) {
+std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::string& tag, bool shm_transport) {
   LocalClusterOptions o;
   o.mesh = mesh;
-  o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-", tag, "-", mesh, "-", getpid());
+  o.shm_transport = shm_transport;
+  o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-", tag, "-", mesh, shm_transport ? "" : "-grpc", "-", getpid());
   auto c = LocalCluster::Start(o);
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? *std::move(c) : nullptr;

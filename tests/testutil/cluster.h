@@ -19,7 +19,9 @@ namespace meshrun::testing {
 
 // A cluster for `mesh` whose logs go under the test temp dir, named after `tag`; null (with a
 // test failure recorded) if it does not start.
-std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::string& tag);
+// `shm_transport`: as LocalClusterOptions (false: collectives over the gRPC ring only).
+std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::string& tag,
+                                           bool shm_transport = true);
 
 // f32 standard normal samples from std::mt19937(seed).
 Tensor NormalTensor(Dims dims, uint32_t seed);

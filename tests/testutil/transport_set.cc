@@ -1,5 +1,8 @@
 #include "tests/testutil/transport_set.h"
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -7,11 +10,23 @@
 #include "core/collectives/mailbox.h"
 #include "grpcpp/grpcpp.h"
 #include "net/grpc_util.h"
+#include "glog/logging.h"
 #include "worker/grpc_transport.h"
+#include "worker/shm_transport.h"
 
 namespace meshrun::testing {
 
-std::string KindName(TransportKind kind) { return kind == TransportKind::kGrpc ? "Grpc" : "InProcess"; }
+std::string KindName(TransportKind kind) {
+  switch (kind) {
+    case TransportKind::kInProcess:
+      return "InProcess";
+    case TransportKind::kGrpc:
+      return "Grpc";
+    case TransportKind::kShm:
+      return "Shm";
+  }
+  return "?";
+}
 
 struct TransportSet::Impl {
   std::vector<std::unique_ptr<RingService>> rings;
@@ -20,7 +35,7 @@ struct TransportSet::Impl {
   std::vector<std::unique_ptr<Transport>> transports;
 };
 
-TransportSet::TransportSet(TransportKind kind, int n) : n_(n), impl_(new Impl) {
+TransportSet::TransportSet(TransportKind kind, int n, const TransportSetOptions& options) : n_(n), impl_(new Impl) {
   if (kind == TransportKind::kInProcess) {
     impl_->transports = CreateInProcessTransports(n);
     return;
@@ -41,6 +56,21 @@ TransportSet::TransportSet(TransportKind kind, int n) : n_(n), impl_(new Impl) {
     impl_->rings[r]->Attach(impl_->mailboxes[r].get(), n, "test-cluster");
     impl_->transports.push_back(
         std::make_unique<GrpcTransport>(r, addresses, "test-cluster", impl_->mailboxes[r].get()));
+  }
+  if (kind != TransportKind::kShm) return;
+  std::vector<ShmPeer> peers(n);
+  for (int r = 0; r < n; ++r) {
+    peers[r].host_id = r < static_cast<int>(options.host_ids.size()) ? options.host_ids[r] : "test-host";
+    peers[r].pid = r < static_cast<int>(options.pids.size()) ? options.pids[r] : getpid();
+  }
+  ShmTransport::Options so;
+  so.ring_bytes = options.shm_ring_bytes;
+  for (int r = 0; r < n; ++r) {
+    if (std::count(options.bare_ranks.begin(), options.bare_ranks.end(), r) > 0) continue;
+    absl::StatusOr<std::unique_ptr<ShmTransport>> t = ShmTransport::Create(
+        r, "test-cluster", peers, impl_->mailboxes[r].get(), std::move(impl_->transports[r]), so);
+    CHECK(t.ok()) << t.status();
+    impl_->transports[r] = *std::move(t);
   }
 }
 

@@ -1,5 +1,6 @@
-// N connected transports of one kind, for collective tests: in-process (threads as ranks) or
-// real gRPC (one RingService + server per rank on loopback, in this process).
+// N connected transports of one kind, for collective tests: in-process (threads as ranks), real
+// gRPC (one RingService + server per rank on loopback, in this process), or shared memory over
+// that gRPC set (ShmTransport: every rank on "one host", rings in /dev/shm).
 #ifndef MESHRUN_TESTS_TESTUTIL_TRANSPORT_SET_H_
 #define MESHRUN_TESTS_TESTUTIL_TRANSPORT_SET_H_
 
@@ -12,12 +13,22 @@
 
 namespace meshrun::testing {
 
-enum class TransportKind { kInProcess, kGrpc };
+enum class TransportKind { kInProcess, kGrpc, kShm };
 std::string KindName(TransportKind kind);
+
+struct TransportSetOptions {
+  // kShm: bytes of each ring (small, so that tests fill rings and cut messages into fragments).
+  size_t shm_ring_bytes = 8192;
+  // kShm: each rank's host id (default: the same for all) and pid (default: this process's).
+  std::vector<std::string> host_ids;
+  std::vector<int64_t> pids;
+  // kShm: ranks left with a plain GrpcTransport (no shared-memory receiver drains their rings).
+  std::vector<int> bare_ranks;
+};
 
 class TransportSet {
  public:
-  TransportSet(TransportKind kind, int n);
+  TransportSet(TransportKind kind, int n, const TransportSetOptions& options = {});
   ~TransportSet();
   Transport* at(int rank);
   int size() const { return n_; }

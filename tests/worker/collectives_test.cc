@@ -181,7 +181,8 @@ TEST_P(CollectivesTest, PpermuteAndAllToAll) {
 
 INSTANTIATE_TEST_SUITE_P(
     TransportsWorldsCountsDtypes, CollectivesTest,
-    ::testing::Combine(::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc), ::testing::Range(1, 9),
+    ::testing::Combine(::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc, TransportKind::kShm),
+                       ::testing::Range(1, 9),
                        ::testing::Values<int64_t>(0, 1, 13), ::testing::Values(v1::DTYPE_F32, v1::DTYPE_BF16)),
     [](const ::testing::TestParamInfo<Param>& info) {
       return KindName(std::get<0>(info.param)) + "_world" + std::to_string(std::get<1>(info.param)) + "_count" +
@@ -219,7 +220,8 @@ TEST_P(SubAxisTest, GroupsOfThe2x4Mesh) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, SubAxisTest, ::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc),
+INSTANTIATE_TEST_SUITE_P(Transports, SubAxisTest,
+                         ::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc, TransportKind::kShm),
                          [](const auto& info) { return KindName(info.param); });
 
 // The seed's examples at the collective level, on a 4-way axis.

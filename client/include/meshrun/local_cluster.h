@@ -22,6 +22,9 @@ struct LocalClusterOptions {
   int compute_threads = 0;      // per worker; 0: max(1, cores / workers), so workers do not oversubscribe
   absl::Duration start_timeout = absl::Seconds(60);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // Workers exchange collective data through shared memory (they all run on this host); false:
+  // through the gRPC ring transport, as workers on different hosts do.
+  bool shm_transport = true;
 };
 
 // Owns the child processes. Children get PR_SET_PDEATHSIG, so they die with this process even

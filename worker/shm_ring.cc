@@ -1,0 +1,225 @@
+#include "worker/shm_ring.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+
+namespace meshrun {
+namespace {
+
+constexpr uint64_t kMagic = 0x676e69724d485352;  // "RSHMring"
+constexpr size_t kHeaderBytes = 4096;
+constexpr size_t kPage = 4096;
+constexpr uint32_t kFirst = 1, kLast = 2;
+
+struct FrameHeader {
+  uint64_t tag;
+  uint64_t total;  // bytes of the whole message
+  uint32_t len;    // bytes of this fragment
+  uint32_t flags;  // kFirst | kLast
+};
+static_assert(sizeof(FrameHeader) == 24);
+
+uint64_t Pad8(uint64_t n) { return (n + 7) & ~uint64_t{7}; }
+
+// Shared futexes (no FUTEX_PRIVATE_FLAG): the words live in a mapping shared by two processes.
+void FutexWait(std::atomic<uint32_t>* word, uint32_t expected, absl::Duration timeout) {
+  timespec ts = absl::ToTimespec(std::max(timeout, absl::ZeroDuration()));
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+void FutexWake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+}
+
+absl::Status Errno(absl::StatusCode code, const std::string& what, const std::string& name) {
+  return absl::Status(code, absl::StrCat(what, " ", name, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+struct ShmRing::Header {
+  uint64_t magic;
+  uint64_t capacity;
+  alignas(64) std::atomic<uint64_t> head;  // bytes ever written (producer)
+  alignas(64) std::atomic<uint64_t> tail;  // bytes ever consumed (consumer)
+  alignas(64) std::atomic<uint32_t> data_seq;   // bumped after head moves; the consumer waits on it
+  alignas(64) std::atomic<uint32_t> space_seq;  // bumped after tail moves; the producer waits on it
+};
+// The counters are shared between processes: they must be lock-free (hence address-free).
+static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
+
+ShmRing::ShmRing(std::string name, void* base, size_t mapped_bytes)
+    : name_(std::move(name)), base_(base), mapped_bytes_(mapped_bytes), header_(static_cast<Header*>(base)),
+      data_(static_cast<char*>(base) + kHeaderBytes), capacity_(mapped_bytes - kHeaderBytes) {}
+
+ShmRing::~ShmRing() { munmap(base_, mapped_bytes_); }
+
+void ShmRing::Unlink() const { shm_unlink(name_.c_str()); }
+
+absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::Create(const std::string& name, size_t capacity_bytes) {
+  const size_t capacity = std::max<size_t>(2 * kPage, (capacity_bytes + kPage - 1) / kPage * kPage);
+  const size_t bytes = kHeaderBytes + capacity;
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0) {
+    return Errno(errno == EEXIST ? absl::StatusCode::kAlreadyExists : absl::StatusCode::kUnavailable,
+                 "cannot create shared-memory segment", name);
+  }
+  // Reserve the pages now: a tmpfs that runs out later would kill the writer with SIGBUS.
+  if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
+    close(fd);
+    shm_unlink(name.c_str());
+    return absl::ResourceExhaustedError(absl::StrCat("cannot reserve ", bytes, " bytes of /dev/shm for ", name, ": ",
+                                                     std::strerror(err)));
+  }
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) {
+    const absl::Status s = Errno(absl::StatusCode::kUnavailable, "cannot map shared-memory segment", name);
+    shm_unlink(name.c_str());
+    return s;
+  }
+  static_assert(sizeof(Header) <= kHeaderBytes);
+  std::memset(base, 0, kHeaderBytes);
+  Header* h = new (base) Header{};
+  h->capacity = capacity;
+  std::atomic_thread_fence(std::memory_order_release);
+  h->magic = kMagic;
+  return std::unique_ptr<ShmRing>(new ShmRing(name, base, bytes));
+}
+
+absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::OpenAndUnlink(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) {
+    return Errno(errno == ENOENT ? absl::StatusCode::kNotFound : absl::StatusCode::kUnavailable,
+                 "cannot open shared-memory segment", name);
+  }
+  shm_unlink(name.c_str());
+  struct stat st;
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < kHeaderBytes + 2 * kPage) {
+    close(fd);
+    return absl::DataLossError(absl::StrCat("shared-memory segment ", name, " is too small to be a ring"));
+  }
+  const size_t bytes = static_cast<size_t>(st.st_size);
+  void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (base == MAP_FAILED) return Errno(absl::StatusCode::kUnavailable, "cannot map shared-memory segment", name);
+  auto ring = std::unique_ptr<ShmRing>(new ShmRing(name, base, bytes));
+  const Header* h = ring->header_;
+  if (h->magic != kMagic || h->capacity != bytes - kHeaderBytes) {
+    return absl::DataLossError(absl::StrCat("shared-memory segment ", name, " is not a meshrun ring (magic ",
+                                            h->magic, ", capacity ", h->capacity, " of ", bytes, " bytes)"));
+  }
+  return ring;
+}
+
+void ShmRing::CopyIn(uint64_t pos, const void* src, size_t n) {
+  const size_t at = pos % capacity_, first = std::min(n, capacity_ - at);
+  std::memcpy(data_ + at, src, first);
+  std::memcpy(data_, static_cast<const char*>(src) + first, n - first);
+}
+
+void ShmRing::CopyOut(uint64_t pos, void* dst, size_t n) const {
+  const size_t at = pos % capacity_, first = std::min(n, capacity_ - at);
+  std::memcpy(dst, data_ + at, first);
+  std::memcpy(static_cast<char*>(dst) + first, data_, n - first);
+}
+
+void ShmRing::AppendOut(uint64_t pos, size_t n, std::string* out) const {
+  const size_t at = pos % capacity_, first = std::min(n, capacity_ - at);
+  out->append(data_ + at, first);
+  out->append(data_, n - first);
+}
+
+absl::Status ShmRing::Write(uint64_t tag, absl::string_view data, absl::Time deadline, absl::Duration poll,
+                            const std::function<absl::Status()>& keep_waiting) {
+  const uint64_t max_fragment = capacity_ / 2 - sizeof(FrameHeader);
+  uint64_t head = header_->head.load(std::memory_order_relaxed);  // only this side writes it
+  size_t offset = 0;
+  do {
+    const uint64_t len = std::min<uint64_t>(max_fragment, data.size() - offset);
+    const uint64_t need = sizeof(FrameHeader) + Pad8(len);
+    for (;;) {
+      const uint32_t seq = header_->space_seq.load(std::memory_order_acquire);
+      if (capacity_ - (head - header_->tail.load(std::memory_order_acquire)) >= need) break;
+      if (absl::Status s = keep_waiting(); !s.ok()) return s;
+      const absl::Time now = absl::Now();
+      if (now >= deadline) {
+        return absl::DeadlineExceededError(absl::StrCat("shared-memory ring ", name_, " stayed full (",
+                                                        capacity_, " bytes) past the deadline"));
+      }
+      FutexWait(&header_->space_seq, seq, std::min(deadline - now, poll));
+    }
+    FrameHeader frame{tag, data.size(), static_cast<uint32_t>(len), 0};
+    if (offset == 0) frame.flags |= kFirst;
+    if (offset + len == data.size()) frame.flags |= kLast;
+    CopyIn(head, &frame, sizeof(frame));
+    CopyIn(head + sizeof(frame), data.data() + offset, len);
+    head += need;
+    header_->head.store(head, std::memory_order_release);
+    header_->data_seq.fetch_add(1, std::memory_order_release);
+    FutexWake(&header_->data_seq);
+    offset += len;
+  } while (offset < data.size());
+  return absl::OkStatus();
+}
+
+void ShmRing::WakeProducer() {
+  header_->space_seq.fetch_add(1, std::memory_order_release);
+  FutexWake(&header_->space_seq);
+}
+
+void ShmRing::WakeConsumer() {
+  header_->data_seq.fetch_add(1, std::memory_order_release);
+  FutexWake(&header_->data_seq);
+}
+
+absl::Status ShmRing::Drain(absl::Duration timeout,
+                            const std::function<void(uint64_t tag, std::string message)>& deliver) {
+  uint64_t tail = header_->tail.load(std::memory_order_relaxed);  // only this side writes it
+  const uint32_t seq = header_->data_seq.load(std::memory_order_acquire);
+  uint64_t head = header_->head.load(std::memory_order_acquire);
+  if (head == tail) {
+    FutexWait(&header_->data_seq, seq, timeout);
+    head = header_->head.load(std::memory_order_acquire);
+  }
+  while (tail != head) {
+    FrameHeader frame;
+    CopyOut(tail, &frame, sizeof(frame));
+    const uint64_t size = sizeof(frame) + Pad8(frame.len);
+    if (size > head - tail || frame.len > frame.total || (frame.flags & ~(kFirst | kLast)) != 0) {
+      return absl::DataLossError(absl::StrCat("corrupt frame in shared-memory ring ", name_, " at byte ", tail,
+                                              ": ", frame.len, " of ", frame.total, " bytes, flags ", frame.flags,
+                                              ", ", head - tail, " bytes written"));
+    }
+    if (frame.flags & kFirst) {
+      partial_.clear();
+      partial_.reserve(frame.total);
+      partial_tag_ = frame.tag;
+      assembling_ = true;
+    }
+    if (assembling_) AppendOut(tail + sizeof(frame), frame.len, &partial_);
+    tail += size;
+    header_->tail.store(tail, std::memory_order_release);
+    WakeProducer();
+    if ((frame.flags & kLast) && assembling_) {
+      assembling_ = false;
+      deliver(partial_tag_, std::move(partial_));
+      partial_ = std::string();
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace meshrun

@@ -1,0 +1,257 @@
+#include "worker/shm_transport.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "glog/logging.h"
+#include "worker/shm_ring.h"
+
+namespace meshrun {
+namespace {
+
+std::string ReadFirstLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+std::string NamespaceId(const char* path) {
+  char buf[PATH_MAX] = {};
+  const ssize_t n = readlink(path, buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : std::string();
+}
+
+// Whether `pid` names a live process (a zombie counts as dead: it will never read again).
+bool ProcessAlive(int64_t pid) {
+  if (pid <= 0) return true;  // unknown: rely on the deadline
+  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
+  const std::string stat = ReadFirstLine(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return !stat.empty();
+  const char state = stat[paren + 2];
+  return state != 'Z' && state != 'X';
+}
+
+// A /dev/shm name from the cluster id (only [A-Za-z0-9_-] kept, at most 64 of them).
+std::string SegmentName(const std::string& cluster_id, int src, int dst) {
+  static std::atomic<int> counter{0};
+  std::string id;
+  for (char c : cluster_id) {
+    if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') id.push_back(c);
+    if (id.size() == 64) break;
+  }
+  return absl::StrCat("/meshrun-", id, "-", src, "to", dst, "-", getpid(), "-", counter.fetch_add(1));
+}
+
+}  // namespace
+
+std::string ShmHostId() {
+  const std::string boot = ReadFirstLine("/proc/sys/kernel/random/boot_id");
+  struct stat st;
+  const std::string pid_ns = NamespaceId("/proc/self/ns/pid"), net_ns = NamespaceId("/proc/self/ns/net");
+  if (boot.empty() || stat("/dev/shm", &st) != 0 || pid_ns.empty() || net_ns.empty()) return "";
+  return absl::StrCat(boot, "/shm-dev-", st.st_dev, "/", pid_ns, "/", net_ns);
+}
+
+// The sending end of one link: the ring this process created in /dev/shm for one peer.
+class ShmTransport::Sender {
+ public:
+  explicit Sender(std::unique_ptr<ShmRing> ring) : ring_(std::move(ring)) {}
+  ~Sender() { ring_->Unlink(); }  // in case the peer never opened it
+  ShmRing& ring() { return *ring_; }
+
+ private:
+  std::unique_ptr<ShmRing> ring_;
+};
+
+// The receiving end of one link: a thread that moves whole messages from the ring to the Mailbox.
+class ShmTransport::Receiver {
+ public:
+  Receiver(std::unique_ptr<ShmRing> ring, int src, Mailbox* mailbox)
+      : ring_(std::move(ring)), src_(src), mailbox_(mailbox), thread_([this] { Loop(); }) {}
+  ~Receiver() {
+    stop_.store(true);
+    ring_->WakeConsumer();
+    thread_.join();
+  }
+
+ private:
+  void Loop() {
+    auto deliver = [this](uint64_t tag, std::string message) { mailbox_->Deliver(src_, tag, std::move(message)); };
+    while (!stop_.load()) {
+      if (absl::Status s = ring_->Drain(absl::Milliseconds(200), deliver); !s.ok()) {
+        LOG(ERROR) << "shared-memory link from rank " << src_ << ": " << s;
+        mailbox_->MarkPeerFailed(src_, absl::DataLossError(absl::StrCat("shared-memory link from rank ", src_,
+                                                                        " is corrupt: ", s.message())));
+        return;
+      }
+    }
+  }
+
+  std::unique_ptr<ShmRing> ring_;
+  const int src_;
+  Mailbox* const mailbox_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;  // last: starts once the rest is set
+};
+
+absl::StatusOr<std::unique_ptr<ShmTransport>> ShmTransport::Create(int rank, std::string cluster_id,
+                                                                   std::vector<ShmPeer> peers, Mailbox* mailbox,
+                                                                   std::unique_ptr<Transport> remote,
+                                                                   const Options& options) {
+  if (remote == nullptr || static_cast<int>(peers.size()) != remote->world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("shared-memory transport: ", peers.size(),
+                                                   " peers given; the remote transport's world size is ",
+                                                   remote == nullptr ? 0 : remote->world_size()));
+  }
+  if (rank < 0 || rank >= static_cast<int>(peers.size()) || rank != remote->rank()) {
+    return absl::InvalidArgumentError(absl::StrCat("shared-memory transport: rank ", rank, " is not the remote ",
+                                                   "transport's rank in a world of ", peers.size()));
+  }
+  auto t = std::unique_ptr<ShmTransport>(
+      new ShmTransport(rank, std::move(cluster_id), std::move(peers), mailbox, std::move(remote), options));
+  mailbox->SetControlHandler(kAnnounceTag, [raw = t.get()](int src, const std::string& payload) {
+    raw->OnAnnounce(src, payload);
+  });
+  return t;
+}
+
+ShmTransport::ShmTransport(int rank, std::string cluster_id, std::vector<ShmPeer> peers, Mailbox* mailbox,
+                           std::unique_ptr<Transport> remote, const Options& options)
+    : cluster_id_(std::move(cluster_id)), peers_(std::move(peers)), co_located_(peers_.size(), false),
+      mailbox_(mailbox), remote_(std::move(remote)), options_(options), state_(peers_.size(), LinkState::kUnset),
+      senders_(peers_.size()), receivers_(peers_.size()) {
+  const std::string& mine = peers_[rank].host_id;
+  for (size_t r = 0; r < peers_.size(); ++r) {
+    co_located_[r] = static_cast<int>(r) != rank && !mine.empty() && peers_[r].host_id == mine;
+  }
+}
+
+ShmTransport::~ShmTransport() {
+  mailbox_->SetControlHandler(kAnnounceTag, nullptr);  // waits for an announcement being handled
+  std::vector<std::unique_ptr<Receiver>> receivers;
+  std::vector<std::unique_ptr<Sender>> senders;
+  {
+    absl::MutexLock lock(&mu_);
+    receivers = std::move(receivers_);
+    for (auto& r : retired_) receivers.push_back(std::move(r));
+    senders = std::move(senders_);
+  }
+}
+
+bool ShmTransport::SendsThroughShm(int peer) const {
+  absl::MutexLock lock(&mu_);
+  return peer >= 0 && peer < static_cast<int>(state_.size()) && state_[peer] == LinkState::kShm;
+}
+
+absl::Status ShmTransport::AbortStatus() {
+  absl::MutexLock lock(&mu_);
+  return aborted_;
+}
+
+absl::StatusOr<ShmTransport::Sender*> ShmTransport::SenderFor(int peer, absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return aborted_;
+    if (state_[peer] == LinkState::kShm) return senders_[peer].get();
+    if (state_[peer] == LinkState::kRemote) return nullptr;
+  }
+  // Only this thread sends to `peer` (Transport's contract), so nothing else sets it up meanwhile.
+  absl::StatusOr<std::unique_ptr<ShmRing>> ring =
+      ShmRing::Create(SegmentName(cluster_id_, rank(), peer), options_.ring_bytes);
+  if (!ring.ok()) {
+    LOG(WARNING) << "no shared-memory link to rank " << peer << " (" << ring.status() << "); using gRPC";
+    absl::MutexLock lock(&mu_);
+    state_[peer] = LinkState::kRemote;
+    return nullptr;
+  }
+  auto sender = std::make_unique<Sender>(*std::move(ring));
+  if (absl::Status s = remote_->Send(peer, kAnnounceTag, sender->ring().name(), deadline); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  state_[peer] = LinkState::kShm;
+  senders_[peer] = std::move(sender);
+  return senders_[peer].get();
+}
+
+void ShmTransport::OnAnnounce(int src, const std::string& ring_name) {
+  absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::OpenAndUnlink(ring_name);
+  if (!ring.ok()) {
+    LOG(ERROR) << "rank " << src << " announced a shared-memory ring this worker cannot map: " << ring.status();
+    mailbox_->MarkPeerFailed(src, absl::Status(ring.status().code(),
+                                               absl::StrCat("cannot map rank ", src, "'s shared-memory ring: ",
+                                                            ring.status().message())));
+    return;
+  }
+  auto receiver = std::make_unique<Receiver>(*std::move(ring), src, mailbox_);
+  absl::MutexLock lock(&mu_);
+  // A peer that announces again replaces its ring; the old one's thread may be delivering (and so
+  // waiting for the lock the mailbox holds while this runs): it stops in the destructor.
+  if (receivers_[src] != nullptr) retired_.push_back(std::move(receivers_[src]));
+  receivers_[src] = std::move(receiver);
+}
+
+absl::Status ShmTransport::Send(int peer, uint64_t tag, absl::string_view data, absl::Time deadline) {
+  if (peer < 0 || peer >= world_size() || !co_located_[peer]) {
+    remote_sent_.fetch_add(1);
+    return remote_->Send(peer, tag, data, deadline);
+  }
+  absl::StatusOr<Sender*> sender = SenderFor(peer, deadline);
+  if (!sender.ok()) return sender.status();
+  if (*sender == nullptr) {
+    remote_sent_.fetch_add(1);
+    return remote_->Send(peer, tag, data, deadline);
+  }
+  const int64_t pid = peers_[peer].pid;
+  absl::Time next_liveness_check = absl::Now() + options_.liveness_interval;
+  absl::Status s = (*sender)->ring().Write(tag, data, deadline, options_.liveness_interval, [&]() -> absl::Status {
+    if (aborted_flag_.load()) return AbortStatus();
+    if (absl::Now() < next_liveness_check) return absl::OkStatus();
+    next_liveness_check = absl::Now() + options_.liveness_interval;
+    if (!ProcessAlive(pid)) {
+      return absl::UnavailableError(absl::StrCat("rank ", peer, " (pid ", pid, ") exited; its shared-memory ring ",
+                                                 "is full and no one reads it"));
+    }
+    return absl::OkStatus();
+  });
+  if (s.code() == absl::StatusCode::kDeadlineExceeded) {
+    return absl::DeadlineExceededError(absl::StrCat("send to rank ", peer, " timed out: ", s.message(),
+                                                    " (peer not receiving)"));
+  }
+  if (s.ok()) shm_sent_.fetch_add(1);
+  return s;
+}
+
+absl::StatusOr<std::string> ShmTransport::Recv(int peer, uint64_t tag, absl::Time deadline) {
+  return remote_->Recv(peer, tag, deadline);
+}
+
+void ShmTransport::Abort(const absl::Status& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted_.ok()) aborted_ = reason;
+    aborted_flag_.store(true);
+    for (auto& sender : senders_) {
+      if (sender) sender->ring().WakeProducer();
+    }
+  }
+  remote_->Abort(reason);
+}
+
+void ShmTransport::Reset() {
+  {
+    absl::MutexLock lock(&mu_);
+    aborted_ = absl::OkStatus();
+    aborted_flag_.store(false);
+  }
+  remote_->Reset();
+}
+
+}  // namespace meshrun
