@@ -52,41 +52,49 @@ absl::Status Errno(absl::StatusCode code, const std::string& what, const std::st
 struct ShmRing::Header {
   uint64_t magic;
   uint64_t capacity;
-  alignas(64) std::atomic<uint64_t> head;  // bytes ever written (producer)
-  alignas(64) std::atomic<uint64_t> tail;  // bytes ever consumed (consumer)
+  alignas(64) std::atomic<uint64_t> head;       // bytes ever written (producer)
+  alignas(64) std::atomic<uint64_t> tail;       // bytes ever consumed (consumer)
   alignas(64) std::atomic<uint32_t> data_seq;   // bumped after head moves; the consumer waits on it
   alignas(64) std::atomic<uint32_t> space_seq;  // bumped after tail moves; the producer waits on it
 };
 // The counters are shared between processes: they must be lock-free (hence address-free).
-static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free);
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+              std::atomic<uint32_t>::is_always_lock_free);
 
 ShmRing::ShmRing(std::string name, void* base, size_t mapped_bytes)
-    : name_(std::move(name)), base_(base), mapped_bytes_(mapped_bytes), header_(static_cast<Header*>(base)),
-      data_(static_cast<char*>(base) + kHeaderBytes), capacity_(mapped_bytes - kHeaderBytes) {}
+    : name_(std::move(name)),
+      base_(base),
+      mapped_bytes_(mapped_bytes),
+      header_(static_cast<Header*>(base)),
+      data_(static_cast<char*>(base) + kHeaderBytes),
+      capacity_(mapped_bytes - kHeaderBytes) {}
 
 ShmRing::~ShmRing() { munmap(base_, mapped_bytes_); }
 
 void ShmRing::Unlink() const { shm_unlink(name_.c_str()); }
 
-absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::Create(const std::string& name, size_t capacity_bytes) {
+absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::Create(const std::string& name,
+                                                         size_t capacity_bytes) {
   const size_t capacity = std::max<size_t>(2 * kPage, (capacity_bytes + kPage - 1) / kPage * kPage);
   const size_t bytes = kHeaderBytes + capacity;
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) {
-    return Errno(errno == EEXIST ? absl::StatusCode::kAlreadyExists : absl::StatusCode::kUnavailable,
-                 "cannot create shared-memory segment", name);
+    return Errno(
+        errno == EEXIST ? absl::StatusCode::kAlreadyExists : absl::StatusCode::kUnavailable,
+        "cannot create shared-memory segment", name);
   }
   // Reserve the pages now: a tmpfs that runs out later would kill the writer with SIGBUS.
   if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(bytes)); err != 0) {
     close(fd);
     shm_unlink(name.c_str());
-    return absl::ResourceExhaustedError(absl::StrCat("cannot reserve ", bytes, " bytes of /dev/shm for ", name, ": ",
-                                                     std::strerror(err)));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cannot reserve ", bytes, " bytes of /dev/shm for ", name, ": ", std::strerror(err)));
   }
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) {
-    const absl::Status s = Errno(absl::StatusCode::kUnavailable, "cannot map shared-memory segment", name);
+    const absl::Status s =
+        Errno(absl::StatusCode::kUnavailable, "cannot map shared-memory segment", name);
     shm_unlink(name.c_str());
     return s;
   }
@@ -109,17 +117,20 @@ absl::StatusOr<std::unique_ptr<ShmRing>> ShmRing::OpenAndUnlink(const std::strin
   struct stat st;
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < kHeaderBytes + 2 * kPage) {
     close(fd);
-    return absl::DataLossError(absl::StrCat("shared-memory segment ", name, " is too small to be a ring"));
+    return absl::DataLossError(
+        absl::StrCat("shared-memory segment ", name, " is too small to be a ring"));
   }
   const size_t bytes = static_cast<size_t>(st.st_size);
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
-  if (base == MAP_FAILED) return Errno(absl::StatusCode::kUnavailable, "cannot map shared-memory segment", name);
+  if (base == MAP_FAILED)
+    return Errno(absl::StatusCode::kUnavailable, "cannot map shared-memory segment", name);
   auto ring = std::unique_ptr<ShmRing>(new ShmRing(name, base, bytes));
   const Header* h = ring->header_;
   if (h->magic != kMagic || h->capacity != bytes - kHeaderBytes) {
-    return absl::DataLossError(absl::StrCat("shared-memory segment ", name, " is not a meshrun ring (magic ",
-                                            h->magic, ", capacity ", h->capacity, " of ", bytes, " bytes)"));
+    return absl::DataLossError(absl::StrCat("shared-memory segment ", name,
+                                            " is not a meshrun ring (magic ", h->magic,
+                                            ", capacity ", h->capacity, " of ", bytes, " bytes)"));
   }
   return ring;
 }
@@ -142,7 +153,8 @@ void ShmRing::AppendOut(uint64_t pos, size_t n, std::string* out) const {
   out->append(data_, n - first);
 }
 
-absl::Status ShmRing::Write(uint64_t tag, absl::string_view data, absl::Time deadline, absl::Duration poll,
+absl::Status ShmRing::Write(uint64_t tag, absl::string_view data, absl::Time deadline,
+                            absl::Duration poll,
                             const std::function<absl::Status()>& keep_waiting) {
   const uint64_t max_fragment = capacity_ / 2 - sizeof(FrameHeader);
   uint64_t head = header_->head.load(std::memory_order_relaxed);  // only this side writes it
@@ -156,8 +168,9 @@ absl::Status ShmRing::Write(uint64_t tag, absl::string_view data, absl::Time dea
       if (absl::Status s = keep_waiting(); !s.ok()) return s;
       const absl::Time now = absl::Now();
       if (now >= deadline) {
-        return absl::DeadlineExceededError(absl::StrCat("shared-memory ring ", name_, " stayed full (",
-                                                        capacity_, " bytes) past the deadline"));
+        return absl::DeadlineExceededError(absl::StrCat("shared-memory ring ", name_,
+                                                        " stayed full (", capacity_,
+                                                        " bytes) past the deadline"));
       }
       FutexWait(&header_->space_seq, seq, std::min(deadline - now, poll));
     }
@@ -199,9 +212,9 @@ absl::Status ShmRing::Drain(absl::Duration timeout,
     CopyOut(tail, &frame, sizeof(frame));
     const uint64_t size = sizeof(frame) + Pad8(frame.len);
     if (size > head - tail || frame.len > frame.total || (frame.flags & ~(kFirst | kLast)) != 0) {
-      return absl::DataLossError(absl::StrCat("corrupt frame in shared-memory ring ", name_, " at byte ", tail,
-                                              ": ", frame.len, " of ", frame.total, " bytes, flags ", frame.flags,
-                                              ", ", head - tail, " bytes written"));
+      return absl::DataLossError(absl::StrCat(
+          "corrupt frame in shared-memory ring ", name_, " at byte ", tail, ": ", frame.len, " of ",
+          frame.total, " bytes, flags ", frame.flags, ", ", head - tail, " bytes written"));
     }
     if (frame.flags & kFirst) {
       partial_.clear();

@@ -30,7 +30,8 @@ class ShmRing {
   // `capacity_bytes` of ring (rounded up to 4 KiB, at least 8 KiB), its memory reserved up front.
   // Errors: AlreadyExists if the name is taken; ResourceExhausted if /dev/shm has no room
   // (posix_fallocate failed); Unavailable for any other failure of shm_open/mmap, with errno.
-  static absl::StatusOr<std::unique_ptr<ShmRing>> Create(const std::string& name, size_t capacity_bytes);
+  static absl::StatusOr<std::unique_ptr<ShmRing>> Create(const std::string& name,
+                                                         size_t capacity_bytes);
   // Maps an existing segment and removes its name (the mapping stays valid; nothing is left in
   // /dev/shm if either process dies). Errors: NotFound if no such segment; DataLoss if it is not
   // a ring (bad magic or size).
@@ -58,7 +59,8 @@ class ShmRing {
   // Waits up to `timeout` for frames, then consumes every frame present, calling `deliver` for
   // each completed message (frames of a message whose start it never saw are skipped). Returns
   // DataLoss if a frame header is corrupt (the ring is then unusable); OK otherwise.
-  absl::Status Drain(absl::Duration timeout, const std::function<void(uint64_t tag, std::string message)>& deliver);
+  absl::Status Drain(absl::Duration timeout,
+                     const std::function<void(uint64_t tag, std::string message)>& deliver);
   // Wakes a Drain blocked waiting for frames (to stop its thread).
   void WakeConsumer();
 

@@ -48,7 +48,8 @@ std::string SegmentName(const std::string& cluster_id, int src, int dst) {
     if (std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_') id.push_back(c);
     if (id.size() == 64) break;
   }
-  return absl::StrCat("/meshrun-", id, "-", src, "to", dst, "-", getpid(), "-", counter.fetch_add(1));
+  return absl::StrCat("/meshrun-", id, "-", src, "to", dst, "-", getpid(), "-",
+                      counter.fetch_add(1));
 }
 
 }  // namespace
@@ -56,7 +57,8 @@ std::string SegmentName(const std::string& cluster_id, int src, int dst) {
 std::string ShmHostId() {
   const std::string boot = ReadFirstLine("/proc/sys/kernel/random/boot_id");
   struct stat st;
-  const std::string pid_ns = NamespaceId("/proc/self/ns/pid"), net_ns = NamespaceId("/proc/self/ns/net");
+  const std::string pid_ns = NamespaceId("/proc/self/ns/pid"),
+                    net_ns = NamespaceId("/proc/self/ns/net");
   if (boot.empty() || stat("/dev/shm", &st) != 0 || pid_ns.empty() || net_ns.empty()) return "";
   return absl::StrCat(boot, "/shm-dev-", st.st_dev, "/", pid_ns, "/", net_ns);
 }
@@ -85,12 +87,15 @@ class ShmTransport::Receiver {
 
  private:
   void Loop() {
-    auto deliver = [this](uint64_t tag, std::string message) { mailbox_->Deliver(src_, tag, std::move(message)); };
+    auto deliver = [this](uint64_t tag, std::string message) {
+      mailbox_->Deliver(src_, tag, std::move(message));
+    };
     while (!stop_.load()) {
       if (absl::Status s = ring_->Drain(absl::Milliseconds(200), deliver); !s.ok()) {
         LOG(ERROR) << "shared-memory link from rank " << src_ << ": " << s;
-        mailbox_->MarkPeerFailed(src_, absl::DataLossError(absl::StrCat("shared-memory link from rank ", src_,
-                                                                        " is corrupt: ", s.message())));
+        mailbox_->MarkPeerFailed(
+            src_, absl::DataLossError(absl::StrCat("shared-memory link from rank ", src_,
+                                                   " is corrupt: ", s.message())));
         return;
       }
     }
@@ -103,32 +108,40 @@ class ShmTransport::Receiver {
   std::thread thread_;  // last: starts once the rest is set
 };
 
-absl::StatusOr<std::unique_ptr<ShmTransport>> ShmTransport::Create(int rank, std::string cluster_id,
-                                                                   std::vector<ShmPeer> peers, Mailbox* mailbox,
-                                                                   std::unique_ptr<Transport> remote,
-                                                                   const Options& options) {
+absl::StatusOr<std::unique_ptr<ShmTransport>> ShmTransport::Create(
+    int rank, std::string cluster_id, std::vector<ShmPeer> peers, Mailbox* mailbox,
+    std::unique_ptr<Transport> remote, const Options& options) {
   if (remote == nullptr || static_cast<int>(peers.size()) != remote->world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("shared-memory transport: ", peers.size(),
-                                                   " peers given; the remote transport's world size is ",
-                                                   remote == nullptr ? 0 : remote->world_size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory transport: ", peers.size(),
+                     " peers given; the remote transport's world size is ",
+                     remote == nullptr ? 0 : remote->world_size()));
   }
   if (rank < 0 || rank >= static_cast<int>(peers.size()) || rank != remote->rank()) {
-    return absl::InvalidArgumentError(absl::StrCat("shared-memory transport: rank ", rank, " is not the remote ",
-                                                   "transport's rank in a world of ", peers.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shared-memory transport: rank ", rank, " is not the remote ",
+                     "transport's rank in a world of ", peers.size()));
   }
-  auto t = std::unique_ptr<ShmTransport>(
-      new ShmTransport(rank, std::move(cluster_id), std::move(peers), mailbox, std::move(remote), options));
+  auto t = std::unique_ptr<ShmTransport>(new ShmTransport(
+      rank, std::move(cluster_id), std::move(peers), mailbox, std::move(remote), options));
   mailbox->SetControlHandler(kAnnounceTag, [raw = t.get()](int src, const std::string& payload) {
     raw->OnAnnounce(src, payload);
   });
   return t;
 }
 
-ShmTransport::ShmTransport(int rank, std::string cluster_id, std::vector<ShmPeer> peers, Mailbox* mailbox,
-                           std::unique_ptr<Transport> remote, const Options& options)
-    : cluster_id_(std::move(cluster_id)), peers_(std::move(peers)), co_located_(peers_.size(), false),
-      mailbox_(mailbox), remote_(std::move(remote)), options_(options), state_(peers_.size(), LinkState::kUnset),
-      senders_(peers_.size()), receivers_(peers_.size()) {
+ShmTransport::ShmTransport(int rank, std::string cluster_id, std::vector<ShmPeer> peers,
+                           Mailbox* mailbox, std::unique_ptr<Transport> remote,
+                           const Options& options)
+    : cluster_id_(std::move(cluster_id)),
+      peers_(std::move(peers)),
+      co_located_(peers_.size(), false),
+      mailbox_(mailbox),
+      remote_(std::move(remote)),
+      options_(options),
+      state_(peers_.size(), LinkState::kUnset),
+      senders_(peers_.size()),
+      receivers_(peers_.size()) {
   const std::string& mine = peers_[rank].host_id;
   for (size_t r = 0; r < peers_.size(); ++r) {
     co_located_[r] = static_cast<int>(r) != rank && !mine.empty() && peers_[r].host_id == mine;
@@ -168,13 +181,15 @@ absl::StatusOr<ShmTransport::Sender*> ShmTransport::SenderFor(int peer, absl::Ti
   absl::StatusOr<std::unique_ptr<ShmRing>> ring =
       ShmRing::Create(SegmentName(cluster_id_, rank(), peer), options_.ring_bytes);
   if (!ring.ok()) {
-    LOG(WARNING) << "no shared-memory link to rank " << peer << " (" << ring.status() << "); using gRPC";
+    LOG(WARNING) << "no shared-memory link to rank " << peer << " (" << ring.status()
+                 << "); using gRPC";
     absl::MutexLock lock(&mu_);
     state_[peer] = LinkState::kRemote;
     return nullptr;
   }
   auto sender = std::make_unique<Sender>(*std::move(ring));
-  if (absl::Status s = remote_->Send(peer, kAnnounceTag, sender->ring().name(), deadline); !s.ok()) return s;
+  if (absl::Status s = remote_->Send(peer, kAnnounceTag, sender->ring().name(), deadline); !s.ok())
+    return s;
   absl::MutexLock lock(&mu_);
   state_[peer] = LinkState::kShm;
   senders_[peer] = std::move(sender);
@@ -184,10 +199,12 @@ absl::StatusOr<ShmTransport::Sender*> ShmTransport::SenderFor(int peer, absl::Ti
 void ShmTransport::OnAnnounce(int src, const std::string& ring_name) {
   absl::StatusOr<std::unique_ptr<ShmRing>> ring = ShmRing::OpenAndUnlink(ring_name);
   if (!ring.ok()) {
-    LOG(ERROR) << "rank " << src << " announced a shared-memory ring this worker cannot map: " << ring.status();
-    mailbox_->MarkPeerFailed(src, absl::Status(ring.status().code(),
-                                               absl::StrCat("cannot map rank ", src, "'s shared-memory ring: ",
-                                                            ring.status().message())));
+    LOG(ERROR) << "rank " << src
+               << " announced a shared-memory ring this worker cannot map: " << ring.status();
+    mailbox_->MarkPeerFailed(
+        src, absl::Status(ring.status().code(),
+                          absl::StrCat("cannot map rank ", src,
+                                       "'s shared-memory ring: ", ring.status().message())));
     return;
   }
   auto receiver = std::make_unique<Receiver>(*std::move(ring), src, mailbox_);
@@ -198,7 +215,8 @@ void ShmTransport::OnAnnounce(int src, const std::string& ring_name) {
   receivers_[src] = std::move(receiver);
 }
 
-absl::Status ShmTransport::Send(int peer, uint64_t tag, absl::string_view data, absl::Time deadline) {
+absl::Status ShmTransport::Send(int peer, uint64_t tag, absl::string_view data,
+                                absl::Time deadline) {
   if (peer < 0 || peer >= world_size() || !co_located_[peer]) {
     remote_sent_.fetch_add(1);
     return remote_->Send(peer, tag, data, deadline);
@@ -211,19 +229,21 @@ absl::Status ShmTransport::Send(int peer, uint64_t tag, absl::string_view data, 
   }
   const int64_t pid = peers_[peer].pid;
   absl::Time next_liveness_check = absl::Now() + options_.liveness_interval;
-  absl::Status s = (*sender)->ring().Write(tag, data, deadline, options_.liveness_interval, [&]() -> absl::Status {
-    if (aborted_flag_.load()) return AbortStatus();
-    if (absl::Now() < next_liveness_check) return absl::OkStatus();
-    next_liveness_check = absl::Now() + options_.liveness_interval;
-    if (!ProcessAlive(pid)) {
-      return absl::UnavailableError(absl::StrCat("rank ", peer, " (pid ", pid, ") exited; its shared-memory ring ",
-                                                 "is full and no one reads it"));
-    }
-    return absl::OkStatus();
-  });
+  absl::Status s = (*sender)->ring().Write(
+      tag, data, deadline, options_.liveness_interval, [&]() -> absl::Status {
+        if (aborted_flag_.load()) return AbortStatus();
+        if (absl::Now() < next_liveness_check) return absl::OkStatus();
+        next_liveness_check = absl::Now() + options_.liveness_interval;
+        if (!ProcessAlive(pid)) {
+          return absl::UnavailableError(absl::StrCat("rank ", peer, " (pid ", pid,
+                                                     ") exited; its shared-memory ring ",
+                                                     "is full and no one reads it"));
+        }
+        return absl::OkStatus();
+      });
   if (s.code() == absl::StatusCode::kDeadlineExceeded) {
-    return absl::DeadlineExceededError(absl::StrCat("send to rank ", peer, " timed out: ", s.message(),
-                                                    " (peer not receiving)"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("send to rank ", peer, " timed out: ", s.message(), " (peer not receiving)"));
   }
   if (s.ok()) shm_sent_.fetch_add(1);
   return s;

@@ -64,7 +64,8 @@ class ShmTransport : public Transport {
   // transport. Errors: InvalidArgument if peers.size() differs from remote's world size or `rank`
   // is out of range.
   static absl::StatusOr<std::unique_ptr<ShmTransport>> Create(int rank, std::string cluster_id,
-                                                              std::vector<ShmPeer> peers, Mailbox* mailbox,
+                                                              std::vector<ShmPeer> peers,
+                                                              Mailbox* mailbox,
                                                               std::unique_ptr<Transport> remote,
                                                               const Options& options);
   // Stops the drain threads, unmaps every ring and unlinks any this process created that no

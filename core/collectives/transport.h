@@ -1,6 +1,7 @@
 // The seam between collective algorithms and the wire (Gloo's transport::Pair, reduced to what the
-// algorithms need). Two implementations: InProcessTransport (threads as ranks, for tests) and
-// worker/grpc_transport (gRPC streams between worker processes).
+// algorithms need). Implementations: InProcessTransport (threads as ranks, for tests),
+// worker/grpc_transport (gRPC streams between worker processes) and worker/shm_transport (shared
+// memory rings between the workers on one host, gRPC to the others).
 #ifndef MESHRUN_CORE_COLLECTIVES_TRANSPORT_H_
 #define MESHRUN_CORE_COLLECTIVES_TRANSPORT_H_
 

@@ -3,11 +3,10 @@
 // its own mapping of the rings (the e2e tests run them as separate processes).
 #include "worker/shm_transport.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <fcntl.h>
 
 #include <thread>
 
@@ -37,7 +36,9 @@ std::string Pattern(size_t n, int seed) {
   return s;
 }
 
-bool ShmNameExists(const std::string& name) { return access(("/dev/shm" + name).c_str(), F_OK) == 0; }
+bool ShmNameExists(const std::string& name) {
+  return access(("/dev/shm" + name).c_str(), F_OK) == 0;
+}
 
 struct Received {
   uint64_t tag;
@@ -58,8 +59,9 @@ TEST(ShmRingTest, MessagesLargerThanTheRingArriveWholeAndInOrder) {
   const std::vector<size_t> sizes = {0, 1, 4096 - 24, 4096 - 23, 100000, 13};
   std::thread writer([&] {
     for (size_t i = 0; i < sizes.size(); ++i) {
-      absl::Status s = (*producer)->Write(1000 + i, Pattern(sizes[i], i), absl::Now() + absl::Seconds(20),
-                                          absl::Milliseconds(50), [] { return absl::OkStatus(); });
+      absl::Status s =
+          (*producer)->Write(1000 + i, Pattern(sizes[i], i), absl::Now() + absl::Seconds(20),
+                             absl::Milliseconds(50), [] { return absl::OkStatus(); });
       ASSERT_TRUE(s.ok()) << s;
     }
   });
@@ -75,7 +77,8 @@ TEST(ShmRingTest, MessagesLargerThanTheRingArriveWholeAndInOrder) {
   ASSERT_EQ(got.size(), sizes.size());
   for (size_t i = 0; i < sizes.size(); ++i) {
     EXPECT_EQ(got[i].tag, 1000 + i);
-    EXPECT_TRUE(got[i].data == Pattern(sizes[i], i)) << "message " << i << " of " << sizes[i] << " bytes";
+    EXPECT_TRUE(got[i].data == Pattern(sizes[i], i))
+        << "message " << i << " of " << sizes[i] << " bytes";
   }
 }
 
@@ -89,28 +92,35 @@ TEST(ShmRingTest, AFullRingTimesOutOrStopsWhenToldAndAnAbandonedMessageIsSkipped
 
   // No one drains: the first fragment fits, the rest of a 20000-byte message does not.
   const absl::Time start = absl::Now();
-  absl::Status s = (*producer)->Write(1, Pattern(20000, 1), start + absl::Milliseconds(300), absl::Milliseconds(50), ok);
+  absl::Status s = (*producer)->Write(1, Pattern(20000, 1), start + absl::Milliseconds(300),
+                                      absl::Milliseconds(50), ok);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_THAT(s.message(), HasSubstr("stayed full"));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
 
   int calls = 0;
-  s = (*producer)->Write(2, Pattern(20000, 2), absl::Now() + absl::Seconds(20), absl::Milliseconds(20), [&] {
-    return ++calls < 3 ? absl::OkStatus() : absl::AbortedError("told to stop");
-  });
+  s = (*producer)->Write(
+      2, Pattern(20000, 2), absl::Now() + absl::Seconds(20), absl::Milliseconds(20),
+      [&] { return ++calls < 3 ? absl::OkStatus() : absl::AbortedError("told to stop"); });
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
   EXPECT_EQ(calls, 3);
 
   // Only message 3 comes out: the fragments of the two abandoned ones are dropped.
   std::vector<Received> got;
   std::thread writer([&] {
-    EXPECT_TRUE((*producer)->Write(3, Pattern(5000, 3), absl::Now() + absl::Seconds(20), absl::Milliseconds(50), ok).ok());
+    EXPECT_TRUE((*producer)
+                    ->Write(3, Pattern(5000, 3), absl::Now() + absl::Seconds(20),
+                            absl::Milliseconds(50), ok)
+                    .ok());
   });
   const absl::Time give_up = absl::Now() + absl::Seconds(20);
   while (got.empty() && absl::Now() < give_up) {
-    ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(50), [&](uint64_t tag, std::string m) {
-      got.push_back({tag, std::move(m)});
-    }).ok());
+    ASSERT_TRUE((*consumer)
+                    ->Drain(absl::Milliseconds(50),
+                            [&](uint64_t tag, std::string m) {
+                              got.push_back({tag, std::move(m)});
+                            })
+                    .ok());
   }
   writer.join();
   ASSERT_EQ(got.size(), 1u);
@@ -125,7 +135,8 @@ TEST(ShmRingTest, NamesAndSegmentsAreChecked) {
   EXPECT_EQ(ShmRing::Create(name, 8192).status().code(), absl::StatusCode::kAlreadyExists);
   (*first)->Unlink();
   EXPECT_FALSE(ShmNameExists(name));
-  EXPECT_EQ(ShmRing::OpenAndUnlink(UniqueName("absent")).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ShmRing::OpenAndUnlink(UniqueName("absent")).status().code(),
+            absl::StatusCode::kNotFound);
 
   const std::string junk = UniqueName("junk");
   const int fd = shm_open(junk.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
@@ -161,11 +172,13 @@ TEST(ShmTransportTest, AllReduceGoesThroughSharedMemoryOnly) {
   ts.RunRanks([&](int r) {
     for (size_t i = 0; i < data[r].size(); ++i) data[r][i] = static_cast<float>(r + i % 7);
     Communicator comm(ts.at(r), Iota(4), opts);
-    status[r] = comm.AllReduce(data[r].data(), static_cast<int64_t>(data[r].size()), v1::DTYPE_F32, ReduceOp::kSum);
+    status[r] = comm.AllReduce(data[r].data(), static_cast<int64_t>(data[r].size()), v1::DTYPE_F32,
+                               ReduceOp::kSum);
   });
   for (int r = 0; r < 4; ++r) {
     ASSERT_TRUE(status[r].ok()) << status[r];
-    for (size_t i = 0; i < data[r].size(); ++i) ASSERT_EQ(data[r][i], 6.0f + 4 * (i % 7)) << r << " " << i;
+    for (size_t i = 0; i < data[r].size(); ++i)
+      ASSERT_EQ(data[r][i], 6.0f + 4 * (i % 7)) << r << " " << i;
     auto* t = static_cast<ShmTransport*>(ts.at(r));
     EXPECT_GT(t->shm_messages_sent(), 0) << r;
     EXPECT_EQ(t->remote_messages_sent(), 0) << r;
@@ -221,7 +234,8 @@ TEST(ShmTransportTest, AbortWakesASendWaitingForRingSpace) {
   TransportSet ts(TransportKind::kShm, 2, UndrainedPeer(getpid()));
   absl::Status s;
   const absl::Time start = absl::Now();
-  std::thread sender([&] { s = ts.at(0)->Send(1, 1, Pattern(100000, 1), start + absl::Seconds(20)); });
+  std::thread sender(
+      [&] { s = ts.at(0)->Send(1, 1, Pattern(100000, 1), start + absl::Seconds(20)); });
   absl::SleepFor(absl::Milliseconds(200));
   ts.at(0)->Abort(absl::AbortedError("job cancelled"));
   sender.join();
@@ -231,7 +245,8 @@ TEST(ShmTransportTest, AbortWakesASendWaitingForRingSpace) {
 
   ts.at(0)->Reset();
   absl::Status late = ts.at(0)->Send(1, 2, "x", absl::Now() + absl::Milliseconds(300));
-  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << "the ring is still full after Reset: " << late;
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded)
+      << "the ring is still full after Reset: " << late;
   EXPECT_THAT(late.message(), HasSubstr("send to rank 1 timed out"));
 }
 
