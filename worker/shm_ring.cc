@@ -216,18 +216,17 @@ absl::Status ShmRing::Drain(absl::Duration timeout,
           "corrupt frame in shared-memory ring ", name_, " at byte ", tail, ": ", frame.len, " of ",
           frame.total, " bytes, flags ", frame.flags, ", ", head - tail, " bytes written"));
     }
+    // A message's first frame drops whatever an abandoned Write left before it.
     if (frame.flags & kFirst) {
       partial_.clear();
       partial_.reserve(frame.total);
       partial_tag_ = frame.tag;
-      assembling_ = true;
     }
-    if (assembling_) AppendOut(tail + sizeof(frame), frame.len, &partial_);
+    AppendOut(tail + sizeof(frame), frame.len, &partial_);
     tail += size;
     header_->tail.store(tail, std::memory_order_release);
     WakeProducer();
-    if ((frame.flags & kLast) && assembling_) {
-      assembling_ = false;
+    if (frame.flags & kLast) {
       deliver(partial_tag_, std::move(partial_));
       partial_ = std::string();
     }

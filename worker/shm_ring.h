@@ -57,8 +57,9 @@ class ShmRing {
 
   // --- Consumer (one thread) ---
   // Waits up to `timeout` for frames, then consumes every frame present, calling `deliver` for
-  // each completed message (frames of a message whose start it never saw are skipped). Returns
-  // DataLoss if a frame header is corrupt (the ring is then unusable); OK otherwise.
+  // each completed message (the frames an abandoned Write left, which never end in a last
+  // frame, are dropped when the next message starts). Returns DataLoss if a frame header is
+  // corrupt (the ring is then unusable); OK otherwise.
   absl::Status Drain(absl::Duration timeout,
                      const std::function<void(uint64_t tag, std::string message)>& deliver);
   // Wakes a Drain blocked waiting for frames (to stop its thread).
@@ -80,7 +81,6 @@ class ShmRing {
   // Consumer state: the message being assembled from fragments.
   std::string partial_;
   uint64_t partial_tag_ = 0;
-  bool assembling_ = false;
 };
 
 }  // namespace meshrun

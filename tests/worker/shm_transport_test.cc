@@ -210,6 +210,22 @@ TEST(ShmTransportTest, PeersOnAnotherHostGoThroughGrpc) {
   }
 }
 
+TEST(ShmTransportTest, WhenNoRingFitsInDevShmTheLinkFallsBackToGrpc) {
+  TransportSetOptions o;
+  o.shm_ring_bytes = size_t{1} << 50;  // no /dev/shm holds a petabyte: posix_fallocate fails
+  TransportSet ts(TransportKind::kShm, 2, o);
+  auto* t0 = static_cast<ShmTransport*>(ts.at(0));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  ASSERT_TRUE(t0->Send(1, 7, "over grpc", deadline).ok());
+  ASSERT_TRUE(t0->Send(1, 8, "still grpc", deadline).ok());
+  EXPECT_TRUE(t0->CoLocated(1));
+  EXPECT_FALSE(t0->SendsThroughShm(1));
+  EXPECT_EQ(t0->remote_messages_sent(), 2);
+  EXPECT_EQ(t0->shm_messages_sent(), 0);
+  EXPECT_EQ(*ts.at(1)->Recv(0, 7, deadline), "over grpc");
+  EXPECT_EQ(*ts.at(1)->Recv(0, 8, deadline), "still grpc");
+}
+
 // Rank 1 never drains its ring (it has no shared-memory receiver), so rank 0's ring fills up.
 TransportSetOptions UndrainedPeer(int64_t pid) {
   TransportSetOptions o;
