@@ -83,16 +83,38 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
 void Executor::AnalyzeBuffers() {
   // Every writer and reader of every buffer: (function, op index), a feed as op index -1.
   std::map<std::string, std::vector<std::pair<int, int>>> writers, readers;
-  std::set<std::string> viewed;  // inputs of view ops: a view would see an in-place update
+  // The buffers that may view each buffer's memory (outputs of view ops on it, their views, ...):
+  // they would see an in-place update of it.
+  std::map<std::string, std::vector<std::string>> view_outputs;
   for (int f = 0; f < program_.functions_size(); ++f) {
     const v1::Function& fn = program_.functions(f);
     for (const v1::Feed& feed : fn.feeds()) writers[feed.buffer()].push_back({f, -1});
     for (int i = 0; i < fn.ops_size(); ++i) {
-      for (const std::string& out : fn.ops(i).outputs()) writers[out].push_back({f, i});
-      for (const std::string& in : fn.ops(i).inputs()) readers[in].push_back({f, i});
-      if (IsViewKind(fn.ops(i).kind())) viewed.insert(fn.ops(i).inputs().begin(), fn.ops(i).inputs().end());
+      const v1::Op& op = fn.ops(i);
+      for (const std::string& out : op.outputs()) writers[out].push_back({f, i});
+      for (const std::string& in : op.inputs()) readers[in].push_back({f, i});
+      if (IsViewKind(op.kind()) && op.inputs_size() > 0) {
+        for (const std::string& out : op.outputs()) view_outputs[op.inputs(0)].push_back(out);
+      }
     }
   }
+  const std::set<std::string> results(options_.results.begin(), options_.results.end());
+  // Whether every view of `x` is read only before op `i` of function `f` and is not a result.
+  auto views_done_before = [&](const std::string& x, int f, int i) {
+    std::vector<std::string> pending = view_outputs[x];
+    std::set<std::string> seen;
+    while (!pending.empty()) {
+      const std::string v = pending.back();
+      pending.pop_back();
+      if (!seen.insert(v).second) continue;
+      if (results.count(v)) return false;
+      for (const auto& [rf, ri] : readers[v]) {
+        if (rf != f || ri >= i) return false;
+      }
+      for (const std::string& w : view_outputs[v]) pending.push_back(w);
+    }
+    return true;
+  };
   for (const auto& [name, unused] : writers) written_.insert(name);
   for (int f = 0; f < program_.functions_size(); ++f) {
     const v1::Function& fn = program_.functions(f);
@@ -103,7 +125,7 @@ void Executor::AnalyzeBuffers() {
       for (const auto& [k, j] : {std::pair<int, int>{0, 0}, {1, 2}, {2, 3}}) {
         const std::string& x = op.inputs(j);
         const std::string& y = op.outputs(k);
-        bool ok = x != y && writers[x].empty() && !viewed.count(x) &&
+        bool ok = x != y && writers[x].empty() && views_done_before(x, f, i) &&
                   writers[y] == std::vector<std::pair<int, int>>{{f, i}} &&
                   std::count(op.inputs().begin(), op.inputs().end(), x) == 1 &&
                   std::count(op.inputs().begin(), op.inputs().end(), y) == 0;

@@ -54,6 +54,9 @@ class Executor {
     CollectiveOptions collectives;
     PRNGKey init_key{0, 0};  // parameter initialisation key: fold_in(init_key, op.seed_offset)
     OpObserver* observer = nullptr;  // optional; must outlive the executor
+    // Buffers the caller will take after Run (TakeOutput). An input updated in place is never
+    // viewed by one of them (it would show the new values).
+    std::vector<std::string> results;
   };
 
   // Allocates every buffer and compiles every op into a kernel (oneDNN primitives are created
@@ -70,8 +73,9 @@ class Executor {
   // buffer, or naming both dtypes and shapes when `value` does not match the buffer.
   // `donated`: the caller gives up `value` (it holds no other reference to it and will not read
   // it again), so an op that may update in place writes its result into this memory (an Adam
-  // update's new param, mu and nu over the old ones), as XLA reuses a donated buffer. Donation
-  // lasts for the next Run.
+  // update's new param, mu and nu over the old ones), as XLA reuses a donated buffer: when no
+  // later op reads the input, and every view of it (a scan's per-layer slices) is read before
+  // the update and is not in Options::results. Donation lasts for the next Run.
   absl::Status BindInput(const std::string& name, const Tensor& value, bool donated = false);
   // Buffer `name` (after a Run) as a Tensor over the same memory, not a copy. The executor gives
   // the buffer new memory before its next Run writes it, so the result stays as it is.

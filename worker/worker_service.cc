@@ -175,9 +175,10 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
   eo.collectives.timeout =
       absl::Seconds(req->collective_timeout_seconds() > 0 ? req->collective_timeout_seconds() : 30);
   eo.observer = metrics_;
+  eo.results.assign(p.outputs().begin(), p.outputs().end());
   std::string fingerprint;
   p.program().SerializeToString(&fingerprint);
-  absl::StrAppend(&fingerprint, "|", req->collective_timeout_seconds());
+  absl::StrAppend(&fingerprint, "|", req->collective_timeout_seconds(), "|", absl::StrJoin(p.outputs(), ","));
   auto cached = std::find_if(executors_.begin(), executors_.end(),
                              [&](const CachedExecutor& c) { return c.fingerprint == fingerprint; });
   if (cached == executors_.end()) {
