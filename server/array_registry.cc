@@ -235,33 +235,55 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   }
   std::vector<v1::RunShardMapResponse> responses(ranks.size());
   // Every worker runs the program; the first to fail has the others aborted at once, rather than
-  // leaving them waiting in a collective for its deadline.
+  // leaving them waiting in a collective for its deadline. The calls go out together through
+  // gRPC's callback API (no thread per worker on the step's critical path).
   std::vector<grpc::Status> results(ranks.size());
-  std::atomic<bool> aborted{false};
   // Per rank: its result came after the others were told to abort. An aborted rank's ring
   // streams close, so its neighbours may fail with "disconnected" before their own abort lands:
   // such transport errors are consequences of the abort, not failures of their own.
   std::vector<char> after_abort(ranks.size(), 0);
-  std::vector<std::thread> threads;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  absl::Mutex done_mu;
+  size_t pending = ranks.size();
+  int first_failed = -1;  // the rank whose failure aborts the others
+  bool aborted = false;
   for (int r : ranks) {
-    threads.emplace_back([&, r] {
-      grpc::ClientContext ctx;
-      SetTimeout(ctx, rpc_timeout_);
-      results[r] = stubs_[r]->RunShardMap(&ctx, runs[r], &responses[r]);
-      after_abort[r] = aborted.load();
-      if (results[r].ok() || results[r].error_code() == grpc::ABORTED || aborted.exchange(true)) return;
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    SetTimeout(*contexts.back(), rpc_timeout_);
+    stubs_[r]->async()->RunShardMap(contexts.back().get(), &runs[r], &responses[r], [&, r](grpc::Status status) {
+      absl::MutexLock lock(&done_mu);
+      results[r] = std::move(status);
+      after_abort[r] = aborted;
+      if (!results[r].ok() && results[r].error_code() != grpc::ABORTED && !aborted && first_failed < 0) {
+        first_failed = r;
+      }
+      --pending;
+    });
+  }
+  {
+    absl::MutexLock lock(&done_mu);
+    auto settled_or_failed = [&]() ABSL_SHARED_LOCKS_REQUIRED(done_mu) {
+      return pending == 0 || (first_failed >= 0 && !aborted);
+    };
+    done_mu.Await(absl::Condition(&settled_or_failed));
+    if (pending > 0) {
+      aborted = true;
+      const int failed_rank = first_failed;
+      done_mu.Unlock();
       for (int q : ranks) {
-        if (q == r) continue;
+        if (q == failed_rank) continue;
         grpc::ClientContext actx;
         SetTimeout(actx, absl::Seconds(2));
         v1::AbortRequest areq;
-        areq.set_reason(absl::StrCat("shard_map failed on rank ", r));
+        areq.set_reason(absl::StrCat("shard_map failed on rank ", failed_rank));
         v1::AbortResponse aresp;
         stubs_[q]->Abort(&actx, areq, &aresp);
       }
-    });
+      done_mu.Lock();
+      auto settled = [&]() ABSL_SHARED_LOCKS_REQUIRED(done_mu) { return pending == 0; };
+      done_mu.Await(absl::Condition(&settled));
+    }
   }
-  for (auto& t : threads) t.join();
   // Ranks whose own program failed never reached the collectives the others waited in; ranks that
   // timed out or were aborted did arrive.
   std::vector<int> failed, timed_out;
