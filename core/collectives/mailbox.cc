@@ -1,10 +1,14 @@
 #include "core/collectives/mailbox.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace meshrun {
 
-Mailbox::Mailbox(int world_size) : queues_(world_size), peer_failed_(world_size) {}
+Mailbox::Mailbox(int world_size, absl::Duration failure_grace)
+    : failure_grace_(failure_grace), queues_(world_size), peer_failed_(world_size),
+      failed_at_(world_size), failure_marks_(world_size, 0) {}
 
 void Mailbox::SetControlHandler(uint64_t tag, ControlHandler handler) {
   absl::MutexLock lock(&control_mu_);
@@ -13,20 +17,30 @@ void Mailbox::SetControlHandler(uint64_t tag, ControlHandler handler) {
 }
 
 void Mailbox::Deliver(int src, uint64_t tag, std::string payload) {
+  // Whatever src sends proves it alive: a failure mark left by one of its old streams (one it
+  // cancelled in an abort, seen ending after this side's Reset) no longer counts.
   {
     absl::MutexLock lock(&control_mu_);
     if (control_ && tag == control_tag_) {
+      {
+        absl::MutexLock alive(&mu_);
+        peer_failed_[src] = absl::OkStatus();
+      }
       control_(src, payload);
       return;
     }
   }
   absl::MutexLock lock(&mu_);
+  peer_failed_[src] = absl::OkStatus();
   queues_[src].push_back(Message{tag, std::move(payload)});
 }
 
 void Mailbox::MarkPeerFailed(int src, absl::Status status) {
   absl::MutexLock lock(&mu_);
-  if (peer_failed_[src].ok()) peer_failed_[src] = std::move(status);
+  if (!peer_failed_[src].ok()) return;
+  peer_failed_[src] = std::move(status);
+  failed_at_[src] = absl::Now();
+  ++failure_marks_[src];
 }
 
 void Mailbox::Abort(absl::Status reason) {
@@ -43,15 +57,25 @@ void Mailbox::Reset() {
 
 absl::StatusOr<std::string> Mailbox::Take(int src, uint64_t expected_tag, absl::Time deadline) {
   absl::MutexLock lock(&mu_);
-  auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return !aborted_.ok() || !queues_[src].empty() || !peer_failed_[src].ok();
-  };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("timed out waiting for a message from rank ", src, " (tag ", expected_tag, ")"));
+  for (;;) {
+    if (!aborted_.ok()) return aborted_;
+    if (!queues_[src].empty()) break;
+    absl::Time wake = deadline;
+    if (!peer_failed_[src].ok()) {
+      const absl::Time due = failed_at_[src] + failure_grace_;
+      if (absl::Now() >= due) return peer_failed_[src];
+      wake = std::min(wake, due);
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("timed out waiting for a message from rank ", src, " (tag ", expected_tag, ")"));
+    }
+    const uint64_t marks = failure_marks_[src];
+    auto changed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return !aborted_.ok() || !queues_[src].empty() || failure_marks_[src] != marks;
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&changed), wake);
   }
-  if (!aborted_.ok()) return aborted_;
-  if (queues_[src].empty()) return peer_failed_[src];
   Message m = std::move(queues_[src].front());
   queues_[src].pop_front();
   if (m.tag != expected_tag) {

@@ -19,7 +19,9 @@ namespace meshrun {
 // threads, Take from the collective's thread.
 class Mailbox {
  public:
-  explicit Mailbox(int world_size);
+  // `failure_grace`: how long a peer marked failed may still prove itself alive by sending
+  // (see MarkPeerFailed) before Take reports the failure.
+  explicit Mailbox(int world_size, absl::Duration failure_grace = absl::Seconds(2));
 
   // Queues `payload` for Take(src), or hands it to the control handler of `tag` if one is set.
   void Deliver(int src, uint64_t tag, std::string payload);
@@ -29,7 +31,10 @@ class Mailbox {
   // SetControlHandler.
   using ControlHandler = std::function<void(int src, const std::string& payload)>;
   void SetControlHandler(uint64_t tag, ControlHandler handler);
-  // Future Take(src) calls fail with `status` once src's queue is drained.
+  // Take(src) fails with `status` once src's queue is drained and `failure_grace` has passed
+  // since the mark with nothing more from src: a message from src clears the mark. (A stream
+  // that src cancelled in an abort may be seen ending after this side's Reset; src, alive,
+  // clears the stale mark with its next message. A dead src is reported within the grace.)
   void MarkPeerFailed(int src, absl::Status status);
   // Fails every Take with `reason` until Reset().
   void Abort(absl::Status reason);
@@ -44,12 +49,15 @@ class Mailbox {
     uint64_t tag;
     std::string payload;
   };
+  const absl::Duration failure_grace_;
   absl::Mutex control_mu_;  // held while a control handler runs
   uint64_t control_tag_ ABSL_GUARDED_BY(control_mu_) = 0;
   ControlHandler control_ ABSL_GUARDED_BY(control_mu_);
   absl::Mutex mu_;
   std::vector<std::deque<Message>> queues_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::Status> peer_failed_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Time> failed_at_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> failure_marks_ ABSL_GUARDED_BY(mu_);  // marks ever made, per src
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
 };
 
