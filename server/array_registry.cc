@@ -2,7 +2,6 @@
 
 #include <numeric>
 #include <set>
-#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"

@@ -217,21 +217,19 @@ void ShmTransport::OnAnnounce(int src, const std::string& ring_name) {
 
 absl::Status ShmTransport::Send(int peer, uint64_t tag, absl::string_view data,
                                 absl::Time deadline) {
-  if (peer < 0 || peer >= world_size() || !co_located_[peer]) {
+  auto send_remote = [&] {
     remote_sent_.fetch_add(1);
     return remote_->Send(peer, tag, data, deadline);
-  }
+  };
+  if (peer < 0 || peer >= world_size() || !co_located_[peer]) return send_remote();
   absl::StatusOr<Sender*> sender = SenderFor(peer, deadline);
   if (!sender.ok()) return sender.status();
-  if (*sender == nullptr) {
-    remote_sent_.fetch_add(1);
-    return remote_->Send(peer, tag, data, deadline);
-  }
+  if (*sender == nullptr) return send_remote();
   const int64_t pid = peers_[peer].pid;
   absl::Time next_liveness_check = absl::Now() + options_.liveness_interval;
   absl::Status s = (*sender)->ring().Write(
       tag, data, deadline, options_.liveness_interval, [&]() -> absl::Status {
-        if (aborted_flag_.load()) return AbortStatus();
+        if (absl::Status aborted = AbortStatus(); !aborted.ok()) return aborted;
         if (absl::Now() < next_liveness_check) return absl::OkStatus();
         next_liveness_check = absl::Now() + options_.liveness_interval;
         if (!ProcessAlive(pid)) {
@@ -257,7 +255,6 @@ void ShmTransport::Abort(const absl::Status& reason) {
   {
     absl::MutexLock lock(&mu_);
     if (aborted_.ok()) aborted_ = reason;
-    aborted_flag_.store(true);
     for (auto& sender : senders_) {
       if (sender) sender->ring().WakeProducer();
     }
@@ -269,7 +266,6 @@ void ShmTransport::Reset() {
   {
     absl::MutexLock lock(&mu_);
     aborted_ = absl::OkStatus();
-    aborted_flag_.store(false);
   }
   remote_->Reset();
 }

@@ -120,7 +120,6 @@ class ShmTransport : public Transport {
   std::vector<std::unique_ptr<Receiver>> receivers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Receiver>> retired_ ABSL_GUARDED_BY(mu_);
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
-  std::atomic<bool> aborted_flag_{false};
   std::atomic<int64_t> shm_sent_{0};
   std::atomic<int64_t> remote_sent_{0};
 };
