@@ -188,6 +188,39 @@ void Executor::AnalyzeBuffers() {
       }
     }
   }
+  // All-reductions whose input nothing reads afterwards: the result is reduced in the input's
+  // memory instead of a copy of it (XLA's buffer assignment lets an all-reduce reuse its dead
+  // operand). The input is an intermediate of the same function, written only before the op, not
+  // a view, a donated input's target or a result; whatever shares its memory (its views, the
+  // parts a concatenation placed in it) is read only before the op and is not a result either.
+  std::set<std::string> adam_targets;
+  for (const auto& [x, ys] : in_place_) adam_targets.insert(ys.begin(), ys.end());
+  for (int f = 0; f < program_.functions_size(); ++f) {
+    const v1::Function& fn = program_.functions(f);
+    for (int i = 0; i < fn.ops_size(); ++i) {
+      const v1::Op& op = fn.ops(i);
+      const v1::OpKind k = op.kind();
+      if ((k != v1::OP_PSUM && k != v1::OP_PMEAN && k != v1::OP_PMAX) || op.inputs_size() != 1 ||
+          op.outputs_size() != 1) {
+        continue;
+      }
+      const std::string& x = op.inputs(0);
+      const std::string& y = op.outputs(0);
+      bool ok = x != y && !results.count(x) && !placed.count(x) && !placed.count(y) &&
+                !adam_targets.count(x) && !adam_targets.count(y) && !writers[x].empty() &&
+                readers[x] == std::vector<std::pair<int, int>>{{f, i}} &&
+                writers[y] == std::vector<std::pair<int, int>>{{f, i}} && views_done_before(x, f, i);
+      for (const auto& [wf, wi] : writers[x]) {
+        ok = ok && wf == f && wi >= 0 && wi < i && !IsViewKind(fn.ops(wi).kind());
+      }
+      for (const Placement& p : placements_) {
+        if (!ok || p.whole != x) continue;
+        ok = !results.count(p.part) && views_done_before(p.part, f, i);
+        for (const auto& [rf, ri] : readers[p.part]) ok = ok && rf == f && ri < i;
+      }
+      if (ok) reduce_in_place_.insert(&op);
+    }
+  }
 }
 
 absl::Status Executor::BindInput(const std::string& name, const Tensor& value, bool donated) {

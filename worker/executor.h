@@ -104,7 +104,7 @@ class Executor {
   OpObserver::Recorder RecorderFor(const v1::Op& op);
   Executor(const v1::StepProgram& program, const Options& options);
   absl::StatusOr<CompiledOp> Compile(const v1::Op& op);
-  // Fills view_ops_, in_place_ and placements_.
+  // Fills view_ops_, in_place_, placements_ and reduce_in_place_.
   void AnalyzeBuffers();
   // A view op if `op` is in view_ops_ and its result is one contiguous block of its input.
   std::optional<CompiledOp> CompileView(const v1::Op& op, const Tensor* x, Tensor* y);
@@ -139,6 +139,9 @@ class Executor {
     size_t byte_offset;
   };
   std::vector<Placement> placements_;
+  // psum / pmean / pmax ops that reduce in their input's memory: the output becomes a view of
+  // the input (which nothing reads afterwards), so no copy of the input is made first.
+  std::set<const v1::Op*> reduce_in_place_;
   std::map<std::string, v1::BufferRole> roles_;
   std::map<std::string, CompiledFunction> functions_;
   std::map<std::string, std::unique_ptr<Communicator>> communicators_;

@@ -464,6 +464,13 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
       if (y->dims() != d) return Mismatch(op, *y, DimsToString(d));
       const ReduceOp rop = op.kind() == v1::OP_PSUM ? ReduceOp::kSum
                            : op.kind() == v1::OP_PMEAN ? ReduceOp::kMean : ReduceOp::kMax;
+      if (reduce_in_place_.count(&op)) {
+        views_.insert(op.outputs(0));  // its memory is the input's, re-pointed at each run
+        return timed([=] {
+          y->ShareMemory(*x, 0);
+          return comm->AllReduce(y->raw(), y->num_elements(), dtype, rop);
+        });
+      }
       return timed([=] {
         std::memcpy(y->raw(), x->raw(), x->size_bytes());
         return comm->AllReduce(y->raw(), y->num_elements(), dtype, rop);
@@ -482,6 +489,9 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
       }
       if (y->dims() != expected) return Mismatch(op, *y, DimsToString(expected));
       const int64_t outer = Prod(d, 0, a), inner = Prod(d, a, d.size());
+      if (outer == 1) {  // the blocks are already in the result's order: gather straight into it
+        return timed([=] { return comm->AllGather(x->raw(), x->num_elements(), dtype, y->raw()); });
+      }
       auto scratch = std::make_shared<std::vector<char>>(n * x->size_bytes());
       return timed([=] {
         // Gather blocks as [n, outer, inner], then move the group axis inside: [outer, n, inner].
@@ -509,6 +519,9 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
       }
       if (y->dims() != expected) return Mismatch(op, *y, DimsToString(expected));
       const int64_t outer = Prod(d, 0, s_dim), block = x->num_elements() / std::max<int64_t>(1, outer * n);
+      if (outer == 1) {  // block j of the scatter dim is already flat block j: no repacking
+        return timed([=] { return comm->ReduceScatter(x->raw(), block, dtype, ReduceOp::kSum, y->raw()); });
+      }
       auto packed = std::make_shared<std::vector<char>>(x->size_bytes());
       return timed([=] {
         // [outer, n, block] -> [n, outer, block]: block j of the scatter dim becomes flat block j.

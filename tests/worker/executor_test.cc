@@ -3,8 +3,10 @@
 // keeps its values when the executor runs again.
 #include "worker/executor.h"
 
+#include <thread>
 #include <vector>
 
+#include "core/collectives/in_process_transport.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
@@ -322,6 +324,79 @@ TEST(ExecutorBindingTest, ConcatenatedPartsAreComputedInPlace) {
     ASSERT_TRUE(got.ok());
     EXPECT_THAT(Values(*got), ElementsAre(1, 2, 3, 4, 5, 6)) << "call " << call;
     EXPECT_THAT(Values(*(*ex)->TakeOutput("side")), ElementsAre(sign * 1, sign * 1, 2, 2, sign * 3, sign * 3));
+  }
+}
+
+// g = x * 2 on each rank; s = psum(g) over `data` (g is read by nothing else: s is reduced in
+// g's memory); h = psum(k) where k is read again afterwards (k must keep its values: a copy);
+// out = s + k.
+constexpr char kPsumProgram[] = R"pb(
+  buffers { name: "x" dtype: DTYPE_F32 shape { dims: 4 } }
+  buffers { name: "two" dtype: DTYPE_F32 shape { dims: 4 } }
+  buffers { name: "g" dtype: DTYPE_F32 shape { dims: 4 } }
+  buffers { name: "s" dtype: DTYPE_F32 shape { dims: 4 } }
+  buffers { name: "k" dtype: DTYPE_F32 shape { dims: 4 } }
+  buffers { name: "h" dtype: DTYPE_F32 shape { dims: 4 } }
+  buffers { name: "out" dtype: DTYPE_F32 shape { dims: 4 } }
+  functions {
+    name: "main"
+    ops { kind: OP_FILL outputs: "two" value: 2 }
+    ops { kind: OP_BINARY fn: "mul" inputs: "x" inputs: "two" outputs: "g" }
+    ops { kind: OP_PSUM inputs: "g" outputs: "s" axis_names: "data" }
+    ops { kind: OP_BINARY fn: "add" inputs: "x" inputs: "x" outputs: "k" }
+    ops { kind: OP_PSUM inputs: "k" outputs: "h" axis_names: "data" }
+    ops { kind: OP_BINARY fn: "add" inputs: "h" inputs: "k" outputs: "out" }
+  }
+)pb";
+
+TEST(ExecutorBindingTest, APsumOfAnInputNothingReadsAfterIsReducedInThatInputsMemory) {
+  v1::StepProgram program;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kPsumProgram, &program));
+  absl::StatusOr<Mesh> mesh = Mesh::Parse("data=2");
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  std::vector<std::unique_ptr<Transport>> transports = CreateInProcessTransports(2);
+  std::vector<std::unique_ptr<Executor>> ex(2);
+  for (int r = 0; r < 2; ++r) {
+    Executor::Options o;
+    o.mesh = &*mesh;
+    o.rank = r;
+    o.transport = transports[r].get();
+    o.results = {"s", "out"};
+    absl::StatusOr<std::unique_ptr<Executor>> e = Executor::Create(program, o);
+    ASSERT_TRUE(e.ok()) << e.status();
+    ex[r] = *std::move(e);
+  }
+  std::vector<std::vector<float>> taken_s(2);
+  for (int call = 0; call < 2; ++call) {
+    std::vector<absl::Status> status(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        Tensor x(v1::DTYPE_F32, {4});
+        for (int i = 0; i < 4; ++i) x.data<float>()[i] = (call + 1) * (r * 10 + i);
+        status[r] = ex[r]->BindInput("x", x);
+        if (status[r].ok()) status[r] = ex[r]->Run("main", RunContext{});
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_TRUE(status[r].ok()) << status[r];
+      EXPECT_EQ(ex[r]->buffer("s")->raw(), ex[r]->buffer("g")->raw()) << "s is reduced in g's memory";
+      EXPECT_NE(ex[r]->buffer("h")->raw(), ex[r]->buffer("k")->raw()) << "k is read after the psum";
+      const float c = call + 1;
+      // psum over the two ranks of 2 * x: 2 * c * (i + (10 + i)).
+      EXPECT_THAT(Values(*ex[r]->buffer("s")), ElementsAre(c * 20, c * 24, c * 28, c * 32));
+      // h = psum(2x) and out = h + k with this rank's own k = 2x.
+      std::vector<float> out;
+      for (int i = 0; i < 4; ++i) out.push_back(c * (20 + 4 * i) + 2 * c * (r * 10 + i));
+      EXPECT_THAT(Values(*ex[r]->buffer("out")), ElementsAre(out[0], out[1], out[2], out[3]));
+    }
+    absl::StatusOr<Tensor> s = ex[0]->TakeOutput("s");
+    ASSERT_TRUE(s.ok());
+    taken_s[call] = Values(*s);
+    if (call == 1) {
+      EXPECT_THAT(taken_s[0], ElementsAre(20, 24, 28, 32)) << "a taken result keeps its values";
+    }
   }
 }
 
