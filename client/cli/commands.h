@@ -77,6 +77,8 @@ struct WorkloadTrainArgs {
   std::string rules;          // logical axis rules, e.g. batch=data,hidden=model
   std::string fsdp_axis;
   int64_t min_weight_size = int64_t{1} << 18;
+  // The embedded cluster's mesh; with `coordinator`, empty means the running cluster's mesh
+  // (a given one must equal it).
   std::string mesh = "data=2,model=4";
   int64_t steps = 20;
   std::string coordinator;  // empty: an embedded local cluster

@@ -138,7 +138,11 @@ int main(int argc, char** argv) {
       if (!wtrain.workload.empty()) {
         wtrain.coordinator = train.coordinator;
         wtrain.log_dir = train.log_dir;
-        if (!train.mesh.empty()) wtrain.mesh = train.mesh;
+        if (!train.mesh.empty()) {
+          wtrain.mesh = train.mesh;
+        } else if (!train.coordinator.empty()) {
+          wtrain.mesh.clear();  // the running cluster's
+        }
         return meshrun::cli::TrainWorkload(wtrain);
       }
       if (train.config_path.empty()) throw CLI::RequiredError("--config or --workload");

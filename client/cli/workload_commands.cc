@@ -72,8 +72,42 @@ WorkloadTrainArgs WorkloadArgsFromConfig(const JobConfig& c, const std::string& 
   return a;
 }
 
-int TrainWorkload(const WorkloadTrainArgs& a) {
+namespace {
+
+// The mesh of the cluster at `address` ("data=2,model=4"); a non-empty `given` must equal it.
+absl::StatusOr<std::string> ClusterMeshText(Client& client, const std::string& address,
+                                            const std::string& given) {
+  absl::StatusOr<v1::GetStatusResponse> status = client.GetStatus();
+  if (!status.ok()) return status.status();
+  absl::StatusOr<Mesh> mesh = Mesh::FromProto(status->mesh());
+  if (!mesh.ok()) return mesh.status();
+  std::vector<std::string> axes;
+  for (int a = 0; a < mesh->num_axes(); ++a) {
+    axes.push_back(absl::StrCat(mesh->axis_name(a), "=", mesh->axis_size(a)));
+  }
+  const std::string text = absl::StrJoin(axes, ",");
+  if (given.empty()) return text;
+  absl::StatusOr<Mesh> wanted = Mesh::Parse(given);
+  if (!wanted.ok()) return wanted.status();
+  if (!(*wanted == *mesh)) {
+    return absl::InvalidArgumentError(absl::StrCat("--mesh ", given, " is not the mesh of the cluster at ",
+                                                   address, " (", text, ")"));
+  }
+  return text;
+}
+
+}  // namespace
+
+int TrainWorkload(const WorkloadTrainArgs& args) {
   const std::string cmd = "train";
+  WorkloadTrainArgs a = args;
+  if (!a.coordinator.empty()) {  // plan for the running cluster's mesh
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(a.coordinator);
+    if (!c.ok()) return Fail(cmd, c.status());
+    absl::StatusOr<std::string> mesh = ClusterMeshText(**c, a.coordinator, a.mesh);
+    if (!mesh.ok()) return Fail(cmd, mesh.status());
+    a.mesh = *mesh;
+  }
   absl::StatusOr<TrainStep> step = PlanWorkload(a);
   if (!step.ok()) return Fail(cmd, step.status());
   absl::StatusOr<Workload> w = SeedWorkload(a.workload);

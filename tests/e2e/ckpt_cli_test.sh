@@ -157,4 +157,24 @@ grep -q "psum_scatter over (data)" d_plan.txt && grep -q "PartitionSpec('data', 
   || { echo "FAIL: the derived job's plan lacks FSDP"; exit 1; }
 "$bin/meshrun" ckpt validate derived_ckpt/step_00000008 --config d_second.json | grep -q "OK: restorable"
 echo "derived job from a config: 8 losses identical after resume"
+
+# 6. `meshrun train --workload --coordinator` plans for the running cluster's mesh (here 1x8, not
+# the embedded cluster's default 2x4), and refuses a --mesh that is not the cluster's.
+"$bin/meshrun" up --mesh data=1,model=8 --port 0 --log-dir "$tmp/up" > up.txt 2>&1 &
+up_pid=$!
+for _ in $(seq 300); do grep -q "cluster up" up.txt && break; sleep 0.2; done
+coord="$(sed -nE 's/^meshrun cluster up: coordinator ([0-9.:]+),.*/\1/p' up.txt)"
+[ -n "$coord" ] || { cat up.txt; kill $up_pid; echo "FAIL: meshrun up did not come up"; exit 1; }
+"$bin/meshrun" train --coordinator "$coord" --workload dot_relu_dot --layout tp --steps 2 > up_train.txt 2>&1 \
+  || { cat up_train.txt; kill $up_pid; echo "FAIL: train on a running 1x8 cluster"; exit 1; }
+grep -q '^step 2 loss' up_train.txt || { cat up_train.txt; kill $up_pid; echo "FAIL: no losses"; exit 1; }
+if "$bin/meshrun" train --coordinator "$coord" --workload dot_relu_dot --layout tp --mesh data=2,model=4 \
+    --steps 1 > up_bad.txt 2>&1; then
+  kill $up_pid; echo "FAIL: a --mesh other than the cluster's was accepted"; exit 1
+fi
+grep -q "is not the mesh of the cluster at $coord (data=1,model=8)" up_bad.txt \
+  || { cat up_bad.txt; kill $up_pid; echo "FAIL: the mesh mismatch is not named"; exit 1; }
+"$bin/meshrun" shutdown --coordinator "$coord" > /dev/null
+wait $up_pid
+echo "train --coordinator: planned for the running cluster's mesh"
 echo PASS
