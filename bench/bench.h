@@ -46,10 +46,13 @@ struct StepBenchOptions {
   std::string mesh = "data=2,model=4";  // the "single" layout runs on one worker
   int steps = 10;   // timed steps (after `warmup`)
   int warmup = 2;
+  // Train steps per call (TrainState::Steps, Keras's steps_per_execution): 1 times each step's
+  // round trip from the client; more time the steps back to back on the workers.
+  int steps_per_call = 1;
   bool shm_transport = true;
   std::string bin_dir;
 };
-// Prints, per workload and layout: p50 step time (client-side, one step call), samples/s, the
+// Prints, per workload and layout: p50 step time (client-side: a call's time over its steps), samples/s, the
 // first and last loss, params + optimizer state per worker and the workers' peak RSS (VmHWM).
 // Returns a process exit code.
 int RunStepBench(const StepBenchOptions& options);

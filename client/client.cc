@@ -170,13 +170,18 @@ absl::StatusOr<Client::JitResult> Client::Jit(const v1::GlobalProgram& program,
                                               const std::vector<std::string>& output_ids,
                                               absl::Duration collective_timeout,
                                               const std::vector<int>& donate_argnums,
-                                              const std::vector<int>& fetch_outputs) {
+                                              const std::vector<int>& fetch_outputs,
+                                              const std::vector<std::vector<std::string>>& more_runs) {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, collective_timeout * 4 + absl::Seconds(60));
+  SetTimeout(ctx, (collective_timeout * 4 + absl::Seconds(60)) * static_cast<int64_t>(1 + more_runs.size()));
   v1::JitRequest req;
   *req.mutable_program() = program;
   SetCall(input_ids, output_ids, collective_timeout, donate_argnums, req);
   for (int f : fetch_outputs) req.add_fetch_outputs(f);
+  for (const std::vector<std::string>& ids : more_runs) {
+    v1::ArgumentIds* run = req.add_more_runs();
+    for (const std::string& id : ids) run->add_input_ids(id);
+  }
   v1::JitResponse resp;
   if (grpc::Status s = stub_->Jit(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
   JitResult r;

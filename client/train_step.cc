@@ -351,28 +351,46 @@ absl::StatusOr<TrainState> TrainState::Restore(Client* client, const TrainStep* 
 }
 
 absl::StatusOr<float> TrainState::Step(const std::vector<std::string>& batch_ids) {
-  if (batch_ids.size() != step_->batch.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("train step takes ", step_->batch.size(),
-                                                   " batch arrays; got ", batch_ids.size()));
-  }
-  std::vector<std::string> inputs, outputs;
+  absl::StatusOr<std::vector<float>> losses = Steps({batch_ids});
+  if (!losses.ok()) return losses.status();
+  return losses->front();
+}
+
+absl::StatusOr<std::vector<float>> TrainState::Steps(const std::vector<std::vector<std::string>>& batches) {
+  if (batches.empty()) return absl::InvalidArgumentError("Steps: no batches");
+  std::vector<std::string> state, outputs;
   std::vector<int> donate;
   for (const PlannedArray& a : step_->state) {
-    donate.push_back(static_cast<int>(inputs.size()));
-    inputs.push_back(Id(a.name));
+    donate.push_back(static_cast<int>(state.size()));
+    state.push_back(Id(a.name));
     outputs.push_back(Id(a.name));
   }
-  inputs.insert(inputs.end(), batch_ids.begin(), batch_ids.end());
   outputs.push_back("");  // the loss comes back in the response
-  // The coordinator partitions the global step (once; then from its cache) and runs it.
-  absl::StatusOr<Client::JitResult> out = client_->Jit(step_->step_global, inputs, outputs, absl::Seconds(30), donate,
-                                                       {static_cast<int>(outputs.size()) - 1});
-  if (!out.ok()) return out.status();
-  if (out->fetched.size() != 1 || out->fetched[0].num_elements() != 1) {
-    return absl::InternalError("the train step returned no scalar loss");
+  std::vector<std::vector<std::string>> runs;  // each step's arguments: the state, then its batch
+  for (size_t k = 0; k < batches.size(); ++k) {
+    if (batches[k].size() != step_->batch.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("train step takes ", step_->batch.size(), " batch arrays; got ",
+                                                     batches[k].size(), batches.size() > 1 ? absl::StrCat(" for step ", k) : ""));
+    }
+    runs.push_back(state);
+    runs.back().insert(runs.back().end(), batches[k].begin(), batches[k].end());
   }
-  ++steps_;
-  return out->fetched[0].data<float>()[0];
+  const std::vector<std::vector<std::string>> more_runs(runs.begin() + 1, runs.end());
+  // The coordinator partitions the global step (once; then from its cache) and runs it.
+  absl::StatusOr<Client::JitResult> out = client_->Jit(step_->step_global, runs.front(), outputs, absl::Seconds(30),
+                                                       donate, {static_cast<int>(outputs.size()) - 1}, more_runs);
+  if (!out.ok()) return out.status();
+  std::vector<float> losses;
+  for (const Tensor& loss : out->fetched) {
+    if (loss.num_elements() != 1) return absl::InternalError("the train step returned no scalar loss");
+    losses.push_back(loss.data<float>()[0]);
+  }
+  if (losses.size() != batches.size()) {
+    return absl::InternalError(absl::StrCat("the train steps returned ", losses.size(), " losses for ",
+                                            batches.size(), " steps"));
+  }
+  steps_ += static_cast<int64_t>(batches.size());
+  return losses;
 }
 
 absl::StatusOr<Tensor> TrainState::Get(const std::string& name) const {

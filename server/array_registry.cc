@@ -147,15 +147,35 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
     buffer_dims[b.name()] = Dims(b.shape().dims().begin(), b.shape().dims().end());
     buffer_dtype[b.name()] = b.dtype();
   }
-  for (int i = 0; i < p.inputs_size(); ++i) {
-    absl::StatusOr<v1::ArrayInfo> info = Info(request.input_ids(i));
-    if (!info.ok()) return info.status();
-    const PartitionSpec have = PartitionSpec::FromProto(info->sharding().spec());
-    const PartitionSpec want = PartitionSpec::FromProto(p.in_specs(i));
-    if (have != want) {
-      return absl::InvalidArgumentError(absl::StrCat("argument ", i, " (array '", request.input_ids(i),
-                                                     "') is laid out as ", have.ToString(), " but in_specs[", i,
-                                                     "] is ", want.ToString()));
+  // The arguments of run `k` (0: input_ids; then more_runs) exist and are laid out as in_specs.
+  auto check_arguments = [&](const google::protobuf::RepeatedPtrField<std::string>& ids, int k) -> absl::Status {
+    const std::string run = request.more_runs_size() > 0 ? absl::StrCat("run ", k, ": ") : "";
+    if (ids.size() != p.inputs_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(run, "shard_map takes ", p.inputs_size(), " arguments; got ",
+                                                     ids.size(), " arrays"));
+    }
+    for (int i = 0; i < p.inputs_size(); ++i) {
+      absl::StatusOr<v1::ArrayInfo> info = Info(ids[i]);
+      if (!info.ok()) return absl::Status(info.status().code(), absl::StrCat(run, info.status().message()));
+      const PartitionSpec have = PartitionSpec::FromProto(info->sharding().spec());
+      const PartitionSpec want = PartitionSpec::FromProto(p.in_specs(i));
+      if (have != want) {
+        return absl::InvalidArgumentError(absl::StrCat(run, "argument ", i, " (array '", ids[i], "') is laid out as ",
+                                                       have.ToString(), " but in_specs[", i, "] is ", want.ToString()));
+      }
+    }
+    return absl::OkStatus();
+  };
+  for (int k = 0; k <= request.more_runs_size(); ++k) {
+    const auto& ids = k == 0 ? request.input_ids() : request.more_runs(k - 1).input_ids();
+    if (absl::Status s = check_arguments(ids, k); !s.ok()) return s;
+    for (int a : request.donate_argnums()) {
+      // A donated argument is carried over from run to run: the same array in every run.
+      if (k > 0 && a >= 0 && a < ids.size() && ids[a] != request.input_ids(a)) {
+        return absl::InvalidArgumentError(absl::StrCat("run ", k, ": donated argument ", a, " is array '", ids[a],
+                                                       "'; with more runs it must be run 0's '", request.input_ids(a),
+                                                       "' (which the previous run replaced)"));
+      }
     }
   }
   // Global shapes of the results: each local dim times the blocks its out_spec entry names.
@@ -208,6 +228,11 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
         return absl::InvalidArgumentError(absl::StrCat("array id '", id, "' is in use (only a donated argument's id ",
                                                        "may be reused)"));
       }
+      if (request.more_runs_size() > 0 && !donated.count(id)) {
+        return absl::InvalidArgumentError(absl::StrCat("result ", i, " (id '", id, "') would be overwritten by the next ",
+                                                       "run: with more runs every kept result must take a donated ",
+                                                       "argument's id"));
+      }
       outputs[i].set_id(id);
     }
   }
@@ -218,6 +243,7 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   for (const auto& o : outputs) run.add_output_ids(o.id());
   run.set_collective_timeout_seconds(request.collective_timeout_seconds());
   *run.mutable_donate_argnums() = request.donate_argnums();
+  *run.mutable_more_runs() = request.more_runs();
   std::vector<int> ranks(workers_->expected());
   std::iota(ranks.begin(), ranks.end(), 0);
   // A fetched result comes back from one holder of each of its blocks (the lowest rank).
@@ -248,7 +274,7 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   bool aborted = false;
   for (int r : ranks) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
-    SetTimeout(*contexts.back(), rpc_timeout_);
+    SetTimeout(*contexts.back(), rpc_timeout_ * (1 + request.more_runs_size()));
     stubs_[r]->async()->RunShardMap(contexts.back().get(), &runs[r], &responses[r], [&, r](grpc::Status status) {
       absl::MutexLock lock(&done_mu);
       results[r] = std::move(status);
@@ -326,20 +352,27 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
     return s;
   }
   v1::ShardMapResponse response;
-  for (int f = 0; f < request.fetch_outputs_size(); ++f) {
-    v1::GetArrayResponse* got = response.add_fetched();
-    *got->mutable_info() = outputs[request.fetch_outputs(f)];
+  const int num_runs = 1 + request.more_runs_size();
+  const int num_fetched = request.fetch_outputs_size();
+  for (int k = 0; k < num_runs; ++k) {
+    for (int f = 0; f < num_fetched; ++f) {
+      v1::GetArrayResponse* got = response.add_fetched();
+      *got->mutable_info() = outputs[request.fetch_outputs(f)];
+    }
   }
   for (int r : ranks) {
-    if (responses[r].outputs_size() != static_cast<int>(returned_by[r].size())) {
+    const size_t per_run = returned_by[r].size();
+    if (responses[r].outputs_size() != static_cast<int>(per_run * num_runs)) {
       return absl::InternalError(absl::StrCat("worker ", workers_->Describe(r), " returned ",
                                               responses[r].outputs_size(), " results; expected ",
-                                              returned_by[r].size()));
+                                              per_run * num_runs));
     }
-    for (size_t k = 0; k < returned_by[r].size(); ++k) {
-      v1::GetArrayResponse* got = response.mutable_fetched(returned_by[r][k]);
-      *got->add_blocks() = std::move(*responses[r].mutable_outputs(k));
-      got->add_block_ranks(r);
+    for (int k = 0; k < num_runs; ++k) {
+      for (size_t j = 0; j < per_run; ++j) {
+        v1::GetArrayResponse* got = response.mutable_fetched(k * num_fetched + returned_by[r][j]);
+        *got->add_blocks() = std::move(*responses[r].mutable_outputs(k * per_run + j));
+        got->add_block_ranks(r);
+      }
     }
   }
   absl::MutexLock lock(&mu_);

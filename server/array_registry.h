@@ -41,6 +41,9 @@ class ArrayRegistry {
   // Errors: InvalidArgument naming the argument, array and spec that do not match, or an output
   // spec that does not fit; worker errors (a collective deadline names the rank waited for).
   // Results named in request.fetch_outputs come back in the response instead of being registered.
+  // request.more_runs: further runs in the same call, back to back on the workers (Keras's
+  // steps_per_execution; coordinator.proto); InvalidArgument names the run, argument and array
+  // that do not fit, or a kept result that takes no donated argument's id.
   absl::StatusOr<v1::ShardMapResponse> ShardMap(const v1::ShardMapRequest& request);
 
   // Sharded checkpoints (core/checkpoint/checkpoint.h). Save: every worker writes the blocks it

@@ -105,6 +105,7 @@ grpc::Status CoordinatorService::Jit(grpc::ServerContext*, const v1::JitRequest*
   call.set_collective_timeout_seconds(req->collective_timeout_seconds());
   *call.mutable_donate_argnums() = req->donate_argnums();
   *call.mutable_fetch_outputs() = req->fetch_outputs();
+  *call.mutable_more_runs() = req->more_runs();
   absl::StatusOr<v1::ShardMapResponse> result = arrays_->ShardMap(call);
   if (!result.ok()) return ToGrpcStatus(result.status());
   *resp->mutable_outputs() = std::move(*result->mutable_outputs());

@@ -198,35 +198,51 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
     }
   }
   std::set<int> donated(req->donate_argnums().begin(), req->donate_argnums().end());
-  for (int i = 0; i < p.inputs_size(); ++i) {
-    // A donated argument leaves the store; if no one else holds it (a concurrent GetShard), the
-    // program may write its results over it. Passed twice or returned as is, it is only read.
-    const bool donate = donated.count(i) &&
-                        std::count(req->input_ids().begin(), req->input_ids().end(), req->input_ids(i)) == 1 &&
-                        std::count(p.outputs().begin(), p.outputs().end(), p.inputs(i)) == 0;
-    absl::StatusOr<std::shared_ptr<const Tensor>> shard =
-        donate ? shards_.Take(req->input_ids(i)) : shards_.Get(req->input_ids(i));
-    if (!shard.ok()) return Error(shard.status());
-    const bool sole_owner = shard->use_count() == 1;
-    if (absl::Status s = (*executor)->BindInput(p.inputs(i), **shard, donate && sole_owner); !s.ok()) {
-      return Error(absl::Status(s.code(), absl::StrCat("argument ", i, " (array '", req->input_ids(i), "'): ",
-                                                       s.message())));
+  // One run over the arrays `ids`: bind them, run, return or store the results.
+  auto run = [&](const google::protobuf::RepeatedPtrField<std::string>& ids) -> absl::Status {
+    if (ids.size() != p.inputs_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("program takes ", p.inputs_size(), " arguments; got ", ids.size(), " array ids"));
     }
-  }
-  if (absl::Status s = (*executor)->Run("main", RunContext{}); !s.ok()) {
-    executors_.erase(cached);  // recompiled on the next call, from a clean state
-    return Error(s);
-  }
-  for (int i : req->return_outputs()) {
-    absl::StatusOr<Tensor> result = (*executor)->TakeOutput(p.outputs(i));
-    if (!result.ok()) return Error(result.status());
-    *resp->add_outputs() = result->ToProto();
-  }
-  for (int i = 0; i < p.outputs_size(); ++i) {
-    if (returned.count(i)) continue;
-    absl::StatusOr<Tensor> result = (*executor)->TakeOutput(p.outputs(i));
-    if (!result.ok()) return Error(result.status());
-    shards_.Put(req->output_ids(i), *std::move(result));
+    for (int i = 0; i < p.inputs_size(); ++i) {
+      // A donated argument leaves the store; if no one else holds it (a concurrent GetShard), the
+      // program may write its results over it. Passed twice or returned as is, it is only read.
+      const bool donate = donated.count(i) && std::count(ids.begin(), ids.end(), ids[i]) == 1 &&
+                          std::count(p.outputs().begin(), p.outputs().end(), p.inputs(i)) == 0;
+      absl::StatusOr<std::shared_ptr<const Tensor>> shard = donate ? shards_.Take(ids[i]) : shards_.Get(ids[i]);
+      if (!shard.ok()) return shard.status();
+      const bool sole_owner = shard->use_count() == 1;
+      if (absl::Status s = (*executor)->BindInput(p.inputs(i), **shard, donate && sole_owner); !s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("argument ", i, " (array '", ids[i], "'): ", s.message()));
+      }
+    }
+    if (absl::Status s = (*executor)->Run("main", RunContext{}); !s.ok()) {
+      executors_.erase(cached);  // recompiled on the next call, from a clean state
+      return s;
+    }
+    for (int i : req->return_outputs()) {
+      absl::StatusOr<Tensor> result = (*executor)->TakeOutput(p.outputs(i));
+      if (!result.ok()) return result.status();
+      *resp->add_outputs() = result->ToProto();
+    }
+    for (int i = 0; i < p.outputs_size(); ++i) {
+      if (returned.count(i)) continue;
+      absl::StatusOr<Tensor> result = (*executor)->TakeOutput(p.outputs(i));
+      if (!result.ok()) return result.status();
+      shards_.Put(req->output_ids(i), *std::move(result));
+    }
+    return absl::OkStatus();
+  };
+  // Keras's steps_per_execution: the runs go back to back, each over the arrays the one before
+  // left (a TrainState's donated ids are its results' ids).
+  for (int k = 0; k <= req->more_runs_size(); ++k) {
+    absl::Status s = run(k == 0 ? req->input_ids() : req->more_runs(k - 1).input_ids());
+    if (!s.ok()) {
+      return Error(req->more_runs_size() == 0
+                       ? s
+                       : absl::Status(s.code(), absl::StrCat("run ", k, " of ", req->more_runs_size() + 1, ": ",
+                                                             s.message())));
+    }
   }
   return grpc::Status::OK;
 }

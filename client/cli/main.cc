@@ -122,6 +122,10 @@ int main(int argc, char** argv) {
   sb_cmd->add_option("--layouts", sb_layouts, "comma-separated")->capture_default_str();
   sb_cmd->add_option("--mesh", sb.mesh, "mesh of the multi-worker layouts")->capture_default_str();
   sb_cmd->add_option("--steps", sb.steps, "timed steps per run")->capture_default_str();
+  sb_cmd->add_option("--steps-per-call", sb.steps_per_call,
+                     "train steps per call, run back to back on the workers (steps_per_execution)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   sb_cmd->add_flag("--no-shm", sb_no_shm, kNoShm);
 
   meshrun::CkptBenchOptions kb;

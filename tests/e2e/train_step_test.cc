@@ -353,6 +353,80 @@ TEST_F(SeedWorkloadsE2ETest, Seed003DotReluDotMseLossesAgreeAcrossLayouts) {
   }
 }
 
+// TrainState::Steps (Keras's steps_per_execution): several steps in one call, each over its own
+// batch, give the losses of the same steps called one at a time, bit for bit; bad calls are
+// refused before anything runs.
+TEST_F(SeedWorkloadsE2ETest, StepsInOneCallEqualStepsCalledOneAtATime) {
+  auto w = SeedWorkload("dot_relu_dot");
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto step = BuildTrainStep(*Mesh::Parse(kTwoByFour), *LayoutSharding("2d"), w->optimizer, w->batch, w->loss, 0);
+  ASSERT_TRUE(step.ok()) << step.status();
+  auto batch = SeedWorkloadBatch(*w);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  Tensor other = (*batch)[0];  // a second batch: the input halved
+  for (int64_t i = 0; i < other.num_elements(); ++i) other.data<float>()[i] *= 0.5f;
+  Client& c = client(kTwoByFour);
+  const std::vector<std::string> a = PutBatch(c, *step, {&(*batch)[0], &(*batch)[1]});
+  const std::vector<std::string> b = PutBatch(c, *step, {&other, &(*batch)[1]});
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  const std::vector<std::vector<std::string>> order = {a, b, a, b, a, b};
+
+  std::vector<float> one_at_a_time;
+  {
+    auto state = TrainState::Init(&c, &*step, "one");
+    ASSERT_TRUE(state.ok()) << state.status();
+    for (const auto& ids : order) {
+      auto loss = state->Step(ids);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      one_at_a_time.push_back(*loss);
+    }
+    ASSERT_TRUE(state->Delete().ok());
+  }
+  auto state = TrainState::Init(&c, &*step, "many");
+  ASSERT_TRUE(state.ok()) << state.status();
+  auto first = state->Steps({order.begin(), order.begin() + 3});
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = state->Steps({order.begin() + 3, order.end()});
+  ASSERT_TRUE(second.ok()) << second.status();
+  std::vector<float> in_calls = *first;
+  in_calls.insert(in_calls.end(), second->begin(), second->end());
+  EXPECT_EQ(in_calls, one_at_a_time);
+  EXPECT_NE(one_at_a_time[0], one_at_a_time[1]) << "the batches differ, so do their losses";
+  EXPECT_EQ(state->steps(), 6);
+
+  // A batch of the wrong arity names its step; a kept result that takes no donated argument's id
+  // would be overwritten by the next run; a donated argument must be the same array in every run.
+  auto bad = state->Steps({a, {a[0]}});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("for step 1"));
+  std::vector<std::string> inputs, fresh, same;
+  std::vector<int> donate;
+  for (const PlannedArray& s : step->state) {
+    donate.push_back(static_cast<int>(inputs.size()));
+    inputs.push_back(state->Id(s.name));
+    fresh.push_back(absl::StrCat("fresh/", s.name));
+  }
+  fresh.push_back("");
+  inputs.insert(inputs.end(), a.begin(), a.end());
+  const int loss_index = static_cast<int>(fresh.size()) - 1;
+  auto overwritten = c.Jit(step->step_global, inputs, fresh, absl::Seconds(30), {}, {loss_index}, {inputs});
+  EXPECT_EQ(overwritten.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(overwritten.status().message(), ::testing::HasSubstr("would be overwritten by the next run"));
+  std::vector<std::string> swapped = inputs;
+  swapped[0] = inputs[1];
+  std::vector<std::string> outputs(inputs.begin(), inputs.begin() + step->state.size());
+  outputs.push_back("");
+  auto not_carried = c.Jit(step->step_global, inputs, outputs, absl::Seconds(30), donate, {loss_index}, {swapped});
+  EXPECT_EQ(not_carried.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(not_carried.status().message(), ::testing::HasSubstr("run 1: donated argument 0"));
+  auto after = state->Steps({a});
+  ASSERT_TRUE(after.ok()) << "refused calls leave the TrainState as it was: " << after.status();
+  EXPECT_TRUE(state->Delete().ok());
+  for (const auto& id : a) EXPECT_TRUE(c.Delete(id).ok());
+  for (const auto& id : b) EXPECT_TRUE(c.Delete(id).ok());
+}
+
 // Workload 3: the seed classifier on real Fashion-MNIST images, 8-way data parallel and FSDP
 // against one worker, and FSDP's resident state against DP's.
 TEST_F(SeedWorkloadsE2ETest, SeedClassifierUnderDataParallelAndFsdp) {

@@ -84,6 +84,10 @@ class Client {
   // JitResult::outputs lists the others. Errors: InvalidArgument naming the op (and dim) that
   // does not partition on the cluster's mesh, a malformed op by its index, or a fetch index out
   // of range; those of ShardMap.
+  // more_runs (Keras's steps_per_execution): further runs of the program in the same call, back to
+  // back on the workers, each over its own argument ids (one per argument); a donated argument
+  // carries over from run to run (every kept result must take a donated argument's id), and
+  // `fetched` holds the fetched results of every run in turn.
   struct JitResult {
     std::vector<v1::ArrayInfo> outputs;
     std::vector<std::string> collectives;  // inserted by the coordinator: "psum(model)", ...
@@ -94,7 +98,8 @@ class Client {
                                 const std::vector<std::string>& output_ids = {},
                                 absl::Duration collective_timeout = absl::Seconds(30),
                                 const std::vector<int>& donate_argnums = {},
-                                const std::vector<int>& fetch_outputs = {});
+                                const std::vector<int>& fetch_outputs = {},
+                                const std::vector<std::vector<std::string>>& more_runs = {});
 
   // Sharded checkpoints (core/checkpoint/checkpoint.h; `root` must be visible to every worker).
   // Save: every worker writes its own blocks in parallel; committed atomically as

@@ -146,6 +146,11 @@ class TrainState {
 
   // One step on batch arrays already on the cluster (laid out as step.batch). Returns the loss.
   absl::StatusOr<float> Step(const std::vector<std::string>& batch_ids);
+  // One step per batch (each as Step's batch_ids), all in one call: the workers run them back to
+  // back with no round trip between them (Keras's steps_per_execution). Returns the losses in
+  // order. Errors: Step's (for a batch, naming the step); a step that fails fails the call and,
+  // as with Step, consumes the donated TrainState.
+  absl::StatusOr<std::vector<float>> Steps(const std::vector<std::vector<std::string>>& batches);
   // device_get of one state array by its name ("params/mlp/W1").
   absl::StatusOr<Tensor> Get(const std::string& name) const;
   // The cluster id of a state array.
