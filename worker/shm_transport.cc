@@ -1,15 +1,14 @@
 #include "worker/shm_transport.h"
 
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <climits>
 #include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/port/process.h"
 #include "glog/logging.h"
 #include "worker/shm_ring.h"
 
@@ -27,17 +26,6 @@ std::string NamespaceId(const char* path) {
   char buf[PATH_MAX] = {};
   const ssize_t n = readlink(path, buf, sizeof(buf) - 1);
   return n > 0 ? std::string(buf, n) : std::string();
-}
-
-// Whether `pid` names a live process (a zombie counts as dead: it will never read again).
-bool ProcessAlive(int64_t pid) {
-  if (pid <= 0) return true;  // unknown: rely on the deadline
-  if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
-  const std::string stat = ReadFirstLine(absl::StrCat("/proc/", pid, "/stat"));
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return !stat.empty();
-  const char state = stat[paren + 2];
-  return state != 'Z' && state != 'X';
 }
 
 // A /dev/shm name from the cluster id (only [A-Za-z0-9_-] kept, at most 64 of them).

@@ -6,11 +6,11 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/port/process.h"
 #include "core/program/dp_classifier.h"
 #include "core/sharding/logical_axes.h"
 #include "core/sharding/mesh.h"
@@ -49,13 +49,8 @@ int Up(const UpArgs& args) {
               (*cluster)->log_dir().c_str());
   std::fflush(stdout);
   // A remote `meshrun shutdown` ends the coordinator: it is then gone or a zombie (ours to reap).
-  const auto coordinator_alive = [pid = (*cluster)->coordinator_pid()] {
-    std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-    std::string pid_field, comm, state;
-    return stat >> pid_field >> comm >> state && state != "Z";
-  };
   while (!g_stop.load()) {
-    if (!coordinator_alive()) break;
+    if (!ProcessAlive((*cluster)->coordinator_pid())) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
   std::printf("stopping cluster\n");
