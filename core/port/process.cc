@@ -14,7 +14,7 @@ bool ProcessAlive(int64_t pid) {
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
   std::string stat;
   std::getline(in, stat);
-  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses, so the state follows the last ')'.
+  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses; the state follows the last ')'.
   const size_t paren = stat.rfind(')');
   if (paren == std::string::npos || paren + 2 >= stat.size()) return !stat.empty();
   const char state = stat[paren + 2];
