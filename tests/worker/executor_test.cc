@@ -329,7 +329,7 @@ TEST(ExecutorBindingTest, ConcatenatedPartsAreComputedInPlace) {
 
 // g = x * 2 on each rank; s = psum(g) over `data` (g is read by nothing else: s is reduced in
 // g's memory); h = psum(k) where k is read again afterwards (k must keep its values: a copy);
-// out = s + k.
+// out = h + k.
 constexpr char kPsumProgram[] = R"pb(
   buffers { name: "x" dtype: DTYPE_F32 shape { dims: 4 } }
   buffers { name: "two" dtype: DTYPE_F32 shape { dims: 4 } }
