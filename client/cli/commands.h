@@ -81,6 +81,7 @@ struct WorkloadTrainArgs {
   // (a given one must equal it).
   std::string mesh = "data=2,model=4";
   int64_t steps = 20;
+  int steps_per_call = 1;   // train steps per call (TrainState::Steps, steps_per_execution)
   std::string coordinator;  // empty: an embedded local cluster
   std::string log_dir;
   std::string ckpt_dir;     // non-empty: save there every `save_every` steps and at the end

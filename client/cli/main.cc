@@ -39,6 +39,10 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--layout", wtrain.layout, "workload layout: single, dp, fsdp, tp, 2d, fsdp_tp")
       ->capture_default_str();
   train_cmd->add_option("--steps", wtrain.steps, "workload: train until this step")->capture_default_str();
+  train_cmd->add_option("--steps-per-call", wtrain.steps_per_call,
+                        "workload: steps per call, run back to back on the workers (steps_per_execution)")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   train_cmd->add_option("--ckpt-dir", wtrain.ckpt_dir, "checkpoint root (for --config: replaces checkpoint.dir)");
   train_cmd->add_option("--save-every", wtrain.save_every, "workload: save every N steps (and at the end)");
   train_cmd->add_option("--keep", wtrain.keep, "workload: keep the newest K checkpoints");

@@ -1,5 +1,6 @@
 // `meshrun train --workload`, `meshrun ckpt validate` and `meshrun export`: the SDK's derived
 // train steps with sharded checkpoints, from the command line.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -159,9 +160,15 @@ int TrainWorkload(const WorkloadTrainArgs& args) {
     return path.status();
   };
   while (state->steps() < a.steps) {
-    absl::StatusOr<float> loss = state->Step(ids);
-    if (!loss.ok()) return stop(Fail(cmd, loss.status()));
-    std::printf("step %lld loss %.9g\n", static_cast<long long>(state->steps()), *loss);
+    // A call never runs past the next checkpoint.
+    int64_t n = std::min<int64_t>(std::max(1, a.steps_per_call), a.steps - state->steps());
+    if (a.save_every > 0) n = std::min<int64_t>(n, a.save_every - state->steps() % a.save_every);
+    const int64_t first = state->steps() + 1;
+    absl::StatusOr<std::vector<float>> losses = state->Steps(std::vector<std::vector<std::string>>(n, ids));
+    if (!losses.ok()) return stop(Fail(cmd, losses.status()));
+    for (size_t k = 0; k < losses->size(); ++k) {
+      std::printf("step %lld loss %.9g\n", static_cast<long long>(first + k), (*losses)[k]);
+    }
     if (a.save_every > 0 && state->steps() % a.save_every == 0 && state->steps() < a.steps) {
       if (absl::Status s = save(); !s.ok()) return stop(Fail(cmd, s));
     }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `meshrun train --workload` with checkpoints, from the command line, against real clusters:
 #  1. a run stopped at step 6 (saving every 3, keeping 1) and resumed to step 10 prints the same
-#     losses, bit for bit (%.9g), as an uninterrupted 10-step run;
+#     losses, bit for bit (%.9g), as an uninterrupted 10-step run, as does a run of 4 steps per
+#     call (--steps-per-call) that still saves every 3 steps;
 #  2. `meshrun ckpt validate` accepts the checkpoint for another layout and rejects a mesh the
 #     shapes do not divide over;
 #  3. weights move between meshrun and Python: a safetensors file written by Python's safetensors
@@ -11,6 +12,8 @@
 #     step 6 and resumed (--resume) to 10 prints the losses of an uninterrupted run; `meshrun ckpt
 #     validate CKPT --config JOB` and `meshrun plan JOB`; Python's zero parameters as init_from
 #     give a first loss of ln(10); `meshrun export` gives Python params/input_dense/kernel.
+#  5. a derived train step from a job config resumes bit for bit;
+#  6. `meshrun train --workload --coordinator` plans for the running cluster's mesh.
 # Usage: ckpt_cli_test.sh BIN_DIR WORK_DIR   (a Python venv with safetensors + numpy is made there)
 set -euo pipefail
 bin="$(cd "$1" && pwd)"
@@ -27,6 +30,13 @@ run --steps 10 --ckpt-dir "$tmp/ckpt" --resume | grep '^step' > "$tmp/second.txt
 cat "$tmp/first.txt" "$tmp/second.txt" > "$tmp/resumed.txt"
 if ! diff "$tmp/straight.txt" "$tmp/resumed.txt"; then echo "FAIL: resumed losses differ"; exit 1; fi
 echo "resume: 10 losses identical"
+# Four steps per call (steps_per_execution), saving every 3: calls stop at each save; same losses.
+run --steps 10 --steps-per-call 4 --ckpt-dir "$tmp/ckpt4" --save-every 3 | tee "$tmp/per4_full.txt" \
+  | grep '^step' > "$tmp/per4.txt"
+if ! diff "$tmp/straight.txt" "$tmp/per4.txt"; then echo "FAIL: --steps-per-call 4 losses differ"; exit 1; fi
+[ "$(ls "$tmp/ckpt4" | tr '\n' ' ')" = "step_00000003 step_00000006 step_00000009 step_00000010 " ] \
+  || { ls "$tmp/ckpt4"; echo "FAIL: --steps-per-call skipped a save"; exit 1; }
+echo "steps per call: 10 losses identical, every save taken"
 
 "$bin/meshrun" ckpt validate "$tmp/ckpt/step_00000010" --workload dot_relu_dot --layout fsdp --mesh data=8
 if "$bin/meshrun" ckpt validate "$tmp/ckpt/step_00000010" --workload dot_relu_dot --layout fsdp --mesh data=3 \
