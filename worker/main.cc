@@ -7,6 +7,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/synchronization/mutex.h"
+#include "core/port/denormal.h"
 #include "glog/logging.h"
 #include "worker/worker_runner.h"
 
@@ -43,6 +44,7 @@ void KeepFreedMemory() {
 void NoMutexCycleChecks() { absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore); }
 
 int main(int argc, char** argv) {
+  meshrun::FlushDenormalsToZero();  // first: every thread (gRPC, oneDNN's) inherits it
   KeepFreedMemory();
   NoMutexCycleChecks();
   absl::SetProgramUsageMessage("meshrun worker: hosts array shards, runs step programs and collectives");

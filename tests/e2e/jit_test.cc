@@ -318,6 +318,30 @@ TEST_F(JitE2ETest, SeedLossSumAndMeanOverShardedDims) {
   }
 }
 
+// The workers flush denormals to zero, as JAX computes on CPU (core/port/denormal.h): 1e-30 *
+// 1e-10 is 0, not the denormal 1e-40.
+TEST_F(JitE2ETest, WorkersFlushDenormalsToZeroAsJaxOnCpu) {
+  const Mesh mesh = *Mesh::Parse("data=2,model=4");
+  Tensor a(v1::DTYPE_F32, {kBatch, kHidden}), b(v1::DTYPE_F32, {kBatch, kHidden});
+  for (int64_t i = 0; i < a.num_elements(); ++i) {
+    a.data<float>()[i] = i % 2 == 0 ? 1e-30f : 1e-20f;
+    b.data<float>()[i] = 1e-10f;
+  }
+  JitBuilder jit(mesh);
+  const PartitionSpec spec = P({"data", "model"});
+  jit.Output(jit.Mul(jit.Input(v1::DTYPE_F32, {kBatch, kHidden}, spec), jit.Input(v1::DTYPE_F32, {kBatch, kHidden}, spec)),
+             spec);
+  const Tensor got = Run(jit.Build(), {&a, &b});
+  ASSERT_EQ(got.num_elements(), a.num_elements());
+  for (int64_t i = 0; i < got.num_elements(); ++i) {
+    if (i % 2 == 0) {
+      ASSERT_EQ(got.data<float>()[i], 0.0f) << "element " << i << ": a denormal product is flushed";
+    } else {
+      ASSERT_NEAR(got.data<float>()[i], 1e-30f, 1e-36f) << "element " << i << ": a normal product is kept";
+    }
+  }
+}
+
 TEST_F(JitE2ETest, ShardingConstraintReshardsAnIntermediate) {
   // x ('data', None) -> constraint (None, 'model'): all_gather over 'data', then a free slice.
   const Mesh mesh = *Mesh::Parse("data=2,model=4");
