@@ -99,9 +99,9 @@ void Executor::AnalyzeBuffers() {
     }
   }
   const std::set<std::string> results(options_.results.begin(), options_.results.end());
-  // Whether every view of `x` is read only before op `i` of function `f` and is not a result.
-  auto views_done_before = [&](const std::string& x, int f, int i) {
-    std::vector<std::string> pending = view_outputs[x];
+  // Whether the buffers `pending`, and every buffer that views their memory, are not results and
+  // are read only before op `i` of function `f`.
+  auto read_only_before = [&](std::vector<std::string> pending, int f, int i) {
     std::set<std::string> seen;
     while (!pending.empty()) {
       const std::string v = pending.back();
@@ -125,7 +125,7 @@ void Executor::AnalyzeBuffers() {
       for (const auto& [k, j] : {std::pair<int, int>{0, 0}, {1, 2}, {2, 3}}) {
         const std::string& x = op.inputs(j);
         const std::string& y = op.outputs(k);
-        bool ok = x != y && writers[x].empty() && views_done_before(x, f, i) &&
+        bool ok = x != y && writers[x].empty() && read_only_before(view_outputs[x], f, i) &&
                   writers[y] == std::vector<std::pair<int, int>>{{f, i}} &&
                   std::count(op.inputs().begin(), op.inputs().end(), x) == 1 &&
                   std::count(op.inputs().begin(), op.inputs().end(), y) == 0;
@@ -209,14 +209,13 @@ void Executor::AnalyzeBuffers() {
       bool ok = x != y && !results.count(x) && !placed.count(x) && !placed.count(y) &&
                 !adam_targets.count(x) && !adam_targets.count(y) && !writers[x].empty() &&
                 readers[x] == std::vector<std::pair<int, int>>{{f, i}} &&
-                writers[y] == std::vector<std::pair<int, int>>{{f, i}} && views_done_before(x, f, i);
+                writers[y] == std::vector<std::pair<int, int>>{{f, i}} &&
+                read_only_before(view_outputs[x], f, i);
       for (const auto& [wf, wi] : writers[x]) {
         ok = ok && wf == f && wi >= 0 && wi < i && !IsViewKind(fn.ops(wi).kind());
       }
       for (const Placement& p : placements_) {
-        if (!ok || p.whole != x) continue;
-        ok = !results.count(p.part) && views_done_before(p.part, f, i);
-        for (const auto& [rf, ri] : readers[p.part]) ok = ok && rf == f && ri < i;
+        if (ok && p.whole == x) ok = read_only_before({p.part}, f, i);
       }
       if (ok) reduce_in_place_.insert(&op);
     }
