@@ -102,10 +102,12 @@ absl::StatusOr<std::string> ClusterMeshText(Client& client, const std::string& a
 int TrainWorkload(const WorkloadTrainArgs& args) {
   const std::string cmd = "train";
   WorkloadTrainArgs a = args;
-  if (!a.coordinator.empty()) {  // plan for the running cluster's mesh
+  std::unique_ptr<Client> running;  // the cluster at a.coordinator: plan for its mesh
+  if (!a.coordinator.empty()) {
     absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(a.coordinator);
     if (!c.ok()) return Fail(cmd, c.status());
-    absl::StatusOr<std::string> mesh = ClusterMeshText(**c, a.coordinator, a.mesh);
+    running = *std::move(c);
+    absl::StatusOr<std::string> mesh = ClusterMeshText(*running, a.coordinator, a.mesh);
     if (!mesh.ok()) return Fail(cmd, mesh.status());
     a.mesh = *mesh;
   }
@@ -130,7 +132,8 @@ int TrainWorkload(const WorkloadTrainArgs& args) {
     if (cluster) cluster->Stop().IgnoreError();
     return code;
   };
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(address);
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      running != nullptr ? absl::StatusOr<std::unique_ptr<Client>>(std::move(running)) : Client::Connect(address);
   if (!client.ok()) return stop(Fail(cmd, client.status()));
   absl::StatusOr<TrainState> state = absl::UnknownError("unset");
   if (a.resume) {
