@@ -250,6 +250,14 @@ absl::StatusOr<std::string> GrpcTransport::Recv(int peer, uint64_t tag, absl::Ti
   return mailbox_->Take(peer, tag, deadline);
 }
 
+absl::Status GrpcTransport::RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
+                                     RecvSink sink) {
+  if (peer < 0 || peer >= world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("recv from rank ", peer, "; world size is ", world_size()));
+  }
+  return mailbox_->TakeInto(peer, tag, size, deadline, sink);
+}
+
 void GrpcTransport::Abort(const absl::Status& reason) {
   {
     absl::MutexLock lock(&mu_);

@@ -55,6 +55,9 @@ class GrpcTransport : public Transport {
   int world_size() const override { return static_cast<int>(addresses_.size()); }
   absl::Status Send(int peer, uint64_t tag, absl::string_view data, absl::Time deadline) override;
   absl::StatusOr<std::string> Recv(int peer, uint64_t tag, absl::Time deadline) override;
+  // Posted in the mailbox, where ShmTransport's rings fill it in place.
+  absl::Status RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
+                        RecvSink sink) override;
   void Abort(const absl::Status& reason) override;
   void Reset() override;
 

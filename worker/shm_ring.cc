@@ -56,6 +56,7 @@ struct ShmRing::Header {
   alignas(64) std::atomic<uint64_t> tail;       // bytes ever consumed (consumer)
   alignas(64) std::atomic<uint32_t> data_seq;   // bumped after head moves; the consumer waits on it
   alignas(64) std::atomic<uint32_t> space_seq;  // bumped after tail moves; the producer waits on it
+  alignas(64) std::atomic<uint64_t> producer_needs;  // bytes the producer waits for; 0: none
 };
 // The counters are shared between processes: they must be lock-free (hence address-free).
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
@@ -162,18 +163,31 @@ absl::Status ShmRing::Write(uint64_t tag, absl::string_view data, absl::Time dea
   do {
     const uint64_t len = std::min<uint64_t>(max_fragment, data.size() - offset);
     const uint64_t need = sizeof(FrameHeader) + Pad8(len);
+    bool flagged = false;  // producer_needs set (and the consumer woken) in this wait
     for (;;) {
       const uint32_t seq = header_->space_seq.load(std::memory_order_acquire);
       if (capacity_ - (head - header_->tail.load(std::memory_order_acquire)) >= need) break;
-      if (absl::Status s = keep_waiting(); !s.ok()) return s;
+      if (!flagged) {
+        // A consumer that left messages in the ring copies out enough of them; look again after.
+        header_->producer_needs.store(need, std::memory_order_release);
+        WakeConsumer();
+        flagged = true;
+        continue;
+      }
+      if (absl::Status s = keep_waiting(); !s.ok()) {
+        header_->producer_needs.store(0, std::memory_order_release);
+        return s;
+      }
       const absl::Time now = absl::Now();
       if (now >= deadline) {
+        header_->producer_needs.store(0, std::memory_order_release);
         return absl::DeadlineExceededError(absl::StrCat("shared-memory ring ", name_,
                                                         " stayed full (", capacity_,
                                                         " bytes) past the deadline"));
       }
       FutexWait(&header_->space_seq, seq, std::min(deadline - now, poll));
     }
+    if (flagged) header_->producer_needs.store(0, std::memory_order_release);
     FrameHeader frame{tag, data.size(), static_cast<uint32_t>(len), 0};
     if (offset == 0) frame.flags |= kFirst;
     if (offset + len == data.size()) frame.flags |= kLast;
@@ -198,15 +212,35 @@ void ShmRing::WakeConsumer() {
   FutexWake(&header_->data_seq);
 }
 
-absl::Status ShmRing::Drain(absl::Duration timeout,
-                            const std::function<void(uint64_t tag, std::string message)>& deliver) {
+void ShmRing::DropPending() {
+  drop_until_.store(header_->head.load(std::memory_order_acquire), std::memory_order_release);
+  WakeConsumer();
+}
+
+bool ShmRing::ProducerNeedsRoom(uint64_t tail) const {
+  const uint64_t needs = header_->producer_needs.load(std::memory_order_acquire);
+  return needs > 0 && capacity_ - (header_->head.load(std::memory_order_acquire) - tail) < needs;
+}
+
+uint32_t ShmRing::DataSeq() const { return header_->data_seq.load(std::memory_order_acquire); }
+
+void ShmRing::WaitForData(uint32_t seq, absl::Duration timeout) {
+  FutexWait(&header_->data_seq, seq, timeout);
+}
+
+absl::Status ShmRing::Drain(absl::Duration timeout, Consumer& consumer) {
+  const uint32_t seq = DataSeq();  // before the frames: a wake meanwhile ends the wait at once
+  bool idle = false;
+  if (absl::Status s = Consume(consumer, &idle); !s.ok()) return s;
+  if (idle) WaitForData(seq, timeout);
+  return absl::OkStatus();
+}
+
+absl::Status ShmRing::Consume(Consumer& consumer, bool* idle) {
   uint64_t tail = header_->tail.load(std::memory_order_relaxed);  // only this side writes it
-  const uint32_t seq = header_->data_seq.load(std::memory_order_acquire);
-  uint64_t head = header_->head.load(std::memory_order_acquire);
-  if (head == tail) {
-    FutexWait(&header_->data_seq, seq, timeout);
-    head = header_->head.load(std::memory_order_acquire);
-  }
+  const uint64_t head = header_->head.load(std::memory_order_acquire);
+  const uint64_t drop_until = drop_until_.load(std::memory_order_acquire);
+  bool deferred = false;
   while (tail != head) {
     FrameHeader frame;
     CopyOut(tail, &frame, sizeof(frame));
@@ -216,21 +250,45 @@ absl::Status ShmRing::Drain(absl::Duration timeout,
           "corrupt frame in shared-memory ring ", name_, " at byte ", tail, ": ", frame.len, " of ",
           frame.total, " bytes, flags ", frame.flags, ", ", head - tail, " bytes written"));
     }
-    // A message's first frame drops whatever an abandoned Write left before it.
+    const bool whole = (frame.flags & (kFirst | kLast)) == (kFirst | kLast);
+    // A message's first frame drops whatever an abandoned (or dropped) Write left before it.
     if (frame.flags & kFirst) {
       partial_.clear();
-      partial_.reserve(frame.total);
-      partial_tag_ = frame.tag;
+      in_message_ = false;
     }
-    AppendOut(tail + sizeof(frame), frame.len, &partial_);
+    bool deliver = false;
+    if (tail < drop_until) {
+      partial_.clear();
+      in_message_ = false;
+    } else if (const RecvSink* sink = whole ? consumer.BeginInPlace(frame.tag, frame.len) : nullptr) {
+      // Two pieces when the fragment wraps; positions are 8-byte aligned, so is the cut.
+      const size_t at = (tail + sizeof(frame)) % capacity_,
+                   first = std::min<size_t>(frame.len, capacity_ - at);
+      if (first > 0) (*sink)(0, data_ + at, first);
+      if (frame.len > first) (*sink)(first, data_, frame.len - first);
+      consumer.EndInPlace();
+    } else if (whole && !ProducerNeedsRoom(tail) && consumer.Defer(frame.tag)) {
+      deferred = true;
+      break;
+    } else {
+      if (frame.flags & kFirst) {
+        partial_.reserve(frame.total);
+        partial_tag_ = frame.tag;
+        in_message_ = true;
+      }
+      if (in_message_) AppendOut(tail + sizeof(frame), frame.len, &partial_);
+      deliver = in_message_ && (frame.flags & kLast);
+    }
     tail += size;
     header_->tail.store(tail, std::memory_order_release);
     WakeProducer();
-    if (frame.flags & kLast) {
-      deliver(partial_tag_, std::move(partial_));
+    if (deliver) {
+      in_message_ = false;
+      consumer.Deliver(partial_tag_, std::move(partial_));
       partial_ = std::string();
     }
   }
+  *idle = tail == head || deferred;
   return absl::OkStatus();
 }
 

@@ -9,9 +9,14 @@
 // abandoned Write leaves whole frames behind; a fragment is at most half the ring, so one
 // always fits once the consumer catches up. The producer publishes `head` and wakes the
 // consumer's futex; the consumer publishes `tail` after each frame and wakes the producer's.
+// The consumer may leave whole messages in the ring until someone wants them (Consumer::Defer);
+// a producer that finds no room posts the bytes it needs in the header and wakes the consumer,
+// which copies out the oldest messages until they fit, so a sender never waits on a receiver
+// that is not receiving.
 #ifndef MESHRUN_WORKER_SHM_RING_H_
 #define MESHRUN_WORKER_SHM_RING_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -21,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "core/collectives/transport.h"
 
 namespace meshrun {
 
@@ -56,12 +62,36 @@ class ShmRing {
   void WakeProducer();
 
   // --- Consumer (one thread) ---
-  // Waits up to `timeout` for frames, then consumes every frame present, calling `deliver` for
-  // each completed message (the frames an abandoned Write left, which never end in a last
-  // frame, are dropped when the next message starts). Returns DataLoss if a frame header is
-  // corrupt (the ring is then unusable); OK otherwise.
-  absl::Status Drain(absl::Duration timeout,
-                     const std::function<void(uint64_t tag, std::string message)>& deliver);
+  // Where Drain hands messages (the receiving transport).
+  class Consumer {
+   public:
+    virtual ~Consumer() = default;
+    // A message of `size` bytes that lies whole in the ring (one frame): a sink that takes its
+    // bytes where they lie, or null to have them copied out and passed to Deliver. After
+    // passing the message through a sink, Drain calls EndInPlace, then frees its ring space.
+    virtual const RecvSink* BeginInPlace(uint64_t tag, size_t size) = 0;
+    virtual void EndInPlace() = 0;
+    // For a whole message no sink took: true to leave it (and all after it) in the ring until
+    // the next wake (WakeConsumer), false to have it copied out now. Not asked while the
+    // producer waits for more room than there is: messages are copied out until it fits.
+    virtual bool Defer(uint64_t tag) = 0;
+    virtual void Deliver(uint64_t tag, std::string message) = 0;
+  };
+  // Consumes the frames present, in order, handing each completed message to `consumer` (the
+  // frames an abandoned Write left, which never end in a last frame, are dropped when the next
+  // message starts), until the ring is empty or the consumer defers a message; sets `*idle` when
+  // it stopped for either reason. Returns DataLoss if a frame header is corrupt (the ring is then
+  // unusable); OK otherwise. Consumers on several threads must hold a lock around it.
+  absl::Status Consume(Consumer& consumer, bool* idle);
+  // The wake counter: read it before Consume, and WaitForData returns at once if it has moved.
+  uint32_t DataSeq() const;
+  // Waits up to `timeout` for a wake (new frames, WakeConsumer) after `seq`.
+  void WaitForData(uint32_t seq, absl::Duration timeout);
+  // Consume, then, if idle, WaitForData (one consumer thread).
+  absl::Status Drain(absl::Duration timeout, Consumer& consumer);
+  // Makes the next Drain drop every frame written so far instead of handing it over (the
+  // receiving side of Transport::Reset). Thread-safe.
+  void DropPending();
   // Wakes a Drain blocked waiting for frames (to stop its thread).
   void WakeConsumer();
 
@@ -71,6 +101,8 @@ class ShmRing {
   void CopyIn(uint64_t pos, const void* src, size_t n);
   void CopyOut(uint64_t pos, void* dst, size_t n) const;
   void AppendOut(uint64_t pos, size_t n, std::string* out) const;
+  // Whether the producer waits for more room than the ring has with the consumer at `tail`.
+  bool ProducerNeedsRoom(uint64_t tail) const;
 
   const std::string name_;
   void* const base_;
@@ -78,9 +110,11 @@ class ShmRing {
   Header* const header_;
   char* const data_;
   const size_t capacity_;
-  // Consumer state: the message being assembled from fragments.
+  // Consumer state: the message being assembled from fragments (valid only while in_message_).
   std::string partial_;
   uint64_t partial_tag_ = 0;
+  bool in_message_ = false;
+  std::atomic<uint64_t> drop_until_{0};  // frames before this byte position are dropped
 };
 
 }  // namespace meshrun

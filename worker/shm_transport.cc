@@ -62,36 +62,69 @@ class ShmTransport::Sender {
   std::unique_ptr<ShmRing> ring_;
 };
 
-// The receiving end of one link: a thread that moves whole messages from the ring to the Mailbox.
-class ShmTransport::Receiver {
+// The receiving end of one link: a thread that moves messages from the ring to the Mailbox, or
+// straight into a receive posted there. The collective's thread consumes too when it starts to
+// wait (DrainNow), so a message already in the ring goes into its receive with no thread switch.
+class ShmTransport::Receiver : private ShmRing::Consumer {
  public:
   Receiver(std::unique_ptr<ShmRing> ring, int src, Mailbox* mailbox)
       : ring_(std::move(ring)), src_(src), mailbox_(mailbox), thread_([this] { Loop(); }) {}
-  ~Receiver() {
+  ~Receiver() override {
     stop_.store(true);
     ring_->WakeConsumer();
     thread_.join();
   }
+  // A receive from src started to wait: hands over what the ring holds on this thread, or, if
+  // the drain thread is at it, makes that thread look again.
+  void DrainNow() {
+    if (!consume_mu_.TryLock()) {
+      ring_->WakeConsumer();
+      return;
+    }
+    bool idle = false;
+    const absl::Status s = ring_->Consume(*this, &idle);
+    consume_mu_.Unlock();
+    if (!s.ok()) ring_->WakeConsumer();  // the drain thread meets the corrupt frame and reports it
+  }
+  // Transport::Reset: what is in the ring now belongs to the collectives being abandoned.
+  void DropPending() { ring_->DropPending(); }
 
  private:
+  const RecvSink* BeginInPlace(uint64_t tag, size_t size) override {
+    return mailbox_->BeginInPlace(src_, tag, size);
+  }
+  void EndInPlace() override { mailbox_->EndInPlace(src_); }
+  // A message no one receives yet stays in the ring, to go straight into the receive when it is
+  // posted (the Mailbox's wait listener calls DrainNow then).
+  bool Defer(uint64_t tag) override { return !mailbox_->Waiting(src_); }
+  void Deliver(uint64_t tag, std::string message) override {
+    mailbox_->Deliver(src_, tag, std::move(message));
+  }
+
   void Loop() {
-    auto deliver = [this](uint64_t tag, std::string message) {
-      mailbox_->Deliver(src_, tag, std::move(message));
-    };
     while (!stop_.load()) {
-      if (absl::Status s = ring_->Drain(absl::Milliseconds(200), deliver); !s.ok()) {
+      const uint32_t seq = ring_->DataSeq();
+      bool idle = false;
+      absl::Status s;
+      {
+        absl::MutexLock lock(&consume_mu_);
+        s = ring_->Consume(*this, &idle);
+      }
+      if (!s.ok()) {
         LOG(ERROR) << "shared-memory link from rank " << src_ << ": " << s;
         mailbox_->MarkPeerFailed(
             src_, absl::DataLossError(absl::StrCat("shared-memory link from rank ", src_,
                                                    " is corrupt: ", s.message())));
         return;
       }
+      if (idle) ring_->WaitForData(seq, absl::Milliseconds(200));
     }
   }
 
   std::unique_ptr<ShmRing> ring_;
   const int src_;
   Mailbox* const mailbox_;
+  absl::Mutex consume_mu_;  // one consumer of the ring at a time
   std::atomic<bool> stop_{false};
   std::thread thread_;  // last: starts once the rest is set
 };
@@ -115,6 +148,7 @@ absl::StatusOr<std::unique_ptr<ShmTransport>> ShmTransport::Create(
   mailbox->SetControlHandler(kAnnounceTag, [raw = t.get()](int src, const std::string& payload) {
     raw->OnAnnounce(src, payload);
   });
+  mailbox->SetWaitListener([raw = t.get()](int src) { raw->OnWait(src); });
   return t;
 }
 
@@ -138,6 +172,7 @@ ShmTransport::ShmTransport(int rank, std::string cluster_id, std::vector<ShmPeer
 
 ShmTransport::~ShmTransport() {
   mailbox_->SetControlHandler(kAnnounceTag, nullptr);  // waits for an announcement being handled
+  mailbox_->SetWaitListener(nullptr);
   std::vector<std::unique_ptr<Receiver>> receivers;
   std::vector<std::unique_ptr<Sender>> senders;
   {
@@ -239,6 +274,11 @@ absl::StatusOr<std::string> ShmTransport::Recv(int peer, uint64_t tag, absl::Tim
   return remote_->Recv(peer, tag, deadline);
 }
 
+absl::Status ShmTransport::RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
+                                    RecvSink sink) {
+  return remote_->RecvInto(peer, tag, size, deadline, sink);
+}
+
 void ShmTransport::Abort(const absl::Status& reason) {
   {
     absl::MutexLock lock(&mu_);
@@ -250,10 +290,24 @@ void ShmTransport::Abort(const absl::Status& reason) {
   remote_->Abort(reason);
 }
 
+void ShmTransport::OnWait(int src) {
+  Receiver* receiver = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (src >= 0 && src < static_cast<int>(receivers_.size())) receiver = receivers_[src].get();
+  }
+  // Outside mu_ (the drain calls into the Mailbox). A receiver replaced meanwhile stays alive in
+  // retired_, and the destructor removes this listener before it destroys any.
+  if (receiver != nullptr) receiver->DrainNow();
+}
+
 void ShmTransport::Reset() {
   {
     absl::MutexLock lock(&mu_);
     aborted_ = absl::OkStatus();
+    for (auto& receiver : receivers_) {
+      if (receiver != nullptr) receiver->DropPending();
+    }
   }
   remote_->Reset();
 }

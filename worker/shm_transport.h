@@ -2,7 +2,10 @@
 // memory pairs serve ranks that share a machine: a sender copies each message into a
 // single-producer single-consumer byte ring in /dev/shm, and the receiver's drain thread moves
 // whole messages from the ring into its Mailbox, where Recv finds them exactly as it finds the
-// ones that came over gRPC. Peers on other hosts, and every peer when shared memory cannot be
+// ones that came over gRPC. A message that fits the ring whole stays there until a receive for
+// it is posted (Transport::RecvInto), then goes from the ring straight into the collective's
+// destination: reduced or copied once, where a copy into the Mailbox and another out of it would
+// otherwise be made (NCCL's SHM transport reduces from the FIFO in the same way). Peers on other hosts, and every peer when shared memory cannot be
 // set up, go through the remote transport (the gRPC ring transport).
 //
 // Setting up a link (the sender decides, lazily, at its first Send to a peer): the sender
@@ -80,6 +83,10 @@ class ShmTransport : public Transport {
   // ring cannot be created (no /dev/shm space), the link falls back to the remote transport.
   absl::Status Send(int peer, uint64_t tag, absl::string_view data, absl::Time deadline) override;
   absl::StatusOr<std::string> Recv(int peer, uint64_t tag, absl::Time deadline) override;
+  // Posted in the mailbox: a message that comes through a ring whole goes from the ring straight
+  // into the sink on the drain thread, with no copy in between.
+  absl::Status RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
+                        RecvSink sink) override;
   void Abort(const absl::Status& reason) override;
   void Reset() override;
 
@@ -104,6 +111,8 @@ class ShmTransport : public Transport {
   // The peer's sender, set up at the first call; null when the peer goes through `remote`.
   absl::StatusOr<Sender*> SenderFor(int peer, absl::Time deadline);
   void OnAnnounce(int src, const std::string& ring_name);
+  // The Mailbox's wait listener: hands over what src's ring holds (Receiver::DrainNow).
+  void OnWait(int src);
   absl::Status AbortStatus();
 
   const std::string cluster_id_;

@@ -23,7 +23,14 @@ class InProcessTransport : public Transport {
     if (peer < 0 || peer >= world_size()) {
       return absl::InvalidArgumentError(absl::StrCat("send to rank ", peer, "; world size is ", world_size()));
     }
-    hub_->mailboxes[peer]->Deliver(rank_, tag, std::string(data));
+    // A receive the peer has posted takes the bytes straight from the sender's buffer.
+    Mailbox& mailbox = *hub_->mailboxes[peer];
+    if (const RecvSink* sink = mailbox.BeginInPlace(rank_, tag, data.size())) {
+      if (!data.empty()) (*sink)(0, data.data(), data.size());
+      mailbox.EndInPlace(rank_);
+      return absl::OkStatus();
+    }
+    mailbox.Deliver(rank_, tag, std::string(data));
     return absl::OkStatus();
   }
 
@@ -32,6 +39,14 @@ class InProcessTransport : public Transport {
       return absl::InvalidArgumentError(absl::StrCat("recv from rank ", peer, "; world size is ", world_size()));
     }
     return hub_->mailboxes[rank_]->Take(peer, tag, deadline);
+  }
+
+  absl::Status RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
+                        RecvSink sink) override {
+    if (peer < 0 || peer >= world_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("recv from rank ", peer, "; world size is ", world_size()));
+    }
+    return hub_->mailboxes[rank_]->TakeInto(peer, tag, size, deadline, sink);
   }
 
   void Abort(const absl::Status& reason) override { hub_->mailboxes[rank_]->Abort(reason); }

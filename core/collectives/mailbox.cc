@@ -5,10 +5,19 @@
 #include "absl/strings/str_cat.h"
 
 namespace meshrun {
+namespace {
+
+absl::Status WrongTag(int src, uint64_t tag, uint64_t expected_tag) {
+  return absl::InternalError(absl::StrCat("rank ", src, " sent tag ", tag, " but tag ", expected_tag,
+                                          " was expected: ranks ran collectives in different orders"));
+}
+
+}  // namespace
 
 Mailbox::Mailbox(int world_size, absl::Duration failure_grace)
     : failure_grace_(failure_grace), queues_(world_size), peer_failed_(world_size),
-      failed_at_(world_size), failure_marks_(world_size, 0) {}
+      failed_at_(world_size), failure_marks_(world_size, 0), posted_(world_size, nullptr),
+      waiting_(world_size, 0) {}
 
 void Mailbox::SetControlHandler(uint64_t tag, ControlHandler handler) {
   absl::MutexLock lock(&control_mu_);
@@ -35,6 +44,21 @@ void Mailbox::Deliver(int src, uint64_t tag, std::string payload) {
   queues_[src].push_back(Message{tag, std::move(payload)});
 }
 
+void Mailbox::SetWaitListener(WaitListener listener) {
+  absl::MutexLock lock(&listener_mu_);
+  listener_ = std::move(listener);
+}
+
+bool Mailbox::Waiting(int src) {
+  absl::MutexLock lock(&mu_);
+  return waiting_[src] > 0;
+}
+
+void Mailbox::NotifyWaiting(int src) {
+  absl::MutexLock lock(&listener_mu_);
+  if (listener_) listener_(src);
+}
+
 void Mailbox::MarkPeerFailed(int src, absl::Status status) {
   absl::MutexLock lock(&mu_);
   if (!peer_failed_[src].ok()) return;
@@ -55,11 +79,14 @@ void Mailbox::Reset() {
   aborted_ = absl::OkStatus();
 }
 
-absl::StatusOr<std::string> Mailbox::Take(int src, uint64_t expected_tag, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
+absl::Status Mailbox::AwaitMessage(int src, uint64_t expected_tag, absl::Time deadline,
+                                   const PostedRecv* posted) {
+  auto done = [posted]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return posted != nullptr && posted->state == PostedRecv::State::kDone;
+  };
   for (;;) {
     if (!aborted_.ok()) return aborted_;
-    if (!queues_[src].empty()) break;
+    if (!queues_[src].empty() || done()) return absl::OkStatus();
     absl::Time wake = deadline;
     if (!peer_failed_[src].ok()) {
       const absl::Time due = failed_at_[src] + failure_grace_;
@@ -72,17 +99,85 @@ absl::StatusOr<std::string> Mailbox::Take(int src, uint64_t expected_tag, absl::
     }
     const uint64_t marks = failure_marks_[src];
     auto changed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-      return !aborted_.ok() || !queues_[src].empty() || failure_marks_[src] != marks;
+      return !aborted_.ok() || !queues_[src].empty() || failure_marks_[src] != marks || done();
     };
     mu_.AwaitWithDeadline(absl::Condition(&changed), wake);
   }
-  Message m = std::move(queues_[src].front());
-  queues_[src].pop_front();
-  if (m.tag != expected_tag) {
-    return absl::InternalError(absl::StrCat("rank ", src, " sent tag ", m.tag, " but tag ", expected_tag,
-                                            " was expected: ranks ran collectives in different orders"));
+}
+
+absl::StatusOr<std::string> Mailbox::Take(int src, uint64_t expected_tag, absl::Time deadline) {
+  Message m;
+  {
+    absl::MutexLock lock(&mu_);
+    if (queues_[src].empty()) {
+      ++waiting_[src];
+      mu_.Unlock();
+      NotifyWaiting(src);
+      mu_.Lock();
+      absl::Status s = AwaitMessage(src, expected_tag, deadline, nullptr);
+      --waiting_[src];
+      if (!s.ok()) return s;
+    }
+    m = std::move(queues_[src].front());
+    queues_[src].pop_front();
   }
+  if (m.tag != expected_tag) return WrongTag(src, m.tag, expected_tag);
   return std::move(m.payload);
+}
+
+absl::Status Mailbox::TakeInto(int src, uint64_t expected_tag, size_t size, absl::Time deadline,
+                               RecvSink sink) {
+  PostedRecv posted{expected_tag, size, &sink};
+  Message m;
+  {
+    absl::MutexLock lock(&mu_);
+    if (queues_[src].empty()) {
+      // Posted first, then waited for: a transport woken by the listener finds it posted.
+      const bool post = posted_[src] == nullptr;
+      if (post) posted_[src] = &posted;
+      ++waiting_[src];
+      mu_.Unlock();
+      NotifyWaiting(src);
+      mu_.Lock();
+      absl::Status s = AwaitMessage(src, expected_tag, deadline, post ? &posted : nullptr);
+      if (!post || posted.state == PostedRecv::State::kPosted) --waiting_[src];  // else: claimed
+      if (post) {
+        // A claimed receive is being filled by its transport (one local copy): wait for it,
+        // even past the deadline, since the sink writes into the caller's memory.
+        auto not_claimed = [&posted]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+          return posted.state != PostedRecv::State::kClaimed;
+        };
+        mu_.Await(absl::Condition(&not_claimed));
+        posted_[src] = nullptr;
+        if (posted.state == PostedRecv::State::kDone) return absl::OkStatus();
+      }
+      if (!s.ok()) return s;
+    }
+    m = std::move(queues_[src].front());
+    queues_[src].pop_front();
+  }
+  if (m.tag != expected_tag) return WrongTag(src, m.tag, expected_tag);
+  if (m.payload.size() != size) return WrongMessageSize(src, m.tag, m.payload.size(), size);
+  if (size > 0) sink(0, m.payload.data(), size);
+  return absl::OkStatus();
+}
+
+const RecvSink* Mailbox::BeginInPlace(int src, uint64_t tag, size_t size) {
+  absl::MutexLock lock(&mu_);
+  PostedRecv* p = posted_[src];
+  if (!aborted_.ok() || !queues_[src].empty() || p == nullptr ||
+      p->state != PostedRecv::State::kPosted || p->tag != tag || p->size != size) {
+    return nullptr;
+  }
+  peer_failed_[src] = absl::OkStatus();  // as Deliver: src proved itself alive
+  p->state = PostedRecv::State::kClaimed;
+  --waiting_[src];  // the message is found: what comes after it is no longer waited for
+  return p->sink;
+}
+
+void Mailbox::EndInPlace(int src) {
+  absl::MutexLock lock(&mu_);
+  posted_[src]->state = PostedRecv::State::kDone;
 }
 
 }  // namespace meshrun

@@ -12,11 +12,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/collectives/transport.h"
 
 namespace meshrun {
 
-// The receiving half of a Transport. Thread-safe: Deliver / MarkPeerFailed come from network
-// threads, Take from the collective's thread.
+// The receiving half of a Transport. Thread-safe: Deliver / MarkPeerFailed / BeginInPlace come
+// from network threads, Take / TakeInto from the collective's thread (one at a time per source).
 class Mailbox {
  public:
   // `failure_grace`: how long a peer marked failed may still prove itself alive by sending
@@ -44,11 +45,47 @@ class Mailbox {
   // Next message from `src`; see Transport::Recv for the errors.
   absl::StatusOr<std::string> Take(int src, uint64_t expected_tag, absl::Time deadline);
 
+  // Next message from `src`, `size` bytes, passed to `sink` (Transport::RecvInto). A message
+  // already queued is passed from its copy; otherwise the receive stays posted until the message
+  // comes, so a transport that calls BeginInPlace hands its bytes over where they lie. Errors:
+  // those of Take; WrongMessageSize if the message is not `size` bytes.
+  absl::Status TakeInto(int src, uint64_t expected_tag, size_t size, absl::Time deadline,
+                        RecvSink sink);
+
+  // For a transport that holds a whole message of `size` bytes from `src` in memory of its own
+  // (a shared-memory ring): if a TakeInto for exactly this tag and size is posted and nothing
+  // from `src` is queued before it, claims it and returns its sink; the caller passes the
+  // message through the sink, then calls EndInPlace(src). Otherwise returns null and the caller
+  // Delivers a copy. The TakeInto returns only after EndInPlace, even past its deadline.
+  const RecvSink* BeginInPlace(int src, uint64_t tag, size_t size);
+  void EndInPlace(int src);
+
+  // Whether a Take or TakeInto from `src` waits, having found nothing queued (a transport that
+  // leaves messages in its own memory until they are wanted hands them over then).
+  bool Waiting(int src);
+  // Called with src each time a Take or TakeInto from src starts to wait (after a TakeInto is
+  // posted), on the receiving thread, with no lock of this Mailbox held: the listener may hand
+  // messages over (Deliver, BeginInPlace) but not call SetWaitListener. One listener; a null one
+  // removes it, waiting for a call in progress.
+  using WaitListener = std::function<void(int src)>;
+  void SetWaitListener(WaitListener listener);
+
  private:
   struct Message {
     uint64_t tag;
     std::string payload;
   };
+  // A TakeInto waiting for its message (it lives on that call's stack).
+  struct PostedRecv {
+    uint64_t tag;
+    size_t size;
+    const RecvSink* sink;
+    enum class State { kPosted, kClaimed, kDone } state = State::kPosted;
+  };
+  // Waits until `src` has a queued message (OK), or returns the abort, failure or deadline error
+  // that ends the wait; `posted`, when set, also ends the wait once done (OK).
+  absl::Status AwaitMessage(int src, uint64_t expected_tag, absl::Time deadline,
+                            const PostedRecv* posted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const absl::Duration failure_grace_;
   absl::Mutex control_mu_;  // held while a control handler runs
   uint64_t control_tag_ ABSL_GUARDED_BY(control_mu_) = 0;
@@ -59,6 +96,12 @@ class Mailbox {
   std::vector<absl::Time> failed_at_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> failure_marks_ ABSL_GUARDED_BY(mu_);  // marks ever made, per src
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  std::vector<PostedRecv*> posted_ ABSL_GUARDED_BY(mu_);  // per src, null when none
+  std::vector<int> waiting_ ABSL_GUARDED_BY(mu_);         // Takes in progress, per src
+  absl::Mutex listener_mu_;  // held while the listener runs
+  WaitListener listener_ ABSL_GUARDED_BY(listener_mu_);
+  // Calls the listener (a Take from src found nothing queued and waits).
+  void NotifyWaiting(int src) ABSL_LOCKS_EXCLUDED(mu_, listener_mu_);
 };
 
 }  // namespace meshrun

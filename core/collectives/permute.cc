@@ -30,13 +30,14 @@ absl::Status RecvChunked(Transport* t, int peer, uint64_t base, char* data, int6
                          absl::Time deadline) {
   for (int64_t off = 0, i = 0; off < bytes; off += chunk, ++i) {
     const int64_t len = std::min(chunk, bytes - off);
-    absl::StatusOr<std::string> m = t->Recv(peer, ring::Tag(base, 0, i), deadline);
-    if (!m.ok()) return m.status();
-    if (m->size() != static_cast<size_t>(len)) {
-      return absl::InternalError(absl::StrCat("rank ", peer, " sent ", m->size(), " bytes; expected ", len,
-                                              " (blocks of different sizes?)"));
+    char* dst = data + off;
+    if (absl::Status s = t->RecvInto(peer, ring::Tag(base, 0, i), len, deadline,
+                                     [dst](size_t offset, const char* piece, size_t n) {
+                                       std::memcpy(dst + offset, piece, n);
+                                     });
+        !s.ok()) {
+      return s;
     }
-    std::memcpy(data + off, m->data(), len);
   }
   return absl::OkStatus();
 }

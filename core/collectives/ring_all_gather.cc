@@ -31,13 +31,11 @@ absl::Status RingAllGather(Communicator& comm, const void* in, int64_t count, DT
     for (int64_t c = 0, i = 0; c < count; c += chunk_elems, ++i) {
       const int64_t len = std::min(chunk_elems, count - c);
       char* dst = bytes + (block * count + c) * elem;
-      absl::StatusOr<std::string> msg = t->Recv(prev, Tag(base, step, i), deadline);
-      if (!msg.ok()) return ring::Annotate(msg.status(), "all_gather", n);
-      if (msg->size() != static_cast<size_t>(len) * elem) {
-        return absl::InternalError(absl::StrCat("all_gather: rank ", prev, " sent ", msg->size(), " bytes; expected ",
-                                                len * elem, " (blocks of different sizes?)"));
-      }
-      std::memcpy(dst, msg->data(), msg->size());
+      absl::Status received = t->RecvInto(prev, Tag(base, step, i), len * elem, deadline,
+                                          [&](size_t offset, const char* piece, size_t piece_bytes) {
+                                            std::memcpy(dst + offset, piece, piece_bytes);
+                                          });
+      if (!received.ok()) return ring::Annotate(received, "all_gather", n);
       if (step + 1 < n - 1) {
         if (absl::Status s = t->Send(next, Tag(base, step + 1, i), absl::string_view(dst, len * elem), deadline);
             !s.ok()) {

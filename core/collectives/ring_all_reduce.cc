@@ -38,22 +38,22 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
     for (int64_t c = 0, i = 0; c < s.count; c += chunk_elems, ++i) {
       const int64_t len = std::min(chunk_elems, s.count - c);
       char* dst = bytes + (s.offset + c) * elem;
-      absl::StatusOr<std::string> msg = t->Recv(prev, tag_base + (uint64_t(step) << 16) + i, deadline);
-      if (!msg.ok()) {
-        return absl::Status(msg.status().code(),
-                            absl::StrCat("all_reduce over ranks of size ", n, " at ring step ", step,
-                                         ": ", msg.status().message()));
+      // Received in place: reduced (or, in the all-gather phase, copied) straight into dst.
+      absl::Status received = t->RecvInto(
+          prev, tag_base + (uint64_t(step) << 16) + i, len * elem, deadline,
+          [&](size_t offset, const char* piece, size_t piece_bytes) {
+            if (reducing) {
+              Reduce(dtype, op, dst + offset, piece, piece_bytes / elem);
+            } else {
+              std::memcpy(dst + offset, piece, piece_bytes);
+            }
+          });
+      if (!received.ok()) {
+        return absl::Status(received.code(), absl::StrCat("all_reduce over ranks of size ", n,
+                                                          " at ring step ", step, ": ",
+                                                          received.message()));
       }
-      if (msg->size() != static_cast<size_t>(len) * elem) {
-        return absl::InternalError(absl::StrCat("rank ", prev, " sent ", msg->size(), " bytes at ring step ",
-                                                step, "; expected ", len * elem));
-      }
-      if (reducing) {
-        Reduce(dtype, op, dst, msg->data(), len);
-        if (last_reduce && op == ReduceOp::kMean) Scale(dtype, dst, len, 1.0f / n);
-      } else {
-        std::memcpy(dst, msg->data(), len * elem);
-      }
+      if (last_reduce && op == ReduceOp::kMean) Scale(dtype, dst, len, 1.0f / n);
       if (forward) {
         absl::string_view payload(dst, len * elem);
         if (absl::Status st = t->Send(next, tag_base + (uint64_t(step + 1) << 16) + i, payload, deadline);
@@ -88,17 +88,17 @@ absl::Status RecursiveDoublingAllReduce(Communicator& comm, void* data, int64_t 
     if (absl::Status st = t->Send(partner, tag, absl::string_view(buf, bytes), deadline); !st.ok()) {
       return ring::Annotate(st, "all_reduce", n);
     }
-    absl::StatusOr<std::string> msg = t->Recv(partner, tag, deadline);
-    if (!msg.ok()) {
-      return absl::Status(msg.status().code(),
+    // The send copied buf out already: the partner's values reduce into it where they lie.
+    absl::Status received =
+        t->RecvInto(partner, tag, bytes, deadline,
+                    [&](size_t offset, const char* piece, size_t piece_bytes) {
+                      Reduce(dtype, op, buf + offset, piece, piece_bytes / elem);
+                    });
+    if (!received.ok()) {
+      return absl::Status(received.code(),
                           absl::StrCat("all_reduce over ranks of size ", n, " at butterfly step ",
-                                       step, ": ", msg.status().message()));
+                                       step, ": ", received.message()));
     }
-    if (msg->size() != static_cast<size_t>(bytes)) {
-      return absl::InternalError(absl::StrCat("rank ", partner, " sent ", msg->size(),
-                                              " bytes at butterfly step ", step, "; expected ", bytes));
-    }
-    Reduce(dtype, op, buf, msg->data(), count);
   }
   if (op == ReduceOp::kMean) Scale(dtype, buf, count, 1.0f / n);
   return absl::OkStatus();

@@ -21,8 +21,8 @@ absl::Status RingReduceScatter(Communicator& comm, const void* in, int64_t count
     if (count > 0) std::memcpy(out, in, block_bytes);
     return absl::OkStatus();
   }
-  // Each received chunk is reduced into its own message buffer with this rank's input and
-  // forwarded from there, so the input is never copied whole.
+  // Each received chunk is reduced with this rank's input in its place in `out` and forwarded
+  // from there, so the input is never copied whole.
   const char* input = static_cast<const char*>(in);
   const auto [t, next, prev, base, deadline, chunk_elems] = ring::MakePlan(comm, elem);
 
@@ -37,17 +37,17 @@ absl::Status RingReduceScatter(Communicator& comm, const void* in, int64_t count
     const bool last = step == n - 2;
     for (int64_t c = 0, i = 0; c < count; c += chunk_elems, ++i) {
       const int64_t len = std::min(chunk_elems, count - c);
-      absl::StatusOr<std::string> msg = t->Recv(prev, Tag(base, step, i), deadline);
-      if (!msg.ok()) return ring::Annotate(msg.status(), "psum_scatter", n);
-      if (msg->size() != static_cast<size_t>(len) * elem) {
-        return absl::InternalError(absl::StrCat("psum_scatter: rank ", prev, " sent ", msg->size(),
-                                                " bytes; expected ", len * elem));
-      }
-      char* acc = msg->data();
+      // The chunk's partial sum lands in out's chunk c (a scratch buffer of the right size until
+      // the last step, when it is the result) and is reduced there with this rank's block.
+      char* acc = static_cast<char*>(out) + c * elem;
+      absl::Status received = t->RecvInto(prev, Tag(base, step, i), len * elem, deadline,
+                                          [&](size_t offset, const char* piece, size_t piece_bytes) {
+                                            std::memcpy(acc + offset, piece, piece_bytes);
+                                          });
+      if (!received.ok()) return ring::Annotate(received, "psum_scatter", n);
       Reduce(dtype, op, acc, input + (block * count + c) * elem, len);
       if (last) {
         if (op == ReduceOp::kMean) Scale(dtype, acc, len, 1.0f / n);
-        std::memcpy(static_cast<char*>(out) + c * elem, acc, len * elem);
       } else if (absl::Status s = t->Send(next, Tag(base, step + 1, i), absl::string_view(acc, len * elem), deadline);
                  !s.ok()) {
         return ring::Annotate(s, "psum_scatter", n);

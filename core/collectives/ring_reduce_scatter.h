@@ -2,10 +2,10 @@
 // the group of block p (jax.lax.psum_scatter with tiled=True over flat blocks).
 //
 // Blocks are `count` elements, chunked as in the all-reduce. Step t = 0 .. P-2: send block
-// (p - 1 - t), receive block (p - 2 - t) and add this rank's block (p - 2 - t) into the received
-// chunk; the block received at step t is sent on at step t+1, chunk by chunk. The input is only
-// read. After step P-2 the received block is block p,
-// fully reduced; pmean divides it by P. Each rank sends (P-1)/P of the input: busbw factor
+// (p - 1 - t), receive block (p - 2 - t) into `out` (straight from the transport, see
+// Transport::RecvInto) and add this rank's block (p - 2 - t) to it there; the block received at
+// step t is sent on from `out` at step t+1, chunk by chunk. The input is only read. After step
+// P-2, `out` holds block p fully reduced; pmean divides it by P. Each rank sends (P-1)/P of the input: busbw factor
 // (n-1)/n.
 #ifndef MESHRUN_CORE_COLLECTIVES_RING_REDUCE_SCATTER_H_
 #define MESHRUN_CORE_COLLECTIVES_RING_REDUCE_SCATTER_H_
@@ -15,6 +15,7 @@
 namespace meshrun {
 
 // `in`: size() * count elements (block i for group position i); `out`: count elements.
+// REQUIRES: `out` does not overlap `in` (it is written at every step).
 absl::Status RingReduceScatter(Communicator& comm, const void* in, int64_t count, DType dtype, ReduceOp op,
                                void* out);
 

@@ -9,11 +9,18 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace meshrun {
+
+// Where RecvInto puts a message: called with consecutive pieces of it, `n` bytes at `data` that
+// belong at byte `offset` of the message, in order, covering it exactly once. Every piece but the
+// last starts and ends at a multiple of 8 bytes (whole elements of any dtype). A sink may run on
+// a transport thread, but only while its RecvInto is blocked: every call returns before RecvInto.
+using RecvSink = absl::FunctionRef<void(size_t offset, const char* data, size_t n)>;
 
 // Point-to-point messages between the ranks of one cluster. Messages from one sender to one
 // receiver arrive in send order; each carries a tag that the receiver checks, so two ranks that
@@ -38,11 +45,25 @@ class Transport {
   // reason after Abort.
   virtual absl::StatusOr<std::string> Recv(int peer, uint64_t tag, absl::Time deadline) = 0;
 
+  // Receives the next message from `peer`, which must be `size` bytes, straight into the caller's
+  // memory through `sink` (a posted receive, as MPI's MPI_Irecv into a user buffer): a transport
+  // that can hand a message over in place (ShmTransport: from the shared-memory ring;
+  // InProcessTransport: from the sender's buffer) calls the sink on the bytes where they lie, so
+  // a collective reduces or copies them into its destination with no intermediate copy. Errors:
+  // those of Recv; Internal naming the peer if the message is not `size` bytes (nothing is
+  // passed to the sink then). The default receives a copy with Recv and passes it to the sink.
+  virtual absl::Status RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
+                                RecvSink sink);
+
   // Fails every blocked and future Send/Recv with `reason` until Reset(). Thread-safe.
   virtual void Abort(const absl::Status& reason) = 0;
   // Clears an Abort and drops undelivered messages (between jobs). Thread-safe.
   virtual void Reset() = 0;
 };
+
+// The Internal error RecvInto returns when `peer` sent `got` bytes tagged `tag` where `expected`
+// were posted.
+absl::Status WrongMessageSize(int peer, uint64_t tag, size_t got, size_t expected);
 
 }  // namespace meshrun
 

@@ -1,7 +1,10 @@
 // Mailbox: per-sender FIFOs with deadlines, and how a peer's failure mark is reported.
 #include "core/collectives/mailbox.h"
 
+#include <atomic>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
@@ -72,6 +75,100 @@ TEST(MailboxTest, AControlMessageAlsoClearsTheMarkAndSkipsTheQueue) {
   absl::StatusOr<std::string> m = box.Take(1, 10, absl::Now() + kGrace * 2);
   EXPECT_EQ(m.status().code(), absl::StatusCode::kDeadlineExceeded) << m.status();
   box.SetControlHandler(99, nullptr);
+}
+
+// What a transport that holds messages in its own memory sees: a receive posted, then the
+// message handed over in place. Returns what the sink received.
+std::string Gathered(const std::vector<std::pair<size_t, std::string>>& pieces, size_t size) {
+  std::string out(size, '?');
+  for (const auto& [offset, bytes] : pieces) out.replace(offset, bytes.size(), bytes);
+  return out;
+}
+
+TEST(MailboxTest, APostedReceiveIsFilledInPlaceOnlyByTheMessageItWaitsFor) {
+  Mailbox box(2, kGrace);
+  std::vector<int> woken;
+  box.SetWaitListener([&](int src) { woken.push_back(src); });  // called on the receiving thread
+  std::vector<std::pair<size_t, std::string>> pieces;
+  absl::Status result;
+  std::thread receiver([&] {
+    result = box.TakeInto(1, 7, 8, absl::Now() + absl::Seconds(20),
+                          [&](size_t offset, const char* data, size_t n) {
+                            pieces.emplace_back(offset, std::string(data, n));
+                          });
+  });
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (!box.Waiting(1) && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+  ASSERT_TRUE(box.Waiting(1));
+  EXPECT_FALSE(box.Waiting(0));
+  EXPECT_EQ(box.BeginInPlace(1, 8, 8), nullptr) << "another tag";
+  EXPECT_EQ(box.BeginInPlace(1, 7, 9), nullptr) << "another size";
+  EXPECT_EQ(box.BeginInPlace(0, 7, 8), nullptr) << "another sender";
+  const RecvSink* sink = box.BeginInPlace(1, 7, 8);
+  ASSERT_NE(sink, nullptr);
+  EXPECT_FALSE(box.Waiting(1)) << "the message is found: nothing after it is waited for yet";
+  EXPECT_EQ(box.BeginInPlace(1, 7, 8), nullptr) << "claimed once";
+  (*sink)(0, "abcd", 4);
+  (*sink)(4, "efgh", 4);
+  box.EndInPlace(1);
+  receiver.join();
+  EXPECT_TRUE(result.ok()) << result;
+  EXPECT_EQ(Gathered(pieces, 8), "abcdefgh");
+  EXPECT_EQ(woken, std::vector<int>({1}));
+}
+
+TEST(MailboxTest, AQueuedMessageGoesFirstAndAWrongOneIsReportedAsBefore) {
+  Mailbox box(2, kGrace);
+  int woken = 0;
+  box.SetWaitListener([&](int) { ++woken; });
+  box.Deliver(1, 7, "queued!!");
+  EXPECT_EQ(box.BeginInPlace(1, 7, 8), nullptr) << "nothing posted";
+  std::string got;
+  auto into = [&](size_t offset, const char* data, size_t n) { got.append(data, n); };
+  ASSERT_TRUE(box.TakeInto(1, 7, 8, absl::Now() + absl::Seconds(1), into).ok());
+  EXPECT_EQ(got, "queued!!");
+  EXPECT_EQ(woken, 0) << "a receive that finds its message queued does not wait";
+
+  box.Deliver(1, 9, "12345");
+  absl::Status wrong_size = box.TakeInto(1, 9, 8, absl::Now() + absl::Seconds(1), into);
+  EXPECT_EQ(wrong_size.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(wrong_size.message(), HasSubstr("rank 1 sent 5 bytes (tag 9); expected 8"));
+  box.Deliver(1, 10, "12345678");
+  absl::Status wrong_tag = box.TakeInto(1, 11, 8, absl::Now() + absl::Seconds(1), into);
+  EXPECT_THAT(wrong_tag.message(), HasSubstr("rank 1 sent tag 10 but tag 11 was expected"));
+  EXPECT_EQ(got, "queued!!") << "nothing reaches the sink from a wrong message";
+}
+
+TEST(MailboxTest, AReceiveClaimedBeforeItsDeadlineReturnsOnlyOnceFilled) {
+  Mailbox box(2, kGrace);
+  std::string got(4, '?');
+  absl::Status result = absl::UnknownError("not returned");
+  std::atomic<bool> returned{false};
+  std::thread receiver([&] {
+    result = box.TakeInto(1, 7, 4, absl::Now() + absl::Milliseconds(100),
+                          [&](size_t offset, const char* data, size_t n) {
+                            got.replace(offset, n, data, n);
+                          });
+    returned.store(true);
+  });
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (!box.Waiting(1) && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+  const RecvSink* sink = box.BeginInPlace(1, 7, 4);
+  ASSERT_NE(sink, nullptr);
+  absl::SleepFor(absl::Milliseconds(300));  // past the deadline while the sink is being filled
+  EXPECT_FALSE(returned.load()) << "the sink writes into the receiver's memory";
+  (*sink)(0, "wxyz", 4);
+  box.EndInPlace(1);
+  receiver.join();
+  EXPECT_TRUE(result.ok()) << result;
+  EXPECT_EQ(got, "wxyz");
+
+  // Not claimed: the deadline ends it, and a late message is queued, not written in place.
+  absl::Status late = box.TakeInto(1, 8, 4, absl::Now() + absl::Milliseconds(50),
+                                   [&](size_t, const char*, size_t) { got = "late"; });
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+  EXPECT_EQ(box.BeginInPlace(1, 8, 4), nullptr);
+  EXPECT_EQ(got, "wxyz");
 }
 
 }  // namespace

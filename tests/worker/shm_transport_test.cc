@@ -8,6 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
+#include <functional>
+#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +46,40 @@ bool ShmNameExists(const std::string& name) {
 struct Received {
   uint64_t tag;
   std::string data;
+  bool in_place = false;                  // passed through a sink, not copied out
+  std::vector<size_t> piece_offsets = {};  // where each piece the sink got began
+};
+
+// Collects what a ring drains: the messages tagged in `in_place_tags` are taken through a sink
+// (if Drain offers them) unless `defer` is set, the rest copied or, while `defer` is set, left.
+class Collector : public ShmRing::Consumer {
+ public:
+  explicit Collector(std::set<uint64_t> in_place_tags = {}) : in_place_tags_(std::move(in_place_tags)) {}
+  const RecvSink* BeginInPlace(uint64_t tag, size_t size) override {
+    if (defer || in_place_tags_.count(tag) == 0) return nullptr;  // deferring: nothing posted
+    current_ = Received{tag, std::string(size, '\0'), true};
+    return &sink_;
+  }
+  void EndInPlace() override { got.push_back(std::move(current_)); }
+  bool Defer(uint64_t tag) override {
+    ++defer_asked;
+    return defer;
+  }
+  void Deliver(uint64_t tag, std::string message) override { got.push_back({tag, std::move(message)}); }
+
+  std::vector<Received> got;
+  bool defer = false;   // what Defer answers
+  int defer_asked = 0;  // how often it was asked
+
+ private:
+  const std::set<uint64_t> in_place_tags_;
+  Received current_;
+  std::function<void(size_t, const char*, size_t)> fill_ = [this](size_t offset, const char* data, size_t n) {
+    ASSERT_LE(offset + n, current_.data.size());
+    std::memcpy(current_.data.data() + offset, data, n);
+    current_.piece_offsets.push_back(offset);
+  };
+  RecvSink sink_{fill_};
 };
 
 TEST(ShmRingTest, MessagesLargerThanTheRingArriveWholeAndInOrder) {
@@ -65,12 +102,11 @@ TEST(ShmRingTest, MessagesLargerThanTheRingArriveWholeAndInOrder) {
       ASSERT_TRUE(s.ok()) << s;
     }
   });
-  std::vector<Received> got;
+  Collector collector;
+  std::vector<Received>& got = collector.got;
   const absl::Time give_up = absl::Now() + absl::Seconds(20);
   while (got.size() < sizes.size() && absl::Now() < give_up) {
-    absl::Status s = (*consumer)->Drain(absl::Milliseconds(50), [&](uint64_t tag, std::string m) {
-      got.push_back({tag, std::move(m)});
-    });
+    absl::Status s = (*consumer)->Drain(absl::Milliseconds(50), collector);
     ASSERT_TRUE(s.ok()) << s;
   }
   writer.join();
@@ -80,6 +116,101 @@ TEST(ShmRingTest, MessagesLargerThanTheRingArriveWholeAndInOrder) {
     EXPECT_TRUE(got[i].data == Pattern(sizes[i], i))
         << "message " << i << " of " << sizes[i] << " bytes";
   }
+}
+
+TEST(ShmRingTest, AWholeMessageGoesThroughTheSinkWhereItLiesInPiecesCutAtTheRingsEnd) {
+  const std::string name = UniqueName("inplace");
+  auto producer = ShmRing::Create(name, 8192);
+  ASSERT_TRUE(producer.ok()) << producer.status();
+  auto consumer = ShmRing::OpenAndUnlink(name);
+  ASSERT_TRUE(consumer.ok()) << consumer.status();
+  // Frames take 24 + 3000 bytes: message 1 lies at [24, 3024), message 2 (declined, so copied)
+  // after it, message 3 from byte 6072 wraps at 8192 after 2120 bytes; message 4 (5000 bytes)
+  // travels as two fragments, so it is copied however its tag is posted.
+  const std::vector<size_t> sizes = {3000, 3000, 3000, 5000};
+  Collector collector({1, 3, 4});
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    std::thread writer([&] {
+      ASSERT_TRUE((*producer)
+                      ->Write(i + 1, Pattern(sizes[i], i), absl::Now() + absl::Seconds(20),
+                              absl::Milliseconds(50), [] { return absl::OkStatus(); })
+                      .ok());
+    });
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    while (collector.got.size() < i + 1 && absl::Now() < give_up) {
+      ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(50), collector).ok());
+    }
+    writer.join();
+  }
+  const std::vector<Received>& got = collector.got;
+  ASSERT_EQ(got.size(), sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_EQ(got[i].tag, i + 1);
+    EXPECT_TRUE(got[i].data == Pattern(sizes[i], i)) << "message " << i + 1;
+  }
+  EXPECT_TRUE(got[0].in_place);
+  EXPECT_EQ(got[0].piece_offsets, std::vector<size_t>({0}));
+  EXPECT_FALSE(got[1].in_place);
+  EXPECT_TRUE(got[2].in_place);
+  EXPECT_EQ(got[2].piece_offsets, std::vector<size_t>({0, 2120}));
+  EXPECT_FALSE(got[3].in_place) << "a message in several fragments is never in the ring whole";
+}
+
+// Drains `ring` into `collector` until it holds `count` messages (or 20 s pass).
+void DrainUntil(ShmRing& ring, Collector& collector, size_t count) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (collector.got.size() < count && absl::Now() < give_up) {
+    ASSERT_TRUE(ring.Drain(absl::Milliseconds(20), collector).ok());
+  }
+}
+
+TEST(ShmRingTest, ADeferredMessageStaysUntilWantedAProducerWithNoRoomGetsTheOldestCopiedOut) {
+  const std::string name = UniqueName("defer");
+  auto producer = ShmRing::Create(name, 8192);
+  ASSERT_TRUE(producer.ok()) << producer.status();
+  auto consumer = ShmRing::OpenAndUnlink(name);
+  ASSERT_TRUE(consumer.ok()) << consumer.status();
+  auto write = [&](uint64_t tag) {
+    return (*producer)->Write(tag, Pattern(3000, tag), absl::Now() + absl::Seconds(20),
+                              absl::Milliseconds(50), [] { return absl::OkStatus(); });
+  };
+  Collector collector({1, 5});
+  collector.defer = true;
+
+  // No one wants message 1 yet: it stays in the ring, however often the consumer looks.
+  ASSERT_TRUE(write(1).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(20), collector).ok());
+  EXPECT_TRUE(collector.got.empty());
+  EXPECT_GE(collector.defer_asked, 3);
+  // Wanted (and its receive posted): it goes through the sink.
+  collector.defer = false;
+  DrainUntil(**consumer, collector, 1);
+  ASSERT_EQ(collector.got.size(), 1u);
+  EXPECT_TRUE(collector.got[0].in_place);
+
+  // Messages 2 and 3 fill the ring while deferred; message 4 finds no room, so the producer
+  // posts what it needs and the consumer copies out the oldest, 2, which makes room enough: 3
+  // and 4 stay. DropPending then drops them, and 5, written after, comes through.
+  collector.defer = true;
+  std::thread writer([&] {
+    for (uint64_t tag : {2, 3, 4}) ASSERT_TRUE(write(tag).ok()) << "message " << tag;
+  });
+  DrainUntil(**consumer, collector, 2);
+  writer.join();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(20), collector).ok());
+  ASSERT_EQ(collector.got.size(), 2u) << "only as much as the producer needed is copied out";
+  EXPECT_EQ(collector.got[1].tag, 2u);
+  EXPECT_FALSE(collector.got[1].in_place);
+  EXPECT_TRUE(collector.got[1].data == Pattern(3000, 2));
+  (*consumer)->DropPending();
+  ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(20), collector).ok());  // drops 3 and 4
+  ASSERT_TRUE(write(5).ok());
+  collector.defer = false;
+  DrainUntil(**consumer, collector, 3);
+  ASSERT_EQ(collector.got.size(), 3u);
+  EXPECT_EQ(collector.got[2].tag, 5u) << "messages 3 and 4 were written before DropPending";
+  EXPECT_TRUE(collector.got[2].in_place);
+  EXPECT_TRUE(collector.got[2].data == Pattern(3000, 5));
 }
 
 TEST(ShmRingTest, AFullRingTimesOutOrStopsWhenToldAndAnAbandonedMessageIsSkipped) {
@@ -106,7 +237,8 @@ TEST(ShmRingTest, AFullRingTimesOutOrStopsWhenToldAndAnAbandonedMessageIsSkipped
   EXPECT_EQ(calls, 3);
 
   // Only message 3 comes out: the fragments of the two abandoned ones are dropped.
-  std::vector<Received> got;
+  Collector collector;
+  std::vector<Received>& got = collector.got;
   std::thread writer([&] {
     EXPECT_TRUE((*producer)
                     ->Write(3, Pattern(5000, 3), absl::Now() + absl::Seconds(20),
@@ -115,12 +247,7 @@ TEST(ShmRingTest, AFullRingTimesOutOrStopsWhenToldAndAnAbandonedMessageIsSkipped
   });
   const absl::Time give_up = absl::Now() + absl::Seconds(20);
   while (got.empty() && absl::Now() < give_up) {
-    ASSERT_TRUE((*consumer)
-                    ->Drain(absl::Milliseconds(50),
-                            [&](uint64_t tag, std::string m) {
-                              got.push_back({tag, std::move(m)});
-                            })
-                    .ok());
+    ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(50), collector).ok());
   }
   writer.join();
   ASSERT_EQ(got.size(), 1u);
