@@ -19,7 +19,8 @@ namespace meshrun {
 // Where RecvInto puts a message: called with consecutive pieces of it, `n` bytes at `data` that
 // belong at byte `offset` of the message, in order, covering it exactly once. Every piece but the
 // last starts and ends at a multiple of 8 bytes (whole elements of any dtype). A sink may run on
-// a transport thread, but only while its RecvInto is blocked: every call returns before RecvInto.
+// another thread (a transport's drain thread; in process, the sender's), but only while its
+// RecvInto is blocked: every call returns before RecvInto does.
 using RecvSink = absl::FunctionRef<void(size_t offset, const char* data, size_t n)>;
 
 // Point-to-point messages between the ranks of one cluster. Messages from one sender to one
