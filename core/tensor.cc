@@ -48,8 +48,18 @@ std::shared_ptr<void> Tensor::Allocate(size_t bytes) {
 
 Tensor::Tensor(DType dtype, Dims dims) : dtype_(dtype), dims_(std::move(dims)) {
   data_ = Allocate(size_bytes());
-  std::memset(data_.get(), 0, size_bytes());
+  ZeroFill();
 }
+
+Tensor Tensor::Uninitialized(DType dtype, Dims dims) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.dims_ = std::move(dims);
+  t.data_ = Allocate(t.size_bytes());
+  return t;
+}
+
+void Tensor::ZeroFill() { std::memset(data_.get(), 0, size_bytes()); }
 
 Tensor::Tensor(const Tensor& other) : dtype_(other.dtype_), dims_(other.dims_) {
   data_ = Allocate(size_bytes());  // every byte is overwritten: no zero-fill first

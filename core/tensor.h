@@ -33,6 +33,10 @@ class Tensor {
   Tensor() = default;
   // Zero-initialised array of `dims` elements of `dtype`.
   Tensor(DType dtype, Dims dims);
+  // An array whose memory is allocated but not written: contents unspecified. Fresh pages cost
+  // no resident memory until written, so a buffer that will only ever be a view of another's
+  // memory (ShareMemory) costs nothing if created this way.
+  static Tensor Uninitialized(DType dtype, Dims dims);
   Tensor(const Tensor& other);
   Tensor& operator=(const Tensor& other);
   Tensor(Tensor&&) = default;
@@ -61,6 +65,8 @@ class Tensor {
   bool aliased() const { return data_.use_count() > 1; }
   // Gives this Tensor memory of its own, contents unspecified; its aliases keep the old memory.
   void ReplaceStorage();
+  // Sets every element to zero.
+  void ZeroFill();
 
   v1::Tensor ToProto() const;
   // Errors: InvalidArgument if the byte count does not match dtype and shape.

@@ -48,7 +48,9 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
       return absl::InvalidArgumentError(absl::StrCat("buffer '", decl.name(), "' is declared twice"));
     }
     Dims dims(decl.shape().dims().begin(), decl.shape().dims().end());
-    ex->buffers_.emplace(decl.name(), Tensor(decl.dtype(), dims));
+    // Zeroed below unless it never uses its own memory before it is written whole (untouched,
+    // that memory is never resident).
+    ex->buffers_.emplace(decl.name(), Tensor::Uninitialized(decl.dtype(), dims));
     ex->roles_[decl.name()] = decl.role();
   }
   ex->AnalyzeBuffers();
@@ -76,6 +78,21 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
   for (const Placement& p : ex->placements_) placed.insert(p.part);
   for (const std::string& name : ex->written_) {
     if (!ex->views_.count(name) && !placed.count(name)) ex->written_buffers_.push_back(&ex->buffers_.at(name));
+  }
+  // Every buffer starts zeroed but those that never use their own memory before an op writes it
+  // whole: views and placed parts (they share another's), and the Adam results that may go over
+  // a donated input (their one writer writes every element and reads none).
+  std::set<std::string> left_untouched = ex->views_;
+  left_untouched.insert(placed.begin(), placed.end());
+  for (const auto& [input, outputs] : ex->in_place_) left_untouched.insert(outputs.begin(), outputs.end());
+  // Inputs no op writes are zeroed only if used before BindInput gives them memory or values.
+  for (auto& [name, tensor] : ex->buffers_) {
+    if (left_untouched.count(name)) continue;
+    if (ex->written_.count(name)) {
+      tensor.ZeroFill();
+    } else {
+      ex->unzeroed_.insert(name);
+    }
   }
   return ex;
 }
@@ -223,14 +240,16 @@ void Executor::AnalyzeBuffers() {
 }
 
 absl::Status Executor::BindInput(const std::string& name, const Tensor& value, bool donated) {
-  Tensor* b = buffer(name);
-  if (b == nullptr) return absl::InvalidArgumentError(absl::StrCat("no input buffer '", name, "'"));
+  auto it = buffers_.find(name);
+  if (it == buffers_.end()) return absl::InvalidArgumentError(absl::StrCat("no input buffer '", name, "'"));
+  Tensor* b = &it->second;
   if (b->dims() != value.dims() || b->dtype() != value.dtype()) {
     return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is ", DTypeName(value.dtype()),
                                                    DimsToString(value.dims()), " but the program expects ",
                                                    DTypeName(b->dtype()), DimsToString(b->dims())));
   }
   donated_.erase(name);
+  unzeroed_.erase(name);  // shared or copied whole below
   if (!written_.count(name)) {
     *b = value.Alias();  // only read: kernels re-point at it when they run
     if (donated) donated_.insert(name);
@@ -249,7 +268,9 @@ absl::StatusOr<Tensor> Executor::TakeOutput(const std::string& name) {
 
 Tensor* Executor::buffer(const std::string& name) {
   auto it = buffers_.find(name);
-  return it == buffers_.end() ? nullptr : &it->second;
+  if (it == buffers_.end()) return nullptr;
+  if (unzeroed_.erase(name) > 0) it->second.ZeroFill();
+  return &it->second;
 }
 
 int64_t Executor::ResidentBytes(v1::BufferRole role) const {
@@ -290,6 +311,8 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
   auto it = functions_.find(name);
   if (it == functions_.end()) return absl::NotFoundError(absl::StrCat("program has no function '", name, "'"));
   const CompiledFunction& cf = it->second;
+  for (const std::string& input : unzeroed_) buffers_.at(input).ZeroFill();  // never bound
+  unzeroed_.clear();
   // Results written over donated inputs; then memory handed out by TakeOutput (or shared with
   // a bound input) is never written again.
   std::set<const Tensor*> over_donated;

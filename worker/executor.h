@@ -122,6 +122,9 @@ class Executor {
   Options options_;
   std::map<std::string, Tensor> buffers_;
   std::set<std::string> written_;  // buffers an op or a feed writes
+  // Inputs (no op writes them) still in their own memory, unwritten: zeroed when first used
+  // (buffer(), Run) unless BindInput gives them memory or values first.
+  std::set<std::string> unzeroed_;
   std::vector<Tensor*> written_buffers_;  // those that own their memory (not views)
   // Reshapes and slices that may make their output a view of their input instead of a copy: the
   // output has no other writer and the input is written only by earlier ops of the same function.

@@ -3,6 +3,8 @@
 // keeps its values when the executor runs again.
 #include "worker/executor.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -80,6 +82,36 @@ TEST(ExecutorBindingTest, ReadOnlyInputsAliasWrittenInputsAreCopiedOutputsSurviv
   EXPECT_THAT(Values(*y1), ElementsAre(4, 5, 10, 11)) << "the first run's result kept its values";
   EXPECT_THAT(Values(*acc1), ElementsAre(104, 205, 310, 411));
   EXPECT_THAT(Values(x1), ElementsAre(1, 2, 3, 4, 5, 6));
+}
+
+TEST(ExecutorBindingTest, AnInputNeverBoundReadsAsZerosAndOneWrittenThroughBufferKeepsItsValues) {
+  // The executor leaves an input's own memory unwritten until it is used unbound: w here is
+  // written through buffer(), x never bound (it must read as zeros, not as whatever the
+  // allocator handed back: memory of the same size is dirtied and freed first), then both bound.
+  for (int round = 0; round < 2; ++round) {
+    std::vector<void*> dirty;
+    for (int i = 0; i < 16; ++i) {
+      dirty.push_back(std::aligned_alloc(64, 64));
+      std::memset(dirty.back(), 0x41, 64);  // 12.06 as floats
+    }
+    for (void* p : dirty) std::free(p);
+    std::unique_ptr<Executor> ex = Compile();
+    ASSERT_NE(ex, nullptr);
+    if (round == 0) {
+      ASSERT_TRUE(ex->Run("main", RunContext{}).ok());
+      EXPECT_THAT(Values(*ex->buffer("y")), ElementsAre(0, 0, 0, 0)) << "x and w read as zeros";
+      continue;
+    }
+    Tensor* w = ex->buffer("w");
+    ASSERT_NE(w, nullptr);
+    EXPECT_THAT(Values(*w), ElementsAre(0, 0, 0, 0, 0, 0));
+    std::fill_n(w->data<float>(), 6, 1.0f);
+    ASSERT_TRUE(ex->Run("main", RunContext{}).ok());
+    EXPECT_THAT(Values(*ex->buffer("y")), ElementsAre(0, 0, 0, 0)) << "x reads as zeros";
+    ASSERT_TRUE(ex->BindInput("x", Matrix(2, 3, {1, 2, 3, 4, 5, 6})).ok());
+    ASSERT_TRUE(ex->Run("main", RunContext{}).ok());
+    EXPECT_THAT(Values(*ex->buffer("y")), ElementsAre(6, 6, 15, 15)) << "w kept what was written";
+  }
 }
 
 TEST(ExecutorBindingTest, AnArgumentOfAnotherShapeOrAnUnknownBufferIsRefused) {
