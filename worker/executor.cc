@@ -74,16 +74,15 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
     }
     ex->functions_[f.name()] = std::move(cf);
   }
-  std::set<std::string> placed;
-  for (const Placement& p : ex->placements_) placed.insert(p.part);
+  // Views and placed parts use another buffer's memory, never their own.
+  std::set<std::string> left_untouched = ex->views_;
+  for (const Placement& p : ex->placements_) left_untouched.insert(p.part);
   for (const std::string& name : ex->written_) {
-    if (!ex->views_.count(name) && !placed.count(name)) ex->written_buffers_.push_back(&ex->buffers_.at(name));
+    if (!left_untouched.count(name)) ex->written_buffers_.push_back(&ex->buffers_.at(name));
   }
   // Every buffer starts zeroed but those that never use their own memory before an op writes it
-  // whole: views and placed parts (they share another's), and the Adam results that may go over
-  // a donated input (their one writer writes every element and reads none).
-  std::set<std::string> left_untouched = ex->views_;
-  left_untouched.insert(placed.begin(), placed.end());
+  // whole: those, and the Adam results that may go over a donated input (their one writer
+  // writes every element and reads none).
   for (const auto& [input, outputs] : ex->in_place_) left_untouched.insert(outputs.begin(), outputs.end());
   // Inputs no op writes are zeroed only if used before BindInput gives them memory or values.
   for (auto& [name, tensor] : ex->buffers_) {

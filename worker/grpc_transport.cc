@@ -244,17 +244,13 @@ absl::Status GrpcTransport::Send(int peer, uint64_t tag, absl::string_view data,
 }
 
 absl::StatusOr<std::string> GrpcTransport::Recv(int peer, uint64_t tag, absl::Time deadline) {
-  if (peer < 0 || peer >= world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("recv from rank ", peer, "; world size is ", world_size()));
-  }
+  if (absl::Status s = CheckPeer("recv from", peer); !s.ok()) return s;
   return mailbox_->Take(peer, tag, deadline);
 }
 
 absl::Status GrpcTransport::RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
                                      RecvSink sink) {
-  if (peer < 0 || peer >= world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("recv from rank ", peer, "; world size is ", world_size()));
-  }
+  if (absl::Status s = CheckPeer("recv from", peer); !s.ok()) return s;
   return mailbox_->TakeInto(peer, tag, size, deadline, sink);
 }
 

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <new>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 
 namespace meshrun {
@@ -142,16 +143,17 @@ void ShmRing::CopyIn(uint64_t pos, const void* src, size_t n) {
   std::memcpy(data_, static_cast<const char*>(src) + first, n - first);
 }
 
-void ShmRing::CopyOut(uint64_t pos, void* dst, size_t n) const {
+void ShmRing::ReadPieces(uint64_t pos, size_t n, RecvSink read) const {
+  // Positions are 8-byte aligned and so is the ring's end: so is the cut between the pieces.
   const size_t at = pos % capacity_, first = std::min(n, capacity_ - at);
-  std::memcpy(dst, data_ + at, first);
-  std::memcpy(static_cast<char*>(dst) + first, data_, n - first);
+  if (first > 0) read(0, data_ + at, first);
+  if (n > first) read(first, data_, n - first);
 }
 
-void ShmRing::AppendOut(uint64_t pos, size_t n, std::string* out) const {
-  const size_t at = pos % capacity_, first = std::min(n, capacity_ - at);
-  out->append(data_ + at, first);
-  out->append(data_, n - first);
+void ShmRing::CopyOut(uint64_t pos, void* dst, size_t n) const {
+  ReadPieces(pos, n, [dst](size_t offset, const char* piece, size_t piece_bytes) {
+    std::memcpy(static_cast<char*>(dst) + offset, piece, piece_bytes);
+  });
 }
 
 absl::Status ShmRing::Write(uint64_t tag, absl::string_view data, absl::Time deadline,
@@ -164,6 +166,9 @@ absl::Status ShmRing::Write(uint64_t tag, absl::string_view data, absl::Time dea
     const uint64_t len = std::min<uint64_t>(max_fragment, data.size() - offset);
     const uint64_t need = sizeof(FrameHeader) + Pad8(len);
     bool flagged = false;  // producer_needs set (and the consumer woken) in this wait
+    absl::Cleanup clear_needs = [&] {
+      if (flagged) header_->producer_needs.store(0, std::memory_order_release);
+    };
     for (;;) {
       const uint32_t seq = header_->space_seq.load(std::memory_order_acquire);
       if (capacity_ - (head - header_->tail.load(std::memory_order_acquire)) >= need) break;
@@ -174,20 +179,16 @@ absl::Status ShmRing::Write(uint64_t tag, absl::string_view data, absl::Time dea
         flagged = true;
         continue;
       }
-      if (absl::Status s = keep_waiting(); !s.ok()) {
-        header_->producer_needs.store(0, std::memory_order_release);
-        return s;
-      }
+      if (absl::Status s = keep_waiting(); !s.ok()) return s;
       const absl::Time now = absl::Now();
       if (now >= deadline) {
-        header_->producer_needs.store(0, std::memory_order_release);
         return absl::DeadlineExceededError(absl::StrCat("shared-memory ring ", name_,
                                                         " stayed full (", capacity_,
                                                         " bytes) past the deadline"));
       }
       FutexWait(&header_->space_seq, seq, std::min(deadline - now, poll));
     }
-    if (flagged) header_->producer_needs.store(0, std::memory_order_release);
+    std::move(clear_needs).Invoke();
     FrameHeader frame{tag, data.size(), static_cast<uint32_t>(len), 0};
     if (offset == 0) frame.flags |= kFirst;
     if (offset + len == data.size()) frame.flags |= kLast;
@@ -251,21 +252,18 @@ absl::Status ShmRing::Consume(Consumer& consumer, bool* idle) {
           frame.total, " bytes, flags ", frame.flags, ", ", head - tail, " bytes written"));
     }
     const bool whole = (frame.flags & (kFirst | kLast)) == (kFirst | kLast);
-    // A message's first frame drops whatever an abandoned (or dropped) Write left before it.
-    if (frame.flags & kFirst) {
+    // A message's first frame drops whatever an abandoned Write left before it; so does a frame
+    // written before DropPending.
+    const bool dropped = tail < drop_until;
+    if ((frame.flags & kFirst) || dropped) {
       partial_.clear();
       in_message_ = false;
     }
     bool deliver = false;
-    if (tail < drop_until) {
-      partial_.clear();
-      in_message_ = false;
+    if (dropped) {
+      // Consumed below without being handed over.
     } else if (const RecvSink* sink = whole ? consumer.BeginInPlace(frame.tag, frame.len) : nullptr) {
-      // Two pieces when the fragment wraps; positions are 8-byte aligned, so is the cut.
-      const size_t at = (tail + sizeof(frame)) % capacity_,
-                   first = std::min<size_t>(frame.len, capacity_ - at);
-      if (first > 0) (*sink)(0, data_ + at, first);
-      if (frame.len > first) (*sink)(first, data_, frame.len - first);
+      ReadPieces(tail + sizeof(frame), frame.len, *sink);  // two pieces when it wraps
       consumer.EndInPlace();
     } else if (whole && !ProducerNeedsRoom(tail) && consumer.Defer(frame.tag)) {
       deferred = true;
@@ -276,7 +274,11 @@ absl::Status ShmRing::Consume(Consumer& consumer, bool* idle) {
         partial_tag_ = frame.tag;
         in_message_ = true;
       }
-      if (in_message_) AppendOut(tail + sizeof(frame), frame.len, &partial_);
+      if (in_message_) {
+        ReadPieces(tail + sizeof(frame), frame.len, [this](size_t, const char* piece, size_t n) {
+          partial_.append(piece, n);
+        });
+      }
       deliver = in_message_ && (frame.flags & kLast);
     }
     tail += size;

@@ -100,7 +100,9 @@ class ShmRing {
   ShmRing(std::string name, void* base, size_t mapped_bytes);
   void CopyIn(uint64_t pos, const void* src, size_t n);
   void CopyOut(uint64_t pos, void* dst, size_t n) const;
-  void AppendOut(uint64_t pos, size_t n, std::string* out) const;
+  // Passes the `n` bytes at ring position `pos` to `read` where they lie: one piece, or two
+  // when they wrap past the ring's end.
+  void ReadPieces(uint64_t pos, size_t n, RecvSink read) const;
   // Whether the producer waits for more room than the ring has with the consumer at `tail`.
   bool ProducerNeedsRoom(uint64_t tail) const;
 

@@ -1,7 +1,5 @@
 #include "core/collectives/in_process_transport.h"
 
-#include "absl/strings/str_cat.h"
-
 namespace meshrun {
 namespace {
 
@@ -20,9 +18,7 @@ class InProcessTransport : public Transport {
   int world_size() const override { return static_cast<int>(hub_->mailboxes.size()); }
 
   absl::Status Send(int peer, uint64_t tag, absl::string_view data, absl::Time deadline) override {
-    if (peer < 0 || peer >= world_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("send to rank ", peer, "; world size is ", world_size()));
-    }
+    if (absl::Status s = CheckPeer("send to", peer); !s.ok()) return s;
     // A receive the peer has posted takes the bytes straight from the sender's buffer.
     Mailbox& mailbox = *hub_->mailboxes[peer];
     if (const RecvSink* sink = mailbox.BeginInPlace(rank_, tag, data.size())) {
@@ -35,17 +31,13 @@ class InProcessTransport : public Transport {
   }
 
   absl::StatusOr<std::string> Recv(int peer, uint64_t tag, absl::Time deadline) override {
-    if (peer < 0 || peer >= world_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("recv from rank ", peer, "; world size is ", world_size()));
-    }
+    if (absl::Status s = CheckPeer("recv from", peer); !s.ok()) return s;
     return hub_->mailboxes[rank_]->Take(peer, tag, deadline);
   }
 
   absl::Status RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
                         RecvSink sink) override {
-    if (peer < 0 || peer >= world_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("recv from rank ", peer, "; world size is ", world_size()));
-    }
+    if (absl::Status s = CheckPeer("recv from", peer); !s.ok()) return s;
     return hub_->mailboxes[rank_]->TakeInto(peer, tag, size, deadline, sink);
   }
 

@@ -54,9 +54,14 @@ bool Mailbox::Waiting(int src) {
   return waiting_[src] > 0;
 }
 
-void Mailbox::NotifyWaiting(int src) {
-  absl::MutexLock lock(&listener_mu_);
-  if (listener_) listener_(src);
+void Mailbox::StartWaiting(int src) {
+  ++waiting_[src];
+  mu_.Unlock();  // the listener may call back into this Mailbox
+  {
+    absl::MutexLock lock(&listener_mu_);
+    if (listener_) listener_(src);
+  }
+  mu_.Lock();
 }
 
 void Mailbox::MarkPeerFailed(int src, absl::Status status) {
@@ -110,10 +115,7 @@ absl::StatusOr<std::string> Mailbox::Take(int src, uint64_t expected_tag, absl::
   {
     absl::MutexLock lock(&mu_);
     if (queues_[src].empty()) {
-      ++waiting_[src];
-      mu_.Unlock();
-      NotifyWaiting(src);
-      mu_.Lock();
+      StartWaiting(src);
       absl::Status s = AwaitMessage(src, expected_tag, deadline, nullptr);
       --waiting_[src];
       if (!s.ok()) return s;
@@ -135,10 +137,7 @@ absl::Status Mailbox::TakeInto(int src, uint64_t expected_tag, size_t size, absl
       // Posted first, then waited for: a transport woken by the listener finds it posted.
       const bool post = posted_[src] == nullptr;
       if (post) posted_[src] = &posted;
-      ++waiting_[src];
-      mu_.Unlock();
-      NotifyWaiting(src);
-      mu_.Lock();
+      StartWaiting(src);
       absl::Status s = AwaitMessage(src, expected_tag, deadline, post ? &posted : nullptr);
       if (!post || posted.state == PostedRecv::State::kPosted) --waiting_[src];  // else: claimed
       if (post) {

@@ -100,8 +100,9 @@ class Mailbox {
   std::vector<int> waiting_ ABSL_GUARDED_BY(mu_);         // Takes in progress, per src
   absl::Mutex listener_mu_;  // held while the listener runs
   WaitListener listener_ ABSL_GUARDED_BY(listener_mu_);
-  // Calls the listener (a Take from src found nothing queued and waits).
-  void NotifyWaiting(int src) ABSL_LOCKS_EXCLUDED(mu_, listener_mu_);
+  // A Take from src found nothing queued and waits: counts it in waiting_ and calls the
+  // listener (with mu_ released meanwhile).
+  void StartWaiting(int src) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(listener_mu_);
 };
 
 }  // namespace meshrun

@@ -10,6 +10,11 @@ absl::Status WrongMessageSize(int peer, uint64_t tag, size_t got, size_t expecte
                                           " (blocks of different sizes?)"));
 }
 
+absl::Status Transport::CheckPeer(absl::string_view what, int peer) const {
+  if (peer >= 0 && peer < world_size()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " rank ", peer, "; world size is ", world_size()));
+}
+
 absl::Status Transport::RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
                                  RecvSink sink) {
   absl::StatusOr<std::string> message = Recv(peer, tag, deadline);

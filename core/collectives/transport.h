@@ -60,6 +60,10 @@ class Transport {
   virtual void Abort(const absl::Status& reason) = 0;
   // Clears an Abort and drops undelivered messages (between jobs). Thread-safe.
   virtual void Reset() = 0;
+
+ protected:
+  // InvalidArgument "<what> rank <peer>; world size is <n>" unless 0 <= peer < world_size().
+  absl::Status CheckPeer(absl::string_view what, int peer) const;
 };
 
 // The Internal error RecvInto returns when `peer` sent `got` bytes tagged `tag` where `expected`
