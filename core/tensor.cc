@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -41,7 +42,30 @@ int64_t NumElements(const Dims& dims) {
 
 std::string DimsToString(const Dims& dims) { return absl::StrCat("[", absl::StrJoin(dims, ", "), "]"); }
 
+namespace {
+
+struct LargeAllocator {
+  size_t min_bytes = 0;
+  TensorAllocator allocate;
+};
+
+LargeAllocator& Large() {
+  static LargeAllocator* large = new LargeAllocator();
+  return *large;
+}
+
+}  // namespace
+
+void SetLargeTensorAllocator(size_t min_bytes, TensorAllocator allocator) {
+  Large().min_bytes = min_bytes;
+  Large().allocate = std::move(allocator);
+}
+
 std::shared_ptr<void> Tensor::Allocate(size_t bytes) {
+  const LargeAllocator& large = Large();
+  if (large.allocate && bytes >= large.min_bytes) {
+    if (std::shared_ptr<void> p = large.allocate(bytes)) return p;
+  }
   const size_t rounded = std::max<size_t>(64, ((bytes + 63) / 64) * 64);
   return std::shared_ptr<void>(std::aligned_alloc(64, rounded), [](void* p) { std::free(p); });
 }

@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,15 @@ std::string DTypeName(DType dtype);
 using Dims = std::vector<int64_t>;
 int64_t NumElements(const Dims& dims);
 std::string DimsToString(const Dims& dims);  // "[128, 784]"
+
+// Where the storage of Tensors of at least `min_bytes` comes from, instead of the heap: a worker
+// puts its large arrays in memory that co-located workers can map (worker/shm_arena.h), so a
+// collective can read and write them where they lie. The allocator returns 64-byte-aligned
+// memory of at least the bytes asked for, freed by the shared_ptr's deleter, or null to fall back
+// to the heap. Process-wide; call it before any other thread creates Tensors. A null allocator
+// restores the heap for every size.
+using TensorAllocator = std::function<std::shared_ptr<void>(size_t bytes)>;
+void SetLargeTensorAllocator(size_t min_bytes, TensorAllocator allocator);
 
 // A dense row-major array. Storage is 64-byte aligned so oneDNN can use it directly. Copyable
 // (deep copy) and movable. Alias() shares storage without copying, for a worker handing buffers

@@ -522,11 +522,12 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
       if (outer == 1) {  // block j of the scatter dim is already flat block j: no repacking
         return timed([=] { return comm->ReduceScatter(x->raw(), block, dtype, ReduceOp::kSum, y->raw()); });
       }
-      auto packed = std::make_shared<std::vector<char>>(x->size_bytes());
+      // A Tensor, so a large one lives where peers can read it (the direct psum_scatter).
+      auto packed = std::make_shared<Tensor>(Tensor::Uninitialized(dtype, {x->num_elements()}));
       return timed([=] {
         // [outer, n, block] -> [n, outer, block]: block j of the scatter dim becomes flat block j.
-        SwapLeadingAxes(x->raw(), outer, n, block, elem, packed->data());
-        return comm->ReduceScatter(packed->data(), outer * block, dtype, ReduceOp::kSum, y->raw());
+        SwapLeadingAxes(x->raw(), outer, n, block, elem, packed->raw());
+        return comm->ReduceScatter(packed->raw(), outer * block, dtype, ReduceOp::kSum, y->raw());
       });
     }
     case v1::OP_PPERMUTE: {

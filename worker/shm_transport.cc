@@ -129,6 +129,34 @@ class ShmTransport::Receiver : private ShmRing::Consumer {
   std::thread thread_;  // last: starts once the rest is set
 };
 
+// PeerMemory over the arenas of co-located workers: a handle names a segment of the peer's arena,
+// mapped here through /proc/<pid>/fd.
+class ShmTransport::ArenaPeerMemory : public PeerMemory {
+ public:
+  ArenaPeerMemory(ShmArena* arena, const ShmTransport* transport)
+      : arena_(arena), transport_(transport) {}
+  bool CanReach(int peer) const override {
+    return peer >= 0 && peer < static_cast<int>(transport_->peers_.size()) &&
+           transport_->CoLocated(peer);
+  }
+  std::string Export(const void* data, size_t size) override { return arena_->Export(data, size); }
+  absl::StatusOr<void*> Import(int peer, absl::string_view handle) override {
+    if (!CanReach(peer)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("rank ", peer, " is not on this host: its memory cannot be mapped"));
+    }
+    absl::StatusOr<void*> p = arena_->Import(transport_->peers_[peer].pid, handle);
+    if (!p.ok())
+      return absl::Status(p.status().code(),
+                          absl::StrCat("rank ", peer, ": ", p.status().message()));
+    return p;
+  }
+
+ private:
+  ShmArena* const arena_;
+  const ShmTransport* const transport_;
+};
+
 absl::StatusOr<std::unique_ptr<ShmTransport>> ShmTransport::Create(
     int rank, std::string cluster_id, std::vector<ShmPeer> peers, Mailbox* mailbox,
     std::unique_ptr<Transport> remote, const Options& options) {
@@ -168,6 +196,8 @@ ShmTransport::ShmTransport(int rank, std::string cluster_id, std::vector<ShmPeer
   for (size_t r = 0; r < peers_.size(); ++r) {
     co_located_[r] = static_cast<int>(r) != rank && !mine.empty() && peers_[r].host_id == mine;
   }
+  if (options_.arena != nullptr)
+    peer_memory_ = std::make_unique<ArenaPeerMemory>(options_.arena, this);
 }
 
 ShmTransport::~ShmTransport() {

@@ -5,8 +5,9 @@
 // ones that came over gRPC. A message that fits the ring whole stays there until a receive for
 // it is posted (Transport::RecvInto), then goes from the ring straight into the collective's
 // destination: reduced or copied once, where a copy into the Mailbox and another out of it would
-// otherwise be made (NCCL's SHM transport reduces from the FIFO in the same way). Peers on other hosts, and every peer when shared memory cannot be
-// set up, go through the remote transport (the gRPC ring transport).
+// otherwise be made (NCCL's SHM transport reduces from the FIFO in the same way). Peers on other
+// hosts, and every peer when shared memory cannot be set up, go through the remote transport (the
+// gRPC ring transport).
 //
 // Setting up a link (the sender decides, lazily, at its first Send to a peer): the sender
 // creates a ring segment (/dev/shm/meshrun-...; its memory reserved with posix_fallocate, so a
@@ -35,6 +36,7 @@
 #include "absl/time/time.h"
 #include "core/collectives/mailbox.h"
 #include "core/collectives/transport.h"
+#include "worker/shm_arena.h"
 
 namespace meshrun {
 
@@ -60,6 +62,10 @@ class ShmTransport : public Transport {
     size_t ring_bytes = size_t{2} << 20;
     // How often a sender waiting for ring space checks that its receiver is alive.
     absl::Duration liveness_interval = absl::Milliseconds(100);
+    // Where this worker's large arrays live (shared with peers: single-copy collectives reach
+    // co-located peers' buffers through it, peer_memory()); null: no peer memory. Must outlive
+    // the transport.
+    ShmArena* arena = nullptr;
   };
 
   // `peers[r]` describes rank r; ranks whose host id equals peers[rank].host_id (non-empty) get
@@ -90,6 +96,9 @@ class ShmTransport : public Transport {
   void Abort(const absl::Status& reason) override;
   void Reset() override;
 
+  // Co-located peers' arenas (Options::arena), or null without one.
+  PeerMemory* peer_memory() override { return peer_memory_.get(); }
+
   // True once sends to `peer` go through shared memory (after the first Send to it).
   bool SendsThroughShm(int peer) const;
   // True if `peer` may use shared memory at all (same host id).
@@ -106,6 +115,7 @@ class ShmTransport : public Transport {
   class Ring;
   class Sender;
   class Receiver;
+  class ArenaPeerMemory;
   ShmTransport(int rank, std::string cluster_id, std::vector<ShmPeer> peers, Mailbox* mailbox,
                std::unique_ptr<Transport> remote, const Options& options);
   // The peer's sender, set up at the first call; null when the peer goes through `remote`.
@@ -131,6 +141,7 @@ class ShmTransport : public Transport {
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> shm_sent_{0};
   std::atomic<int64_t> remote_sent_{0};
+  std::unique_ptr<PeerMemory> peer_memory_;
 };
 
 }  // namespace meshrun

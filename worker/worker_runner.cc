@@ -13,6 +13,8 @@
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "net/grpc_util.h"
 #include "net/metrics.h"
+#include "core/tensor.h"
+#include "worker/shm_arena.h"
 #include "worker/shm_transport.h"
 #include "worker/worker_service.h"
 
@@ -59,6 +61,10 @@ absl::StatusOr<v1::RegisterResponse> RegisterWithRetry(v1::Coordinator::Stub& st
 
 int CurrentWorkerRank() { return g_rank.load(); }
 
+// Arrays from this size on go to the shared arena: what CollectiveOptions::direct_min_bytes
+// all-reduces single-copy.
+constexpr size_t kSharedTensorMinBytes = 256 * 1024;
+
 absl::Status RunWorker(const WorkerRunnerOptions& o) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
@@ -72,7 +78,14 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
     metrics = std::make_unique<WorkerMetrics>(metrics_server->registry());
   }
   grpc::EnableDefaultHealthCheckService(true);
-  WorkerService worker(o.compute_threads, metrics.get());
+  // With shared memory, large arrays live where co-located peers can map them (shm_arena.h), so
+  // big all-reduces among them are single-copy. Set before any thread makes Tensors; never freed.
+  ShmArena* arena = nullptr;
+  if (o.shm_transport) {
+    arena = new ShmArena(ShmArena::Options());
+    SetLargeTensorAllocator(kSharedTensorMinBytes, [arena](size_t bytes) { return arena->Allocate(bytes); });
+  }
+  WorkerService worker(o.compute_threads, metrics.get(), arena);
   RingService ring;
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);

@@ -25,9 +25,11 @@ void WorkerService::Join(Membership membership, RingService* ring) {
   transport_ = std::make_unique<GrpcTransport>(membership_.rank, membership_.addresses, membership_.cluster_id,
                                                mailbox_.get());
   if (membership_.shm_peers.size() == membership_.addresses.size()) {
+    ShmTransport::Options options;
+    options.arena = arena_;
     absl::StatusOr<std::unique_ptr<ShmTransport>> shm =
         ShmTransport::Create(membership_.rank, membership_.cluster_id, membership_.shm_peers, mailbox_.get(),
-                             std::move(transport_), ShmTransport::Options());
+                             std::move(transport_), options);
     CHECK(shm.ok()) << shm.status();  // only a malformed membership fails, and Join's caller built it
     std::vector<int> local;
     for (int r = 0; r < (*shm)->world_size(); ++r) {
@@ -299,18 +301,22 @@ grpc::Status WorkerService::BenchmarkCollective(grpc::ServerContext*, const v1::
   Communicator comm(transport_.get(), mesh.AxesGroup(membership_.rank, *axes));
   const int64_t n = comm.size();
   const int64_t count = req->num_bytes() / 4 / n * n;  // divisible by the group for the scatters
-  std::vector<float> a(count, 1.0f), b(count, 0.0f);
+  // Tensors, so the buffers live where a program's would (the shared arena for large ones).
+  Tensor ta(v1::DTYPE_F32, {count}), tb(v1::DTYPE_F32, {count});
+  std::fill_n(ta.data<float>(), count, 1.0f);
+  float* a = ta.data<float>();
+  float* b = tb.data<float>();
   std::vector<std::pair<int, int>> shift;
   for (int i = 0; i < n; ++i) shift.push_back({i, static_cast<int>((i + 1) % n)});
   std::function<absl::Status()> run;
   if (req->op() == "psum") {
-    run = [&] { return comm.AllReduce(a.data(), count, v1::DTYPE_F32, ReduceOp::kSum); };
+    run = [&] { return comm.AllReduce(a, count, v1::DTYPE_F32, ReduceOp::kSum); };
   } else if (req->op() == "all_gather") {
-    run = [&] { return comm.AllGather(a.data(), count / n, v1::DTYPE_F32, b.data()); };
+    run = [&] { return comm.AllGather(a, count / n, v1::DTYPE_F32, b); };
   } else if (req->op() == "psum_scatter") {
-    run = [&] { return comm.ReduceScatter(a.data(), count / n, v1::DTYPE_F32, ReduceOp::kSum, b.data()); };
+    run = [&] { return comm.ReduceScatter(a, count / n, v1::DTYPE_F32, ReduceOp::kSum, b); };
   } else if (req->op() == "ppermute") {
-    run = [&] { return comm.Permute(a.data(), count, v1::DTYPE_F32, shift, b.data()); };
+    run = [&] { return comm.Permute(a, count, v1::DTYPE_F32, shift, b); };
   } else {
     return Error(absl::InvalidArgumentError(
         absl::StrCat("unknown collective '", req->op(), "'; allowed: psum, all_gather, psum_scatter, ppermute")));

@@ -39,9 +39,11 @@ struct Membership {
 class WorkerService final : public v1::Worker::Service {
  public:
   // `compute_threads`: oneDNN threads per worker (0: library default).
-  // `metrics` may be null; it must outlive the service.
-  explicit WorkerService(int compute_threads, WorkerMetrics* metrics = nullptr)
-      : compute_threads_(compute_threads), metrics_(metrics) {}
+  // `metrics` may be null; it must outlive the service. `arena`: where this worker's large arrays
+  // live, lent to the shared-memory transport for single-copy collectives with co-located peers
+  // (null: none); it must outlive the service.
+  explicit WorkerService(int compute_threads, WorkerMetrics* metrics = nullptr, ShmArena* arena = nullptr)
+      : compute_threads_(compute_threads), metrics_(metrics), arena_(arena) {}
   ~WorkerService() override;
 
   // Sets up the transport once the coordinator has assigned the rank; attaches `ring` to it.
@@ -71,6 +73,7 @@ class WorkerService final : public v1::Worker::Service {
 
   const int compute_threads_;
   WorkerMetrics* const metrics_;
+  ShmArena* const arena_;
   absl::Mutex join_mu_;
   bool joined_ ABSL_GUARDED_BY(join_mu_) = false;
   Membership membership_;                 // set once by Join

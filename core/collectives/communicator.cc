@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/collectives/direct_collectives.h"
 #include "core/collectives/permute.h"
 #include "core/collectives/ring_all_gather.h"
 #include "core/collectives/ring_all_reduce.h"
@@ -23,14 +24,43 @@ absl::Status Communicator::AllReduce(void* data, int64_t count, DType dtype, Red
       bytes <= static_cast<int64_t>(options_.chunk_bytes)) {
     return RecursiveDoublingAllReduce(*this, data, count, dtype, op);
   }
+  if (UseDirect(bytes)) {
+    absl::StatusOr<DirectResult> direct = DirectAllReduce(*this, data, count, dtype, op);
+    if (!direct.ok()) return direct.status();
+    if (*direct == DirectResult::kDone) return absl::OkStatus();
+  }
   return RingAllReduce(*this, data, count, dtype, op);
 }
 
+bool Communicator::UseDirect(int64_t bytes) const {
+  return size() > 1 && options_.direct_min_bytes > 0 &&
+         bytes >= static_cast<int64_t>(options_.direct_min_bytes) && ReachesAllMembers();
+}
+
+bool Communicator::ReachesAllMembers() const {
+  PeerMemory* memory = transport_->peer_memory();
+  if (memory == nullptr) return false;
+  for (int member : group_) {
+    if (member != transport_->rank() && !memory->CanReach(member)) return false;
+  }
+  return true;
+}
+
 absl::Status Communicator::AllGather(const void* in, int64_t count, DType dtype, void* out) {
+  if (UseDirect(size() * count * static_cast<int64_t>(DTypeSize(dtype)))) {
+    absl::StatusOr<DirectResult> direct = DirectAllGather(*this, in, count, dtype, out);
+    if (!direct.ok()) return direct.status();
+    if (*direct == DirectResult::kDone) return absl::OkStatus();
+  }
   return RingAllGather(*this, in, count, dtype, out);
 }
 
 absl::Status Communicator::ReduceScatter(const void* in, int64_t count, DType dtype, ReduceOp op, void* out) {
+  if (UseDirect(size() * count * static_cast<int64_t>(DTypeSize(dtype)))) {
+    absl::StatusOr<DirectResult> direct = DirectReduceScatter(*this, in, count, dtype, op, out);
+    if (!direct.ok()) return direct.status();
+    if (*direct == DirectResult::kDone) return absl::OkStatus();
+  }
   return RingReduceScatter(*this, in, count, dtype, op, out);
 }
 

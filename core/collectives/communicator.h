@@ -26,6 +26,11 @@ struct CollectiveOptions {
   // All-reduces of at most this many bytes over a power-of-two group use recursive doubling
   // (log2(P) latency-bound steps) instead of the ring (ring_all_reduce.h); 0: always the ring.
   size_t small_message_bytes = 256 * 1024;
+  // All-reduces, reduce-scatters and all-gathers of at least this many bytes (the whole buffer:
+  // the reduce-scatter's input, the all-gather's output) among ranks that reach each other's
+  // memory (Transport::peer_memory) are single-copy (direct_collectives.h) when every member's
+  // buffer is shareable; 0: never.
+  size_t direct_min_bytes = 256 * 1024;
 };
 
 // The ranks of `group` (global ranks, in axis-index order) that include transport->rank().
@@ -44,18 +49,20 @@ class Communicator {
 
   // In-place all-reduce of `count` elements of `dtype` (f32, bf16, i32) at `data`, as
   // jax.lax.psum / pmean over the group's axis. Ring algorithm, or recursive doubling for small
-  // messages over power-of-two groups: see ring_all_reduce.h.
+  // messages over power-of-two groups (ring_all_reduce.h); single-copy through peers' memory for
+  // large ones among co-located ranks (direct_collectives.h).
   // Errors: those of Transport (naming the rank that failed or timed out); InvalidArgument for an
   // unsupported dtype or pmean over integers.
   absl::Status AllReduce(void* data, int64_t count, DType dtype, ReduceOp op);
 
   // Each member contributes `count` elements at `in`; `out` receives size() * count elements,
-  // block i from group position i (jax.lax.all_gather, tiled, over flat blocks). Ring algorithm:
-  // ring_all_gather.h.
+  // block i from group position i (jax.lax.all_gather, tiled, over flat blocks). Ring algorithm
+  // (ring_all_gather.h), or single-copy among co-located ranks, as AllReduce.
   absl::Status AllGather(const void* in, int64_t count, DType dtype, void* out);
 
   // `in` holds size() blocks of `count` elements; `out` receives the reduction of block index()
-  // over the group (jax.lax.psum_scatter, tiled, over flat blocks; pmean / pmax likewise).
+  // over the group (jax.lax.psum_scatter, tiled, over flat blocks; pmean / pmax likewise). Ring
+  // algorithm, or single-copy among co-located ranks, as AllReduce.
   absl::Status ReduceScatter(const void* in, int64_t count, DType dtype, ReduceOp op, void* out);
 
   // jax.lax.ppermute over group positions; see permute.h. Errors: InvalidArgument naming a pair
@@ -68,9 +75,14 @@ class Communicator {
 
   // The tag base for the next collective (each collective reserves 2^32 tags).
   uint64_t NextTagBase() { return (++sequence_) << 32; }
+  // True if the transport reaches the memory of every other member (direct collectives may run).
+  bool ReachesAllMembers() const;
   Transport* transport() { return transport_; }
 
  private:
+  // True if a collective over a buffer of `bytes` should try the direct path.
+  bool UseDirect(int64_t bytes) const;
+
   Transport* transport_;
   std::vector<int> group_;
   int index_ = -1;

@@ -1,7 +1,29 @@
 #include "core/collectives/in_process_transport.h"
 
+#include <cstdint>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
 namespace meshrun {
 namespace {
+
+// Ranks are threads of one process: every buffer is reachable, and a handle is its address.
+class SameProcessMemory : public PeerMemory {
+ public:
+  bool CanReach(int peer) const override { return true; }
+  std::string Export(const void* data, size_t size) override {
+    return absl::StrCat(reinterpret_cast<uintptr_t>(data));
+  }
+  absl::StatusOr<void*> Import(int peer, absl::string_view handle) override {
+    uint64_t address = 0;
+    if (!absl::SimpleAtoi(handle, &address)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", peer, " sent a malformed memory handle '", handle, "'"));
+    }
+    return reinterpret_cast<void*>(static_cast<uintptr_t>(address));
+  }
+};
 
 struct Hub {
   explicit Hub(int n) {
@@ -41,12 +63,15 @@ class InProcessTransport : public Transport {
     return hub_->mailboxes[rank_]->TakeInto(peer, tag, size, deadline, sink);
   }
 
+  PeerMemory* peer_memory() override { return &memory_; }
+
   void Abort(const absl::Status& reason) override { hub_->mailboxes[rank_]->Abort(reason); }
   void Reset() override { hub_->mailboxes[rank_]->Reset(); }
 
  private:
   std::shared_ptr<Hub> hub_;
   int rank_;
+  SameProcessMemory memory_;
 };
 
 }  // namespace

@@ -23,6 +23,28 @@ namespace meshrun {
 // RecvInto is blocked: every call returns before RecvInto does.
 using RecvSink = absl::FunctionRef<void(size_t offset, const char* data, size_t n)>;
 
+// Load/store access to the memory of peers on the same host, for single-copy collectives
+// (direct_collectives.h): a rank reads its peers' buffers and writes results into them directly
+// instead of sending bytes through a ring (NCCL's P2P transport reads and writes a peer GPU's
+// buffer the same way; Open MPI's XPMEM path maps a peer process's pages). Only memory the owner
+// exported can be reached, and a collective exchanges handles, so a peer touches a buffer only
+// while its owner is inside the same collective. Thread-safe.
+class PeerMemory {
+ public:
+  virtual ~PeerMemory() = default;
+  // True if Import can reach memory that `peer` exports (it shares this host).
+  virtual bool CanReach(int peer) const = 0;
+  // A handle by which a peer that CanReach this rank maps [data, data + size), or "" if that
+  // memory is not shareable (it does not lie in memory this process shares; the collective then
+  // falls back to messages).
+  virtual std::string Export(const void* data, size_t size) = 0;
+  // This process's address of the memory `peer` exported as `handle`, valid while the peer keeps
+  // that memory alive. Errors: FailedPrecondition if `peer` cannot be reached; Unavailable naming
+  // the peer's rank if its memory cannot be mapped (it exited); InvalidArgument for a malformed
+  // handle.
+  virtual absl::StatusOr<void*> Import(int peer, absl::string_view handle) = 0;
+};
+
 // Point-to-point messages between the ranks of one cluster. Messages from one sender to one
 // receiver arrive in send order; each carries a tag that the receiver checks, so two ranks that
 // call collectives in different orders get an error instead of garbage.
@@ -55,6 +77,10 @@ class Transport {
   // passed to the sink then). The default receives a copy with Recv and passes it to the sink.
   virtual absl::Status RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
                                 RecvSink sink);
+
+  // Direct access to co-located peers' memory, or null when this transport offers none (the
+  // default). Owned by the transport.
+  virtual PeerMemory* peer_memory() { return nullptr; }
 
   // Fails every blocked and future Send/Recv with `reason` until Reset(). Thread-safe.
   virtual void Abort(const absl::Status& reason) = 0;

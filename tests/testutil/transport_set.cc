@@ -65,6 +65,7 @@ TransportSet::TransportSet(TransportKind kind, int n, const TransportSetOptions&
   }
   ShmTransport::Options so;
   so.ring_bytes = options.shm_ring_bytes;
+  so.arena = options.arena;
   for (int r = 0; r < n; ++r) {
     if (std::count(options.bare_ranks.begin(), options.bare_ranks.end(), r) > 0) continue;
     absl::StatusOr<std::unique_ptr<ShmTransport>> t = ShmTransport::Create(

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/collectives/transport.h"
+#include "worker/shm_arena.h"
 
 namespace meshrun::testing {
 
@@ -24,6 +25,8 @@ struct TransportSetOptions {
   std::vector<int64_t> pids;
   // kShm: ranks left with a plain GrpcTransport (no shared-memory receiver drains their rings).
   std::vector<int> bare_ranks;
+  // kShm: the arena whose segments the transports reach in each other (peer_memory()); null: none.
+  ShmArena* arena = nullptr;
 };
 
 class TransportSet {

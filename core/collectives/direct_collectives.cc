@@ -1,0 +1,160 @@
+#include "core/collectives/direct_collectives.h"
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/collectives/reduce_kernels.h"
+#include "core/collectives/ring_util.h"
+
+namespace meshrun {
+namespace {
+
+// One direct collective's messages: its tags, deadline and group.
+class Session {
+ public:
+  Session(Communicator& comm, const char* what)
+      : comm_(comm),
+        what_(what),
+        tag_base_(comm.NextTagBase()),
+        deadline_(absl::Now() + comm.options().timeout) {}
+
+  // Phase 1: every member's address for its buffer of `bytes` at `mine` (this rank's own
+  // address at index()), or nullopt if some member's buffer is not shareable.
+  absl::StatusOr<std::optional<std::vector<char*>>> Exchange(const void* mine, size_t bytes) {
+    const int n = comm_.size(), p = comm_.index();
+    Transport* t = comm_.transport();
+    PeerMemory* memory = t->peer_memory();
+    const std::string handle = memory->Export(mine, bytes);
+    for (int q = 0; q < n; ++q) {
+      if (q == p) continue;
+      if (absl::Status s = t->Send(comm_.group()[q], tag_base_ + 1, handle, deadline_); !s.ok()) {
+        return Annotate(s);
+      }
+    }
+    std::vector<std::string> handles(n);
+    bool all_shared = !handle.empty();
+    for (int q = 0; q < n; ++q) {
+      if (q == p) continue;
+      absl::StatusOr<std::string> h = t->Recv(comm_.group()[q], tag_base_ + 1, deadline_);
+      if (!h.ok()) return Annotate(h.status());
+      handles[q] = *std::move(h);
+      all_shared = all_shared && !handles[q].empty();
+    }
+    if (!all_shared) return std::optional<std::vector<char*>>();
+    std::vector<char*> buffers(n);
+    buffers[p] = static_cast<char*>(const_cast<void*>(mine));
+    for (int q = 0; q < n; ++q) {
+      if (q == p) continue;
+      absl::StatusOr<void*> b = memory->Import(comm_.group()[q], handles[q]);
+      if (!b.ok()) return Annotate(b.status());
+      buffers[q] = static_cast<char*>(*b);
+    }
+    return std::optional<std::vector<char*>>(std::move(buffers));
+  }
+
+  // Phase 3: returns once every member is done with every buffer.
+  absl::Status Finish() {
+    const int n = comm_.size(), p = comm_.index();
+    Transport* t = comm_.transport();
+    for (int q = 0; q < n; ++q) {
+      if (q == p) continue;
+      if (absl::Status s = t->Send(comm_.group()[q], tag_base_ + 2, "", deadline_); !s.ok())
+        return Annotate(s);
+    }
+    for (int q = 0; q < n; ++q) {
+      if (q == p) continue;
+      if (absl::StatusOr<std::string> d = t->Recv(comm_.group()[q], tag_base_ + 2, deadline_);
+          !d.ok()) {
+        return Annotate(d.status());
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Elements per chunk of phase 2.
+  int64_t ChunkElems(size_t elem) const {
+    const size_t bytes = std::min<size_t>(comm_.options().chunk_bytes, 64 * 1024);
+    return std::max<int64_t>(1, static_cast<int64_t>(bytes / elem));
+  }
+
+ private:
+  absl::Status Annotate(const absl::Status& s) const {
+    return ring::Annotate(s, what_, comm_.size());
+  }
+
+  Communicator& comm_;
+  const char* const what_;
+  const uint64_t tag_base_;
+  const absl::Time deadline_;
+};
+
+// dst = reduction over q of src[q] + offset, in group order; len elements.
+void ReduceAll(DType dtype, ReduceOp op, char* dst, const std::vector<char*>& src, size_t offset,
+               int64_t len) {
+  const size_t elem = DTypeSize(dtype);
+  std::memcpy(dst, src[0] + offset, len * elem);
+  for (size_t q = 1; q < src.size(); ++q) Reduce(dtype, op, dst, src[q] + offset, len);
+  if (op == ReduceOp::kMean) Scale(dtype, dst, len, 1.0f / src.size());
+}
+
+}  // namespace
+
+absl::StatusOr<DirectResult> DirectAllReduce(Communicator& comm, void* data, int64_t count,
+                                             DType dtype, ReduceOp op) {
+  if (absl::Status s = CheckReducible(dtype, op); !s.ok()) return s;
+  const size_t elem = DTypeSize(dtype);
+  Session session(comm, "direct all_reduce");
+  absl::StatusOr<std::optional<std::vector<char*>>> buffers = session.Exchange(data, count * elem);
+  if (!buffers.ok()) return buffers.status();
+  if (!buffers->has_value()) return DirectResult::kFellBack;
+  const std::vector<char*>& b = **buffers;
+  const ring::Segment seg = ring::SplitEvenly(count, comm.size())[comm.index()];
+  const int64_t chunk = session.ChunkElems(elem);
+  std::vector<char> scratch(std::min(chunk, std::max<int64_t>(seg.count, 1)) * elem);
+  for (int64_t c = 0; c < seg.count; c += chunk) {
+    const int64_t len = std::min(chunk, seg.count - c);
+    const size_t offset = (seg.offset + c) * elem;
+    ReduceAll(dtype, op, scratch.data(), b, offset, len);
+    for (char* buffer : b) std::memcpy(buffer + offset, scratch.data(), len * elem);
+  }
+  if (absl::Status s = session.Finish(); !s.ok()) return s;
+  return DirectResult::kDone;
+}
+
+absl::StatusOr<DirectResult> DirectReduceScatter(Communicator& comm, const void* in, int64_t count,
+                                                 DType dtype, ReduceOp op, void* out) {
+  if (absl::Status s = CheckReducible(dtype, op); !s.ok()) return s;
+  const size_t elem = DTypeSize(dtype);
+  Session session(comm, "direct reduce_scatter");
+  absl::StatusOr<std::optional<std::vector<char*>>> buffers =
+      session.Exchange(in, comm.size() * count * elem);
+  if (!buffers.ok()) return buffers.status();
+  if (!buffers->has_value()) return DirectResult::kFellBack;
+  const int64_t chunk = session.ChunkElems(elem);
+  const size_t block = comm.index() * count * elem;
+  for (int64_t c = 0; c < count; c += chunk) {
+    const int64_t len = std::min(chunk, count - c);
+    ReduceAll(dtype, op, static_cast<char*>(out) + c * elem, **buffers, block + c * elem, len);
+  }
+  if (absl::Status s = session.Finish(); !s.ok()) return s;
+  return DirectResult::kDone;
+}
+
+absl::StatusOr<DirectResult> DirectAllGather(Communicator& comm, const void* in, int64_t count,
+                                             DType dtype, void* out) {
+  const size_t bytes = count * DTypeSize(dtype);
+  Session session(comm, "direct all_gather");
+  absl::StatusOr<std::optional<std::vector<char*>>> buffers = session.Exchange(in, bytes);
+  if (!buffers.ok()) return buffers.status();
+  if (!buffers->has_value()) return DirectResult::kFellBack;
+  for (int q = 0; q < comm.size(); ++q) {
+    std::memcpy(static_cast<char*>(out) + q * bytes, (**buffers)[q], bytes);
+  }
+  if (absl::Status s = session.Finish(); !s.ok()) return s;
+  return DirectResult::kDone;
+}
+
+}  // namespace meshrun

@@ -1,0 +1,58 @@
+// Single-copy collectives among ranks that reach each other's memory (Transport::peer_memory), as
+// NCCL's P2P transport reduces straight out of a peer GPU's buffer and Open MPI's XPMEM path out
+// of a peer process's pages. No payload travels as a message; each collective runs in three
+// phases:
+//
+//   1. Exchange: every rank exports its buffer and sends the handle to every other member of the
+//      group (one small message each), then receives theirs. A rank whose buffer is not in
+//      shareable memory sends an empty handle; if any handle is empty, every rank sees it and all
+//      return kFellBack having touched nothing, so they fall back to the ring together.
+//   2. Work, on disjoint bytes (no two ranks write the same bytes, none reads bytes another
+//      writes), chunk by chunk (at most chunk_bytes, and 64 KiB, so a scratch chunk stays in
+//      cache):
+//        all-reduce (in place, P segments cut as the ring cuts them, ring_util.h): position p
+//          reduces segment p of every member's buffer in group order into a scratch chunk (so the
+//          bits do not depend on which rank computed them), scales it by 1/P for pmean, and
+//          stores it into segment p of every member's buffer, its own included;
+//        reduce-scatter: position p reduces block p of every member's input, in group order,
+//          into its own output;
+//        all-gather: position p copies every member's block into its own output.
+//   3. Finish: every rank sends "done" to every other member and waits for theirs: after that no
+//      peer reads or writes its buffer any more.
+//
+// An all-reduce reads the buffer's size once and writes it once per rank, against the ring's
+// copy of 2(P-1)/P of it into messages, the same out of them and the reduction in between; with P
+// processes on a few cores that memory traffic, not latency, is what a large collective costs.
+//
+// Caveat: a rank that gives up (deadline, Abort) after phase 1 cannot stop peers still in phase
+// 2 from reading or writing its buffer; the program has failed by then, and they finish within
+// the step.
+#ifndef MESHRUN_CORE_COLLECTIVES_DIRECT_COLLECTIVES_H_
+#define MESHRUN_CORE_COLLECTIVES_DIRECT_COLLECTIVES_H_
+
+#include "absl/status/statusor.h"
+#include "core/collectives/communicator.h"
+
+namespace meshrun {
+
+enum class DirectResult { kDone, kFellBack };
+
+// REQUIRES for all three: comm.ReachesAllMembers(). Errors: those of Transport (naming the rank
+// that failed or timed out), PeerMemory::Import's (naming the rank whose memory could not be
+// mapped), CheckReducible's for the reductions.
+
+// In-place all-reduce of `count` elements at `data` (psum / pmean / pmax).
+absl::StatusOr<DirectResult> DirectAllReduce(Communicator& comm, void* data, int64_t count,
+                                             DType dtype, ReduceOp op);
+// `in`: size() blocks of `count` elements; `out` (count elements) gets the reduction of block
+// index() (psum_scatter, tiled). REQUIRES: `out` does not overlap `in`.
+absl::StatusOr<DirectResult> DirectReduceScatter(Communicator& comm, const void* in, int64_t count,
+                                                 DType dtype, ReduceOp op, void* out);
+// `in`: `count` elements; `out` (size() * count) gets block i from position i (all_gather,
+// tiled). REQUIRES: `out` does not overlap `in`.
+absl::StatusOr<DirectResult> DirectAllGather(Communicator& comm, const void* in, int64_t count,
+                                             DType dtype, void* out);
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_CORE_COLLECTIVES_DIRECT_COLLECTIVES_H_
