@@ -8,7 +8,6 @@
 #include "core/optim/adamw.h"
 #include "core/random/threefry.h"
 #include "core/sharding/named_sharding.h"
-#include "core/collectives/direct_collectives.h"
 #include "core/collectives/permute.h"
 #include "worker/executor.h"
 #include "worker/kernels/kernel.h"
@@ -249,35 +248,10 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       hp.eps = op.adamw().eps();
       hp.weight_decay = op.adamw().weight_decay();
       Tensor *p_out = out[0], *mu_out = out[1], *nu_out = out[2];
-      // Elements [begin, begin + len) of the update.
-      auto update = [=](int64_t begin, int64_t len) {
+      return CompiledOp([=](const RunContext&) {
         const int64_t count = static_cast<int64_t>(step->data<float>()[0]) + 1;
-        AdamWUpdate(hp, count, param->data<float>() + begin, grad->data<float>() + begin, mu->data<float>() + begin,
-                    nu->data<float>() + begin, p_out->data<float>() + begin, mu_out->data<float>() + begin,
-                    nu_out->data<float>() + begin, len);
-      };
-      // Replicas that reach each other's memory split the update (direct_collectives.h): each
-      // computes its part and stores it into every replica's results.
-      Communicator* replicas = nullptr;
-      if (op.axis_names_size() > 0 && options_.transport != nullptr &&
-          param->size_bytes() >= options_.collectives.direct_min_bytes && options_.collectives.direct_min_bytes > 0) {
-        absl::StatusOr<Communicator*> c =
-            CommunicatorFor(std::vector<std::string>(op.axis_names().begin(), op.axis_names().end()));
-        if (!c.ok()) return c.status();
-        if ((*c)->size() > 1 && (*c)->ReachesAllMembers()) replicas = *c;
-      }
-      if (replicas == nullptr) {
-        return CompiledOp([=](const RunContext&) {
-          update(0, param->num_elements());
-          return absl::OkStatus();
-        });
-      }
-      return CompiledOp([=](const RunContext&) -> absl::Status {
-        absl::StatusOr<DirectResult> split =
-            DirectSplitUpdate(*replicas, {p_out->raw(), mu_out->raw(), nu_out->raw()}, param->num_elements(),
-                              sizeof(float), update);
-        if (!split.ok()) return split.status();
-        if (*split == DirectResult::kFellBack) update(0, param->num_elements());
+        AdamWUpdate(hp, count, param->data<float>(), grad->data<float>(), mu->data<float>(), nu->data<float>(),
+                    p_out->data<float>(), mu_out->data<float>(), nu_out->data<float>(), param->num_elements());
         return absl::OkStatus();
       });
     }

@@ -4,12 +4,8 @@
 #include <cstring>
 #include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "core/collectives/reduce_kernels.h"
 #include "core/collectives/ring_util.h"
 
@@ -25,65 +21,38 @@ class Session {
         tag_base_(comm.NextTagBase()),
         deadline_(absl::Now() + comm.options().timeout) {}
 
-  // Phase 1: for each member, its addresses of `mine` (this rank's own at index()), or nullopt
-  // if some member's buffers are not all shareable. `mine`: (address, bytes) of each buffer.
-  absl::StatusOr<std::optional<std::vector<std::vector<char*>>>> Exchange(
-      const std::vector<std::pair<const void*, size_t>>& mine) {
+  // Phase 1: every member's address for its buffer of `bytes` at `mine` (this rank's own
+  // address at index()), or nullopt if some member's buffer is not shareable.
+  absl::StatusOr<std::optional<std::vector<char*>>> Exchange(const void* mine, size_t bytes) {
     const int n = comm_.size(), p = comm_.index();
     Transport* t = comm_.transport();
     PeerMemory* memory = t->peer_memory();
-    std::vector<std::string> handles;
-    for (const auto& [data, bytes] : mine) handles.push_back(memory->Export(data, bytes));
-    // One message: the handles joined by spaces, or "" if any buffer is not shareable.
-    const bool shareable = std::none_of(handles.begin(), handles.end(),
-                                        [](const std::string& h) { return h.empty(); });
-    const std::string message = shareable ? absl::StrJoin(handles, " ") : "";
+    const std::string handle = memory->Export(mine, bytes);
     for (int q = 0; q < n; ++q) {
       if (q == p) continue;
-      if (absl::Status s = t->Send(comm_.group()[q], tag_base_ + 1, message, deadline_); !s.ok()) {
+      if (absl::Status s = t->Send(comm_.group()[q], tag_base_ + 1, handle, deadline_); !s.ok()) {
         return Annotate(s);
       }
     }
-    std::vector<std::string> messages(n);
-    bool all_shared = shareable;
+    std::vector<std::string> handles(n);
+    bool all_shared = !handle.empty();
     for (int q = 0; q < n; ++q) {
       if (q == p) continue;
       absl::StatusOr<std::string> h = t->Recv(comm_.group()[q], tag_base_ + 1, deadline_);
       if (!h.ok()) return Annotate(h.status());
-      messages[q] = *std::move(h);
-      all_shared = all_shared && !messages[q].empty();
+      handles[q] = *std::move(h);
+      all_shared = all_shared && !handles[q].empty();
     }
-    using Buffers = std::vector<std::vector<char*>>;
-    if (!all_shared) return std::optional<Buffers>();
-    Buffers buffers(n);
-    for (const auto& [data, bytes] : mine) {
-      buffers[p].push_back(static_cast<char*>(const_cast<void*>(data)));
-    }
+    if (!all_shared) return std::optional<std::vector<char*>>();
+    std::vector<char*> buffers(n);
+    buffers[p] = static_cast<char*>(const_cast<void*>(mine));
     for (int q = 0; q < n; ++q) {
       if (q == p) continue;
-      std::vector<std::string> theirs = absl::StrSplit(messages[q], ' ');
-      if (theirs.size() != mine.size()) {
-        return Annotate(absl::InternalError(absl::StrCat("rank ", comm_.group()[q], " sent ",
-                                                         theirs.size(), " memory handles; expected ",
-                                                         mine.size())));
-      }
-      for (const std::string& h : theirs) {
-        absl::StatusOr<void*> b = memory->Import(comm_.group()[q], h);
-        if (!b.ok()) return Annotate(b.status());
-        buffers[q].push_back(static_cast<char*>(*b));
-      }
+      absl::StatusOr<void*> b = memory->Import(comm_.group()[q], handles[q]);
+      if (!b.ok()) return Annotate(b.status());
+      buffers[q] = static_cast<char*>(*b);
     }
-    return std::optional<Buffers>(std::move(buffers));
-  }
-
-  // Phase 1 for one buffer per member.
-  absl::StatusOr<std::optional<std::vector<char*>>> Exchange(const void* mine, size_t bytes) {
-    absl::StatusOr<std::optional<std::vector<std::vector<char*>>>> all = Exchange({{mine, bytes}});
-    if (!all.ok()) return all.status();
-    if (!all->has_value()) return std::optional<std::vector<char*>>();
-    std::vector<char*> firsts;
-    for (const std::vector<char*>& b : **all) firsts.push_back(b[0]);
-    return std::optional<std::vector<char*>>(std::move(firsts));
+    return std::optional<std::vector<char*>>(std::move(buffers));
   }
 
   // Phase 3: returns once every member is done with every buffer.
@@ -183,33 +152,6 @@ absl::StatusOr<DirectResult> DirectAllGather(Communicator& comm, const void* in,
   if (!buffers->has_value()) return DirectResult::kFellBack;
   for (int q = 0; q < comm.size(); ++q) {
     std::memcpy(static_cast<char*>(out) + q * bytes, (**buffers)[q], bytes);
-  }
-  if (absl::Status s = session.Finish(); !s.ok()) return s;
-  return DirectResult::kDone;
-}
-
-absl::StatusOr<DirectResult> DirectSplitUpdate(
-    Communicator& comm, const std::vector<void*>& outputs, int64_t count, size_t elem,
-    absl::FunctionRef<void(int64_t begin, int64_t len)> compute) {
-  Session session(comm, "split update");
-  std::vector<std::pair<const void*, size_t>> mine;
-  for (void* out : outputs) mine.emplace_back(out, count * elem);
-  absl::StatusOr<std::optional<std::vector<std::vector<char*>>>> buffers = session.Exchange(mine);
-  if (!buffers.ok()) return buffers.status();
-  if (!buffers->has_value()) return DirectResult::kFellBack;
-  const std::vector<std::vector<char*>>& b = **buffers;
-  const int p = comm.index();
-  const ring::Segment seg = ring::SplitEvenly(count, comm.size())[p];
-  const int64_t chunk = session.ChunkElems(elem);
-  for (int64_t c = 0; c < seg.count; c += chunk) {
-    const int64_t begin = seg.offset + c, len = std::min(chunk, seg.count - c);
-    compute(begin, len);  // into this rank's outputs
-    for (int q = 0; q < comm.size(); ++q) {
-      if (q == p) continue;
-      for (size_t k = 0; k < outputs.size(); ++k) {
-        std::memcpy(b[q][k] + begin * elem, b[p][k] + begin * elem, len * elem);
-      }
-    }
   }
   if (absl::Status s = session.Finish(); !s.ok()) return s;
   return DirectResult::kDone;

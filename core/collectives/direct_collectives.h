@@ -30,9 +30,6 @@
 #ifndef MESHRUN_CORE_COLLECTIVES_DIRECT_COLLECTIVES_H_
 #define MESHRUN_CORE_COLLECTIVES_DIRECT_COLLECTIVES_H_
 
-#include <vector>
-
-#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "core/collectives/communicator.h"
 
@@ -55,19 +52,6 @@ absl::StatusOr<DirectResult> DirectReduceScatter(Communicator& comm, const void*
 // tiled). REQUIRES: `out` does not overlap `in`.
 absl::StatusOr<DirectResult> DirectAllGather(Communicator& comm, const void* in, int64_t count,
                                              DType dtype, void* out);
-
-// An elementwise update split among replicas (XLA's weight-update sharding, with the results
-// left replicated): every member holds the same inputs and would compute the same results into
-// `outputs` (each `count` elements of `elem` bytes). Position p computes only segment p (cut as
-// the all-reduce cuts a buffer), chunk by chunk, with compute(begin, len) writing elements
-// [begin, begin + len) of this rank's outputs, and stores each chunk into every other member's
-// outputs, so each member reads 1/P of the inputs and still ends with all of the results.
-// kFellBack: nothing computed (the caller computes everything itself). REQUIRES: compute reads
-// no output element outside [begin, begin + len) (an output may be its own input, updated in
-// place).
-absl::StatusOr<DirectResult> DirectSplitUpdate(
-    Communicator& comm, const std::vector<void*>& outputs, int64_t count, size_t elem,
-    absl::FunctionRef<void(int64_t begin, int64_t len)> compute);
 
 }  // namespace meshrun
 

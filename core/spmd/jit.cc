@@ -527,17 +527,8 @@ std::vector<JitBuilder::Value> JitBuilder::AdamUpdate(Value param, Value grad, V
   const State m = Resolve(values_[mu.id], p.spec, reason);
   const State v = Resolve(values_[nu.id], p.spec, reason);
   const State t = Resolve(values_[step.id], PartitionSpec(), reason);
-  // Every operand now has the parameter's layout, so it is the same on the devices that differ
-  // only along the mesh axes the layout does not use: those replicas may split the update.
-  std::vector<std::string> replica_axes;
-  for (int a = 0; a < mesh_.num_axes(); ++a) {
-    bool used = false;
-    for (const PartitionSpec::Entry& e : p.spec.entries())
-      used = used || std::find(e.begin(), e.end(), mesh_.axis_name(a)) != e.end();
-    if (!used && mesh_.axis_size(a) > 1) replica_axes.push_back(mesh_.axis_name(a));
-  }
   std::vector<ShardMapBuilder::Value> locals =
-      sm_.AdamUpdate(p.local, g.local, m.local, v.local, t.local, hp, replica_axes);
+      sm_.AdamUpdate(p.local, g.local, m.local, v.local, t.local, hp);
   std::vector<Value> out;
   for (ShardMapBuilder::Value local : locals) {
     State s = p;

@@ -342,9 +342,9 @@ ShardMapBuilder::Value ShardMapBuilder::Iota(DType dtype, const Dims& dims, int6
   return Add(std::move(op), dtype, dims);
 }
 
-std::vector<ShardMapBuilder::Value> ShardMapBuilder::AdamUpdate(
-    Value param, Value grad, Value mu, Value nu, Value step, const v1::AdamWAttrs& hp,
-    const std::vector<std::string>& replica_axes) {
+std::vector<ShardMapBuilder::Value> ShardMapBuilder::AdamUpdate(Value param, Value grad, Value mu,
+                                                               Value nu, Value step,
+                                                               const v1::AdamWAttrs& hp) {
   for (Value v : {param, grad, mu, nu, step})
     if (!Valid(v)) return {};
   for (Value v : {grad, mu, nu}) {
@@ -360,7 +360,6 @@ std::vector<ShardMapBuilder::Value> ShardMapBuilder::AdamUpdate(
   }
   v1::Op op = MakeOp(v1::OP_ADAM_UPDATE, {Name(param), Name(grad), Name(mu), Name(nu), Name(step)});
   *op.mutable_adamw() = hp;
-  for (const std::string& axis : replica_axes) op.add_axis_names(axis);
   std::vector<Value> outs;
   for (int i = 0; i < 3; ++i) {
     outs.push_back(Add(v1::Op(), v1::DTYPE_F32, shape(param)));  // declares the buffer only

@@ -87,13 +87,9 @@ class ShardMapBuilder {
   Value Full(DType dtype, const Dims& dims, double value);
 
   // optax.adamw (weight_decay 0: optax.adam) on one block, out of place: returns param', mu', nu'.
-  // step: f32 [], the step count before this update (t = step + 1). `replica_axes`: mesh axes
-  // over which every operand is the same on each device (the parameter is replicated over them);
-  // their members may split the update and store each part into all of their results (the
-  // worker does where they reach each other's memory), as every member would compute the same.
+  // step: f32 [], the step count before this update (t = step + 1).
   std::vector<Value> AdamUpdate(Value param, Value grad, Value mu, Value nu, Value step,
-                                const v1::AdamWAttrs& hp,
-                                const std::vector<std::string>& replica_axes = {});
+                                const v1::AdamWAttrs& hp);
 
   // This device's block of a global f32 array of `global_dims` laid out as `spec`, drawn as the
   // whole array would be: fn zeros, ones, normal or truncated_normal (times `scale`) with `key`.

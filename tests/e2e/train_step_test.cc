@@ -469,31 +469,5 @@ TEST(TrainStepPlanTest, RejectsBadAnnotationsBeforeAllocating) {
   EXPECT_THAT(plan, ::testing::HasSubstr("psum_scatter"));
 }
 
-// The Adam update of a parameter replicated over a mesh axis names that axis (its replicas may
-// split it, split_update_test.cc); a parameter sharded over every axis names none.
-TEST(TrainStepPlanTest, AdamUpdatesNameTheAxesTheirParameterIsReplicatedOver) {
-  absl::StatusOr<Workload> w = SeedWorkload("dot_relu_dot");
-  ASSERT_TRUE(w.ok()) << w.status();
-  auto replica_axes = [&](const std::string& mesh, const std::string& layout) {
-    absl::StatusOr<TrainStep> step =
-        BuildTrainStep(*Mesh::Parse(mesh), *LayoutSharding(layout), w->optimizer, w->batch, w->loss, 0);
-    EXPECT_TRUE(step.ok()) << step.status();
-    std::vector<std::string> out;
-    if (!step.ok()) return out;
-    for (const v1::Op& op : step->step.program().functions(0).ops()) {
-      if (op.kind() != v1::OP_ADAM_UPDATE) continue;
-      out.push_back(absl::StrJoin(op.axis_names(), ","));
-    }
-    return out;
-  };
-  using ::testing::ElementsAre;
-  EXPECT_THAT(replica_axes(kTwoByFour, "2d"), ElementsAre("data", "data"));  // W1, W2 over model
-  EXPECT_THAT(replica_axes(kTwoByFour, "tp"), ElementsAre("data", "data"));
-  EXPECT_THAT(replica_axes("data=8", "dp"), ElementsAre("data", "data"));
-  EXPECT_THAT(replica_axes("data=8", "fsdp"), ElementsAre("", ""));      // sharded over data
-  EXPECT_THAT(replica_axes(kTwoByFour, "fsdp_tp"), ElementsAre("", ""));  // over data and model
-  EXPECT_THAT(replica_axes("data=1,model=1", "single"), ElementsAre("", ""));
-}
-
 }  // namespace
 }  // namespace meshrun
