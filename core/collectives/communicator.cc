@@ -26,8 +26,7 @@ absl::Status Communicator::AllReduce(void* data, int64_t count, DType dtype, Red
   }
   if (UseDirect(bytes)) {
     absl::StatusOr<DirectResult> direct = DirectAllReduce(*this, data, count, dtype, op);
-    if (!direct.ok()) return direct.status();
-    if (*direct == DirectResult::kDone) return absl::OkStatus();
+    if (!direct.ok() || *direct == DirectResult::kDone) return direct.status();
   }
   return RingAllReduce(*this, data, count, dtype, op);
 }
@@ -49,8 +48,7 @@ bool Communicator::ReachesAllMembers() const {
 absl::Status Communicator::AllGather(const void* in, int64_t count, DType dtype, void* out) {
   if (UseDirect(size() * count * static_cast<int64_t>(DTypeSize(dtype)))) {
     absl::StatusOr<DirectResult> direct = DirectAllGather(*this, in, count, dtype, out);
-    if (!direct.ok()) return direct.status();
-    if (*direct == DirectResult::kDone) return absl::OkStatus();
+    if (!direct.ok() || *direct == DirectResult::kDone) return direct.status();
   }
   return RingAllGather(*this, in, count, dtype, out);
 }
@@ -58,8 +56,7 @@ absl::Status Communicator::AllGather(const void* in, int64_t count, DType dtype,
 absl::Status Communicator::ReduceScatter(const void* in, int64_t count, DType dtype, ReduceOp op, void* out) {
   if (UseDirect(size() * count * static_cast<int64_t>(DTypeSize(dtype)))) {
     absl::StatusOr<DirectResult> direct = DirectReduceScatter(*this, in, count, dtype, op, out);
-    if (!direct.ok()) return direct.status();
-    if (*direct == DirectResult::kDone) return absl::OkStatus();
+    if (!direct.ok() || *direct == DirectResult::kDone) return direct.status();
   }
   return RingReduceScatter(*this, in, count, dtype, op, out);
 }

@@ -24,31 +24,23 @@ class Session {
   // Phase 1: every member's address for its buffer of `bytes` at `mine` (this rank's own
   // address at index()), or nullopt if some member's buffer is not shareable.
   absl::StatusOr<std::optional<std::vector<char*>>> Exchange(const void* mine, size_t bytes) {
-    const int n = comm_.size(), p = comm_.index();
-    Transport* t = comm_.transport();
-    PeerMemory* memory = t->peer_memory();
+    PeerMemory* memory = comm_.transport()->peer_memory();
     const std::string handle = memory->Export(mine, bytes);
-    for (int q = 0; q < n; ++q) {
-      if (q == p) continue;
-      if (absl::Status s = t->Send(comm_.group()[q], tag_base_ + 1, handle, deadline_); !s.ok()) {
-        return Annotate(s);
+    absl::StatusOr<std::vector<std::string>> handles = WithEveryOther(tag_base_ + 1, handle);
+    if (!handles.ok()) return handles.status();
+    const int p = comm_.index();
+    (*handles)[p] = handle;
+    if (std::any_of(handles->begin(), handles->end(),
+                    [](const std::string& h) { return h.empty(); })) {
+      return std::optional<std::vector<char*>>();
+    }
+    std::vector<char*> buffers(comm_.size());
+    for (int q = 0; q < comm_.size(); ++q) {
+      if (q == p) {
+        buffers[q] = static_cast<char*>(const_cast<void*>(mine));
+        continue;
       }
-    }
-    std::vector<std::string> handles(n);
-    bool all_shared = !handle.empty();
-    for (int q = 0; q < n; ++q) {
-      if (q == p) continue;
-      absl::StatusOr<std::string> h = t->Recv(comm_.group()[q], tag_base_ + 1, deadline_);
-      if (!h.ok()) return Annotate(h.status());
-      handles[q] = *std::move(h);
-      all_shared = all_shared && !handles[q].empty();
-    }
-    if (!all_shared) return std::optional<std::vector<char*>>();
-    std::vector<char*> buffers(n);
-    buffers[p] = static_cast<char*>(const_cast<void*>(mine));
-    for (int q = 0; q < n; ++q) {
-      if (q == p) continue;
-      absl::StatusOr<void*> b = memory->Import(comm_.group()[q], handles[q]);
+      absl::StatusOr<void*> b = memory->Import(comm_.group()[q], (*handles)[q]);
       if (!b.ok()) return Annotate(b.status());
       buffers[q] = static_cast<char*>(*b);
     }
@@ -56,23 +48,7 @@ class Session {
   }
 
   // Phase 3: returns once every member is done with every buffer.
-  absl::Status Finish() {
-    const int n = comm_.size(), p = comm_.index();
-    Transport* t = comm_.transport();
-    for (int q = 0; q < n; ++q) {
-      if (q == p) continue;
-      if (absl::Status s = t->Send(comm_.group()[q], tag_base_ + 2, "", deadline_); !s.ok())
-        return Annotate(s);
-    }
-    for (int q = 0; q < n; ++q) {
-      if (q == p) continue;
-      if (absl::StatusOr<std::string> d = t->Recv(comm_.group()[q], tag_base_ + 2, deadline_);
-          !d.ok()) {
-        return Annotate(d.status());
-      }
-    }
-    return absl::OkStatus();
-  }
+  absl::Status Finish() { return WithEveryOther(tag_base_ + 2, "").status(); }
 
   // Elements per chunk of phase 2.
   int64_t ChunkElems(size_t elem) const {
@@ -81,6 +57,28 @@ class Session {
   }
 
  private:
+  // Sends `payload` to every other member, then receives one message tagged `tag` from each:
+  // theirs by group position (this rank's own entry left empty).
+  absl::StatusOr<std::vector<std::string>> WithEveryOther(uint64_t tag,
+                                                          const std::string& payload) {
+    const int n = comm_.size(), p = comm_.index();
+    Transport* t = comm_.transport();
+    for (int q = 0; q < n; ++q) {
+      if (q == p) continue;
+      if (absl::Status s = t->Send(comm_.group()[q], tag, payload, deadline_); !s.ok()) {
+        return Annotate(s);
+      }
+    }
+    std::vector<std::string> received(n);
+    for (int q = 0; q < n; ++q) {
+      if (q == p) continue;
+      absl::StatusOr<std::string> m = t->Recv(comm_.group()[q], tag, deadline_);
+      if (!m.ok()) return Annotate(m.status());
+      received[q] = *std::move(m);
+    }
+    return received;
+  }
+
   absl::Status Annotate(const absl::Status& s) const {
     return ring::Annotate(s, what_, comm_.size());
   }
