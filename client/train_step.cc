@@ -183,16 +183,19 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
   hp.set_weight_decay(optimizer.kind == OptimizerConfig::kAdamW ? optimizer.weight_decay : 0.0f);
   std::vector<nn::Value> new_params, new_mu, new_nu;
   for (size_t j = 0; j < params.size(); ++j) {
-    // The gradient in its parameter's layout: psum over the axes it was summed over, or
-    // psum_scatter where the parameter is sharded over them (FSDP).
-    nn::Value g = jit.WithShardingConstraint(grads[j], out.params[j].spec);
     if (adam) {
-      std::vector<nn::Value> u = jit.AdamUpdate(params[j], g, mu[j], nu[j], step, hp);
+      // The update brings the gradient into its parameter's layout itself: a psum over the axes
+      // it was summed over (fused with the update), or a psum_scatter where the parameter is
+      // sharded over them (FSDP).
+      std::vector<nn::Value> u = jit.AdamUpdate(params[j], grads[j], mu[j], nu[j], step, hp);
       if (u.size() != 3) break;
       new_params.push_back(u[0]);
       new_mu.push_back(u[1]);
       new_nu.push_back(u[2]);
     } else {
+      // The gradient in its parameter's layout: psum over the axes it was summed over, or
+      // psum_scatter where the parameter is sharded over them (FSDP).
+      nn::Value g = jit.WithShardingConstraint(grads[j], out.params[j].spec);
       new_params.push_back(jit.Sub(params[j], jit.Scale(g, optimizer.learning_rate)));
     }
   }

@@ -5,10 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/array_ops.h"
+#include "core/collectives/direct_collectives.h"
+#include "core/collectives/permute.h"
 #include "core/optim/adamw.h"
 #include "core/random/threefry.h"
 #include "core/sharding/named_sharding.h"
-#include "core/collectives/permute.h"
 #include "worker/executor.h"
 #include "worker/kernels/kernel.h"
 
@@ -248,10 +249,65 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       hp.eps = op.adamw().eps();
       hp.weight_decay = op.adamw().weight_decay();
       Tensor *p_out = out[0], *mu_out = out[1], *nu_out = out[2];
-      return CompiledOp([=](const RunContext&) {
+      // Elements [begin, begin + len) of the update, from the gradient `g` (its element 0 is
+      // element `begin`).
+      auto update = [=](const float* g, int64_t begin, int64_t len) {
         const int64_t count = static_cast<int64_t>(step->data<float>()[0]) + 1;
-        AdamWUpdate(hp, count, param->data<float>(), grad->data<float>(), mu->data<float>(), nu->data<float>(),
-                    p_out->data<float>(), mu_out->data<float>(), nu_out->data<float>(), param->num_elements());
+        AdamWUpdate(hp, count, param->data<float>() + begin, g, mu->data<float>() + begin,
+                    nu->data<float>() + begin, p_out->data<float>() + begin,
+                    mu_out->data<float>() + begin, nu_out->data<float>() + begin, len);
+      };
+      const int64_t n = param->num_elements();
+      Communicator* replicas = nullptr;  // the grad axes' group, if the gradient is partial
+      ReduceOp reduce = ReduceOp::kSum;
+      if (op.axis_names_size() > 0) {
+        if (op.fn() != "sum" && op.fn() != "mean") {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "OP_ADAM_UPDATE: the grad reduction (fn) must be sum or mean; got '", op.fn(), "'"));
+        }
+        reduce = op.fn() == "sum" ? ReduceOp::kSum : ReduceOp::kMean;
+        absl::StatusOr<Communicator*> c = CommunicatorFor(
+            std::vector<std::string>(op.axis_names().begin(), op.axis_names().end()));
+        if (!c.ok()) return c.status();
+        if ((*c)->size() > 1) replicas = *c;
+      }
+      if (replicas == nullptr) {
+        return CompiledOp([=](const RunContext&) {
+          update(grad->data<float>(), 0, n);
+          return absl::OkStatus();
+        });
+      }
+      // The partial gradient over the grad axes: members that reach each other's memory reduce
+      // and update one segment each and store it into every member's results
+      // (DirectAllReduceUpdate); otherwise the gradient is all-reduced into a scratch copy
+      // (allocated on first use) and each member updates all of it.
+      const bool direct = replicas->options().direct_min_bytes > 0 &&
+                          grad->size_bytes() >= replicas->options().direct_min_bytes &&
+                          replicas->ReachesAllMembers();
+      auto reduced = std::make_shared<Tensor>();
+      absl::Duration* timer = &collective_time_;
+      return CompiledOp([=](const RunContext&) -> absl::Status {
+        const absl::Time start = absl::Now();
+        if (direct) {
+          absl::StatusOr<DirectResult> done =
+              DirectAllReduceUpdate(*replicas, grad->raw(), n, v1::DTYPE_F32, reduce,
+                                    {p_out->raw(), mu_out->raw(), nu_out->raw()}, sizeof(float),
+                                    [&](int64_t begin, int64_t len, const void* g) {
+                                      update(static_cast<const float*>(g), begin, len);
+                                    });
+          if (!done.ok()) return done.status();
+          if (*done == DirectResult::kDone) {
+            *timer += absl::Now() - start;
+            return absl::OkStatus();
+          }
+        }
+        if (reduced->num_elements() != n)
+          *reduced = Tensor::Uninitialized(v1::DTYPE_F32, grad->dims());
+        std::memcpy(reduced->raw(), grad->raw(), grad->size_bytes());
+        if (absl::Status s = replicas->AllReduce(reduced->raw(), n, v1::DTYPE_F32, reduce); !s.ok())
+          return s;
+        *timer += absl::Now() - start;
+        update(reduced->data<float>(), 0, n);
         return absl::OkStatus();
       });
     }

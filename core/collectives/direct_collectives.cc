@@ -4,8 +4,12 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "core/collectives/reduce_kernels.h"
 #include "core/collectives/ring_util.h"
 
@@ -21,30 +25,54 @@ class Session {
         tag_base_(comm.NextTagBase()),
         deadline_(absl::Now() + comm.options().timeout) {}
 
-  // Phase 1: every member's address for its buffer of `bytes` at `mine` (this rank's own
-  // address at index()), or nullopt if some member's buffer is not shareable.
-  absl::StatusOr<std::optional<std::vector<char*>>> Exchange(const void* mine, size_t bytes) {
+  // Phase 1: for each member (by group position), its addresses of the buffers `mine` ((address,
+  // bytes) of each; this rank's own at index()), or nullopt if some member's buffers are not all
+  // shareable. One message per peer: the handles joined by spaces, or "" if any is unshareable.
+  using Buffers = std::vector<std::vector<char*>>;
+  absl::StatusOr<std::optional<Buffers>> Exchange(
+      const std::vector<std::pair<const void*, size_t>>& mine) {
     PeerMemory* memory = comm_.transport()->peer_memory();
-    const std::string handle = memory->Export(mine, bytes);
-    absl::StatusOr<std::vector<std::string>> handles = WithEveryOther(tag_base_ + 1, handle);
-    if (!handles.ok()) return handles.status();
+    std::vector<std::string> exported;
+    for (const auto& [data, bytes] : mine) exported.push_back(memory->Export(data, bytes));
+    const bool shareable = std::none_of(exported.begin(), exported.end(),
+                                        [](const std::string& h) { return h.empty(); });
+    const std::string message = shareable ? absl::StrJoin(exported, " ") : "";
+    absl::StatusOr<std::vector<std::string>> messages = WithEveryOther(tag_base_ + 1, message);
+    if (!messages.ok()) return messages.status();
     const int p = comm_.index();
-    (*handles)[p] = handle;
-    if (std::any_of(handles->begin(), handles->end(),
-                    [](const std::string& h) { return h.empty(); })) {
-      return std::optional<std::vector<char*>>();
+    (*messages)[p] = message;
+    if (std::any_of(messages->begin(), messages->end(),
+                    [](const std::string& m) { return m.empty(); })) {
+      return std::optional<Buffers>();
     }
-    std::vector<char*> buffers(comm_.size());
+    Buffers buffers(comm_.size());
+    for (const auto& [data, bytes] : mine)
+      buffers[p].push_back(static_cast<char*>(const_cast<void*>(data)));
     for (int q = 0; q < comm_.size(); ++q) {
-      if (q == p) {
-        buffers[q] = static_cast<char*>(const_cast<void*>(mine));
-        continue;
+      if (q == p) continue;
+      const std::vector<std::string> handles = absl::StrSplit((*messages)[q], ' ');
+      if (handles.size() != mine.size()) {
+        return Annotate(
+            absl::InternalError(absl::StrCat("rank ", comm_.group()[q], " sent ", handles.size(),
+                                             " memory handles; expected ", mine.size())));
       }
-      absl::StatusOr<void*> b = memory->Import(comm_.group()[q], (*handles)[q]);
-      if (!b.ok()) return Annotate(b.status());
-      buffers[q] = static_cast<char*>(*b);
+      for (const std::string& h : handles) {
+        absl::StatusOr<void*> b = memory->Import(comm_.group()[q], h);
+        if (!b.ok()) return Annotate(b.status());
+        buffers[q].push_back(static_cast<char*>(*b));
+      }
     }
-    return std::optional<std::vector<char*>>(std::move(buffers));
+    return std::optional<Buffers>(std::move(buffers));
+  }
+
+  // Phase 1 for one buffer per member: each member's address of it.
+  absl::StatusOr<std::optional<std::vector<char*>>> Exchange(const void* mine, size_t bytes) {
+    absl::StatusOr<std::optional<Buffers>> all = Exchange({{mine, bytes}});
+    if (!all.ok()) return all.status();
+    if (!all->has_value()) return std::optional<std::vector<char*>>();
+    std::vector<char*> firsts;
+    for (const std::vector<char*>& b : **all) firsts.push_back(b[0]);
+    return std::optional<std::vector<char*>>(std::move(firsts));
   }
 
   // Phase 3: returns once every member is done with every buffer.
@@ -117,6 +145,40 @@ absl::StatusOr<DirectResult> DirectAllReduce(Communicator& comm, void* data, int
     const size_t offset = (seg.offset + c) * elem;
     ReduceAll(dtype, op, scratch.data(), b, offset, len);
     for (char* buffer : b) std::memcpy(buffer + offset, scratch.data(), len * elem);
+  }
+  if (absl::Status s = session.Finish(); !s.ok()) return s;
+  return DirectResult::kDone;
+}
+
+absl::StatusOr<DirectResult> DirectAllReduceUpdate(
+    Communicator& comm, const void* partial, int64_t count, DType dtype, ReduceOp op,
+    const std::vector<void*>& outputs, size_t out_elem,
+    absl::FunctionRef<void(int64_t begin, int64_t len, const void* reduced)> update) {
+  if (absl::Status s = CheckReducible(dtype, op); !s.ok()) return s;
+  const size_t elem = DTypeSize(dtype);
+  Session session(comm, "direct all_reduce + update");
+  std::vector<std::pair<const void*, size_t>> mine = {{partial, count * elem}};
+  for (void* out : outputs) mine.emplace_back(out, count * out_elem);
+  absl::StatusOr<std::optional<std::vector<std::vector<char*>>>> buffers = session.Exchange(mine);
+  if (!buffers.ok()) return buffers.status();
+  if (!buffers->has_value()) return DirectResult::kFellBack;
+  const std::vector<std::vector<char*>>& b = **buffers;
+  const int p = comm.index();
+  std::vector<char*> partials;
+  for (const std::vector<char*>& member : b) partials.push_back(member[0]);
+  const ring::Segment seg = ring::SplitEvenly(count, comm.size())[p];
+  const int64_t chunk = session.ChunkElems(elem);
+  std::vector<char> scratch(std::min(chunk, std::max<int64_t>(seg.count, 1)) * elem);
+  for (int64_t c = 0; c < seg.count; c += chunk) {
+    const int64_t begin = seg.offset + c, len = std::min(chunk, seg.count - c);
+    ReduceAll(dtype, op, scratch.data(), partials, begin * elem, len);
+    update(begin, len, scratch.data());  // into this rank's outputs
+    for (int q = 0; q < comm.size(); ++q) {
+      if (q == p) continue;
+      for (size_t k = 1; k < b[q].size(); ++k) {
+        std::memcpy(b[q][k] + begin * out_elem, b[p][k] + begin * out_elem, len * out_elem);
+      }
+    }
   }
   if (absl::Status s = session.Finish(); !s.ok()) return s;
   return DirectResult::kDone;

@@ -14,6 +14,9 @@
 //          reduces segment p of every member's buffer in group order into a scratch chunk (so the
 //          bits do not depend on which rank computed them), scales it by 1/P for pmean, and
 //          stores it into segment p of every member's buffer, its own included;
+//        all-reduce + update (DirectAllReduceUpdate): position p reduces segment p as the
+//          all-reduce does, computes the update of that segment into its own outputs and stores
+//          them into every other member's;
 //        reduce-scatter: position p reduces block p of every member's input, in group order,
 //          into its own output;
 //        all-gather: position p copies every member's block into its own output.
@@ -30,6 +33,9 @@
 #ifndef MESHRUN_CORE_COLLECTIVES_DIRECT_COLLECTIVES_H_
 #define MESHRUN_CORE_COLLECTIVES_DIRECT_COLLECTIVES_H_
 
+#include <vector>
+
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "core/collectives/communicator.h"
 
@@ -37,7 +43,7 @@ namespace meshrun {
 
 enum class DirectResult { kDone, kFellBack };
 
-// REQUIRES for all three: comm.ReachesAllMembers(). Errors: those of Transport (naming the rank
+// REQUIRES for all of them: comm.ReachesAllMembers(). Errors: those of Transport (naming the rank
 // that failed or timed out), PeerMemory::Import's (naming the rank whose memory could not be
 // mapped), CheckReducible's for the reductions.
 
@@ -52,6 +58,23 @@ absl::StatusOr<DirectResult> DirectReduceScatter(Communicator& comm, const void*
 // tiled). REQUIRES: `out` does not overlap `in`.
 absl::StatusOr<DirectResult> DirectAllGather(Communicator& comm, const void* in, int64_t count,
                                              DType dtype, void* out);
+
+// An all-reduce fused with the elementwise update that consumes it, whose inputs other than the
+// reduced buffer are the same on every member (an optimizer step on a parameter replicated over
+// the group: XLA's weight-update sharding, with the results left replicated). `partial`: this
+// rank's `count` elements to reduce (not modified). Position p reduces segment p of every
+// member's `partial` (cut and reduced as DirectAllReduce does, so the same bits) chunk by chunk
+// into a scratch chunk, calls update(begin, len, reduced) to write elements [begin, begin + len)
+// of this rank's `outputs` (each `count` elements of `out_elem` bytes) from it, and stores them
+// into every other member's outputs. Each rank reads the reduced buffer's size once and does
+// 1/P of the update, instead of every rank doing all of it. kFellBack: nothing computed or
+// touched. REQUIRES: update reads no output element outside [begin, begin + len) (an output may
+// be its own input, updated in place) and computes what every member would from the same
+// reduced values; no output overlaps `partial`.
+absl::StatusOr<DirectResult> DirectAllReduceUpdate(
+    Communicator& comm, const void* partial, int64_t count, DType dtype, ReduceOp op,
+    const std::vector<void*>& outputs, size_t out_elem,
+    absl::FunctionRef<void(int64_t begin, int64_t len, const void* reduced)> update);
 
 }  // namespace meshrun
 

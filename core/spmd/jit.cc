@@ -523,12 +523,41 @@ std::vector<JitBuilder::Value> JitBuilder::AdamUpdate(Value param, Value grad, V
   }
   if (!Check(values_[step.id].global.empty(), "adam update: step must be a scalar")) return {};
   const std::string reason = "adam update";
-  const State g = Resolve(values_[grad.id], p.spec, reason);
+  // A gradient that is still a per-device partial sum (or mean) in the parameter's layout needs
+  // only an all-reduce over the partial axes, over which the parameter is replicated: the update
+  // takes the partial gradient and the worker fuses the two (OP_ADAM_UPDATE's grad axes), so each
+  // replica updates one segment rather than every replica all of it. Anything else is resolved
+  // first, as for any consumer (FSDP's psum_scatter, a reshard).
+  const State& g_in = values_[grad.id];
+  bool fuse = !g_in.partial.empty() && (g_in.partial_fn == "sum" || g_in.partial_fn == "mean") &&
+              g_in.spec == p.spec;
+  if (fuse) {
+    absl::StatusOr<spmd::PartialSumPlan> plan = spmd::PlanPartialSum(
+        g_in.global, g_in.spec,
+        g_in.partial_fn == "sum" ? g_in.partial : std::vector<std::string>{}, p.spec, mesh_);
+    fuse = plan.ok() && plan->reshards.empty() &&
+           (g_in.partial_fn == "mean" ? plan->reductions.empty()
+                                      : plan->reductions.size() == 1 &&
+                                            plan->reductions[0].kind == spmd::Reduction::kPsum &&
+                                            plan->reductions[0].axes == g_in.partial);
+  }
+  State g = g_in;
+  if (fuse) {
+    const int64_t bytes =
+        spmd::ReductionBytesPerDevice({spmd::Reduction::kPsum, g.partial}, g.global, g.spec, mesh_,
+                                      static_cast<int>(DTypeSize(g.dtype)));
+    collectives_.push_back(
+        {g.partial_fn == "mean" ? "pmean" : "psum", g.partial, -1, bytes, "adam update (fused)"});
+  } else {
+    g = Resolve(g_in, p.spec, reason);
+  }
   const State m = Resolve(values_[mu.id], p.spec, reason);
   const State v = Resolve(values_[nu.id], p.spec, reason);
   const State t = Resolve(values_[step.id], PartitionSpec(), reason);
   std::vector<ShardMapBuilder::Value> locals =
-      sm_.AdamUpdate(p.local, g.local, m.local, v.local, t.local, hp);
+      fuse
+          ? sm_.AdamUpdate(p.local, g.local, m.local, v.local, t.local, hp, g.partial, g.partial_fn)
+          : sm_.AdamUpdate(p.local, g.local, m.local, v.local, t.local, hp);
   std::vector<Value> out;
   for (ShardMapBuilder::Value local : locals) {
     State s = p;

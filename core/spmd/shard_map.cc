@@ -342,9 +342,9 @@ ShardMapBuilder::Value ShardMapBuilder::Iota(DType dtype, const Dims& dims, int6
   return Add(std::move(op), dtype, dims);
 }
 
-std::vector<ShardMapBuilder::Value> ShardMapBuilder::AdamUpdate(Value param, Value grad, Value mu,
-                                                               Value nu, Value step,
-                                                               const v1::AdamWAttrs& hp) {
+std::vector<ShardMapBuilder::Value> ShardMapBuilder::AdamUpdate(
+    Value param, Value grad, Value mu, Value nu, Value step, const v1::AdamWAttrs& hp,
+    const std::vector<std::string>& grad_axes, const std::string& grad_fn) {
   for (Value v : {param, grad, mu, nu, step})
     if (!Valid(v)) return {};
   for (Value v : {grad, mu, nu}) {
@@ -358,8 +358,19 @@ std::vector<ShardMapBuilder::Value> ShardMapBuilder::AdamUpdate(Value param, Val
                                                DimsToString(shape(step))))) {
     return {};
   }
+  if (!Check(grad_fn == "sum" || grad_fn == "mean",
+             absl::StrCat("adam update: the grad reduction must be sum or mean; got '", grad_fn,
+                          "'"))) {
+    return {};
+  }
   v1::Op op = MakeOp(v1::OP_ADAM_UPDATE, {Name(param), Name(grad), Name(mu), Name(nu), Name(step)});
   *op.mutable_adamw() = hp;
+  if (!grad_axes.empty()) {
+    absl::StatusOr<int> n = GroupSize(grad_axes);
+    if (!Check(n.ok(), absl::StrCat("adam update: ", n.status().message()))) return {};
+    shard_map_internal::SetAxes(op, grad_axes);
+    op.set_fn(grad_fn);
+  }
   std::vector<Value> outs;
   for (int i = 0; i < 3; ++i) {
     outs.push_back(Add(v1::Op(), v1::DTYPE_F32, shape(param)));  // declares the buffer only

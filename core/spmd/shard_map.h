@@ -87,9 +87,14 @@ class ShardMapBuilder {
   Value Full(DType dtype, const Dims& dims, double value);
 
   // optax.adamw (weight_decay 0: optax.adam) on one block, out of place: returns param', mu', nu'.
-  // step: f32 [], the step count before this update (t = step + 1).
+  // step: f32 [], the step count before this update (t = step + 1). With `grad_axes`, grad is
+  // this device's partial gradient, all-reduced over those mesh axes (`grad_fn` "sum": psum,
+  // "mean": pmean) before the update, which the worker fuses with it (OP_ADAM_UPDATE);
+  // REQUIRES: param, mu and nu are replicated over `grad_axes`.
   std::vector<Value> AdamUpdate(Value param, Value grad, Value mu, Value nu, Value step,
-                                const v1::AdamWAttrs& hp);
+                                const v1::AdamWAttrs& hp,
+                                const std::vector<std::string>& grad_axes = {},
+                                const std::string& grad_fn = "sum");
 
   // This device's block of a global f32 array of `global_dims` laid out as `spec`, drawn as the
   // whole array would be: fn zeros, ones, normal or truncated_normal (times `scale`) with `key`.

@@ -353,6 +353,27 @@ TEST_F(SeedWorkloadsE2ETest, Seed003DotReluDotMseLossesAgreeAcrossLayouts) {
   }
 }
 
+// Over the gRPC ring only (as between hosts), the update cannot reach its replicas' memory: the
+// fused all-reduce + Adam update all-reduces a copy of the gradient and every replica updates all
+// of it; the losses still agree with one worker's.
+TEST_F(SeedWorkloadsE2ETest, Seed003UnderTwoDOverTheGrpcRingAgreesWithOneWorker) {
+  const RunResult want = Run("dot_relu_dot", "single", kOne);
+  auto cluster = testing::StartCluster(kTwoByFour, "workloads_grpc", /*shm_transport=*/false);
+  ASSERT_NE(cluster, nullptr);
+  auto c = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto w = SeedWorkload("dot_relu_dot");
+  ASSERT_TRUE(w.ok()) << w.status();
+  auto step = BuildTrainStep(*Mesh::Parse(kTwoByFour), *LayoutSharding("2d"), w->optimizer,
+                             w->batch, w->loss, 0);
+  ASSERT_TRUE(step.ok()) << step.status();
+  auto batch = SeedWorkloadBatch(*w);
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  std::vector<const Tensor*> inputs;
+  for (const Tensor& t : *batch) inputs.push_back(&t);
+  ExpectAgree(Train(**c, *step, inputs, 20), want, "2d over the gRPC ring");
+}
+
 // TrainState::Steps (Keras's steps_per_execution): several steps in one call, each over its own
 // batch, give the losses of the same steps called one at a time, bit for bit; bad calls are
 // refused before anything runs.
@@ -467,6 +488,65 @@ TEST(TrainStepPlanTest, RejectsBadAnnotationsBeforeAllocating) {
   const std::string plan = d->Plan();
   EXPECT_THAT(plan, ::testing::HasSubstr("opt_state/mu/params/block/W1"));
   EXPECT_THAT(plan, ::testing::HasSubstr("psum_scatter"));
+}
+
+// A gradient left as a per-device partial sum in its parameter's layout is all-reduced inside
+// the Adam update (fused on the workers); one the parameter is sharded over (FSDP) is
+// psum_scattered before it; SGD's gradients are reduced by the sharding constraint.
+TEST(TrainStepPlanTest, ReplicatedParametersTakeTheirGradientPsumInsideTheAdamUpdate) {
+  auto w = SeedWorkload("dot_relu_dot");
+  ASSERT_TRUE(w.ok()) << w.status();
+  const Mesh mesh = *Mesh::Parse(kTwoByFour);
+  auto adam_ops = [](const TrainStep& step) {
+    std::vector<const v1::Op*> ops;
+    for (const v1::Op& op : step.step.program().functions(0).ops()) {
+      if (op.kind() == v1::OP_ADAM_UPDATE) ops.push_back(&op);
+    }
+    return ops;
+  };
+  auto reasons = [](const TrainStep& step) {
+    std::vector<std::string> r;
+    for (const JitBuilder::Collective& c : step.collectives) {
+      r.push_back(absl::StrCat(c.Short(), " for ", c.reason));
+    }
+    return r;
+  };
+  for (const std::string layout : {"2d", "dp"}) {
+    auto step = BuildTrainStep(mesh, *LayoutSharding(layout), w->optimizer, w->batch, w->loss, 0);
+    ASSERT_TRUE(step.ok()) << layout << ": " << step.status();
+    ASSERT_EQ(adam_ops(*step).size(), 2u) << layout;
+    for (const v1::Op* op : adam_ops(*step)) {
+      EXPECT_THAT(op->axis_names(), ::testing::ElementsAre("data")) << layout;
+      EXPECT_EQ(op->fn(), "sum") << layout;
+    }
+    const std::vector<std::string> r = reasons(*step);
+    EXPECT_EQ(std::count(r.begin(), r.end(), "psum(data) for adam update (fused)"), 2)
+        << absl::StrJoin(r, "; ");
+    for (const v1::Op& op : step->step.program().functions(0).ops()) {
+      if (op.kind() == v1::OP_PSUM && op.axis_names_size() == 1 && op.axis_names(0) == "data") {
+        ADD_FAILURE() << layout << ": a separate psum over data remains: " << op.ShortDebugString();
+      }
+    }
+  }
+  auto fsdp = BuildTrainStep(mesh, *LayoutSharding("fsdp"), w->optimizer, w->batch, w->loss, 0);
+  ASSERT_TRUE(fsdp.ok()) << fsdp.status();
+  ASSERT_EQ(adam_ops(*fsdp).size(), 2u);
+  for (const v1::Op* op : adam_ops(*fsdp)) EXPECT_EQ(op->axis_names_size(), 0);
+  const std::vector<std::string> r = reasons(*fsdp);
+  EXPECT_EQ(std::count(r.begin(), r.end(), "psum_scatter(data)@1 for adam update"), 2)
+      << absl::StrJoin(r, "; ");
+  OptimizerConfig sgd = w->optimizer;
+  sgd.kind = OptimizerConfig::kSgd;
+  auto plain = BuildTrainStep(mesh, *LayoutSharding("2d"), sgd, w->batch, w->loss, 0);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(adam_ops(*plain).empty());
+  const std::vector<std::string> rs = reasons(*plain);
+  EXPECT_EQ(std::count_if(rs.begin(), rs.end(),
+                          [](const std::string& x) {
+                            return absl::StartsWith(x, "psum(data) for with_sharding_constraint");
+                          }),
+            2)
+      << absl::StrJoin(rs, "; ");
 }
 
 }  // namespace

@@ -147,8 +147,108 @@ TEST_P(DirectCollectivesTest, PsumScatterAndAllGatherReadPeersBlocksInPlace) {
   }
 }
 
+// An all-reduce fused with a replicated elementwise update (an optimizer step): every rank's
+// outputs get every element, each computed once, by the owner of its segment, from the same
+// reduced bits DirectAllReduce gives; the partial buffers are only read.
+TEST_P(DirectCollectivesTest, AllReduceUpdateStoresEachOwnersSegmentIntoEveryMembersOutputs) {
+  TransportSet ts(kind(), world(), SetOptions());
+  const int n = world();
+  std::mt19937 gen(11);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<std::vector<float>> inputs(n, std::vector<float>(count()));
+  for (auto& v : inputs)
+    for (float& x : v) x = dist(gen);
+  std::vector<float> w(count());  // the replicated operand (a parameter)
+  for (float& x : w) x = dist(gen);
+  const ReduceOp ops[] = {ReduceOp::kSum, ReduceOp::kMean};
+  for (ReduceOp op : ops) {
+    std::vector<std::shared_ptr<void>> partial(n), out_a(n), out_b(n);
+    for (int r = 0; r < n; ++r) {
+      partial[r] = Buffer(count());
+      std::memcpy(partial[r].get(), inputs[r].data(), count() * 4);
+      out_a[r] = Buffer(count());
+      out_b[r] = Buffer(count());
+      std::fill_n(static_cast<float*>(out_a[r].get()), count(), -1000.0f - r);
+      std::fill_n(static_cast<float*>(out_b[r].get()), count(), -2000.0f - r);
+    }
+    std::vector<absl::Status> status(n);
+    std::vector<int> done(n, 0);
+    std::vector<int64_t> updated(n, 0);  // elements each rank computed
+    ts.RunRanks([&](int r) {
+      Communicator comm(ts.at(r), Iota(n), SmallChunks());
+      float* a = static_cast<float*>(out_a[r].get());
+      float* b = static_cast<float*>(out_b[r].get());
+      absl::StatusOr<DirectResult> d = DirectAllReduceUpdate(
+          comm, partial[r].get(), count(), v1::DTYPE_F32, op, {a, b}, sizeof(float),
+          [&](int64_t begin, int64_t len, const void* reduced) {
+            const float* g = static_cast<const float*>(reduced);
+            for (int64_t i = 0; i < len; ++i) {
+              a[begin + i] = w[begin + i] - 0.5f * g[i];
+              b[begin + i] = g[i] * g[i];
+            }
+            updated[r] += len;
+          });
+      status[r] = d.status();
+      if (d.ok() && *d == DirectResult::kDone) ++done[r];
+    });
+    int64_t total = 0;
+    for (int r = 0; r < n; ++r) {
+      ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+      EXPECT_EQ(done[r], 1) << "rank " << r << " fell back";
+      EXPECT_LE(updated[r], (count() + n - 1) / n)
+          << "rank " << r << " updated more than its segment";
+      total += updated[r];
+    }
+    EXPECT_EQ(total, count()) << "every element is updated exactly once";
+    for (int64_t i = 0; i < count(); ++i) {
+      float g = inputs[0][i];
+      for (int q = 1; q < n; ++q) g += inputs[q][i];
+      if (op == ReduceOp::kMean) g *= 1.0f / n;
+      for (int r = 0; r < n; ++r) {
+        ASSERT_EQ(static_cast<float*>(out_a[r].get())[i], w[i] - 0.5f * g)
+            << "rank " << r << " element " << i;
+        ASSERT_EQ(static_cast<float*>(out_b[r].get())[i], g * g)
+            << "rank " << r << " element " << i;
+        ASSERT_EQ(static_cast<float*>(partial[r].get())[i], inputs[r][i])
+            << "partial of rank " << r << " changed";
+      }
+    }
+  }
+}
+
 // In process every address is shareable: this one runs over ShmTransport only.
 using DirectFallbackTest = DirectCollectivesTest;
+
+TEST_P(DirectFallbackTest, OneUnshareableOutputMakesEveryRankFallBackFromTheFusedUpdateUntouched) {
+  TransportSet ts(kind(), world(), SetOptions());
+  const int n = world();
+  std::vector<std::shared_ptr<void>> partial(n), outs(n);
+  std::vector<float> heap(count(), 7.0f);  // the last rank's output: plain heap memory
+  for (int r = 0; r < n; ++r) {
+    partial[r] = Buffer(count());
+    std::fill_n(static_cast<float*>(partial[r].get()), count(), 1.0f);
+    if (r < n - 1)
+      std::fill_n(static_cast<float*>((outs[r] = Buffer(count())).get()), count(), 7.0f);
+  }
+  auto out = [&](int r) { return r == n - 1 ? heap.data() : static_cast<float*>(outs[r].get()); };
+  std::vector<absl::StatusOr<DirectResult>> direct(n, absl::UnknownError("not run"));
+  std::vector<int> calls(n, 0);
+  ts.RunRanks([&](int r) {
+    Communicator comm(ts.at(r), Iota(n), SmallChunks());
+    direct[r] = DirectAllReduceUpdate(comm, partial[r].get(), count(), v1::DTYPE_F32,
+                                      ReduceOp::kSum, {out(r)}, sizeof(float),
+                                      [&](int64_t, int64_t, const void*) { ++calls[r]; });
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(direct[r].ok()) << direct[r].status();
+    EXPECT_EQ(*direct[r], DirectResult::kFellBack) << "rank " << r;
+    EXPECT_EQ(calls[r], 0) << "rank " << r << " updated after falling back";
+    for (int64_t i = 0; i < count(); ++i) {
+      ASSERT_EQ(out(r)[i], 7.0f) << "rank " << r << " element " << i;
+      ASSERT_EQ(static_cast<float*>(partial[r].get())[i], 1.0f) << "rank " << r << " element " << i;
+    }
+  }
+}
 
 TEST_P(DirectFallbackTest, OneUnshareableBufferMakesEveryRankFallBackUntouchedAndTheRingStillSums) {
   TransportSet ts(kind(), world(), SetOptions());
