@@ -176,7 +176,7 @@ absl::StatusOr<DirectResult> DirectAllReduceUpdate(
     for (int q = 0; q < comm.size(); ++q) {
       if (q == p) continue;
       for (size_t k = 1; k < b[q].size(); ++k) {
-        std::memcpy(b[q][k] + begin * out_elem, b[p][k] + begin * out_elem, len * out_elem);
+        StreamCopy(b[q][k] + begin * out_elem, b[p][k] + begin * out_elem, len * out_elem);
       }
     }
   }

@@ -16,7 +16,7 @@
 //          stores it into segment p of every member's buffer, its own included;
 //        all-reduce + update (DirectAllReduceUpdate): position p reduces segment p as the
 //          all-reduce does, computes the update of that segment into its own outputs and stores
-//          them into every other member's;
+//          them into every other member's (non-temporal stores: the peer reads them next step);
 //        reduce-scatter: position p reduces block p of every member's input, in group order,
 //          into its own output;
 //        all-gather: position p copies every member's block into its own output.

@@ -2,6 +2,7 @@
 #ifndef MESHRUN_CORE_COLLECTIVES_REDUCE_KERNELS_H_
 #define MESHRUN_CORE_COLLECTIVES_REDUCE_KERNELS_H_
 
+#include <cstddef>
 #include <cstdint>
 
 #include "absl/status/status.h"
@@ -17,6 +18,13 @@ void AddInto(DType dtype, void* dst, const void* src, int64_t count);
 void Reduce(DType dtype, ReduceOp op, void* dst, const void* src, int64_t count);
 // dst[i] *= factor (floating dtypes only).
 void Scale(DType dtype, void* dst, int64_t count, float factor);
+
+// memcpy(dst, src, bytes) with non-temporal stores where the CPU has them (x86 SSE2): for bytes
+// this process will not read again soon, such as results stored into a peer's buffer, so the
+// destination's cache lines are not read in first and no cache is filled with them (glibc's
+// memcpy does the same for copies larger than the cache). Ordered before the caller's later
+// messages: it ends with a store fence.
+void StreamCopy(void* dst, const void* src, size_t bytes);
 
 // bf16 <-> f32, round-to-nearest-even, as jnp.bfloat16.
 float Bf16ToF32(uint16_t v);

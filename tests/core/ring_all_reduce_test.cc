@@ -1,6 +1,8 @@
 #include "core/collectives/ring_all_reduce.h"
 
+#include <algorithm>
 #include <thread>
+#include <vector>
 
 #include "core/collectives/in_process_transport.h"
 #include "core/collectives/reduce_kernels.h"
@@ -187,6 +189,27 @@ TEST(RecursiveDoublingAllReduceTest, EveryRankGetsTheSameSum) {
   float x = 1;
   EXPECT_THAT(std::string(RecursiveDoublingAllReduce(comm, &x, 1, v1::DTYPE_F32, ReduceOp::kSum).message()),
               HasSubstr("power-of-two group; got 3 ranks"));
+}
+
+// StreamCopy copies exactly the bytes asked, whatever the alignment of either end (a head up to
+// the first 16-byte aligned destination, non-temporal stores, a tail), and nothing past them.
+TEST(StreamCopyTest, CopiesEveryByteAtAnyAlignmentAndNoMore) {
+  std::vector<unsigned char> src(300), dst(320);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 7 + 1);
+  for (size_t dst_off : {0, 1, 3, 8, 15, 16, 17}) {
+    for (size_t src_off : {0, 5}) {
+      for (size_t bytes : {0, 1, 15, 16, 17, 33, 64, 255}) {
+        std::fill(dst.begin(), dst.end(), 0xEE);
+        StreamCopy(dst.data() + dst_off, src.data() + src_off, bytes);
+        for (size_t i = 0; i < dst.size(); ++i) {
+          const bool inside = i >= dst_off && i < dst_off + bytes;
+          ASSERT_EQ(dst[i], inside ? src[src_off + i - dst_off] : 0xEE)
+              << "byte " << i << " (dst +" << dst_off << ", src +" << src_off << ", " << bytes
+              << " bytes)";
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
