@@ -280,7 +280,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       // The partial gradient over the grad axes: members that reach each other's memory reduce
       // and update one segment each and store it into every member's results
       // (DirectAllReduceUpdate); otherwise the gradient is all-reduced into a scratch copy
-      // (allocated on first use) and each member updates all of it.
+      // (allocated on first use) and each member updates all of it. Collective time counts the
+      // all-reduce, and on the direct path the 1/P of the update done inside it.
       const bool direct = replicas->options().direct_min_bytes > 0 &&
                           grad->size_bytes() >= replicas->options().direct_min_bytes &&
                           replicas->ReachesAllMembers();
