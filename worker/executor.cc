@@ -216,17 +216,22 @@ void Executor::AnalyzeBuffers() {
     for (int i = 0; i < fn.ops_size(); ++i) {
       const v1::Op& op = fn.ops(i);
       const v1::OpKind k = op.kind();
-      if ((k != v1::OP_PSUM && k != v1::OP_PMEAN && k != v1::OP_PMAX) || op.inputs_size() != 1 ||
-          op.outputs_size() != 1) {
+      // An Adam update that all-reduces its partial gradient (input 1) may do so in its memory.
+      const bool adam = k == v1::OP_ADAM_UPDATE && op.axis_names_size() > 0 &&
+                        op.inputs_size() == 5 && op.outputs_size() == 3;
+      if (!adam && ((k != v1::OP_PSUM && k != v1::OP_PMEAN && k != v1::OP_PMAX) ||
+                    op.inputs_size() != 1 || op.outputs_size() != 1)) {
         continue;
       }
-      const std::string& x = op.inputs(0);
-      const std::string& y = op.outputs(0);
-      bool ok = x != y && !results.count(x) && !placed.count(x) && !placed.count(y) &&
-                !adam_targets.count(x) && !adam_targets.count(y) && !writers[x].empty() &&
-                readers[x] == std::vector<std::pair<int, int>>{{f, i}} &&
-                writers[y] == std::vector<std::pair<int, int>>{{f, i}} &&
+      const std::string& x = op.inputs(adam ? 1 : 0);
+      bool ok = !results.count(x) && !placed.count(x) && !adam_targets.count(x) &&
+                !writers[x].empty() && readers[x] == std::vector<std::pair<int, int>>{{f, i}} &&
                 read_only_before(view_outputs[x], f, i);
+      for (int o = 0; !adam && o < op.outputs_size(); ++o) {
+        const std::string& y = op.outputs(o);
+        ok = ok && x != y && !placed.count(y) && !adam_targets.count(y) &&
+             writers[y] == std::vector<std::pair<int, int>>{{f, i}};
+      }
       for (const auto& [wf, wi] : writers[x]) {
         ok = ok && wf == f && wi >= 0 && wi < i && !IsViewKind(fn.ops(wi).kind());
       }

@@ -279,12 +279,16 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       }
       // The partial gradient over the grad axes: members that reach each other's memory reduce
       // and update one segment each and store it into every member's results
-      // (DirectAllReduceUpdate); otherwise the gradient is all-reduced into a scratch copy
-      // (allocated on first use) and each member updates all of it. Collective time counts the
+      // (DirectAllReduceUpdate); otherwise the gradient is all-reduced (in its own memory if
+      // nothing else reads it, else in a copy allocated on first use) and each member updates
+      // all of it. Collective time counts the
       // all-reduce, and on the direct path the 1/P of the update done inside it.
       const bool direct = replicas->options().direct_min_bytes > 0 &&
                           grad->size_bytes() >= replicas->options().direct_min_bytes &&
                           replicas->ReachesAllMembers();
+      // Where nothing else reads the partial gradient, it is reduced in its own memory.
+      const bool in_place = reduce_in_place_.count(&op) > 0;
+      Tensor* partial = in[1];
       auto reduced = std::make_shared<Tensor>();
       absl::Duration* timer = &collective_time_;
       return CompiledOp([=](const RunContext&) -> absl::Status {
@@ -302,13 +306,17 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
             return absl::OkStatus();
           }
         }
-        if (reduced->num_elements() != n)
-          *reduced = Tensor::Uninitialized(v1::DTYPE_F32, grad->dims());
-        std::memcpy(reduced->raw(), grad->raw(), grad->size_bytes());
-        if (absl::Status s = replicas->AllReduce(reduced->raw(), n, v1::DTYPE_F32, reduce); !s.ok())
+        Tensor* g = partial;
+        if (!in_place) {
+          if (reduced->num_elements() != n)
+            *reduced = Tensor::Uninitialized(v1::DTYPE_F32, grad->dims());
+          std::memcpy(reduced->raw(), grad->raw(), grad->size_bytes());
+          g = reduced.get();
+        }
+        if (absl::Status s = replicas->AllReduce(g->raw(), n, v1::DTYPE_F32, reduce); !s.ok())
           return s;
         *timer += absl::Now() - start;
-        update(reduced->data<float>(), 0, n);
+        update(g->data<float>(), 0, n);
         return absl::OkStatus();
       });
     }

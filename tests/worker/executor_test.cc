@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/collectives/in_process_transport.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -428,6 +429,165 @@ TEST(ExecutorBindingTest, APsumOfAnInputNothingReadsAfterIsReducedInThatInputsMe
     taken_s[call] = Values(*s);
     if (call == 1) {
       EXPECT_THAT(taken_s[0], ElementsAre(20, 24, 28, 32)) << "a taken result keeps its values";
+    }
+  }
+}
+
+// p2, mu2, nu2 = adam(p, psum(g, 'data'), mu, nu) in one op; `read_g_later` adds an op that
+// reads the partial gradient after the update.
+std::string FusedAdamProgram(bool read_g_later) {
+  return absl::StrCat(
+      R"pb(
+        buffers {
+          name: "x"
+          dtype: DTYPE_F32
+          shape { dims: 4 }
+        }
+        buffers {
+          name: "two"
+          dtype: DTYPE_F32
+          shape { dims: 4 }
+        }
+        buffers {
+          name: "g"
+          dtype: DTYPE_F32
+          shape { dims: 4 }
+        }
+        buffers {
+          name: "p"
+          dtype: DTYPE_F32
+          shape { dims: 4 }
+        }
+        buffers {
+          name: "mu"
+          dtype: DTYPE_F32
+          shape { dims: 4 }
+        }
+        buffers {
+          name: "nu"
+          dtype: DTYPE_F32
+          shape { dims: 4 }
+        }
+        buffers {
+          name: "step"
+          dtype: DTYPE_F32
+          shape {}
+        }
+        buffers {
+          name: "p2"
+          dtype: DTYPE_F32
+          shape { dims: 4 }
+        }
+        buffers {
+          name: "mu2"
+          dtype: DTYPE_F32
+          shape { dims: 4 }
+        }
+        buffers {
+          name: "nu2"
+          dtype: DTYPE_F32
+          shape { dims: 4 }
+        }
+        buffers {
+          name: "seen"
+          dtype: DTYPE_F32
+          shape { dims: 4 }
+        }
+        functions { name: "main"
+                    ops { kind: OP_FILL outputs: "two" value: 2 }
+                    ops { kind: OP_BINARY fn: "mul" inputs: "x" inputs: "two" outputs: "g" }
+                    ops {
+                      kind: OP_ADAM_UPDATE
+                      inputs: "p"
+                      inputs: "g"
+                      inputs: "mu"
+                      inputs: "nu"
+                      inputs: "step"
+                      outputs: "p2"
+                      outputs: "mu2"
+                      outputs: "nu2"
+                      adamw { learning_rate: 0.1 b1: 0.9 b2: 0.999 eps: 1e-8 }
+                      axis_names: "data"
+                      fn: "sum"
+                    })pb",
+      read_g_later ? R"pb(ops { kind: OP_UNARY fn: "abs" inputs: "g" outputs: "seen" })pb" : "",
+      "}");
+}
+
+// The fused update gives every rank Adam's step on the summed gradient, single-copy (every
+// buffer shareable in process) or over the ring (below direct_min_bytes); on the ring path the
+// partial gradient is reduced in its own memory unless a later op reads it.
+TEST(ExecutorBindingTest, AFusedAdamUpdateStepsOnThePsumOfItsPartialGradient) {
+  absl::StatusOr<Mesh> mesh = Mesh::Parse("data=2");
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  for (const bool direct : {true, false}) {
+    for (const bool read_g_later : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(direct ? "direct" : "ring", read_g_later ? ", g read later" : ""));
+      v1::StepProgram program;
+      ASSERT_TRUE(
+          google::protobuf::TextFormat::ParseFromString(FusedAdamProgram(read_g_later), &program));
+      std::vector<std::unique_ptr<Transport>> transports = CreateInProcessTransports(2);
+      std::vector<std::unique_ptr<Executor>> ex(2);
+      for (int r = 0; r < 2; ++r) {
+        Executor::Options o;
+        o.mesh = &*mesh;
+        o.rank = r;
+        o.transport = transports[r].get();
+        o.collectives.direct_min_bytes = direct ? 1 : 0;
+        o.results = {"p2", "mu2", "nu2"};
+        absl::StatusOr<std::unique_ptr<Executor>> e = Executor::Create(program, o);
+        ASSERT_TRUE(e.ok()) << e.status();
+        ex[r] = *std::move(e);
+      }
+      std::vector<absl::Status> status(2);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < 2; ++r) {
+        threads.emplace_back([&, r] {
+          Tensor x(v1::DTYPE_F32, {4}), p(v1::DTYPE_F32, {4});
+          for (int i = 0; i < 4; ++i) {
+            x.data<float>()[i] = r * 10 + i + 1;
+            p.data<float>()[i] = i;  // replicated
+          }
+          for (const auto& [name, t] :
+               std::vector<std::pair<std::string, Tensor>>{{"x", x},
+                                                           {"p", p},
+                                                           {"mu", Tensor(v1::DTYPE_F32, {4})},
+                                                           {"nu", Tensor(v1::DTYPE_F32, {4})},
+                                                           {"step", Tensor(v1::DTYPE_F32, {})}}) {
+            if (status[r].ok()) status[r] = ex[r]->BindInput(name, t);
+          }
+          if (status[r].ok()) status[r] = ex[r]->Run("main", RunContext{});
+        });
+      }
+      for (auto& t : threads) t.join();
+      for (int r = 0; r < 2; ++r) {
+        ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+        // psum(2x) = 2 (i + 1) + 2 (10 + i + 1) > 0: Adam's first step moves p by -lr.
+        std::vector<float> p2, mu2;
+        for (int i = 0; i < 4; ++i) {
+          p2.push_back(i - 0.1f);
+          mu2.push_back(0.1f * (4 * i + 24));
+        }
+        EXPECT_THAT(Values(*ex[r]->buffer("p2")),
+                    ElementsAre(FloatNear(p2[0], 1e-6f), FloatNear(p2[1], 1e-6f),
+                                FloatNear(p2[2], 1e-6f), FloatNear(p2[3], 1e-6f)))
+            << "rank " << r;
+        EXPECT_THAT(Values(*ex[r]->buffer("mu2")),
+                    ElementsAre(FloatNear(mu2[0], 1e-5f), FloatNear(mu2[1], 1e-5f),
+                                FloatNear(mu2[2], 1e-5f), FloatNear(mu2[3], 1e-5f)))
+            << "rank " << r;
+        // What is left in g: the sum where the ring path reduced it in place, else the partial.
+        const bool summed = !direct && !read_g_later;
+        for (int i = 0; i < 4; ++i) {
+          EXPECT_EQ(ex[r]->buffer("g")->data<float>()[i],
+                    summed ? 4 * i + 24 : 2 * (r * 10 + i + 1))
+              << "rank " << r << " element " << i;
+        }
+        if (read_g_later) {
+          EXPECT_EQ(ex[r]->buffer("seen")->data<float>()[0], 2 * (r * 10 + 1))
+              << "the partial, read later";
+        }
+      }
     }
   }
 }
