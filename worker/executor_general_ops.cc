@@ -281,12 +281,11 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       // and update one segment each and store it into every member's results
       // (DirectAllReduceUpdate); otherwise the gradient is all-reduced (in its own memory if
       // nothing else reads it, else in a copy allocated on first use) and each member updates
-      // all of it. Collective time counts the
-      // all-reduce, and on the direct path the 1/P of the update done inside it.
+      // all of it. Collective time counts the all-reduce, and on the direct path the 1/P of the
+      // update done inside it.
       const bool direct = replicas->options().direct_min_bytes > 0 &&
                           grad->size_bytes() >= replicas->options().direct_min_bytes &&
                           replicas->ReachesAllMembers();
-      // Where nothing else reads the partial gradient, it is reduced in its own memory.
       const bool in_place = reduce_in_place_.count(&op) > 0;
       Tensor* partial = in[1];
       auto reduced = std::make_shared<Tensor>();

@@ -382,23 +382,37 @@ constexpr char kPsumProgram[] = R"pb(
   }
 )pb";
 
+// One executor per rank of the 1-axis mesh `data=N` (N = transports.size()) over `transports`,
+// each keeping `results`; empty, with the failure recorded, if one does not compile.
+std::vector<std::unique_ptr<Executor>> RankExecutors(
+    const v1::StepProgram& program, const Mesh& mesh,
+    const std::vector<std::unique_ptr<Transport>>& transports, std::vector<std::string> results,
+    const CollectiveOptions& collectives = {}) {
+  std::vector<std::unique_ptr<Executor>> ex;
+  for (size_t r = 0; r < transports.size(); ++r) {
+    Executor::Options o;
+    o.mesh = &mesh;
+    o.rank = static_cast<int>(r);
+    o.transport = transports[r].get();
+    o.collectives = collectives;
+    o.results = results;
+    absl::StatusOr<std::unique_ptr<Executor>> e = Executor::Create(program, o);
+    EXPECT_TRUE(e.ok()) << "rank " << r << ": " << e.status();
+    if (!e.ok()) return {};
+    ex.push_back(*std::move(e));
+  }
+  return ex;
+}
+
 TEST(ExecutorBindingTest, APsumOfAnInputNothingReadsAfterIsReducedInThatInputsMemory) {
   v1::StepProgram program;
   ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kPsumProgram, &program));
   absl::StatusOr<Mesh> mesh = Mesh::Parse("data=2");
   ASSERT_TRUE(mesh.ok()) << mesh.status();
   std::vector<std::unique_ptr<Transport>> transports = CreateInProcessTransports(2);
-  std::vector<std::unique_ptr<Executor>> ex(2);
-  for (int r = 0; r < 2; ++r) {
-    Executor::Options o;
-    o.mesh = &*mesh;
-    o.rank = r;
-    o.transport = transports[r].get();
-    o.results = {"s", "out"};
-    absl::StatusOr<std::unique_ptr<Executor>> e = Executor::Create(program, o);
-    ASSERT_TRUE(e.ok()) << e.status();
-    ex[r] = *std::move(e);
-  }
+  std::vector<std::unique_ptr<Executor>> ex =
+      RankExecutors(program, *mesh, transports, {"s", "out"});
+  ASSERT_EQ(ex.size(), 2u);
   std::vector<std::vector<float>> taken_s(2);
   for (int call = 0; call < 2; ++call) {
     std::vector<absl::Status> status(2);
@@ -527,18 +541,11 @@ TEST(ExecutorBindingTest, AFusedAdamUpdateStepsOnThePsumOfItsPartialGradient) {
       ASSERT_TRUE(
           google::protobuf::TextFormat::ParseFromString(FusedAdamProgram(read_g_later), &program));
       std::vector<std::unique_ptr<Transport>> transports = CreateInProcessTransports(2);
-      std::vector<std::unique_ptr<Executor>> ex(2);
-      for (int r = 0; r < 2; ++r) {
-        Executor::Options o;
-        o.mesh = &*mesh;
-        o.rank = r;
-        o.transport = transports[r].get();
-        o.collectives.direct_min_bytes = direct ? 1 : 0;
-        o.results = {"p2", "mu2", "nu2"};
-        absl::StatusOr<std::unique_ptr<Executor>> e = Executor::Create(program, o);
-        ASSERT_TRUE(e.ok()) << e.status();
-        ex[r] = *std::move(e);
-      }
+      CollectiveOptions collectives;
+      collectives.direct_min_bytes = direct ? 1 : 0;
+      std::vector<std::unique_ptr<Executor>> ex =
+          RankExecutors(program, *mesh, transports, {"p2", "mu2", "nu2"}, collectives);
+      ASSERT_EQ(ex.size(), 2u);
       std::vector<absl::Status> status(2);
       std::vector<std::thread> threads;
       for (int r = 0; r < 2; ++r) {
