@@ -9,8 +9,8 @@
 
 #include <cstdlib>
 #include <fstream>
-#include <utility>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/sharding/mesh.h"
@@ -21,9 +21,11 @@ namespace {
 
 // fork + exec with stdout/stderr to `log_path`; the child dies with its parent.
 absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::string>& args,
-                            const std::string& log_path, const std::vector<std::pair<std::string, std::string>>& env = {}) {
+                            const std::string& log_path,
+                            const std::vector<std::pair<std::string, std::string>>& env = {}) {
   if (access(binary.c_str(), X_OK) != 0) {
-    return absl::NotFoundError(absl::StrCat("executable ", binary, " not found (build meshrun first)"));
+    return absl::NotFoundError(
+        absl::StrCat("executable ", binary, " not found (build meshrun first)"));
   }
   std::vector<std::string> argv_storage = {binary};
   argv_storage.insert(argv_storage.end(), args.begin(), args.end());
@@ -80,18 +82,20 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   if (c->log_dir_.empty()) {
     const char* tmp = std::getenv("TMPDIR");
     std::string templ = absl::StrCat(tmp ? tmp : "/tmp", "/meshrun-XXXXXX");
-    if (mkdtemp(templ.data()) == nullptr) return absl::InternalError("cannot create a log directory");
+    if (mkdtemp(templ.data()) == nullptr)
+      return absl::InternalError("cannot create a log directory");
     c->log_dir_ = templ;
   } else {
     mkdir(c->log_dir_.c_str(), 0755);
   }
   const std::string port_file = c->log_dir_ + "/coordinator.port";
   std::remove(port_file.c_str());
-  absl::StatusOr<pid_t> coord = Spawn(bin + "/meshrun-coordinator",
-                                      {absl::StrCat("--mesh=", o.mesh), absl::StrCat("--port=", o.port),
-                                       absl::StrCat("--port_file=", port_file),
-                                       absl::StrCat("--heartbeat_timeout=", absl::FormatDuration(o.heartbeat_timeout))},
-                                      c->log_dir_ + "/coordinator.log");
+  absl::StatusOr<pid_t> coord =
+      Spawn(bin + "/meshrun-coordinator",
+            {absl::StrCat("--mesh=", o.mesh), absl::StrCat("--port=", o.port),
+             absl::StrCat("--port_file=", port_file),
+             absl::StrCat("--heartbeat_timeout=", absl::FormatDuration(o.heartbeat_timeout))},
+            c->log_dir_ + "/coordinator.log");
   if (!coord.ok()) return coord.status();
   c->coordinator_pid_ = *coord;
   const absl::Time deadline = absl::Now() + o.start_timeout;
@@ -103,10 +107,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     int status;
     if (waitpid(c->coordinator_pid_, &status, WNOHANG) == c->coordinator_pid_) {
       c->coordinator_pid_ = -1;
-      return absl::UnavailableError(absl::StrCat("coordinator exited at start; see ", c->log_dir_, "/coordinator.log"));
+      return absl::UnavailableError(
+          absl::StrCat("coordinator exited at start; see ", c->log_dir_, "/coordinator.log"));
     }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(absl::StrCat("coordinator did not start; see ", c->log_dir_));
+      return absl::DeadlineExceededError(
+          absl::StrCat("coordinator did not start; see ", c->log_dir_));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
@@ -118,18 +124,21 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   // the step's many small primitives instead of sleeping (1.7x samples/s for one 2-thread
   // worker); the finite spin count lets an idle worker sleep after about 20 ms.
   std::vector<std::pair<std::string, std::string>> env;
-  if (threads > 1 && threads * workers <= cores) env = {{"OMP_WAIT_POLICY", "ACTIVE"}, {"GOMP_SPINCOUNT", "20000000"}};
+  if (threads > 1 && threads * workers <= cores)
+    env = {{"OMP_WAIT_POLICY", "ACTIVE"}, {"GOMP_SPINCOUNT", "20000000"}};
   for (int r = 0; r < workers; ++r) {
-    absl::StatusOr<pid_t> w =
-        Spawn(bin + "/meshrun-worker",
-              {absl::StrCat("--coordinator=", c->address_), absl::StrCat("--compute_threads=", threads),
-               absl::StrCat("--join_timeout=", absl::FormatDuration(o.start_timeout)),
-               absl::StrCat("--shm_transport=", o.shm_transport ? "true" : "false")},
-              absl::StrCat(c->log_dir_, "/worker", r, ".log"), env);
+    absl::StatusOr<pid_t> w = Spawn(
+        bin + "/meshrun-worker",
+        {absl::StrCat("--coordinator=", c->address_), absl::StrCat("--compute_threads=", threads),
+         absl::StrCat("--join_timeout=", absl::FormatDuration(o.start_timeout)),
+         absl::StrCat("--shm_transport=", o.shm_transport ? "true" : "false"),
+         absl::StrCat("--memory_budget_bytes=", o.worker_memory_budget_bytes)},
+        absl::StrCat(c->log_dir_, "/worker", r, ".log"), env);
     if (!w.ok()) return w.status();
     c->worker_pids_.push_back(*w);
   }
-  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(c->address_, deadline - absl::Now());
+  absl::StatusOr<std::unique_ptr<Client>> client =
+      Client::Connect(c->address_, deadline - absl::Now());
   if (!client.ok()) return client.status();
   if (absl::Status s = (*client)->WaitForWorkers(deadline - absl::Now()); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat(s.message(), "; logs in ", c->log_dir_));

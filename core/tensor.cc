@@ -1,7 +1,6 @@
 #include "core/tensor.h"
 
 #include <algorithm>
-
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -26,11 +25,16 @@ size_t DTypeSize(DType dtype) {
 
 std::string DTypeName(DType dtype) {
   switch (dtype) {
-    case v1::DTYPE_F32: return "f32";
-    case v1::DTYPE_BF16: return "bf16";
-    case v1::DTYPE_I32: return "i32";
-    case v1::DTYPE_U32: return "u32";
-    default: return "unspecified";
+    case v1::DTYPE_F32:
+      return "f32";
+    case v1::DTYPE_BF16:
+      return "bf16";
+    case v1::DTYPE_I32:
+      return "i32";
+    case v1::DTYPE_U32:
+      return "u32";
+    default:
+      return "unspecified";
   }
 }
 
@@ -40,7 +44,33 @@ int64_t NumElements(const Dims& dims) {
   return n;
 }
 
-std::string DimsToString(const Dims& dims) { return absl::StrCat("[", absl::StrJoin(dims, ", "), "]"); }
+std::string DimsToString(const Dims& dims) {
+  return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
+}
+
+absl::StatusOr<int64_t> CheckedByteSize(DType dtype, const Dims& dims) {
+  const int64_t element = static_cast<int64_t>(DTypeSize(dtype));
+  if (element == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("array of shape ", DimsToString(dims), " has no dtype (got ", dtype, ")"));
+  }
+  for (int64_t d : dims) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("negative dim ", d, " in shape ", DTypeName(dtype), DimsToString(dims)));
+    }
+  }
+  if (std::find(dims.begin(), dims.end(), 0) != dims.end()) return 0;
+  int64_t bytes = element;
+  for (int64_t d : dims) {
+    if (__builtin_mul_overflow(bytes, d, &bytes) || bytes > kMaxArrayBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("array ", DTypeName(dtype), DimsToString(dims),
+                                                     " is larger than the limit of ",
+                                                     kMaxArrayBytes, " bytes per array"));
+    }
+  }
+  return bytes;
+}
 
 namespace {
 
@@ -119,19 +149,15 @@ v1::Tensor Tensor::ToProto() const {
 
 absl::StatusOr<Tensor> Tensor::FromProto(const v1::Tensor& proto) {
   Dims dims(proto.shape().dims().begin(), proto.shape().dims().end());
-  for (int64_t d : dims) {
-    if (d < 0) return absl::InvalidArgumentError(absl::StrCat("negative dim in shape ", DimsToString(dims)));
+  absl::StatusOr<int64_t> bytes = CheckedByteSize(proto.dtype(), dims);
+  if (!bytes.ok()) return bytes.status();
+  if (proto.data().size() != static_cast<size_t>(*bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", DTypeName(proto.dtype()),
+                                                   DimsToString(dims), " needs ", *bytes,
+                                                   " bytes, got ", proto.data().size()));
   }
-  if (DTypeSize(proto.dtype()) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor has no dtype (got ", proto.dtype(), ")"));
-  }
-  Tensor t(proto.dtype(), dims);
-  if (proto.data().size() != t.size_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor ", DTypeName(proto.dtype()), DimsToString(dims),
-                                                   " needs ", t.size_bytes(), " bytes, got ",
-                                                   proto.data().size()));
-  }
-  std::memcpy(t.raw(), proto.data().data(), t.size_bytes());
+  Tensor t = Uninitialized(proto.dtype(), std::move(dims));
+  if (*bytes > 0) std::memcpy(t.raw(), proto.data().data(), *bytes);
   return t;
 }
 

@@ -26,6 +26,15 @@ using Dims = std::vector<int64_t>;
 int64_t NumElements(const Dims& dims);
 std::string DimsToString(const Dims& dims);  // "[128, 784]"
 
+// The largest array meshrun accepts: 2^46 bytes (64 TiB), past any host's memory, so that byte
+// counts derived from it stay far inside int64 and size_t.
+inline constexpr int64_t kMaxArrayBytes = int64_t{1} << 46;
+// The bytes of a row-major array of `dtype` and `dims`, overflow-checked. Every shape that comes
+// off the wire or out of a file goes through here before anything is allocated for it. Errors:
+// InvalidArgument naming the dtype and shape for an unspecified dtype, a negative dim, or more
+// than kMaxArrayBytes (an element count that overflows int64 included).
+absl::StatusOr<int64_t> CheckedByteSize(DType dtype, const Dims& dims);
+
 // Where the storage of Tensors of at least `min_bytes` comes from, instead of the heap: a worker
 // puts its large arrays in memory that co-located workers can map (worker/shm_arena.h), so a
 // collective can read and write them where they lie. The allocator returns 64-byte-aligned
@@ -60,9 +69,13 @@ class Tensor {
   void* raw() { return data_.get(); }
   const void* raw() const { return data_.get(); }
   template <typename T>
-  T* data() { return static_cast<T*>(raw()); }
+  T* data() {
+    return static_cast<T*>(raw());
+  }
   template <typename T>
-  const T* data() const { return static_cast<const T*>(raw()); }
+  const T* data() const {
+    return static_cast<const T*>(raw());
+  }
 
   // A Tensor over this one's memory, not a copy: a write through either is seen by both. The
   // owner of a const Tensor that aliases it out must only read through the alias.
@@ -79,7 +92,8 @@ class Tensor {
   void ZeroFill();
 
   v1::Tensor ToProto() const;
-  // Errors: InvalidArgument if the byte count does not match dtype and shape.
+  // Errors: those of CheckedByteSize; InvalidArgument if the byte count does not match dtype and
+  // shape (checked before anything is allocated).
   static absl::StatusOr<Tensor> FromProto(const v1::Tensor& proto);
 
  private:

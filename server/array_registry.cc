@@ -15,12 +15,14 @@ absl::Status ArrayRegistry::EnsureStubs() {
   absl::MutexLock lock(&mu_);
   if (!stubs_.empty()) return absl::OkStatus();
   if (absl::Status s = workers_->WaitUntilReady(absl::Now() + absl::Seconds(10)); !s.ok()) return s;
-  for (const auto& p : workers_->Peers()) stubs_.push_back(v1::Worker::NewStub(CreateChannel(p.address())));
+  for (const auto& p : workers_->Peers())
+    stubs_.push_back(v1::Worker::NewStub(CreateChannel(p.address())));
   return absl::OkStatus();
 }
 
-absl::Status ArrayRegistry::ForRanks(const std::vector<int>& ranks,
-                                     const std::function<grpc::Status(int, grpc::ClientContext*)>& call) {
+absl::Status ArrayRegistry::ForRanks(
+    const std::vector<int>& ranks,
+    const std::function<grpc::Status(int, grpc::ClientContext*)>& call) {
   std::vector<grpc::Status> status(ranks.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -32,19 +34,22 @@ absl::Status ArrayRegistry::ForRanks(const std::vector<int>& ranks,
   }
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < ranks.size(); ++i) {
-    if (!status[i].ok()) return FromGrpcStatus(status[i], absl::StrCat("worker ", workers_->Describe(ranks[i])));
+    if (!status[i].ok())
+      return FromGrpcStatus(status[i], absl::StrCat("worker ", workers_->Describe(ranks[i])));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const PartitionSpec& spec, std::string id) {
+absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const PartitionSpec& spec,
+                                                 std::string id) {
   const NamedSharding sharding(workers_->mesh(), spec);
   if (absl::Status s = sharding.Validate(global.dims()); !s.ok()) return s;
   if (absl::Status s = EnsureStubs(); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
     if (id.empty()) id = absl::StrCat("array-", next_id_++);
-    if (arrays_.count(id)) return absl::InvalidArgumentError(absl::StrCat("array id '", id, "' is in use"));
+    if (arrays_.count(id))
+      return absl::InvalidArgumentError(absl::StrCat("array id '", id, "' is in use"));
   }
   std::vector<int> ranks(workers_->expected());
   std::iota(ranks.begin(), ranks.end(), 0);
@@ -71,7 +76,8 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const Par
   info.set_dtype(global.dtype());
   for (int64_t d : global.dims()) info.mutable_shape()->add_dims(d);
   *info.mutable_sharding() = sharding.ToProto();
-  info.set_bytes_per_worker(NumElements(sharding.ShardDims(global.dims())) * DTypeSize(global.dtype()));
+  info.set_bytes_per_worker(NumElements(sharding.ShardDims(global.dims())) *
+                            DTypeSize(global.dtype()));
   absl::MutexLock lock(&mu_);
   arrays_[id] = info;
   return info;
@@ -131,15 +137,15 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   const v1::ShardMapProgram& p = request.program();
   const Mesh& mesh = workers_->mesh();
   if (p.inputs_size() != request.input_ids_size() || p.in_specs_size() != p.inputs_size()) {
-    return absl::InvalidArgumentError(absl::StrCat("shard_map takes ", p.inputs_size(), " arguments and ",
-                                                   p.in_specs_size(), " in_specs; got ", request.input_ids_size(),
-                                                   " arrays"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard_map takes ", p.inputs_size(), " arguments and ", p.in_specs_size(),
+                     " in_specs; got ", request.input_ids_size(), " arrays"));
   }
   if (p.out_specs_size() != p.outputs_size() ||
       (request.output_ids_size() != 0 && request.output_ids_size() != p.outputs_size())) {
-    return absl::InvalidArgumentError(absl::StrCat("shard_map returns ", p.outputs_size(), " results; got ",
-                                                   p.out_specs_size(), " out_specs and ", request.output_ids_size(),
-                                                   " output ids"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard_map returns ", p.outputs_size(), " results; got ", p.out_specs_size(),
+                     " out_specs and ", request.output_ids_size(), " output ids"));
   }
   std::map<std::string, Dims> buffer_dims;
   std::map<std::string, DType> buffer_dtype;
@@ -148,20 +154,23 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
     buffer_dtype[b.name()] = b.dtype();
   }
   // The arguments of run `k` (0: input_ids; then more_runs) exist and are laid out as in_specs.
-  auto check_arguments = [&](const google::protobuf::RepeatedPtrField<std::string>& ids, int k) -> absl::Status {
+  auto check_arguments = [&](const google::protobuf::RepeatedPtrField<std::string>& ids,
+                             int k) -> absl::Status {
     const std::string run = request.more_runs_size() > 0 ? absl::StrCat("run ", k, ": ") : "";
     if (ids.size() != p.inputs_size()) {
-      return absl::InvalidArgumentError(absl::StrCat(run, "shard_map takes ", p.inputs_size(), " arguments; got ",
-                                                     ids.size(), " arrays"));
+      return absl::InvalidArgumentError(absl::StrCat(run, "shard_map takes ", p.inputs_size(),
+                                                     " arguments; got ", ids.size(), " arrays"));
     }
     for (int i = 0; i < p.inputs_size(); ++i) {
       absl::StatusOr<v1::ArrayInfo> info = Info(ids[i]);
-      if (!info.ok()) return absl::Status(info.status().code(), absl::StrCat(run, info.status().message()));
+      if (!info.ok())
+        return absl::Status(info.status().code(), absl::StrCat(run, info.status().message()));
       const PartitionSpec have = PartitionSpec::FromProto(info->sharding().spec());
       const PartitionSpec want = PartitionSpec::FromProto(p.in_specs(i));
       if (have != want) {
-        return absl::InvalidArgumentError(absl::StrCat(run, "argument ", i, " (array '", ids[i], "') is laid out as ",
-                                                       have.ToString(), " but in_specs[", i, "] is ", want.ToString()));
+        return absl::InvalidArgumentError(
+            absl::StrCat(run, "argument ", i, " (array '", ids[i], "') is laid out as ",
+                         have.ToString(), " but in_specs[", i, "] is ", want.ToString()));
       }
     }
     return absl::OkStatus();
@@ -172,9 +181,10 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
     for (int a : request.donate_argnums()) {
       // A donated argument is carried over from run to run: the same array in every run.
       if (k > 0 && a >= 0 && a < ids.size() && ids[a] != request.input_ids(a)) {
-        return absl::InvalidArgumentError(absl::StrCat("run ", k, ": donated argument ", a, " is array '", ids[a],
-                                                       "'; with more runs it must be run 0's '", request.input_ids(a),
-                                                       "' (which the previous run replaced)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("run ", k, ": donated argument ", a, " is array '", ids[a],
+                         "'; with more runs it must be run 0's '", request.input_ids(a),
+                         "' (which the previous run replaced)"));
       }
     }
   }
@@ -184,14 +194,17 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
     const Dims local = buffer_dims[p.outputs(i)];
     const PartitionSpec spec = PartitionSpec::FromProto(p.out_specs(i));
     if (spec.entries().size() > local.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("out_specs[", i, "] ", spec.ToString(), " has more entries than ",
-                                                     "result ", i, " has dims (", DimsToString(local), ")"));
+      return absl::InvalidArgumentError(absl::StrCat("out_specs[", i, "] ", spec.ToString(),
+                                                     " has more entries than ", "result ", i,
+                                                     " has dims (", DimsToString(local), ")"));
     }
     Dims global = local;
     for (size_t d = 0; d < global.size(); ++d) {
       for (const auto& axis : spec.entry(d)) {
         absl::StatusOr<int> a = mesh.AxisIndex(axis);
-        if (!a.ok()) return absl::InvalidArgumentError(absl::StrCat("out_specs[", i, "]: ", a.status().message()));
+        if (!a.ok())
+          return absl::InvalidArgumentError(
+              absl::StrCat("out_specs[", i, "]: ", a.status().message()));
         global[d] *= mesh.axis_size(*a);
       }
     }
@@ -207,7 +220,8 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   std::set<std::string> donated;
   for (int a : request.donate_argnums()) {
     if (a < 0 || a >= request.input_ids_size()) {
-      return absl::InvalidArgumentError(absl::StrCat("donate_argnums: ", a, " is not an argument index (0..",
+      return absl::InvalidArgumentError(absl::StrCat("donate_argnums: ", a,
+                                                     " is not an argument index (0..",
                                                      request.input_ids_size() - 1, ")"));
     }
     donated.insert(request.input_ids(a));
@@ -215,7 +229,8 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   std::set<int> fetched;
   for (int o : request.fetch_outputs()) {
     if (o < 0 || o >= p.outputs_size() || !fetched.insert(o).second) {
-      return absl::InvalidArgumentError(absl::StrCat("fetch_outputs: ", o, " is not a result index (0..",
+      return absl::InvalidArgumentError(absl::StrCat("fetch_outputs: ", o,
+                                                     " is not a result index (0..",
                                                      p.outputs_size() - 1, ") or is given twice"));
     }
   }
@@ -223,15 +238,16 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
     absl::MutexLock lock(&mu_);
     for (int i = 0; i < p.outputs_size(); ++i) {
       if (fetched.count(i)) continue;  // returned, never registered
-      std::string id = request.output_ids_size() ? request.output_ids(i) : absl::StrCat("array-", next_id_++);
+      std::string id =
+          request.output_ids_size() ? request.output_ids(i) : absl::StrCat("array-", next_id_++);
       if (arrays_.count(id) && !donated.count(id)) {
-        return absl::InvalidArgumentError(absl::StrCat("array id '", id, "' is in use (only a donated argument's id ",
-                                                       "may be reused)"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "array id '", id, "' is in use (only a donated argument's id ", "may be reused)"));
       }
       if (request.more_runs_size() > 0 && !donated.count(id)) {
-        return absl::InvalidArgumentError(absl::StrCat("result ", i, " (id '", id, "') would be overwritten by the next ",
-                                                       "run: with more runs every kept result must take a donated ",
-                                                       "argument's id"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "result ", i, " (id '", id, "') would be overwritten by the next ",
+            "run: with more runs every kept result must take a donated ", "argument's id"));
       }
       outputs[i].set_id(id);
     }
@@ -244,6 +260,8 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   run.set_collective_timeout_seconds(request.collective_timeout_seconds());
   *run.mutable_donate_argnums() = request.donate_argnums();
   *run.mutable_more_runs() = request.more_runs();
+  const uint64_t epoch = workers_->collective_epoch();
+  run.set_epoch(epoch);
   std::vector<int> ranks(workers_->expected());
   std::iota(ranks.begin(), ranks.end(), 0);
   // A fetched result comes back from one holder of each of its blocks (the lowest rank).
@@ -253,7 +271,8 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
     const v1::ArrayInfo& info = outputs[request.fetch_outputs(f)];
     absl::StatusOr<NamedSharding> sharding = NamedSharding::FromProto(info.sharding());
     if (!sharding.ok()) return sharding.status();
-    for (const auto& holders : BlockHolders(Dims(info.shape().dims().begin(), info.shape().dims().end()), *sharding)) {
+    for (const auto& holders :
+         BlockHolders(Dims(info.shape().dims().begin(), info.shape().dims().end()), *sharding)) {
       runs[holders.front()].add_return_outputs(request.fetch_outputs(f));
       returned_by[holders.front()].push_back(f);
     }
@@ -275,15 +294,17 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   for (int r : ranks) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
     SetTimeout(*contexts.back(), rpc_timeout_ * (1 + request.more_runs_size()));
-    stubs_[r]->async()->RunShardMap(contexts.back().get(), &runs[r], &responses[r], [&, r](grpc::Status status) {
-      absl::MutexLock lock(&done_mu);
-      results[r] = std::move(status);
-      after_abort[r] = aborted;
-      if (!results[r].ok() && results[r].error_code() != grpc::ABORTED && !aborted && first_failed < 0) {
-        first_failed = r;
-      }
-      --pending;
-    });
+    stubs_[r]->async()->RunShardMap(
+        contexts.back().get(), &runs[r], &responses[r], [&, r](grpc::Status status) {
+          absl::MutexLock lock(&done_mu);
+          results[r] = std::move(status);
+          after_abort[r] = aborted;
+          if (!results[r].ok() && results[r].error_code() != grpc::ABORTED && !aborted &&
+              first_failed < 0) {
+            first_failed = r;
+          }
+          --pending;
+        });
   }
   {
     absl::MutexLock lock(&done_mu);
@@ -301,6 +322,7 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
         SetTimeout(actx, absl::Seconds(2));
         v1::AbortRequest areq;
         areq.set_reason(absl::StrCat("shard_map failed on rank ", failed_rank));
+        areq.set_epoch(epoch);
         v1::AbortResponse aresp;
         stubs_[q]->Abort(&actx, areq, &aresp);
       }
@@ -316,7 +338,8 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
     const grpc::StatusCode code = results[r].error_code();
     if (code == grpc::DEADLINE_EXCEEDED) timed_out.push_back(r);
     const bool consequence = code == grpc::UNAVAILABLE && after_abort[r];
-    if (code != grpc::OK && code != grpc::ABORTED && code != grpc::DEADLINE_EXCEEDED && !consequence)
+    if (code != grpc::OK && code != grpc::ABORTED && code != grpc::DEADLINE_EXCEEDED &&
+        !consequence)
       failed.push_back(r);
   }
   absl::Status s;
@@ -324,23 +347,27 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
     const grpc::Status& first = results[failed.front()];
     s = absl::Status(static_cast<absl::StatusCode>(first.error_code()),
                      absl::StrCat("shard_map failed on ", failed.size() == 1 ? "rank " : "ranks ",
-                                  absl::StrJoin(failed, ", "), failed.size() < ranks.size() ? " (the other ranks were "
-                                  "aborted in their collectives)" : "", ": ", first.error_message()));
+                                  absl::StrJoin(failed, ", "),
+                                  failed.size() < ranks.size() ? " (the other ranks were "
+                                                                 "aborted in their collectives)"
+                                                               : "",
+                                  ": ", first.error_message()));
   } else if (!timed_out.empty()) {
     // Each message names the rank its collective waited for (a hung or unreachable worker).
-    s = absl::DeadlineExceededError(absl::StrCat("shard_map timed out: ranks ", absl::StrJoin(timed_out, ", "),
-                                                 " waited in a collective; rank ", timed_out.front(), ": ",
-                                                 results[timed_out.front()].error_message()));
+    s = absl::DeadlineExceededError(
+        absl::StrCat("shard_map timed out: ranks ", absl::StrJoin(timed_out, ", "),
+                     " waited in a collective; rank ", timed_out.front(), ": ",
+                     results[timed_out.front()].error_message()));
   } else {
     for (int r : ranks) {
-      if (!results[r].ok()) s = FromGrpcStatus(results[r], absl::StrCat("worker ", workers_->Describe(r)));
+      if (!results[r].ok())
+        s = FromGrpcStatus(results[r], absl::StrCat("worker ", workers_->Describe(r)));
     }
   }
   if (!s.ok()) {
-    ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
-      v1::ResetTransportResponse resp;
-      return stubs_[r]->ResetTransport(ctx, v1::ResetTransportRequest(), &resp);
-    }).IgnoreError();
+    // What the failed run's collectives left in flight is dropped by every worker before its
+    // next one.
+    workers_->AdvanceCollectiveEpoch();
     if (!donated.empty()) {
       // As with jax.jit's donation, the donated arrays are consumed: some workers may already hold
       // their results under those ids, so none of them is readable any more.

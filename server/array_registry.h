@@ -29,7 +29,8 @@ class ArrayRegistry {
 
   // Errors: InvalidArgument for a spec that does not fit the array on the mesh (naming the spec,
   // shape and dim), an unsupported dtype, or an id in use; worker errors.
-  absl::StatusOr<v1::ArrayInfo> Put(const Tensor& global, const PartitionSpec& spec, std::string id);
+  absl::StatusOr<v1::ArrayInfo> Put(const Tensor& global, const PartitionSpec& spec,
+                                    std::string id);
   // One replica of every distinct block, with the rank it came from (device_get's transfer; the
   // client assembles). Errors: NotFound naming the id; worker errors.
   absl::Status GetBlocks(const std::string& id, v1::GetArrayResponse* response);
@@ -37,7 +38,8 @@ class ArrayRegistry {
   std::vector<v1::ArrayInfo> List();
   // shard_map: runs `request.program` on every worker over the input arrays, whose specs must
   // equal the program's in_specs, and registers the outputs laid out by out_specs. On failure
-  // every worker is told to abort, then to reset its transport, and no output is registered.
+  // every worker is told to abort, the cluster moves to a new collective epoch (so nothing the
+  // failed run left in flight is read by the next one), and no output is registered.
   // Errors: InvalidArgument naming the argument, array and spec that do not match, or an output
   // spec that does not fit; worker errors (a collective deadline names the rank waited for).
   // Results named in request.fetch_outputs come back in the response instead of being registered.
@@ -52,13 +54,15 @@ class ArrayRegistry {
   // deleted, as are uncommitted leftovers. A failure (a full disk, a dead worker) leaves the
   // previous checkpoints as they were. Errors: NotFound for an unknown array id; InvalidArgument
   // for a duplicate name; the failing worker's error naming its rank and file.
-  absl::StatusOr<v1::SaveCheckpointResponse> SaveCheckpoint(const v1::SaveCheckpointRequest& request);
+  absl::StatusOr<v1::SaveCheckpointResponse> SaveCheckpoint(
+      const v1::SaveCheckpointRequest& request);
   // Restore into each array's target spec on this cluster's mesh (any layout, any mesh that the
   // shapes divide over): every worker reads only the saved blocks its block intersects.
   // Errors: NotFound for a missing checkpoint or array (naming it); InvalidArgument for a target
   // layout that cannot hold the saved shape or an id in use; DataLoss naming the array and file
   // for a corrupt or truncated block. Nothing is registered on failure.
-  absl::StatusOr<v1::RestoreCheckpointResponse> RestoreCheckpoint(const v1::RestoreCheckpointRequest& request);
+  absl::StatusOr<v1::RestoreCheckpointResponse> RestoreCheckpoint(
+      const v1::RestoreCheckpointRequest& request);
 
   // Errors: NotFound naming the id and the arrays that exist.
   absl::StatusOr<v1::ArrayInfo> Info(const std::string& id);

@@ -26,7 +26,8 @@ std::vector<CheckpointArray> StoredUnder(const std::vector<checkpoint::WantedArr
                                          const std::string& prefix, const std::string& only = "") {
   std::vector<CheckpointArray> out;
   for (const checkpoint::WantedArray& a : state) {
-    if (absl::StartsWith(a.name, only)) out.push_back({a.name, prefix + a.name, a.dtype, a.shape, a.spec});
+    if (absl::StartsWith(a.name, only))
+      out.push_back({a.name, prefix + a.name, a.dtype, a.shape, a.spec});
   }
   return out;
 }
@@ -40,9 +41,9 @@ struct RestoredState {
   int arrays = 0;     // how many state arrays each worker must take from the store
 };
 absl::StatusOr<RestoredState> RestoreJobState(const JobConfig& config, const Mesh& mesh,
-                                        const std::vector<checkpoint::WantedArray>& state,
-                                        const ForEachWorker& each_worker,
-                                        const std::function<bool(const std::string&)>& info) {
+                                              const std::vector<checkpoint::WantedArray>& state,
+                                              const ForEachWorker& each_worker,
+                                              const std::function<bool(const std::string&)>& info) {
   std::string path;
   absl::StatusOr<checkpoint::Manifest> m = absl::NotFoundError("");
   std::vector<CheckpointArray> targets;
@@ -70,8 +71,8 @@ absl::StatusOr<RestoredState> RestoreJobState(const JobConfig& config, const Mes
   if (!loads.ok()) return loads.status();
   absl::StatusOr<int64_t> bytes = LoadBlocks(*loads, targets, each_worker);
   if (!bytes.ok()) return bytes.status();
-  info(absl::StrCat(resuming ? "resumed from " : "initialised from ", path, " at step ", m->step, ": ", targets.size(), " arrays, ", *bytes,
-                    " bytes read by the workers"));
+  info(absl::StrCat(resuming ? "resumed from " : "initialised from ", path, " at step ", m->step,
+                    ": ", targets.size(), " arrays, ", *bytes, " bytes read by the workers"));
   return RestoredState{m->step, static_cast<int>(targets.size())};
 }
 
@@ -92,6 +93,8 @@ void JobDriver::Status(std::string* state, int64_t* step, std::string* error) {
 }
 
 void JobDriver::AbortAll(const std::string& reason) {
+  const uint64_t epoch = registry_->collective_epoch();
+  registry_->AdvanceCollectiveEpoch();  // the next run starts clean (transport.h)
   std::vector<std::thread> threads;
   for (size_t r = 0; r < stubs_.size(); ++r) {
     threads.emplace_back([&, r] {
@@ -99,6 +102,7 @@ void JobDriver::AbortAll(const std::string& reason) {
       SetTimeout(ctx, absl::Seconds(2));
       v1::AbortRequest req;
       req.set_reason(reason);
+      req.set_epoch(epoch);
       v1::AbortResponse resp;
       stubs_[r]->Abort(&ctx, req, &resp);
     });
@@ -106,7 +110,8 @@ void JobDriver::AbortAll(const std::string& reason) {
   for (auto& t : threads) t.join();
 }
 
-absl::Status JobDriver::AllWorkers(const std::string& what, absl::Duration timeout, const Call& call) {
+absl::Status JobDriver::AllWorkers(const std::string& what, absl::Duration timeout,
+                                   const Call& call) {
   const int n = static_cast<int>(stubs_.size());
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   for (int r = 0; r < n; ++r) {
@@ -129,20 +134,24 @@ absl::Status JobDriver::AllWorkers(const std::string& what, absl::Duration timeo
   }
   // Root cause first: a worker that missed heartbeats, then one the RPC could not reach (errors a
   // worker returns itself start with "rank "), then the earliest failure.
-  auto root_cause = [&](const std::vector<int>& dead) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) -> absl::Status {
+  auto root_cause = [&](const std::vector<int>& dead)
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) -> absl::Status {
     if (!dead.empty()) {
-      return absl::UnavailableError(absl::StrCat("worker ", registry_->Describe(dead[0]), " missed heartbeats for ",
-                                                 absl::FormatDuration(options_.heartbeat_timeout), " during ", what,
-                                                 " (died or hung)"));
+      return absl::UnavailableError(absl::StrCat(
+          "worker ", registry_->Describe(dead[0]), " missed heartbeats for ",
+          absl::FormatDuration(options_.heartbeat_timeout), " during ", what, " (died or hung)"));
     }
     for (int r : failed_in_order) {
-      if (status[r].error_code() == grpc::UNAVAILABLE && !absl::StartsWith(status[r].error_message(), "rank ")) {
-        return absl::UnavailableError(absl::StrCat("worker ", registry_->Describe(r), " is unreachable during ", what,
-                                                   " (process died?): ", status[r].error_message()));
+      if (status[r].error_code() == grpc::UNAVAILABLE &&
+          !absl::StartsWith(status[r].error_message(), "rank ")) {
+        return absl::UnavailableError(
+            absl::StrCat("worker ", registry_->Describe(r), " is unreachable during ", what,
+                         " (process died?): ", status[r].error_message()));
       }
     }
     const int first = failed_in_order.front();
-    return FromGrpcStatus(status[first], absl::StrCat("worker ", registry_->Describe(first), " failed during ", what));
+    return FromGrpcStatus(status[first], absl::StrCat("worker ", registry_->Describe(first),
+                                                      " failed during ", what));
   };
   absl::Status result;
   std::vector<int> dead;
@@ -190,22 +199,27 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
     absl::StatusOr<Mesh> want = Mesh::Create(config.mesh);
     if (!want.ok()) return fail(want.status());
     if (*want != mesh) {
-      return fail(absl::InvalidArgumentError(
-          absl::StrCat("job mesh ", want->ToString(), " does not match the cluster's ", mesh.ToString())));
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "job mesh ", want->ToString(), " does not match the cluster's ", mesh.ToString())));
     }
   }
   absl::StatusOr<v1::StepProgram> program = BuildDpClassifierProgram(config, mesh);
   if (!program.ok()) return fail(program.status());
-  if (absl::Status s = registry_->WaitUntilReady(absl::Now() + options_.ready_timeout); !s.ok()) return fail(s);
+  if (absl::Status s = registry_->WaitUntilReady(absl::Now() + options_.ready_timeout); !s.ok())
+    return fail(s);
   if (stubs_.empty()) {
-    for (const auto& p : registry_->Peers()) stubs_.push_back(v1::Worker::NewStub(CreateChannel(p.address())));
+    for (const auto& p : registry_->Peers())
+      stubs_.push_back(v1::Worker::NewStub(CreateChannel(p.address())));
   }
   const int64_t steps_per_epoch = kFashionMnistTrainExamples / config.data.batch_size;
-  const int64_t total = config.train.max_steps > 0 ? config.train.max_steps : config.train.epochs * steps_per_epoch;
-  info(absl::StrCat("plan: ", mesh.ToString(), "; params and optimizer state PartitionSpec() (replicated); batch ",
-                    "PartitionSpec('data', None): ", program->minibatch_size() * program->num_minibatches(),
-                    " examples per worker per step in ", program->num_minibatches(), " minibatches; ", total,
-                    " steps (", steps_per_epoch, " per epoch)"));
+  const int64_t total =
+      config.train.max_steps > 0 ? config.train.max_steps : config.train.epochs * steps_per_epoch;
+  info(absl::StrCat(
+      "plan: ", mesh.ToString(),
+      "; params and optimizer state PartitionSpec() (replicated); batch ",
+      "PartitionSpec('data', None): ", program->minibatch_size() * program->num_minibatches(),
+      " examples per worker per step in ", program->num_minibatches(), " minibatches; ", total,
+      " steps (", steps_per_epoch, " per epoch)"));
 
   // Checkpoints (config.checkpoint): where the state comes from, if not from init.
   const std::vector<checkpoint::WantedArray> state = TrainStateArrays(*program, mesh);
@@ -224,15 +238,19 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
   load.set_seed(config.train.seed);
   load.set_global_batch_size(config.data.batch_size);
   load.set_collective_timeout_seconds(config.train.collective_timeout_seconds);
-  absl::Status s = AllWorkers("LoadProgram", options_.load_timeout, [&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
-    v1::LoadProgramResponse resp;
-    grpc::Status st = stub.LoadProgram(ctx, load, &resp);
-    if (st.ok() && resp.restored_size() != restored->arrays) {
-      return grpc::Status(grpc::INTERNAL, absl::StrCat("rank ", r, ": took ", resp.restored_size(), " of the ",
-                                                       restored->arrays, " restored state arrays"));
-    }
-    return st;
-  });
+  load.set_epoch(registry_->collective_epoch());
+  absl::Status s = AllWorkers(
+      "LoadProgram", options_.load_timeout,
+      [&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
+        v1::LoadProgramResponse resp;
+        grpc::Status st = stub.LoadProgram(ctx, load, &resp);
+        if (st.ok() && resp.restored_size() != restored->arrays) {
+          return grpc::Status(grpc::INTERNAL,
+                              absl::StrCat("rank ", r, ": took ", resp.restored_size(), " of the ",
+                                           restored->arrays, " restored state arrays"));
+        }
+        return st;
+      });
   if (!s.ok()) return fail(s);
 
   // A save in flight (async: written from the workers' snapshot while the next steps run).
@@ -253,7 +271,8 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
   };
   const bool saving = !config.checkpoint.dir.empty();
   auto is_save_step = [&](int64_t at) {
-    return saving && (at == total || (config.checkpoint.save_every > 0 && at % config.checkpoint.save_every == 0));
+    return saving && (at == total ||
+                      (config.checkpoint.save_every > 0 && at % config.checkpoint.save_every == 0));
   };
   const std::vector<CheckpointArray> snapshot_arrays = StoredUnder(state, kSnapshotPrefix);
 
@@ -265,20 +284,24 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
   std::vector<v1::StepMetrics> interval;  // every worker's metrics since the last report
   while (step < total) {
     // Up to the next report (every log_every steps), the next save or the end.
-    int64_t next = std::min<int64_t>(total, (step / config.train.log_every + 1) * config.train.log_every);
+    int64_t next =
+        std::min<int64_t>(total, (step / config.train.log_every + 1) * config.train.log_every);
     if (saving && config.checkpoint.save_every > 0) {
-      next = std::min<int64_t>(next, (step / config.checkpoint.save_every + 1) * config.checkpoint.save_every);
+      next = std::min<int64_t>(
+          next, (step / config.checkpoint.save_every + 1) * config.checkpoint.save_every);
     }
     const int block = static_cast<int>(next - step);
     v1::RunStepsRequest req;
     req.set_first_step(step);
     req.set_num_steps(block);
+    req.set_epoch(registry_->collective_epoch());
     if (is_save_step(next)) {
       // A second save waits for the first; the snapshot replaces the one it writes from.
       if (absl::Status saved = finish_save(); !saved.ok()) return fail(saved);
       req.set_snapshot_prefix(kSnapshotPrefix);
     }
-    const absl::Duration timeout = absl::Seconds(config.train.collective_timeout_seconds * block + 30);
+    const absl::Duration timeout =
+        absl::Seconds(config.train.collective_timeout_seconds * block + 30);
     s = AllWorkers(absl::StrCat("steps ", step, "..", step + block - 1), timeout,
                    [&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
                      responses[r].Clear();
@@ -286,13 +309,14 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
                    });
     if (!s.ok()) return fail_after_save(s);
     step += block;
-    for (const auto& resp : responses) interval.insert(interval.end(), resp.steps().begin(), resp.steps().end());
+    for (const auto& resp : responses)
+      interval.insert(interval.end(), resp.steps().begin(), resp.steps().end());
     if (is_save_step(step)) {
       const int64_t at = step;
       save_thread = std::thread([&, at] {
         const absl::Time t0 = absl::Now();
-        save_result = WriteCheckpoint(config.checkpoint.dir, at, config.checkpoint.keep, mesh, snapshot_arrays,
-                                      each_worker);
+        save_result = WriteCheckpoint(config.checkpoint.dir, at, config.checkpoint.keep, mesh,
+                                      snapshot_arrays, each_worker);
         save_time = absl::Now() - t0;
       });
       if (!config.checkpoint.async) {
@@ -321,7 +345,8 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
       options_.metrics->OnSteps(static_cast<int>(steps_done), config.data.batch_size, loss / count,
                                 correct / count, all_step_seconds, all_collective_seconds);
     }
-    const double block_seconds = std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - interval_start));
+    const double block_seconds =
+        std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - interval_start));
     const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
     interval_start = absl::Now();
     interval_first = step;
@@ -350,9 +375,12 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
 
   if (config.train.evaluate) {
     std::vector<v1::EvaluateResponse> evals(stubs_.size());
-    s = AllWorkers("Evaluate", options_.load_timeout, [&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
-      return stub.Evaluate(ctx, v1::EvaluateRequest(), &evals[r]);
-    });
+    s = AllWorkers("Evaluate", options_.load_timeout,
+                   [&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
+                     v1::EvaluateRequest req;
+                     req.set_epoch(registry_->collective_epoch());
+                     return stub.Evaluate(ctx, req, &evals[r]);
+                   });
     if (!s.ok()) return fail(s);
     double loss = 0, correct = 0;
     int64_t count = 0;

@@ -5,6 +5,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/synchronization/mutex.h"
+#include "core/config/flag_checks.h"
 #include "glog/logging.h"
 #include "server/coordinator_runner.h"
 
@@ -32,6 +33,15 @@ int main(int argc, char** argv) {
   o.cluster_id = absl::GetFlag(FLAGS_cluster_id);
   o.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  for (const absl::Status& check :
+       {meshrun::CheckFlagRange("port", o.port, 0, 65535),
+        meshrun::CheckFlagRange("metrics_port", o.metrics_port, -1, 65535),
+        meshrun::CheckFlagPositive("heartbeat_timeout", o.heartbeat_timeout)}) {
+    if (!check.ok()) {
+      std::fprintf(stderr, "meshrun-coordinator: %s\n", std::string(check.message()).c_str());
+      return 2;
+    }
+  }
   absl::Status s = meshrun::RunCoordinator(o);
   if (!s.ok()) {
     std::fprintf(stderr, "meshrun-coordinator: %s\n", std::string(s.message()).c_str());

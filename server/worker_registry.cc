@@ -6,7 +6,20 @@
 namespace meshrun {
 
 WorkerRegistry::WorkerRegistry(Mesh mesh, std::string cluster_id)
-    : mesh_(std::move(mesh)), cluster_id_(std::move(cluster_id)), workers_(mesh_.size()) {}
+    : mesh_(std::move(mesh)),
+      cluster_id_(std::move(cluster_id)),
+      workers_(mesh_.size()),
+      collective_epoch_(static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()))) {}
+
+uint64_t WorkerRegistry::collective_epoch() {
+  absl::MutexLock lock(&mu_);
+  return collective_epoch_;
+}
+
+uint64_t WorkerRegistry::AdvanceCollectiveEpoch() {
+  absl::MutexLock lock(&mu_);
+  return ++collective_epoch_;
+}
 
 int WorkerRegistry::RegisteredCountLocked() const {
   int n = 0;
@@ -14,7 +27,8 @@ int WorkerRegistry::RegisteredCountLocked() const {
   return n;
 }
 
-absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(const v1::RegisterRequest& req, absl::Time deadline) {
+absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(const v1::RegisterRequest& req,
+                                                              absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   int rank = -1;
   for (int r = 0; r < expected(); ++r) {
@@ -23,12 +37,13 @@ absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(const v1::Register
   if (rank < 0) {
     if (req.requested_rank() >= 0) {
       if (req.requested_rank() >= expected()) {
-        return absl::FailedPreconditionError(absl::StrCat("requested rank ", req.requested_rank(),
-                                                          " is out of range for ", mesh_.ToString()));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "requested rank ", req.requested_rank(), " is out of range for ", mesh_.ToString()));
       }
       if (workers_[req.requested_rank()].registered) {
-        return absl::FailedPreconditionError(absl::StrCat("requested rank ", req.requested_rank(), " is taken by ",
-                                                          workers_[req.requested_rank()].peer.address()));
+        return absl::FailedPreconditionError(
+            absl::StrCat("requested rank ", req.requested_rank(), " is taken by ",
+                         workers_[req.requested_rank()].peer.address()));
       }
       rank = req.requested_rank();
     } else {
@@ -37,8 +52,9 @@ absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(const v1::Register
       }
     }
     if (rank < 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cluster is full: ", expected(), " of ", expected(), " workers registered for ", mesh_.ToString()));
+      return absl::FailedPreconditionError(absl::StrCat("cluster is full: ", expected(), " of ",
+                                                        expected(), " workers registered for ",
+                                                        mesh_.ToString()));
     }
     Entry& e = workers_[rank];
     e.registered = true;
@@ -51,10 +67,12 @@ absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(const v1::Register
     e.peer.set_shm_host_id(req.shm_host_id());
     e.last_heartbeat = absl::Now();
   }
-  auto all = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return RegisteredCountLocked() == expected(); };
+  auto all = [this]()
+                 ABSL_SHARED_LOCKS_REQUIRED(mu_) { return RegisteredCountLocked() == expected(); };
   if (!mu_.AwaitWithDeadline(absl::Condition(&all), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat("registered as rank ", rank, " but only ", RegisteredCountLocked(),
-                                                    " of ", expected(), " workers have joined"));
+    return absl::DeadlineExceededError(absl::StrCat("registered as rank ", rank, " but only ",
+                                                    RegisteredCountLocked(), " of ", expected(),
+                                                    " workers have joined"));
   }
   v1::RegisterResponse resp;
   resp.set_rank(rank);
@@ -70,8 +88,8 @@ absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(const v1::Register
 absl::Status WorkerRegistry::Heartbeat(int rank, const std::string& cluster_id) {
   absl::MutexLock lock(&mu_);
   if (cluster_id != cluster_id_ || rank < 0 || rank >= expected() || !workers_[rank].registered) {
-    return absl::NotFoundError(absl::StrCat("no rank ", rank, " in cluster '", cluster_id, "' (this is '",
-                                            cluster_id_, "')"));
+    return absl::NotFoundError(absl::StrCat("no rank ", rank, " in cluster '", cluster_id,
+                                            "' (this is '", cluster_id_, "')"));
   }
   workers_[rank].last_heartbeat = absl::Now();
   workers_[rank].ready = true;
@@ -92,7 +110,8 @@ absl::Status WorkerRegistry::WaitUntilReady(absl::Time deadline) {
     if (!workers_[r].ready) missing.push_back(r);
   }
   return absl::DeadlineExceededError(absl::StrCat(RegisteredCountLocked(), " of ", expected(),
-                                                  " workers registered; not ready: ranks ", absl::StrJoin(missing, ", ")));
+                                                  " workers registered; not ready: ranks ",
+                                                  absl::StrJoin(missing, ", ")));
 }
 
 std::vector<int> WorkerRegistry::DeadRanks(absl::Duration timeout) {

@@ -28,7 +28,8 @@ class WorkerRegistry {
   // passes. A worker that registers again from the same address keeps its rank.
   // Errors: DeadlineExceeded saying how many workers are still missing; FailedPrecondition when
   // the cluster is full or the requested rank is taken or out of range.
-  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request, absl::Time deadline);
+  absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
+                                                absl::Time deadline);
 
   // Records a heartbeat. Errors: NotFound for an unknown rank or another cluster's id.
   absl::Status Heartbeat(int rank, const std::string& cluster_id);
@@ -44,6 +45,13 @@ class WorkerRegistry {
   std::vector<v1::WorkerStatus> Snapshot(absl::Duration heartbeat_timeout);
   // "rank 3 (127.0.0.1:4567, pid 1234)".
   std::string Describe(int rank);
+
+  // The collective epoch (core/collectives/transport.h) that every request running collectives on
+  // the workers carries. The first is the coordinator's start time in microseconds, so a restarted
+  // coordinator never reuses an epoch its workers have seen.
+  uint64_t collective_epoch();
+  // Moves to a new epoch, after a run that failed or was aborted on any worker; returns it.
+  uint64_t AdvanceCollectiveEpoch();
 
   // After this, heartbeats answer shutdown=true.
   void RequestShutdown();
@@ -63,6 +71,7 @@ class WorkerRegistry {
   absl::Mutex mu_;
   std::vector<Entry> workers_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t collective_epoch_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace meshrun

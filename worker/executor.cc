@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/optim/adamw.h"
 #include "worker/kernels/kernel.h"
@@ -20,9 +20,9 @@ Executor::CompiledOp FromKernel(std::unique_ptr<Kernel> kernel) {
 
 absl::Status Arity(const v1::Op& op, int inputs, int outputs) {
   if (op.inputs_size() != inputs || op.outputs_size() != outputs) {
-    return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), " takes ", inputs, " inputs and ",
-                                                   outputs, " outputs; got ", op.inputs_size(), " and ",
-                                                   op.outputs_size()));
+    return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), " takes ", inputs,
+                                                   " inputs and ", outputs, " outputs; got ",
+                                                   op.inputs_size(), " and ", op.outputs_size()));
   }
   return absl::OkStatus();
 }
@@ -37,15 +37,35 @@ bool IsViewKind(v1::OpKind kind) {
 Executor::Executor(const v1::StepProgram& program, const Options& options)
     : program_(program), options_(options) {}
 
+absl::StatusOr<int64_t> Executor::BufferBytes(const v1::StepProgram& program) {
+  int64_t total = 0;
+  for (const v1::BufferDecl& decl : program.buffers()) {
+    absl::StatusOr<int64_t> bytes =
+        CheckedByteSize(decl.dtype(), Dims(decl.shape().dims().begin(), decl.shape().dims().end()));
+    if (!bytes.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("buffer '", decl.name(), "': ", bytes.status().message()));
+    }
+    total += *bytes;  // each at most 2^46, so no overflow below 2^17 buffers
+    if (total > kMaxArrayBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the program's buffers take more than ", kMaxArrayBytes, " bytes"));
+    }
+  }
+  return total;
+}
+
 absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram& program,
-                                                          const Options& options) {
+                                                           const Options& options) {
+  if (absl::StatusOr<int64_t> bytes = BufferBytes(program); !bytes.ok()) return bytes.status();
   std::unique_ptr<Executor> ex(new Executor(program, options));
   for (const v1::BufferDecl& decl : ex->program_.buffers()) {
     if (DTypeSize(decl.dtype()) == 0) {
       return absl::InvalidArgumentError(absl::StrCat("buffer '", decl.name(), "' has no dtype"));
     }
     if (ex->buffers_.count(decl.name())) {
-      return absl::InvalidArgumentError(absl::StrCat("buffer '", decl.name(), "' is declared twice"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("buffer '", decl.name(), "' is declared twice"));
     }
     Dims dims(decl.shape().dims().begin(), decl.shape().dims().end());
     // Zeroed below unless it never uses its own memory before it is written whole (untouched,
@@ -59,8 +79,8 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
     for (int i = 0; i < f.ops_size(); ++i) {
       absl::StatusOr<CompiledOp> op = ex->Compile(f.ops(i));
       if (!op.ok()) {
-        return absl::Status(op.status().code(), absl::StrCat("function '", f.name(), "' op ", i, " (",
-                                                             v1::OpKind_Name(f.ops(i).kind()),
+        return absl::Status(op.status().code(), absl::StrCat("function '", f.name(), "' op ", i,
+                                                             " (", v1::OpKind_Name(f.ops(i).kind()),
                                                              "): ", op.status().message()));
       }
       cf.ops.push_back(*std::move(op));
@@ -83,7 +103,8 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
   // Every buffer starts zeroed but those that never use their own memory before an op writes it
   // whole: those, and the Adam results that may go over a donated input (their one writer
   // writes every element and reads none).
-  for (const auto& [input, outputs] : ex->in_place_) left_untouched.insert(outputs.begin(), outputs.end());
+  for (const auto& [input, outputs] : ex->in_place_)
+    left_untouched.insert(outputs.begin(), outputs.end());
   // Inputs no op writes are zeroed only if used before BindInput gives them memory or values.
   for (auto& [name, tensor] : ex->buffers_) {
     if (left_untouched.count(name)) continue;
@@ -136,7 +157,8 @@ void Executor::AnalyzeBuffers() {
     const v1::Function& fn = program_.functions(f);
     for (int i = 0; i < fn.ops_size(); ++i) {
       const v1::Op& op = fn.ops(i);
-      if (op.kind() != v1::OP_ADAM_UPDATE || op.inputs_size() != 5 || op.outputs_size() != 3) continue;
+      if (op.kind() != v1::OP_ADAM_UPDATE || op.inputs_size() != 5 || op.outputs_size() != 3)
+        continue;
       // (output, input): new param over param, new mu over mu, new nu over nu.
       for (const auto& [k, j] : {std::pair<int, int>{0, 0}, {1, 2}, {2, 3}}) {
         const std::string& x = op.inputs(j);
@@ -154,7 +176,9 @@ void Executor::AnalyzeBuffers() {
     const v1::Function& fn = program_.functions(f);
     for (int i = 0; i < fn.ops_size(); ++i) {
       const v1::Op& op = fn.ops(i);
-      if (!IsViewKind(op.kind()) || op.inputs_size() < 1 || op.outputs_size() != 1 || op.inputs(0) == op.outputs(0)) continue;
+      if (!IsViewKind(op.kind()) || op.inputs_size() < 1 || op.outputs_size() != 1 ||
+          op.inputs(0) == op.outputs(0))
+        continue;
       const std::vector<std::pair<int, int>>& y_writers = writers[op.outputs(0)];
       bool ok = y_writers.size() == 1 && y_writers[0] == std::make_pair(f, i);
       for (const auto& [wf, wi] : writers[op.inputs(0)]) ok = ok && wf == f && wi >= 0 && wi < i;
@@ -174,7 +198,9 @@ void Executor::AnalyzeBuffers() {
       const std::string& out = op.outputs(0);
       const auto single = [&](const std::string& b, int before) {
         const std::vector<std::pair<int, int>>& w = writers[b];
-        return w.size() == 1 && w[0].first == f && w[0].second >= 0 && w[0].second < before ? w[0].second : -1;
+        return w.size() == 1 && w[0].first == f && w[0].second >= 0 && w[0].second < before
+                   ? w[0].second
+                   : -1;
       };
       auto out_it = buffers_.find(out);
       if (out_it == buffers_.end() || single(out, c + 1) != c || in_place_.count(out)) continue;
@@ -191,7 +217,8 @@ void Executor::AnalyzeBuffers() {
           target = fn.ops(w).inputs(0);  // the reshape's input is where the part is computed
           ok = single(target, w) >= 0;
         }
-        ok = ok && target != out && !placed.count(target) && !in_place_.count(target) && buffers_.count(target);
+        ok = ok && target != out && !placed.count(target) && !in_place_.count(target) &&
+             buffers_.count(target);
         for (const auto& [name, unused] : parts) ok = ok && name != target;
         if (!ok) break;
         parts.push_back({target, offset});
@@ -245,12 +272,13 @@ void Executor::AnalyzeBuffers() {
 
 absl::Status Executor::BindInput(const std::string& name, const Tensor& value, bool donated) {
   auto it = buffers_.find(name);
-  if (it == buffers_.end()) return absl::InvalidArgumentError(absl::StrCat("no input buffer '", name, "'"));
+  if (it == buffers_.end())
+    return absl::InvalidArgumentError(absl::StrCat("no input buffer '", name, "'"));
   Tensor* b = &it->second;
   if (b->dims() != value.dims() || b->dtype() != value.dtype()) {
-    return absl::InvalidArgumentError(absl::StrCat("input '", name, "' is ", DTypeName(value.dtype()),
-                                                   DimsToString(value.dims()), " but the program expects ",
-                                                   DTypeName(b->dtype()), DimsToString(b->dims())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("input '", name, "' is ", DTypeName(value.dtype()), DimsToString(value.dims()),
+                     " but the program expects ", DTypeName(b->dtype()), DimsToString(b->dims())));
   }
   donated_.erase(name);
   unzeroed_.erase(name);  // shared or copied whole below
@@ -266,7 +294,8 @@ absl::Status Executor::BindInput(const std::string& name, const Tensor& value, b
 
 absl::StatusOr<Tensor> Executor::TakeOutput(const std::string& name) {
   Tensor* b = buffer(name);
-  if (b == nullptr) return absl::InvalidArgumentError(absl::StrCat("no output buffer '", name, "'"));
+  if (b == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("no output buffer '", name, "'"));
   return b->Alias();
 }
 
@@ -295,17 +324,20 @@ absl::StatusOr<Communicator*> Executor::CommunicatorFor(const std::string& axis_
   return CommunicatorFor(std::vector<std::string>{axis_name});
 }
 
-absl::StatusOr<Communicator*> Executor::CommunicatorFor(const std::vector<std::string>& axis_names) {
+absl::StatusOr<Communicator*> Executor::CommunicatorFor(
+    const std::vector<std::string>& axis_names) {
   const std::string key = absl::StrJoin(axis_names, ",");
   auto it = communicators_.find(key);
   if (it != communicators_.end()) return it->second.get();
   if (options_.mesh == nullptr) return absl::FailedPreconditionError("no mesh for a collective");
-  if (axis_names.empty()) return absl::InvalidArgumentError("a collective needs at least one mesh axis");
+  if (axis_names.empty())
+    return absl::InvalidArgumentError("a collective needs at least one mesh axis");
   absl::StatusOr<std::vector<int>> axes = options_.mesh->AxisIndices(axis_names);
   if (!axes.ok()) return axes.status();
-  if (options_.transport == nullptr) return absl::FailedPreconditionError("no transport for a collective");
-  auto comm = std::make_unique<Communicator>(options_.transport, options_.mesh->AxesGroup(options_.rank, *axes),
-                                             options_.collectives);
+  if (options_.transport == nullptr)
+    return absl::FailedPreconditionError("no transport for a collective");
+  auto comm = std::make_unique<Communicator>(
+      options_.transport, options_.mesh->AxesGroup(options_.rank, *axes), options_.collectives);
   Communicator* raw = comm.get();
   communicators_[key] = std::move(comm);
   return raw;
@@ -313,7 +345,8 @@ absl::StatusOr<Communicator*> Executor::CommunicatorFor(const std::vector<std::s
 
 absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
   auto it = functions_.find(name);
-  if (it == functions_.end()) return absl::NotFoundError(absl::StrCat("program has no function '", name, "'"));
+  if (it == functions_.end())
+    return absl::NotFoundError(absl::StrCat("program has no function '", name, "'"));
   const CompiledFunction& cf = it->second;
   for (const std::string& input : unzeroed_) buffers_.at(input).ZeroFill();  // never bound
   unzeroed_.clear();
@@ -333,9 +366,11 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
   for (Tensor* b : written_buffers_) {
     if (b->aliased() && !over_donated.count(b)) b->ReplaceStorage();
   }
-  for (const Placement& p : placements_) buffers_.at(p.part).ShareMemory(buffers_.at(p.whole), p.byte_offset);
+  for (const Placement& p : placements_)
+    buffers_.at(p.part).ShareMemory(buffers_.at(p.whole), p.byte_offset);
   for (const v1::Feed& feed : cf.function->feeds()) {
-    if (!ctx.feed) return absl::FailedPreconditionError(absl::StrCat("function '", name, "' needs feeds"));
+    if (!ctx.feed)
+      return absl::FailedPreconditionError(absl::StrCat("function '", name, "' needs feeds"));
     if (absl::Status s = ctx.feed(feed, &buffers_.at(feed.buffer())); !s.ok()) return s;
   }
   const bool record = !cf.recorders.empty();
@@ -344,8 +379,9 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
     absl::Status s = cf.ops[i](ctx);
     if (record) cf.recorders[i](absl::Now() - start);
     if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("function '", name, "' op ", i, " (",
-                                                 v1::OpKind_Name(cf.function->ops(i).kind()), "): ", s.message()));
+      return absl::Status(
+          s.code(), absl::StrCat("function '", name, "' op ", i, " (",
+                                 v1::OpKind_Name(cf.function->ops(i).kind()), "): ", s.message()));
     }
   }
   return absl::OkStatus();
@@ -354,8 +390,12 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
 OpObserver::Recorder Executor::RecorderFor(const v1::Op& op) {
   std::string collective;
   static const std::map<v1::OpKind, std::string> kCollectives = {
-      {v1::OP_PSUM, "psum"},          {v1::OP_PMEAN, "pmean"},       {v1::OP_PMAX, "pmax"},
-      {v1::OP_ALL_GATHER, "all_gather"}, {v1::OP_PSUM_SCATTER, "psum_scatter"}, {v1::OP_PPERMUTE, "ppermute"},
+      {v1::OP_PSUM, "psum"},
+      {v1::OP_PMEAN, "pmean"},
+      {v1::OP_PMAX, "pmax"},
+      {v1::OP_ALL_GATHER, "all_gather"},
+      {v1::OP_PSUM_SCATTER, "psum_scatter"},
+      {v1::OP_PPERMUTE, "ppermute"},
       {v1::OP_ALL_TO_ALL, "all_to_all"}};
   auto it = kCollectives.find(op.kind());
   if (op.kind() == v1::OP_ALL_REDUCE) {
@@ -369,9 +409,11 @@ OpObserver::Recorder Executor::RecorderFor(const v1::Op& op) {
       if (const Tensor* t = buffer(name)) bytes += static_cast<int64_t>(t->size_bytes());
     }
     return options_.observer->ForCollective(
-        collective, op.axis_name().empty() ? absl::StrJoin(op.axis_names(), ",") : op.axis_name(), bytes);
+        collective, op.axis_name().empty() ? absl::StrJoin(op.axis_names(), ",") : op.axis_name(),
+        bytes);
   }
-  return options_.observer->ForKernel(absl::AsciiStrToLower(v1::OpKind_Name(op.kind()).substr(3)));  // matmul
+  return options_.observer->ForKernel(
+      absl::AsciiStrToLower(v1::OpKind_Name(op.kind()).substr(3)));  // matmul
 }
 
 absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
@@ -419,7 +461,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
       mo.transpose_b = op.transpose_b();
       mo.alpha = op.alpha() == 0.0f ? 1.0f : op.alpha();
       mo.accumulate = op.accumulate();
-      return wrap(CreateMatmul(*in[0], *in[1], op.inputs_size() == 3 ? in[2] : nullptr, *out[0], mo));
+      return wrap(
+          CreateMatmul(*in[0], *in[1], op.inputs_size() == 3 ? in[2] : nullptr, *out[0], mo));
     }
     case v1::OP_SILU:
       if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
@@ -429,8 +472,9 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
       return wrap(CreateSiluGrad(*in[0], *in[1], *out[0]));
     case v1::OP_DROPOUT: {
       if (absl::Status s = Arity(op, 1, 2); !s.ok()) return s;
-      absl::StatusOr<int> axis = options_.mesh ? options_.mesh->AxisIndex(op.axis_name())
-                                               : absl::StatusOr<int>(absl::FailedPreconditionError("no mesh"));
+      absl::StatusOr<int> axis =
+          options_.mesh ? options_.mesh->AxisIndex(op.axis_name())
+                        : absl::StatusOr<int>(absl::FailedPreconditionError("no mesh"));
       if (!axis.ok()) return axis.status();
       const uint32_t axis_index = options_.mesh->Coords(options_.rank)[*axis];
       absl::StatusOr<std::unique_ptr<Kernel>> mul = CreateMultiply(*in[0], *out[1], *out[0]);
@@ -445,7 +489,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
         std::vector<uint32_t> bits = RandomBits(key, mask->num_elements());
         float* m = mask->data<float>();
         const float scale = 1.0f / keep;
-        for (int64_t i = 0; i < mask->num_elements(); ++i) m[i] = BitsToUnitFloat(bits[i]) < keep ? scale : 0.0f;
+        for (int64_t i = 0; i < mask->num_elements(); ++i)
+          m[i] = BitsToUnitFloat(bits[i]) < keep ? scale : 0.0f;
         return k->Run();
       });
     }
@@ -460,18 +505,20 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
       return wrap(CreateSoftmaxCrossEntropy(*in[0], *in[1], nullptr, *out[0], *out[1]));
     case v1::OP_REDUCE_SUM_ROWS:
       if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
-      return wrap(CreateReduceSumRows(*in[0], *out[0], op.alpha() == 0.0f ? 1.0f : op.alpha(), op.accumulate()));
+      return wrap(CreateReduceSumRows(*in[0], *out[0], op.alpha() == 0.0f ? 1.0f : op.alpha(),
+                                      op.accumulate()));
     case v1::OP_ACCUMULATE:
       if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
       return wrap(CreateAccumulate(*in[0], op.scale(), *out[0]));
     case v1::OP_ALL_REDUCE: {
       if (op.inputs_size() != op.outputs_size() || op.inputs_size() == 0) {
-        return absl::InvalidArgumentError("OP_ALL_REDUCE reduces its inputs in place: outputs must equal inputs");
+        return absl::InvalidArgumentError(
+            "OP_ALL_REDUCE reduces its inputs in place: outputs must equal inputs");
       }
       for (int i = 0; i < op.inputs_size(); ++i) {
         if (op.inputs(i) != op.outputs(i) || in[i]->dtype() != in[0]->dtype()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("OP_ALL_REDUCE buffer '", op.inputs(i), "' must be in place and of one dtype"));
+          return absl::InvalidArgumentError(absl::StrCat("OP_ALL_REDUCE buffer '", op.inputs(i),
+                                                         "' must be in place and of one dtype"));
         }
       }
       absl::StatusOr<Communicator*> comm = CommunicatorFor(op.axis_name());
@@ -508,11 +555,11 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
           return absl::InvalidArgumentError("OP_ADAMW operands differ in size");
         }
       }
-      AdamWHyperParams hp{op.adamw().learning_rate(), op.adamw().b1(), op.adamw().b2(), op.adamw().eps(),
-                          op.adamw().weight_decay()};
+      AdamWHyperParams hp{op.adamw().learning_rate(), op.adamw().b1(), op.adamw().b2(),
+                          op.adamw().eps(), op.adamw().weight_decay()};
       return CompiledOp([hp, in](const RunContext& ctx) {
-        AdamWUpdate(hp, ctx.step_count, in[0]->data<float>(), in[1]->data<float>(), in[2]->data<float>(),
-                    in[3]->data<float>(), in[0]->num_elements());
+        AdamWUpdate(hp, ctx.step_count, in[0]->data<float>(), in[1]->data<float>(),
+                    in[2]->data<float>(), in[3]->data<float>(), in[0]->num_elements());
         return absl::OkStatus();
       });
     }

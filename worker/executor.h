@@ -62,19 +62,24 @@ class Executor {
   // Allocates every buffer and compiles every op into a kernel (oneDNN primitives are created
   // here, once). Errors: InvalidArgument naming the op and buffer for unknown buffers, shape
   // mismatches, unknown mesh axes or unsupported ops.
-  static absl::StatusOr<std::unique_ptr<Executor>> Create(const v1::StepProgram& program, const Options& options);
+  static absl::StatusOr<std::unique_ptr<Executor>> Create(const v1::StepProgram& program,
+                                                          const Options& options);
+  // The bytes of every buffer `program` declares, at most (views and buffers written over
+  // donated arguments take less), checked before anything is allocated. Errors: those of
+  // CheckedByteSize, naming the buffer.
+  static absl::StatusOr<int64_t> BufferBytes(const v1::StepProgram& program);
 
   // Runs function `name`. Errors: NotFound for an unknown function; the failing op's error,
   // prefixed with the function and op index (collective errors name the peer rank).
   absl::Status Run(const std::string& name, const RunContext& ctx);
 
-  // Zero-copy arguments and results. BindInput makes input buffer `name` read `value`'s memory when no op of the program writes
-  // that buffer, and copies `value` into it otherwise. Errors: InvalidArgument for an unknown
-  // buffer, or naming both dtypes and shapes when `value` does not match the buffer.
-  // `donated`: the caller gives up `value` (it holds no other reference to it and will not read
-  // it again), so an op that may update in place writes its result into this memory (an Adam
-  // update's new param, mu and nu over the old ones), as XLA reuses a donated buffer: when no
-  // later op reads the input, and every view of it (a scan's per-layer slices) is read before
+  // Zero-copy arguments and results. BindInput makes input buffer `name` read `value`'s memory when
+  // no op of the program writes that buffer, and copies `value` into it otherwise. Errors:
+  // InvalidArgument for an unknown buffer, or naming both dtypes and shapes when `value` does not
+  // match the buffer. `donated`: the caller gives up `value` (it holds no other reference to it and
+  // will not read it again), so an op that may update in place writes its result into this memory
+  // (an Adam update's new param, mu and nu over the old ones), as XLA reuses a donated buffer: when
+  // no later op reads the input, and every view of it (a scan's per-layer slices) is read before
   // the update and is not in Options::results. Donation lasts for the next Run.
   absl::Status BindInput(const std::string& name, const Tensor& value, bool donated = false);
   // Buffer `name` (after a Run) as a Tensor over the same memory, not a copy. The executor gives

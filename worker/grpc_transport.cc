@@ -13,7 +13,8 @@ namespace meshrun {
 
 class RingService::Reactor : public grpc::ServerReadReactor<v1::Chunk> {
  public:
-  Reactor(grpc::CallbackServerContext* ctx, Mailbox* mailbox, int world_size, std::string cluster_id)
+  Reactor(grpc::CallbackServerContext* ctx, Mailbox* mailbox, int world_size,
+          std::string cluster_id)
       : ctx_(ctx), mailbox_(mailbox), world_size_(world_size), cluster_id_(std::move(cluster_id)) {
     StartRead(&chunk_);
   }
@@ -21,22 +22,27 @@ class RingService::Reactor : public grpc::ServerReadReactor<v1::Chunk> {
   void OnReadDone(bool ok) override {
     if (!ok) {
       if (src_ >= 0 && !goodbye_) {
-        LOG(WARNING) << "ring stream from rank " << src_ << " ended without goodbye (" << ctx_->peer() << ")";
-        mailbox_->MarkPeerFailed(src_, absl::UnavailableError(absl::StrCat(
-                                           "rank ", src_, " disconnected: its ring stream ended unexpectedly (process died?)")));
+        LOG(WARNING) << "ring stream from rank " << src_ << " ended without goodbye ("
+                     << ctx_->peer() << ")";
+        mailbox_->MarkPeerFailed(
+            src_, absl::UnavailableError(absl::StrCat(
+                      "rank ", src_,
+                      " disconnected: its ring stream ended unexpectedly (process died?)")));
       }
       Finish(grpc::Status::OK);
       return;
     }
     if (src_ < 0) {
       if (chunk_.src_rank() < 0 || chunk_.src_rank() >= world_size_) {
-        Finish(grpc::Status(grpc::INVALID_ARGUMENT, absl::StrCat("ring chunk from rank ", chunk_.src_rank(),
-                                                                 "; world size is ", world_size_)));
+        Finish(grpc::Status(grpc::INVALID_ARGUMENT,
+                            absl::StrCat("ring chunk from rank ", chunk_.src_rank(),
+                                         "; world size is ", world_size_)));
         return;
       }
       if (chunk_.cluster_id() != cluster_id_) {
-        Finish(grpc::Status(grpc::FAILED_PRECONDITION, absl::StrCat("ring stream from cluster '", chunk_.cluster_id(),
-                                                                    "'; this is '", cluster_id_, "'")));
+        Finish(grpc::Status(grpc::FAILED_PRECONDITION,
+                            absl::StrCat("ring stream from cluster '", chunk_.cluster_id(),
+                                         "'; this is '", cluster_id_, "'")));
         return;
       }
       src_ = chunk_.src_rank();
@@ -44,7 +50,7 @@ class RingService::Reactor : public grpc::ServerReadReactor<v1::Chunk> {
     if (chunk_.goodbye()) {
       goodbye_ = true;
     } else {
-      mailbox_->Deliver(src_, chunk_.tag(), std::move(*chunk_.mutable_data()));
+      mailbox_->Deliver(src_, chunk_.epoch(), chunk_.tag(), std::move(*chunk_.mutable_data()));
     }
     StartRead(&chunk_);
   }
@@ -74,7 +80,9 @@ grpc::ServerReadReactor<v1::Chunk>* RingService::Transfer(grpc::CallbackServerCo
   if (mailbox_ == nullptr) {
     class Reject : public grpc::ServerReadReactor<v1::Chunk> {
      public:
-      Reject() { Finish(grpc::Status(grpc::FAILED_PRECONDITION, "this worker has not joined a cluster yet")); }
+      Reject() {
+        Finish(grpc::Status(grpc::FAILED_PRECONDITION, "this worker has not joined a cluster yet"));
+      }
       void OnDone() override { delete this; }
     };
     return new Reject();
@@ -88,7 +96,10 @@ grpc::ServerReadReactor<v1::Chunk>* RingService::Transfer(grpc::CallbackServerCo
 class GrpcTransport::PeerLink {
  public:
   PeerLink(int self, int peer, const std::string& address, const std::string& cluster_id)
-      : self_(self), peer_(peer), address_(address), cluster_id_(cluster_id),
+      : self_(self),
+        peer_(peer),
+        address_(address),
+        cluster_id_(cluster_id),
         stub_(v1::Ring::NewStub(CreateChannel(address))) {}
 
   // Sends goodbye (so the peer knows the close is deliberate) and ends the stream. Each write is
@@ -108,7 +119,7 @@ class GrpcTransport::PeerLink {
     writer_.reset();
   }
 
-  absl::Status Send(uint64_t tag, absl::string_view data, absl::Time deadline) {
+  absl::Status Send(uint64_t epoch, uint64_t tag, absl::string_view data, absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
     const bool first = writer_ == nullptr;
@@ -117,10 +128,12 @@ class GrpcTransport::PeerLink {
     SetWriteDeadline(deadline);
     in_write_.store(true);
     if (first) {
-      ctx_.set_wait_for_ready(true);  // the peer may still be starting; the deadline bounds the wait
+      ctx_.set_wait_for_ready(
+          true);  // the peer may still be starting; the deadline bounds the wait
       writer_ = stub_->Transfer(&ctx_, &response_);
     }
     chunk_.set_src_rank(self_);
+    chunk_.set_epoch(epoch);
     chunk_.set_tag(tag);
     chunk_.set_data(data.data(), data.size());
     if (first) chunk_.set_cluster_id(cluster_id_);
@@ -129,11 +142,13 @@ class GrpcTransport::PeerLink {
     SetWriteDeadline(absl::InfiniteFuture());
     if (first) chunk_.clear_cluster_id();
     if (!ok) {
-      failed_ = cancelled_for_deadline_
-                    ? absl::DeadlineExceededError(absl::StrCat("send to rank ", peer_, " at ", address_,
-                                                               " timed out (peer not reading or unreachable)"))
-                    : absl::UnavailableError(absl::StrCat("ring link to rank ", peer_, " at ", address_,
-                                                          " is broken (peer died or unreachable)"));
+      failed_ =
+          cancelled_for_deadline_
+              ? absl::DeadlineExceededError(
+                    absl::StrCat("send to rank ", peer_, " at ", address_,
+                                 " timed out (peer not reading or unreachable)"))
+              : absl::UnavailableError(absl::StrCat("ring link to rank ", peer_, " at ", address_,
+                                                    " is broken (peer died or unreachable)"));
       return failed_;
     }
     return absl::OkStatus();
@@ -187,7 +202,10 @@ class GrpcTransport::PeerLink {
 
 GrpcTransport::GrpcTransport(int rank, std::vector<std::string> addresses, std::string cluster_id,
                              Mailbox* mailbox)
-    : rank_(rank), addresses_(std::move(addresses)), cluster_id_(std::move(cluster_id)), mailbox_(mailbox),
+    : rank_(rank),
+      addresses_(std::move(addresses)),
+      cluster_id_(std::move(cluster_id)),
+      mailbox_(mailbox),
       links_(addresses_.size()) {
   watchdog_ = std::thread([this] { WatchdogLoop(); });
 }
@@ -227,14 +245,16 @@ absl::StatusOr<GrpcTransport::PeerLink*> GrpcTransport::Link(int peer) {
   }
   absl::MutexLock lock(&mu_);
   if (!aborted_.ok()) return aborted_;
-  if (!links_[peer]) links_[peer] = std::make_unique<PeerLink>(rank_, peer, addresses_[peer], cluster_id_);
+  if (!links_[peer])
+    links_[peer] = std::make_unique<PeerLink>(rank_, peer, addresses_[peer], cluster_id_);
   return links_[peer].get();
 }
 
-absl::Status GrpcTransport::Send(int peer, uint64_t tag, absl::string_view data, absl::Time deadline) {
+absl::Status GrpcTransport::Send(int peer, uint64_t tag, absl::string_view data,
+                                 absl::Time deadline) {
   absl::StatusOr<PeerLink*> link = Link(peer);
   if (!link.ok()) return link.status();
-  absl::Status s = (*link)->Send(tag, data, deadline);
+  absl::Status s = (*link)->Send(mailbox_->epoch(), tag, data, deadline);
   if (!s.ok()) {
     // A send cut short by Abort reports the abort's reason, not the cancelled link.
     absl::MutexLock lock(&mu_);
@@ -267,7 +287,8 @@ void GrpcTransport::Abort(const absl::Status& reason) {
   mailbox_->Abort(reason);
 }
 
-void GrpcTransport::Reset() {
+void GrpcTransport::Reset(uint64_t epoch) {
+  if (epoch <= mailbox_->epoch()) return;
   std::vector<std::unique_ptr<PeerLink>> broken;
   {
     absl::MutexLock lock(&mu_);
@@ -278,7 +299,7 @@ void GrpcTransport::Reset() {
   }
   for (auto& link : broken) link->Close();  // outside the lock: the watchdog guards the close
   broken.clear();
-  mailbox_->Reset();
+  mailbox_->Reset(epoch);
 }
 
 }  // namespace meshrun

@@ -5,8 +5,8 @@
 #define MESHRUN_WORKER_GRPC_TRANSPORT_H_
 
 #include <memory>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -47,7 +47,8 @@ class GrpcTransport : public Transport {
  public:
   // `addresses[r]` is rank r's host:port. `mailbox` is the one attached to this worker's
   // RingService and must outlive the transport.
-  GrpcTransport(int rank, std::vector<std::string> addresses, std::string cluster_id, Mailbox* mailbox);
+  GrpcTransport(int rank, std::vector<std::string> addresses, std::string cluster_id,
+                Mailbox* mailbox);
   // Closes every link (sending goodbye, so peers know the close was deliberate).
   ~GrpcTransport() override;
 
@@ -59,7 +60,8 @@ class GrpcTransport : public Transport {
   absl::Status RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
                         RecvSink sink) override;
   void Abort(const absl::Status& reason) override;
-  void Reset() override;
+  void Reset(uint64_t epoch) override;
+  uint64_t epoch() const override { return mailbox_->epoch(); }
 
  private:
   class PeerLink;

@@ -7,6 +7,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/synchronization/mutex.h"
+#include "core/config/flag_checks.h"
 #include "core/port/denormal.h"
 #include "glog/logging.h"
 #include "worker/worker_runner.h"
@@ -19,13 +20,19 @@ ABSL_FLAG(int, rank, -1, "rank to ask for (-1: any)");
 ABSL_FLAG(int, compute_threads, 0, "oneDNN compute threads (0: library default)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port, -1: off)");
 ABSL_FLAG(absl::Duration, join_timeout, absl::Seconds(60), "how long to try to join the cluster");
-ABSL_FLAG(bool, shm_transport, true, "collectives with workers on this host go through shared memory (false: gRPC)");
-ABSL_FLAG(absl::Duration, orphan_timeout, absl::Seconds(10), "exit when the coordinator is gone this long");
+ABSL_FLAG(bool, shm_transport, true,
+          "collectives with workers on this host go through shared memory (false: gRPC)");
+ABSL_FLAG(
+    int64_t, memory_budget_bytes, 0,
+    "bytes this worker's shards and program buffers may take (0: the host's physical memory)");
+ABSL_FLAG(absl::Duration, orphan_timeout, absl::Seconds(10),
+          "exit when the coordinator is gone this long");
 
 namespace {
 void RankPrefix(std::ostream& s, const google::LogMessageInfo& l, void*) {
-  s << l.severity[0] << ' ' << l.time.hour() << ':' << l.time.min() << ':' << l.time.sec() << " worker rank "
-    << meshrun::CurrentWorkerRank() << " " << l.filename << ':' << l.line_number << "]";
+  s << l.severity[0] << ' ' << l.time.hour() << ':' << l.time.min() << ':' << l.time.sec()
+    << " worker rank " << meshrun::CurrentWorkerRank() << " " << l.filename << ':' << l.line_number
+    << "]";
 }
 }  // namespace
 
@@ -47,7 +54,8 @@ int main(int argc, char** argv) {
   meshrun::FlushDenormalsToZero();  // first: every thread (gRPC, oneDNN's) inherits it
   KeepFreedMemory();
   NoMutexCycleChecks();
-  absl::SetProgramUsageMessage("meshrun worker: hosts array shards, runs step programs and collectives");
+  absl::SetProgramUsageMessage(
+      "meshrun worker: hosts array shards, runs step programs and collectives");
   absl::ParseCommandLine(argc, argv);
   FLAGS_logtostderr = true;
   google::InitGoogleLogging(argv[0], &RankPrefix, nullptr);
@@ -62,6 +70,20 @@ int main(int argc, char** argv) {
   o.orphan_timeout = absl::GetFlag(FLAGS_orphan_timeout);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.shm_transport = absl::GetFlag(FLAGS_shm_transport);
+  o.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
+  for (const absl::Status& check :
+       {meshrun::CheckFlagRange("port", o.port, 0, 65535),
+        meshrun::CheckFlagRange("rank", o.requested_rank, -1, 1 << 20),
+        meshrun::CheckFlagRange("compute_threads", o.compute_threads, 0, 4096),
+        meshrun::CheckFlagRange("metrics_port", o.metrics_port, -1, 65535),
+        meshrun::CheckFlagRange("memory_budget_bytes", o.memory_budget_bytes, 0, int64_t{1} << 50),
+        meshrun::CheckFlagPositive("join_timeout", o.join_timeout),
+        meshrun::CheckFlagPositive("orphan_timeout", o.orphan_timeout)}) {
+    if (!check.ok()) {
+      std::fprintf(stderr, "meshrun-worker: %s\n", std::string(check.message()).c_str());
+      return 2;
+    }
+  }
   absl::Status s = meshrun::RunWorker(o);
   if (!s.ok()) {
     LOG(ERROR) << s;

@@ -27,11 +27,12 @@ constexpr uint32_t kFirst = 1, kLast = 2;
 
 struct FrameHeader {
   uint64_t tag;
+  uint64_t epoch;  // the sender's collective epoch
   uint64_t total;  // bytes of the whole message
   uint32_t len;    // bytes of this fragment
   uint32_t flags;  // kFirst | kLast
 };
-static_assert(sizeof(FrameHeader) == 24);
+static_assert(sizeof(FrameHeader) == 32);
 
 uint64_t Pad8(uint64_t n) { return (n + 7) & ~uint64_t{7}; }
 
@@ -156,8 +157,8 @@ void ShmRing::CopyOut(uint64_t pos, void* dst, size_t n) const {
   });
 }
 
-absl::Status ShmRing::Write(uint64_t tag, absl::string_view data, absl::Time deadline,
-                            absl::Duration poll,
+absl::Status ShmRing::Write(uint64_t epoch, uint64_t tag, absl::string_view data,
+                            absl::Time deadline, absl::Duration poll,
                             const std::function<absl::Status()>& keep_waiting) {
   const uint64_t max_fragment = capacity_ / 2 - sizeof(FrameHeader);
   uint64_t head = header_->head.load(std::memory_order_relaxed);  // only this side writes it
@@ -189,7 +190,7 @@ absl::Status ShmRing::Write(uint64_t tag, absl::string_view data, absl::Time dea
       FutexWait(&header_->space_seq, seq, std::min(deadline - now, poll));
     }
     std::move(clear_needs).Invoke();
-    FrameHeader frame{tag, data.size(), static_cast<uint32_t>(len), 0};
+    FrameHeader frame{tag, epoch, data.size(), static_cast<uint32_t>(len), 0};
     if (offset == 0) frame.flags |= kFirst;
     if (offset + len == data.size()) frame.flags |= kLast;
     CopyIn(head, &frame, sizeof(frame));
@@ -211,11 +212,6 @@ void ShmRing::WakeProducer() {
 void ShmRing::WakeConsumer() {
   header_->data_seq.fetch_add(1, std::memory_order_release);
   FutexWake(&header_->data_seq);
-}
-
-void ShmRing::DropPending() {
-  drop_until_.store(header_->head.load(std::memory_order_acquire), std::memory_order_release);
-  WakeConsumer();
 }
 
 bool ShmRing::ProducerNeedsRoom(uint64_t tail) const {
@@ -240,7 +236,6 @@ absl::Status ShmRing::Drain(absl::Duration timeout, Consumer& consumer) {
 absl::Status ShmRing::Consume(Consumer& consumer, bool* idle) {
   uint64_t tail = header_->tail.load(std::memory_order_relaxed);  // only this side writes it
   const uint64_t head = header_->head.load(std::memory_order_acquire);
-  const uint64_t drop_until = drop_until_.load(std::memory_order_acquire);
   bool deferred = false;
   while (tail != head) {
     FrameHeader frame;
@@ -252,17 +247,14 @@ absl::Status ShmRing::Consume(Consumer& consumer, bool* idle) {
           frame.total, " bytes, flags ", frame.flags, ", ", head - tail, " bytes written"));
     }
     const bool whole = (frame.flags & (kFirst | kLast)) == (kFirst | kLast);
-    // A message's first frame drops whatever an abandoned Write left before it; so does a frame
-    // written before DropPending.
-    const bool dropped = tail < drop_until;
-    if ((frame.flags & kFirst) || dropped) {
+    // A message's first frame drops whatever an abandoned Write left before it.
+    if (frame.flags & kFirst) {
       partial_.clear();
       in_message_ = false;
     }
     bool deliver = false;
-    if (dropped) {
-      // Consumed below without being handed over.
-    } else if (const RecvSink* sink = whole ? consumer.BeginInPlace(frame.tag, frame.len) : nullptr) {
+    if (const RecvSink* sink =
+            whole ? consumer.BeginInPlace(frame.epoch, frame.tag, frame.len) : nullptr) {
       ReadPieces(tail + sizeof(frame), frame.len, *sink);  // two pieces when it wraps
       consumer.EndInPlace();
     } else if (whole && !ProducerNeedsRoom(tail) && consumer.Defer(frame.tag)) {
@@ -272,12 +264,12 @@ absl::Status ShmRing::Consume(Consumer& consumer, bool* idle) {
       if (frame.flags & kFirst) {
         partial_.reserve(frame.total);
         partial_tag_ = frame.tag;
+        partial_epoch_ = frame.epoch;
         in_message_ = true;
       }
       if (in_message_) {
-        ReadPieces(tail + sizeof(frame), frame.len, [this](size_t, const char* piece, size_t n) {
-          partial_.append(piece, n);
-        });
+        ReadPieces(tail + sizeof(frame), frame.len,
+                   [this](size_t, const char* piece, size_t n) { partial_.append(piece, n); });
       }
       deliver = in_message_ && (frame.flags & kLast);
     }
@@ -286,7 +278,7 @@ absl::Status ShmRing::Consume(Consumer& consumer, bool* idle) {
     WakeProducer();
     if (deliver) {
       in_message_ = false;
-      consumer.Deliver(partial_tag_, std::move(partial_));
+      consumer.Deliver(partial_epoch_, partial_tag_, std::move(partial_));
       partial_ = std::string();
     }
   }

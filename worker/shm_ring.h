@@ -4,7 +4,8 @@
 //
 // Layout: one 4 KiB header page (head and tail byte counters and two futex words, each on its own
 // cache line), then `capacity` bytes of data used circularly. A message travels as one or more
-// frames: a 24-byte frame header {tag, total message bytes, fragment bytes, first/last flags}
+// frames: a 32-byte frame header {tag, sender's collective epoch, total message bytes, fragment
+// bytes, first/last flags}
 // and the fragment, padded to 8 bytes. A frame is written only when it fits whole, so an
 // abandoned Write leaves whole frames behind; a fragment is at most half the ring, so one
 // always fits once the consumer catches up. The producer publishes `head` and wakes the
@@ -53,11 +54,12 @@ class ShmRing {
   void Unlink() const;
 
   // --- Producer (one thread at a time) ---
-  // Writes `data` as one message tagged `tag`. While waiting for room it wakes at least every
-  // `poll` and calls `keep_waiting`; a non-OK result is returned as is. Errors: DeadlineExceeded
-  // when the ring stays full past `deadline`; whatever `keep_waiting` returns.
-  absl::Status Write(uint64_t tag, absl::string_view data, absl::Time deadline, absl::Duration poll,
-                     const std::function<absl::Status()>& keep_waiting);
+  // Writes `data` as one message tagged `tag`, sent in collective epoch `epoch`. While waiting for
+  // room it wakes at least every `poll` and calls `keep_waiting`; a non-OK result is returned as
+  // is. Errors: DeadlineExceeded when the ring stays full past `deadline`; whatever `keep_waiting`
+  // returns.
+  absl::Status Write(uint64_t epoch, uint64_t tag, absl::string_view data, absl::Time deadline,
+                     absl::Duration poll, const std::function<absl::Status()>& keep_waiting);
   // Wakes a Write blocked waiting for room, so that it calls keep_waiting now (for Abort).
   void WakeProducer();
 
@@ -69,13 +71,13 @@ class ShmRing {
     // A message of `size` bytes that lies whole in the ring (one frame): a sink that takes its
     // bytes where they lie, or null to have them copied out and passed to Deliver. After
     // passing the message through a sink, Drain calls EndInPlace, then frees its ring space.
-    virtual const RecvSink* BeginInPlace(uint64_t tag, size_t size) = 0;
+    virtual const RecvSink* BeginInPlace(uint64_t epoch, uint64_t tag, size_t size) = 0;
     virtual void EndInPlace() = 0;
     // For a whole message no sink took: true to leave it (and all after it) in the ring until
     // the next wake (WakeConsumer), false to have it copied out now. Not asked while the
     // producer waits for more room than there is: messages are copied out until it fits.
     virtual bool Defer(uint64_t tag) = 0;
-    virtual void Deliver(uint64_t tag, std::string message) = 0;
+    virtual void Deliver(uint64_t epoch, uint64_t tag, std::string message) = 0;
   };
   // Consumes the frames present, in order, handing each completed message to `consumer` (the
   // frames an abandoned Write left, which never end in a last frame, are dropped when the next
@@ -89,9 +91,6 @@ class ShmRing {
   void WaitForData(uint32_t seq, absl::Duration timeout);
   // Consume, then, if idle, WaitForData (one consumer thread).
   absl::Status Drain(absl::Duration timeout, Consumer& consumer);
-  // Makes the next Drain drop every frame written so far instead of handing it over (the
-  // receiving side of Transport::Reset). Thread-safe.
-  void DropPending();
   // Wakes a Drain blocked waiting for frames (to stop its thread).
   void WakeConsumer();
 
@@ -115,8 +114,8 @@ class ShmRing {
   // Consumer state: the message being assembled from fragments (valid only while in_message_).
   std::string partial_;
   uint64_t partial_tag_ = 0;
+  uint64_t partial_epoch_ = 0;
   bool in_message_ = false;
-  std::atomic<uint64_t> drop_until_{0};  // frames before this byte position are dropped
 };
 
 }  // namespace meshrun

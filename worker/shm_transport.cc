@@ -86,19 +86,18 @@ class ShmTransport::Receiver : private ShmRing::Consumer {
     consume_mu_.Unlock();
     if (!s.ok()) ring_->WakeConsumer();  // the drain thread meets the corrupt frame and reports it
   }
-  // Transport::Reset: what is in the ring now belongs to the collectives being abandoned.
-  void DropPending() { ring_->DropPending(); }
 
  private:
-  const RecvSink* BeginInPlace(uint64_t tag, size_t size) override {
-    return mailbox_->BeginInPlace(src_, tag, size);
+  const RecvSink* BeginInPlace(uint64_t epoch, uint64_t tag, size_t size) override {
+    return mailbox_->BeginInPlace(src_, epoch, tag, size);
   }
   void EndInPlace() override { mailbox_->EndInPlace(src_); }
   // A message no one receives yet stays in the ring, to go straight into the receive when it is
   // posted (the Mailbox's wait listener calls DrainNow then).
   bool Defer(uint64_t tag) override { return !mailbox_->Waiting(src_); }
-  void Deliver(uint64_t tag, std::string message) override {
-    mailbox_->Deliver(src_, tag, std::move(message));
+  // A message of an earlier epoch is dropped there: the ring needs no flushing on Reset.
+  void Deliver(uint64_t epoch, uint64_t tag, std::string message) override {
+    mailbox_->Deliver(src_, epoch, tag, std::move(message));
   }
 
   void Loop() {
@@ -281,7 +280,7 @@ absl::Status ShmTransport::Send(int peer, uint64_t tag, absl::string_view data,
   const int64_t pid = peers_[peer].pid;
   absl::Time next_liveness_check = absl::Now() + options_.liveness_interval;
   absl::Status s = (*sender)->ring().Write(
-      tag, data, deadline, options_.liveness_interval, [&]() -> absl::Status {
+      mailbox_->epoch(), tag, data, deadline, options_.liveness_interval, [&]() -> absl::Status {
         if (absl::Status aborted = AbortStatus(); !aborted.ok()) return aborted;
         if (absl::Now() < next_liveness_check) return absl::OkStatus();
         next_liveness_check = absl::Now() + options_.liveness_interval;
@@ -331,15 +330,14 @@ void ShmTransport::OnWait(int src) {
   if (receiver != nullptr) receiver->DrainNow();
 }
 
-void ShmTransport::Reset() {
+void ShmTransport::Reset(uint64_t epoch) {
+  if (epoch <= remote_->epoch()) return;
   {
     absl::MutexLock lock(&mu_);
     aborted_ = absl::OkStatus();
-    for (auto& receiver : receivers_) {
-      if (receiver != nullptr) receiver->DropPending();
-    }
   }
-  remote_->Reset();
+  // The rings may still hold earlier epochs' messages: the Mailbox drops them as they come out.
+  remote_->Reset(epoch);
 }
 
 }  // namespace meshrun

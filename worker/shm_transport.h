@@ -94,7 +94,8 @@ class ShmTransport : public Transport {
   absl::Status RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
                         RecvSink sink) override;
   void Abort(const absl::Status& reason) override;
-  void Reset() override;
+  void Reset(uint64_t epoch) override;
+  uint64_t epoch() const override { return remote_->epoch(); }
 
   // Co-located peers' arenas (Options::arena), or null without one.
   PeerMemory* peer_memory() override { return peer_memory_.get(); }

@@ -8,12 +8,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "core/tensor.h"
 #include "glog/logging.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "net/grpc_util.h"
 #include "net/metrics.h"
-#include "core/tensor.h"
 #include "worker/shm_arena.h"
 #include "worker/shm_transport.h"
 #include "worker/worker_service.h"
@@ -26,7 +26,8 @@ std::atomic<bool> g_stop{false};
 
 void OnSignal(int) { g_stop.store(true); }
 
-absl::StatusOr<v1::RegisterResponse> RegisterWithRetry(v1::Coordinator::Stub& stub, const v1::RegisterRequest& req,
+absl::StatusOr<v1::RegisterResponse> RegisterWithRetry(v1::Coordinator::Stub& stub,
+                                                       const v1::RegisterRequest& req,
                                                        const WorkerRunnerOptions& o) {
   const absl::Time start = absl::Now();
   const absl::Time give_up = start + o.join_timeout;
@@ -42,19 +43,22 @@ absl::StatusOr<v1::RegisterResponse> RegisterWithRetry(v1::Coordinator::Stub& st
     last = stub.Register(&ctx, req, &resp);
     if (last.ok()) return resp;
     if (last.error_code() != grpc::UNAVAILABLE && last.error_code() != grpc::DEADLINE_EXCEEDED) {
-      return FromGrpcStatus(last, absl::StrCat("coordinator at ", o.coordinator, " refused registration"));
+      return FromGrpcStatus(
+          last, absl::StrCat("coordinator at ", o.coordinator, " refused registration"));
     }
     if (absl::Now() + backoff >= give_up) break;
-    LOG(WARNING) << "coordinator at " << o.coordinator << " not ready (" << last.error_message() << "); retrying in "
-                 << backoff;
+    LOG(WARNING) << "coordinator at " << o.coordinator << " not ready (" << last.error_message()
+                 << "); retrying in " << backoff;
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, absl::Seconds(2));
   }
   return absl::Status(
-      last.error_code() == grpc::DEADLINE_EXCEEDED ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kUnavailable,
-      absl::StrCat("could not join the cluster at coordinator ", o.coordinator, " after ", attempts, " attempts over ",
-                   absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(100))), ": ",
-                   last.error_message()));
+      last.error_code() == grpc::DEADLINE_EXCEEDED ? absl::StatusCode::kDeadlineExceeded
+                                                   : absl::StatusCode::kUnavailable,
+      absl::StrCat("could not join the cluster at coordinator ", o.coordinator, " after ", attempts,
+                   " attempts over ",
+                   absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(100))),
+                   ": ", last.error_message()));
 }
 
 }  // namespace
@@ -72,7 +76,8 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   std::unique_ptr<MetricsServer> metrics_server;
   std::unique_ptr<WorkerMetrics> metrics;
   if (o.metrics_port >= 0) {
-    absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(o.host, o.metrics_port, "worker");
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m =
+        MetricsServer::Start(o.host, o.metrics_port, "worker");
     if (!m.ok()) return m.status();
     metrics_server = *std::move(m);
     metrics = std::make_unique<WorkerMetrics>(metrics_server->registry());
@@ -83,15 +88,17 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   ShmArena* arena = nullptr;
   if (o.shm_transport) {
     arena = new ShmArena(ShmArena::Options());
-    SetLargeTensorAllocator(kSharedTensorMinBytes, [arena](size_t bytes) { return arena->Allocate(bytes); });
+    SetLargeTensorAllocator(kSharedTensorMinBytes,
+                            [arena](size_t bytes) { return arena->Allocate(bytes); });
   }
-  WorkerService worker(o.compute_threads, metrics.get(), arena);
+  WorkerService worker(o.compute_threads, metrics.get(), arena, o.memory_budget_bytes);
   RingService ring;
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);
   if (metrics_server != nullptr) metrics_server->InstallGrpcMetrics(builder);
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(o.host, ":", o.port), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::StrCat(o.host, ":", o.port), grpc::InsecureServerCredentials(),
+                           &port);
   builder.RegisterService(&worker);
   builder.RegisterService(&ring);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -110,7 +117,8 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   req.set_hostname(hostname);
   req.set_requested_rank(o.requested_rank);
   if (o.shm_transport) req.set_shm_host_id(ShmHostId());
-  if (metrics_server != nullptr) req.set_metrics_address(absl::StrCat(advertise, ":", metrics_server->port()));
+  if (metrics_server != nullptr)
+    req.set_metrics_address(absl::StrCat(advertise, ":", metrics_server->port()));
   absl::StatusOr<v1::RegisterResponse> reg = RegisterWithRetry(*stub, req, o);
   if (!reg.ok()) {
     server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
@@ -128,8 +136,8 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   m.cluster_id = reg->cluster_id();
   g_rank.store(m.rank);
   worker.Join(m, &ring);
-  LOG(INFO) << "joined " << m.mesh.ToString() << " as rank " << m.rank << "; ring prev " << reg->ring_prev()
-            << ", next " << reg->ring_next();
+  LOG(INFO) << "joined " << m.mesh.ToString() << " as rank " << m.rank << "; ring prev "
+            << reg->ring_prev() << ", next " << reg->ring_next();
 
   absl::Status result = absl::OkStatus();
   absl::Time last_ok = absl::Now();
@@ -148,8 +156,9 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
         break;
       }
     } else if (absl::Now() - last_ok > o.orphan_timeout) {
-      result = absl::UnavailableError(absl::StrCat("coordinator at ", o.coordinator, " unreachable for ",
-                                                   absl::FormatDuration(o.orphan_timeout), ": ", s.error_message()));
+      result = absl::UnavailableError(
+          absl::StrCat("coordinator at ", o.coordinator, " unreachable for ",
+                       absl::FormatDuration(o.orphan_timeout), ": ", s.error_message()));
       break;
     }
     absl::SleepFor(o.heartbeat_interval);

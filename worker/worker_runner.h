@@ -2,6 +2,7 @@
 #ifndef MESHRUN_WORKER_WORKER_RUNNER_H_
 #define MESHRUN_WORKER_WORKER_RUNNER_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -10,19 +11,21 @@
 namespace meshrun {
 
 struct WorkerRunnerOptions {
-  std::string coordinator;           // host:port
-  std::string host = "127.0.0.1";    // address to bind
-  int port = 0;                      // 0: any free port
-  std::string advertise_host;        // address peers use; empty: `host`
+  std::string coordinator;         // host:port
+  std::string host = "127.0.0.1";  // address to bind
+  int port = 0;                    // 0: any free port
+  std::string advertise_host;      // address peers use; empty: `host`
   int requested_rank = -1;
   int compute_threads = 0;
-  absl::Duration join_timeout = absl::Seconds(60);       // reach the coordinator and wait for peers
+  absl::Duration join_timeout = absl::Seconds(60);  // reach the coordinator and wait for peers
   absl::Duration heartbeat_interval = absl::Milliseconds(500);
-  absl::Duration orphan_timeout = absl::Seconds(10);     // exit if the coordinator is gone this long
-  int metrics_port = 0;                                   // Prometheus /metrics; 0: any free port; -1: off
+  absl::Duration orphan_timeout = absl::Seconds(10);  // exit if the coordinator is gone this long
+  int metrics_port = 0;  // Prometheus /metrics; 0: any free port; -1: off
   // Collectives with peers on this host go through shared memory (worker/shm_transport.h);
   // false: every peer over gRPC.
   bool shm_transport = true;
+  // Bytes its shards and a program's buffers may take (WorkerService); 0: physical memory.
+  int64_t memory_budget_bytes = 0;
 };
 
 // Runs until the coordinator asks the worker to stop (returns OK), the process gets SIGINT or

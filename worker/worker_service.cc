@@ -7,11 +7,28 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/port/process.h"
 #include "glog/logging.h"
 #include "net/grpc_util.h"
 #include "worker/kernels/kernel.h"
 
 namespace meshrun {
+
+WorkerService::WorkerService(int compute_threads, WorkerMetrics* metrics, ShmArena* arena,
+                             int64_t memory_budget_bytes)
+    : compute_threads_(compute_threads),
+      memory_budget_bytes_(memory_budget_bytes > 0 ? memory_budget_bytes : PhysicalMemoryBytes()),
+      metrics_(metrics),
+      arena_(arena) {}
+
+absl::Status WorkerService::CheckMemoryBudget(const std::string& what, int64_t bytes) {
+  const int64_t held = shards_.TotalBytes();
+  if (bytes <= memory_budget_bytes_ - held) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat(what, " needs ", bytes, " bytes; this worker holds ", held,
+                   " bytes of shards and its memory budget is ", memory_budget_bytes_,
+                   " bytes (--memory_budget_bytes)"));
+}
 
 WorkerService::~WorkerService() {
   absl::MutexLock lock(&job_mu_);
@@ -22,15 +39,16 @@ void WorkerService::Join(Membership membership, RingService* ring) {
   absl::MutexLock lock(&join_mu_);
   membership_ = std::move(membership);
   mailbox_ = std::make_unique<Mailbox>(membership_.mesh.size());
-  transport_ = std::make_unique<GrpcTransport>(membership_.rank, membership_.addresses, membership_.cluster_id,
-                                               mailbox_.get());
+  transport_ = std::make_unique<GrpcTransport>(membership_.rank, membership_.addresses,
+                                               membership_.cluster_id, mailbox_.get());
   if (membership_.shm_peers.size() == membership_.addresses.size()) {
     ShmTransport::Options options;
     options.arena = arena_;
     absl::StatusOr<std::unique_ptr<ShmTransport>> shm =
-        ShmTransport::Create(membership_.rank, membership_.cluster_id, membership_.shm_peers, mailbox_.get(),
-                             std::move(transport_), options);
-    CHECK(shm.ok()) << shm.status();  // only a malformed membership fails, and Join's caller built it
+        ShmTransport::Create(membership_.rank, membership_.cluster_id, membership_.shm_peers,
+                             mailbox_.get(), std::move(transport_), options);
+    CHECK(shm.ok())
+        << shm.status();  // only a malformed membership fails, and Join's caller built it
     std::vector<int> local;
     for (int r = 0; r < (*shm)->world_size(); ++r) {
       if ((*shm)->CoLocated(r)) local.push_back(r);
@@ -44,7 +62,29 @@ void WorkerService::Join(Membership membership, RingService* ring) {
 }
 
 grpc::Status WorkerService::Error(const absl::Status& s) const {
-  return ToGrpcStatus(absl::Status(s.code(), absl::StrCat("rank ", membership_.rank, ": ", s.message())));
+  return ToGrpcStatus(
+      absl::Status(s.code(), absl::StrCat("rank ", membership_.rank, ": ", s.message())));
+}
+
+absl::Status WorkerService::EnterEpoch(uint64_t epoch) {
+  absl::MutexLock lock(&epoch_mu_);
+  const uint64_t current = transport_->epoch();
+  if (epoch == 0 || epoch == current) return absl::OkStatus();
+  if (epoch < current) {
+    return absl::FailedPreconditionError(absl::StrCat("request of collective epoch ", epoch,
+                                                      "; this worker is already in epoch ", current,
+                                                      " (a later run has started): refused"));
+  }
+  transport_->Reset(epoch);
+  if (epoch <= aborted_epoch_) transport_->Abort(abort_reason_);
+  return absl::OkStatus();
+}
+
+void WorkerService::AbortEpoch(const absl::Status& cause) {
+  absl::MutexLock lock(&epoch_mu_);
+  transport_->Abort(absl::AbortedError(absl::StrCat(
+      "an earlier run of collective epoch ", transport_->epoch(), " failed on this rank (",
+      cause.message(), "); waiting for the coordinator to start a new epoch")));
 }
 
 absl::StatusOr<std::pair<std::shared_ptr<const ImageDataset>, std::shared_ptr<const ImageDataset>>>
@@ -65,18 +105,20 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const v1::LoadProg
                                         v1::LoadProgramResponse* resp) {
   {
     absl::MutexLock lock(&join_mu_);
-    if (!joined_) return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
+    if (!joined_)
+      return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
   }
   absl::MutexLock lock(&job_mu_);
   trainer_.reset();
-  transport_->Reset();
+  if (absl::Status s = EnterEpoch(req->epoch()); !s.ok()) return Error(s);
   auto data = Datasets(req->dataset_dir());
   if (!data.ok()) return Error(data.status());
   Executor::Options eo;
   eo.mesh = &membership_.mesh;
   eo.rank = membership_.rank;
   eo.transport = transport_.get();
-  eo.collectives.timeout = absl::Seconds(req->collective_timeout_seconds() > 0 ? req->collective_timeout_seconds() : 30);
+  eo.collectives.timeout =
+      absl::Seconds(req->collective_timeout_seconds() > 0 ? req->collective_timeout_seconds() : 30);
   eo.init_key = MakePRNGKey(req->seed());
   eo.observer = metrics_;
   SetComputeThreads(compute_threads_);  // before oneDNN primitives are created
@@ -103,7 +145,8 @@ grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const v1::LoadProg
       }
       resp->add_restored(name);
     }
-    for (const auto& [name, t] : restore) shards_.Delete(req->restore_prefix() + name).IgnoreError();
+    for (const auto& [name, t] : restore)
+      shards_.Delete(req->restore_prefix() + name).IgnoreError();
   }
   LOG(INFO) << "program loaded: " << req->program().buffers_size() << " buffers, "
             << trainer_->executor().ResidentBytes(v1::BUFFER_ROLE_UNSPECIFIED) << " bytes resident";
@@ -114,12 +157,14 @@ grpc::Status WorkerService::RunSteps(grpc::ServerContext* ctx, const v1::RunStep
                                      v1::RunStepsResponse* resp) {
   absl::MutexLock lock(&job_mu_);
   if (!trainer_) return Error(absl::FailedPreconditionError("no program loaded"));
+  if (absl::Status s = EnterEpoch(req->epoch()); !s.ok()) return Error(s);
   for (int i = 0; i < req->num_steps(); ++i) {
     if (ctx->IsCancelled()) return Error(absl::CancelledError("RunSteps cancelled by the caller"));
     absl::StatusOr<StepResult> r = trainer_->RunStep(req->first_step() + i);
     if (!r.ok()) {
       LOG(ERROR) << "step " << req->first_step() + i << " failed: " << r.status();
       trainer_.reset();  // state is inconsistent after a failed step
+      AbortEpoch(r.status());
       return Error(r.status());
     }
     if (metrics_ != nullptr) metrics_->OnStep();
@@ -132,27 +177,48 @@ grpc::Status WorkerService::RunSteps(grpc::ServerContext* ctx, const v1::RunStep
     m->set_collective_seconds(r->collective_seconds);
   }
   if (!req->snapshot_prefix().empty()) {
-    for (auto& [name, t] : trainer_->StateSnapshot()) shards_.Put(req->snapshot_prefix() + name, std::move(t));
+    for (auto& [name, t] : trainer_->StateSnapshot())
+      shards_.Put(req->snapshot_prefix() + name, std::move(t));
   }
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Evaluate(grpc::ServerContext*, const v1::EvaluateRequest*, v1::EvaluateResponse* resp) {
+grpc::Status WorkerService::Evaluate(grpc::ServerContext*, const v1::EvaluateRequest* req,
+                                     v1::EvaluateResponse* resp) {
   absl::MutexLock lock(&job_mu_);
   if (!trainer_) return Error(absl::FailedPreconditionError("no program loaded"));
+  if (absl::Status s = EnterEpoch(req->epoch()); !s.ok()) return Error(s);
   absl::StatusOr<StepResult> r = trainer_->Evaluate();
-  if (!r.ok()) return Error(r.status());
+  if (!r.ok()) {
+    AbortEpoch(r.status());
+    return Error(r.status());
+  }
   resp->set_loss_sum(r->loss_sum);
   resp->set_correct(r->correct);
   resp->set_count(r->count);
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::Abort(grpc::ServerContext*, const v1::AbortRequest* req, v1::AbortResponse*) {
-  absl::MutexLock lock(&join_mu_);
-  if (!joined_) return grpc::Status::OK;
-  LOG(WARNING) << "aborting: " << req->reason();
-  transport_->Abort(absl::AbortedError(req->reason()));
+grpc::Status WorkerService::Abort(grpc::ServerContext*, const v1::AbortRequest* req,
+                                  v1::AbortResponse*) {
+  {
+    absl::MutexLock lock(&join_mu_);
+    if (!joined_) return grpc::Status::OK;
+  }
+  absl::MutexLock lock(&epoch_mu_);
+  const uint64_t current = transport_->epoch();
+  if (req->epoch() != 0 && req->epoch() < current) {
+    LOG(INFO) << "ignoring an abort of collective epoch " << req->epoch() << " (this worker is in "
+              << current << "): " << req->reason();
+    return grpc::Status::OK;
+  }
+  LOG(WARNING) << "aborting collective epoch " << std::max(req->epoch(), current) << ": "
+               << req->reason();
+  aborted_epoch_ = std::max(aborted_epoch_, std::max(req->epoch(), current));
+  abort_reason_ = absl::AbortedError(req->reason());
+  // An abort of a later epoch than this worker's also fails what it runs now: it belongs to a run
+  // the coordinator has given up.
+  transport_->Abort(abort_reason_);
   return grpc::Status::OK;
 }
 
@@ -160,15 +226,17 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
                                         v1::RunShardMapResponse* resp) {
   {
     absl::MutexLock lock(&join_mu_);
-    if (!joined_) return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
+    if (!joined_)
+      return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
   }
   const v1::ShardMapProgram& p = req->program();
   if (p.inputs_size() != req->input_ids_size() || p.outputs_size() != req->output_ids_size()) {
-    return Error(absl::InvalidArgumentError(absl::StrCat("program takes ", p.inputs_size(), " arguments and returns ",
-                                                         p.outputs_size(), "; got ", req->input_ids_size(), " and ",
-                                                         req->output_ids_size(), " array ids")));
+    return Error(absl::InvalidArgumentError(absl::StrCat(
+        "program takes ", p.inputs_size(), " arguments and returns ", p.outputs_size(), "; got ",
+        req->input_ids_size(), " and ", req->output_ids_size(), " array ids")));
   }
   absl::MutexLock lock(&job_mu_);
+  if (absl::Status s = EnterEpoch(req->epoch()); !s.ok()) return Error(s);
   SetComputeThreads(compute_threads_);
   Executor::Options eo;
   eo.mesh = &membership_.mesh;
@@ -180,10 +248,16 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
   eo.results.assign(p.outputs().begin(), p.outputs().end());
   std::string fingerprint;
   p.program().SerializeToString(&fingerprint);
-  absl::StrAppend(&fingerprint, "|", req->collective_timeout_seconds(), "|", absl::StrJoin(p.outputs(), ","));
+  absl::StrAppend(&fingerprint, "|", req->collective_timeout_seconds(), "|",
+                  absl::StrJoin(p.outputs(), ","));
   auto cached = std::find_if(executors_.begin(), executors_.end(),
                              [&](const CachedExecutor& c) { return c.fingerprint == fingerprint; });
   if (cached == executors_.end()) {
+    absl::StatusOr<int64_t> bytes = Executor::BufferBytes(p.program());
+    if (!bytes.ok()) return Error(bytes.status());
+    if (absl::Status s = CheckMemoryBudget("the shard_map program's buffers", *bytes); !s.ok()) {
+      return Error(s);
+    }
     absl::StatusOr<std::unique_ptr<Executor>> compiled = Executor::Create(p.program(), eo);
     if (!compiled.ok()) return Error(compiled.status());
     constexpr size_t kMaxCachedPrograms = 4;
@@ -195,27 +269,30 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
   const std::set<int> returned(req->return_outputs().begin(), req->return_outputs().end());
   for (int i : returned) {
     if (i < 0 || i >= p.outputs_size()) {
-      return Error(absl::InvalidArgumentError(absl::StrCat("return_outputs: ", i, " is not a result index (0..",
-                                                           p.outputs_size() - 1, ")")));
+      return Error(absl::InvalidArgumentError(absl::StrCat(
+          "return_outputs: ", i, " is not a result index (0..", p.outputs_size() - 1, ")")));
     }
   }
   std::set<int> donated(req->donate_argnums().begin(), req->donate_argnums().end());
   // One run over the arrays `ids`: bind them, run, return or store the results.
   auto run = [&](const google::protobuf::RepeatedPtrField<std::string>& ids) -> absl::Status {
     if (ids.size() != p.inputs_size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("program takes ", p.inputs_size(), " arguments; got ", ids.size(), " array ids"));
+      return absl::InvalidArgumentError(absl::StrCat("program takes ", p.inputs_size(),
+                                                     " arguments; got ", ids.size(), " array ids"));
     }
     for (int i = 0; i < p.inputs_size(); ++i) {
       // A donated argument leaves the store; if no one else holds it (a concurrent GetShard), the
       // program may write its results over it. Passed twice or returned as is, it is only read.
       const bool donate = donated.count(i) && std::count(ids.begin(), ids.end(), ids[i]) == 1 &&
                           std::count(p.outputs().begin(), p.outputs().end(), p.inputs(i)) == 0;
-      absl::StatusOr<std::shared_ptr<const Tensor>> shard = donate ? shards_.Take(ids[i]) : shards_.Get(ids[i]);
+      absl::StatusOr<std::shared_ptr<const Tensor>> shard =
+          donate ? shards_.Take(ids[i]) : shards_.Get(ids[i]);
       if (!shard.ok()) return shard.status();
       const bool sole_owner = shard->use_count() == 1;
-      if (absl::Status s = (*executor)->BindInput(p.inputs(i), **shard, donate && sole_owner); !s.ok()) {
-        return absl::Status(s.code(), absl::StrCat("argument ", i, " (array '", ids[i], "'): ", s.message()));
+      if (absl::Status s = (*executor)->BindInput(p.inputs(i), **shard, donate && sole_owner);
+          !s.ok()) {
+        return absl::Status(s.code(),
+                            absl::StrCat("argument ", i, " (array '", ids[i], "'): ", s.message()));
       }
     }
     if (absl::Status s = (*executor)->Run("main", RunContext{}); !s.ok()) {
@@ -240,31 +317,35 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
   for (int k = 0; k <= req->more_runs_size(); ++k) {
     absl::Status s = run(k == 0 ? req->input_ids() : req->more_runs(k - 1).input_ids());
     if (!s.ok()) {
-      return Error(req->more_runs_size() == 0
-                       ? s
-                       : absl::Status(s.code(), absl::StrCat("run ", k, " of ", req->more_runs_size() + 1, ": ",
-                                                             s.message())));
+      AbortEpoch(s);  // peers may be waiting in a collective this rank never reached
+      return Error(
+          req->more_runs_size() == 0
+              ? s
+              : absl::Status(s.code(), absl::StrCat("run ", k, " of ", req->more_runs_size() + 1,
+                                                    ": ", s.message())));
     }
   }
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::ResetTransport(grpc::ServerContext*, const v1::ResetTransportRequest*,
-                                           v1::ResetTransportResponse*) {
-  absl::MutexLock lock(&join_mu_);
-  if (joined_) transport_->Reset();
-  return grpc::Status::OK;
-}
-
-grpc::Status WorkerService::PutShard(grpc::ServerContext*, const v1::PutShardRequest* req, v1::PutShardResponse*) {
+grpc::Status WorkerService::PutShard(grpc::ServerContext*, const v1::PutShardRequest* req,
+                                     v1::PutShardResponse*) {
   if (req->array_id().empty()) return Error(absl::InvalidArgumentError("PutShard: empty array id"));
   absl::StatusOr<Tensor> t = Tensor::FromProto(req->shard());
   if (!t.ok()) return Error(t.status());
+  const std::shared_ptr<const Tensor> replaced = shards_.Get(req->array_id()).value_or(nullptr);
+  const int64_t freed = replaced ? static_cast<int64_t>(replaced->size_bytes()) : 0;
+  if (absl::Status s = CheckMemoryBudget(absl::StrCat("PutShard of '", req->array_id(), "'"),
+                                         static_cast<int64_t>(t->size_bytes()) - freed);
+      !s.ok()) {
+    return Error(s);
+  }
   shards_.Put(req->array_id(), *std::move(t));
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::GetShard(grpc::ServerContext*, const v1::GetShardRequest* req, v1::GetShardResponse* resp) {
+grpc::Status WorkerService::GetShard(grpc::ServerContext*, const v1::GetShardRequest* req,
+                                     v1::GetShardResponse* resp) {
   absl::StatusOr<std::shared_ptr<const Tensor>> t = shards_.Get(req->array_id());
   if (!t.ok()) return Error(t.status());
   *resp->mutable_shard() = (*t)->ToProto();
@@ -277,16 +358,19 @@ grpc::Status WorkerService::DeleteShard(grpc::ServerContext*, const v1::DeleteSh
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::BenchmarkCollective(grpc::ServerContext*, const v1::BenchmarkCollectiveRequest* req,
+grpc::Status WorkerService::BenchmarkCollective(grpc::ServerContext*,
+                                                const v1::BenchmarkCollectiveRequest* req,
                                                 v1::BenchmarkCollectiveResponse* resp) {
   {
     absl::MutexLock lock(&join_mu_);
-    if (!joined_) return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
+    if (!joined_)
+      return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
   }
   absl::MutexLock lock(&job_mu_);
+  if (absl::Status s = EnterEpoch(req->epoch()); !s.ok()) return Error(s);
   if (req->num_bytes() < 0 || req->iters() < 1) {
-    return Error(absl::InvalidArgumentError(absl::StrCat("num_bytes ", req->num_bytes(), " and iters ", req->iters(),
-                                                         "; expected >= 0 and >= 1")));
+    return Error(absl::InvalidArgumentError(absl::StrCat(
+        "num_bytes ", req->num_bytes(), " and iters ", req->iters(), "; expected >= 0 and >= 1")));
   }
   const Mesh& mesh = membership_.mesh;
   std::vector<std::string> names(req->axis_names().begin(), req->axis_names().end());
@@ -301,6 +385,9 @@ grpc::Status WorkerService::BenchmarkCollective(grpc::ServerContext*, const v1::
   Communicator comm(transport_.get(), mesh.AxesGroup(membership_.rank, *axes));
   const int64_t n = comm.size();
   const int64_t count = req->num_bytes() / 4 / n * n;  // divisible by the group for the scatters
+  if (absl::Status s = CheckMemoryBudget("the benchmark's two buffers", 2 * count * 4); !s.ok()) {
+    return Error(s);
+  }
   // Tensors, so the buffers live where a program's would (the shared arena for large ones).
   Tensor ta(v1::DTYPE_F32, {count}), tb(v1::DTYPE_F32, {count});
   std::fill_n(ta.data<float>(), count, 1.0f);
@@ -319,14 +406,19 @@ grpc::Status WorkerService::BenchmarkCollective(grpc::ServerContext*, const v1::
     run = [&] { return comm.Permute(a, count, v1::DTYPE_F32, shift, b); };
   } else {
     return Error(absl::InvalidArgumentError(
-        absl::StrCat("unknown collective '", req->op(), "'; allowed: psum, all_gather, psum_scatter, ppermute")));
+        absl::StrCat("unknown collective '", req->op(),
+                     "'; allowed: psum, all_gather, psum_scatter, ppermute")));
   }
   float token = 0;
   for (int i = 0; i < req->warmup_iters() + req->iters(); ++i) {
     // A 1-element all-reduce over every worker lines them up, so each timed call starts together.
-    if (absl::Status s = everyone.AllReduce(&token, 1, v1::DTYPE_F32, ReduceOp::kSum); !s.ok()) return Error(s);
+    absl::Status s = everyone.AllReduce(&token, 1, v1::DTYPE_F32, ReduceOp::kSum);
     const absl::Time start = absl::Now();
-    if (absl::Status s = run(); !s.ok()) return Error(s);
+    if (s.ok()) s = run();
+    if (!s.ok()) {
+      AbortEpoch(s);
+      return Error(s);
+    }
     if (i >= req->warmup_iters()) resp->add_seconds(absl::ToDoubleSeconds(absl::Now() - start));
   }
   resp->set_group_size(static_cast<int>(n));

@@ -15,8 +15,8 @@
 #include "core/sharding/mesh.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "worker/grpc_transport.h"
-#include "worker/shm_transport.h"
 #include "worker/shard_store.h"
+#include "worker/shm_transport.h"
 #include "worker/trainer.h"
 #include "worker/worker_metrics.h"
 
@@ -33,45 +33,67 @@ struct Membership {
   std::vector<ShmPeer> shm_peers;
 };
 
-// Thread-safe. RPCs that use the program (LoadProgram, RunSteps, Evaluate, RunShardMap, BenchmarkCollective)
-// run one at a time; Abort may arrive at any moment and fails the collectives in flight.
-// Every error a handler returns starts with "rank R: ".
+// Thread-safe. RPCs that use the program (LoadProgram, RunSteps, Evaluate, RunShardMap,
+// BenchmarkCollective) run one at a time; Abort may arrive at any moment and fails the collectives
+// in flight. Every error a handler returns starts with "rank R: ".
 class WorkerService final : public v1::Worker::Service {
  public:
   // `compute_threads`: oneDNN threads per worker (0: library default).
   // `metrics` may be null; it must outlive the service. `arena`: where this worker's large arrays
   // live, lent to the shared-memory transport for single-copy collectives with co-located peers
   // (null: none); it must outlive the service.
-  explicit WorkerService(int compute_threads, WorkerMetrics* metrics = nullptr, ShmArena* arena = nullptr)
-      : compute_threads_(compute_threads), metrics_(metrics), arena_(arena) {}
+  // `memory_budget_bytes`: what this worker's stored shards and a program's buffers may take
+  // together; a request past it is refused with ResourceExhausted naming its bytes (0: the
+  // host's physical memory).
+  explicit WorkerService(int compute_threads, WorkerMetrics* metrics = nullptr,
+                         ShmArena* arena = nullptr, int64_t memory_budget_bytes = 0);
   ~WorkerService() override;
 
   // Sets up the transport once the coordinator has assigned the rank; attaches `ring` to it.
   void Join(Membership membership, RingService* ring);
 
-  grpc::Status LoadProgram(grpc::ServerContext*, const v1::LoadProgramRequest*, v1::LoadProgramResponse*) override;
-  grpc::Status RunSteps(grpc::ServerContext*, const v1::RunStepsRequest*, v1::RunStepsResponse*) override;
-  grpc::Status Evaluate(grpc::ServerContext*, const v1::EvaluateRequest*, v1::EvaluateResponse*) override;
+  grpc::Status LoadProgram(grpc::ServerContext*, const v1::LoadProgramRequest*,
+                           v1::LoadProgramResponse*) override;
+  grpc::Status RunSteps(grpc::ServerContext*, const v1::RunStepsRequest*,
+                        v1::RunStepsResponse*) override;
+  grpc::Status Evaluate(grpc::ServerContext*, const v1::EvaluateRequest*,
+                        v1::EvaluateResponse*) override;
   grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortResponse*) override;
-  grpc::Status RunShardMap(grpc::ServerContext*, const v1::RunShardMapRequest*, v1::RunShardMapResponse*) override;
-  grpc::Status ResetTransport(grpc::ServerContext*, const v1::ResetTransportRequest*,
-                              v1::ResetTransportResponse*) override;
-  grpc::Status SaveShards(grpc::ServerContext*, const v1::SaveShardsRequest*, v1::SaveShardsResponse*) override;
-  grpc::Status LoadShards(grpc::ServerContext*, const v1::LoadShardsRequest*, v1::LoadShardsResponse*) override;
-  grpc::Status PutShard(grpc::ServerContext*, const v1::PutShardRequest*, v1::PutShardResponse*) override;
-  grpc::Status GetShard(grpc::ServerContext*, const v1::GetShardRequest*, v1::GetShardResponse*) override;
-  grpc::Status DeleteShard(grpc::ServerContext*, const v1::DeleteShardRequest*, v1::DeleteShardResponse*) override;
+  grpc::Status RunShardMap(grpc::ServerContext*, const v1::RunShardMapRequest*,
+                           v1::RunShardMapResponse*) override;
+  grpc::Status SaveShards(grpc::ServerContext*, const v1::SaveShardsRequest*,
+                          v1::SaveShardsResponse*) override;
+  grpc::Status LoadShards(grpc::ServerContext*, const v1::LoadShardsRequest*,
+                          v1::LoadShardsResponse*) override;
+  grpc::Status PutShard(grpc::ServerContext*, const v1::PutShardRequest*,
+                        v1::PutShardResponse*) override;
+  grpc::Status GetShard(grpc::ServerContext*, const v1::GetShardRequest*,
+                        v1::GetShardResponse*) override;
+  grpc::Status DeleteShard(grpc::ServerContext*, const v1::DeleteShardRequest*,
+                           v1::DeleteShardResponse*) override;
   grpc::Status BenchmarkCollective(grpc::ServerContext*, const v1::BenchmarkCollectiveRequest*,
                                    v1::BenchmarkCollectiveResponse*) override;
 
  private:
   grpc::Status Error(const absl::Status& s) const;
+  // ResourceExhausted naming `what` and its bytes unless `bytes` more fit in the memory budget
+  // beside the stored shards.
+  absl::Status CheckMemoryBudget(const std::string& what, int64_t bytes);
+  // Moves the transport to collective epoch `epoch` before a run (0: stays in the current one);
+  // an epoch the coordinator already aborted is entered aborted. Errors: FailedPrecondition for
+  // an epoch earlier than the current one (a stale request).
+  absl::Status EnterEpoch(uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
+  // A run that failed leaves its epoch aborted on this rank, so no later collective of that epoch
+  // can read what the failed one left behind; the coordinator moves every rank to a new epoch.
+  void AbortEpoch(const absl::Status& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
   // The membership, once Join has set it. Errors: FailedPrecondition before.
   absl::StatusOr<Membership> JoinedMembership();
-  absl::StatusOr<std::pair<std::shared_ptr<const ImageDataset>, std::shared_ptr<const ImageDataset>>> Datasets(
-      const std::string& dir) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
+  absl::StatusOr<
+      std::pair<std::shared_ptr<const ImageDataset>, std::shared_ptr<const ImageDataset>>>
+  Datasets(const std::string& dir) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
 
   const int compute_threads_;
+  const int64_t memory_budget_bytes_;
   WorkerMetrics* const metrics_;
   ShmArena* const arena_;
   absl::Mutex join_mu_;
@@ -81,6 +103,10 @@ class WorkerService final : public v1::Worker::Service {
   std::unique_ptr<Transport> transport_;  // ShmTransport over GrpcTransport, or GrpcTransport
 
   ShardStore shards_;
+
+  absl::Mutex epoch_mu_;                                   // orders Abort with EnterEpoch
+  uint64_t aborted_epoch_ ABSL_GUARDED_BY(epoch_mu_) = 0;  // the latest epoch an Abort named
+  absl::Status abort_reason_ ABSL_GUARDED_BY(epoch_mu_);
 
   absl::Mutex job_mu_;
   std::unique_ptr<Trainer> trainer_ ABSL_GUARDED_BY(job_mu_);
@@ -92,7 +118,8 @@ class WorkerService final : public v1::Worker::Service {
     std::unique_ptr<Executor> executor;
   };
   std::vector<CachedExecutor> executors_ ABSL_GUARDED_BY(job_mu_);
-  std::map<std::string, std::pair<std::shared_ptr<const ImageDataset>, std::shared_ptr<const ImageDataset>>>
+  std::map<std::string,
+           std::pair<std::shared_ptr<const ImageDataset>, std::shared_ptr<const ImageDataset>>>
       datasets_ ABSL_GUARDED_BY(job_mu_);
 };
 

@@ -1,4 +1,6 @@
 // meshrun: the command-line client. Subcommands: up, train, status, shutdown, plan, bench.
+#include <climits>
+
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
@@ -11,7 +13,8 @@ std::vector<int> ParseInts(const std::string& csv) {
   std::vector<int> out;
   for (absl::string_view p : absl::StrSplit(csv, ',', absl::SkipEmpty())) {
     int v;
-    if (!absl::SimpleAtoi(p, &v) || v < 1) throw CLI::ValidationError("--workers", "expected positive integers, e.g. 2,4,8");
+    if (!absl::SimpleAtoi(p, &v) || v < 1)
+      throw CLI::ValidationError("--workers", "expected positive integers, e.g. 2,4,8");
     out.push_back(v);
   }
   return out;
@@ -24,48 +27,71 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
 
   meshrun::cli::UpArgs up;
-  auto* up_cmd = app.add_subcommand("up", "start a local cluster (coordinator + one worker per mesh device)");
-  up_cmd->add_option("--mesh", up.mesh, "mesh axes, e.g. data=8 or data=2,model=4")->capture_default_str();
-  up_cmd->add_option("--port", up.port, "coordinator port (0: any free port)")->capture_default_str();
+  auto* up_cmd =
+      app.add_subcommand("up", "start a local cluster (coordinator + one worker per mesh device)");
+  up_cmd->add_option("--mesh", up.mesh, "mesh axes, e.g. data=8 or data=2,model=4")
+      ->capture_default_str();
+  up_cmd->add_option("--port", up.port, "coordinator port (0: any free port)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
   up_cmd->add_option("--log-dir", up.log_dir, "directory for process logs");
   up_cmd->add_flag("--no-shm", up.no_shm,
-                   "workers exchange collective data over the gRPC ring only (default: shared memory on this host)");
+                   "workers exchange collective data over the gRPC ring only (default: shared "
+                   "memory on this host)");
 
   meshrun::cli::TrainArgs train;
   auto* train_cmd = app.add_subcommand("train", "run a train job");
   meshrun::cli::WorkloadTrainArgs wtrain;
   train_cmd->add_option("--config", train.config_path, "job config (JSON) of the main job");
-  train_cmd->add_option("--workload", wtrain.workload, "or a seed workload: mlp, dot_relu_dot, classifier");
-  train_cmd->add_option("--layout", wtrain.layout, "workload layout: single, dp, fsdp, tp, 2d, fsdp_tp")
+  train_cmd->add_option("--workload", wtrain.workload,
+                        "or a seed workload: mlp, dot_relu_dot, classifier");
+  train_cmd
+      ->add_option("--layout", wtrain.layout, "workload layout: single, dp, fsdp, tp, 2d, fsdp_tp")
       ->capture_default_str();
-  train_cmd->add_option("--steps", wtrain.steps, "workload: train until this step")->capture_default_str();
-  train_cmd->add_option("--steps-per-call", wtrain.steps_per_call,
-                        "workload: steps per call, run back to back on the workers (steps_per_execution)")
-      ->check(CLI::PositiveNumber)
+  train_cmd->add_option("--steps", wtrain.steps, "workload: train until this step")
+      ->check(CLI::Range(0, INT_MAX))
       ->capture_default_str();
-  train_cmd->add_option("--ckpt-dir", wtrain.ckpt_dir, "checkpoint root (for --config: replaces checkpoint.dir)");
-  train_cmd->add_option("--save-every", wtrain.save_every, "workload: save every N steps (and at the end)");
-  train_cmd->add_option("--keep", wtrain.keep, "workload: keep the newest K checkpoints");
+  train_cmd
+      ->add_option(
+          "--steps-per-call", wtrain.steps_per_call,
+          "workload: steps per call, run back to back on the workers (steps_per_execution)")
+      ->check(CLI::Range(1, INT_MAX))
+      ->capture_default_str();
+  train_cmd->add_option("--ckpt-dir", wtrain.ckpt_dir,
+                        "checkpoint root (for --config: replaces checkpoint.dir)");
+  train_cmd
+      ->add_option("--save-every", wtrain.save_every,
+                   "workload: save every N steps (and at the end)")
+      ->check(CLI::Range(0, INT_MAX));
+  train_cmd->add_option("--keep", wtrain.keep, "workload: keep the newest K checkpoints")
+      ->check(CLI::Range(0, INT_MAX));
   train_cmd->add_flag("--async-save", wtrain.async_save, "workload: save in the background");
-  train_cmd->add_flag("--resume", wtrain.resume,
-                      "continue from the newest committed checkpoint (the config's checkpoint.dir or --ckpt-dir)");
-  train_cmd->add_option("--init-from", wtrain.init_from, "workload: parameters from a safetensors file");
-  train_cmd->add_option("--coordinator", train.coordinator, "a running cluster's coordinator (default: start one)");
-  train_cmd->add_option("--mesh", train.mesh, "mesh of the embedded cluster (default: the config's, else data=8)");
+  train_cmd->add_flag(
+      "--resume", wtrain.resume,
+      "continue from the newest committed checkpoint (the config's checkpoint.dir or --ckpt-dir)");
+  train_cmd->add_option("--init-from", wtrain.init_from,
+                        "workload: parameters from a safetensors file");
+  train_cmd->add_option("--coordinator", train.coordinator,
+                        "a running cluster's coordinator (default: start one)");
+  train_cmd->add_option("--mesh", train.mesh,
+                        "mesh of the embedded cluster (default: the config's, else data=8)");
   train_cmd->add_option("--log-dir", train.log_dir, "directory for the embedded cluster's logs");
 
   std::string ckpt_path, ckpt_workload = "mlp", ckpt_layout = "dp", ckpt_mesh = "data=2,model=4";
   auto* ckpt_cmd = app.add_subcommand("ckpt", "sharded checkpoints");
   ckpt_cmd->require_subcommand(1);
   std::string ckpt_config;
-  auto* validate_cmd = ckpt_cmd->add_subcommand("validate", "check a checkpoint against a job or workload, allocating nothing");
+  auto* validate_cmd = ckpt_cmd->add_subcommand(
+      "validate", "check a checkpoint against a job or workload, allocating nothing");
   validate_cmd->add_option("checkpoint", ckpt_path, "a committed checkpoint directory")->required();
-  validate_cmd->add_option("--config", ckpt_config, "job config (JSON): check against its TrainState and mesh");
+  validate_cmd->add_option("--config", ckpt_config,
+                           "job config (JSON): check against its TrainState and mesh");
   validate_cmd->add_option("--workload", ckpt_workload)->capture_default_str();
   validate_cmd->add_option("--layout", ckpt_layout)->capture_default_str();
   validate_cmd->add_option("--mesh", ckpt_mesh)->capture_default_str();
   std::string export_out;
-  auto* export_cmd = app.add_subcommand("export", "a checkpoint's parameters, unsharded, as one safetensors file");
+  auto* export_cmd =
+      app.add_subcommand("export", "a checkpoint's parameters, unsharded, as one safetensors file");
   export_cmd->add_option("checkpoint", ckpt_path, "a committed checkpoint directory")->required();
   export_cmd->add_option("file", export_out, "output .safetensors")->required();
 
@@ -76,64 +102,89 @@ int main(int argc, char** argv) {
   double health_timeout = 2.0;
   auto* health_cmd = app.add_subcommand("health", "grpc.health.v1 probe: exit 0 only when SERVING");
   health_cmd->add_option("--addr", health_addr, "server address HOST:PORT")->required();
-  health_cmd->add_option("--service", health_service, "service name (default: the server as a whole)");
-  health_cmd->add_option("--timeout", health_timeout, "seconds")->capture_default_str();
-  auto* arrays_cmd = app.add_subcommand("arrays", "list the cluster's sharded arrays with bytes per worker");
+  health_cmd->add_option("--service", health_service,
+                         "service name (default: the server as a whole)");
+  health_cmd->add_option("--timeout", health_timeout, "seconds")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  auto* arrays_cmd =
+      app.add_subcommand("arrays", "list the cluster's sharded arrays with bytes per worker");
   arrays_cmd->add_option("--coordinator", coordinator)->capture_default_str();
   std::string array_id;
-  auto* show_cmd = app.add_subcommand("show", "print an array's sharding grid (visualize_array_sharding)");
+  auto* show_cmd =
+      app.add_subcommand("show", "print an array's sharding grid (visualize_array_sharding)");
   show_cmd->add_option("array", array_id, "array id")->required();
   show_cmd->add_option("--coordinator", coordinator)->capture_default_str();
   auto* shutdown_cmd = app.add_subcommand("shutdown", "stop a cluster's workers and coordinator");
   shutdown_cmd->add_option("--coordinator", coordinator)->capture_default_str();
 
   meshrun::cli::PlanArgs plan;
-  auto* plan_cmd = app.add_subcommand("plan", "plan a job (JOB.json) or a workload's train step under a layout, allocating nothing");
+  auto* plan_cmd = app.add_subcommand(
+      "plan",
+      "plan a job (JOB.json) or a workload's train step under a layout, allocating nothing");
   plan_cmd->add_option("job", plan.config_path, "job config (JSON)");
-  plan_cmd->add_option("--workload", plan.workload, "mlp, dot_relu_dot or classifier")->capture_default_str();
+  plan_cmd->add_option("--workload", plan.workload, "mlp, dot_relu_dot or classifier")
+      ->capture_default_str();
   plan_cmd->add_option("--mesh", plan.mesh, "mesh axes")->capture_default_str();
   plan_cmd->add_option("--layout", plan.layout, "single, dp, fsdp, tp, 2d or fsdp_tp");
   plan_cmd->add_option("--rules", plan.rules, "logical axis rules, e.g. batch=data,hidden=model");
-  plan_cmd->add_option("--fsdp", plan.fsdp_axis, "shard parameters over this mesh axis (with --rules)");
-  plan_cmd->add_option("--min-weight-size", plan.min_weight_size, "FSDP leaves smaller parameters replicated")
+  plan_cmd->add_option("--fsdp", plan.fsdp_axis,
+                       "shard parameters over this mesh axis (with --rules)");
+  plan_cmd
+      ->add_option("--min-weight-size", plan.min_weight_size,
+                   "FSDP leaves smaller parameters replicated")
+      ->check(CLI::Range(0, INT_MAX))
       ->capture_default_str();
 
   auto* bench_cmd = app.add_subcommand("bench", "benchmarks over real local clusters");
   bench_cmd->require_subcommand(1);
   std::string ar_workers = "2,4,8", train_workers = "1,2,8";
   meshrun::AllReduceBenchOptions ar;
-  auto* ar_cmd = bench_cmd->add_subcommand("allreduce", "ring all-reduce time, algbw and busbw, 4 KiB..64 MiB");
+  auto* ar_cmd = bench_cmd->add_subcommand("allreduce",
+                                           "ring all-reduce time, algbw and busbw, 4 KiB..64 MiB");
   ar_cmd->add_option("--workers", ar_workers, "worker counts")->capture_default_str();
-  ar_cmd->add_option("--iters", ar.iters, "timed iterations per size (0: scaled to the size)");
-  ar_cmd->add_option("--sizes", ar.sizes_bytes, "message sizes in bytes (default 4 KiB..64 MiB)");
-  const std::string kNoShm = "collectives over the loopback gRPC ring, as between hosts (default: shared memory)";
+  ar_cmd->add_option("--iters", ar.iters, "timed iterations per size (0: scaled to the size)")
+      ->check(CLI::Range(0, INT_MAX));
+  ar_cmd->add_option("--sizes", ar.sizes_bytes, "message sizes in bytes (default 4 KiB..64 MiB)")
+      ->check(CLI::Range(int64_t{4}, int64_t{1} << 32));
+  const std::string kNoShm =
+      "collectives over the loopback gRPC ring, as between hosts (default: shared memory)";
   bool ar_no_shm = false, cb_no_shm = false, sb_no_shm = false;
   ar_cmd->add_flag("--no-shm", ar_no_shm, kNoShm);
   meshrun::CollectivesBenchOptions cb;
-  auto* cb_cmd = bench_cmd->add_subcommand("collectives", "psum, all_gather, psum_scatter, ppermute over each mesh axis");
+  auto* cb_cmd = bench_cmd->add_subcommand(
+      "collectives", "psum, all_gather, psum_scatter, ppermute over each mesh axis");
   cb_cmd->add_option("--mesh", cb.mesh, "mesh")->capture_default_str();
-  cb_cmd->add_option("--sizes", cb.sizes_bytes, "message sizes in bytes");
+  cb_cmd->add_option("--sizes", cb.sizes_bytes, "message sizes in bytes")
+      ->check(CLI::Range(int64_t{4}, int64_t{1} << 32));
   cb_cmd->add_flag("--no-shm", cb_no_shm, kNoShm);
   meshrun::TrainBenchOptions tb;
   auto* tb_cmd = bench_cmd->add_subcommand("train", "samples/s of the main job");
   tb_cmd->add_option("--workers", train_workers, "worker counts")->capture_default_str();
-  tb_cmd->add_option("--steps", tb.steps, "steps per run")->capture_default_str();
+  tb_cmd->add_option("--steps", tb.steps, "steps per run")
+      ->check(CLI::Range(1, INT_MAX))
+      ->capture_default_str();
 
   meshrun::StepBenchOptions sb;
   std::string sb_workloads = "mlp,dot_relu_dot,classifier", sb_layouts = "single,dp,fsdp,tp,2d";
-  auto* sb_cmd = bench_cmd->add_subcommand("step", "step time, samples/s and peak RSS of the seeds' workloads per layout");
+  auto* sb_cmd = bench_cmd->add_subcommand(
+      "step", "step time, samples/s and peak RSS of the seeds' workloads per layout");
   sb_cmd->add_option("--workloads", sb_workloads, "comma-separated")->capture_default_str();
   sb_cmd->add_option("--layouts", sb_layouts, "comma-separated")->capture_default_str();
   sb_cmd->add_option("--mesh", sb.mesh, "mesh of the multi-worker layouts")->capture_default_str();
-  sb_cmd->add_option("--steps", sb.steps, "timed steps per run")->capture_default_str();
-  sb_cmd->add_option("--steps-per-call", sb.steps_per_call,
-                     "train steps per call, run back to back on the workers (steps_per_execution)")
-      ->check(CLI::PositiveNumber)
+  sb_cmd->add_option("--steps", sb.steps, "timed steps per run")
+      ->check(CLI::Range(1, INT_MAX))
+      ->capture_default_str();
+  sb_cmd
+      ->add_option("--steps-per-call", sb.steps_per_call,
+                   "train steps per call, run back to back on the workers (steps_per_execution)")
+      ->check(CLI::Range(1, INT_MAX))
       ->capture_default_str();
   sb_cmd->add_flag("--no-shm", sb_no_shm, kNoShm);
 
   meshrun::CkptBenchOptions kb;
-  auto* kb_cmd = bench_cmd->add_subcommand("ckpt", "save / restore GB/s of a TrainState and async-save blocking");
+  auto* kb_cmd = bench_cmd->add_subcommand(
+      "ckpt", "save / restore GB/s of a TrainState and async-save blocking");
   kb_cmd->add_option("--workload", kb.workload)->capture_default_str();
   kb_cmd->add_option("--layout", kb.layout)->capture_default_str();
   kb_cmd->add_option("--mesh", kb.mesh)->capture_default_str();
@@ -172,7 +223,8 @@ int main(int argc, char** argv) {
     if (export_cmd->parsed()) return meshrun::cli::Export(ckpt_path, export_out);
     if (status_cmd->parsed()) return meshrun::cli::Status(coordinator);
     if (shutdown_cmd->parsed()) return meshrun::cli::Shutdown(coordinator);
-    if (health_cmd->parsed()) return meshrun::cli::Health(health_addr, health_service, health_timeout);
+    if (health_cmd->parsed())
+      return meshrun::cli::Health(health_addr, health_service, health_timeout);
     if (arrays_cmd->parsed()) return meshrun::cli::Arrays(coordinator);
     if (show_cmd->parsed()) return meshrun::cli::Show(coordinator, array_id);
     if (ar_cmd->parsed()) {

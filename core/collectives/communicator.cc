@@ -10,6 +10,15 @@
 
 namespace meshrun {
 
+uint64_t Communicator::NextTagBase() {
+  const uint64_t epoch = transport_->epoch();
+  if (epoch != epoch_) {
+    epoch_ = epoch;
+    sequence_ = 0;
+  }
+  return (++sequence_) << 32;
+}
+
 Communicator::Communicator(Transport* transport, std::vector<int> group, CollectiveOptions options)
     : transport_(transport), group_(std::move(group)), options_(options) {
   auto it = std::find(group_.begin(), group_.end(), transport_->rank());
@@ -53,7 +62,8 @@ absl::Status Communicator::AllGather(const void* in, int64_t count, DType dtype,
   return RingAllGather(*this, in, count, dtype, out);
 }
 
-absl::Status Communicator::ReduceScatter(const void* in, int64_t count, DType dtype, ReduceOp op, void* out) {
+absl::Status Communicator::ReduceScatter(const void* in, int64_t count, DType dtype, ReduceOp op,
+                                         void* out) {
   if (UseDirect(size() * count * static_cast<int64_t>(DTypeSize(dtype)))) {
     absl::StatusOr<DirectResult> direct = DirectReduceScatter(*this, in, count, dtype, op, out);
     if (!direct.ok() || *direct == DirectResult::kDone) return direct.status();

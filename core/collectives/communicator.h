@@ -67,14 +67,17 @@ class Communicator {
 
   // jax.lax.ppermute over group positions; see permute.h. Errors: InvalidArgument naming a pair
   // that makes `perm` not a permutation of [0, size()).
-  absl::Status Permute(const void* in, int64_t count, DType dtype, const std::vector<std::pair<int, int>>& perm,
-                       void* out);
+  absl::Status Permute(const void* in, int64_t count, DType dtype,
+                       const std::vector<std::pair<int, int>>& perm, void* out);
 
   // jax.lax.all_to_all over flat blocks: `in` and `out` hold size() blocks of `count` elements.
   absl::Status AllToAll(const void* in, int64_t count, DType dtype, void* out);
 
-  // The tag base for the next collective (each collective reserves 2^32 tags).
-  uint64_t NextTagBase() { return (++sequence_) << 32; }
+  // The tag base for the next collective (each collective reserves 2^32 tags): its sequence
+  // number within the transport's collective epoch (Transport::Reset), which restarts at 1 in a
+  // new epoch, so every member numbers the collectives after an abort alike, whichever of them
+  // the aborted run had reached.
+  uint64_t NextTagBase();
   // True if the transport reaches the memory of every other member (direct collectives may run).
   bool ReachesAllMembers() const;
   Transport* transport() { return transport_; }
@@ -87,7 +90,8 @@ class Communicator {
   std::vector<int> group_;
   int index_ = -1;
   CollectiveOptions options_;
-  uint64_t sequence_ = 0;
+  uint64_t epoch_ = 0;     // the transport's epoch when sequence_ was last numbered
+  uint64_t sequence_ = 0;  // collectives in epoch_
 };
 
 }  // namespace meshrun

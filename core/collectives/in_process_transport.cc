@@ -43,12 +43,13 @@ class InProcessTransport : public Transport {
     if (absl::Status s = CheckPeer("send to", peer); !s.ok()) return s;
     // A receive the peer has posted takes the bytes straight from the sender's buffer.
     Mailbox& mailbox = *hub_->mailboxes[peer];
-    if (const RecvSink* sink = mailbox.BeginInPlace(rank_, tag, data.size())) {
+    const uint64_t e = epoch();
+    if (const RecvSink* sink = mailbox.BeginInPlace(rank_, e, tag, data.size())) {
       if (!data.empty()) (*sink)(0, data.data(), data.size());
       mailbox.EndInPlace(rank_);
       return absl::OkStatus();
     }
-    mailbox.Deliver(rank_, tag, std::string(data));
+    mailbox.Deliver(rank_, e, tag, std::string(data));
     return absl::OkStatus();
   }
 
@@ -66,7 +67,8 @@ class InProcessTransport : public Transport {
   PeerMemory* peer_memory() override { return &memory_; }
 
   void Abort(const absl::Status& reason) override { hub_->mailboxes[rank_]->Abort(reason); }
-  void Reset() override { hub_->mailboxes[rank_]->Reset(); }
+  void Reset(uint64_t epoch) override { hub_->mailboxes[rank_]->Reset(epoch); }
+  uint64_t epoch() const override { return hub_->mailboxes[rank_]->epoch(); }
 
  private:
   std::shared_ptr<Hub> hub_;

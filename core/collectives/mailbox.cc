@@ -8,15 +8,20 @@ namespace meshrun {
 namespace {
 
 absl::Status WrongTag(int src, uint64_t tag, uint64_t expected_tag) {
-  return absl::InternalError(absl::StrCat("rank ", src, " sent tag ", tag, " but tag ", expected_tag,
-                                          " was expected: ranks ran collectives in different orders"));
+  return absl::InternalError(
+      absl::StrCat("rank ", src, " sent tag ", tag, " but tag ", expected_tag,
+                   " was expected: ranks ran collectives in different orders"));
 }
 
 }  // namespace
 
 Mailbox::Mailbox(int world_size, absl::Duration failure_grace)
-    : failure_grace_(failure_grace), queues_(world_size), peer_failed_(world_size),
-      failed_at_(world_size), failure_marks_(world_size, 0), posted_(world_size, nullptr),
+    : failure_grace_(failure_grace),
+      queues_(world_size),
+      peer_failed_(world_size),
+      failed_at_(world_size),
+      failure_marks_(world_size, 0),
+      posted_(world_size, nullptr),
       waiting_(world_size, 0) {}
 
 void Mailbox::SetControlHandler(uint64_t tag, ControlHandler handler) {
@@ -25,7 +30,7 @@ void Mailbox::SetControlHandler(uint64_t tag, ControlHandler handler) {
   control_ = std::move(handler);
 }
 
-void Mailbox::Deliver(int src, uint64_t tag, std::string payload) {
+void Mailbox::Deliver(int src, uint64_t epoch, uint64_t tag, std::string payload) {
   // Whatever src sends proves it alive: a failure mark left by one of its old streams (one it
   // cancelled in an abort, seen ending after this side's Reset) no longer counts.
   {
@@ -41,7 +46,11 @@ void Mailbox::Deliver(int src, uint64_t tag, std::string payload) {
   }
   absl::MutexLock lock(&mu_);
   peer_failed_[src] = absl::OkStatus();
-  queues_[src].push_back(Message{tag, std::move(payload)});
+  if (epoch < epoch_) {
+    ++stale_dropped_;
+    return;
+  }
+  queues_[src].push_back(Message{epoch, tag, std::move(payload)});
 }
 
 void Mailbox::SetWaitListener(WaitListener listener) {
@@ -77,11 +86,41 @@ void Mailbox::Abort(absl::Status reason) {
   if (aborted_.ok()) aborted_ = std::move(reason);
 }
 
-void Mailbox::Reset() {
+void Mailbox::Reset(uint64_t epoch) {
   absl::MutexLock lock(&mu_);
-  for (auto& q : queues_) q.clear();
+  if (epoch <= epoch_) return;
+  epoch_ = epoch;
+  for (auto& q : queues_) {
+    const size_t before = q.size();
+    q.erase(std::remove_if(q.begin(), q.end(), [&](const Message& m) { return m.epoch < epoch; }),
+            q.end());
+    stale_dropped_ += static_cast<int64_t>(before - q.size());
+  }
   for (auto& s : peer_failed_) s = absl::OkStatus();
   aborted_ = absl::OkStatus();
+}
+
+uint64_t Mailbox::epoch() {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+int64_t Mailbox::stale_dropped() {
+  absl::MutexLock lock(&mu_);
+  return stale_dropped_;
+}
+
+absl::StatusOr<Mailbox::Message> Mailbox::PopFront(int src) {
+  std::deque<Message>& q = queues_[src];
+  if (q.front().epoch > epoch_) {
+    // Left queued: it is the first message of the run this rank has not started yet.
+    return absl::AbortedError(absl::StrCat("rank ", src, " has moved on to collective epoch ",
+                                           q.front().epoch, " while this rank is in epoch ", epoch_,
+                                           ": this collective was abandoned"));
+  }
+  Message m = std::move(q.front());
+  q.pop_front();
+  return m;
 }
 
 absl::Status Mailbox::AwaitMessage(int src, uint64_t expected_tag, absl::Time deadline,
@@ -99,8 +138,8 @@ absl::Status Mailbox::AwaitMessage(int src, uint64_t expected_tag, absl::Time de
       wake = std::min(wake, due);
     }
     if (absl::Now() >= deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("timed out waiting for a message from rank ", src, " (tag ", expected_tag, ")"));
+      return absl::DeadlineExceededError(absl::StrCat("timed out waiting for a message from rank ",
+                                                      src, " (tag ", expected_tag, ")"));
     }
     const uint64_t marks = failure_marks_[src];
     auto changed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
@@ -114,14 +153,16 @@ absl::StatusOr<std::string> Mailbox::Take(int src, uint64_t expected_tag, absl::
   Message m;
   {
     absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return aborted_;  // nothing of an aborted epoch is handed out
     if (queues_[src].empty()) {
       StartWaiting(src);
       absl::Status s = AwaitMessage(src, expected_tag, deadline, nullptr);
       --waiting_[src];
       if (!s.ok()) return s;
     }
-    m = std::move(queues_[src].front());
-    queues_[src].pop_front();
+    absl::StatusOr<Message> front = PopFront(src);
+    if (!front.ok()) return front.status();
+    m = *std::move(front);
   }
   if (m.tag != expected_tag) return WrongTag(src, m.tag, expected_tag);
   return std::move(m.payload);
@@ -133,6 +174,7 @@ absl::Status Mailbox::TakeInto(int src, uint64_t expected_tag, size_t size, absl
   Message m;
   {
     absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) return aborted_;
     if (queues_[src].empty()) {
       // Posted first, then waited for: a transport woken by the listener finds it posted.
       const bool post = posted_[src] == nullptr;
@@ -152,8 +194,9 @@ absl::Status Mailbox::TakeInto(int src, uint64_t expected_tag, size_t size, absl
       }
       if (!s.ok()) return s;
     }
-    m = std::move(queues_[src].front());
-    queues_[src].pop_front();
+    absl::StatusOr<Message> front = PopFront(src);
+    if (!front.ok()) return front.status();
+    m = *std::move(front);
   }
   if (m.tag != expected_tag) return WrongTag(src, m.tag, expected_tag);
   if (m.payload.size() != size) return WrongMessageSize(src, m.tag, m.payload.size(), size);
@@ -161,10 +204,10 @@ absl::Status Mailbox::TakeInto(int src, uint64_t expected_tag, size_t size, absl
   return absl::OkStatus();
 }
 
-const RecvSink* Mailbox::BeginInPlace(int src, uint64_t tag, size_t size) {
+const RecvSink* Mailbox::BeginInPlace(int src, uint64_t epoch, uint64_t tag, size_t size) {
   absl::MutexLock lock(&mu_);
   PostedRecv* p = posted_[src];
-  if (!aborted_.ok() || !queues_[src].empty() || p == nullptr ||
+  if (!aborted_.ok() || epoch != epoch_ || !queues_[src].empty() || p == nullptr ||
       p->state != PostedRecv::State::kPosted || p->tag != tag || p->size != size) {
     return nullptr;
   }

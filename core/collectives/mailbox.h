@@ -18,14 +18,24 @@ namespace meshrun {
 
 // The receiving half of a Transport. Thread-safe: Deliver / MarkPeerFailed / BeginInPlace come
 // from network threads, Take / TakeInto from the collective's thread (one at a time per source).
+//
+// Collective epochs: every message carries the epoch its sender was in when it sent it, and the
+// Mailbox is in one epoch at a time (Reset moves it on). A message of an earlier epoch belongs to
+// collectives that were aborted or timed out, and is dropped, whether it is queued when the epoch
+// changes or arrives later (a stream or ring still holding it); so a later collective can never
+// sum a stale contribution. A message of a later epoch (a peer that moved on first) is kept for
+// when this side moves on too; a Take that meets one fails with Aborted naming the peer, since
+// this rank then runs a collective its peer has abandoned.
 class Mailbox {
  public:
   // `failure_grace`: how long a peer marked failed may still prove itself alive by sending
   // (see MarkPeerFailed) before Take reports the failure.
   explicit Mailbox(int world_size, absl::Duration failure_grace = absl::Seconds(2));
 
-  // Queues `payload` for Take(src), or hands it to the control handler of `tag` if one is set.
-  void Deliver(int src, uint64_t tag, std::string payload);
+  // Queues `payload`, sent by `src` in `epoch`, for Take(src), or hands it to the control handler
+  // of `tag` if one is set (control messages belong to no epoch). Drops it if `epoch` is earlier
+  // than this Mailbox's.
+  void Deliver(int src, uint64_t epoch, uint64_t tag, std::string payload);
   // Messages tagged `tag` go to `handler` on the delivering thread instead of the queues (a
   // transport's own control messages, e.g. ShmTransport's ring announcements). One tag at a time;
   // a null handler removes it, waiting for a call in progress to return. `handler` must not call
@@ -37,10 +47,16 @@ class Mailbox {
   // that src cancelled in an abort may be seen ending after this side's Reset; src, alive,
   // clears the stale mark with its next message. A dead src is reported within the grace.)
   void MarkPeerFailed(int src, absl::Status status);
-  // Fails every Take with `reason` until Reset().
+  // Fails every Take with `reason` until Reset moves to a later epoch.
   void Abort(absl::Status reason);
-  // Drops queued messages, failures and aborts.
-  void Reset();
+  // Moves to `epoch`: drops every queued message of an earlier epoch (and, from now on, every
+  // such message delivered), peer failure marks and the abort. Nothing happens unless `epoch` is
+  // later than the current one: only a new epoch clears an abort.
+  void Reset(uint64_t epoch);
+  // The current epoch (0 at construction).
+  uint64_t epoch();
+  // Messages dropped because they came from an earlier epoch, since construction.
+  int64_t stale_dropped();
 
   // Next message from `src`; see Transport::Recv for the errors.
   absl::StatusOr<std::string> Take(int src, uint64_t expected_tag, absl::Time deadline);
@@ -53,11 +69,12 @@ class Mailbox {
                         RecvSink sink);
 
   // For a transport that holds a whole message of `size` bytes from `src` in memory of its own
-  // (a shared-memory ring): if a TakeInto for exactly this tag and size is posted and nothing
-  // from `src` is queued before it, claims it and returns its sink; the caller passes the
+  // (a shared-memory ring): if the message is of the current epoch, a TakeInto for exactly this
+  // tag and size is posted and nothing from `src` is queued before it, claims it and returns its
+  // sink; the caller passes the
   // message through the sink, then calls EndInPlace(src). Otherwise returns null and the caller
   // Delivers a copy. The TakeInto returns only after EndInPlace, even past its deadline.
-  const RecvSink* BeginInPlace(int src, uint64_t tag, size_t size);
+  const RecvSink* BeginInPlace(int src, uint64_t epoch, uint64_t tag, size_t size);
   void EndInPlace(int src);
 
   // Whether a Take or TakeInto from `src` waits, having found nothing queued (a transport that
@@ -72,6 +89,7 @@ class Mailbox {
 
  private:
   struct Message {
+    uint64_t epoch;
     uint64_t tag;
     std::string payload;
   };
@@ -82,6 +100,8 @@ class Mailbox {
     const RecvSink* sink;
     enum class State { kPosted, kClaimed, kDone } state = State::kPosted;
   };
+  // The front message from `src` (REQUIRES: one is queued), or Aborted if it is of a later epoch.
+  absl::StatusOr<Message> PopFront(int src) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until `src` has a queued message (OK), or returns the abort, failure or deadline error
   // that ends the wait; `posted`, when set, also ends the wait once done (OK).
   absl::Status AwaitMessage(int src, uint64_t expected_tag, absl::Time deadline,
@@ -96,9 +116,11 @@ class Mailbox {
   std::vector<absl::Time> failed_at_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> failure_marks_ ABSL_GUARDED_BY(mu_);  // marks ever made, per src
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
+  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t stale_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<PostedRecv*> posted_ ABSL_GUARDED_BY(mu_);  // per src, null when none
   std::vector<int> waiting_ ABSL_GUARDED_BY(mu_);         // Takes in progress, per src
-  absl::Mutex listener_mu_;  // held while the listener runs
+  absl::Mutex listener_mu_;                               // held while the listener runs
   WaitListener listener_ ABSL_GUARDED_BY(listener_mu_);
   // A Take from src found nothing queued and waits: counts it in waiting_ and calls the
   // listener (with mu_ released meanwhile).

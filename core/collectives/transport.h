@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <string>
 
-#include "absl/status/status.h"
 #include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -47,7 +47,8 @@ class PeerMemory {
 
 // Point-to-point messages between the ranks of one cluster. Messages from one sender to one
 // receiver arrive in send order; each carries a tag that the receiver checks, so two ranks that
-// call collectives in different orders get an error instead of garbage.
+// call collectives in different orders get an error instead of garbage, and the sender's
+// collective epoch (see Reset), so that no message of an abandoned collective is ever received.
 //
 // Thread-safety: Send and Recv may be called from different threads, but calls that target the
 // same peer must be ordered by the caller (a collective runs on one thread).
@@ -61,7 +62,8 @@ class Transport {
   // Queues `data` for `peer` and returns once it is buffered (not necessarily delivered).
   // Errors: Unavailable naming the peer's rank if its link is broken; DeadlineExceeded if the
   // buffer stays full past `deadline`; the Abort reason after Abort.
-  virtual absl::Status Send(int peer, uint64_t tag, absl::string_view data, absl::Time deadline) = 0;
+  virtual absl::Status Send(int peer, uint64_t tag, absl::string_view data,
+                            absl::Time deadline) = 0;
 
   // Returns the next message from `peer`. Errors: DeadlineExceeded naming the peer's rank;
   // Unavailable if the peer disconnected; Internal if the message's tag is not `tag`; the Abort
@@ -82,10 +84,20 @@ class Transport {
   // default). Owned by the transport.
   virtual PeerMemory* peer_memory() { return nullptr; }
 
-  // Fails every blocked and future Send/Recv with `reason` until Reset(). Thread-safe.
+  // Fails every blocked and future Send/Recv with `reason` until Reset moves to a later epoch.
+  // Thread-safe.
   virtual void Abort(const absl::Status& reason) = 0;
-  // Clears an Abort and drops undelivered messages (between jobs). Thread-safe.
-  virtual void Reset() = 0;
+  // Collective epochs (as NCCL's communicator abort and re-init, made cheap): every message is
+  // stamped with its sender's epoch, and a receiver drops every message of an epoch earlier than
+  // its own, already received or still in flight (Mailbox). After an abort or a failed collective
+  // every rank of the group moves to the same new epoch before its next collective, so nothing an
+  // abandoned collective sent can be read by a later one. Reset(epoch) moves this rank to `epoch`:
+  // clears an Abort, replaces broken links and drops the earlier epochs' messages; it does nothing
+  // unless `epoch` > epoch(). Must not run concurrently with a Send (the caller orders it with
+  // its collectives); thread-safe otherwise.
+  virtual void Reset(uint64_t epoch) = 0;
+  // The epoch this rank's sends are stamped with and its receives accept (0 at construction).
+  virtual uint64_t epoch() const = 0;
 
  protected:
   // InvalidArgument "<what> rank <peer>; world size is <n>" unless 0 <= peer < world_size().

@@ -2,9 +2,11 @@
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "core/tensor.h"
 
 namespace meshrun {
 namespace {
@@ -41,20 +43,32 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
     return absl::DataLossError(absl::StrCat(path, ": not an IDX file (bad magic)"));
   }
   if (magic[2] != 0x08) {
-    return absl::DataLossError(
-        absl::StrCat(path, ": IDX element type 0x", absl::Hex(magic[2]), " unsupported; expected 0x08 (u8)"));
+    return absl::DataLossError(absl::StrCat(path, ": IDX element type 0x", absl::Hex(magic[2]),
+                                            " unsupported; expected 0x08 (u8)"));
   }
   IdxArray out;
-  int64_t total = 1;
   for (int i = 0; i < magic[3]; ++i) {
     uint8_t be[4];
     if (absl::Status s = ReadExactly(f.get(), be, 4, path); !s.ok()) return s;
-    int64_t d = (int64_t{be[0]} << 24) | (be[1] << 16) | (be[2] << 8) | be[3];
-    out.dims.push_back(d);
-    total *= d;
+    out.dims.push_back((int64_t{be[0]} << 24) | (be[1] << 16) | (be[2] << 8) | be[3]);
   }
-  out.data.resize(total);
-  if (absl::Status s = ReadExactly(f.get(), out.data.data(), total, path); !s.ok()) return s;
+  // Checked as u32 elements (IDX here is u8, so the bytes are a quarter of that).
+  absl::StatusOr<int64_t> total = CheckedByteSize(v1::DTYPE_U32, out.dims);
+  if (!total.ok()) {
+    return absl::DataLossError(absl::StrCat(path, ": IDX header declares dims ",
+                                            DimsToString(out.dims), ": ",
+                                            total.status().message()));
+  }
+  // The header's size is only a claim: the bytes are read in pieces, so a header that declares
+  // more than the file holds fails with "ends early" rather than allocating what it declares.
+  const size_t bytes = static_cast<size_t>(*total / 4);
+  constexpr size_t kPiece = size_t{64} << 20;
+  for (size_t done = 0; done < bytes;) {
+    const size_t n = std::min(kPiece, bytes - done);
+    out.data.resize(done + n);
+    if (absl::Status s = ReadExactly(f.get(), out.data.data() + done, n, path); !s.ok()) return s;
+    done += n;
+  }
   return out;
 }
 
@@ -65,11 +79,14 @@ absl::StatusOr<ImageDataset> LoadFashionMnist(const std::string& dir, absl::stri
   } else if (split == "test") {
     prefix = "t10k";
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("unknown split '", split, "'; expected train or test"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown split '", split, "'; expected train or test"));
   }
-  absl::StatusOr<IdxArray> images = ReadIdxFile(absl::StrCat(dir, "/", prefix, "-images-idx3-ubyte.gz"));
+  absl::StatusOr<IdxArray> images =
+      ReadIdxFile(absl::StrCat(dir, "/", prefix, "-images-idx3-ubyte.gz"));
   if (!images.ok()) return images.status();
-  absl::StatusOr<IdxArray> labels = ReadIdxFile(absl::StrCat(dir, "/", prefix, "-labels-idx1-ubyte.gz"));
+  absl::StatusOr<IdxArray> labels =
+      ReadIdxFile(absl::StrCat(dir, "/", prefix, "-labels-idx1-ubyte.gz"));
   if (!labels.ok()) return labels.status();
   if (images->dims.size() != 3 || labels->dims.size() != 1 || images->dims[0] != labels->dims[0]) {
     return absl::DataLossError(absl::StrCat("Fashion-MNIST ", split, " in ", dir,

@@ -1,6 +1,7 @@
 #include "core/port/process.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <fstream>
@@ -19,6 +20,13 @@ bool ProcessAlive(int64_t pid) {
   if (paren == std::string::npos || paren + 2 >= stat.size()) return !stat.empty();
   const char state = stat[paren + 2];
   return state != 'Z' && state != 'X';
+}
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return int64_t{1} << 46;
+  return static_cast<int64_t>(pages) * page;
 }
 
 }  // namespace meshrun

@@ -12,6 +12,9 @@ namespace meshrun {
 // their deadlines. Thread-safe; reads /proc/PID/stat.
 bool ProcessAlive(int64_t pid);
 
+// This host's physical memory in bytes (sysconf), or 2^46 if it cannot be read.
+int64_t PhysicalMemoryBytes();
+
 }  // namespace meshrun
 
 #endif  // MESHRUN_CORE_PORT_PROCESS_H_

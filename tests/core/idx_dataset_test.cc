@@ -44,5 +44,24 @@ TEST(IdxDatasetTest, TruncatedFileIsDataLoss) {
   std::remove(path.c_str());
 }
 
+// A header may claim anything: dims past any size are refused, and dims larger than the file are
+// found out by reading, not by allocating what they claim.
+TEST(IdxDatasetTest, AHeaderDeclaringHugeDimsIsAClearErrorWithNothingAllocated) {
+  std::string path = ::testing::TempDir() + "/huge-idx.gz";
+  for (const auto& [dims, expected] :
+       std::vector<std::pair<std::vector<unsigned char>, std::string>>{
+           {{0, 0, 8, 3, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0xff, 0xff, 0xff},
+            "larger than the limit"},
+           {{0, 0, 8, 2, 0x00, 0x10, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 1, 2, 3}, "ends early"}}) {
+    gzFile f = gzopen(path.c_str(), "wb");
+    gzwrite(f, dims.data(), dims.size());
+    gzclose(f);
+    absl::StatusOr<IdxArray> a = ReadIdxFile(path);
+    EXPECT_EQ(a.status().code(), absl::StatusCode::kDataLoss) << a.status();
+    EXPECT_THAT(a.status().message(), HasSubstr(expected));
+  }
+  std::remove(path.c_str());
+}
+
 }  // namespace
 }  // namespace meshrun

@@ -30,7 +30,7 @@ TEST(MailboxTest, AFailedPeerIsReportedOnceTheGraceHasPassed) {
 
 TEST(MailboxTest, QueuedMessagesComeFirstAndAMarkDuringAWaitIsReportedAfterTheGrace) {
   Mailbox box(2, kGrace);
-  box.Deliver(1, 7, "before");
+  box.Deliver(1, /*epoch=*/0, 7, "before");
   box.MarkPeerFailed(1, absl::UnavailableError("rank 1 disconnected"));
   EXPECT_EQ(*box.Take(1, 7, absl::Now() + absl::Seconds(1)), "before");
 
@@ -54,7 +54,7 @@ TEST(MailboxTest, AMessageFromAMarkedPeerClearsTheMark) {
   box.MarkPeerFailed(1, absl::UnavailableError("rank 1 disconnected"));
   std::thread sender([&] {
     absl::SleepFor(absl::Milliseconds(30));
-    box.Deliver(1, 9, "alive");
+    box.Deliver(1, /*epoch=*/0, 9, "alive");
   });
   EXPECT_EQ(*box.Take(1, 9, absl::Now() + absl::Seconds(5)), "alive");
   sender.join();
@@ -70,7 +70,7 @@ TEST(MailboxTest, AControlMessageAlsoClearsTheMarkAndSkipsTheQueue) {
   box.SetControlHandler(
       99, [&](int src, const std::string& payload) { seen = absl::StrCat(src, ":", payload); });
   box.MarkPeerFailed(1, absl::UnavailableError("rank 1 disconnected"));
-  box.Deliver(1, 99, "ring-name");
+  box.Deliver(1, /*epoch=*/0, 99, "ring-name");
   EXPECT_EQ(seen, "1:ring-name");
   absl::StatusOr<std::string> m = box.Take(1, 10, absl::Now() + kGrace * 2);
   EXPECT_EQ(m.status().code(), absl::StatusCode::kDeadlineExceeded) << m.status();
@@ -101,13 +101,13 @@ TEST(MailboxTest, APostedReceiveIsFilledInPlaceOnlyByTheMessageItWaitsFor) {
   while (!box.Waiting(1) && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
   ASSERT_TRUE(box.Waiting(1));
   EXPECT_FALSE(box.Waiting(0));
-  EXPECT_EQ(box.BeginInPlace(1, 8, 8), nullptr) << "another tag";
-  EXPECT_EQ(box.BeginInPlace(1, 7, 9), nullptr) << "another size";
-  EXPECT_EQ(box.BeginInPlace(0, 7, 8), nullptr) << "another sender";
-  const RecvSink* sink = box.BeginInPlace(1, 7, 8);
+  EXPECT_EQ(box.BeginInPlace(1, /*epoch=*/0, 8, 8), nullptr) << "another tag";
+  EXPECT_EQ(box.BeginInPlace(1, /*epoch=*/0, 7, 9), nullptr) << "another size";
+  EXPECT_EQ(box.BeginInPlace(0, /*epoch=*/0, 7, 8), nullptr) << "another sender";
+  const RecvSink* sink = box.BeginInPlace(1, /*epoch=*/0, 7, 8);
   ASSERT_NE(sink, nullptr);
   EXPECT_FALSE(box.Waiting(1)) << "the message is found: nothing after it is waited for yet";
-  EXPECT_EQ(box.BeginInPlace(1, 7, 8), nullptr) << "claimed once";
+  EXPECT_EQ(box.BeginInPlace(1, /*epoch=*/0, 7, 8), nullptr) << "claimed once";
   (*sink)(0, "abcd", 4);
   (*sink)(4, "efgh", 4);
   box.EndInPlace(1);
@@ -121,19 +121,19 @@ TEST(MailboxTest, AQueuedMessageGoesFirstAndAWrongOneIsReportedAsBefore) {
   Mailbox box(2, kGrace);
   int woken = 0;
   box.SetWaitListener([&](int) { ++woken; });
-  box.Deliver(1, 7, "queued!!");
-  EXPECT_EQ(box.BeginInPlace(1, 7, 8), nullptr) << "nothing posted";
+  box.Deliver(1, /*epoch=*/0, 7, "queued!!");
+  EXPECT_EQ(box.BeginInPlace(1, /*epoch=*/0, 7, 8), nullptr) << "nothing posted";
   std::string got;
   auto into = [&](size_t offset, const char* data, size_t n) { got.append(data, n); };
   ASSERT_TRUE(box.TakeInto(1, 7, 8, absl::Now() + absl::Seconds(1), into).ok());
   EXPECT_EQ(got, "queued!!");
   EXPECT_EQ(woken, 0) << "a receive that finds its message queued does not wait";
 
-  box.Deliver(1, 9, "12345");
+  box.Deliver(1, /*epoch=*/0, 9, "12345");
   absl::Status wrong_size = box.TakeInto(1, 9, 8, absl::Now() + absl::Seconds(1), into);
   EXPECT_EQ(wrong_size.code(), absl::StatusCode::kInternal);
   EXPECT_THAT(wrong_size.message(), HasSubstr("rank 1 sent 5 bytes (tag 9); expected 8"));
-  box.Deliver(1, 10, "12345678");
+  box.Deliver(1, /*epoch=*/0, 10, "12345678");
   absl::Status wrong_tag = box.TakeInto(1, 11, 8, absl::Now() + absl::Seconds(1), into);
   EXPECT_THAT(wrong_tag.message(), HasSubstr("rank 1 sent tag 10 but tag 11 was expected"));
   EXPECT_EQ(got, "queued!!") << "nothing reaches the sink from a wrong message";
@@ -145,15 +145,14 @@ TEST(MailboxTest, AReceiveClaimedBeforeItsDeadlineReturnsOnlyOnceFilled) {
   absl::Status result = absl::UnknownError("not returned");
   std::atomic<bool> returned{false};
   std::thread receiver([&] {
-    result = box.TakeInto(1, 7, 4, absl::Now() + absl::Milliseconds(100),
-                          [&](size_t offset, const char* data, size_t n) {
-                            got.replace(offset, n, data, n);
-                          });
+    result = box.TakeInto(
+        1, 7, 4, absl::Now() + absl::Milliseconds(100),
+        [&](size_t offset, const char* data, size_t n) { got.replace(offset, n, data, n); });
     returned.store(true);
   });
   const absl::Time give_up = absl::Now() + absl::Seconds(20);
   while (!box.Waiting(1) && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
-  const RecvSink* sink = box.BeginInPlace(1, 7, 4);
+  const RecvSink* sink = box.BeginInPlace(1, /*epoch=*/0, 7, 4);
   ASSERT_NE(sink, nullptr);
   absl::SleepFor(absl::Milliseconds(300));  // past the deadline while the sink is being filled
   EXPECT_FALSE(returned.load()) << "the sink writes into the receiver's memory";
@@ -167,8 +166,67 @@ TEST(MailboxTest, AReceiveClaimedBeforeItsDeadlineReturnsOnlyOnceFilled) {
   absl::Status late = box.TakeInto(1, 8, 4, absl::Now() + absl::Milliseconds(50),
                                    [&](size_t, const char*, size_t) { got = "late"; });
   EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
-  EXPECT_EQ(box.BeginInPlace(1, 8, 4), nullptr);
+  EXPECT_EQ(box.BeginInPlace(1, /*epoch=*/0, 8, 4), nullptr);
   EXPECT_EQ(got, "wxyz");
+}
+
+// Collective epochs: what an abandoned collective sent never reaches a later one.
+TEST(MailboxTest, MessagesOfAnEarlierEpochAreDroppedQueuedOrLate) {
+  Mailbox box(2, kGrace);
+  box.Reset(5);
+  EXPECT_EQ(box.epoch(), 5u);
+  box.Deliver(1, 5, 7, "stale-q!");  // queued in epoch 5, abandoned when 6 starts
+  box.Abort(absl::AbortedError("rank 0 failed"));
+  box.Reset(5);
+  EXPECT_EQ(box.Take(1, 7, absl::Now() + absl::Seconds(1)).status().code(),
+            absl::StatusCode::kAborted)
+      << "only a later epoch clears an abort";
+  box.Deliver(1, 6, 1, "fresh-6!");  // a peer that moved on first: kept
+  box.Reset(6);
+  box.Deliver(1, 5, 7, "late-5!!");  // still in flight from epoch 5 when 6 started
+  EXPECT_EQ(box.stale_dropped(), 2);
+  std::string got;
+  ASSERT_TRUE(box.TakeInto(1, 1, 8, absl::Now() + absl::Seconds(1),
+                           [&](size_t, const char* data, size_t n) { got.append(data, n); })
+                  .ok());
+  EXPECT_EQ(got, "fresh-6!");
+  absl::StatusOr<std::string> none = box.Take(1, 2, absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kDeadlineExceeded) << none.status();
+  box.Reset(4);
+  EXPECT_EQ(box.epoch(), 6u) << "an earlier epoch is never entered again";
+}
+
+TEST(MailboxTest, ATakeThatMeetsALaterEpochFailsAndLeavesItQueued) {
+  Mailbox box(2, kGrace);
+  box.Reset(3);
+  box.Deliver(1, 4, 1, "next-run");
+  absl::StatusOr<std::string> m = box.Take(1, 1, absl::Now() + absl::Seconds(1));
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kAborted) << m.status();
+  EXPECT_THAT(m.status().message(), HasSubstr("rank 1 has moved on to collective epoch 4"));
+  box.Reset(4);
+  EXPECT_EQ(*box.Take(1, 1, absl::Now() + absl::Seconds(1)), "next-run");
+}
+
+TEST(MailboxTest, OnlyAMessageOfTheCurrentEpochIsHandedOverInPlace) {
+  Mailbox box(2, kGrace);
+  box.Reset(2);
+  std::string got;
+  absl::Status result;
+  std::thread receiver([&] {
+    result = box.TakeInto(1, 7, 4, absl::Now() + absl::Seconds(20),
+                          [&](size_t, const char* data, size_t n) { got.append(data, n); });
+  });
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (!box.Waiting(1) && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+  EXPECT_EQ(box.BeginInPlace(1, 1, 7, 4), nullptr) << "an earlier epoch's message";
+  box.Deliver(1, 1, 7, "old!");  // what the transport then does with it: dropped
+  const RecvSink* sink = box.BeginInPlace(1, 2, 7, 4);
+  ASSERT_NE(sink, nullptr);
+  (*sink)(0, "new!", 4);
+  box.EndInPlace(1);
+  receiver.join();
+  EXPECT_TRUE(result.ok()) << result;
+  EXPECT_EQ(got, "new!");
 }
 
 }  // namespace

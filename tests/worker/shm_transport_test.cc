@@ -45,8 +45,9 @@ bool ShmNameExists(const std::string& name) {
 
 struct Received {
   uint64_t tag;
+  uint64_t epoch;
   std::string data;
-  bool in_place = false;                  // passed through a sink, not copied out
+  bool in_place = false;                   // passed through a sink, not copied out
   std::vector<size_t> piece_offsets = {};  // where each piece the sink got began
 };
 
@@ -54,10 +55,11 @@ struct Received {
 // (if Drain offers them) unless `defer` is set, the rest copied or, while `defer` is set, left.
 class Collector : public ShmRing::Consumer {
  public:
-  explicit Collector(std::set<uint64_t> in_place_tags = {}) : in_place_tags_(std::move(in_place_tags)) {}
-  const RecvSink* BeginInPlace(uint64_t tag, size_t size) override {
+  explicit Collector(std::set<uint64_t> in_place_tags = {})
+      : in_place_tags_(std::move(in_place_tags)) {}
+  const RecvSink* BeginInPlace(uint64_t epoch, uint64_t tag, size_t size) override {
     if (defer || in_place_tags_.count(tag) == 0) return nullptr;  // deferring: nothing posted
-    current_ = Received{tag, std::string(size, '\0'), true};
+    current_ = Received{tag, epoch, std::string(size, '\0'), true};
     return &sink_;
   }
   void EndInPlace() override { got.push_back(std::move(current_)); }
@@ -65,7 +67,9 @@ class Collector : public ShmRing::Consumer {
     ++defer_asked;
     return defer;
   }
-  void Deliver(uint64_t tag, std::string message) override { got.push_back({tag, std::move(message)}); }
+  void Deliver(uint64_t epoch, uint64_t tag, std::string message) override {
+    got.push_back({tag, epoch, std::move(message)});
+  }
 
   std::vector<Received> got;
   bool defer = false;   // what Defer answers
@@ -74,7 +78,8 @@ class Collector : public ShmRing::Consumer {
  private:
   const std::set<uint64_t> in_place_tags_;
   Received current_;
-  std::function<void(size_t, const char*, size_t)> fill_ = [this](size_t offset, const char* data, size_t n) {
+  std::function<void(size_t, const char*, size_t)> fill_ = [this](size_t offset, const char* data,
+                                                                  size_t n) {
     ASSERT_LE(offset + n, current_.data.size());
     std::memcpy(current_.data.data() + offset, data, n);
     current_.piece_offsets.push_back(offset);
@@ -93,12 +98,12 @@ TEST(ShmRingTest, MessagesLargerThanTheRingArriveWholeAndInOrder) {
 
   // Empty, one byte, exactly one fragment (half the ring minus the frame header), one more than
   // that, many ring-fulls, and a small one after them.
-  const std::vector<size_t> sizes = {0, 1, 4096 - 24, 4096 - 23, 100000, 13};
+  const std::vector<size_t> sizes = {0, 1, 4096 - 32, 4096 - 31, 100000, 13};
   std::thread writer([&] {
     for (size_t i = 0; i < sizes.size(); ++i) {
-      absl::Status s =
-          (*producer)->Write(1000 + i, Pattern(sizes[i], i), absl::Now() + absl::Seconds(20),
-                             absl::Milliseconds(50), [] { return absl::OkStatus(); });
+      absl::Status s = (*producer)->Write(/*epoch=*/1, 1000 + i, Pattern(sizes[i], i),
+                                          absl::Now() + absl::Seconds(20), absl::Milliseconds(50),
+                                          [] { return absl::OkStatus(); });
       ASSERT_TRUE(s.ok()) << s;
     }
   });
@@ -124,16 +129,17 @@ TEST(ShmRingTest, AWholeMessageGoesThroughTheSinkWhereItLiesInPiecesCutAtTheRing
   ASSERT_TRUE(producer.ok()) << producer.status();
   auto consumer = ShmRing::OpenAndUnlink(name);
   ASSERT_TRUE(consumer.ok()) << consumer.status();
-  // Frames take 24 + 3000 bytes: message 1 lies at [24, 3024), message 2 (declined, so copied)
-  // after it, message 3 from byte 6072 wraps at 8192 after 2120 bytes; message 4 (5000 bytes)
+  // Frames take 32 + 3000 bytes: message 1 lies at [32, 3032), message 2 (declined, so copied)
+  // after it, message 3 from byte 6096 wraps at 8192 after 2096 bytes; message 4 (5000 bytes)
   // travels as two fragments, so it is copied however its tag is posted.
   const std::vector<size_t> sizes = {3000, 3000, 3000, 5000};
   Collector collector({1, 3, 4});
   for (size_t i = 0; i < sizes.size(); ++i) {
     std::thread writer([&] {
       ASSERT_TRUE((*producer)
-                      ->Write(i + 1, Pattern(sizes[i], i), absl::Now() + absl::Seconds(20),
-                              absl::Milliseconds(50), [] { return absl::OkStatus(); })
+                      ->Write(/*epoch=*/1, i + 1, Pattern(sizes[i], i),
+                              absl::Now() + absl::Seconds(20), absl::Milliseconds(50),
+                              [] { return absl::OkStatus(); })
                       .ok());
     });
     const absl::Time give_up = absl::Now() + absl::Seconds(20);
@@ -152,7 +158,7 @@ TEST(ShmRingTest, AWholeMessageGoesThroughTheSinkWhereItLiesInPiecesCutAtTheRing
   EXPECT_EQ(got[0].piece_offsets, std::vector<size_t>({0}));
   EXPECT_FALSE(got[1].in_place);
   EXPECT_TRUE(got[2].in_place);
-  EXPECT_EQ(got[2].piece_offsets, std::vector<size_t>({0, 2120}));
+  EXPECT_EQ(got[2].piece_offsets, std::vector<size_t>({0, 2096}));
   EXPECT_FALSE(got[3].in_place) << "a message in several fragments is never in the ring whole";
 }
 
@@ -170,8 +176,8 @@ TEST(ShmRingTest, ADeferredMessageStaysUntilWantedAProducerWithNoRoomGetsTheOlde
   ASSERT_TRUE(producer.ok()) << producer.status();
   auto consumer = ShmRing::OpenAndUnlink(name);
   ASSERT_TRUE(consumer.ok()) << consumer.status();
-  auto write = [&](uint64_t tag) {
-    return (*producer)->Write(tag, Pattern(3000, tag), absl::Now() + absl::Seconds(20),
+  auto write = [&](uint64_t tag, uint64_t epoch = 1) {
+    return (*producer)->Write(epoch, tag, Pattern(3000, tag), absl::Now() + absl::Seconds(20),
                               absl::Milliseconds(50), [] { return absl::OkStatus(); });
   };
   Collector collector({1, 5});
@@ -179,7 +185,8 @@ TEST(ShmRingTest, ADeferredMessageStaysUntilWantedAProducerWithNoRoomGetsTheOlde
 
   // No one wants message 1 yet: it stays in the ring, however often the consumer looks.
   ASSERT_TRUE(write(1).ok());
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(20), collector).ok());
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(20), collector).ok());
   EXPECT_TRUE(collector.got.empty());
   EXPECT_GE(collector.defer_asked, 3);
   // Wanted (and its receive posted): it goes through the sink.
@@ -190,27 +197,30 @@ TEST(ShmRingTest, ADeferredMessageStaysUntilWantedAProducerWithNoRoomGetsTheOlde
 
   // Messages 2 and 3 fill the ring while deferred; message 4 finds no room, so the producer
   // posts what it needs and the consumer copies out the oldest, 2, which makes room enough: 3
-  // and 4 stay. DropPending then drops them, and 5, written after, comes through.
+  // and 4 stay, to come out in order when wanted, each with the epoch it was written in.
   collector.defer = true;
   std::thread writer([&] {
     for (uint64_t tag : {2, 3, 4}) ASSERT_TRUE(write(tag).ok()) << "message " << tag;
   });
   DrainUntil(**consumer, collector, 2);
   writer.join();
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(20), collector).ok());
+  for (int i = 0; i < 3; ++i)
+    ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(20), collector).ok());
   ASSERT_EQ(collector.got.size(), 2u) << "only as much as the producer needed is copied out";
   EXPECT_EQ(collector.got[1].tag, 2u);
   EXPECT_FALSE(collector.got[1].in_place);
   EXPECT_TRUE(collector.got[1].data == Pattern(3000, 2));
-  (*consumer)->DropPending();
-  ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(20), collector).ok());  // drops 3 and 4
-  ASSERT_TRUE(write(5).ok());
   collector.defer = false;
-  DrainUntil(**consumer, collector, 3);
-  ASSERT_EQ(collector.got.size(), 3u);
-  EXPECT_EQ(collector.got[2].tag, 5u) << "messages 3 and 4 were written before DropPending";
-  EXPECT_TRUE(collector.got[2].in_place);
-  EXPECT_TRUE(collector.got[2].data == Pattern(3000, 5));
+  DrainUntil(**consumer, collector, 4);
+  ASSERT_TRUE(write(5, /*epoch=*/7).ok());
+  DrainUntil(**consumer, collector, 5);
+  ASSERT_EQ(collector.got.size(), 5u);
+  for (int i = 2; i < 5; ++i) {
+    EXPECT_EQ(collector.got[i].tag, static_cast<uint64_t>(i + 1));
+    EXPECT_EQ(collector.got[i].epoch, i + 1 == 5 ? 7u : 1u) << "message " << i + 1;
+    EXPECT_TRUE(collector.got[i].data == Pattern(3000, i + 1)) << "message " << i + 1;
+  }
+  EXPECT_TRUE(collector.got[4].in_place);
 }
 
 TEST(ShmRingTest, AFullRingTimesOutOrStopsWhenToldAndAnAbandonedMessageIsSkipped) {
@@ -223,15 +233,15 @@ TEST(ShmRingTest, AFullRingTimesOutOrStopsWhenToldAndAnAbandonedMessageIsSkipped
 
   // No one drains: the first fragment fits, the rest of a 20000-byte message does not.
   const absl::Time start = absl::Now();
-  absl::Status s = (*producer)->Write(1, Pattern(20000, 1), start + absl::Milliseconds(300),
-                                      absl::Milliseconds(50), ok);
+  absl::Status s = (*producer)->Write(/*epoch=*/1, 1, Pattern(20000, 1),
+                                      start + absl::Milliseconds(300), absl::Milliseconds(50), ok);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_THAT(s.message(), HasSubstr("stayed full"));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
 
   int calls = 0;
   s = (*producer)->Write(
-      2, Pattern(20000, 2), absl::Now() + absl::Seconds(20), absl::Milliseconds(20),
+      /*epoch=*/1, 2, Pattern(20000, 2), absl::Now() + absl::Seconds(20), absl::Milliseconds(20),
       [&] { return ++calls < 3 ? absl::OkStatus() : absl::AbortedError("told to stop"); });
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
   EXPECT_EQ(calls, 3);
@@ -241,7 +251,7 @@ TEST(ShmRingTest, AFullRingTimesOutOrStopsWhenToldAndAnAbandonedMessageIsSkipped
   std::vector<Received>& got = collector.got;
   std::thread writer([&] {
     EXPECT_TRUE((*producer)
-                    ->Write(3, Pattern(5000, 3), absl::Now() + absl::Seconds(20),
+                    ->Write(/*epoch=*/1, 3, Pattern(5000, 3), absl::Now() + absl::Seconds(20),
                             absl::Milliseconds(50), ok)
                     .ok());
   });
@@ -386,7 +396,7 @@ TEST(ShmTransportTest, AbortWakesASendWaitingForRingSpace) {
   EXPECT_THAT(s.message(), HasSubstr("job cancelled"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 
-  ts.at(0)->Reset();
+  ts.at(0)->Reset(ts.at(0)->epoch() + 1);
   absl::Status late = ts.at(0)->Send(1, 2, "x", absl::Now() + absl::Milliseconds(300));
   EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded)
       << "the ring is still full after Reset: " << late;

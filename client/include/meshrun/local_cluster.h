@@ -17,14 +17,18 @@ namespace meshrun {
 struct LocalClusterOptions {
   std::string mesh = "data=8";  // the coordinator's mesh; one worker per device
   int port = 0;                 // coordinator port; 0: any free port
-  std::string bin_dir;          // where meshrun-coordinator and meshrun-worker are; empty: beside this program
-  std::string log_dir;          // per-process logs; empty: a fresh directory under $TMPDIR
-  int compute_threads = 0;      // per worker; 0: max(1, cores / workers), so workers do not oversubscribe
+  std::string
+      bin_dir;  // where meshrun-coordinator and meshrun-worker are; empty: beside this program
+  std::string log_dir;  // per-process logs; empty: a fresh directory under $TMPDIR
+  int compute_threads =
+      0;  // per worker; 0: max(1, cores / workers), so workers do not oversubscribe
   absl::Duration start_timeout = absl::Seconds(60);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
   // Workers exchange collective data through shared memory (they all run on this host); false:
   // through the gRPC ring transport, as workers on different hosts do.
   bool shm_transport = true;
+  // Each worker's --memory_budget_bytes (0: the host's physical memory).
+  int64_t worker_memory_budget_bytes = 0;
 };
 
 // Owns the child processes. Children get PR_SET_PDEATHSIG, so they die with this process even

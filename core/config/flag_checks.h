@@ -1,0 +1,22 @@
+// Range checks for the servers' command-line flags, with the flag named in the error, as job
+// config keys are checked (job_config.h). The meshrun CLI checks its flags with CLI11's
+// validators instead.
+#ifndef MESHRUN_CORE_CONFIG_FLAG_CHECKS_H_
+#define MESHRUN_CORE_CONFIG_FLAG_CHECKS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace meshrun {
+
+// InvalidArgument "--port 70000 is out of range; expected 0..65535" unless lo <= value <= hi.
+absl::Status CheckFlagRange(absl::string_view flag, int64_t value, int64_t lo, int64_t hi);
+// InvalidArgument "--heartbeat_timeout -1s must be positive" unless value > 0.
+absl::Status CheckFlagPositive(absl::string_view flag, absl::Duration value);
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_CORE_CONFIG_FLAG_CHECKS_H_

@@ -1,0 +1,72 @@
+// Requests that once crashed or exhausted a host, sent as raw gRPC messages to a real cluster:
+// each gets a clear error naming the offending value, and the cluster serves the next valid one.
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "meshrun/client.h"
+#include "meshrun/local_cluster.h"
+#include "meshrun/v1/coordinator.grpc.pb.h"
+#include "net/grpc_util.h"
+#include "tests/testutil/cluster.h"
+
+namespace meshrun {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::PutArrayRequest PutRequest(DType dtype, const Dims& dims, std::string data,
+                               const std::string& id) {
+  v1::PutArrayRequest req;
+  req.mutable_array()->set_dtype(dtype);
+  for (int64_t d : dims) req.mutable_array()->mutable_shape()->add_dims(d);
+  req.mutable_array()->set_data(std::move(data));
+  req.set_id(id);
+  return req;
+}
+
+TEST(BadRequestsTest, HugeShapesAndBudgetsAreClearErrorsAndTheClusterServesOn) {
+  LocalClusterOptions options;
+  options.mesh = "data=2";
+  options.worker_memory_budget_bytes = 1 << 20;  // 1 MiB per worker
+  options.log_dir = ::testing::TempDir() + "/bad_requests";
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto stub = v1::Coordinator::NewStub(CreateChannel((*cluster)->coordinator_address()));
+  auto put = [&](const v1::PutArrayRequest& req) {
+    grpc::ClientContext ctx;
+    SetTimeout(ctx, absl::Seconds(30));
+    v1::PutArrayResponse resp;
+    return stub->PutArray(&ctx, req, &resp);
+  };
+
+  // f32[2^40] with no data: refused before anything is allocated.
+  grpc::Status s = put(PutRequest(v1::DTYPE_F32, {int64_t{1} << 40}, "", "huge"));
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("f32[1099511627776] needs 4398046511104 bytes, got 0"));
+  // A byte size that overflows int64 is not an empty array.
+  s = put(PutRequest(v1::DTYPE_I32, {int64_t{1} << 62, 4}, "", "overflow"));
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("larger than the limit"));
+  // 2 MiB replicated on every worker: past each worker's 1 MiB budget.
+  s = put(PutRequest(v1::DTYPE_F32, {512 * 1024}, std::string(2 << 20, '\0'), "over_budget"));
+  EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("needs 2097152 bytes"));
+  EXPECT_THAT(s.error_message(), HasSubstr("--memory_budget_bytes"));
+
+  auto client = Client::Connect((*cluster)->coordinator_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto listed = (*client)->ListArrays();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_TRUE(listed->empty()) << "a refused Put leaves no array registered";
+  Tensor x(v1::DTYPE_F32, {4});
+  for (int i = 0; i < 4; ++i) x.data<float>()[i] = static_cast<float>(i + 1);
+  ASSERT_TRUE((*client)->Put(x, PartitionSpec::Of({"data"}), "x").ok());
+  auto back = (*client)->Get("x");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->data<float>()[3], 4.0f);
+  ASSERT_TRUE((*cluster)->Stop().ok());
+}
+
+}  // namespace
+}  // namespace meshrun

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Out-of-range flags are refused before anything starts, with the flag and its range named, by the
+# meshrun CLI (CLI11 validators) and by the coordinator and worker binaries (core/config/flag_checks.h).
+# Usage: cli_flags_test.sh BIN_DIR
+set -u
+bin=$1
+fail=0
+expect_refused() {  # expect_refused SUBSTRING COMMAND...
+  local want=$1
+  shift
+  local out
+  out=$(timeout 20 "$@" 2>&1)
+  local rc=$?
+  if [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || ! grep -qF -- "$want" <<<"$out"; then
+    echo "FAIL: '$*' exited $rc; expected a refusal saying '$want'; got: $out"
+    fail=1
+  else
+    echo "ok: $* -> $(head -1 <<<"$out")"
+  fi
+}
+expect_refused "--port: Value 70000 not in range 0 to 65535" "$bin/meshrun" up --port 70000
+expect_refused "--steps: Value -5 not in range 0" "$bin/meshrun" train --workload mlp --steps -5
+expect_refused "--steps-per-call: Value 0 not in range 1" "$bin/meshrun" train --workload mlp --steps-per-call 0
+expect_refused "--keep: Value -1 not in range 0" "$bin/meshrun" train --workload mlp --keep -1
+expect_refused "--port 70000 is out of range; expected 0..65535" "$bin/meshrun-coordinator" --port 70000
+expect_refused "--heartbeat_timeout -1s must be positive" "$bin/meshrun-coordinator" --heartbeat_timeout=-1s
+expect_refused "--compute_threads -3 is out of range" "$bin/meshrun-worker" --compute_threads=-3
+expect_refused "--memory_budget_bytes -1 is out of range" "$bin/meshrun-worker" --memory_budget_bytes=-1
+exit $fail
