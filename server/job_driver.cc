@@ -308,6 +308,16 @@ absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
                      return stub.RunSteps(ctx, req, &responses[r]);
                    });
     if (!s.ok()) return fail_after_save(s);
+    // The non-finite guard, before this block's state can be saved: the step's loss is the sum
+    // over every worker's examples.
+    for (int k = 0; k < block; ++k) {
+      double loss_sum = 0;
+      for (const auto& resp : responses)
+        loss_sum += k < resp.steps_size() ? resp.steps(k).loss_sum() : 0.0;
+      if (absl::Status finite = CheckLossFinite(step + k + 1, loss_sum); !finite.ok()) {
+        return fail_after_save(finite);
+      }
+    }
     step += block;
     for (const auto& resp : responses)
       interval.insert(interval.end(), resp.steps().begin(), resp.steps().end());

@@ -91,8 +91,8 @@ absl::StatusOr<std::string> ClusterMeshText(Client& client, const std::string& a
   absl::StatusOr<Mesh> wanted = Mesh::Parse(given);
   if (!wanted.ok()) return wanted.status();
   if (!(*wanted == *mesh)) {
-    return absl::InvalidArgumentError(absl::StrCat("--mesh ", given, " is not the mesh of the cluster at ",
-                                                   address, " (", text, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--mesh ", given, " is not the mesh of the cluster at ", address, " (", text, ")"));
   }
   return text;
 }
@@ -133,7 +133,8 @@ int TrainWorkload(const WorkloadTrainArgs& args) {
     return code;
   };
   absl::StatusOr<std::unique_ptr<Client>> client =
-      running != nullptr ? absl::StatusOr<std::unique_ptr<Client>>(std::move(running)) : Client::Connect(address);
+      running != nullptr ? absl::StatusOr<std::unique_ptr<Client>>(std::move(running))
+                         : Client::Connect(address);
   if (!client.ok()) return stop(Fail(cmd, client.status()));
   absl::StatusOr<TrainState> state = absl::UnknownError("unset");
   if (a.resume) {
@@ -167,10 +168,14 @@ int TrainWorkload(const WorkloadTrainArgs& args) {
     int64_t n = std::min<int64_t>(std::max(1, a.steps_per_call), a.steps - state->steps());
     if (a.save_every > 0) n = std::min<int64_t>(n, a.save_every - state->steps() % a.save_every);
     const int64_t first = state->steps() + 1;
-    absl::StatusOr<std::vector<float>> losses = state->Steps(std::vector<std::vector<std::string>>(n, ids));
+    absl::StatusOr<std::vector<float>> losses =
+        state->Steps(std::vector<std::vector<std::string>>(n, ids));
     if (!losses.ok()) return stop(Fail(cmd, losses.status()));
     for (size_t k = 0; k < losses->size(); ++k) {
       std::printf("step %lld loss %.9g\n", static_cast<long long>(first + k), (*losses)[k]);
+      // Before any save of this state: a non-finite loss is never checkpointed.
+      if (absl::Status s = CheckLossFinite(first + k, (*losses)[k]); !s.ok())
+        return stop(Fail(cmd, s));
     }
     if (a.save_every > 0 && state->steps() % a.save_every == 0 && state->steps() < a.steps) {
       if (absl::Status s = save(); !s.ok()) return stop(Fail(cmd, s));
@@ -193,7 +198,8 @@ namespace {
 int ReportRestore(const std::string& path, const checkpoint::Manifest* m,
                   const std::vector<checkpoint::WantedArray>& wanted, const Mesh& mesh,
                   const std::string& layout, const std::string& mesh_text) {
-  const checkpoint::RestoreReport r = checkpoint::ValidateRestore(*m, wanted, mesh);
+  checkpoint::RestoreReport r = checkpoint::ValidateRestore(*m, wanted, mesh);
+  for (std::string& e : checkpoint::VerifyBlocks(path, *m)) r.errors.push_back(std::move(e));
   std::printf("checkpoint %s: step %lld, saved on %s, %zu arrays\n", path.c_str(),
               static_cast<long long>(m->step), m->mesh.c_str(), m->arrays.size());
   for (const std::string& e : r.extra) std::printf("  extra array (not restored): %s\n", e.c_str());
@@ -216,8 +222,7 @@ int CkptValidate(const std::string& path, const WorkloadTrainArgs& workload) {
   absl::StatusOr<TrainStep> step = PlanWorkload(workload);
   if (!step.ok()) return Fail(cmd, step.status());
   std::vector<checkpoint::WantedArray> wanted;
-  for (const PlannedArray& a : step->state)
-    wanted.push_back({a.name, a.dtype, a.shape, a.spec});
+  for (const PlannedArray& a : step->state) wanted.push_back({a.name, a.dtype, a.shape, a.spec});
   const std::string layout =
       !workload.layout.empty() ? workload.layout : absl::StrCat("rules ", workload.rules);
   return ReportRestore(path, &*m, wanted, step->mesh, layout, workload.mesh);

@@ -382,24 +382,27 @@ absl::StatusOr<Manifest> SafetensorsManifest(const std::string& path) {
   return m;
 }
 
-absl::StatusOr<Tensor> ReadBlockAt(const std::string& path, const std::string& array, DType dtype,
-                                   const Dims& shape, int64_t data_offset, int64_t nbytes,
-                                   uint32_t crc32) {
-  Tensor t(dtype, shape);
-  if (static_cast<int64_t>(t.size_bytes()) != nbytes) {
-    return absl::DataLossError(absl::StrCat("array ", array, ": block in ", path, " has ", nbytes,
-                                            " bytes; its shape needs ", t.size_bytes()));
-  }
+namespace {
+
+// Reads `nbytes` at byte `offset` of `path` into `dst` when it is set, else in pieces through a
+// small buffer; returns their CRC-32. Errors, naming the array and file: NotFound (cannot open),
+// DataLoss (the file ends before the range does), Internal (a read error).
+absl::StatusOr<uint32_t> ReadRangeCrc(const std::string& path, const std::string& array,
+                                      int64_t offset, int64_t nbytes, char* dst) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::NotFoundError(
         absl::StrCat("array ", array, ": cannot open ", path, ": ", std::strerror(errno)));
   }
-  char* p = static_cast<char*>(t.raw());
-  int64_t offset = data_offset, left = nbytes;
+  std::vector<char> piece(dst == nullptr ? std::min<int64_t>(nbytes, int64_t{4} << 20) : 0);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  int64_t left = nbytes;
   absl::Status s;
   while (left > 0 && s.ok()) {
-    const ssize_t r = ::pread(fd, p, static_cast<size_t>(left), offset);
+    char* p = dst != nullptr ? dst + (nbytes - left) : piece.data();
+    const size_t want = dst != nullptr ? static_cast<size_t>(left)
+                                       : static_cast<size_t>(std::min<int64_t>(left, piece.size()));
+    const ssize_t r = ::pread(fd, p, want, offset);
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) {
       s = absl::InternalError(
@@ -408,19 +411,67 @@ absl::StatusOr<Tensor> ReadBlockAt(const std::string& path, const std::string& a
       s = absl::DataLossError(absl::StrCat("array ", array, ": ", path, " is truncated: ", left,
                                            " bytes missing at offset ", offset));
     } else {
-      p += r;
+      crc = crc32_z(crc, reinterpret_cast<const Bytef*>(p), static_cast<size_t>(r));
       offset += r;
       left -= r;
     }
   }
   ::close(fd);
   if (!s.ok()) return s;
-  if (Crc32(t.raw(), nbytes) != crc32) {
-    return absl::DataLossError(absl::StrCat("array ", array, ": the block at byte ", data_offset,
-                                            " of ", path,
-                                            " does not match its checksum (corrupted)"));
+  return static_cast<uint32_t>(crc);
+}
+
+absl::Status CheckBlockSize(const std::string& path, const std::string& array, DType dtype,
+                            const Dims& shape, int64_t nbytes) {
+  absl::StatusOr<int64_t> want = CheckedByteSize(dtype, shape);
+  if (!want.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("array ", array, ": block in ", path, ": ", want.status().message()));
   }
+  if (*want != nbytes) {
+    return absl::DataLossError(absl::StrCat("array ", array, ": block in ", path, " has ", nbytes,
+                                            " bytes; its shape needs ", *want));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ChecksumMismatch(const std::string& path, const std::string& array,
+                              int64_t data_offset) {
+  return absl::DataLossError(absl::StrCat("array ", array, ": the block at byte ", data_offset,
+                                          " of ", path,
+                                          " does not match its checksum (corrupted)"));
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> ReadBlockAt(const std::string& path, const std::string& array, DType dtype,
+                                   const Dims& shape, int64_t data_offset, int64_t nbytes,
+                                   uint32_t crc32) {
+  if (absl::Status s = CheckBlockSize(path, array, dtype, shape, nbytes); !s.ok()) return s;
+  Tensor t = Tensor::Uninitialized(dtype, shape);
+  absl::StatusOr<uint32_t> crc =
+      ReadRangeCrc(path, array, data_offset, nbytes, static_cast<char*>(t.raw()));
+  if (!crc.ok()) return crc.status();
+  if (*crc != crc32) return ChecksumMismatch(path, array, data_offset);
   return t;
+}
+
+std::vector<std::string> VerifyBlocks(const std::string& dir, const Manifest& m) {
+  std::vector<std::string> errors;
+  for (const ArrayEntry& a : m.arrays) {
+    for (const Block& b : a.blocks) {
+      const std::string path = (fs::path(dir) / b.file).string();
+      absl::Status s = CheckBlockSize(path, a.name, a.dtype, b.shape, b.nbytes);
+      if (s.ok()) {
+        absl::StatusOr<uint32_t> crc = ReadRangeCrc(path, a.name, b.data_offset, b.nbytes, nullptr);
+        s = !crc.ok()         ? crc.status()
+            : *crc != b.crc32 ? ChecksumMismatch(path, a.name, b.data_offset)
+                              : s;
+      }
+      if (!s.ok()) errors.push_back(std::string(s.message()));
+    }
+  }
+  return errors;
 }
 
 absl::StatusOr<Tensor> ReadBlock(const std::string& dir, const ArrayEntry& array,

@@ -111,6 +111,10 @@ absl::StatusOr<Manifest> SafetensorsManifest(const std::string& path);
 absl::StatusOr<Tensor> ReadBlockAt(const std::string& path, const std::string& array, DType dtype,
                                    const Dims& shape, int64_t data_offset, int64_t nbytes,
                                    uint32_t crc32);
+// Reads every block of `m` (in pieces, allocating no array) and checks its size against its
+// shape and its bytes against its CRC-32: what a restore would find, without restoring. One
+// message per bad block (naming the array and file), empty when all are sound.
+std::vector<std::string> VerifyBlocks(const std::string& checkpoint_dir, const Manifest& m);
 // ReadBlockAt for a manifest's block, in <checkpoint_dir>/<block.file>.
 absl::StatusOr<Tensor> ReadBlock(const std::string& checkpoint_dir, const ArrayEntry& array,
                                  const Block& block);

@@ -1,5 +1,6 @@
 #include "core/config/job_config.h"
 
+#include <cmath>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -84,7 +85,8 @@ Setter Rules(std::string* out) {
     if (!v.is_array()) return Bad(key, v, expected);
     std::vector<std::string> rules;
     for (const json& rule : v) {
-      if (!rule.is_array() || rule.size() != 2 || !rule[0].is_string() || rule[0].get<std::string>().empty()) {
+      if (!rule.is_array() || rule.size() != 2 || !rule[0].is_string() ||
+          rule[0].get<std::string>().empty()) {
         return Bad(key, rule, expected);
       }
       std::string mesh_axes;
@@ -125,6 +127,13 @@ absl::Status ApplySection(const std::string& section, const json& obj,
 
 }  // namespace
 
+absl::Status CheckLossFinite(int64_t step, double loss) {
+  if (std::isfinite(loss)) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "non-finite loss ", loss, " at step ", step,
+      ": the job stops (train.on_nonfinite: stop) and no checkpoint of this state is committed"));
+}
+
 absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
   json root = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return absl::InvalidArgumentError("job config is not valid JSON");
@@ -155,7 +164,8 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
         {"seed", Int(&seed, 0, (int64_t{1} << 53))},
         {"log_every", Int(&c.train.log_every, 1, 1000000)},
         {"evaluate", Bool(&c.train.evaluate)},
-        {"collective_timeout_seconds", Num(&c.train.collective_timeout_seconds, 0.0, 3600.0, true)}}},
+        {"collective_timeout_seconds", Num(&c.train.collective_timeout_seconds, 0.0, 3600.0, true)},
+        {"on_nonfinite", Enum(&c.train.on_nonfinite, {"stop"})}}},
       {"sharding",
        {{"layout", Str(&c.sharding.layout)},
         {"rules", Rules(&c.sharding.rules)},
@@ -171,7 +181,8 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
   };
   for (const auto& [key, value] : root.items()) {
     if (key == "mesh") {
-      if (!value.is_object() || value.empty()) return Bad("mesh", value, "an object of axis name -> size");
+      if (!value.is_object() || value.empty())
+        return Bad("mesh", value, "an object of axis name -> size");
       for (const auto& [axis, size] : value.items()) {
         if (!size.is_number_integer() || size.get<int64_t>() < 1 || size.get<int64_t>() > 4096) {
           return Bad(absl::StrCat("mesh.", axis), size, "an integer in [1, 4096]");
@@ -182,8 +193,9 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
     }
     auto it = schema.find(key);
     if (it == schema.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown key '", key, "'; allowed: checkpoint, data, mesh, model, optimizer, sharding, train"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown key '", key,
+                       "'; allowed: checkpoint, data, mesh, model, optimizer, sharding, train"));
     }
     if (absl::Status s = ApplySection(key, value, it->second); !s.ok()) return s;
   }
@@ -195,7 +207,8 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
   }
   if (!c.sharding.layout.empty() && (!c.sharding.rules.empty() || !c.sharding.fsdp_axis.empty())) {
     return absl::InvalidArgumentError(
-        "'sharding.layout' names a layout; give either it or 'sharding.rules' / 'sharding.fsdp_axis'");
+        "'sharding.layout' names a layout; give either it or 'sharding.rules' / "
+        "'sharding.fsdp_axis'");
   }
   if (c.checkpoint.dir.empty()) {
     for (auto [key, set] : {std::pair<const char*, bool>{"save_every", c.checkpoint.save_every > 0},
@@ -209,9 +222,9 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
     }
   }
   if (c.data.batch_size % c.optimizer.num_minibatches != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("'data.batch_size' (", c.data.batch_size,
-                                                   ") must be divisible by 'optimizer.num_minibatches' (",
-                                                   c.optimizer.num_minibatches, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'data.batch_size' (", c.data.batch_size,
+        ") must be divisible by 'optimizer.num_minibatches' (", c.optimizer.num_minibatches, ")"));
   }
   return c;
 }
@@ -222,7 +235,8 @@ absl::StatusOr<JobConfig> LoadJobConfig(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   absl::StatusOr<JobConfig> c = ParseJobConfig(ss.str());
-  if (!c.ok()) return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
+  if (!c.ok())
+    return absl::Status(c.status().code(), absl::StrCat(path, ": ", c.status().message()));
   return c;
 }
 
@@ -235,9 +249,12 @@ std::string JobConfigToJson(const JobConfig& c) {
                    {"hidden_size", c.model.hidden_size},
                    {"num_classes", c.model.num_classes},
                    {"dropout_rate", c.model.dropout_rate}};
-  root["optimizer"] = {{"name", c.optimizer.name},         {"learning_rate", c.optimizer.learning_rate},
-                       {"b1", c.optimizer.b1},             {"b2", c.optimizer.b2},
-                       {"eps", c.optimizer.eps},           {"weight_decay", c.optimizer.weight_decay},
+  root["optimizer"] = {{"name", c.optimizer.name},
+                       {"learning_rate", c.optimizer.learning_rate},
+                       {"b1", c.optimizer.b1},
+                       {"b2", c.optimizer.b2},
+                       {"eps", c.optimizer.eps},
+                       {"weight_decay", c.optimizer.weight_decay},
                        {"num_minibatches", c.optimizer.num_minibatches}};
   if (c.derived_step()) {
     root["sharding"] = {{"min_weight_size", c.sharding.min_weight_size}};
@@ -250,7 +267,8 @@ std::string JobConfigToJson(const JobConfig& c) {
         json target = nullptr;
         if (kv.second.find('+') != std::string::npos) {
           target = json::array();
-          for (absl::string_view a : absl::StrSplit(kv.second, '+')) target.push_back(std::string(a));
+          for (absl::string_view a : absl::StrSplit(kv.second, '+'))
+            target.push_back(std::string(a));
         } else if (!kv.second.empty()) {
           target = kv.second;
         }
@@ -259,13 +277,15 @@ std::string JobConfigToJson(const JobConfig& c) {
       root["sharding"]["rules"] = rules;
     }
   }
-  root["data"] = {{"dataset", c.data.dataset}, {"path", c.data.path}, {"batch_size", c.data.batch_size}};
+  root["data"] = {
+      {"dataset", c.data.dataset}, {"path", c.data.path}, {"batch_size", c.data.batch_size}};
   root["train"] = {{"epochs", c.train.epochs},
                    {"max_steps", c.train.max_steps},
                    {"seed", c.train.seed},
                    {"log_every", c.train.log_every},
                    {"evaluate", c.train.evaluate},
-                   {"collective_timeout_seconds", c.train.collective_timeout_seconds}};
+                   {"collective_timeout_seconds", c.train.collective_timeout_seconds},
+                   {"on_nonfinite", c.train.on_nonfinite}};
   root["checkpoint"] = {{"save_every", c.checkpoint.save_every},
                         {"keep", c.checkpoint.keep},
                         {"async", c.checkpoint.async},

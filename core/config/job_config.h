@@ -24,7 +24,7 @@ namespace meshrun {
 //   "data":      {"dataset": "fashion_mnist", "path": "/usr/share/datasets/fashion-mnist",
 //                 "batch_size": 128},
 //   "train":     {"epochs": 1, "max_steps": 0, "seed": 42, "log_every": 50, "evaluate": true,
-//                 "collective_timeout_seconds": 30},
+//                 "collective_timeout_seconds": 30, "on_nonfinite": "stop"},
 //   "checkpoint": {"dir": "", "save_every": 0, "keep": 0, "async": false, "resume": false,
 //                  "init_from": ""}
 // }
@@ -43,6 +43,9 @@ namespace meshrun {
 // continues from the newest committed checkpoint in `dir` (none there: from the start).
 // `init_from` starts from a safetensors file of parameters under their names
 // (params/input_dense/kernel ...), e.g. one written by `meshrun export` or by Python.
+// `on_nonfinite` "stop": a NaN or infinite loss stops the job with an error naming the step, and
+// no checkpoint of that state or later is committed (CheckLossFinite). The other policy,
+// "skip_step" (skip the update), is not implemented yet and is refused.
 struct JobConfig {
   std::vector<std::pair<std::string, int>> mesh;  // empty: use the cluster's mesh
   // Whether `model` is a derived train step (mlp, dot_relu_dot, classifier) rather than the
@@ -81,6 +84,7 @@ struct JobConfig {
     int log_every = 50;
     bool evaluate = true;
     double collective_timeout_seconds = 30;
+    std::string on_nonfinite = "stop";
   } train;
   struct Checkpoint {
     std::string dir;  // empty: no checkpoints
@@ -91,6 +95,10 @@ struct JobConfig {
     std::string init_from;
   } checkpoint;
 };
+
+// The non-finite guard: FailedPrecondition "non-finite loss nan at step 1 ..." unless `loss` (of
+// step `step`, counted from 1 as the progress line counts) is finite.
+absl::Status CheckLossFinite(int64_t step, double loss);
 
 // Parses and validates a JSON job config. Errors (InvalidArgument) name the offending key and what
 // was expected: malformed JSON, an unknown key ("unknown key 'model.hiden_size'; allowed: ..."),

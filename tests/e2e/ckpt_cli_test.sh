@@ -44,6 +44,26 @@ if "$bin/meshrun" ckpt validate "$tmp/ckpt/step_00000010" --workload dot_relu_do
   echo "FAIL: validate accepted a 3-way data axis"; exit 1
 fi
 grep -q "not divisible" "$tmp/bad.txt" || { cat "$tmp/bad.txt"; echo "FAIL: no reason given"; exit 1; }
+# A flipped byte and a truncated shard: validate reads every block and names the damage.
+for damage in flip truncate; do
+  rm -rf "$tmp/damaged" && cp -r "$tmp/ckpt/step_00000010" "$tmp/damaged"
+  shard=$(ls "$tmp/damaged"/shard-*.safetensors | head -1)
+  if [ "$damage" = flip ]; then
+    size=$(stat -c %s "$shard")
+    byte=$(od -An -tu1 -j $((size - 100)) -N1 "$shard" | tr -d ' ')
+    printf "$(printf '\\%03o' $(( (byte + 1) % 256 )))" | dd of="$shard" bs=1 seek=$((size - 100)) conv=notrunc 2>/dev/null
+    want="does not match its checksum"
+  else
+    truncate -s -4096 "$shard"
+    want="is truncated"
+  fi
+  if "$bin/meshrun" ckpt validate "$tmp/damaged" --workload dot_relu_dot --layout fsdp --mesh data=8 \
+      > "$tmp/damaged.txt" 2>&1; then
+    cat "$tmp/damaged.txt"; echo "FAIL: validate accepted a checkpoint with a $damage"; exit 1
+  fi
+  grep -q "$want" "$tmp/damaged.txt" || { cat "$tmp/damaged.txt"; echo "FAIL: $damage not named"; exit 1; }
+done
+echo "validate: a flipped byte and a truncated shard are found"
 
 # A full disk: a 40 MB tmpfs holds one checkpoint of this state (25 MB), not two. The second
 # save fails with a clear error, and the first stays committed and valid.
@@ -133,6 +153,35 @@ cat > zeros.json <<JSON
  "checkpoint": {"init_from": "zeros.safetensors"}}
 JSON
 [ "$(main zeros.json | losses)" = "1 2.3026" ] || { echo "FAIL: zero params do not give ln(10)"; exit 1; }
+# The non-finite guard: NaN parameters from init_from stop the job at step 1, naming the loss,
+# and no checkpoint is committed (the main job and a derived step).
+"$venv/bin/python" - zeros.safetensors nan.safetensors <<'PY'
+import sys, numpy as np
+from safetensors.numpy import load_file, save_file
+t = load_file(sys.argv[1])
+t["params/output_dense/bias"][3] = np.nan
+save_file(t, sys.argv[2])
+PY
+cat > nan.json <<JSON
+{"mesh": {"data": 2}, "train": {"max_steps": 4, "log_every": 2, "evaluate": false},
+ "checkpoint": {"init_from": "nan.safetensors", "dir": "nan_ckpt", "save_every": 1}}
+JSON
+if main nan.json > nan.txt 2>&1; then cat nan.txt; echo "FAIL: a NaN loss trained on"; exit 1; fi
+grep -q "non-finite loss nan at step 1" nan.txt || { cat nan.txt; echo "FAIL: step not named"; exit 1; }
+[ -z "$(ls nan_ckpt 2>/dev/null)" ] || { ls nan_ckpt; echo "FAIL: a non-finite checkpoint"; exit 1; }
+"$venv/bin/python" - "$tmp/in.safetensors" "$tmp/nan_in.safetensors" <<'PY'
+import sys, numpy as np
+from safetensors.numpy import load_file, save_file
+t = load_file(sys.argv[1])
+t["params/w2"][0, 0] = np.inf
+save_file(t, sys.argv[2])
+PY
+if run --steps 3 --init-from "$tmp/nan_in.safetensors" --ckpt-dir "$tmp/nan_wl" --save-every 1 > nan_wl.txt 2>&1; then
+  cat nan_wl.txt; echo "FAIL: a derived step trained on a non-finite loss"; exit 1
+fi
+grep -q "non-finite loss .* at step 1" nan_wl.txt || { cat nan_wl.txt; echo "FAIL: step not named"; exit 1; }
+[ -z "$(ls "$tmp/nan_wl" 2>/dev/null)" ] || { ls "$tmp/nan_wl"; echo "FAIL: a non-finite checkpoint"; exit 1; }
+echo "non-finite guard: stopped at step 1, nothing committed"
 "$bin/meshrun" export job_ckpt/step_00000010 main.safetensors
 "$venv/bin/python" - main.safetensors <<'PY'
 import sys
