@@ -15,6 +15,7 @@ struct AllReduceBenchOptions {
   std::vector<int64_t> sizes_bytes;  // empty: 4 KiB, 16 KiB, ..., 64 MiB
   int iters = 0;                     // 0: scaled to the size
   bool shm_transport = true;
+  bool insecure = false;  // no TLS between the processes (to measure what TLS costs)
   std::string bin_dir;
 };
 // Prints, per worker count and message size: p50 time per all-reduce, algbw and busbw
@@ -34,6 +35,7 @@ int RunCollectivesBench(const CollectivesBenchOptions& options);
 struct TrainBenchOptions {
   std::vector<int> workers = {1, 2, 8};
   int steps = 600;
+  bool insecure = false;  // no TLS between the processes (to measure what TLS costs)
   std::string bin_dir;
 };
 // Prints steady-state samples/s of the main job (the seed's DPClassifier on Fashion-MNIST) for
@@ -41,10 +43,11 @@ struct TrainBenchOptions {
 int RunTrainBench(const TrainBenchOptions& options);
 
 struct StepBenchOptions {
-  std::vector<std::string> workloads = {"mlp", "dot_relu_dot", "classifier"};  // meshrun/workloads.h
+  std::vector<std::string> workloads = {"mlp", "dot_relu_dot",
+                                        "classifier"};  // meshrun/workloads.h
   std::vector<std::string> layouts = {"single", "dp", "fsdp", "tp", "2d"};
   std::string mesh = "data=2,model=4";  // the "single" layout runs on one worker
-  int steps = 10;   // timed steps (after `warmup`)
+  int steps = 10;                       // timed steps (after `warmup`)
   int warmup = 2;
   // Train steps per call (TrainState::Steps, Keras's steps_per_execution): 1 times each step's
   // round trip from the client; more time the steps back to back on the workers.
@@ -52,17 +55,18 @@ struct StepBenchOptions {
   bool shm_transport = true;
   std::string bin_dir;
 };
-// Prints, per workload and layout: p50 step time (client-side: a call's time over its steps), samples/s, the
-// first and last loss, params + optimizer state per worker and the workers' peak RSS (VmHWM).
-// Returns a process exit code.
+// Prints, per workload and layout: p50 step time (client-side: a call's time over its steps),
+// samples/s, the first and last loss, params + optimizer state per worker and the workers' peak RSS
+// (VmHWM). Returns a process exit code.
 int RunStepBench(const StepBenchOptions& options);
 
 struct CkptBenchOptions {
-  std::string workload = "mlp";  // seed 000's TrainState: 4 x 2 x 1024 x 1024 params + Adam, ~100 MB
+  std::string workload =
+      "mlp";  // seed 000's TrainState: 4 x 2 x 1024 x 1024 params + Adam, ~100 MB
   std::string layout = "dp";
   std::string mesh = "data=8";
-  std::string dir;               // empty: a directory under the system temp dir
-  int steps = 5;                 // for the reference step time
+  std::string dir;  // empty: a directory under the system temp dir
+  int steps = 5;    // for the reference step time
   int repeats = 2;
   std::string bin_dir;
 };

@@ -17,9 +17,11 @@ std::string HumanBytes(int64_t b) {
 }
 
 std::unique_ptr<LocalCluster> StartBenchCluster(const std::string& mesh, const std::string& bin_dir,
-                                                int compute_threads, bool shm_transport) {
+                                                int compute_threads, bool shm_transport,
+                                                bool insecure) {
   LocalClusterOptions lo;
   lo.shm_transport = shm_transport;
+  lo.insecure = insecure;
   lo.mesh = mesh;
   lo.bin_dir = bin_dir;
   lo.compute_threads = compute_threads;
@@ -31,19 +33,21 @@ std::unique_ptr<LocalCluster> StartBenchCluster(const std::string& mesh, const s
   return *std::move(cluster);
 }
 
-absl::StatusOr<std::vector<std::unique_ptr<v1::Worker::Stub>>> WorkerStubs(const std::string& coordinator) {
+absl::StatusOr<std::vector<std::unique_ptr<v1::Worker::Stub>>> WorkerStubs(
+    const std::string& coordinator) {
   auto client = Client::Connect(coordinator);
   if (!client.ok()) return client.status();
   auto status = (*client)->GetStatus();
   if (!status.ok()) return status.status();
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs;
-  for (const auto& w : status->workers()) stubs.push_back(v1::Worker::NewStub(CreateChannel(w.peer().address())));
+  for (const auto& w : status->workers())
+    stubs.push_back(v1::Worker::NewStub(CreateChannel(w.peer().address())));
   return stubs;
 }
 
-absl::StatusOr<CollectiveTiming> TimeCollective(std::vector<std::unique_ptr<v1::Worker::Stub>>& stubs,
-                                                const std::string& op, const std::vector<std::string>& axes,
-                                                int64_t num_bytes, int iters) {
+absl::StatusOr<CollectiveTiming> TimeCollective(
+    std::vector<std::unique_ptr<v1::Worker::Stub>>& stubs, const std::string& op,
+    const std::vector<std::string>& axes, int64_t num_bytes, int iters) {
   const int n = static_cast<int>(stubs.size());
   std::vector<v1::BenchmarkCollectiveResponse> resp(n);
   std::vector<grpc::Status> st(n);

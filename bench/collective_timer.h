@@ -1,5 +1,6 @@
-// Helpers for the whole-cluster benchmarks. TimeCollective times a collective on a cluster's workers (each runs it; a call takes as long as its
-// slowest rank) and reports nccl-tests' algbw and busbw.
+// Helpers for the whole-cluster benchmarks. TimeCollective times a collective on a cluster's
+// workers (each runs it; a call takes as long as its slowest rank) and reports nccl-tests' algbw
+// and busbw.
 #ifndef MESHRUN_BENCH_COLLECTIVE_TIMER_H_
 #define MESHRUN_BENCH_COLLECTIVE_TIMER_H_
 
@@ -17,21 +18,25 @@ struct CollectiveTiming {
   double p50_seconds = 0;
   int group_size = 0;
   double algbw_gbps = 0;  // bytes / time
-  double busbw_gbps = 0;  // algbw x 2(n-1)/n for psum, (n-1)/n for all_gather / psum_scatter, 1 for ppermute
+  double busbw_gbps =
+      0;  // algbw x 2(n-1)/n for psum, (n-1)/n for all_gather / psum_scatter, 1 for ppermute
 };
 
-// A local cluster for a benchmark (compute_threads 0: LocalCluster's default; shm_transport as
-// LocalClusterOptions); prints the error and returns null if it does not start.
+// A local cluster for a benchmark (compute_threads 0: LocalCluster's default; shm_transport and
+// insecure as LocalClusterOptions: TLS on unless `insecure`); prints the error and returns null if
+// it does not start.
 std::unique_ptr<LocalCluster> StartBenchCluster(const std::string& mesh, const std::string& bin_dir,
-                                                int compute_threads, bool shm_transport = true);
+                                                int compute_threads, bool shm_transport = true,
+                                                bool insecure = false);
 
 // The stubs of every worker of the cluster (by rank), from its coordinator.
-absl::StatusOr<std::vector<std::unique_ptr<v1::Worker::Stub>>> WorkerStubs(const std::string& coordinator);
+absl::StatusOr<std::vector<std::unique_ptr<v1::Worker::Stub>>> WorkerStubs(
+    const std::string& coordinator);
 
 // Errors: the first worker's error, naming its rank.
-absl::StatusOr<CollectiveTiming> TimeCollective(std::vector<std::unique_ptr<v1::Worker::Stub>>& stubs,
-                                                const std::string& op, const std::vector<std::string>& axes,
-                                                int64_t num_bytes, int iters);
+absl::StatusOr<CollectiveTiming> TimeCollective(
+    std::vector<std::unique_ptr<v1::Worker::Stub>>& stubs, const std::string& op,
+    const std::vector<std::string>& axes, int64_t num_bytes, int iters);
 
 std::string HumanBytes(int64_t bytes);
 

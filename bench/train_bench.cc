@@ -9,11 +9,12 @@
 namespace meshrun {
 
 int RunTrainBench(const TrainBenchOptions& o) {
-  std::printf("# main job (DPClassifier, Fashion-MNIST, global batch 128, 4 minibatches, AdamW, f32)\n");
+  std::printf(
+      "# main job (DPClassifier, Fashion-MNIST, global batch 128, 4 minibatches, AdamW, f32)\n");
   std::printf("%8s %8s %14s %10s %14s %16s\n", "workers", "steps", "samples/s", "loss", "step (ms)",
               "all-reduce (ms)");
   for (int n : o.workers) {
-    auto cluster = StartBenchCluster(absl::StrCat("data=", n), o.bin_dir, 0);
+    auto cluster = StartBenchCluster(absl::StrCat("data=", n), o.bin_dir, 0, true, o.insecure);
     if (cluster == nullptr) return 1;
     auto client = Client::Connect(cluster->coordinator_address());
     if (!client.ok()) return 1;
@@ -36,8 +37,8 @@ int RunTrainBench(const TrainBenchOptions& o) {
       step_ms += r.step_seconds() * 1e3 / (result->reports.size() - 1);
       collective_ms += r.collective_seconds() * 1e3 / (result->reports.size() - 1);
     }
-    std::printf("%8d %8d %14.0f %10.4f %14.2f %16.2f\n", n, o.steps, samples / seconds, result->reports.back().loss(),
-                step_ms, collective_ms);
+    std::printf("%8d %8d %14.0f %10.4f %14.2f %16.2f\n", n, o.steps, samples / seconds,
+                result->reports.back().loss(), step_ms, collective_ms);
     std::fflush(stdout);
     cluster->Stop().IgnoreError();
   }

@@ -3,15 +3,24 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/sharding/shard_layout.h"
+#include "net/credentials.h"
 #include "net/grpc_util.h"
 
 namespace meshrun {
 
-absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address, absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address,
+                                                        absl::Duration timeout) {
   auto channel = CreateChannel(address);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
-    return absl::UnavailableError(absl::StrCat("no coordinator answers at ", address, " (waited ",
-                                               absl::FormatDuration(timeout), ")"));
+    const Credentials& creds = ProcessCredentials();
+    return absl::UnavailableError(absl::StrCat(
+        "no coordinator answers at ", address, " (waited ", absl::FormatDuration(timeout), "; ",
+        creds.insecure
+            ? absl::StrCat("connecting without TLS: a cluster with TLS on needs its credentials, ",
+                           kTlsDirEnv, "=DIR")
+            : absl::StrCat("TLS with the credentials in ", creds.dir,
+                           ": a cluster with other credentials, or without TLS, refuses them"),
+        ")"));
   }
   return std::unique_ptr<Client>(new Client(address, v1::Coordinator::NewStub(channel)));
 }
@@ -38,8 +47,9 @@ absl::Status Client::WaitForWorkers(absl::Duration timeout) {
     }
     absl::SleepFor(absl::Milliseconds(100));
   }
-  return absl::DeadlineExceededError(absl::StrCat("only ", registered, " of ", expected, " workers joined ", address_,
-                                                  " within ", absl::FormatDuration(timeout)));
+  return absl::DeadlineExceededError(absl::StrCat("only ", registered, " of ", expected,
+                                                  " workers joined ", address_, " within ",
+                                                  absl::FormatDuration(timeout)));
 }
 
 absl::StatusOr<TrainResult> Client::Train(const JobConfig& config,
@@ -67,7 +77,8 @@ absl::StatusOr<TrainResult> Client::Train(const JobConfig& config,
   return result;
 }
 
-absl::StatusOr<v1::ArrayInfo> Client::Put(const Tensor& host, const PartitionSpec& spec, const std::string& id) {
+absl::StatusOr<v1::ArrayInfo> Client::Put(const Tensor& host, const PartitionSpec& spec,
+                                          const std::string& id) {
   grpc::ClientContext ctx;
   SetTimeout(ctx, absl::Seconds(120));
   v1::PutArrayRequest req;
@@ -85,12 +96,15 @@ namespace {
 absl::StatusOr<Tensor> Assemble(const v1::GetArrayResponse& resp) {
   absl::StatusOr<NamedSharding> sharding = NamedSharding::FromProto(resp.info().sharding());
   if (!sharding.ok()) return sharding.status();
-  Tensor global(resp.info().dtype(), Dims(resp.info().shape().dims().begin(), resp.info().shape().dims().end()));
-  if (resp.blocks_size() != resp.block_ranks_size()) return absl::InternalError("GetArray: blocks without ranks");
+  Tensor global(resp.info().dtype(),
+                Dims(resp.info().shape().dims().begin(), resp.info().shape().dims().end()));
+  if (resp.blocks_size() != resp.block_ranks_size())
+    return absl::InternalError("GetArray: blocks without ranks");
   for (int i = 0; i < resp.blocks_size(); ++i) {
     absl::StatusOr<Tensor> block = Tensor::FromProto(resp.blocks(i));
     if (!block.ok()) return block.status();
-    if (absl::Status s = InsertShard(*block, *sharding, resp.block_ranks(i), global); !s.ok()) return s;
+    if (absl::Status s = InsertShard(*block, *sharding, resp.block_ranks(i), global); !s.ok())
+      return s;
   }
   return global;
 }
@@ -120,7 +134,8 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ListArrays() {
   grpc::ClientContext ctx;
   SetTimeout(ctx, absl::Seconds(10));
   v1::ListArraysResponse resp;
-  if (grpc::Status s = stub_->ListArrays(&ctx, v1::ListArraysRequest(), &resp); !s.ok()) return FromGrpcStatus(s);
+  if (grpc::Status s = stub_->ListArrays(&ctx, v1::ListArraysRequest(), &resp); !s.ok())
+    return FromGrpcStatus(s);
   return std::vector<v1::ArrayInfo>(resp.arrays().begin(), resp.arrays().end());
 }
 
@@ -131,7 +146,8 @@ absl::StatusOr<std::string> Client::VisualizeSharding(const std::string& id) {
     if (info.id() != id) continue;
     absl::StatusOr<NamedSharding> sharding = NamedSharding::FromProto(info.sharding());
     if (!sharding.ok()) return sharding.status();
-    return meshrun::VisualizeSharding(Dims(info.shape().dims().begin(), info.shape().dims().end()), *sharding);
+    return meshrun::VisualizeSharding(Dims(info.shape().dims().begin(), info.shape().dims().end()),
+                                      *sharding);
   }
   return absl::NotFoundError(absl::StrCat("no array '", id, "' on the cluster at ", address_));
 }
@@ -141,7 +157,8 @@ namespace {
 // The arguments ShardMapRequest and JitRequest share.
 template <typename Request>
 void SetCall(const std::vector<std::string>& input_ids, const std::vector<std::string>& output_ids,
-             absl::Duration collective_timeout, const std::vector<int>& donate_argnums, Request& req) {
+             absl::Duration collective_timeout, const std::vector<int>& donate_argnums,
+             Request& req) {
   for (const auto& id : input_ids) req.add_input_ids(id);
   for (const auto& id : output_ids) req.add_output_ids(id);
   for (int a : donate_argnums) req.add_donate_argnums(a);
@@ -150,11 +167,10 @@ void SetCall(const std::vector<std::string>& input_ids, const std::vector<std::s
 
 }  // namespace
 
-absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ShardMap(const v1::ShardMapProgram& program,
-                                                            const std::vector<std::string>& input_ids,
-                                                            const std::vector<std::string>& output_ids,
-                                                            absl::Duration collective_timeout,
-                                                            const std::vector<int>& donate_argnums) {
+absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ShardMap(
+    const v1::ShardMapProgram& program, const std::vector<std::string>& input_ids,
+    const std::vector<std::string>& output_ids, absl::Duration collective_timeout,
+    const std::vector<int>& donate_argnums) {
   grpc::ClientContext ctx;
   SetTimeout(ctx, collective_timeout * 4 + absl::Seconds(60));
   v1::ShardMapRequest req;
@@ -165,15 +181,14 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ShardMap(const v1::ShardMapPr
   return std::vector<v1::ArrayInfo>(resp.outputs().begin(), resp.outputs().end());
 }
 
-absl::StatusOr<Client::JitResult> Client::Jit(const v1::GlobalProgram& program,
-                                              const std::vector<std::string>& input_ids,
-                                              const std::vector<std::string>& output_ids,
-                                              absl::Duration collective_timeout,
-                                              const std::vector<int>& donate_argnums,
-                                              const std::vector<int>& fetch_outputs,
-                                              const std::vector<std::vector<std::string>>& more_runs) {
+absl::StatusOr<Client::JitResult> Client::Jit(
+    const v1::GlobalProgram& program, const std::vector<std::string>& input_ids,
+    const std::vector<std::string>& output_ids, absl::Duration collective_timeout,
+    const std::vector<int>& donate_argnums, const std::vector<int>& fetch_outputs,
+    const std::vector<std::vector<std::string>>& more_runs) {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, (collective_timeout * 4 + absl::Seconds(60)) * static_cast<int64_t>(1 + more_runs.size()));
+  SetTimeout(ctx, (collective_timeout * 4 + absl::Seconds(60)) *
+                      static_cast<int64_t>(1 + more_runs.size()));
   v1::JitRequest req;
   *req.mutable_program() = program;
   SetCall(input_ids, output_ids, collective_timeout, donate_argnums, req);
@@ -196,21 +211,23 @@ absl::StatusOr<Client::JitResult> Client::Jit(const v1::GlobalProgram& program,
   return r;
 }
 
-absl::StatusOr<v1::SaveCheckpointResponse> Client::SaveCheckpoint(const v1::SaveCheckpointRequest& request,
-                                                                  absl::Duration timeout) {
+absl::StatusOr<v1::SaveCheckpointResponse> Client::SaveCheckpoint(
+    const v1::SaveCheckpointRequest& request, absl::Duration timeout) {
   grpc::ClientContext ctx;
   SetTimeout(ctx, timeout);
   v1::SaveCheckpointResponse resp;
-  if (grpc::Status s = stub_->SaveCheckpoint(&ctx, request, &resp); !s.ok()) return FromGrpcStatus(s);
+  if (grpc::Status s = stub_->SaveCheckpoint(&ctx, request, &resp); !s.ok())
+    return FromGrpcStatus(s);
   return resp;
 }
 
-absl::StatusOr<v1::RestoreCheckpointResponse> Client::RestoreCheckpoint(const v1::RestoreCheckpointRequest& request,
-                                                                        absl::Duration timeout) {
+absl::StatusOr<v1::RestoreCheckpointResponse> Client::RestoreCheckpoint(
+    const v1::RestoreCheckpointRequest& request, absl::Duration timeout) {
   grpc::ClientContext ctx;
   SetTimeout(ctx, timeout);
   v1::RestoreCheckpointResponse resp;
-  if (grpc::Status s = stub_->RestoreCheckpoint(&ctx, request, &resp); !s.ok()) return FromGrpcStatus(s);
+  if (grpc::Status s = stub_->RestoreCheckpoint(&ctx, request, &resp); !s.ok())
+    return FromGrpcStatus(s);
   return resp;
 }
 
@@ -218,14 +235,16 @@ absl::Status Client::Shutdown() {
   grpc::ClientContext ctx;
   SetTimeout(ctx, absl::Seconds(5));
   v1::ShutdownResponse resp;
-  return FromGrpcStatus(stub_->Shutdown(&ctx, v1::ShutdownRequest(), &resp), absl::StrCat("coordinator at ", address_));
+  return FromGrpcStatus(stub_->Shutdown(&ctx, v1::ShutdownRequest(), &resp),
+                        absl::StrCat("coordinator at ", address_));
 }
 
 std::string FormatProgress(const v1::StepReport& r) {
   const int64_t eta = static_cast<int64_t>(r.eta_seconds());
-  return absl::StrFormat("step %d/%d | epoch %.2f | %.0f samples/s | loss %.4f | acc %.3f | ETA %d:%02d", r.step(),
-                         r.total_steps(), r.epoch(), r.samples_per_second(), r.loss(), r.accuracy(), eta / 60,
-                         eta % 60);
+  return absl::StrFormat(
+      "step %d/%d | epoch %.2f | %.0f samples/s | loss %.4f | acc %.3f | ETA %d:%02d", r.step(),
+      r.total_steps(), r.epoch(), r.samples_per_second(), r.loss(), r.accuracy(), eta / 60,
+      eta % 60);
 }
 
 }  // namespace meshrun

@@ -13,8 +13,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "core/sharding/mesh.h"
 #include "meshrun/client.h"
+#include "net/credentials.h"
 
 namespace meshrun {
 namespace {
@@ -63,6 +65,42 @@ bool WaitExit(pid_t pid, absl::Duration timeout) {
   }
 }
 
+// The directory of the credentials this process made for its local clusters (once).
+absl::StatusOr<std::string> OwnCredentialsDir() {
+  static absl::Mutex mu(absl::kConstInit);
+  static std::string* dir = nullptr;
+  absl::MutexLock lock(&mu);
+  if (dir != nullptr) return *dir;
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ = absl::StrCat(tmp ? tmp : "/tmp", "/meshrun-tls-XXXXXX");
+  if (mkdtemp(templ.data()) == nullptr)
+    return absl::InternalError("cannot create a credentials directory");
+  const std::string made = templ + "/tls";
+  if (absl::Status s = InitCredentials(made); !s.ok()) return s;
+  dir = new std::string(made);
+  return *dir;
+}
+
+// The processes' credential flag; makes their credentials this process's, to reach them.
+absl::StatusOr<std::string> CredentialFlag(const LocalClusterOptions& o, std::string* tls_dir) {
+  if (o.insecure) {
+    SetProcessCredentials(Credentials::Insecure());
+    setenv(kInsecureEnv, "1", 1);
+    return std::string("--insecure");
+  }
+  absl::StatusOr<std::string> dir = o.tls_dir;
+  if (o.tls_dir.empty()) dir = OwnCredentialsDir();
+  if (!dir.ok()) return dir.status();
+  absl::StatusOr<Credentials> creds = NodeCredentials(*dir, false);
+  if (!creds.ok()) return creds.status();
+  SetProcessCredentials(*std::move(creds));
+  // So do the programs this process starts (the CLI, say).
+  setenv(kTlsDirEnv, dir->c_str(), 1);
+  unsetenv(kInsecureEnv);
+  *tls_dir = *dir;
+  return absl::StrCat("--tls_dir=", *dir);
+}
+
 }  // namespace
 
 std::string ExecutableDir() {
@@ -88,13 +126,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   } else {
     mkdir(c->log_dir_.c_str(), 0755);
   }
+  absl::StatusOr<std::string> credential_flag = CredentialFlag(o, &c->tls_dir_);
+  if (!credential_flag.ok()) return credential_flag.status();
   const std::string port_file = c->log_dir_ + "/coordinator.port";
   std::remove(port_file.c_str());
   absl::StatusOr<pid_t> coord =
       Spawn(bin + "/meshrun-coordinator",
             {absl::StrCat("--mesh=", o.mesh), absl::StrCat("--port=", o.port),
              absl::StrCat("--port_file=", port_file),
-             absl::StrCat("--heartbeat_timeout=", absl::FormatDuration(o.heartbeat_timeout))},
+             absl::StrCat("--heartbeat_timeout=", absl::FormatDuration(o.heartbeat_timeout)),
+             *credential_flag},
             c->log_dir_ + "/coordinator.log");
   if (!coord.ok()) return coord.status();
   c->coordinator_pid_ = *coord;
@@ -132,7 +173,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
         {absl::StrCat("--coordinator=", c->address_), absl::StrCat("--compute_threads=", threads),
          absl::StrCat("--join_timeout=", absl::FormatDuration(o.start_timeout)),
          absl::StrCat("--shm_transport=", o.shm_transport ? "true" : "false"),
-         absl::StrCat("--memory_budget_bytes=", o.worker_memory_budget_bytes)},
+         absl::StrCat("--memory_budget_bytes=", o.worker_memory_budget_bytes),
+         absl::StrCat("--checkpoint_root=", o.worker_checkpoint_root), *credential_flag},
         absl::StrCat(c->log_dir_, "/worker", r, ".log"), env);
     if (!w.ok()) return w.status();
     c->worker_pids_.push_back(*w);

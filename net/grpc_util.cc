@@ -1,6 +1,7 @@
 #include "net/grpc_util.h"
 
 #include "absl/strings/str_cat.h"
+#include "net/credentials.h"
 
 namespace meshrun {
 
@@ -8,7 +9,7 @@ namespace {
 constexpr int kMaxMessageBytes = 256 << 20;
 constexpr int kMaxFrameBytes = 4 << 20;
 constexpr int kWindowBytes = 8 << 20;
-}
+}  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -37,7 +38,10 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address) {
   args.SetInt(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);
   args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kWindowBytes);
   args.SetInt(GRPC_ARG_HTTP2_WRITE_BUFFER_SIZE, kWindowBytes);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  const Credentials& creds = ProcessCredentials();
+  // Every node's certificate is for "meshrun-node", whatever address it is dialled at.
+  if (!creds.insecure) args.SetSslTargetNameOverride(kNodeName);
+  return grpc::CreateCustomChannel(address, NodeChannelCredentials(creds), args);
 }
 
 void ConfigureServerBuilder(grpc::ServerBuilder& builder) {

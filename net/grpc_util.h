@@ -17,7 +17,9 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // FromGrpcStatus with "`what`: " before the message (e.g. "worker rank 3 at 127.0.0.1:4567").
 absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what);
 
-// An insecure channel to `address` (host:port) that carries messages up to 256 MiB.
+// A channel to `address` (host:port) that carries messages up to 256 MiB, with the process's
+// credentials (net/credentials.h: TLS to a node, the node certificate and the bearer token when
+// held; plaintext when they are insecure).
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address);
 // Server builder options matching CreateChannel's message size limit.
 void ConfigureServerBuilder(grpc::ServerBuilder& builder);

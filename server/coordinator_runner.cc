@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "net/credentials.h"
 #include "net/grpc_util.h"
 #include "net/metrics.h"
 #include "server/coordinator_service.h"
@@ -34,7 +35,8 @@ absl::Status RunCoordinator(const CoordinatorOptions& o) {
   std::unique_ptr<CoordinatorMetrics> metrics;
   std::string metrics_address;
   if (o.metrics_port >= 0) {
-    absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(o.host, o.metrics_port, "coordinator");
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m =
+        MetricsServer::Start(o.host, o.metrics_port, "coordinator");
     if (!m.ok()) return m.status();
     metrics_server = *std::move(m);
     metrics = std::make_unique<CoordinatorMetrics>(metrics_server->registry(), *mesh);
@@ -47,25 +49,30 @@ absl::Status RunCoordinator(const CoordinatorOptions& o) {
   jo.metrics = metrics.get();
   JobDriver driver(&registry, jo);
   ArrayRegistry arrays(&registry);
-  CoordinatorService service(&registry, &driver, &arrays, o.heartbeat_timeout, metrics.get(), metrics_address);
+  CoordinatorService service(&registry, &driver, &arrays, o.heartbeat_timeout, metrics.get(),
+                             metrics_address);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);
   if (metrics_server != nullptr) metrics_server->InstallGrpcMetrics(builder);
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(o.host, ":", o.port), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(
+      absl::StrCat(o.host, ":", o.port),
+      NodeServerCredentials(ProcessCredentials(), /*require_node_certificate=*/false), &port);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) return absl::UnavailableError(absl::StrCat("cannot listen on ", o.host, ":", o.port));
-  LOG(INFO) << "coordinator for " << mesh->ToString() << " serving on " << o.host << ":" << port << " (cluster "
-            << cluster_id << ")";
+  if (server == nullptr || port == 0)
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.host, ":", o.port));
+  LOG(INFO) << "coordinator for " << mesh->ToString() << " serving on " << o.host << ":" << port
+            << " (cluster " << cluster_id << ")";
   if (!o.port_file.empty()) {
     const std::string tmp = o.port_file + ".tmp";
     std::ofstream(tmp) << port << "\n";
     std::rename(tmp.c_str(), o.port_file.c_str());
   }
-  while (!g_stop.load() && !service.shutdown().WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
+  while (!g_stop.load() &&
+         !service.shutdown().WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
   }
   // Let workers see shutdown=true in a heartbeat before the server goes away.
   registry.RequestShutdown();

@@ -7,6 +7,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/config/flag_checks.h"
 #include "glog/logging.h"
+#include "net/credentials.h"
 #include "server/coordinator_runner.h"
 
 ABSL_FLAG(std::string, mesh, "data=8", "mesh axes and sizes, e.g. data=2,model=4");
@@ -15,6 +16,10 @@ ABSL_FLAG(int, port, 50051, "port to bind (0: any free port)");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once serving");
 ABSL_FLAG(std::string, cluster_id, "", "cluster id (default: random)");
 ABSL_FLAG(int, metrics_port, 0, "Prometheus /metrics port (0: any free port, -1: off)");
+ABSL_FLAG(std::string, tls_dir, "",
+          "the cluster's credentials (meshrun certs init DIR); default: $MESHRUN_TLS_DIR");
+ABSL_FLAG(bool, insecure, false,
+          "no TLS and no authentication: any process that reaches the port controls the cluster");
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(3), "a worker silent this long is dead");
 
 int main(int argc, char** argv) {
@@ -42,6 +47,17 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  absl::StatusOr<meshrun::Credentials> creds =
+      meshrun::NodeCredentials(absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_insecure));
+  if (!creds.ok()) {
+    std::fprintf(stderr, "meshrun-coordinator: %s\n",
+                 std::string(creds.status().message()).c_str());
+    return 2;
+  }
+  if (creds->insecure)
+    LOG(WARNING) << "--insecure: no TLS, no authentication; anyone who reaches this port can "
+                    "run programs, read arrays and shut the cluster down";
+  meshrun::SetProcessCredentials(*std::move(creds));
   absl::Status s = meshrun::RunCoordinator(o);
   if (!s.ok()) {
     std::fprintf(stderr, "meshrun-coordinator: %s\n", std::string(s.message()).c_str());

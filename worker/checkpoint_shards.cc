@@ -56,6 +56,7 @@ grpc::Status WorkerService::SaveShards(grpc::ServerContext*, const v1::SaveShard
     blocks.push_back(std::move(b));
   }
   if (tensors.empty()) return grpc::Status::OK;
+  if (absl::Status s = CheckUnderCheckpointRoot(req->path()); !s.ok()) return Error(s);
   absl::StatusOr<std::vector<int64_t>> offsets = checkpoint::WriteSafetensors(
       req->path(), tensors, {{"format", "meshrun-checkpoint"}, {"rank", absl::StrCat(m.rank)}});
   if (!offsets.ok()) return Error(offsets.status());
@@ -90,6 +91,7 @@ grpc::Status WorkerService::LoadShards(grpc::ServerContext*, const v1::LoadShard
     for (const v1::BlockSource& src : item.sources()) {
       const Dims src_dims(src.shape().begin(), src.shape().end());
       const std::vector<int64_t> src_offsets(src.offsets().begin(), src.offsets().end());
+      if (absl::Status s = CheckUnderCheckpointRoot(src.file()); !s.ok()) return Error(s);
       absl::StatusOr<Tensor> saved =
           checkpoint::ReadBlockAt(src.file(), item.name(), item.dtype(), src_dims,
                                   src.data_offset(), src.nbytes(), src.crc32());

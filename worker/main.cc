@@ -10,6 +10,7 @@
 #include "core/config/flag_checks.h"
 #include "core/port/denormal.h"
 #include "glog/logging.h"
+#include "net/credentials.h"
 #include "worker/worker_runner.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "coordinator address host:port");
@@ -25,6 +26,12 @@ ABSL_FLAG(bool, shm_transport, true,
 ABSL_FLAG(
     int64_t, memory_budget_bytes, 0,
     "bytes this worker's shards and program buffers may take (0: the host's physical memory)");
+ABSL_FLAG(std::string, tls_dir, "",
+          "the cluster's credentials (meshrun certs init DIR); default: $MESHRUN_TLS_DIR");
+ABSL_FLAG(bool, insecure, false,
+          "no TLS and no authentication: any process that reaches the port controls this worker");
+ABSL_FLAG(std::string, checkpoint_root, "/",
+          "checkpoints are read and written under this directory only (compose: /var/lib/meshrun)");
 ABSL_FLAG(absl::Duration, orphan_timeout, absl::Seconds(10),
           "exit when the coordinator is gone this long");
 
@@ -71,6 +78,7 @@ int main(int argc, char** argv) {
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.shm_transport = absl::GetFlag(FLAGS_shm_transport);
   o.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
+  o.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   for (const absl::Status& check :
        {meshrun::CheckFlagRange("port", o.port, 0, 65535),
         meshrun::CheckFlagRange("rank", o.requested_rank, -1, 1 << 20),
@@ -84,6 +92,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  absl::StatusOr<meshrun::Credentials> creds =
+      meshrun::NodeCredentials(absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_insecure));
+  if (!creds.ok()) {
+    std::fprintf(stderr, "meshrun-worker: %s\n", std::string(creds.status().message()).c_str());
+    return 2;
+  }
+  if (creds->insecure) LOG(WARNING) << "--insecure: no TLS, no authentication";
+  meshrun::SetProcessCredentials(*std::move(creds));
   absl::Status s = meshrun::RunWorker(o);
   if (!s.ok()) {
     LOG(ERROR) << s;

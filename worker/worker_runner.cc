@@ -12,6 +12,7 @@
 #include "glog/logging.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
+#include "net/credentials.h"
 #include "net/grpc_util.h"
 #include "net/metrics.h"
 #include "worker/shm_arena.h"
@@ -91,14 +92,16 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
     SetLargeTensorAllocator(kSharedTensorMinBytes,
                             [arena](size_t bytes) { return arena->Allocate(bytes); });
   }
-  WorkerService worker(o.compute_threads, metrics.get(), arena, o.memory_budget_bytes);
+  WorkerService worker(o.compute_threads, metrics.get(), arena, o.memory_budget_bytes,
+                       o.checkpoint_root);
   RingService ring;
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);
   if (metrics_server != nullptr) metrics_server->InstallGrpcMetrics(builder);
   int port = 0;
-  builder.AddListeningPort(absl::StrCat(o.host, ":", o.port), grpc::InsecureServerCredentials(),
-                           &port);
+  builder.AddListeningPort(
+      absl::StrCat(o.host, ":", o.port),
+      NodeServerCredentials(ProcessCredentials(), /*require_node_certificate=*/true), &port);
   builder.RegisterService(&worker);
   builder.RegisterService(&ring);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -26,6 +26,8 @@ struct WorkerRunnerOptions {
   bool shm_transport = true;
   // Bytes its shards and a program's buffers may take (WorkerService); 0: physical memory.
   int64_t memory_budget_bytes = 0;
+  // SaveShards / LoadShards touch files under this directory only.
+  std::string checkpoint_root = "/";
 };
 
 // Runs until the coordinator asks the worker to stop (returns OK), the process gets SIGINT or

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <numeric>
 #include <set>
 
@@ -14,12 +15,35 @@
 
 namespace meshrun {
 
+namespace {
+
+// `path` with every existing part's symbolic links resolved, normalised.
+std::string Resolved(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path p =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(path), ec);
+  return ec ? std::filesystem::path(path).lexically_normal().string() : p.string();
+}
+
+}  // namespace
+
 WorkerService::WorkerService(int compute_threads, WorkerMetrics* metrics, ShmArena* arena,
-                             int64_t memory_budget_bytes)
+                             int64_t memory_budget_bytes, std::string checkpoint_root)
     : compute_threads_(compute_threads),
       memory_budget_bytes_(memory_budget_bytes > 0 ? memory_budget_bytes : PhysicalMemoryBytes()),
+      checkpoint_root_(Resolved(checkpoint_root.empty() ? "/" : checkpoint_root)),
       metrics_(metrics),
       arena_(arena) {}
+
+absl::Status WorkerService::CheckUnderCheckpointRoot(const std::string& path) const {
+  const std::string resolved = Resolved(path);
+  const std::filesystem::path rel =
+      std::filesystem::path(resolved).lexically_relative(checkpoint_root_);
+  if (!path.empty() && !rel.empty() && *rel.begin() != "..") return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("path '", path,
+                                                  "' is outside this worker's checkpoint root ",
+                                                  checkpoint_root_, " (--checkpoint_root)"));
+}
 
 absl::Status WorkerService::CheckMemoryBudget(const std::string& what, int64_t bytes) {
   const int64_t held = shards_.TotalBytes();

@@ -44,9 +44,11 @@ class WorkerService final : public v1::Worker::Service {
   // (null: none); it must outlive the service.
   // `memory_budget_bytes`: what this worker's stored shards and a program's buffers may take
   // together; a request past it is refused with ResourceExhausted naming its bytes (0: the
-  // host's physical memory).
+  // host's physical memory). `checkpoint_root`: SaveShards and LoadShards touch files under this
+  // directory only; a path that resolves outside it is refused with PermissionDenied.
   explicit WorkerService(int compute_threads, WorkerMetrics* metrics = nullptr,
-                         ShmArena* arena = nullptr, int64_t memory_budget_bytes = 0);
+                         ShmArena* arena = nullptr, int64_t memory_budget_bytes = 0,
+                         std::string checkpoint_root = "/");
   ~WorkerService() override;
 
   // Sets up the transport once the coordinator has assigned the rank; attaches `ring` to it.
@@ -79,6 +81,9 @@ class WorkerService final : public v1::Worker::Service {
   // ResourceExhausted naming `what` and its bytes unless `bytes` more fit in the memory budget
   // beside the stored shards.
   absl::Status CheckMemoryBudget(const std::string& what, int64_t bytes);
+  // PermissionDenied naming `path` unless it resolves (symbolic links followed) under the
+  // checkpoint root.
+  absl::Status CheckUnderCheckpointRoot(const std::string& path) const;
   // Moves the transport to collective epoch `epoch` before a run (0: stays in the current one);
   // an epoch the coordinator already aborted is entered aborted. Errors: FailedPrecondition for
   // an epoch earlier than the current one (a stale request).
@@ -94,6 +99,7 @@ class WorkerService final : public v1::Worker::Service {
 
   const int compute_threads_;
   const int64_t memory_budget_bytes_;
+  const std::string checkpoint_root_;  // resolved
   WorkerMetrics* const metrics_;
   ShmArena* const arena_;
   absl::Mutex join_mu_;

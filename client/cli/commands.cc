@@ -19,6 +19,7 @@
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
 #include "meshrun/workloads.h"
+#include "net/credentials.h"
 #include "net/grpc_util.h"
 
 namespace meshrun::cli {
@@ -34,19 +35,44 @@ int Fail(const absl::Status& s) {
 
 }  // namespace
 
+int CertsInit(const std::string& dir) {
+  if (absl::Status s = InitCredentials(dir); !s.ok()) return Fail(s);
+  std::printf(
+      "wrote the cluster's CA, node certificate and client token to %s\n"
+      "nodes:   meshrun-coordinator --tls_dir %s ...; meshrun-worker --tls_dir %s ...\n"
+      "clients: export %s=%s\n",
+      dir.c_str(), dir.c_str(), dir.c_str(), kTlsDirEnv, dir.c_str());
+  return 0;
+}
+
 int Up(const UpArgs& args) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   LocalClusterOptions o;
+  o.insecure = args.insecure;
+  o.tls_dir = args.tls_dir;
+  if (!o.insecure && o.tls_dir.empty()) {
+    const char* home = std::getenv("HOME");
+    o.tls_dir = absl::StrCat(home != nullptr ? home : ".", "/.meshrun/tls");
+    if (!std::filesystem::exists(o.tls_dir + "/ca.pem")) {
+      if (absl::Status s = InitCredentials(o.tls_dir); !s.ok()) return Fail(s);
+      std::printf("made the cluster's credentials in %s\n", o.tls_dir.c_str());
+    }
+  }
+  if (o.insecure) std::printf("WARNING: --insecure: no TLS, no authentication\n");
   o.mesh = args.mesh;
   o.port = args.port;
   o.log_dir = args.log_dir;
   o.shm_transport = !args.no_shm;
   auto cluster = LocalCluster::Start(o);
   if (!cluster.ok()) return Fail(cluster.status());
-  std::printf("meshrun cluster up: coordinator %s, %zu workers, mesh %s\nlogs: %s\npress Ctrl-C to stop\n",
-              (*cluster)->coordinator_address().c_str(), (*cluster)->worker_pids().size(), args.mesh.c_str(),
-              (*cluster)->log_dir().c_str());
+  std::printf(
+      "meshrun cluster up: coordinator %s, %zu workers, mesh %s\nlogs: %s\n%s%s%spress Ctrl-C to "
+      "stop\n",
+      (*cluster)->coordinator_address().c_str(), (*cluster)->worker_pids().size(),
+      args.mesh.c_str(), (*cluster)->log_dir().c_str(),
+      o.insecure ? "" : "credentials: ", o.tls_dir.c_str(),
+      o.insecure ? "" : " (clients: MESHRUN_TLS_DIR, default ~/.meshrun/tls)\n");
   std::fflush(stdout);
   // A remote `meshrun shutdown` ends the coordinator: it is then gone or a zombie (ours to reap).
   while (!g_stop.load()) {
@@ -98,8 +124,9 @@ int Train(const TrainArgs& args) {
       std::printf(tty ? "\r%s" : "%s\n", FormatProgress(e.step()).c_str());
     }
     if (e.has_eval()) {
-      std::printf("%stest accuracy %.4f (loss %.4f, %lld examples)\n", tty ? "\n" : "", e.eval().accuracy(),
-                  e.eval().loss(), static_cast<long long>(e.eval().num_examples()));
+      std::printf("%stest accuracy %.4f (loss %.4f, %lld examples)\n", tty ? "\n" : "",
+                  e.eval().accuracy(), e.eval().loss(),
+                  static_cast<long long>(e.eval().num_examples()));
     }
     std::fflush(stdout);
   });
@@ -116,22 +143,25 @@ int Status(const std::string& coordinator) {
   if (!st.ok()) return Fail(st.status());
   absl::StatusOr<Mesh> mesh = Mesh::FromProto(st->mesh());
   std::printf("coordinator %s  mesh %s  workers %d/%d  job %s (step %lld)\n", coordinator.c_str(),
-              mesh.ok() ? mesh->ToString().c_str() : "?", st->workers_size(), st->expected_workers(),
-              st->job_state().c_str(), static_cast<long long>(st->job_step()));
+              mesh.ok() ? mesh->ToString().c_str() : "?", st->workers_size(),
+              st->expected_workers(), st->job_state().c_str(),
+              static_cast<long long>(st->job_step()));
   if (!st->last_error().empty()) std::printf("last error: %s\n", st->last_error().c_str());
   std::string last_axes;
   for (const auto& g : st->groups()) {
     const std::string axes = absl::StrJoin(g.axis_names(), ",");
-    if (axes != last_axes) std::printf("%sgroups over (%s):", last_axes.empty() ? "" : "\n", axes.c_str());
+    if (axes != last_axes)
+      std::printf("%sgroups over (%s):", last_axes.empty() ? "" : "\n", axes.c_str());
     last_axes = axes;
     std::printf(" [%s]", absl::StrJoin(g.ranks(), " ").c_str());
   }
   if (!last_axes.empty()) std::printf("\n");
-  std::printf("%5s %-22s %8s %-16s %6s %10s\n", "rank", "address", "pid", "host", "alive", "heartbeat");
+  std::printf("%5s %-22s %8s %-16s %6s %10s\n", "rank", "address", "pid", "host", "alive",
+              "heartbeat");
   for (const auto& w : st->workers()) {
     std::printf("%5d %-22s %8lld %-16s %6s %9.1fs\n", w.peer().rank(), w.peer().address().c_str(),
-                static_cast<long long>(w.peer().pid()), w.peer().hostname().c_str(), w.alive() ? "yes" : "NO",
-                w.seconds_since_heartbeat());
+                static_cast<long long>(w.peer().pid()), w.peer().hostname().c_str(),
+                w.alive() ? "yes" : "NO", w.seconds_since_heartbeat());
   }
   return 0;
 }
@@ -145,7 +175,8 @@ int Arrays(const std::string& coordinator) {
   for (const auto& a : *arrays) {
     const Dims dims(a.shape().dims().begin(), a.shape().dims().end());
     std::printf("%-16s %-6s %-16s %-36s %16lld\n", a.id().c_str(), DTypeName(a.dtype()).c_str(),
-                DimsToString(dims).c_str(), PartitionSpec::FromProto(a.sharding().spec()).ToString().c_str(),
+                DimsToString(dims).c_str(),
+                PartitionSpec::FromProto(a.sharding().spec()).ToString().c_str(),
                 static_cast<long long>(a.bytes_per_worker()));
   }
   return 0;
@@ -169,7 +200,8 @@ int Health(const std::string& address, const std::string& service, double timeou
   grpc::health::v1::HealthCheckResponse resp;
   grpc::Status s = stub->Check(&ctx, req, &resp);
   if (!s.ok()) return Fail(FromGrpcStatus(s, absl::StrCat("health check of ", address)));
-  std::printf("%s\n", grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()).c_str());
+  std::printf("%s\n",
+              grpc::health::v1::HealthCheckResponse::ServingStatus_Name(resp.status()).c_str());
   return resp.status() == grpc::health::v1::HealthCheckResponse::SERVING ? 0 : 1;
 }
 
@@ -181,7 +213,8 @@ int Shutdown(const std::string& coordinator) {
   return 0;
 }
 
-std::string JobMeshText(const JobConfig& config, const std::string& given, const std::string& fallback) {
+std::string JobMeshText(const JobConfig& config, const std::string& given,
+                        const std::string& fallback) {
   if (!given.empty()) return given;
   if (config.mesh.empty()) return fallback;
   std::vector<std::string> parts;
@@ -215,14 +248,17 @@ int PlanMainJob(const PlanArgs& args, const JobConfig& config) {
     const NamedSharding sharding(job->mesh, a.spec);
     const int64_t bytes = NumElements(sharding.ShardDims(a.shape)) * DTypeSize(a.dtype);
     total += bytes;
-    std::printf("  %-34s %s%-12s %-18s %10lld bytes/worker\n", a.name.c_str(), DTypeName(a.dtype).c_str(),
-                DimsToString(a.shape).c_str(), a.spec.ToString().c_str(), static_cast<long long>(bytes));
+    std::printf("  %-34s %s%-12s %-18s %10lld bytes/worker\n", a.name.c_str(),
+                DTypeName(a.dtype).c_str(), DimsToString(a.shape).c_str(),
+                a.spec.ToString().c_str(), static_cast<long long>(bytes));
   }
   std::printf("  %-34s %43lld bytes/worker\n", "total", static_cast<long long>(total));
   const int64_t per_worker = int64_t{p.minibatch_size()} * p.num_minibatches();
-  std::printf("batch: %d examples, PartitionSpec('data', None): %lld per worker per step in %d minibatches of %d\n",
-              job->config.data.batch_size, static_cast<long long>(per_worker), p.num_minibatches(),
-              p.minibatch_size());
+  std::printf(
+      "batch: %d examples, PartitionSpec('data', None): %lld per worker per step in %d minibatches "
+      "of %d\n",
+      job->config.data.batch_size, static_cast<long long>(per_worker), p.num_minibatches(),
+      p.minibatch_size());
   std::printf("collectives per step:\n");
   std::map<std::string, const v1::BufferDecl*> buffers;
   for (const v1::BufferDecl& b : p.buffers()) buffers[b.name()] = &b;
@@ -234,19 +270,23 @@ int PlanMainJob(const PlanArgs& args, const JobConfig& config) {
       int64_t bytes = 0;
       for (const std::string& in : op.inputs()) {
         const v1::BufferDecl* b = buffers[in];
-        if (b != nullptr) bytes += NumElements(Dims(b->shape().dims().begin(), b->shape().dims().end())) * DTypeSize(b->dtype());
+        if (b != nullptr)
+          bytes += NumElements(Dims(b->shape().dims().begin(), b->shape().dims().end())) *
+                   DTypeSize(b->dtype());
       }
       const int64_t n = job->mesh.axis_size(*job->mesh.AxisIndex(op.axis_name()));
-      std::printf("  %s(%s) in '%s' x%lld: %d arrays, %lld bytes; ring: %lld bytes sent per worker\n",
-                  op.reduce_op() == v1::REDUCE_OP_MEAN ? "pmean" : "psum", op.axis_name().c_str(), f.name().c_str(),
-                  static_cast<long long>(times), op.inputs_size(), static_cast<long long>(bytes),
-                  static_cast<long long>(2 * (n - 1) * bytes / n));
+      std::printf(
+          "  %s(%s) in '%s' x%lld: %d arrays, %lld bytes; ring: %lld bytes sent per worker\n",
+          op.reduce_op() == v1::REDUCE_OP_MEAN ? "pmean" : "psum", op.axis_name().c_str(),
+          f.name().c_str(), static_cast<long long>(times), op.inputs_size(),
+          static_cast<long long>(bytes), static_cast<long long>(2 * (n - 1) * bytes / n));
     }
   }
   if (!job->config.checkpoint.dir.empty()) {
-    std::printf("checkpoint: %s every %d steps and at the end, keep %d%s%s\n", job->config.checkpoint.dir.c_str(),
-                job->config.checkpoint.save_every, job->config.checkpoint.keep,
-                job->config.checkpoint.async ? ", async" : "", job->config.checkpoint.resume ? ", resume" : "");
+    std::printf("checkpoint: %s every %d steps and at the end, keep %d%s%s\n",
+                job->config.checkpoint.dir.c_str(), job->config.checkpoint.save_every,
+                job->config.checkpoint.keep, job->config.checkpoint.async ? ", async" : "",
+                job->config.checkpoint.resume ? ", resume" : "");
   }
   return 0;
 }
@@ -283,8 +323,11 @@ int Plan(const PlanArgs& in) {
   absl::StatusOr<TrainStep> step =
       BuildTrainStep(*mesh, sharding, w->optimizer, w->batch, w->loss, 0, w->num_minibatches);
   if (!step.ok()) return fail(step.status());
-  std::printf("# %s\n# rules %s%s\n%s", w->description.c_str(), LogicalAxisRulesToString(sharding.rules).c_str(),
-              sharding.fsdp_axis.empty() ? "" : absl::StrCat(", FSDP over '", sharding.fsdp_axis, "'").c_str(),
+  std::printf("# %s\n# rules %s%s\n%s", w->description.c_str(),
+              LogicalAxisRulesToString(sharding.rules).c_str(),
+              sharding.fsdp_axis.empty()
+                  ? ""
+                  : absl::StrCat(", FSDP over '", sharding.fsdp_axis, "'").c_str(),
               step->Plan().c_str());
   return 0;
 }

@@ -15,7 +15,8 @@ namespace meshrun::cli {
 
 // The mesh a job runs on, as Mesh::Parse reads it: `given` when non-empty, else the config's,
 // else `fallback`.
-std::string JobMeshText(const JobConfig& config, const std::string& given, const std::string& fallback);
+std::string JobMeshText(const JobConfig& config, const std::string& given,
+                        const std::string& fallback);
 
 // A main-job config planned without a cluster: its mesh (`mesh_text` when non-empty, else the
 // config's, else data=8) and its step program. Errors: the mesh's, the planner's.
@@ -31,9 +32,15 @@ struct UpArgs {
   int port = 50051;
   std::string log_dir;
   bool no_shm = false;  // collectives over gRPC only
+  // The cluster's credentials (net/credentials.h); empty: ~/.meshrun/tls, made there if absent,
+  // where the CLI's other commands find them.
+  std::string tls_dir;
+  bool insecure = false;
 };
 // Starts a local cluster and keeps it up until SIGINT / SIGTERM, then stops it cleanly.
 int Up(const UpArgs& args);
+// `meshrun certs init DIR`: a new CA, node certificate and token (net/credentials.h).
+int CertsInit(const std::string& dir);
 
 struct TrainArgs {
   std::string config_path;
@@ -60,19 +67,20 @@ struct PlanArgs {
   std::string config_path;       // a job config (JSON); else a workload:
   std::string workload = "mlp";  // meshrun/workloads.h
   std::string mesh = "data=2,model=4";
-  std::string layout;            // a named layout (dp, fsdp, tp, 2d, fsdp_tp, single), or:
-  std::string rules;             // logical axis rules, e.g. batch=data,hidden=model
-  std::string fsdp_axis;         // with rules: shard parameters over this axis
+  std::string layout;     // a named layout (dp, fsdp, tp, 2d, fsdp_tp, single), or:
+  std::string rules;      // logical axis rules, e.g. batch=data,hidden=model
+  std::string fsdp_axis;  // with rules: shard parameters over this axis
   int64_t min_weight_size = int64_t{1} << 18;
 };
 // Abstract evaluation (jax.eval_shape + nn.get_partition_spec): nothing is allocated and no
-// cluster is needed. With config_path, plans that job (its mesh, or `mesh` when given). Prints every parameter's and optimizer-state array's PartitionSpec and bytes
-// per worker, the batch layout, and the collectives of one step with their bytes. Exit 2 with
-// the error (naming the parameter and dim) when the job cannot be planned.
+// cluster is needed. With config_path, plans that job (its mesh, or `mesh` when given). Prints
+// every parameter's and optimizer-state array's PartitionSpec and bytes per worker, the batch
+// layout, and the collectives of one step with their bytes. Exit 2 with the error (naming the
+// parameter and dim) when the job cannot be planned.
 int Plan(const PlanArgs& args);
 
 struct WorkloadTrainArgs {
-  std::string workload;  // meshrun/workloads.h
+  std::string workload;       // meshrun/workloads.h
   std::string layout = "dp";  // a named layout, or (empty) the rules below
   std::string rules;          // logical axis rules, e.g. batch=data,hidden=model
   std::string fsdp_axis;
@@ -84,18 +92,20 @@ struct WorkloadTrainArgs {
   int steps_per_call = 1;   // train steps per call (TrainState::Steps, steps_per_execution)
   std::string coordinator;  // empty: an embedded local cluster
   std::string log_dir;
-  std::string ckpt_dir;     // non-empty: save there every `save_every` steps and at the end
+  std::string ckpt_dir;  // non-empty: save there every `save_every` steps and at the end
   int save_every = 0;
-  int keep = 0;             // > 0: keep the newest `keep` checkpoints
+  int keep = 0;  // > 0: keep the newest `keep` checkpoints
   bool async_save = false;
-  bool resume = false;      // continue from the newest committed checkpoint in ckpt_dir
-  std::string init_from;    // a safetensors file of parameters
+  bool resume = false;    // continue from the newest committed checkpoint in ckpt_dir
+  std::string init_from;  // a safetensors file of parameters
 };
 // A named layout (meshrun/workloads.h), or logical axis rules with FSDP over `fsdp_axis`; either
 // way parameters under `min_weight_size` elements stay replicated.
 // Errors: NotFound naming an unknown layout; InvalidArgument naming a malformed rule.
-absl::StatusOr<nn::ShardingConfig> WorkloadSharding(const std::string& layout, const std::string& rules,
-                                                    const std::string& fsdp_axis, int64_t min_weight_size);
+absl::StatusOr<nn::ShardingConfig> WorkloadSharding(const std::string& layout,
+                                                    const std::string& rules,
+                                                    const std::string& fsdp_axis,
+                                                    int64_t min_weight_size);
 // Trains a seed workload with a derived train step, printing each step's loss (%.9g).
 int TrainWorkload(const WorkloadTrainArgs& args);
 // A job config of a derived train step (JobConfig::derived_step) as TrainWorkload's arguments:

@@ -35,6 +35,19 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   up_cmd->add_option("--log-dir", up.log_dir, "directory for process logs");
+  up_cmd->add_option("--tls-dir", up.tls_dir,
+                     "the cluster's credentials (default: ~/.meshrun/tls, made there if absent)");
+  up_cmd->add_flag("--insecure", up.insecure,
+                   "no TLS and no authentication (anyone who reaches the ports controls it)");
+  auto* certs_cmd =
+      app.add_subcommand("certs", "the cluster's credentials: CA, node certificate, client token");
+  certs_cmd->require_subcommand(1);
+  std::string certs_dir;
+  auto* certs_init_cmd = certs_cmd->add_subcommand(
+      "init",
+      "make DIR/{ca.pem,ca-key.pem,node.pem,node-key.pem,token}; nodes take --tls_dir DIR, clients "
+      "MESHRUN_TLS_DIR=DIR");
+  certs_init_cmd->add_option("dir", certs_dir, "directory to create")->required();
   up_cmd->add_flag("--no-shm", up.no_shm,
                    "workers exchange collective data over the gRPC ring only (default: shared "
                    "memory on this host)");
@@ -151,6 +164,8 @@ int main(int argc, char** argv) {
       "collectives over the loopback gRPC ring, as between hosts (default: shared memory)";
   bool ar_no_shm = false, cb_no_shm = false, sb_no_shm = false;
   ar_cmd->add_flag("--no-shm", ar_no_shm, kNoShm);
+  ar_cmd->add_flag("--insecure", ar.insecure,
+                   "no TLS between the processes (default: mutual TLS, as deployed)");
   meshrun::CollectivesBenchOptions cb;
   auto* cb_cmd = bench_cmd->add_subcommand(
       "collectives", "psum, all_gather, psum_scatter, ppermute over each mesh axis");
@@ -161,6 +176,8 @@ int main(int argc, char** argv) {
   meshrun::TrainBenchOptions tb;
   auto* tb_cmd = bench_cmd->add_subcommand("train", "samples/s of the main job");
   tb_cmd->add_option("--workers", train_workers, "worker counts")->capture_default_str();
+  tb_cmd->add_flag("--insecure", tb.insecure,
+                   "no TLS between the processes (default: mutual TLS, as deployed)");
   tb_cmd->add_option("--steps", tb.steps, "steps per run")
       ->check(CLI::Range(1, INT_MAX))
       ->capture_default_str();
@@ -193,6 +210,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (up_cmd->parsed()) return meshrun::cli::Up(up);
+    if (certs_init_cmd->parsed()) return meshrun::cli::CertsInit(certs_dir);
     if (train_cmd->parsed()) {
       if (!wtrain.workload.empty()) {
         wtrain.coordinator = train.coordinator;

@@ -1,5 +1,7 @@
 // End to end with real processes on loopback: meshrun-coordinator + meshrun-worker processes,
 // driven through the client SDK and the meshrun CLI.
+#include "tests/testutil/cluster.h"
+
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,7 +14,6 @@
 #include "gtest/gtest.h"
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
-#include "tests/testutil/cluster.h"
 #include "tests/testutil/process_util.h"
 
 namespace meshrun {
@@ -24,7 +25,9 @@ using ::meshrun::testing::RunCommand;
 using ::meshrun::testing::WriteTempFile;
 using ::testing::HasSubstr;
 
-std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh) { return testing::StartCluster(mesh, "e2e"); }
+std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh) {
+  return testing::StartCluster(mesh, "e2e");
+}
 
 void ExpectAllReaped(const LocalCluster& c) {
   EXPECT_FALSE(ProcessExists(c.coordinator_pid())) << "coordinator pid " << c.coordinator_pid();
@@ -84,7 +87,8 @@ TEST(ClusterE2ETest, DataParallelEightProcessesMatchOne) {
   ASSERT_EQ(one.size(), 20u);
   ASSERT_EQ(eight.size(), 20u);
   for (int s = 0; s < 20; ++s) {
-    EXPECT_LE(std::abs(one[s] - eight[s]) / one[s], 1e-4) << "step " << s << ": " << one[s] << " vs " << eight[s];
+    EXPECT_LE(std::abs(one[s] - eight[s]) / one[s], 1e-4)
+        << "step " << s << ": " << one[s] << " vs " << eight[s];
   }
 }
 
@@ -95,7 +99,8 @@ TEST(ClusterE2ETest, BadInputIsRejectedAndTheClusterKeepsServing) {
 
   // An unknown config key, through the CLI: rejected before anything runs, naming the key.
   const std::string bad = WriteTempFile("bad-job.json", R"({"model": {"hidden": 3}})");
-  auto r = RunCommand({cli, "train", "--config", bad, "--coordinator", cluster->coordinator_address()}, 30);
+  auto r = RunCommand(
+      {cli, "train", "--config", bad, "--coordinator", cluster->coordinator_address()}, 30);
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("unknown key 'model.hidden'"));
 
@@ -108,7 +113,8 @@ TEST(ClusterE2ETest, BadInputIsRejectedAndTheClusterKeepsServing) {
   auto result = (*client)->Train(config);
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(result.status().message(), HasSubstr("/nonexistent/fashion/train-images-idx3-ubyte.gz"));
+  EXPECT_THAT(result.status().message(),
+              HasSubstr("/nonexistent/fashion/train-images-idx3-ubyte.gz"));
   EXPECT_THAT(result.status().message(), HasSubstr("rank "));
 
   // A mesh the cluster does not have.
@@ -129,7 +135,9 @@ TEST(ClusterE2ETest, BadInputIsRejectedAndTheClusterKeepsServing) {
 
 TEST(ClusterE2ETest, WorkerGivesUpOnAnAbsentCoordinatorWithAClearError) {
   // Port 1 on loopback: nobody listens there.
-  auto r = RunCommand({ExecutableDir() + "/meshrun-worker", "--coordinator=127.0.0.1:1", "--join_timeout=2s"}, 30);
+  auto r = RunCommand({ExecutableDir() + "/meshrun-worker", "--coordinator=127.0.0.1:1",
+                       "--join_timeout=2s", "--insecure"},
+                      30);
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_THAT(r.output, HasSubstr("could not join the cluster at coordinator 127.0.0.1:1 after"));
   EXPECT_THAT(r.output, HasSubstr("retrying"));  // it backed off and retried
@@ -173,8 +181,8 @@ TEST(ClusterE2ETest, AWorkerDyingMidJobIsReportedByRankAndNothingHangs) {
   int told = 0;
   for (int i = 0; i < 4; ++i) {
     if (i == victim) continue;
-    told += ReadFile(absl::StrCat(cluster->log_dir(), "/worker", i, ".log")).find(absl::StrCat("rank ", rank)) !=
-            std::string::npos;
+    told += ReadFile(absl::StrCat(cluster->log_dir(), "/worker", i, ".log"))
+                .find(absl::StrCat("rank ", rank)) != std::string::npos;
   }
   EXPECT_EQ(told, 3);
   ASSERT_TRUE(cluster->Stop().ok());
@@ -200,8 +208,8 @@ TEST(CliE2ETest, UpServesHealthAndStatusAndCleansUpOnCtrlC) {
     FILE* f = freopen(log.c_str(), "w", stdout);
     (void)f;
     dup2(1, 2);
-    execl(cli.c_str(), cli.c_str(), "up", "--mesh", "data=2,model=2", "--port", std::to_string(port).c_str(),
-          static_cast<char*>(nullptr));
+    execl(cli.c_str(), cli.c_str(), "up", "--mesh", "data=2,model=2", "--port",
+          std::to_string(port).c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
   // Whatever happens below, `up` (and with it its cluster) does not outlive the test.

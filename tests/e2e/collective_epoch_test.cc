@@ -2,8 +2,11 @@
 // aborted, and every later collective returns the right result, never one that sums or copies
 // what the aborted call left in flight (over the gRPC ring, the shared-memory rings and the
 // single-copy path through peers' memory).
+#include <signal.h>
+
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -161,9 +164,62 @@ TEST_P(CollectiveEpochTest, AValidCollectiveAfterAnAbortedOneIsRight) {
   ASSERT_TRUE(cluster->Stop().ok());
 }
 
+// The timeout variant: rank 3 is stopped (SIGSTOP) while the others enter a psum with a 1 s
+// deadline; they time out, and rank 3, continued, runs its part of that psum late and sends its
+// contributions. The next psum, in the new epoch, must sum only the new contributions.
+class CollectiveEpochTimeoutTest : public ::testing::TestWithParam<Transport> {};
+
+TEST_P(CollectiveEpochTimeoutTest, AfterAStoppedRankTimesOutTheNextCollectiveIsRight) {
+  const Transport t = GetParam();
+  auto cluster = testing::StartCluster("i=4", absl::StrCat("epoch_timeout_", t.name), t.shm);
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  const Mesh mesh = *Mesh::Parse("i=4");
+  Tensor x(v1::DTYPE_F32, {kRanks * 4});
+  for (int64_t k = 0; k < x.num_elements(); ++k) x.data<float>()[k] = static_cast<float>(k + 1);
+  ASSERT_TRUE((*client)->Put(x, PartitionSpec::Of({"i"}), "x").ok());
+  auto psum_program = [&](float offset) {
+    ShardMapBuilder sm(mesh);
+    auto v = sm.Input(v1::DTYPE_F32, {kRanks * 4}, PartitionSpec::Of({"i"}));
+    sm.Output(sm.Psum(sm.Add(v, sm.Full(v1::DTYPE_F32, {4}, offset)), {"i"}), PartitionSpec());
+    return *sm.Build();
+  };
+  const pid_t stopped = cluster->worker_pids()[3];
+  ASSERT_EQ(kill(stopped, SIGSTOP), 0);
+  absl::StatusOr<std::vector<v1::ArrayInfo>> late;
+  std::thread call(
+      [&] { late = (*client)->ShardMap(psum_program(1e6), {"x"}, {}, absl::Seconds(1)); });
+  absl::SleepFor(absl::Seconds(3));  // the others time out meanwhile
+  ASSERT_EQ(kill(stopped, SIGCONT), 0);
+  call.join();
+  ASSERT_FALSE(late.ok());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+
+  for (int round = 0; round < 3; ++round) {
+    auto outs = (*client)->ShardMap(psum_program(0), {"x"});
+    ASSERT_TRUE(outs.ok()) << "round " << round << ": " << outs.status();
+    auto got = (*client)->Get((*outs)[0].id());
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (int k = 0; k < 4; ++k) {
+      float want = 0;
+      for (int r = 0; r < kRanks; ++r) want += x.data<float>()[r * 4 + k];
+      EXPECT_EQ(got->data<float>()[k], want) << "round " << round << ", element " << k;
+    }
+    ASSERT_TRUE((*client)->Delete((*outs)[0].id()).ok());
+  }
+  ASSERT_TRUE(cluster->Stop().ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, CollectiveEpochTest,
                          ::testing::Values(Transport{"grpc", false, 8}, Transport{"shm", true, 8},
                                            Transport{"single_copy", true, 65536}),
+                         [](const ::testing::TestParamInfo<Transport>& info) {
+                           return info.param.name;
+                         });
+
+INSTANTIATE_TEST_SUITE_P(Transports, CollectiveEpochTimeoutTest,
+                         ::testing::Values(Transport{"grpc", false, 8}, Transport{"shm", true, 8}),
                          [](const ::testing::TestParamInfo<Transport>& info) {
                            return info.param.name;
                          });

@@ -49,7 +49,7 @@ compose up -d
 step "waiting for every service to be healthy"
 deadline=$((SECONDS + 180))
 while :; do
-  ids=$(compose ps -q)
+  ids=$(for s in coordinator worker{0..7} prometheus; do compose ps -q "$s"; done)
   n=$(echo "$ids" | grep -c . || true)
   healthy=$(docker inspect -f '{{.State.Health.Status}}' $ids | grep -c '^healthy$' || true)
   [ "$n" -eq 10 ] && [ "$healthy" -eq 10 ] && break
@@ -61,6 +61,9 @@ while :; do
   sleep 2
 done
 step "10 of 10 services healthy"
+# TLS is on: the host's client takes the cluster's credentials from the volume.
+docker cp "$(compose ps -q coordinator)":/var/lib/meshrun/tls "$work/tls"
+export MESHRUN_TLS_DIR="$work/tls"
 "$bin/meshrun" status --coordinator "127.0.0.1:$MESHRUN_COORDINATOR_PORT"
 
 cat >"$work/job.json" <<JOB

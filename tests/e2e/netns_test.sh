@@ -44,6 +44,9 @@ for i in $(seq 1 "$N"); do
   ip netns exec "$ns" ip link set lo up
 done
 
+# TLS on, as by default: every process reads the credentials through MESHRUN_TLS_DIR.
+"$BIN/meshrun" certs init "$TMP/tls" > /dev/null
+export MESHRUN_TLS_DIR="$TMP/tls"
 "$BIN/meshrun-coordinator" --mesh "data=$N" --host "$NET.1" --port 0 --port_file "$TMP/port" \
   --metrics_port -1 > "$TMP/coordinator.log" 2>&1 &
 PIDS+=($!)

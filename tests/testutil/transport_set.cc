@@ -8,9 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "core/collectives/in_process_transport.h"
 #include "core/collectives/mailbox.h"
-#include "grpcpp/grpcpp.h"
-#include "net/grpc_util.h"
 #include "glog/logging.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "net/credentials.h"
+#include "net/grpc_util.h"
 #include "worker/grpc_transport.h"
 #include "worker/shm_transport.h"
 
@@ -35,10 +37,24 @@ struct TransportSet::Impl {
   std::vector<std::unique_ptr<Transport>> transports;
 };
 
-TransportSet::TransportSet(TransportKind kind, int n, const TransportSetOptions& options) : n_(n), impl_(new Impl) {
+TransportSet::TransportSet(TransportKind kind, int n, const TransportSetOptions& options)
+    : n_(n), impl_(new Impl) {
   if (kind == TransportKind::kInProcess) {
     impl_->transports = CreateInProcessTransports(n);
     return;
+  }
+  if (!options.tls) {
+    SetProcessCredentials(Credentials::Insecure());
+  } else {
+    static const std::string* dir = [] {
+      auto* d =
+          new std::string(absl::StrCat(::testing::TempDir(), "/transport-set-tls-", getpid()));
+      CHECK(InitCredentials(*d).ok());
+      return d;
+    }();
+    absl::StatusOr<Credentials> creds = NodeCredentials(*dir, false);
+    CHECK(creds.ok()) << creds.status();
+    SetProcessCredentials(*std::move(creds));
   }
   std::vector<std::string> addresses;
   for (int r = 0; r < n; ++r) {
@@ -46,7 +62,7 @@ TransportSet::TransportSet(TransportKind kind, int n, const TransportSetOptions&
     grpc::ServerBuilder b;
     ConfigureServerBuilder(b);
     int port = 0;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.AddListeningPort("127.0.0.1:0", NodeServerCredentials(ProcessCredentials(), true), &port);
     b.RegisterService(impl_->rings.back().get());
     impl_->servers.push_back(b.BuildAndStart());
     addresses.push_back(absl::StrCat("127.0.0.1:", port));
@@ -60,7 +76,8 @@ TransportSet::TransportSet(TransportKind kind, int n, const TransportSetOptions&
   if (kind != TransportKind::kShm) return;
   std::vector<ShmPeer> peers(n);
   for (int r = 0; r < n; ++r) {
-    peers[r].host_id = r < static_cast<int>(options.host_ids.size()) ? options.host_ids[r] : "test-host";
+    peers[r].host_id =
+        r < static_cast<int>(options.host_ids.size()) ? options.host_ids[r] : "test-host";
     peers[r].pid = r < static_cast<int>(options.pids.size()) ? options.pids[r] : getpid();
   }
   ShmTransport::Options so;

@@ -27,6 +27,10 @@ struct TransportSetOptions {
   std::vector<int> bare_ranks;
   // kShm: the arena whose segments the transports reach in each other (peer_memory()); null: none.
   ShmArena* arena = nullptr;
+  // kGrpc / kShm: the ring servers and streams use mutual TLS with credentials made for this
+  // process (net/credentials.h), as workers do by default; false: plaintext. Either way the
+  // choice becomes this process's credentials.
+  bool tls = false;
 };
 
 class TransportSet {

@@ -2,12 +2,11 @@
 // as ranks (the e2e tests cover separate processes).
 #include "worker/grpc_transport.h"
 
-#include "core/collectives/mailbox.h"
-
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "core/collectives/communicator.h"
+#include "core/collectives/mailbox.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -22,8 +21,16 @@ using ::testing::HasSubstr;
 // `n` ranks over the real gRPC transport (one server per rank on loopback).
 class GrpcRing : public testing::TransportSet {
  public:
-  explicit GrpcRing(int n) : TransportSet(testing::TransportKind::kGrpc, n) {}
+  explicit GrpcRing(int n, bool tls = false)
+      : TransportSet(testing::TransportKind::kGrpc, n, Options(tls)) {}
   Transport* transport(int r) { return at(r); }
+
+ private:
+  static testing::TransportSetOptions Options(bool tls) {
+    testing::TransportSetOptions o;
+    o.tls = tls;
+    return o;
+  }
 };
 
 std::vector<int> Iota(int n) {
@@ -32,11 +39,12 @@ std::vector<int> Iota(int n) {
   return v;
 }
 
-class GrpcAllReduceTest : public ::testing::TestWithParam<std::tuple<int, int64_t>> {};
+// (world size, count, over mutual TLS as workers run by default).
+class GrpcAllReduceTest : public ::testing::TestWithParam<std::tuple<int, int64_t, bool>> {};
 
 TEST_P(GrpcAllReduceTest, MatchesPlainSum) {
-  const auto [world, count] = GetParam();
-  GrpcRing ring(world);
+  const auto [world, count, tls] = GetParam();
+  GrpcRing ring(world, tls);
   CollectiveOptions opts;
   opts.chunk_bytes = 1024;
   opts.timeout = absl::Seconds(20);
@@ -50,7 +58,8 @@ TEST_P(GrpcAllReduceTest, MatchesPlainSum) {
     threads.emplace_back([&, r] {
       Communicator comm(ring.transport(r), Iota(world), opts);
       status[r] = comm.AllReduce(data[r].data(), count, v1::DTYPE_F32, ReduceOp::kSum);
-      if (status[r].ok()) status[r] = comm.AllReduce(data[r].data(), count, v1::DTYPE_F32, ReduceOp::kMean);
+      if (status[r].ok())
+        status[r] = comm.AllReduce(data[r].data(), count, v1::DTYPE_F32, ReduceOp::kMean);
     });
   }
   for (auto& t : threads) t.join();
@@ -66,11 +75,18 @@ TEST_P(GrpcAllReduceTest, MatchesPlainSum) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizesAndCounts, GrpcAllReduceTest,
-                         ::testing::Combine(::testing::Range(1, 9), ::testing::Values<int64_t>(0, 1, 13, 5000)));
+                         ::testing::Combine(::testing::Range(1, 9),
+                                            ::testing::Values<int64_t>(0, 1, 13, 5000),
+                                            ::testing::Values(false)));
+INSTANTIATE_TEST_SUITE_P(OverMutualTls, GrpcAllReduceTest,
+                         ::testing::Combine(::testing::Values(2, 4),
+                                            ::testing::Values<int64_t>(13, 5000),
+                                            ::testing::Values(true)));
 
 TEST(GrpcTransportTest, SilentPeerTimesOutNamingIt) {
   GrpcRing ring(2);
-  absl::StatusOr<std::string> m = ring.transport(0)->Recv(1, 7, absl::Now() + absl::Milliseconds(200));
+  absl::StatusOr<std::string> m =
+      ring.transport(0)->Recv(1, 7, absl::Now() + absl::Milliseconds(200));
   EXPECT_EQ(m.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(m.status().message(), HasSubstr("rank 1"));
 }
@@ -90,7 +106,8 @@ TEST(GrpcTransportTest, SendToAnUnreachablePeerFailsAtItsDeadline) {
 TEST(GrpcTransportTest, MessagesArriveInOrderWithTags) {
   GrpcRing ring(2);
   for (int i = 0; i < 50; ++i) {
-    ASSERT_TRUE(ring.transport(0)->Send(1, i, absl::StrCat("m", i), absl::Now() + absl::Seconds(5)).ok());
+    ASSERT_TRUE(
+        ring.transport(0)->Send(1, i, absl::StrCat("m", i), absl::Now() + absl::Seconds(5)).ok());
   }
   for (int i = 0; i < 50; ++i) {
     absl::StatusOr<std::string> m = ring.transport(1)->Recv(0, i, absl::Now() + absl::Seconds(5));

@@ -29,6 +29,16 @@ struct LocalClusterOptions {
   bool shm_transport = true;
   // Each worker's --memory_budget_bytes (0: the host's physical memory).
   int64_t worker_memory_budget_bytes = 0;
+  // Each worker's --checkpoint_root: checkpoints are read and written under it only.
+  std::string worker_checkpoint_root = "/";
+  // Credentials (net/credentials.h): the directory the processes use; empty: one made with new
+  // certificates the first time this process starts a cluster, under $TMPDIR, and shared by
+  // every cluster it starts. Start() makes them this process's credentials, so its clients reach
+  // the cluster, and sets MESHRUN_TLS_DIR (or, insecure, MESHRUN_INSECURE=1) in its environment
+  // for the programs it starts. `insecure`: no TLS and no authentication (the processes run with
+  // --insecure).
+  std::string tls_dir;
+  bool insecure = false;
 };
 
 // Owns the child processes. Children get PR_SET_PDEATHSIG, so they die with this process even
@@ -46,6 +56,8 @@ class LocalCluster {
   pid_t coordinator_pid() const { return coordinator_pid_; }
   const std::vector<pid_t>& worker_pids() const { return worker_pids_; }
   const std::string& log_dir() const { return log_dir_; }
+  // The credentials directory the processes use (empty when insecure).
+  const std::string& tls_dir() const { return tls_dir_; }
 
   // Asks the coordinator to shut everything down, waits up to `grace`, then SIGTERM and SIGKILL.
   // Returns OK once every child has been reaped.
@@ -55,6 +67,7 @@ class LocalCluster {
   LocalCluster() = default;
   std::string address_;
   std::string log_dir_;
+  std::string tls_dir_;
   pid_t coordinator_pid_ = -1;
   std::vector<pid_t> worker_pids_;
   bool stopped_ = false;
