@@ -8,6 +8,7 @@
 #include <openssl/x509v3.h>
 #include <sys/stat.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -153,11 +154,14 @@ class TokenOrCertificate : public grpc::AuthMetadataProcessor {
 };
 
 Credentials& Process() {
-  static Credentials* c = nullptr;
-  if (c == nullptr) {
+  static Credentials* c = [] {  // thread-safe initialisation
     absl::StatusOr<Credentials> d = DefaultClientCredentials();
-    c = new Credentials(d.ok() ? *std::move(d) : Credentials::Insecure());
-  }
+    if (!d.ok()) {
+      std::fprintf(stderr, "meshrun: %s; connecting without TLS\n",
+                   std::string(d.status().message()).c_str());
+    }
+    return new Credentials(d.ok() ? *std::move(d) : Credentials::Insecure());
+  }();
   return *c;
 }
 

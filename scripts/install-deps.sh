@@ -3,14 +3,14 @@
 # (skips apt entirely when everything is already installed).
 set -euo pipefail
 # ocl-icd-opencl-dev: a Recommends of libdnnl-dev that its CMake config needs (find_package(OpenCL)).
-# clang, libfuzzer-14-dev: the libFuzzer targets (tests/fuzz), built in build-fuzz/ by scripts/test.sh.
+# clang, libfuzzer-14-dev, libomp-14-dev: the libFuzzer targets (tests/fuzz), built in build-fuzz/ by scripts/test.sh.
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libdnnl-dev ocl-icd-opencl-dev prometheus-cpp-dev libgoogle-glog-dev zlib1g-dev nlohmann-json3-dev
   libssl-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
   prometheus iproute2 iptables dataset-fashion-mnist procps
-  clang libfuzzer-14-dev
+  clang libfuzzer-14-dev libomp-14-dev
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -6,4 +6,10 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release
 cmake --build build -j "$(nproc)"
+# The fuzz targets (tests/fuzz): clang with libFuzzer, ASan and UBSan, in a tree of their own;
+# each fuzzes for 60 s (MESHRUN_FUZZ_SECONDS) from its seed corpus.
+CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHRUN_FUZZ=ON \
+  -DMESHRUN_WERROR=OFF -DMESHRUN_FUZZ_SECONDS="${MESHRUN_FUZZ_SECONDS:-60}" > /dev/null
+cmake --build build-fuzz -j "$(nproc)" --target worker_fuzz coordinator_fuzz
+ctest --test-dir build-fuzz --output-on-failure -R _fuzz -j 2
 ctest --test-dir build --output-on-failure --timeout 600 -j 2

@@ -18,16 +18,17 @@ namespace {
 
 absl::Status Arity(const v1::Op& op, int inputs, int outputs) {
   if ((inputs >= 0 && op.inputs_size() != inputs) || op.outputs_size() != outputs) {
-    return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), " takes ", inputs, " inputs and ",
-                                                   outputs, " outputs; got ", op.inputs_size(), " and ",
-                                                   op.outputs_size()));
+    return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), " takes ", inputs,
+                                                   " inputs and ", outputs, " outputs; got ",
+                                                   op.inputs_size(), " and ", op.outputs_size()));
   }
   return absl::OkStatus();
 }
 
 absl::Status Mismatch(const v1::Op& op, const Tensor& got, const std::string& expected) {
-  return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), ": output is ", DTypeName(got.dtype()),
-                                                 DimsToString(got.dims()), "; expected ", expected));
+  return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), ": output is ",
+                                                 DTypeName(got.dtype()), DimsToString(got.dims()),
+                                                 "; expected ", expected));
 }
 
 int64_t Prod(const Dims& d, size_t begin, size_t end) {
@@ -43,7 +44,8 @@ Executor::CompiledOp FromKernel(absl::StatusOr<std::unique_ptr<Kernel>> k) {
 
 // The start block of a dynamic_slice: y is block `index` of x's dim `dim` (blocks of y's size).
 // Errors: OutOfRange naming the block when it is outside the dim.
-absl::StatusOr<int64_t> DynamicSliceBlock(const Tensor& x, const Tensor& index, const Tensor& y, int64_t dim) {
+absl::StatusOr<int64_t> DynamicSliceBlock(const Tensor& x, const Tensor& index, const Tensor& y,
+                                          int64_t dim) {
   const int64_t i = static_cast<int64_t>(GetAsDouble(index, 0));
   const int64_t size = y.dims()[dim];
   if (i < 0 || (i + 1) * size > x.dims()[dim]) {
@@ -55,7 +57,8 @@ absl::StatusOr<int64_t> DynamicSliceBlock(const Tensor& x, const Tensor& index, 
 
 }  // namespace
 
-std::optional<Executor::CompiledOp> Executor::CompileView(const v1::Op& op, const Tensor* x, Tensor* y) {
+std::optional<Executor::CompiledOp> Executor::CompileView(const v1::Op& op, const Tensor* x,
+                                                          Tensor* y) {
   if (!view_ops_.count(&op)) return std::nullopt;
   const Dims& xd = x->dims();
   const Dims& yd = y->dims();
@@ -111,7 +114,8 @@ std::optional<Executor::CompiledOp> Executor::CompileView(const v1::Op& op, cons
   return std::nullopt;
 }
 
-absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, const std::vector<Tensor*>& in,
+absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
+                                                              const std::vector<Tensor*>& in,
                                                               const std::vector<Tensor*>& out) {
   switch (op.kind()) {
     case v1::OP_UNARY: {
@@ -137,7 +141,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       Dims expected = in[0]->dims();
       for (int64_t d : op.dims()) {
         if (d < 0 || d >= static_cast<int64_t>(expected.size())) {
-          return absl::InvalidArgumentError(absl::StrCat("reduce over dim ", d, " of ", DimsToString(in[0]->dims())));
+          return absl::InvalidArgumentError(
+              absl::StrCat("reduce over dim ", d, " of ", DimsToString(in[0]->dims())));
         }
         expected[d] = 1;
       }
@@ -151,7 +156,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       const Tensor* x = in[0];
       Tensor* y = out[0];
       bool ok = x->dims().size() == y->dims().size() && x->dtype() == y->dtype();
-      for (size_t d = 0; ok && d < x->dims().size(); ++d) ok = x->dims()[d] == 1 || x->dims()[d] == y->dims()[d];
+      for (size_t d = 0; ok && d < x->dims().size(); ++d)
+        ok = x->dims()[d] == 1 || x->dims()[d] == y->dims()[d];
       if (!ok) return Mismatch(op, *y, absl::StrCat("a broadcast of ", DimsToString(x->dims())));
       return CompiledOp([x, y](const RunContext&) {
         Broadcast(*x, *y);
@@ -163,7 +169,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       const Tensor* x = in[0];
       Tensor* y = out[0];
       if (x->num_elements() != y->num_elements() || x->dtype() != y->dtype()) {
-        return Mismatch(op, *y, absl::StrCat(x->num_elements(), " elements of ", DTypeName(x->dtype())));
+        return Mismatch(op, *y,
+                        absl::StrCat(x->num_elements(), " elements of ", DTypeName(x->dtype())));
       }
       if (std::optional<CompiledOp> view = CompileView(op, x, y)) return *view;
       return CompiledOp([x, y](const RunContext&) {
@@ -180,12 +187,14 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       std::vector<bool> seen(x->dims().size(), false);
       for (int64_t p : perm) {
         if (p < 0 || p >= static_cast<int64_t>(seen.size()) || seen[p]) {
-          return absl::InvalidArgumentError(absl::StrCat("transpose: perm is not a permutation of ", seen.size(), " dims"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("transpose: perm is not a permutation of ", seen.size(), " dims"));
         }
         seen[p] = true;
         expected.push_back(x->dims()[p]);
       }
-      if (y->dims() != expected || perm.size() != seen.size()) return Mismatch(op, *y, DimsToString(expected));
+      if (y->dims() != expected || perm.size() != seen.size())
+        return Mismatch(op, *y, DimsToString(expected));
       return CompiledOp([x, y, perm](const RunContext&) {
         Transpose(*x, perm, *y);
         return absl::OkStatus();
@@ -197,7 +206,15 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       Tensor* y = out[0];
       const int64_t dim = op.dim();
       if (xs.empty() || dim < 0 || dim >= static_cast<int64_t>(y->dims().size())) {
-        return absl::InvalidArgumentError(absl::StrCat("concatenate along dim ", dim, " of ", DimsToString(y->dims())));
+        return absl::InvalidArgumentError(
+            absl::StrCat("concatenate along dim ", dim, " of ", DimsToString(y->dims())));
+      }
+      for (const Tensor* x : xs) {
+        if (x->dims().size() != y->dims().size() || x->dtype() != y->dtype()) {
+          return Mismatch(op, *y,
+                          absl::StrCat("the concatenation of parts like ", DTypeName(x->dtype()),
+                                       DimsToString(x->dims())));
+        }
       }
       Dims expected = xs[0]->dims();
       expected[dim] = 0;
@@ -230,17 +247,20 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
     case v1::OP_ADAM_UPDATE: {
       if (absl::Status s = Arity(op, 5, 3); !s.ok()) return s;
       const Tensor *param = in[0], *grad = in[1], *mu = in[2], *nu = in[3], *step = in[4];
-      for (const Tensor* t : {param, grad, mu, nu, static_cast<const Tensor*>(out[0]),
-                              static_cast<const Tensor*>(out[1]), static_cast<const Tensor*>(out[2])}) {
+      for (const Tensor* t :
+           {param, grad, mu, nu, static_cast<const Tensor*>(out[0]),
+            static_cast<const Tensor*>(out[1]), static_cast<const Tensor*>(out[2])}) {
         if (t->dtype() != v1::DTYPE_F32 || t->dims() != param->dims()) {
-          return absl::InvalidArgumentError(absl::StrCat("OP_ADAM_UPDATE: param, grad, mu, nu and the outputs must ",
-                                                         "all be f32", DimsToString(param->dims()), "; got ",
-                                                         DTypeName(t->dtype()), DimsToString(t->dims())));
+          return absl::InvalidArgumentError(
+              absl::StrCat("OP_ADAM_UPDATE: param, grad, mu, nu and the outputs must ",
+                           "all be f32", DimsToString(param->dims()), "; got ",
+                           DTypeName(t->dtype()), DimsToString(t->dims())));
         }
       }
       if (step->dtype() != v1::DTYPE_F32 || step->num_elements() != 1) {
         return absl::InvalidArgumentError(absl::StrCat("OP_ADAM_UPDATE: step must be f32[]; got ",
-                                                       DTypeName(step->dtype()), DimsToString(step->dims())));
+                                                       DTypeName(step->dtype()),
+                                                       DimsToString(step->dims())));
       }
       AdamWHyperParams hp;
       hp.learning_rate = op.adamw().learning_rate();
@@ -323,20 +343,25 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
       Tensor* y = out[0];
       const Dims global(op.dims().begin(), op.dims().end());
-      if (options_.mesh == nullptr) return absl::FailedPreconditionError("OP_RANDOM_INIT needs the mesh");
+      if (options_.mesh == nullptr)
+        return absl::FailedPreconditionError("OP_RANDOM_INIT needs the mesh");
       const NamedSharding sharding(*options_.mesh, PartitionSpec::FromProto(op.spec()));
       if (absl::Status s = sharding.Validate(global); !s.ok()) return s;
       if (y->dtype() != v1::DTYPE_F32 || y->dims() != sharding.ShardDims(global)) {
-        return Mismatch(op, *y, absl::StrCat("f32", DimsToString(sharding.ShardDims(global)), " (the block of ",
-                                             DimsToString(global), " under ", sharding.spec().ToString(), ")"));
+        return Mismatch(
+            op, *y,
+            absl::StrCat("f32", DimsToString(sharding.ShardDims(global)), " (the block of ",
+                         DimsToString(global), " under ", sharding.spec().ToString(), ")"));
       }
       const std::string fn = op.fn();
       if (fn != "zeros" && fn != "ones" && fn != "normal" && fn != "truncated_normal") {
         return absl::InvalidArgumentError(
-            absl::StrCat("OP_RANDOM_INIT: unknown fn '", fn, "'; allowed: zeros, ones, normal, truncated_normal"));
+            absl::StrCat("OP_RANDOM_INIT: unknown fn '", fn,
+                         "'; allowed: zeros, ones, normal, truncated_normal"));
       }
       if (op.key_size() != 2) {
-        return absl::InvalidArgumentError(absl::StrCat("OP_RANDOM_INIT: key has ", op.key_size(), " words; expected 2"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("OP_RANDOM_INIT: key has ", op.key_size(), " words; expected 2"));
       }
       const PRNGKey key{op.key(0), op.key(1)};
       const std::vector<int64_t> offsets = sharding.ShardOffsets(global, options_.rank);
@@ -352,10 +377,17 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
           int64_t flat = 0;  // the element's index in the global array
           for (size_t d = 0; d < rank; ++d) flat = flat * global[d] + offsets[d] + idx[d];
           switch (kind) {
-            case 0: out[i] = 0.0f; break;
-            case 1: out[i] = 1.0f; break;
-            case 2: out[i] = NormalAt(key, n, flat, scale); break;
-            default: out[i] = TruncatedNormalAt(key, n, flat, scale);
+            case 0:
+              out[i] = 0.0f;
+              break;
+            case 1:
+              out[i] = 1.0f;
+              break;
+            case 2:
+              out[i] = NormalAt(key, n, flat, scale);
+              break;
+            default:
+              out[i] = TruncatedNormalAt(key, n, flat, scale);
           }
           for (size_t d = rank; d-- > 0;) {
             if (++idx[d] < local[d]) break;
@@ -379,11 +411,14 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       const Tensor* x = in[0];
       Tensor* y = out[0];
       std::vector<int64_t> starts(op.starts().begin(), op.starts().end());
-      bool ok = starts.size() == x->dims().size() && y->dims().size() == x->dims().size() && y->dtype() == x->dtype();
-      for (size_t d = 0; ok && d < starts.size(); ++d) ok = starts[d] >= 0 && starts[d] + y->dims()[d] <= x->dims()[d];
+      bool ok = starts.size() == x->dims().size() && y->dims().size() == x->dims().size() &&
+                y->dtype() == x->dtype();
+      for (size_t d = 0; ok && d < starts.size(); ++d)
+        ok = starts[d] >= 0 && starts[d] + y->dims()[d] <= x->dims()[d];
       if (!ok) {
-        return absl::InvalidArgumentError(absl::StrCat("slice of ", DimsToString(y->dims()), " does not fit in ",
-                                                       DimsToString(x->dims()), " at the given starts"));
+        return absl::InvalidArgumentError(absl::StrCat("slice of ", DimsToString(y->dims()),
+                                                       " does not fit in ", DimsToString(x->dims()),
+                                                       " at the given starts"));
       }
       if (std::optional<CompiledOp> view = CompileView(op, x, y)) return *view;
       return CompiledOp([x, y, starts](const RunContext&) {
@@ -399,12 +434,15 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       const int64_t dim = op.dim();
       Dims expected = x->dims();
       if (dim < 0 || dim >= static_cast<int64_t>(expected.size()) || index->num_elements() != 1) {
-        return absl::InvalidArgumentError(absl::StrCat("dynamic_slice along dim ", dim, " of ", DimsToString(x->dims()),
+        return absl::InvalidArgumentError(absl::StrCat("dynamic_slice along dim ", dim, " of ",
+                                                       DimsToString(x->dims()),
                                                        " with a scalar start index"));
       }
       expected[dim] = y->dims().size() == expected.size() ? y->dims()[dim] : -1;
-      if (y->dims() != expected || y->dtype() != x->dtype() || x->dims()[dim] % y->dims()[dim] != 0) {
-        return Mismatch(op, *y, absl::StrCat("a slice of ", DimsToString(x->dims()), " along dim ", dim));
+      if (y->dims() != expected || y->dtype() != x->dtype() ||
+          x->dims()[dim] % y->dims()[dim] != 0) {
+        return Mismatch(op, *y,
+                        absl::StrCat("a slice of ", DimsToString(x->dims()), " along dim ", dim));
       }
       if (std::optional<CompiledOp> view = CompileView(op, x, y)) return *view;
       return CompiledOp([x, index, y, dim](const RunContext&) {
@@ -421,7 +459,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       Tensor* y = out[0];
       const int64_t dim = op.dim();
       if (dim < 0 || dim >= static_cast<int64_t>(y->dims().size())) {
-        return absl::InvalidArgumentError(absl::StrCat("iota along dim ", dim, " of ", DimsToString(y->dims())));
+        return absl::InvalidArgumentError(
+            absl::StrCat("iota along dim ", dim, " of ", DimsToString(y->dims())));
       }
       const int64_t inner = Prod(y->dims(), dim + 1, y->dims().size()), size = y->dims()[dim];
       return CompiledOp([y, inner, size](const RunContext&) {
@@ -433,12 +472,13 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
       const Tensor* key = in[0];
       Tensor* y = out[0];
-      if (key->dtype() != v1::DTYPE_U32 || key->num_elements() != 2 || y->dtype() != v1::DTYPE_U32) {
+      if (key->dtype() != v1::DTYPE_U32 || key->num_elements() != 2 ||
+          y->dtype() != v1::DTYPE_U32) {
         return absl::InvalidArgumentError("random_bits takes a u32[2] key and returns u32");
       }
       return CompiledOp([key, y](const RunContext&) {
-        const std::vector<uint32_t> bits =
-            RandomBits(PRNGKey{key->data<uint32_t>()[0], key->data<uint32_t>()[1]}, y->num_elements());
+        const std::vector<uint32_t> bits = RandomBits(
+            PRNGKey{key->data<uint32_t>()[0], key->data<uint32_t>()[1]}, y->num_elements());
         std::copy(bits.begin(), bits.end(), y->data<uint32_t>());
         return absl::OkStatus();
       });
@@ -447,19 +487,22 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
       const Tensor* key = in[0];
       Tensor* y = out[0];
-      if (key->dtype() != v1::DTYPE_U32 || key->num_elements() != 2 || y->dtype() != v1::DTYPE_F32) {
+      if (key->dtype() != v1::DTYPE_U32 || key->num_elements() != 2 ||
+          y->dtype() != v1::DTYPE_F32) {
         return absl::InvalidArgumentError("dropout_mask takes a u32[2] key and returns f32");
       }
       const float rate = op.rate();
       if (!(rate >= 0.0f && rate < 1.0f)) {
-        return absl::InvalidArgumentError(absl::StrCat("dropout rate ", rate, ": expected 0 <= rate < 1"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("dropout rate ", rate, ": expected 0 <= rate < 1"));
       }
       return CompiledOp([key, y, rate](const RunContext&) {
-        const std::vector<uint32_t> bits =
-            RandomBits(PRNGKey{key->data<uint32_t>()[0], key->data<uint32_t>()[1]}, y->num_elements());
+        const std::vector<uint32_t> bits = RandomBits(
+            PRNGKey{key->data<uint32_t>()[0], key->data<uint32_t>()[1]}, y->num_elements());
         const float keep = 1.0f - rate, scale = 1.0f / keep;
         float* m = y->data<float>();
-        for (int64_t i = 0; i < y->num_elements(); ++i) m[i] = BitsToUnitFloat(bits[i]) < keep ? scale : 0.0f;
+        for (int64_t i = 0; i < y->num_elements(); ++i)
+          m[i] = BitsToUnitFloat(bits[i]) < keep ? scale : 0.0f;
         return absl::OkStatus();
       });
     }
@@ -481,13 +524,15 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
       const Tensor* key = in[0];
       const Tensor* data = in[1];
       Tensor* y = out[0];
-      if (key->dtype() != v1::DTYPE_U32 || key->num_elements() != 2 || y->dtype() != v1::DTYPE_U32 ||
-          y->num_elements() != 2 || data->num_elements() != 1) {
-        return absl::InvalidArgumentError("fold_in takes a u32[2] key and a scalar, and returns a u32[2] key");
+      if (key->dtype() != v1::DTYPE_U32 || key->num_elements() != 2 ||
+          y->dtype() != v1::DTYPE_U32 || y->num_elements() != 2 || data->num_elements() != 1) {
+        return absl::InvalidArgumentError(
+            "fold_in takes a u32[2] key and a scalar, and returns a u32[2] key");
       }
       return CompiledOp([key, data, y](const RunContext&) {
         const PRNGKey k{key->data<uint32_t>()[0], key->data<uint32_t>()[1]};
-        const PRNGKey r = FoldIn(k, static_cast<uint32_t>(static_cast<int64_t>(GetAsDouble(*data, 0))));
+        const PRNGKey r =
+            FoldIn(k, static_cast<uint32_t>(static_cast<int64_t>(GetAsDouble(*data, 0))));
         y->data<uint32_t>()[0] = r[0];
         y->data<uint32_t>()[1] = r[1];
         return absl::OkStatus();
@@ -498,7 +543,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op, 
   }
 }
 
-absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& op, const std::vector<Tensor*>& in,
+absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& op,
+                                                                 const std::vector<Tensor*>& in,
                                                                  const std::vector<Tensor*>& out) {
   if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
   std::vector<std::string> axes(op.axis_names().begin(), op.axis_names().end());
@@ -526,8 +572,9 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
     case v1::OP_PMEAN:
     case v1::OP_PMAX: {
       if (y->dims() != d) return Mismatch(op, *y, DimsToString(d));
-      const ReduceOp rop = op.kind() == v1::OP_PSUM ? ReduceOp::kSum
-                           : op.kind() == v1::OP_PMEAN ? ReduceOp::kMean : ReduceOp::kMax;
+      const ReduceOp rop = op.kind() == v1::OP_PSUM    ? ReduceOp::kSum
+                           : op.kind() == v1::OP_PMEAN ? ReduceOp::kMean
+                                                       : ReduceOp::kMax;
       if (reduce_in_place_.count(&op)) {
         views_.insert(op.outputs(0));  // its memory is the input's, re-pointed at each run
         return timed([=] {
@@ -542,8 +589,10 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
     }
     case v1::OP_ALL_GATHER: {
       const int64_t a = op.dim();
-      if (a < 0 || a > static_cast<int64_t>(d.size()) || (op.tiled() && a == static_cast<int64_t>(d.size()))) {
-        return absl::InvalidArgumentError(absl::StrCat("all_gather axis ", a, " is out of range for ", DimsToString(d)));
+      if (a < 0 || a > static_cast<int64_t>(d.size()) ||
+          (op.tiled() && a == static_cast<int64_t>(d.size()))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("all_gather axis ", a, " is out of range for ", DimsToString(d)));
       }
       Dims expected = d;
       if (op.tiled()) {
@@ -559,7 +608,9 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
       auto scratch = std::make_shared<std::vector<char>>(n * x->size_bytes());
       return timed([=] {
         // Gather blocks as [n, outer, inner], then move the group axis inside: [outer, n, inner].
-        if (absl::Status s = comm->AllGather(x->raw(), x->num_elements(), dtype, scratch->data()); !s.ok()) return s;
+        if (absl::Status s = comm->AllGather(x->raw(), x->num_elements(), dtype, scratch->data());
+            !s.ok())
+          return s;
         SwapLeadingAxes(scratch->data(), n, outer, inner, elem, y->raw());
         return absl::OkStatus();
       });
@@ -567,13 +618,13 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
     case v1::OP_PSUM_SCATTER: {
       const int64_t s_dim = op.dim();
       if (s_dim < 0 || s_dim >= static_cast<int64_t>(d.size())) {
-        return absl::InvalidArgumentError(absl::StrCat("psum_scatter dimension ", s_dim, " is out of range for ",
-                                                       DimsToString(d)));
+        return absl::InvalidArgumentError(absl::StrCat("psum_scatter dimension ", s_dim,
+                                                       " is out of range for ", DimsToString(d)));
       }
       if (op.tiled() ? d[s_dim] % n != 0 : d[s_dim] != n) {
-        return absl::InvalidArgumentError(absl::StrCat("psum_scatter: dim ", s_dim, " of ", DimsToString(d), " (",
-                                                       d[s_dim], ") must be ", op.tiled() ? "divisible by" : "equal to",
-                                                       " the axis size ", n));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "psum_scatter: dim ", s_dim, " of ", DimsToString(d), " (", d[s_dim], ") must be ",
+            op.tiled() ? "divisible by" : "equal to", " the axis size ", n));
       }
       Dims expected = d;
       if (op.tiled()) {
@@ -582,9 +633,11 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
         expected.erase(expected.begin() + s_dim);
       }
       if (y->dims() != expected) return Mismatch(op, *y, DimsToString(expected));
-      const int64_t outer = Prod(d, 0, s_dim), block = x->num_elements() / std::max<int64_t>(1, outer * n);
+      const int64_t outer = Prod(d, 0, s_dim),
+                    block = x->num_elements() / std::max<int64_t>(1, outer * n);
       if (outer == 1) {  // block j of the scatter dim is already flat block j: no repacking
-        return timed([=] { return comm->ReduceScatter(x->raw(), block, dtype, ReduceOp::kSum, y->raw()); });
+        return timed(
+            [=] { return comm->ReduceScatter(x->raw(), block, dtype, ReduceOp::kSum, y->raw()); });
       }
       // A Tensor, so a large one lives where peers can read it (the direct psum_scatter).
       auto packed = std::make_shared<Tensor>(Tensor::Uninitialized(dtype, {x->num_elements()}));
@@ -596,31 +649,37 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
     }
     case v1::OP_PPERMUTE: {
       if (y->dims() != d) return Mismatch(op, *y, DimsToString(d));
-      if (op.perm_size() % 2 != 0) return absl::InvalidArgumentError("ppermute perm must hold (source, destination) pairs");
+      if (op.perm_size() % 2 != 0)
+        return absl::InvalidArgumentError("ppermute perm must hold (source, destination) pairs");
       std::vector<std::pair<int, int>> perm;
       for (int i = 0; i < op.perm_size(); i += 2) perm.emplace_back(op.perm(i), op.perm(i + 1));
       if (absl::Status s = ValidatePermutation(perm, static_cast<int>(n)); !s.ok()) return s;
-      return timed([=] { return comm->Permute(x->raw(), x->num_elements(), dtype, perm, y->raw()); });
+      return timed(
+          [=] { return comm->Permute(x->raw(), x->num_elements(), dtype, perm, y->raw()); });
     }
     case v1::OP_ALL_TO_ALL: {
       const int64_t sd = op.split_dim(), cd = op.concat_dim();
-      if (sd < 0 || cd < 0 || sd >= static_cast<int64_t>(d.size()) || cd >= static_cast<int64_t>(d.size()) ||
-          d[sd] % n != 0) {
-        return absl::InvalidArgumentError(absl::StrCat("all_to_all: split_axis ", sd, " and concat_axis ", cd,
-                                                       " do not fit ", DimsToString(d), " over an axis of size ", n));
+      if (sd < 0 || cd < 0 || sd >= static_cast<int64_t>(d.size()) ||
+          cd >= static_cast<int64_t>(d.size()) || d[sd] % n != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("all_to_all: split_axis ", sd, " and concat_axis ", cd, " do not fit ",
+                         DimsToString(d), " over an axis of size ", n));
       }
       Dims block = d;
       block[sd] /= n;
       Dims expected = block;
       expected[cd] *= n;
       if (y->dims() != expected) return Mismatch(op, *y, DimsToString(expected));
-      const int64_t outer_s = Prod(d, 0, sd), inner_s = x->num_elements() / std::max<int64_t>(1, outer_s * n);
+      const int64_t outer_s = Prod(d, 0, sd),
+                    inner_s = x->num_elements() / std::max<int64_t>(1, outer_s * n);
       const int64_t outer_c = Prod(block, 0, cd), inner_c = Prod(block, cd, block.size());
       auto packed = std::make_shared<std::vector<char>>(x->size_bytes());
       auto received = std::make_shared<std::vector<char>>(x->size_bytes());
       return timed([=] {
         SwapLeadingAxes(x->raw(), outer_s, n, inner_s, elem, packed->data());
-        if (absl::Status s = comm->AllToAll(packed->data(), x->num_elements() / n, dtype, received->data()); !s.ok()) {
+        if (absl::Status s =
+                comm->AllToAll(packed->data(), x->num_elements() / n, dtype, received->data());
+            !s.ok()) {
           return s;
         }
         SwapLeadingAxes(received->data(), n, outer_c, inner_c, elem, y->raw());

@@ -17,12 +17,14 @@ namespace meshrun {
 
 namespace {
 
-// `path` with every existing part's symbolic links resolved, normalised.
+// `path` with every existing part's symbolic links resolved, normalised; "" if it cannot be made
+// absolute (an empty path, say).
 std::string Resolved(const std::string& path) {
   std::error_code ec;
-  const std::filesystem::path p =
-      std::filesystem::weakly_canonical(std::filesystem::absolute(path), ec);
-  return ec ? std::filesystem::path(path).lexically_normal().string() : p.string();
+  const std::filesystem::path abs = std::filesystem::absolute(path, ec);
+  if (ec || path.empty()) return "";
+  const std::filesystem::path p = std::filesystem::weakly_canonical(abs, ec);
+  return ec ? abs.lexically_normal().string() : p.string();
 }
 
 }  // namespace
@@ -36,10 +38,11 @@ WorkerService::WorkerService(int compute_threads, WorkerMetrics* metrics, ShmAre
       arena_(arena) {}
 
 absl::Status WorkerService::CheckUnderCheckpointRoot(const std::string& path) const {
-  const std::string resolved = Resolved(path);
+  // A NUL would end the path the system sees before the one checked here.
+  const std::string resolved = path.find('\0') == std::string::npos ? Resolved(path) : "";
   const std::filesystem::path rel =
       std::filesystem::path(resolved).lexically_relative(checkpoint_root_);
-  if (!path.empty() && !rel.empty() && *rel.begin() != "..") return absl::OkStatus();
+  if (!resolved.empty() && !rel.empty() && *rel.begin() != "..") return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat("path '", path,
                                                   "' is outside this worker's checkpoint root ",
                                                   checkpoint_root_, " (--checkpoint_root)"));

@@ -44,9 +44,9 @@
 #include "absl/status/statusor.h"
 #include "core/sharding/mesh.h"
 #include "core/sharding/partition_spec.h"
+#include "core/spmd/shard_map.h"
 #include "core/spmd/sharding_rules.h"
 #include "core/tensor.h"
-#include "core/spmd/shard_map.h"
 #include "meshrun/v1/program.pb.h"
 
 namespace meshrun {
@@ -232,8 +232,10 @@ class JitBuilder {
   struct Cotangent;
   void Backprop(int id, Value g, std::vector<Cotangent>& cts);
   bool Check(bool ok, const std::string& message);
+  // Also false once the per-shard builder has failed (its values are then not to be used).
   bool Valid(Value v) const {
-    return status_.ok() && v.id >= 0 && v.id < static_cast<int>(values_.size());
+    return status_.ok() && sm_.status().ok() && v.id >= 0 &&
+           v.id < static_cast<int>(values_.size());
   }
   // Completes pending partial results and reshards to `target`; returns the local value.
   State Resolve(const State& s, const PartitionSpec& target, const std::string& reason);

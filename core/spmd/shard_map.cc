@@ -21,10 +21,21 @@ bool ShardMapBuilder::Valid(Value v) {
 }
 
 Dims ShardMapBuilder::shape(Value v) const { return v.id >= 0 ? values_[v.id].dims : Dims{}; }
-DType ShardMapBuilder::dtype(Value v) const { return v.id >= 0 ? values_[v.id].dtype : v1::DTYPE_UNSPECIFIED; }
+DType ShardMapBuilder::dtype(Value v) const {
+  return v.id >= 0 ? values_[v.id].dtype : v1::DTYPE_UNSPECIFIED;
+}
 
 ShardMapBuilder::Value ShardMapBuilder::Add(v1::Op op, DType dtype, Dims dims) {
   const std::string name = absl::StrCat("v", values_.size());
+  // Every value's size is checked here, so the dims of any value (and any product of them) stay
+  // far inside int64; after an error the ops that follow are ignored.
+  absl::StatusOr<int64_t> bytes = CheckedByteSize(dtype, dims);
+  Check(
+      bytes.ok(),
+      absl::StrCat(
+          "op ",
+          program_.program().functions_size() == 0 ? 0 : program_.program().functions(0).ops_size(),
+          " (", v1::OpKind_Name(op.kind()), "): ", bytes.status().message()));
   values_.push_back({name, dtype, dims});
   v1::BufferDecl* b = program_.mutable_program()->add_buffers();
   b->set_name(name);
@@ -33,7 +44,8 @@ ShardMapBuilder::Value ShardMapBuilder::Add(v1::Op op, DType dtype, Dims dims) {
   b->set_role(v1::BUFFER_ROLE_ACTIVATION);
   if (op.kind() != v1::OP_UNSPECIFIED) {
     op.add_outputs(name);
-    if (program_.program().functions_size() == 0) program_.mutable_program()->add_functions()->set_name("main");
+    if (program_.program().functions_size() == 0)
+      program_.mutable_program()->add_functions()->set_name("main");
     *program_.mutable_program()->mutable_functions(0)->add_ops() = std::move(op);
   }
   return Value{static_cast<int>(values_.size()) - 1};
@@ -48,10 +60,12 @@ absl::StatusOr<int> ShardMapBuilder::GroupSize(const std::vector<std::string>& a
   return n;
 }
 
-ShardMapBuilder::Value ShardMapBuilder::Input(DType dtype, const Dims& global_dims, const PartitionSpec& in_spec) {
+ShardMapBuilder::Value ShardMapBuilder::Input(DType dtype, const Dims& global_dims,
+                                              const PartitionSpec& in_spec) {
   NamedSharding sharding(mesh_, in_spec);
   absl::Status s = sharding.Validate(global_dims);
-  if (!Check(s.ok(), absl::StrCat("in_specs[", program_.inputs_size(), "]: ", s.message()))) return {};
+  if (!Check(s.ok(), absl::StrCat("in_specs[", program_.inputs_size(), "]: ", s.message())))
+    return {};
   Value v = Add(v1::Op(), dtype, sharding.ShardDims(global_dims));
   program_.add_inputs(Name(v));
   *program_.add_in_specs() = in_spec.ToProto();
@@ -75,8 +89,8 @@ ShardMapBuilder::Value ShardMapBuilder::Unary(const std::string& fn, Value x) {
 
 ShardMapBuilder::Value ShardMapBuilder::UnaryGrad(const std::string& fn, Value x, Value dy) {
   if (!Valid(x) || !Valid(dy)) return {};
-  if (!Check(shape(x) == shape(dy), absl::StrCat(fn, " grad: x ", DimsToString(shape(x)), " and dy ",
-                                                 DimsToString(shape(dy)), " differ"))) {
+  if (!Check(shape(x) == shape(dy), absl::StrCat(fn, " grad: x ", DimsToString(shape(x)),
+                                                 " and dy ", DimsToString(shape(dy)), " differ"))) {
     return {};
   }
   const DType original = dtype(x);
@@ -110,8 +124,8 @@ ShardMapBuilder::Value ShardMapBuilder::Binary(const std::string& fn, Value a, V
   Dims out(rank);
   for (size_t i = 0; i < rank; ++i) {
     if (!Check(da[i] == db[i] || da[i] == 1 || db[i] == 1,
-               absl::StrCat(fn, ": shapes ", DimsToString(shape(a)), " and ", DimsToString(shape(b)),
-                            " do not broadcast"))) {
+               absl::StrCat(fn, ": shapes ", DimsToString(shape(a)), " and ",
+                            DimsToString(shape(b)), " do not broadcast"))) {
       return {};
     }
     out[i] = std::max(da[i], db[i]);
@@ -128,16 +142,19 @@ ShardMapBuilder::Value ShardMapBuilder::Dot(Value a, Value b) {
   if (!Valid(a) || !Valid(b)) return {};
   const Dims da = shape(a), db = shape(b);
   if (!Check(da.size() == 2 && db.size() == 2 && da[1] == db[0],
-             absl::StrCat("dot: ", DimsToString(da), " @ ", DimsToString(db), " (local blocks) do not agree"))) {
+             absl::StrCat("dot: ", DimsToString(da), " @ ", DimsToString(db),
+                          " (local blocks) do not agree"))) {
     return {};
   }
   const DType original = dtype(a);
   a = ToF32(a);
   b = ToF32(b);
-  return Restore(Add(MakeOp(v1::OP_MATMUL, {Name(a), Name(b)}), v1::DTYPE_F32, {da[0], db[1]}), original);
+  return Restore(Add(MakeOp(v1::OP_MATMUL, {Name(a), Name(b)}), v1::DTYPE_F32, {da[0], db[1]}),
+                 original);
 }
 
-ShardMapBuilder::Value ShardMapBuilder::DotGeneral(Value a, Value b, const std::vector<int64_t>& lhs_contracting,
+ShardMapBuilder::Value ShardMapBuilder::DotGeneral(Value a, Value b,
+                                                   const std::vector<int64_t>& lhs_contracting,
                                                    const std::vector<int64_t>& rhs_contracting,
                                                    const std::vector<int64_t>& lhs_batch,
                                                    const std::vector<int64_t>& rhs_batch) {
@@ -149,10 +166,19 @@ ShardMapBuilder::Value ShardMapBuilder::DotGeneral(Value a, Value b, const std::
     }
     return true;
   };
-  bool ok = lhs_contracting.size() == rhs_contracting.size() && lhs_batch.size() == rhs_batch.size() &&
-            in_range(lhs_contracting, da.size()) && in_range(rhs_contracting, db.size()) &&
-            in_range(lhs_batch, da.size()) && in_range(rhs_batch, db.size());
-  for (size_t i = 0; ok && i < lhs_contracting.size(); ++i) ok = da[lhs_contracting[i]] == db[rhs_contracting[i]];
+  // No dim may be named twice (as contracting or batch dims of one side).
+  auto distinct = [](std::vector<int64_t> dims, const std::vector<int64_t>& more) {
+    dims.insert(dims.end(), more.begin(), more.end());
+    std::sort(dims.begin(), dims.end());
+    return std::adjacent_find(dims.begin(), dims.end()) == dims.end();
+  };
+  bool ok = lhs_contracting.size() == rhs_contracting.size() &&
+            lhs_batch.size() == rhs_batch.size() && in_range(lhs_contracting, da.size()) &&
+            in_range(rhs_contracting, db.size()) && in_range(lhs_batch, da.size()) &&
+            in_range(rhs_batch, db.size()) && distinct(lhs_contracting, lhs_batch) &&
+            distinct(rhs_contracting, rhs_batch);
+  for (size_t i = 0; ok && i < lhs_contracting.size(); ++i)
+    ok = da[lhs_contracting[i]] == db[rhs_contracting[i]];
   for (size_t i = 0; ok && i < lhs_batch.size(); ++i) ok = da[lhs_batch[i]] == db[rhs_batch[i]];
   if (!Check(ok, absl::StrCat("dot_general: ", DimsToString(da), " and ", DimsToString(db),
                               " do not agree on the contracting / batch dims"))) {
@@ -161,7 +187,8 @@ ShardMapBuilder::Value ShardMapBuilder::DotGeneral(Value a, Value b, const std::
   auto free_dims = [](size_t rank, const std::vector<int64_t>& a1, const std::vector<int64_t>& a2) {
     std::vector<int64_t> out;
     for (int64_t d = 0; d < static_cast<int64_t>(rank); ++d) {
-      if (std::find(a1.begin(), a1.end(), d) == a1.end() && std::find(a2.begin(), a2.end(), d) == a2.end()) {
+      if (std::find(a1.begin(), a1.end(), d) == a1.end() &&
+          std::find(a2.begin(), a2.end(), d) == a2.end()) {
         out.push_back(d);
       }
     }
@@ -212,13 +239,14 @@ ShardMapBuilder::Value ShardMapBuilder::DotGeneral(Value a, Value b, const std::
   }
   Value ta = identity(perm_a) ? ToF32(a) : Transpose(ToF32(a), perm_a);
   Value tb = identity(perm_b) ? ToF32(b) : Transpose(ToF32(b), perm_b);
-  Value product = Add(MakeOp(v1::OP_MATMUL, {Name(Reshape(ta, {batch, m, k})), Name(Reshape(tb, {batch, k, n}))}),
-                      v1::DTYPE_F32, {batch, m, n});
+  Value product = Add(
+      MakeOp(v1::OP_MATMUL, {Name(Reshape(ta, {batch, m, k})), Name(Reshape(tb, {batch, k, n}))}),
+      v1::DTYPE_F32, {batch, m, n});
   return Restore(Reshape(product, out_dims), original);
 }
 
-ShardMapBuilder::Value ShardMapBuilder::Reduce(const std::string& fn, Value x, const std::vector<int64_t>& dims,
-                                               bool keepdims) {
+ShardMapBuilder::Value ShardMapBuilder::Reduce(const std::string& fn, Value x,
+                                               const std::vector<int64_t>& dims, bool keepdims) {
   if (!Valid(x)) return {};
   Dims kept = shape(x), dropped;
   for (int64_t d : dims) {
@@ -229,7 +257,8 @@ ShardMapBuilder::Value ShardMapBuilder::Reduce(const std::string& fn, Value x, c
     kept[d] = 1;
   }
   for (size_t i = 0; i < kept.size(); ++i) {
-    if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(i)) == dims.end()) dropped.push_back(kept[i]);
+    if (std::find(dims.begin(), dims.end(), static_cast<int64_t>(i)) == dims.end())
+      dropped.push_back(kept[i]);
   }
   const DType original = dtype(x);
   x = ToF32(x);
@@ -259,7 +288,8 @@ ShardMapBuilder::Value ShardMapBuilder::BroadcastTo(Value x, const Dims& dims) {
   }
   bool ok = from.size() == dims.size();
   for (size_t i = 0; ok && i < dims.size(); ++i) ok = from[i] == 1 || from[i] == dims[i];
-  if (!Check(ok, absl::StrCat("broadcast ", DimsToString(shape(x)), " to ", DimsToString(dims)))) return {};
+  if (!Check(ok, absl::StrCat("broadcast ", DimsToString(shape(x)), " to ", DimsToString(dims))))
+    return {};
   return Add(MakeOp(v1::OP_BROADCAST, {Name(x)}), dtype(x), dims);
 }
 
@@ -267,7 +297,8 @@ ShardMapBuilder::Value ShardMapBuilder::Transpose(Value x, const std::vector<int
   if (!Valid(x)) return {};
   Dims out;
   for (int64_t p : perm) {
-    if (!Check(p >= 0 && p < static_cast<int64_t>(shape(x).size()), "transpose: bad perm")) return {};
+    if (!Check(p >= 0 && p < static_cast<int64_t>(shape(x).size()), "transpose: bad perm"))
+      return {};
     out.push_back(shape(x)[p]);
   }
   v1::Op op = MakeOp(v1::OP_TRANSPOSE, {Name(x)});
@@ -279,13 +310,16 @@ ShardMapBuilder::Value ShardMapBuilder::Concatenate(const std::vector<Value>& va
   if (!Check(!values.empty(), "concatenate of nothing")) return {};
   std::vector<std::string> names;
   Dims out = shape(values[0]);
-  if (!Check(dim >= 0 && dim < static_cast<int64_t>(out.size()), "concatenate: dim out of range")) return {};
+  if (!Check(dim >= 0 && dim < static_cast<int64_t>(out.size()), "concatenate: dim out of range"))
+    return {};
   out[dim] = 0;
   for (Value v : values) {
     if (!Valid(v)) return {};
     Dims d = shape(v), ref = shape(values[0]);
     d[dim] = ref[dim] = 0;
-    if (!Check(d == ref && dtype(v) == dtype(values[0]), "concatenate: shapes differ off the concat dim")) return {};
+    if (!Check(d == ref && dtype(v) == dtype(values[0]),
+               "concatenate: shapes differ off the concat dim"))
+      return {};
     out[dim] += shape(v)[dim];
     names.push_back(Name(v));
   }
@@ -299,7 +333,8 @@ ShardMapBuilder::Value ShardMapBuilder::Stack(const std::vector<Value>& values, 
   for (Value v : values) {
     if (!Valid(v)) return {};
     Dims d = shape(v);
-    if (!Check(dim >= 0 && dim <= static_cast<int64_t>(d.size()), "stack: dim out of range")) return {};
+    if (!Check(dim >= 0 && dim <= static_cast<int64_t>(d.size()), "stack: dim out of range"))
+      return {};
     d.insert(d.begin() + dim, 1);
     expanded.push_back(Reshape(v, d));
   }
@@ -311,22 +346,28 @@ ShardMapBuilder::Value ShardMapBuilder::Convert(Value x, DType dtype) {
   return Add(MakeOp(v1::OP_CONVERT, {Name(x)}), dtype, shape(x));
 }
 
-ShardMapBuilder::Value ShardMapBuilder::Slice(Value x, const std::vector<int64_t>& starts, const Dims& sizes) {
+ShardMapBuilder::Value ShardMapBuilder::Slice(Value x, const std::vector<int64_t>& starts,
+                                              const Dims& sizes) {
   if (!Valid(x)) return {};
   bool ok = starts.size() == shape(x).size() && sizes.size() == starts.size();
-  for (size_t d = 0; ok && d < starts.size(); ++d) ok = starts[d] >= 0 && starts[d] + sizes[d] <= shape(x)[d];
-  if (!Check(ok, absl::StrCat("slice ", DimsToString(sizes), " does not fit in ", DimsToString(shape(x))))) return {};
+  for (size_t d = 0; ok && d < starts.size(); ++d)
+    ok = starts[d] >= 0 && starts[d] + sizes[d] <= shape(x)[d];
+  if (!Check(ok, absl::StrCat("slice ", DimsToString(sizes), " does not fit in ",
+                              DimsToString(shape(x)))))
+    return {};
   v1::Op op = MakeOp(v1::OP_SLICE, {Name(x)});
   for (int64_t s : starts) op.add_starts(s);
   return Add(std::move(op), dtype(x), sizes);
 }
 
-ShardMapBuilder::Value ShardMapBuilder::DynamicSliceInDim(Value x, Value index, int64_t size, int64_t dim) {
+ShardMapBuilder::Value ShardMapBuilder::DynamicSliceInDim(Value x, Value index, int64_t size,
+                                                          int64_t dim) {
   if (!Valid(x) || !Valid(index)) return {};
   Dims out = shape(x);
-  if (!Check(dim >= 0 && dim < static_cast<int64_t>(out.size()) && size > 0 && out[dim] % size == 0 &&
-                 NumElements(shape(index)) == 1,
-             absl::StrCat("dynamic_slice_in_dim: size ", size, " along dim ", dim, " of ", DimsToString(out)))) {
+  if (!Check(dim >= 0 && dim < static_cast<int64_t>(out.size()) && size > 0 &&
+                 out[dim] % size == 0 && NumElements(shape(index)) == 1,
+             absl::StrCat("dynamic_slice_in_dim: size ", size, " along dim ", dim, " of ",
+                          DimsToString(out)))) {
     return {};
   }
   out[dim] = size;
@@ -336,7 +377,8 @@ ShardMapBuilder::Value ShardMapBuilder::DynamicSliceInDim(Value x, Value index, 
 }
 
 ShardMapBuilder::Value ShardMapBuilder::Iota(DType dtype, const Dims& dims, int64_t dim) {
-  if (!Check(dim >= 0 && dim < static_cast<int64_t>(dims.size()), "iota: dim out of range")) return {};
+  if (!Check(dim >= 0 && dim < static_cast<int64_t>(dims.size()), "iota: dim out of range"))
+    return {};
   v1::Op op = MakeOp(v1::OP_IOTA, {});
   op.set_dim(dim);
   return Add(std::move(op), dtype, dims);
@@ -348,14 +390,15 @@ std::vector<ShardMapBuilder::Value> ShardMapBuilder::AdamUpdate(
   for (Value v : {param, grad, mu, nu, step})
     if (!Valid(v)) return {};
   for (Value v : {grad, mu, nu}) {
-    if (!Check(shape(v) == shape(param) && dtype(v) == v1::DTYPE_F32 && dtype(param) == v1::DTYPE_F32,
-               absl::StrCat("adam update: param ", DimsToString(shape(param)), " and ",
-                            DimsToString(shape(v)), " must be f32 of one shape"))) {
+    if (!Check(
+            shape(v) == shape(param) && dtype(v) == v1::DTYPE_F32 && dtype(param) == v1::DTYPE_F32,
+            absl::StrCat("adam update: param ", DimsToString(shape(param)), " and ",
+                         DimsToString(shape(v)), " must be f32 of one shape"))) {
       return {};
     }
   }
-  if (!Check(shape(step).empty(), absl::StrCat("adam update: step must be a scalar; got ",
-                                               DimsToString(shape(step))))) {
+  if (!Check(shape(step).empty(),
+             absl::StrCat("adam update: step must be a scalar; got ", DimsToString(shape(step))))) {
     return {};
   }
   if (!Check(grad_fn == "sum" || grad_fn == "mean",
@@ -376,13 +419,15 @@ std::vector<ShardMapBuilder::Value> ShardMapBuilder::AdamUpdate(
     outs.push_back(Add(v1::Op(), v1::DTYPE_F32, shape(param)));  // declares the buffer only
     op.add_outputs(Name(outs.back()));
   }
-  if (program_.program().functions_size() == 0) program_.mutable_program()->add_functions()->set_name("main");
+  if (program_.program().functions_size() == 0)
+    program_.mutable_program()->add_functions()->set_name("main");
   *program_.mutable_program()->mutable_functions(0)->add_ops() = std::move(op);
   return outs;
 }
 
-ShardMapBuilder::Value ShardMapBuilder::RandomInit(const Dims& global_dims, const PartitionSpec& spec,
-                                                   const std::string& fn, float scale,
+ShardMapBuilder::Value ShardMapBuilder::RandomInit(const Dims& global_dims,
+                                                   const PartitionSpec& spec, const std::string& fn,
+                                                   float scale,
                                                    const std::array<uint32_t, 2>& key) {
   const NamedSharding sharding(mesh_, spec);
   absl::Status fits = sharding.Validate(global_dims);
@@ -405,7 +450,8 @@ ShardMapBuilder::Value ShardMapBuilder::Full(DType dtype, const Dims& dims, doub
 
 absl::StatusOr<v1::ShardMapProgram> ShardMapBuilder::Build() const {
   if (!error_.ok()) return error_;
-  if (program_.outputs_size() == 0) return absl::InvalidArgumentError("shard_map program has no outputs");
+  if (program_.outputs_size() == 0)
+    return absl::InvalidArgumentError("shard_map program has no outputs");
   v1::ShardMapProgram p = program_;
   if (p.program().functions_size() == 0) p.mutable_program()->add_functions()->set_name("main");
   return p;

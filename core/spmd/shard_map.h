@@ -43,7 +43,8 @@ class ShardMapBuilder {
   void Output(Value v, const PartitionSpec& out_spec);
 
   // Element-wise math, reductions and dots run in f32; bf16 inputs are converted to f32 and the
-  // result back to bf16, as XLA does on CPU. Unary fn: tanh exp log sqrt rsqrt neg abs square relu logistic silu.
+  // result back to bf16, as XLA does on CPU. Unary fn: tanh exp log sqrt rsqrt neg abs square relu
+  // logistic silu.
   Value Unary(const std::string& fn, Value x);
   Value Tanh(Value x) { return Unary("tanh", x); }
   Value Sqrt(Value x) { return Unary("sqrt", x); }
@@ -62,10 +63,12 @@ class ShardMapBuilder {
   // lhs_batch / rhs_batch; result dims = batch dims, then lhs free dims, then rhs free dims.
   // Lowered to transposes, reshapes and a (batched) oneDNN matmul.
   Value DotGeneral(Value a, Value b, const std::vector<int64_t>& lhs_contracting,
-                   const std::vector<int64_t>& rhs_contracting, const std::vector<int64_t>& lhs_batch = {},
+                   const std::vector<int64_t>& rhs_contracting,
+                   const std::vector<int64_t>& lhs_batch = {},
                    const std::vector<int64_t>& rhs_batch = {});
   // fn: sum mean max min over `dims` (jnp.sum(x, axis=dims, keepdims=keepdims)).
-  Value Reduce(const std::string& fn, Value x, const std::vector<int64_t>& dims, bool keepdims = false);
+  Value Reduce(const std::string& fn, Value x, const std::vector<int64_t>& dims,
+               bool keepdims = false);
   Value Reshape(Value x, const Dims& dims);
   Value BroadcastTo(Value x, const Dims& dims);
   Value Transpose(Value x, const std::vector<int64_t>& perm);
@@ -107,9 +110,12 @@ class ShardMapBuilder {
   Value Pmean(Value x, const std::vector<std::string>& axes);
   Value Pmax(Value x, const std::vector<std::string>& axes);
   Value AllGather(Value x, const std::vector<std::string>& axes, int64_t axis, bool tiled);
-  Value PsumScatter(Value x, const std::vector<std::string>& axes, int64_t scatter_dimension, bool tiled);
-  Value Ppermute(Value x, const std::vector<std::string>& axes, const std::vector<std::pair<int, int>>& perm);
-  Value AllToAll(Value x, const std::vector<std::string>& axes, int64_t split_axis, int64_t concat_axis);
+  Value PsumScatter(Value x, const std::vector<std::string>& axes, int64_t scatter_dimension,
+                    bool tiled);
+  Value Ppermute(Value x, const std::vector<std::string>& axes,
+                 const std::vector<std::pair<int, int>>& perm);
+  Value AllToAll(Value x, const std::vector<std::string>& axes, int64_t split_axis,
+                 int64_t concat_axis);
   // jax.random.fold_in(key (u32[2]), data (i32 or u32 scalar)).
   Value FoldIn(Value key, Value data);
 
@@ -117,6 +123,8 @@ class ShardMapBuilder {
   DType dtype(Value v) const;
   // The program, or the first error: InvalidArgument naming the op and the shapes.
   absl::StatusOr<v1::ShardMapProgram> Build() const;
+  // The first error recorded (OK while there is none).
+  const absl::Status& status() const { return error_; }
 
  private:
   Value Add(v1::Op op, DType dtype, Dims dims);
@@ -126,7 +134,11 @@ class ShardMapBuilder {
   bool Check(bool ok, const std::string& message);
   bool Valid(Value v);
   absl::StatusOr<int> GroupSize(const std::vector<std::string>& axes);
-  const std::string& Name(Value v) const { return values_[v.id].name; }
+  // "" for an invalid value (an op that failed: the error is recorded, what follows is ignored).
+  const std::string& Name(Value v) const {
+    static const std::string* const kNone = new std::string();
+    return v.id >= 0 && v.id < static_cast<int>(values_.size()) ? values_[v.id].name : *kNone;
+  }
 
   struct Info {
     std::string name;

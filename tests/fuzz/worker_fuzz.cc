@@ -1,0 +1,102 @@
+// libFuzzer target for the Worker service's handlers, in process: the fuzzer's bytes are parsed
+// as one request message (bookworm has no libprotobuf-mutator), its first byte choosing the RPC.
+// The worker is rank 0 of a one-device mesh, so programs run end to end (collectives over a
+// group of one), with a 64 MiB memory budget and a checkpoint root under $TMPDIR. A crash, a
+// sanitizer report, a leak or a hang (libFuzzer's -timeout) is a bug; an error Status is not.
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "core/sharding/mesh.h"
+#include "net/credentials.h"
+#include "worker/grpc_transport.h"
+#include "worker/worker_service.h"
+
+namespace meshrun {
+namespace {
+
+struct Worker {
+  Worker() {
+    SetProcessCredentials(Credentials::Insecure());
+    const char* tmp = std::getenv("TMPDIR");
+    root = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/meshrun-fuzz-worker-", getpid());
+    std::filesystem::create_directories(root);
+    service = std::make_unique<WorkerService>(1, nullptr, nullptr, int64_t{64} << 20, root);
+    Membership m;
+    m.rank = 0;
+    m.mesh = *Mesh::Parse("i=1");
+    m.addresses = {"127.0.0.1:1"};  // never dialled: a group of one sends nothing
+    m.cluster_id = "fuzz";
+    service->Join(std::move(m), &ring);
+    // Two shards for programs to read.
+    for (const char* id : {"a", "b"}) {
+      v1::PutShardRequest put;
+      put.set_array_id(id);
+      put.mutable_shard()->set_dtype(v1::DTYPE_F32);
+      put.mutable_shard()->mutable_shape()->add_dims(4);
+      put.mutable_shard()->set_data(std::string(16, '\1'));
+      v1::PutShardResponse resp;
+      service->PutShard(nullptr, &put, &resp);
+    }
+  }
+  std::string root;
+  RingService ring;
+  std::unique_ptr<WorkerService> service;
+};
+
+template <typename Request, typename Response, typename Handler>
+void Call(const uint8_t* data, size_t size, Handler handler) {
+  Request req;
+  if (!req.ParseFromArray(data, static_cast<int>(size))) return;
+  Response resp;
+  grpc::ServerContext ctx;
+  (void)handler(&ctx, &req, &resp);
+}
+
+}  // namespace
+}  // namespace meshrun
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace meshrun;
+  static Worker* w = new Worker();
+  if (size == 0) return 0;
+  WorkerService& s = *w->service;
+  const uint8_t which = data[0] % 7;
+  ++data;
+  --size;
+  switch (which) {
+    case 0:
+      Call<v1::RunShardMapRequest, v1::RunShardMapResponse>(
+          data, size, [&](auto* c, auto* q, auto* r) { return s.RunShardMap(c, q, r); });
+      break;
+    case 1:
+      Call<v1::PutShardRequest, v1::PutShardResponse>(
+          data, size, [&](auto* c, auto* q, auto* r) { return s.PutShard(c, q, r); });
+      break;
+    case 2:
+      Call<v1::GetShardRequest, v1::GetShardResponse>(
+          data, size, [&](auto* c, auto* q, auto* r) { return s.GetShard(c, q, r); });
+      break;
+    case 3:
+      Call<v1::DeleteShardRequest, v1::DeleteShardResponse>(
+          data, size, [&](auto* c, auto* q, auto* r) { return s.DeleteShard(c, q, r); });
+      break;
+    case 4:
+      Call<v1::SaveShardsRequest, v1::SaveShardsResponse>(
+          data, size, [&](auto* c, auto* q, auto* r) { return s.SaveShards(c, q, r); });
+      break;
+    case 5:
+      Call<v1::LoadShardsRequest, v1::LoadShardsResponse>(
+          data, size, [&](auto* c, auto* q, auto* r) { return s.LoadShards(c, q, r); });
+      break;
+    default:
+      Call<v1::AbortRequest, v1::AbortResponse>(
+          data, size, [&](auto* c, auto* q, auto* r) { return s.Abort(c, q, r); });
+      break;
+  }
+  return 0;
+}
