@@ -1,5 +1,7 @@
 // WorkerService's checkpoint RPCs: each worker writes the blocks it owns and reads back the saved
 // blocks its target block needs (core/checkpoint/checkpoint.h has the format).
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/checkpoint/checkpoint.h"
@@ -13,6 +15,25 @@ namespace {
 Dims ToDims(const v1::Shape& s) { return Dims(s.dims().begin(), s.dims().end()); }
 
 }  // namespace
+
+std::string WorkerService::ResolvePath(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path abs = std::filesystem::absolute(path, ec);
+  if (ec || path.empty()) return "";
+  const std::filesystem::path p = std::filesystem::weakly_canonical(abs, ec);
+  return ec ? abs.lexically_normal().string() : p.string();
+}
+
+absl::Status WorkerService::CheckUnderCheckpointRoot(const std::string& path) const {
+  // A NUL would end the path the system sees before the one checked here.
+  const std::string resolved = path.find('\0') == std::string::npos ? ResolvePath(path) : "";
+  const std::filesystem::path rel =
+      std::filesystem::path(resolved).lexically_relative(checkpoint_root_);
+  if (!resolved.empty() && !rel.empty() && *rel.begin() != "..") return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("path '", path,
+                                                  "' is outside this worker's checkpoint root ",
+                                                  checkpoint_root_, " (--checkpoint_root)"));
+}
 
 absl::StatusOr<Membership> WorkerService::JoinedMembership() {
   absl::MutexLock lock(&join_mu_);

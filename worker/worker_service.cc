@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <numeric>
 #include <set>
 
@@ -15,38 +14,13 @@
 
 namespace meshrun {
 
-namespace {
-
-// `path` with every existing part's symbolic links resolved, normalised; "" if it cannot be made
-// absolute (an empty path, say).
-std::string Resolved(const std::string& path) {
-  std::error_code ec;
-  const std::filesystem::path abs = std::filesystem::absolute(path, ec);
-  if (ec || path.empty()) return "";
-  const std::filesystem::path p = std::filesystem::weakly_canonical(abs, ec);
-  return ec ? abs.lexically_normal().string() : p.string();
-}
-
-}  // namespace
-
 WorkerService::WorkerService(int compute_threads, WorkerMetrics* metrics, ShmArena* arena,
                              int64_t memory_budget_bytes, std::string checkpoint_root)
     : compute_threads_(compute_threads),
       memory_budget_bytes_(memory_budget_bytes > 0 ? memory_budget_bytes : PhysicalMemoryBytes()),
-      checkpoint_root_(Resolved(checkpoint_root.empty() ? "/" : checkpoint_root)),
+      checkpoint_root_(ResolvePath(checkpoint_root.empty() ? "/" : checkpoint_root)),
       metrics_(metrics),
       arena_(arena) {}
-
-absl::Status WorkerService::CheckUnderCheckpointRoot(const std::string& path) const {
-  // A NUL would end the path the system sees before the one checked here.
-  const std::string resolved = path.find('\0') == std::string::npos ? Resolved(path) : "";
-  const std::filesystem::path rel =
-      std::filesystem::path(resolved).lexically_relative(checkpoint_root_);
-  if (!resolved.empty() && !rel.empty() && *rel.begin() != "..") return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat("path '", path,
-                                                  "' is outside this worker's checkpoint root ",
-                                                  checkpoint_root_, " (--checkpoint_root)"));
-}
 
 absl::Status WorkerService::CheckMemoryBudget(const std::string& what, int64_t bytes) {
   const int64_t held = shards_.TotalBytes();
@@ -91,27 +65,6 @@ void WorkerService::Join(Membership membership, RingService* ring) {
 grpc::Status WorkerService::Error(const absl::Status& s) const {
   return ToGrpcStatus(
       absl::Status(s.code(), absl::StrCat("rank ", membership_.rank, ": ", s.message())));
-}
-
-absl::Status WorkerService::EnterEpoch(uint64_t epoch) {
-  absl::MutexLock lock(&epoch_mu_);
-  const uint64_t current = transport_->epoch();
-  if (epoch == 0 || epoch == current) return absl::OkStatus();
-  if (epoch < current) {
-    return absl::FailedPreconditionError(absl::StrCat("request of collective epoch ", epoch,
-                                                      "; this worker is already in epoch ", current,
-                                                      " (a later run has started): refused"));
-  }
-  transport_->Reset(epoch);
-  if (epoch <= aborted_epoch_) transport_->Abort(abort_reason_);
-  return absl::OkStatus();
-}
-
-void WorkerService::AbortEpoch(const absl::Status& cause) {
-  absl::MutexLock lock(&epoch_mu_);
-  transport_->Abort(absl::AbortedError(absl::StrCat(
-      "an earlier run of collective epoch ", transport_->epoch(), " failed on this rank (",
-      cause.message(), "); waiting for the coordinator to start a new epoch")));
 }
 
 absl::StatusOr<std::pair<std::shared_ptr<const ImageDataset>, std::shared_ptr<const ImageDataset>>>
@@ -223,29 +176,6 @@ grpc::Status WorkerService::Evaluate(grpc::ServerContext*, const v1::EvaluateReq
   resp->set_loss_sum(r->loss_sum);
   resp->set_correct(r->correct);
   resp->set_count(r->count);
-  return grpc::Status::OK;
-}
-
-grpc::Status WorkerService::Abort(grpc::ServerContext*, const v1::AbortRequest* req,
-                                  v1::AbortResponse*) {
-  {
-    absl::MutexLock lock(&join_mu_);
-    if (!joined_) return grpc::Status::OK;
-  }
-  absl::MutexLock lock(&epoch_mu_);
-  const uint64_t current = transport_->epoch();
-  if (req->epoch() != 0 && req->epoch() < current) {
-    LOG(INFO) << "ignoring an abort of collective epoch " << req->epoch() << " (this worker is in "
-              << current << "): " << req->reason();
-    return grpc::Status::OK;
-  }
-  LOG(WARNING) << "aborting collective epoch " << std::max(req->epoch(), current) << ": "
-               << req->reason();
-  aborted_epoch_ = std::max(aborted_epoch_, std::max(req->epoch(), current));
-  abort_reason_ = absl::AbortedError(req->reason());
-  // An abort of a later epoch than this worker's also fails what it runs now: it belongs to a run
-  // the coordinator has given up.
-  transport_->Abort(abort_reason_);
   return grpc::Status::OK;
 }
 

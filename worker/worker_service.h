@@ -84,6 +84,9 @@ class WorkerService final : public v1::Worker::Service {
   // PermissionDenied naming `path` unless it resolves (symbolic links followed) under the
   // checkpoint root.
   absl::Status CheckUnderCheckpointRoot(const std::string& path) const;
+  // `path` with every existing part's symbolic links resolved, normalised; "" if it cannot be
+  // made absolute (an empty path, say).
+  static std::string ResolvePath(const std::string& path);
   // Moves the transport to collective epoch `epoch` before a run (0: stays in the current one);
   // an epoch the coordinator already aborted is entered aborted. Errors: FailedPrecondition for
   // an epoch earlier than the current one (a stale request).
