@@ -38,17 +38,14 @@ int main(int argc, char** argv) {
   o.cluster_id = absl::GetFlag(FLAGS_cluster_id);
   o.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  for (const absl::Status& check :
-       {meshrun::CheckFlagRange("port", o.port, 0, 65535),
-        meshrun::CheckFlagRange("metrics_port", o.metrics_port, -1, 65535),
-        meshrun::CheckFlagPositive("heartbeat_timeout", o.heartbeat_timeout)}) {
-    if (!check.ok()) {
-      std::fprintf(stderr, "meshrun-coordinator: %s\n", std::string(check.message()).c_str());
-      return 2;
-    }
-  }
+  const absl::Status flags =
+      meshrun::FirstFailed({meshrun::CheckFlagRange("port", o.port, 0, 65535),
+                            meshrun::CheckFlagRange("metrics_port", o.metrics_port, -1, 65535),
+                            meshrun::CheckFlagPositive("heartbeat_timeout", o.heartbeat_timeout)});
   absl::StatusOr<meshrun::Credentials> creds =
-      meshrun::NodeCredentials(absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_insecure));
+      flags.ok()
+          ? meshrun::NodeCredentials(absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_insecure))
+          : absl::StatusOr<meshrun::Credentials>(flags);
   if (!creds.ok()) {
     std::fprintf(stderr, "meshrun-coordinator: %s\n",
                  std::string(creds.status().message()).c_str());

@@ -79,21 +79,18 @@ int main(int argc, char** argv) {
   o.shm_transport = absl::GetFlag(FLAGS_shm_transport);
   o.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   o.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
-  for (const absl::Status& check :
-       {meshrun::CheckFlagRange("port", o.port, 0, 65535),
-        meshrun::CheckFlagRange("rank", o.requested_rank, -1, 1 << 20),
-        meshrun::CheckFlagRange("compute_threads", o.compute_threads, 0, 4096),
-        meshrun::CheckFlagRange("metrics_port", o.metrics_port, -1, 65535),
-        meshrun::CheckFlagRange("memory_budget_bytes", o.memory_budget_bytes, 0, int64_t{1} << 50),
-        meshrun::CheckFlagPositive("join_timeout", o.join_timeout),
-        meshrun::CheckFlagPositive("orphan_timeout", o.orphan_timeout)}) {
-    if (!check.ok()) {
-      std::fprintf(stderr, "meshrun-worker: %s\n", std::string(check.message()).c_str());
-      return 2;
-    }
-  }
+  const absl::Status flags = meshrun::FirstFailed(
+      {meshrun::CheckFlagRange("port", o.port, 0, 65535),
+       meshrun::CheckFlagRange("rank", o.requested_rank, -1, 1 << 20),
+       meshrun::CheckFlagRange("compute_threads", o.compute_threads, 0, 4096),
+       meshrun::CheckFlagRange("metrics_port", o.metrics_port, -1, 65535),
+       meshrun::CheckFlagRange("memory_budget_bytes", o.memory_budget_bytes, 0, int64_t{1} << 50),
+       meshrun::CheckFlagPositive("join_timeout", o.join_timeout),
+       meshrun::CheckFlagPositive("orphan_timeout", o.orphan_timeout)});
   absl::StatusOr<meshrun::Credentials> creds =
-      meshrun::NodeCredentials(absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_insecure));
+      flags.ok()
+          ? meshrun::NodeCredentials(absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_insecure))
+          : absl::StatusOr<meshrun::Credentials>(flags);
   if (!creds.ok()) {
     std::fprintf(stderr, "meshrun-worker: %s\n", std::string(creds.status().message()).c_str());
     return 2;

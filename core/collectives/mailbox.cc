@@ -46,7 +46,7 @@ void Mailbox::Deliver(int src, uint64_t epoch, uint64_t tag, std::string payload
   }
   absl::MutexLock lock(&mu_);
   peer_failed_[src] = absl::OkStatus();
-  if (epoch < epoch_) {
+  if (epoch < epoch_.load(std::memory_order_relaxed)) {
     ++stale_dropped_;
     return;
   }
@@ -88,8 +88,8 @@ void Mailbox::Abort(absl::Status reason) {
 
 void Mailbox::Reset(uint64_t epoch) {
   absl::MutexLock lock(&mu_);
-  if (epoch <= epoch_) return;
-  epoch_ = epoch;
+  if (epoch <= epoch_.load(std::memory_order_relaxed)) return;
+  epoch_.store(epoch, std::memory_order_release);
   for (auto& q : queues_) {
     const size_t before = q.size();
     q.erase(std::remove_if(q.begin(), q.end(), [&](const Message& m) { return m.epoch < epoch; }),
@@ -100,10 +100,7 @@ void Mailbox::Reset(uint64_t epoch) {
   aborted_ = absl::OkStatus();
 }
 
-uint64_t Mailbox::epoch() {
-  absl::MutexLock lock(&mu_);
-  return epoch_;
-}
+uint64_t Mailbox::epoch() { return epoch_.load(std::memory_order_acquire); }
 
 int64_t Mailbox::stale_dropped() {
   absl::MutexLock lock(&mu_);
@@ -112,10 +109,11 @@ int64_t Mailbox::stale_dropped() {
 
 absl::StatusOr<Mailbox::Message> Mailbox::PopFront(int src) {
   std::deque<Message>& q = queues_[src];
-  if (q.front().epoch > epoch_) {
+  if (q.front().epoch > epoch_.load(std::memory_order_relaxed)) {
     // Left queued: it is the first message of the run this rank has not started yet.
     return absl::AbortedError(absl::StrCat("rank ", src, " has moved on to collective epoch ",
-                                           q.front().epoch, " while this rank is in epoch ", epoch_,
+                                           q.front().epoch, " while this rank is in epoch ",
+                                           epoch_.load(std::memory_order_relaxed),
                                            ": this collective was abandoned"));
   }
   Message m = std::move(q.front());
@@ -207,8 +205,8 @@ absl::Status Mailbox::TakeInto(int src, uint64_t expected_tag, size_t size, absl
 const RecvSink* Mailbox::BeginInPlace(int src, uint64_t epoch, uint64_t tag, size_t size) {
   absl::MutexLock lock(&mu_);
   PostedRecv* p = posted_[src];
-  if (!aborted_.ok() || epoch != epoch_ || !queues_[src].empty() || p == nullptr ||
-      p->state != PostedRecv::State::kPosted || p->tag != tag || p->size != size) {
+  if (!aborted_.ok() || epoch != epoch_.load(std::memory_order_relaxed) || !queues_[src].empty() ||
+      p == nullptr || p->state != PostedRecv::State::kPosted || p->tag != tag || p->size != size) {
     return nullptr;
   }
   peer_failed_[src] = absl::OkStatus();  // as Deliver: src proved itself alive

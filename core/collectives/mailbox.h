@@ -2,6 +2,7 @@
 #ifndef MESHRUN_CORE_COLLECTIVES_MAILBOX_H_
 #define MESHRUN_CORE_COLLECTIVES_MAILBOX_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -53,7 +54,7 @@ class Mailbox {
   // such message delivered), peer failure marks and the abort. Nothing happens unless `epoch` is
   // later than the current one: only a new epoch clears an abort.
   void Reset(uint64_t epoch);
-  // The current epoch (0 at construction).
+  // The current epoch (0 at construction); takes no lock.
   uint64_t epoch();
   // Messages dropped because they came from an earlier epoch, since construction.
   int64_t stale_dropped();
@@ -116,7 +117,8 @@ class Mailbox {
   std::vector<absl::Time> failed_at_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> failure_marks_ ABSL_GUARDED_BY(mu_);  // marks ever made, per src
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
-  uint64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Written under mu_; read without it by epoch(), which every Send calls to stamp its message.
+  std::atomic<uint64_t> epoch_{0};
   int64_t stale_dropped_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<PostedRecv*> posted_ ABSL_GUARDED_BY(mu_);  // per src, null when none
   std::vector<int> waiting_ ABSL_GUARDED_BY(mu_);         // Takes in progress, per src

@@ -16,4 +16,11 @@ absl::Status CheckFlagPositive(absl::string_view flag, absl::Duration value) {
       absl::StrCat("--", flag, " ", absl::FormatDuration(value), " must be positive"));
 }
 
+absl::Status FirstFailed(std::initializer_list<absl::Status> checks) {
+  for (const absl::Status& s : checks) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace meshrun

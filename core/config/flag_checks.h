@@ -5,6 +5,7 @@
 #define MESHRUN_CORE_CONFIG_FLAG_CHECKS_H_
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -16,6 +17,8 @@ namespace meshrun {
 absl::Status CheckFlagRange(absl::string_view flag, int64_t value, int64_t lo, int64_t hi);
 // InvalidArgument "--heartbeat_timeout -1s must be positive" unless value > 0.
 absl::Status CheckFlagPositive(absl::string_view flag, absl::Duration value);
+// The first of `checks` that failed, or OK.
+absl::Status FirstFailed(std::initializer_list<absl::Status> checks);
 
 }  // namespace meshrun
 
