@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "absl/strings/numbers.h"
@@ -22,6 +23,37 @@ namespace meshrun::checkpoint {
 namespace {
 
 using json = nlohmann::json;
+
+// A JSON integer within T's range. nlohmann's get<int>() converts any number with a plain cast,
+// undefined for a float past the type's range: a file must not decide that. Throws
+// json::other_error naming the value.
+template <typename T>
+T Integer(const json& v) {
+  bool ok = v.is_number_integer();
+  if (ok && v.is_number_unsigned()) {
+    ok = v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  } else if (ok) {
+    ok = v.get<int64_t>() >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+         (std::numeric_limits<T>::max() >
+              static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+          v.get<int64_t>() <= static_cast<int64_t>(std::numeric_limits<T>::max()));
+  }
+  if (!ok)
+    throw json::other_error::create(
+        501, absl::StrCat("expected an integer in range, got ", v.dump()), nullptr);
+  return v.is_number_unsigned() ? static_cast<T>(v.get<uint64_t>())
+                                : static_cast<T>(v.get<int64_t>());
+}
+
+// A JSON array of int64 integers.
+std::vector<int64_t> Integers(const json& v) {
+  if (!v.is_array())
+    throw json::other_error::create(501, absl::StrCat("expected an array, got ", v.dump()),
+                                    nullptr);
+  std::vector<int64_t> out;
+  for (const json& e : v) out.push_back(Integer<int64_t>(e));
+  return out;
+}
 namespace fs = std::filesystem;
 
 std::string SafetensorsDType(DType d) {
@@ -110,13 +142,13 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text) {
     return absl::DataLossError("manifest.json is not a JSON object");
   Manifest m;
   try {
-    m.format_version = j.at("format_version").get<int>();
+    m.format_version = Integer<int>(j.at("format_version"));
     if (m.format_version != kFormatVersion) {
       return absl::FailedPreconditionError(
           absl::StrCat("manifest format_version ", m.format_version,
                        " is not supported (this meshrun reads version ", kFormatVersion, ")"));
     }
-    m.step = j.at("step").get<int64_t>();
+    m.step = Integer<int64_t>(j.at("step"));
     m.mesh = j.at("mesh").get<std::string>();
     for (const json& ja : j.at("arrays")) {
       ArrayEntry a;
@@ -125,22 +157,23 @@ absl::StatusOr<Manifest> ParseManifest(const std::string& text) {
       if (!dtype.ok())
         return absl::DataLossError(absl::StrCat("array ", a.name, ": ", dtype.status().message()));
       a.dtype = *dtype;
-      a.shape = ja.at("shape").get<Dims>();
+      a.shape = Integers(ja.at("shape"));
       std::vector<PartitionSpec::Entry> entries;
       for (const json& e : ja.at("spec")) entries.push_back(e.get<std::vector<std::string>>());
       a.spec = PartitionSpec(entries);
       for (const json& jb : ja.at("blocks")) {
         Block b;
-        b.offsets = jb.at("offsets").get<std::vector<int64_t>>();
-        b.shape = jb.at("shape").get<Dims>();
+        b.offsets = Integers(jb.at("offsets"));
+        b.shape = Integers(jb.at("shape"));
         b.file = jb.at("file").get<std::string>();
         b.tensor = jb.at("tensor").get<std::string>();
-        b.data_offset = jb.at("data_offset").get<int64_t>();
-        b.nbytes = jb.at("nbytes").get<int64_t>();
-        b.crc32 = jb.at("crc32").get<uint32_t>();
+        b.data_offset = Integer<int64_t>(jb.at("data_offset"));
+        b.nbytes = Integer<int64_t>(jb.at("nbytes"));
+        b.crc32 = Integer<uint32_t>(jb.at("crc32"));
+        const absl::StatusOr<int64_t> block_bytes = CheckedByteSize(a.dtype, b.shape);
         if (b.offsets.size() != a.shape.size() || b.shape.size() != a.shape.size() ||
-            b.nbytes != NumElements(b.shape) * static_cast<int64_t>(DTypeSize(a.dtype)) ||
-            b.file.find('/') != std::string::npos) {
+            !CheckedByteSize(a.dtype, a.shape).ok() || !block_bytes.ok() ||
+            b.nbytes != *block_bytes || b.file.find('/') != std::string::npos) {
           return absl::DataLossError(absl::StrCat("array ", a.name, ": block ", b.tensor, " in ",
                                                   b.file,
                                                   " does not fit the array's shape and dtype"));
@@ -311,7 +344,7 @@ absl::StatusOr<std::vector<SafetensorsEntry>> ParseSafetensors(const std::string
   for (auto it = header.begin(); it != header.end(); ++it) {
     if (it.key() == "__metadata__") continue;
     try {
-      order.emplace_back(it.value().at("data_offsets").at(0).get<int64_t>(), it.key());
+      order.emplace_back(Integer<int64_t>(it.value().at("data_offsets").at(0)), it.key());
     } catch (const json::exception& e) {
       return absl::DataLossError(absl::StrCat(path, ": tensor ", it.key(), ": ", e.what()));
     }
@@ -321,19 +354,31 @@ absl::StatusOr<std::vector<SafetensorsEntry>> ParseSafetensors(const std::string
   const int64_t base = static_cast<int64_t>(8 + n);
   for (const auto& [begin, name] : order) {
     const json& t = header[name];
-    absl::StatusOr<DType> dtype = FromSafetensorsDType(t.at("dtype").get<std::string>());
+    absl::StatusOr<DType> dtype;
+    Dims shape;
+    int64_t end = 0;
+    try {
+      dtype = FromSafetensorsDType(t.at("dtype").get<std::string>());
+      shape = Integers(t.at("shape"));
+      end = Integer<int64_t>(t.at("data_offsets").at(1));
+    } catch (const json::exception& e) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor ", name, ": ", e.what()));
+    }
     if (!dtype.ok())
       return absl::DataLossError(
           absl::StrCat(path, ": tensor ", name, ": ", dtype.status().message()));
-    const Dims shape = t.at("shape").get<Dims>();
-    const int64_t nbytes = NumElements(shape) * DTypeSize(*dtype);
-    const int64_t end = t.at("data_offsets").at(1).get<int64_t>();
-    if (end - begin != nbytes || base + end > static_cast<int64_t>(bytes.size())) {
+    const absl::StatusOr<int64_t> nbytes = CheckedByteSize(*dtype, shape);
+    if (!nbytes.ok()) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": tensor ", name, ": ", nbytes.status().message()));
+    }
+    if (begin < 0 || end < begin || end - begin != *nbytes ||
+        end > static_cast<int64_t>(bytes.size()) - base) {
       return absl::DataLossError(absl::StrCat(path, ": tensor ", name, " has data_offsets [", begin,
                                               ", ", end,
                                               ") that do not fit its shape or the file"));
     }
-    out.push_back({name, *dtype, shape, base + begin, nbytes});
+    out.push_back({name, *dtype, shape, base + begin, *nbytes});
   }
   return out;
 }
