@@ -135,6 +135,7 @@ double GetAsDouble(const Tensor& x, int64_t i) {
     case v1::DTYPE_BF16: return Bf16ToF32(x.data<uint16_t>()[i]);
     case v1::DTYPE_I32: return x.data<int32_t>()[i];
     case v1::DTYPE_U32: return x.data<uint32_t>()[i];
+    case v1::DTYPE_U8: return x.data<uint8_t>()[i];
     default: return 0;
   }
 }
@@ -145,6 +146,7 @@ void SetFromDouble(Tensor& x, int64_t i, double v) {
     case v1::DTYPE_BF16: x.data<uint16_t>()[i] = F32ToBf16(static_cast<float>(v)); break;
     case v1::DTYPE_I32: x.data<int32_t>()[i] = static_cast<int32_t>(v); break;
     case v1::DTYPE_U32: x.data<uint32_t>()[i] = static_cast<uint32_t>(static_cast<int64_t>(v)); break;
+    case v1::DTYPE_U8: x.data<uint8_t>()[i] = static_cast<uint8_t>(static_cast<int64_t>(v)); break;
     default: break;
   }
 }

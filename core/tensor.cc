@@ -18,6 +18,8 @@ size_t DTypeSize(DType dtype) {
       return 4;
     case v1::DTYPE_BF16:
       return 2;
+    case v1::DTYPE_U8:
+      return 1;
     default:
       return 0;
   }
@@ -33,6 +35,8 @@ std::string DTypeName(DType dtype) {
       return "i32";
     case v1::DTYPE_U32:
       return "u32";
+    case v1::DTYPE_U8:
+      return "u8";
     default:
       return "unspecified";
   }

@@ -66,6 +66,8 @@ std::string SafetensorsDType(DType d) {
       return "I32";
     case v1::DTYPE_U32:
       return "U32";
+    case v1::DTYPE_U8:
+      return "U8";
     default:
       return "";
   }
@@ -76,7 +78,8 @@ absl::StatusOr<DType> FromSafetensorsDType(const std::string& s) {
   if (s == "BF16") return v1::DTYPE_BF16;
   if (s == "I32") return v1::DTYPE_I32;
   if (s == "U32") return v1::DTYPE_U32;
-  return absl::DataLossError(absl::StrCat("dtype '", s, "': expected F32, BF16, I32 or U32"));
+  if (s == "U8") return v1::DTYPE_U8;
+  return absl::DataLossError(absl::StrCat("dtype '", s, "': expected F32, BF16, I32, U32 or U8"));
 }
 
 absl::Status ErrnoStatus(const std::string& what, const std::string& path, int err) {
