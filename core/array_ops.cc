@@ -45,7 +45,8 @@ void StridedCopy(const char* src, const std::vector<int64_t>& strides, int64_t b
   const bool tiles = !runs && rank >= 2 && strides[rank - 2] == 1;
   const int outer_rank = runs ? rank - 1 : tiles ? rank - 2 : rank;
   const Dims outer(out_dims.begin(), out_dims.begin() + outer_rank);
-  const int64_t block = total / std::max<int64_t>(1, NumElements(outer));  // out elements per outer index
+  const int64_t block =
+      total / std::max<int64_t>(1, NumElements(outer));  // out elements per outer index
   ForEachIndex(outer, NumElements(outer), [&](int64_t o, const std::vector<int64_t>& idx) {
     int64_t from = base;
     for (int d = 0; d < outer_rank; ++d) from += idx[d] * strides[d];
@@ -74,10 +75,14 @@ void Gather(const Tensor& x, const std::vector<int64_t>& strides, int64_t base, 
   const char* src = static_cast<const char*>(x.raw());
   char* dst = static_cast<char*>(out.raw());
   switch (DTypeSize(x.dtype())) {
-    case 2: return StridedCopy<2>(src, strides, base, out.dims(), dst);
-    case 4: return StridedCopy<4>(src, strides, base, out.dims(), dst);
-    case 8: return StridedCopy<8>(src, strides, base, out.dims(), dst);
-    default: return StridedCopy<1>(src, strides, base, out.dims(), dst);
+    case 2:
+      return StridedCopy<2>(src, strides, base, out.dims(), dst);
+    case 4:
+      return StridedCopy<4>(src, strides, base, out.dims(), dst);
+    case 8:
+      return StridedCopy<8>(src, strides, base, out.dims(), dst);
+    default:
+      return StridedCopy<1>(src, strides, base, out.dims(), dst);
   }
 }
 
@@ -111,11 +116,13 @@ void Concatenate(const std::vector<const Tensor*>& inputs, int64_t dim, Tensor& 
   const size_t elem = DTypeSize(out.dtype());
   int64_t outer = 1;
   for (int64_t d = 0; d < dim; ++d) outer *= out.dims()[d];
-  const int64_t out_row = out.num_elements() / std::max<int64_t>(1, outer) * static_cast<int64_t>(elem);
+  const int64_t out_row =
+      out.num_elements() / std::max<int64_t>(1, outer) * static_cast<int64_t>(elem);
   char* dst = static_cast<char*>(out.raw());
   int64_t offset = 0;
   for (const Tensor* t : inputs) {
-    const int64_t row = t->num_elements() / std::max<int64_t>(1, outer) * static_cast<int64_t>(elem);
+    const int64_t row =
+        t->num_elements() / std::max<int64_t>(1, outer) * static_cast<int64_t>(elem);
     const char* src = static_cast<const char*>(t->raw());
     for (int64_t o = 0; o < outer; ++o) std::memcpy(dst + o * out_row + offset, src + o * row, row);
     offset += row;
@@ -131,23 +138,40 @@ void Slice(const Tensor& x, const std::vector<int64_t>& starts, Tensor& out) {
 
 double GetAsDouble(const Tensor& x, int64_t i) {
   switch (x.dtype()) {
-    case v1::DTYPE_F32: return x.data<float>()[i];
-    case v1::DTYPE_BF16: return Bf16ToF32(x.data<uint16_t>()[i]);
-    case v1::DTYPE_I32: return x.data<int32_t>()[i];
-    case v1::DTYPE_U32: return x.data<uint32_t>()[i];
-    case v1::DTYPE_U8: return x.data<uint8_t>()[i];
-    default: return 0;
+    case v1::DTYPE_F32:
+      return x.data<float>()[i];
+    case v1::DTYPE_BF16:
+      return Bf16ToF32(x.data<uint16_t>()[i]);
+    case v1::DTYPE_I32:
+      return x.data<int32_t>()[i];
+    case v1::DTYPE_U32:
+      return x.data<uint32_t>()[i];
+    case v1::DTYPE_U8:
+      return x.data<uint8_t>()[i];
+    default:
+      return 0;
   }
 }
 
 void SetFromDouble(Tensor& x, int64_t i, double v) {
   switch (x.dtype()) {
-    case v1::DTYPE_F32: x.data<float>()[i] = static_cast<float>(v); break;
-    case v1::DTYPE_BF16: x.data<uint16_t>()[i] = F32ToBf16(static_cast<float>(v)); break;
-    case v1::DTYPE_I32: x.data<int32_t>()[i] = static_cast<int32_t>(v); break;
-    case v1::DTYPE_U32: x.data<uint32_t>()[i] = static_cast<uint32_t>(static_cast<int64_t>(v)); break;
-    case v1::DTYPE_U8: x.data<uint8_t>()[i] = static_cast<uint8_t>(static_cast<int64_t>(v)); break;
-    default: break;
+    case v1::DTYPE_F32:
+      x.data<float>()[i] = static_cast<float>(v);
+      break;
+    case v1::DTYPE_BF16:
+      x.data<uint16_t>()[i] = F32ToBf16(static_cast<float>(v));
+      break;
+    case v1::DTYPE_I32:
+      x.data<int32_t>()[i] = static_cast<int32_t>(v);
+      break;
+    case v1::DTYPE_U32:
+      x.data<uint32_t>()[i] = static_cast<uint32_t>(static_cast<int64_t>(v));
+      break;
+    case v1::DTYPE_U8:
+      x.data<uint8_t>()[i] = static_cast<uint8_t>(static_cast<int64_t>(v));
+      break;
+    default:
+      break;
   }
 }
 

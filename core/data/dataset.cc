@@ -144,8 +144,8 @@ class NpyDataset : public Dataset {
       absl::StatusOr<NpyHeader> h = ParseNpyHeader(path, (*file)->data(), (*file)->size());
       if (!h.ok()) return h.status();
       if (h->dims.empty()) {
-        return absl::DataLossError(absl::StrCat(
-            path, ": a scalar array; a field needs a leading dim of examples"));
+        return absl::DataLossError(
+            absl::StrCat(path, ": a scalar array; a field needs a leading dim of examples"));
       }
       const std::string name = fs::path(path).stem().string();
       if (!ds->fields_.empty() && h->dims[0] != ds->num_examples_) {
@@ -251,14 +251,14 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(const std::string& path, const char* by
   absl::StatusOr<std::string> shape = HeaderValue(path, dict, "shape");
   if (!shape.ok()) return shape.status();
   NpyHeader h;
-  absl::StatusOr<DType> dtype = NpyDType(path, std::string(absl::StripAsciiWhitespace(
-                                                   absl::StripSuffix(
-                                                       absl::StripPrefix(*descr, "'"), "'"))));
+  absl::StatusOr<DType> dtype =
+      NpyDType(path, std::string(absl::StripAsciiWhitespace(
+                         absl::StripSuffix(absl::StripPrefix(*descr, "'"), "'"))));
   if (!dtype.ok()) return dtype.status();
   h.dtype = *dtype;
   if (*fortran != "False") {
-    return absl::DataLossError(absl::StrCat(
-        path, ": Fortran-ordered array; save it in C order (np.ascontiguousarray)"));
+    return absl::DataLossError(
+        absl::StrCat(path, ": Fortran-ordered array; save it in C order (np.ascontiguousarray)"));
   }
   absl::string_view dims_text = absl::StripAsciiWhitespace(*shape);
   if (!absl::ConsumePrefix(&dims_text, "(") || !absl::ConsumeSuffix(&dims_text, ")")) {
@@ -278,8 +278,8 @@ absl::StatusOr<NpyHeader> ParseNpyHeader(const std::string& path, const char* by
   h.data_offset = prefix + header_len;
   if (h.data_offset + *data_bytes > file_size) {
     return absl::DataLossError(absl::StrCat(
-        path, ": truncated: the header declares ", DTypeName(h.dtype), DimsToString(h.dims),
-        " (", *data_bytes, " bytes of data) but the file holds ", file_size - h.data_offset));
+        path, ": truncated: the header declares ", DTypeName(h.dtype), DimsToString(h.dims), " (",
+        *data_bytes, " bytes of data) but the file holds ", file_size - h.data_offset));
   }
   return h;
 }

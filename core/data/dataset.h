@@ -9,8 +9,8 @@
 //    so each worker decompresses the split into memory once (47 MB for Fashion-MNIST's train).
 //  - A directory of `.npy` files, one per field (`<field>.npy`, any name), all with the same
 //    leading dim (the examples), C order, little-endian, of the dtypes `<f4` (f32), `<i4` (i32),
-//    `<u4` (u32) or `|u1` (u8) (numpy has no standard bf16). Memory-mapped: only the pages of the examples a worker
-//    reads are ever loaded. Written with numpy as:
+//    `<u4` (u32) or `|u1` (u8) (numpy has no standard bf16). Memory-mapped: only the pages of the
+//    examples a worker reads are ever loaded. Written with numpy as:
 //
 //      import numpy as np, os
 //      os.makedirs("data/train", exist_ok=True)

@@ -31,8 +31,8 @@ absl::StatusOr<GlobalOrder> GlobalOrder::Create(const Options& options) {
     return absl::InvalidArgumentError("the dataset has no examples");
   }
   if (options.num_examples > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the dataset has ", options.num_examples, " examples; at most 2^31 - 1 are supported"));
+    return absl::InvalidArgumentError(absl::StrCat("the dataset has ", options.num_examples,
+                                                   " examples; at most 2^31 - 1 are supported"));
   }
   if (options.drop_remainder && options.batch_size > options.num_examples) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -108,7 +108,8 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(
     DatasetField want{kValidField, v1::DTYPE_F32, {}};
     if (f.field != kValidField) {
       absl::StatusOr<int> i = dataset->FieldIndex(f.field);
-      if (!i.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", i.status().message()));
+      if (!i.ok())
+        return absl::InvalidArgumentError(absl::StrCat(what, ": ", i.status().message()));
       index = *i;
       want = dataset->fields()[index];
     }
@@ -122,9 +123,8 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(
     const bool batch_ok = static_cast<int>(g.size()) >= batch_rank &&
                           Dims(g.begin(), g.begin() + batch_rank) == batch_dims;
     const Dims example(g.begin() + std::min<size_t>(g.size(), batch_rank), g.end());
-    const bool example_ok =
-        example == want.example_dims ||
-        (example.size() == 1 && example[0] == NumElements(want.example_dims));
+    const bool example_ok = example == want.example_dims ||
+                            (example.size() == 1 && example[0] == NumElements(want.example_dims));
     if (!batch_ok || !example_ok) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": the program's input has shape ", DimsToString(g), "; expected ",

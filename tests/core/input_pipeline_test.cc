@@ -16,14 +16,15 @@ namespace {
 using ::testing::HasSubstr;
 
 // Writes a .npy file (format 1.0) as numpy.save does.
-void WriteNpy(const std::string& path, const std::string& descr, const Dims& dims,
-              const void* data, size_t bytes, bool fortran = false) {
+void WriteNpy(const std::string& path, const std::string& descr, const Dims& dims, const void* data,
+              size_t bytes, bool fortran = false) {
   std::string shape = "(";
   for (int64_t d : dims) absl::StrAppend(&shape, d, ", ");
   if (dims.size() > 1) shape.resize(shape.size() - 2);
   shape += ")";
-  std::string header = absl::StrCat("{'descr': '", descr, "', 'fortran_order': ",
-                                    fortran ? "True" : "False", ", 'shape': ", shape, ", }");
+  std::string header =
+      absl::StrCat("{'descr': '", descr, "', 'fortran_order': ", fortran ? "True" : "False",
+                   ", 'shape': ", shape, ", }");
   while ((10 + header.size() + 1) % 64 != 0) header += ' ';
   header += '\n';
   std::ofstream f(path, std::ios::binary);
@@ -109,15 +110,15 @@ TEST(InputPipelineTest, TheGlobalBatchOfAStepIsTheSameOnEveryMesh) {
   auto ds = Open(MakeDataset("same_on_every_mesh", 100));
   ASSERT_NE(ds, nullptr);
   // One worker: the block is the whole global batch.
-  auto one = *InputPipeline::Create(ds, Options("data=1", 0, 16, 1, PartitionSpec::Of({"data"}),
-                                                PartitionSpec::Of({"data"})));
+  auto one = *InputPipeline::Create(
+      ds, Options("data=1", 0, 16, 1, PartitionSpec::Of({"data"}), PartitionSpec::Of({"data"})));
   for (int n : {2, 4, 8}) {
     for (int64_t step : {0, 5, 6, 13}) {  // 6 per epoch: 13 is in the third epoch
       std::vector<int32_t> assembled;
       for (int r = 0; r < n; ++r) {
-        auto p = *InputPipeline::Create(ds, Options(absl::StrCat("data=", n), r, 16, 1,
-                                                    PartitionSpec::Of({"data"}),
-                                                    PartitionSpec::Of({"data"})));
+        auto p = *InputPipeline::Create(
+            ds, Options(absl::StrCat("data=", n), r, 16, 1, PartitionSpec::Of({"data"}),
+                        PartitionSpec::Of({"data"})));
         std::vector<Tensor> b = *p->Next(step);
         ASSERT_EQ(b[1].dims(), Dims({16 / n}));
         for (int32_t id : Ids(b[1])) assembled.push_back(id);
@@ -134,8 +135,8 @@ TEST(InputPipelineTest, MinibatchesAndReplicasAndShardedFeatures) {
   auto ds = Open(MakeDataset("minibatches", 64));
   ASSERT_NE(ds, nullptr);
   // Global batch 8 in 2 minibatches of 4, rows over 'data' (2), features over 'model' (2).
-  auto global = *InputPipeline::Create(
-      ds, Options("data=1", 0, 8, 2, PartitionSpec(), PartitionSpec()));
+  auto global =
+      *InputPipeline::Create(ds, Options("data=1", 0, 8, 2, PartitionSpec(), PartitionSpec()));
   std::vector<Tensor> g = *global->Next(3);
   ASSERT_EQ(g[0].dims(), Dims({2, 4, 6}));
   for (int rank = 0; rank < 4; ++rank) {
@@ -178,15 +179,15 @@ TEST(InputPipelineTest, PrefetchedAndJumpedStepsEqualDirectOnes) {
 TEST(InputPipelineTest, OnePassPadsTheLastBatchAndMarksItInvalid) {
   auto ds = Open(MakeDataset("one_pass", 10));
   ASSERT_NE(ds, nullptr);
-  InputPipelineOptions o = Options("data=2", 1, 4, 1, PartitionSpec::Of({"data"}),
-                                   PartitionSpec::Of({"data"}));
+  InputPipelineOptions o =
+      Options("data=2", 1, 4, 1, PartitionSpec::Of({"data"}), PartitionSpec::Of({"data"}));
   o.order.shuffle = false;
   o.order.drop_remainder = false;
   o.order.repeat = false;
   o.fields.push_back({":valid", v1::DTYPE_F32, {4}, PartitionSpec::Of({"data"})});
   auto p = *InputPipeline::Create(ds, o);
   EXPECT_EQ(p->num_steps(), 3);
-  std::vector<Tensor> last = *p->Next(2);  // examples 8, 9 then two padding rows
+  std::vector<Tensor> last = *p->Next(2);                 // examples 8, 9 then two padding rows
   EXPECT_EQ(Ids(last[1]), std::vector<int32_t>({0, 0}));  // rank 1 holds rows 2, 3: padding
   EXPECT_EQ(last[2].data<float>()[0], 0.0f);
   EXPECT_EQ(last[2].data<float>()[1], 0.0f);
