@@ -147,6 +147,8 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
         absl::StrCat("shard_map returns ", p.outputs_size(), " results; got ", p.out_specs_size(),
                      " out_specs and ", request.output_ids_size(), " output ids"));
   }
+  if (absl::Status s = CheckFeed(request); !s.ok()) return s;
+  const std::set<int> fed(request.feed().argnums().begin(), request.feed().argnums().end());
   std::map<std::string, Dims> buffer_dims;
   std::map<std::string, DType> buffer_dtype;
   for (const auto& b : p.program().buffers()) {
@@ -162,6 +164,7 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
                                                      " arguments; got ", ids.size(), " arrays"));
     }
     for (int i = 0; i < p.inputs_size(); ++i) {
+      if (fed.count(i)) continue;  // CheckFeed's
       absl::StatusOr<v1::ArrayInfo> info = Info(ids[i]);
       if (!info.ok())
         return absl::Status(info.status().code(), absl::StrCat(run, info.status().message()));
@@ -260,6 +263,7 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   run.set_collective_timeout_seconds(request.collective_timeout_seconds());
   *run.mutable_donate_argnums() = request.donate_argnums();
   *run.mutable_more_runs() = request.more_runs();
+  *run.mutable_feed() = request.feed();
   const uint64_t epoch = workers_->collective_epoch();
   run.set_epoch(epoch);
   std::vector<int> ranks(workers_->expected());

@@ -14,6 +14,7 @@
 #include "core/sharding/partition_spec.h"
 #include "core/tensor.h"
 #include "meshrun/v1/coordinator.pb.h"
+#include "meshrun/v1/input.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "server/checkpoint_ops.h"
 #include "server/worker_registry.h"
@@ -67,8 +68,22 @@ class ArrayRegistry {
   // Errors: NotFound naming the id and the arrays that exist.
   absl::StatusOr<v1::ArrayInfo> Info(const std::string& id);
 
+  // Opens a sharded input pipeline (core/data/input_pipeline.h) on every worker as `id` (empty:
+  // one is picked; an open id is replaced): each checks the dataset and the spec before
+  // answering. Errors: the first worker's, naming its rank (a missing or truncated file, a field
+  // that does not fit, a batch the layout does not divide); FailedPrecondition when workers see
+  // different example counts. Nothing stays open on failure.
+  absl::StatusOr<v1::InputInfo> OpenInput(const v1::InputSpec& spec, std::string id);
+  // Errors: NotFound naming the id.
+  absl::Status CloseInput(const std::string& id);
+
  private:
   absl::Status EnsureStubs();
+  // A request's feed fits its program: an open input, one argument per field, each with the
+  // field's in_spec, dtype and block shape, none donated nor given an array id; the runs' steps
+  // within a one-pass input. Errors: NotFound, InvalidArgument, OutOfRange naming the value.
+  absl::Status CheckFeed(const v1::ShardMapRequest& request);
+  void CloseOnWorkers(const std::string& id);  // REQUIRES: EnsureStubs
   // ForRanks over every rank, as server/checkpoint_ops.h's ForEachWorker. REQUIRES: EnsureStubs.
   ForEachWorker EachWorker();
   // Runs call(rank) for each rank in `ranks` in parallel; the first error, naming its rank.
@@ -80,6 +95,7 @@ class ArrayRegistry {
   absl::Mutex mu_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::ArrayInfo> arrays_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, v1::InputInfo> inputs_ ABSL_GUARDED_BY(mu_);
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

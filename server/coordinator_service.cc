@@ -106,6 +106,7 @@ grpc::Status CoordinatorService::Jit(grpc::ServerContext*, const v1::JitRequest*
   *call.mutable_donate_argnums() = req->donate_argnums();
   *call.mutable_fetch_outputs() = req->fetch_outputs();
   *call.mutable_more_runs() = req->more_runs();
+  *call.mutable_feed() = req->feed();
   absl::StatusOr<v1::ShardMapResponse> result = arrays_->ShardMap(call);
   if (!result.ok()) return ToGrpcStatus(result.status());
   *resp->mutable_outputs() = std::move(*result->mutable_outputs());
@@ -113,6 +114,19 @@ grpc::Status CoordinatorService::Jit(grpc::ServerContext*, const v1::JitRequest*
   for (const std::string& c : (*partitioned)->collectives) resp->add_collectives(c);
   resp->set_cache_hit(cache_hit);
   return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::OpenInput(grpc::ServerContext*, const v1::OpenInputRequest* req,
+                                           v1::OpenInputResponse* resp) {
+  absl::StatusOr<v1::InputInfo> info = arrays_->OpenInput(req->spec(), req->id());
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  *resp->mutable_info() = *std::move(info);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::CloseInput(grpc::ServerContext*, const v1::CloseInputRequest* req,
+                                            v1::CloseInputResponse*) {
+  return ToGrpcStatus(arrays_->CloseInput(req->id()));
 }
 
 grpc::Status CoordinatorService::SaveCheckpoint(grpc::ServerContext*, const v1::SaveCheckpointRequest* req,

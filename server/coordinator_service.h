@@ -34,6 +34,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
   grpc::Status ShardMap(grpc::ServerContext*, const v1::ShardMapRequest*, v1::ShardMapResponse*) override;
   // Partitions the global program on the cluster's mesh (server/partitioner.h), then runs it as
   // ShardMap does.
+  grpc::Status OpenInput(grpc::ServerContext*, const v1::OpenInputRequest*,
+                         v1::OpenInputResponse*) override;
+  grpc::Status CloseInput(grpc::ServerContext*, const v1::CloseInputRequest*,
+                          v1::CloseInputResponse*) override;
   grpc::Status Jit(grpc::ServerContext*, const v1::JitRequest*, v1::JitResponse*) override;
   grpc::Status SaveCheckpoint(grpc::ServerContext*, const v1::SaveCheckpointRequest*,
                               v1::SaveCheckpointResponse*) override;

@@ -21,7 +21,12 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
                  .Name("meshrun_worker_steps_total")
                  .Help("Train steps this worker ran.")
                  .Register(r)
-                 .Add({})) {}
+                 .Add({})),
+      input_bytes_(prometheus::BuildCounter()
+                       .Name("meshrun_worker_input_bytes_total")
+                       .Help("Dataset bytes this worker read into its blocks of the global batches.")
+                       .Register(r)
+                       .Add({})) {}
 
 // Label lookups happen here, once per op of a program; the recorders only observe.
 OpObserver::Recorder WorkerMetrics::ForKernel(const std::string& kernel) {
@@ -39,5 +44,7 @@ OpObserver::Recorder WorkerMetrics::ForCollective(const std::string& op, const s
 }
 
 void WorkerMetrics::OnStep() { steps_.Increment(); }
+
+void WorkerMetrics::OnInputBytes(int64_t bytes) { input_bytes_.Increment(static_cast<double>(bytes)); }
 
 }  // namespace meshrun

@@ -14,6 +14,8 @@ namespace meshrun {
 //   meshrun_collective_duration_seconds{op, axis}        histogram (waiting for peers included)
 //   meshrun_collective_bytes_total{op, axis}             counter (input bytes)
 //   meshrun_worker_steps_total                           counter
+//   meshrun_worker_input_bytes_total                     counter (dataset bytes read into this
+//                                                        worker's batch blocks)
 class WorkerMetrics : public OpObserver {
  public:
   explicit WorkerMetrics(prometheus::Registry& registry);
@@ -21,12 +23,14 @@ class WorkerMetrics : public OpObserver {
   Recorder ForKernel(const std::string& kernel) override;
   Recorder ForCollective(const std::string& op, const std::string& axes, int64_t bytes) override;
   void OnStep();
+  void OnInputBytes(int64_t bytes);
 
  private:
   prometheus::Family<prometheus::Histogram>& kernel_seconds_;
   prometheus::Family<prometheus::Histogram>& collective_seconds_;
   prometheus::Family<prometheus::Counter>& collective_bytes_;
   prometheus::Counter& steps_;
+  prometheus::Counter& input_bytes_;
 };
 
 }  // namespace meshrun

@@ -232,12 +232,36 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
   }
   std::set<int> donated(req->donate_argnums().begin(), req->donate_argnums().end());
   // One run over the arrays `ids`: bind them, run, return or store the results.
-  auto run = [&](const google::protobuf::RepeatedPtrField<std::string>& ids) -> absl::Status {
+  std::vector<int> fed(p.inputs_size(), -1);  // argument -> the feed's field
+  for (int j = 0; j < req->feed().argnums_size(); ++j) {
+    const int a = req->feed().argnums(j);
+    if (a < 0 || a >= p.inputs_size() || fed[a] >= 0) {
+      return Error(absl::InvalidArgumentError(absl::StrCat(
+          "feed argnums: ", a, " is not an argument index (0..", p.inputs_size() - 1,
+          ") or is given twice")));
+    }
+    fed[a] = j;
+  }
+  auto run = [&](const google::protobuf::RepeatedPtrField<std::string>& ids,
+                 int k) -> absl::Status {
     if (ids.size() != p.inputs_size()) {
       return absl::InvalidArgumentError(absl::StrCat("program takes ", p.inputs_size(),
                                                      " arguments; got ", ids.size(), " array ids"));
     }
+    std::vector<Tensor> blocks;  // bound below: alive until the run ends
+    if (req->feed().argnums_size() > 0) {
+      absl::StatusOr<std::vector<Tensor>> b = FeedBlocks(req->feed(), k);
+      if (!b.ok()) return b.status();
+      blocks = *std::move(b);
+    }
     for (int i = 0; i < p.inputs_size(); ++i) {
+      if (fed[i] >= 0) {
+        if (absl::Status s = (*executor)->BindInput(p.inputs(i), blocks[fed[i]], true); !s.ok()) {
+          return absl::Status(s.code(), absl::StrCat("argument ", i, " (fed from input '",
+                                                     req->feed().input_id(), "'): ", s.message()));
+        }
+        continue;
+      }
       // A donated argument leaves the store; if no one else holds it (a concurrent GetShard), the
       // program may write its results over it. Passed twice or returned as is, it is only read.
       const bool donate = donated.count(i) && std::count(ids.begin(), ids.end(), ids[i]) == 1 &&
@@ -272,7 +296,7 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
   // Keras's steps_per_execution: the runs go back to back, each over the arrays the one before
   // left (a TrainState's donated ids are its results' ids).
   for (int k = 0; k <= req->more_runs_size(); ++k) {
-    absl::Status s = run(k == 0 ? req->input_ids() : req->more_runs(k - 1).input_ids());
+    absl::Status s = run(k == 0 ? req->input_ids() : req->more_runs(k - 1).input_ids(), k);
     if (!s.ok()) {
       AbortEpoch(s);  // peers may be waiting in a collective this rank never reached
       return Error(

@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/collectives/mailbox.h"
 #include "core/data/idx_dataset.h"
+#include "core/data/input_pipeline.h"
 #include "core/sharding/mesh.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "worker/grpc_transport.h"
@@ -75,6 +76,10 @@ class WorkerService final : public v1::Worker::Service {
                            v1::DeleteShardResponse*) override;
   grpc::Status BenchmarkCollective(grpc::ServerContext*, const v1::BenchmarkCollectiveRequest*,
                                    v1::BenchmarkCollectiveResponse*) override;
+  grpc::Status OpenInputPipeline(grpc::ServerContext*, const v1::OpenInputPipelineRequest*,
+                         v1::OpenInputPipelineResponse*) override;
+  grpc::Status CloseInputPipeline(grpc::ServerContext*, const v1::CloseInputPipelineRequest*,
+                          v1::CloseInputPipelineResponse*) override;
 
  private:
   grpc::Status Error(const absl::Status& s) const;
@@ -116,6 +121,16 @@ class WorkerService final : public v1::Worker::Service {
   absl::Mutex epoch_mu_;                                   // orders Abort with EnterEpoch
   uint64_t aborted_epoch_ ABSL_GUARDED_BY(epoch_mu_) = 0;  // the latest epoch an Abort named
   absl::Status abort_reason_ ABSL_GUARDED_BY(epoch_mu_);
+
+  // worker_inputs.cc: the dataset of `spec` (IDX ones kept once read).
+  absl::StatusOr<std::shared_ptr<const Dataset>> OpenDataset(const v1::InputSpec& spec);
+  // This rank's blocks, one per fed argument, for run `run` of a call with `feed`. Errors:
+  // NotFound for an input that is not open; the pipeline's.
+  absl::StatusOr<std::vector<Tensor>> FeedBlocks(const v1::InputFeed& feed, int run);
+
+  absl::Mutex input_mu_;
+  std::map<std::string, std::shared_ptr<InputPipeline>> inputs_ ABSL_GUARDED_BY(input_mu_);
+  std::map<std::string, std::shared_ptr<const Dataset>> idx_datasets_ ABSL_GUARDED_BY(input_mu_);
 
   absl::Mutex job_mu_;
   std::unique_ptr<Trainer> trainer_ ABSL_GUARDED_BY(job_mu_);

@@ -274,4 +274,30 @@ absl::StatusOr<std::vector<Tensor>> InputPipeline::Next(int64_t step) {
   }
 }
 
+absl::StatusOr<InputPipelineOptions> InputOptionsFromProto(const v1::InputSpec& spec,
+                                                           const Mesh& mesh, int rank) {
+  if (spec.fields().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("input spec for ", spec.format(), " dataset ", spec.path(), " has no fields"));
+  }
+  InputPipelineOptions o;
+  o.mesh = mesh;
+  o.rank = rank;
+  o.num_minibatches = std::max(1, spec.num_minibatches());
+  for (const v1::InputFieldSpec& f : spec.fields()) {
+    InputField in;
+    in.field = f.field();
+    in.dtype = f.dtype();
+    in.global_shape.assign(f.global_shape().dims().begin(), f.global_shape().dims().end());
+    in.spec = PartitionSpec::FromProto(f.spec());
+    o.fields.push_back(std::move(in));
+  }
+  o.order.batch_size = spec.global_batch_size();
+  o.order.seed = spec.seed();
+  o.order.shuffle = spec.shuffle();
+  o.order.drop_remainder = spec.drop_remainder();
+  o.order.repeat = !spec.one_pass();
+  return o;
+}
+
 }  // namespace meshrun

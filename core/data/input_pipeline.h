@@ -25,6 +25,7 @@
 #include "core/sharding/mesh.h"
 #include "core/sharding/partition_spec.h"
 #include "core/tensor.h"
+#include "meshrun/v1/input.pb.h"
 
 namespace meshrun {
 
@@ -141,6 +142,11 @@ class InputPipeline {
   bool stop_ = false;
   std::thread thread_;
 };
+
+// The pipeline options of `spec` (input.proto) for `rank` of `mesh` (InputPipeline::Create checks
+// them). Errors: InvalidArgument for a spec with no fields.
+absl::StatusOr<InputPipelineOptions> InputOptionsFromProto(const v1::InputSpec& spec,
+                                                           const Mesh& mesh, int rank);
 
 }  // namespace meshrun
 
