@@ -1,8 +1,13 @@
 #include "meshrun/client.h"
 
+#include <unistd.h>
+
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/sharding/shard_layout.h"
+#include "meshrun/job.h"
 #include "net/credentials.h"
 #include "net/grpc_util.h"
 
@@ -55,10 +60,41 @@ absl::Status Client::WaitForWorkers(absl::Duration timeout) {
 absl::StatusOr<TrainResult> Client::Train(const JobConfig& config,
                                           const std::function<void(const v1::JobEvent&)>& on_event,
                                           absl::Duration timeout) {
+  absl::StatusOr<v1::GetStatusResponse> status = GetStatus();
+  if (!status.ok()) return status.status();
+  absl::StatusOr<Mesh> mesh = Mesh::FromProto(status->mesh());
+  if (!mesh.ok()) return mesh.status();
+  if (!config.mesh.empty()) {
+    absl::StatusOr<Mesh> want = Mesh::Create(config.mesh);
+    if (!want.ok()) return want.status();
+    if (*want != *mesh) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job mesh ", want->ToString(), " does not match the cluster's ", mesh->ToString()));
+    }
+  }
+  absl::StatusOr<PlannedJob> job = PlanJob(config, *mesh);
+  if (!job.ok()) return job.status();
+  // A seed workload's own batch goes onto the cluster once, for every step.
+  static std::atomic<int> next_batch{0};
+  const std::string prefix = absl::StrCat("job-batch/", getpid(), "-", next_batch++, "/");
+  for (size_t i = 0; i < job->fixed_batch.size(); ++i) {
+    absl::StatusOr<v1::ArrayInfo> put =
+        Put(job->fixed_batch[i], job->step.batch[i].spec, prefix + job->step.batch[i].name);
+    if (!put.ok()) return put.status();
+    job->spec.add_batch_ids(put->id());
+  }
+  absl::StatusOr<TrainResult> result = Train(job->spec, on_event, timeout);
+  for (const std::string& id : job->spec.batch_ids()) Delete(id).IgnoreError();
+  return result;
+}
+
+absl::StatusOr<TrainResult> Client::Train(const v1::JobSpec& job,
+                                          const std::function<void(const v1::JobEvent&)>& on_event,
+                                          absl::Duration timeout) {
   grpc::ClientContext ctx;
   SetTimeout(ctx, timeout);
   v1::SubmitJobRequest req;
-  req.set_config_json(JobConfigToJson(config));
+  *req.mutable_job() = job;
   auto reader = stub_->SubmitJob(&ctx, req);
   TrainResult result;
   v1::JobEvent e;
@@ -128,6 +164,26 @@ absl::Status Client::Delete(const std::string& id) {
   req.set_id(id);
   v1::DeleteArrayResponse resp;
   return FromGrpcStatus(stub_->DeleteArray(&ctx, req, &resp));
+}
+
+absl::StatusOr<v1::InputInfo> Client::OpenInput(const v1::InputSpec& spec, const std::string& id) {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(120));
+  v1::OpenInputRequest req;
+  *req.mutable_spec() = spec;
+  req.set_id(id);
+  v1::OpenInputResponse resp;
+  if (grpc::Status s = stub_->OpenInput(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
+  return resp.info();
+}
+
+absl::Status Client::CloseInput(const std::string& id) {
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(30));
+  v1::CloseInputRequest req;
+  req.set_id(id);
+  v1::CloseInputResponse resp;
+  return FromGrpcStatus(stub_->CloseInput(&ctx, req, &resp));
 }
 
 absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ListArrays() {

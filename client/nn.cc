@@ -167,8 +167,24 @@ std::vector<std::string> Scope::BatchAxes() const {
   return spec.ok() ? spec->entry(0) : std::vector<std::string>{};
 }
 
+void Scope::Sow(const std::string& name, Value value) {
+  if (!jit().shape(value).empty() && shared_->status.ok()) {
+    shared_->status = absl::InvalidArgumentError(
+        absl::StrCat(path_, ": sown metric '", name, "' has shape ",
+                     DimsToString(jit().shape(value)), "; a metric is a scalar"));
+    return;
+  }
+  shared_->sown.emplace_back(name, value);
+}
+
+std::vector<std::pair<std::string, Value>> Scope::TakeSown() {
+  std::vector<std::pair<std::string, Value>> out;
+  out.swap(shared_->sown);
+  return out;
+}
+
 Value Dropout(Scope& scope, Value x, float rate, bool deterministic) {
-  if (deterministic || rate == 0.0f) return x;
+  if (deterministic || scope.deterministic() || rate == 0.0f) return x;
   return scope.jit().Dropout(x, scope.MakeRng(), rate, scope.BatchAxes());
 }
 
@@ -240,6 +256,32 @@ Value SoftmaxCrossEntropy(JitBuilder& jit, Value logits, Value one_hot) {
   Value lse = jit.Add(jit.Unary("log", jit.Reduce("sum", jit.Unary("exp", shifted), {1})), m);
   Value picked = jit.Reduce("sum", jit.Mul(one_hot, logits), {1});
   return jit.Reduce("mean", jit.Sub(lse, picked), {0});
+}
+
+Value OneHot(JitBuilder& jit, Value labels, int64_t num_classes) {
+  const Dims b = jit.shape(labels);  // [b]; another rank fails in broadcast_in_dim
+  const int64_t rows = b.empty() ? 0 : b[0];
+  std::vector<PartitionSpec::Entry> e = jit.sharding(labels).Padded(1);
+  e.resize(1);
+  e.push_back({});
+  const PartitionSpec spec(e);
+  Value l = jit.Convert(labels, v1::DTYPE_F32);
+  Value wide = jit.BroadcastInDim(l, {rows, num_classes}, {0}, spec);
+  return jit.Binary("eq", wide, jit.Iota(v1::DTYPE_F32, {rows, num_classes}, 1, spec));
+}
+
+Value SoftmaxCrossEntropyWithIntegerLabels(JitBuilder& jit, Value logits, Value labels) {
+  const Dims dims = jit.shape(logits);
+  return SoftmaxCrossEntropy(jit, logits, OneHot(jit, labels, dims.size() == 2 ? dims[1] : 0));
+}
+
+Value CorrectCount(JitBuilder& jit, Value logits, Value labels) {
+  const Dims dims = jit.shape(logits);
+  const PartitionSpec spec = jit.sharding(logits);
+  Value m = jit.StopGradient(jit.Reduce("max", logits, {1}));
+  Value is_max = jit.Binary("eq", logits, jit.BroadcastInDim(m, dims, {0}, spec));
+  Value hit = jit.Mul(is_max, OneHot(jit, labels, dims.size() == 2 ? dims[1] : 0));
+  return jit.Reduce("sum", hit, {0, 1});
 }
 
 }  // namespace meshrun::nn

@@ -1,5 +1,6 @@
 #include "meshrun/train_step.h"
 
+#include <algorithm>
 #include <map>
 #include <numeric>
 
@@ -12,9 +13,10 @@
 namespace meshrun {
 namespace {
 
-int64_t BytesPerWorker(const Mesh& mesh, const Dims& shape, const PartitionSpec& spec) {
+int64_t BytesPerWorker(const Mesh& mesh, const Dims& shape, const PartitionSpec& spec,
+                       DType dtype = v1::DTYPE_F32) {
   return NumElements(NamedSharding(mesh, spec).ShardDims(shape)) *
-         static_cast<int64_t>(sizeof(float));
+         static_cast<int64_t>(DTypeSize(dtype));
 }
 
 // The batch arrays' layouts: the rules applied to each input's logical axes; with minibatches,
@@ -37,17 +39,54 @@ absl::StatusOr<std::vector<PlannedArray>> PlanBatch(const Mesh& mesh,
     if (absl::Status s = NamedSharding(mesh, *spec).Validate(b.shape); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("batch input ", b.name, ": ", s.message()));
     }
-    PlannedArray a{b.name, b.shape, *spec, 0};
+    PlannedArray a{b.name, b.shape, *spec, 0, b.dtype};
     if (num_minibatches > 1) {
       a.shape.insert(a.shape.begin(), num_minibatches);
       std::vector<PartitionSpec::Entry> e = spec->Padded(b.shape.size());
       e.insert(e.begin(), PartitionSpec::Entry{});
       a.spec = PartitionSpec(e);
     }
-    a.bytes_per_worker = BytesPerWorker(mesh, a.shape, a.spec);
+    a.bytes_per_worker = BytesPerWorker(mesh, a.shape, a.spec, a.dtype);
     out.push_back(a);
   }
   return out;
+}
+
+// The batch inputs of one minibatch (without the minibatch dim), laid out as planned.
+std::vector<nn::Value> MinibatchInputs(JitBuilder& jit, const std::vector<PlannedArray>& planned,
+                                       const std::vector<BatchSpec>& batch, int num_minibatches) {
+  std::vector<nn::Value> inputs;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    std::vector<PartitionSpec::Entry> e = planned[i].spec.Padded(planned[i].shape.size());
+    if (num_minibatches > 1) e.erase(e.begin());
+    inputs.push_back(jit.Input(batch[i].dtype, batch[i].shape, PartitionSpec(e)));
+  }
+  return inputs;
+}
+
+// jax.eval_shape of the loss: fills step->params and step->metrics.
+absl::Status TraceParams(const std::vector<BatchSpec>& batch, const LossFn& loss_fn,
+                         TrainStep* step) {
+  JitBuilder probe(step->mesh);
+  nn::Scope scope(probe, step->sharding);
+  scope.SetRng(probe.Input(v1::DTYPE_U32, {2}, PartitionSpec()));
+  nn::Value loss =
+      loss_fn(scope, MinibatchInputs(probe, step->batch, batch, step->num_minibatches));
+  if (!scope.status().ok()) return scope.status();
+  probe.Output(loss, PartitionSpec());
+  for (const auto& [name, value] : scope.TakeSown()) {
+    if (std::find(step->metrics.begin(), step->metrics.end(), name) != step->metrics.end())
+      return absl::InvalidArgumentError(absl::StrCat("metric '", name, "' is sown twice"));
+    step->metrics.push_back(name);
+    probe.Output(value, PartitionSpec());
+  }
+  if (absl::StatusOr<v1::ShardMapProgram> p = probe.Build(); !p.ok()) return p.status();
+  if (!probe.shape(loss).empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("the loss must be a scalar; got shape (",
+                                                   absl::StrJoin(probe.shape(loss), ", "), ")"));
+  }
+  step->params = scope.params();
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -98,33 +137,18 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
     return absl::InvalidArgumentError(
         absl::StrCat("num_minibatches ", num_minibatches, ": expected >= 1"));
   }
-  TrainStep out{mesh, {}, {}, {}, {}, {}, {}, {}, num_minibatches, seed};
+  TrainStep out;
+  out.mesh = mesh;
+  out.sharding = sharding;
+  out.num_minibatches = num_minibatches;
+  out.seed = seed;
   absl::StatusOr<std::vector<PlannedArray>> planned_batch =
       PlanBatch(mesh, sharding, batch, num_minibatches);
   if (!planned_batch.ok()) return planned_batch.status();
   out.batch = *planned_batch;
 
-  // Trace 1 (abstract): which parameters, with which layouts.
-  {
-    JitBuilder probe(mesh);
-    nn::Scope scope(probe, sharding);
-    scope.SetRng(probe.Input(v1::DTYPE_U32, {2}, PartitionSpec()));
-    std::vector<nn::Value> inputs;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      std::vector<PartitionSpec::Entry> e = out.batch[i].spec.Padded(out.batch[i].shape.size());
-      if (num_minibatches > 1) e.erase(e.begin());
-      inputs.push_back(probe.Input(v1::DTYPE_F32, batch[i].shape, PartitionSpec(e)));
-    }
-    nn::Value loss = loss_fn(scope, inputs);
-    if (!scope.status().ok()) return scope.status();
-    probe.Output(loss, PartitionSpec());
-    if (absl::StatusOr<v1::ShardMapProgram> p = probe.Build(); !p.ok()) return p.status();
-    if (!probe.shape(loss).empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("the loss must be a scalar; got shape (",
-                                                     absl::StrJoin(probe.shape(loss), ", "), ")"));
-    }
-    out.params = scope.params();
-  }
+  // Trace 1 (abstract): which parameters, with which layouts, and which metrics.
+  if (absl::Status s = TraceParams(batch, loss_fn, &out); !s.ok()) return s;
   if (out.params.empty()) return absl::InvalidArgumentError("the loss has no parameters");
 
   // Trace 2: the step program.
@@ -150,10 +174,10 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
   }
   std::vector<nn::Value> batch_values;
   for (const PlannedArray& a : out.batch)
-    batch_values.push_back(jit.Input(v1::DTYPE_F32, a.shape, a.spec));
+    batch_values.push_back(jit.Input(a.dtype, a.shape, a.spec));
 
   const std::vector<nn::Value> params = scope.param_values();
-  std::vector<nn::Value> grads;
+  std::vector<nn::Value> grads, metrics;  // metrics: summed over the minibatches
   nn::Value loss_sum;
   for (int k = 0; k < num_minibatches; ++k) {
     std::vector<nn::Value> mb;
@@ -161,6 +185,11 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
     scope.SetRng(jit.FoldIn(jit.FoldIn(rng, step), jit.Constant(static_cast<float>(k), {})));
     nn::Value loss = loss_fn(scope, mb);
     if (!scope.status().ok()) return scope.status();
+    std::vector<std::pair<std::string, nn::Value>> sown = scope.TakeSown();
+    for (size_t m = 0; m < sown.size() && m < out.metrics.size(); ++m) {
+      metrics.resize(out.metrics.size());
+      metrics[m] = k == 0 ? sown[m].second : jit.Add(metrics[m], sown[m].second);
+    }
     std::vector<nn::Value> g = jit.Grad(loss, params);
     loss_sum = k == 0 ? loss : jit.Add(loss_sum, loss);
     if (k == 0) {
@@ -205,6 +234,7 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
   for (size_t j = 0; j < new_mu.size(); ++j) jit.Output(new_mu[j], out.params[j].spec);
   for (size_t j = 0; j < new_nu.size(); ++j) jit.Output(new_nu[j], out.params[j].spec);
   jit.Output(loss_sum, PartitionSpec());
+  for (nn::Value m : metrics) jit.Output(m, PartitionSpec());
   absl::StatusOr<v1::ShardMapProgram> program = jit.Build();
   if (!program.ok()) return program.status();
   out.step = *std::move(program);
@@ -230,6 +260,34 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
   if (!init_program.ok()) return init_program.status();
   out.init = *std::move(init_program);
   return out;
+}
+
+absl::StatusOr<v1::GlobalProgram> BuildEvalStep(const TrainStep& step,
+                                                const std::vector<BatchSpec>& batch,
+                                                const LossFn& loss_fn) {
+  absl::StatusOr<std::vector<PlannedArray>> planned =
+      PlanBatch(step.mesh, step.sharding, batch, /*num_minibatches=*/1);
+  if (!planned.ok()) return planned.status();
+  JitBuilder jit(step.mesh);
+  nn::Scope scope(jit, step.sharding, step.params);  // the parameters' inputs come first
+  scope.set_deterministic(true);
+  std::vector<nn::Value> inputs;
+  for (const PlannedArray& a : *planned) inputs.push_back(jit.Input(a.dtype, a.shape, a.spec));
+  nn::Value loss = loss_fn(scope, inputs);
+  if (!scope.status().ok()) return scope.status();
+  jit.Output(loss, PartitionSpec());
+  std::vector<std::pair<std::string, nn::Value>> sown = scope.TakeSown();
+  for (const std::string& name : step.metrics) {
+    auto it =
+        std::find_if(sown.begin(), sown.end(), [&](const auto& m) { return m.first == name; });
+    if (it == sown.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the evaluation pass did not sow metric '", name, "' as training does"));
+    }
+    jit.Output(it->second, PartitionSpec());
+  }
+  if (absl::StatusOr<v1::ShardMapProgram> p = jit.Build(); !p.ok()) return p.status();
+  return jit.global_program();
 }
 
 absl::StatusOr<TrainState> TrainState::Init(Client* client, const TrainStep* step,
@@ -359,7 +417,8 @@ absl::StatusOr<float> TrainState::Step(const std::vector<std::string>& batch_ids
   return losses->front();
 }
 
-absl::StatusOr<std::vector<float>> TrainState::Steps(const std::vector<std::vector<std::string>>& batches) {
+absl::StatusOr<std::vector<float>> TrainState::Steps(
+    const std::vector<std::vector<std::string>>& batches) {
   if (batches.empty()) return absl::InvalidArgumentError("Steps: no batches");
   std::vector<std::string> state, outputs;
   std::vector<int> donate;
@@ -368,29 +427,37 @@ absl::StatusOr<std::vector<float>> TrainState::Steps(const std::vector<std::vect
     state.push_back(Id(a.name));
     outputs.push_back(Id(a.name));
   }
-  outputs.push_back("");  // the loss comes back in the response
+  // The loss and the metrics come back in the response.
+  std::vector<int> fetch;
+  for (size_t m = 0; m <= step_->metrics.size(); ++m) {
+    fetch.push_back(static_cast<int>(outputs.size()));
+    outputs.push_back("");
+  }
   std::vector<std::vector<std::string>> runs;  // each step's arguments: the state, then its batch
   for (size_t k = 0; k < batches.size(); ++k) {
     if (batches[k].size() != step_->batch.size()) {
-      return absl::InvalidArgumentError(absl::StrCat("train step takes ", step_->batch.size(), " batch arrays; got ",
-                                                     batches[k].size(), batches.size() > 1 ? absl::StrCat(" for step ", k) : ""));
+      return absl::InvalidArgumentError(
+          absl::StrCat("train step takes ", step_->batch.size(), " batch arrays; got ",
+                       batches[k].size(), batches.size() > 1 ? absl::StrCat(" for step ", k) : ""));
     }
     runs.push_back(state);
     runs.back().insert(runs.back().end(), batches[k].begin(), batches[k].end());
   }
   const std::vector<std::vector<std::string>> more_runs(runs.begin() + 1, runs.end());
   // The coordinator partitions the global step (once; then from its cache) and runs it.
-  absl::StatusOr<Client::JitResult> out = client_->Jit(step_->step_global, runs.front(), outputs, absl::Seconds(30),
-                                                       donate, {static_cast<int>(outputs.size()) - 1}, more_runs);
+  absl::StatusOr<Client::JitResult> out = client_->Jit(step_->step_global, runs.front(), outputs,
+                                                       absl::Seconds(30), donate, fetch, more_runs);
   if (!out.ok()) return out.status();
   std::vector<float> losses;
-  for (const Tensor& loss : out->fetched) {
-    if (loss.num_elements() != 1) return absl::InternalError("the train step returned no scalar loss");
+  for (size_t f = 0; f < out->fetched.size(); f += fetch.size()) {
+    const Tensor& loss = out->fetched[f];
+    if (loss.num_elements() != 1)
+      return absl::InternalError("the train step returned no scalar loss");
     losses.push_back(loss.data<float>()[0]);
   }
   if (losses.size() != batches.size()) {
-    return absl::InternalError(absl::StrCat("the train steps returned ", losses.size(), " losses for ",
-                                            batches.size(), " steps"));
+    return absl::InternalError(absl::StrCat("the train steps returned ", losses.size(),
+                                            " losses for ", batches.size(), " steps"));
   }
   steps_ += static_cast<int64_t>(batches.size());
   return losses;

@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "core/data/idx_dataset.h"
+#include "core/data/dataset.h"
 #include "core/random/threefry.h"
 
 namespace meshrun {
@@ -50,16 +50,10 @@ absl::StatusOr<Workload> SeedWorkload(const std::string& name) {
   } else if (name == "classifier") {
     w.description =
         "seed classifier: Dense 784->512, SiLU, Dense 512->10, softmax CE, AdamW, 2 x 32 images";
-    w.batch = {{"images", {kClassifierMinibatch, 784}, {"batch", ""}},
-               {"labels", {kClassifierMinibatch, 10}, {"batch", ""}}};
-    w.loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
-      JitBuilder& jit = s.jit();
-      nn::Value h = jit.Unary("silu", nn::Dense(s.Child("input_dense"), b[0], 512));
-      nn::DenseOptions out;
-      out.kernel_axes = {"hidden", "classes"};
-      nn::Value logits = nn::Dense(s.Child("output_dense"), h, 10, out);
-      return nn::SoftmaxCrossEntropy(jit, logits, b[1]);
-    };
+    w.batch = ClassifierBatch(kClassifierMinibatch);
+    ClassifierOptions model;
+    model.dropout_rate = 0.0f;
+    w.loss = ClassifierLoss(model);
     w.optimizer.kind = OptimizerConfig::kAdamW;
     w.num_minibatches = kClassifierMinibatches;
     w.examples_per_step = kClassifierMinibatch * kClassifierMinibatches;
@@ -77,21 +71,38 @@ absl::StatusOr<std::vector<Tensor>> SeedWorkloadBatch(const Workload& w,
     for (size_t i = 0; i < w.batch.size(); ++i) out.push_back(JaxNormal(i + 1, w.batch[i].shape));
     return out;
   }
-  absl::StatusOr<ImageDataset> data = LoadFashionMnist(data_dir, "train");
+  absl::StatusOr<std::unique_ptr<Dataset>> data = Dataset::Open("idx", data_dir, "train");
   if (!data.ok()) return data.status();
   const int64_t k = w.num_minibatches, mb = kClassifierMinibatch;
-  Tensor images(v1::DTYPE_F32, {k, mb, 784});
-  Tensor one_hot(v1::DTYPE_F32, {k, mb, 10});
+  Tensor images(v1::DTYPE_U8, {k, mb, 784});
+  Tensor labels(v1::DTYPE_U8, {k, mb});
   for (int64_t i = 0; i < k * mb; ++i) {
-    for (int64_t p = 0; p < 784; ++p)
-      images.data<float>()[i * 784 + p] = data->images[i * 784 + p] / 255.0f;
-    for (int64_t c = 0; c < 10; ++c)
-      one_hot.data<float>()[i * 10 + c] = data->labels[i] == c ? 1.0f : 0.0f;
+    (*data)->CopyElements(0, i, 0, 784, images.data<uint8_t>() + i * 784);
+    (*data)->CopyElements(1, i, 0, 1, labels.data<uint8_t>() + i);
   }
   std::vector<Tensor> out;
   out.push_back(std::move(images));
-  out.push_back(std::move(one_hot));
+  out.push_back(std::move(labels));
   return out;
+}
+
+std::vector<BatchSpec> ClassifierBatch(int64_t minibatch, int64_t image_size) {
+  return {{"image", {minibatch, image_size}, {"batch", ""}, v1::DTYPE_U8},
+          {"label", {minibatch}, {"batch"}, v1::DTYPE_U8}};
+}
+
+LossFn ClassifierLoss(const ClassifierOptions& options) {
+  return [options](nn::Scope& s, const std::vector<nn::Value>& b) {
+    JitBuilder& jit = s.jit();
+    nn::Value x = jit.Scale(jit.Convert(b[0], v1::DTYPE_F32), 1.0f / 255.0f);
+    nn::Value h = jit.Unary("silu", nn::Dense(s.Child("input_dense"), x, options.hidden_size));
+    h = nn::Dropout(s, h, options.dropout_rate);
+    nn::DenseOptions out;
+    out.kernel_axes = {"hidden", "classes"};
+    nn::Value logits = nn::Dense(s.Child("output_dense"), h, options.num_classes, out);
+    s.Sow("correct", nn::CorrectCount(jit, logits, b[1]));
+    return nn::SoftmaxCrossEntropyWithIntegerLabels(jit, logits, b[1]);
+  };
 }
 
 std::vector<std::string> LayoutNames() { return {"single", "dp", "fsdp", "tp", "2d", "fsdp_tp"}; }

@@ -180,7 +180,14 @@ void Convert(const Tensor& x, Tensor& out) {
     std::memcpy(out.raw(), x.raw(), x.size_bytes());
     return;
   }
-  for (int64_t i = 0; i < x.num_elements(); ++i) SetFromDouble(out, i, GetAsDouble(x, i));
+  const int64_t n = x.num_elements();
+  if (out.dtype() == v1::DTYPE_F32 && x.dtype() == v1::DTYPE_U8) {  // a dataset's images
+    const uint8_t* src = x.data<uint8_t>();
+    float* dst = out.data<float>();
+    for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) SetFromDouble(out, i, GetAsDouble(x, i));
 }
 
 }  // namespace meshrun

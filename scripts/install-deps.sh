@@ -4,6 +4,7 @@
 set -euo pipefail
 # ocl-icd-opencl-dev: a Recommends of libdnnl-dev that its CMake config needs (find_package(OpenCL)).
 # clang, libfuzzer-14-dev, libomp-14-dev: the libFuzzer targets (tests/fuzz), built in build-fuzz/ by scripts/test.sh.
+# python3-venv: scripts/python-env.sh's venv (numpy from PyPI) for the tests' .npy datasets.
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
@@ -11,6 +12,7 @@ PACKAGES=(
   libssl-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
   prometheus iproute2 iptables dataset-fashion-mnist procps
   clang libfuzzer-14-dev libomp-14-dev
+  python3-venv
 )
 missing=()
 for p in "${PACKAGES[@]}"; do

@@ -12,4 +12,5 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWit
   -DMESHRUN_WERROR=OFF -DMESHRUN_FUZZ_RUNS="${MESHRUN_FUZZ_RUNS:-2000000}" > /dev/null
 cmake --build build-fuzz -j "$(nproc)" --target worker_fuzz coordinator_fuzz
 ctest --test-dir build-fuzz --output-on-failure -R _fuzz -j 2
+bash scripts/python-env.sh build
 ctest --test-dir build --output-on-failure --timeout 600 -j 2

@@ -4,6 +4,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/sharding/shard_layout.h"
@@ -264,6 +265,7 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   *run.mutable_donate_argnums() = request.donate_argnums();
   *run.mutable_more_runs() = request.more_runs();
   *run.mutable_feed() = request.feed();
+  run.set_train_steps(request.train_steps());
   const uint64_t epoch = workers_->collective_epoch();
   run.set_epoch(epoch);
   std::vector<int> ranks(workers_->expected());
@@ -294,6 +296,7 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   absl::Mutex done_mu;
   size_t pending = ranks.size();
   int first_failed = -1;  // the rank whose failure aborts the others
+  int dead_rank = -1;     // a rank that missed heartbeats
   bool aborted = false;
   for (int r : ranks) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
@@ -315,7 +318,16 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
     auto settled_or_failed = [&]() ABSL_SHARED_LOCKS_REQUIRED(done_mu) {
       return pending == 0 || (first_failed >= 0 && !aborted);
     };
-    done_mu.Await(absl::Condition(&settled_or_failed));
+    // Watching heartbeats: a dead or stopped worker fails the run within heartbeat_timeout.
+    while (
+        !done_mu.AwaitWithTimeout(absl::Condition(&settled_or_failed), absl::Milliseconds(100))) {
+      const std::vector<int> dead = workers_->DeadRanks(heartbeat_timeout_);
+      if (dead.empty()) continue;
+      dead_rank = dead.front();
+      first_failed = dead_rank;
+      contexts[dead_rank]->TryCancel();
+      break;
+    }
     if (pending > 0) {
       aborted = true;
       const int failed_rank = first_failed;
@@ -325,7 +337,9 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
         grpc::ClientContext actx;
         SetTimeout(actx, absl::Seconds(2));
         v1::AbortRequest areq;
-        areq.set_reason(absl::StrCat("shard_map failed on rank ", failed_rank));
+        areq.set_reason(dead_rank >= 0 ? absl::StrCat("worker ", workers_->Describe(dead_rank),
+                                                      " missed heartbeats (died or hung)")
+                                       : absl::StrCat("shard_map failed on rank ", failed_rank));
         areq.set_epoch(epoch);
         v1::AbortResponse aresp;
         stubs_[q]->Abort(&actx, areq, &aresp);
@@ -347,7 +361,22 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
       failed.push_back(r);
   }
   absl::Status s;
-  if (!failed.empty()) {
+  const auto unreachable = [&](int r) {
+    return results[r].error_code() == grpc::UNAVAILABLE &&
+           !absl::StartsWith(results[r].error_message(), "rank ") && !after_abort[r];
+  };
+  const auto dead_or_unreachable =
+      std::find_if(failed.begin(), failed.end(), [&](int r) { return unreachable(r); });
+  if (dead_rank >= 0) {
+    s = absl::UnavailableError(
+        absl::StrCat("worker ", workers_->Describe(dead_rank), " missed heartbeats for ",
+                     absl::FormatDuration(heartbeat_timeout_), " during the run (died or hung)"));
+  } else if (dead_or_unreachable != failed.end()) {
+    const int r = *dead_or_unreachable;
+    s = absl::UnavailableError(
+        absl::StrCat("worker ", workers_->Describe(r),
+                     " is unreachable (process died?): ", results[r].error_message()));
+  } else if (!failed.empty()) {
     const grpc::Status& first = results[failed.front()];
     s = absl::Status(static_cast<absl::StatusCode>(first.error_code()),
                      absl::StrCat("shard_map failed on ", failed.size() == 1 ? "rank " : "ranks ",
@@ -384,6 +413,18 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   }
   v1::ShardMapResponse response;
   const int num_runs = 1 + request.more_runs_size();
+  for (int k = 0; k < num_runs; ++k) {
+    double slowest = 0, collective = 0;
+    for (int r : ranks) {
+      if (k < responses[r].run_seconds_size())
+        slowest = std::max(slowest, responses[r].run_seconds(k));
+      if (k < responses[r].collective_seconds_size())
+        collective += responses[r].collective_seconds(k);
+    }
+    v1::RunTiming* t = response.add_timings();
+    t->set_seconds(slowest);
+    t->set_collective_seconds(collective / static_cast<double>(ranks.size()));
+  }
   const int num_fetched = request.fetch_outputs_size();
   for (int k = 0; k < num_runs; ++k) {
     for (int f = 0; f < num_fetched; ++f) {

@@ -25,8 +25,11 @@ namespace meshrun {
 // worker's rank in the message, and a failed Put leaves no array registered.
 class ArrayRegistry {
  public:
-  explicit ArrayRegistry(WorkerRegistry* workers, absl::Duration rpc_timeout = absl::Seconds(60))
-      : workers_(workers), rpc_timeout_(rpc_timeout) {}
+  // A run (ShardMap) fails as soon as a worker misses heartbeats for `heartbeat_timeout` (dead
+  // or hung), naming it, rather than when the others' collectives time out.
+  explicit ArrayRegistry(WorkerRegistry* workers, absl::Duration rpc_timeout = absl::Seconds(60),
+                         absl::Duration heartbeat_timeout = absl::Seconds(3))
+      : workers_(workers), rpc_timeout_(rpc_timeout), heartbeat_timeout_(heartbeat_timeout) {}
 
   // Errors: InvalidArgument for a spec that does not fit the array on the mesh (naming the spec,
   // shape and dim), an unsupported dtype, or an id in use; worker errors.
@@ -92,6 +95,7 @@ class ArrayRegistry {
 
   WorkerRegistry* workers_;
   const absl::Duration rpc_timeout_;
+  const absl::Duration heartbeat_timeout_;
   absl::Mutex mu_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::ArrayInfo> arrays_ ABSL_GUARDED_BY(mu_);

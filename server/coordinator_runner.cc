@@ -44,11 +44,10 @@ absl::Status RunCoordinator(const CoordinatorOptions& o) {
     LOG(INFO) << "metrics on http://" << metrics_address << "/metrics";
   }
   WorkerRegistry registry(*mesh, cluster_id);
+  ArrayRegistry arrays(&registry, absl::Seconds(60), o.heartbeat_timeout);
   JobDriver::Options jo;
-  jo.heartbeat_timeout = o.heartbeat_timeout;
   jo.metrics = metrics.get();
-  JobDriver driver(&registry, jo);
-  ArrayRegistry arrays(&registry);
+  JobDriver driver(&registry, &arrays, jo);
   CoordinatorService service(&registry, &driver, &arrays, o.heartbeat_timeout, metrics.get(),
                              metrics_address);
 

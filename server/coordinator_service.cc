@@ -1,6 +1,5 @@
 #include "server/coordinator_service.h"
 
-#include "core/config/job_config.h"
 #include "glog/logging.h"
 #include "net/grpc_util.h"
 
@@ -8,12 +7,14 @@ namespace meshrun {
 
 grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::RegisterRequest* req,
                                           v1::RegisterResponse* resp) {
-  if (req->address().empty()) return grpc::Status(grpc::INVALID_ARGUMENT, "register: empty worker address");
-  const absl::Time deadline = std::min(absl::FromChrono(ctx->deadline()), absl::Now() + absl::Seconds(120));
+  if (req->address().empty())
+    return grpc::Status(grpc::INVALID_ARGUMENT, "register: empty worker address");
+  const absl::Time deadline =
+      std::min(absl::FromChrono(ctx->deadline()), absl::Now() + absl::Seconds(120));
   absl::StatusOr<v1::RegisterResponse> r = registry_->Register(*req, deadline);
   if (!r.ok()) return ToGrpcStatus(r.status());
-  LOG(INFO) << "worker " << req->address() << " (pid " << req->pid() << ", " << req->hostname() << ") is rank "
-            << r->rank();
+  LOG(INFO) << "worker " << req->address() << " (pid " << req->pid() << ", " << req->hostname()
+            << ") is rank " << r->rank();
   if (metrics_ != nullptr) metrics_->OnRegistered(registry_->expected());
   *resp = *std::move(r);
   return grpc::Status::OK;
@@ -21,20 +22,21 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
 
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
                                            v1::HeartbeatResponse* resp) {
-  if (absl::Status s = registry_->Heartbeat(req->rank(), req->cluster_id()); !s.ok()) return ToGrpcStatus(s);
+  if (absl::Status s = registry_->Heartbeat(req->rank(), req->cluster_id()); !s.ok())
+    return ToGrpcStatus(s);
   if (metrics_ != nullptr) metrics_->OnHeartbeat(req->rank(), absl::Now());
   resp->set_shutdown(registry_->shutdown_requested());
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx, const v1::SubmitJobRequest* req,
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx,
+                                           const v1::SubmitJobRequest* req,
                                            grpc::ServerWriter<v1::JobEvent>* writer) {
-  absl::StatusOr<JobConfig> config = ParseJobConfig(req->config_json());
-  if (!config.ok()) return ToGrpcStatus(config.status());
   if (!job_mu_.TryLock()) {
-    return grpc::Status(grpc::FAILED_PRECONDITION, "a job is already running on this cluster; try again when it ends");
+    return grpc::Status(grpc::FAILED_PRECONDITION,
+                        "a job is already running on this cluster; try again when it ends");
   }
-  absl::Status s = driver_->Run(*config, [&](const v1::JobEvent& e) {
+  absl::Status s = driver_->Run(req->job(), [&](const v1::JobEvent& e) {
     if (ctx->IsCancelled()) return false;
     return writer->Write(e);
   });
@@ -69,7 +71,8 @@ grpc::Status CoordinatorService::PutArray(grpc::ServerContext*, const v1::PutArr
                                           v1::PutArrayResponse* resp) {
   absl::StatusOr<Tensor> array = Tensor::FromProto(req->array());
   if (!array.ok()) return ToGrpcStatus(array.status());
-  absl::StatusOr<v1::ArrayInfo> info = arrays_->Put(*array, PartitionSpec::FromProto(req->spec()), req->id());
+  absl::StatusOr<v1::ArrayInfo> info =
+      arrays_->Put(*array, PartitionSpec::FromProto(req->spec()), req->id());
   if (!info.ok()) return ToGrpcStatus(info.status());
   *resp->mutable_info() = *std::move(info);
   return grpc::Status::OK;
@@ -80,7 +83,8 @@ grpc::Status CoordinatorService::GetArray(grpc::ServerContext*, const v1::GetArr
   return ToGrpcStatus(arrays_->GetBlocks(req->id(), resp));
 }
 
-grpc::Status CoordinatorService::DeleteArray(grpc::ServerContext*, const v1::DeleteArrayRequest* req,
+grpc::Status CoordinatorService::DeleteArray(grpc::ServerContext*,
+                                             const v1::DeleteArrayRequest* req,
                                              v1::DeleteArrayResponse*) {
   return ToGrpcStatus(arrays_->Delete(req->id()));
 }
@@ -93,7 +97,8 @@ grpc::Status CoordinatorService::ShardMap(grpc::ServerContext*, const v1::ShardM
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::Jit(grpc::ServerContext*, const v1::JitRequest* req, v1::JitResponse* resp) {
+grpc::Status CoordinatorService::Jit(grpc::ServerContext*, const v1::JitRequest* req,
+                                     v1::JitResponse* resp) {
   bool cache_hit = false;
   absl::StatusOr<std::shared_ptr<const Partitioner::Partitioned>> partitioned =
       partitioner_.Partition(req->program(), &cache_hit);
@@ -129,7 +134,8 @@ grpc::Status CoordinatorService::CloseInput(grpc::ServerContext*, const v1::Clos
   return ToGrpcStatus(arrays_->CloseInput(req->id()));
 }
 
-grpc::Status CoordinatorService::SaveCheckpoint(grpc::ServerContext*, const v1::SaveCheckpointRequest* req,
+grpc::Status CoordinatorService::SaveCheckpoint(grpc::ServerContext*,
+                                                const v1::SaveCheckpointRequest* req,
                                                 v1::SaveCheckpointResponse* resp) {
   absl::StatusOr<v1::SaveCheckpointResponse> r = arrays_->SaveCheckpoint(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -137,7 +143,8 @@ grpc::Status CoordinatorService::SaveCheckpoint(grpc::ServerContext*, const v1::
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::RestoreCheckpoint(grpc::ServerContext*, const v1::RestoreCheckpointRequest* req,
+grpc::Status CoordinatorService::RestoreCheckpoint(grpc::ServerContext*,
+                                                   const v1::RestoreCheckpointRequest* req,
                                                    v1::RestoreCheckpointResponse* resp) {
   absl::StatusOr<v1::RestoreCheckpointResponse> r = arrays_->RestoreCheckpoint(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -151,7 +158,8 @@ grpc::Status CoordinatorService::ListArrays(grpc::ServerContext*, const v1::List
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*, v1::ShutdownResponse*) {
+grpc::Status CoordinatorService::Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*,
+                                          v1::ShutdownResponse*) {
   registry_->RequestShutdown();
   if (!shutdown_.HasBeenNotified()) shutdown_.Notify();
   return grpc::Status::OK;

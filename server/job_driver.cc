@@ -1,82 +1,456 @@
 #include "server/job_driver.h"
 
+#include <cmath>
+#include <filesystem>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/notification.h"
 #include "core/checkpoint/checkpoint.h"
-#include "core/program/dp_classifier.h"
+#include "core/config/job_config.h"
+#include "core/random/threefry.h"
+#include "core/spmd/shard_map.h"
 #include "glog/logging.h"
-#include "net/grpc_util.h"
-#include "server/checkpoint_ops.h"
 
 namespace meshrun {
-namespace {
 
-// Worker shard-store ids of the job's TrainState copies: what a restore loads before the program
-// takes it, and the snapshot a save writes from.
-const std::string kRestorePrefix = "job/restore/";
-const std::string kSnapshotPrefix = "job/snapshot/";
+// One job's run: its arrays, inputs and programs, released by the destructor.
+class JobDriver::Runner {
+ public:
+  Runner(JobDriver* driver, const v1::JobSpec& job, const EventSink& emit, std::string prefix)
+      : d_(driver), job_(job), emit_(emit), prefix_(std::move(prefix)) {}
+  ~Runner() { Release(); }
 
-// The state arrays whose names start with `only` (all: ""), as the workers store them under
-// `prefix`.
-std::vector<CheckpointArray> StoredUnder(const std::vector<checkpoint::WantedArray>& state,
-                                         const std::string& prefix, const std::string& only = "") {
-  std::vector<CheckpointArray> out;
-  for (const checkpoint::WantedArray& a : state) {
-    if (absl::StartsWith(a.name, only))
-      out.push_back({a.name, prefix + a.name, a.dtype, a.shape, a.spec});
+  absl::Status Prepare();
+  absl::Status InitState();
+  absl::Status Loop();
+  absl::Status Evaluate();
+  int64_t step() const { return step_; }
+
+ private:
+  bool Info(const std::string& text) {
+    v1::JobEvent e;
+    e.set_info(text);
+    return emit_(e);
+  }
+  std::string Id(const std::string& name) const { return absl::StrCat(prefix_, "state/", name); }
+  // The state arrays as CheckpointArrays read from the ids Id(id_prefix + name).
+  std::vector<v1::CheckpointArray> StateArrays(const std::string& id_prefix,
+                                               const std::string& only = "") const;
+  // Steps [step_, step_ + n) in one call; appends each step's loss and metrics.
+  absl::Status RunSteps(int n, std::vector<std::vector<double>>* values,
+                        std::vector<double>* seconds, std::vector<double>* collective);
+  // The arrays of `wanted` saved at `path` (a checkpoint directory or a safetensors file) have
+  // the job's shapes and dtypes. Errors: InvalidArgument naming the file, the array and both.
+  absl::Status CheckSaved(const std::string& path,
+                          const std::vector<v1::CheckpointArray>& wanted) const;
+  absl::Status SaveAt(int64_t at);  // sync or async per the policy
+  absl::Status FinishSave();
+  void Report(int64_t steps_done, const std::vector<std::vector<double>>& values,
+              const std::vector<double>& seconds, const std::vector<double>& collective,
+              absl::Duration interval);
+  void Release();
+
+  JobDriver* d_;
+  const v1::JobSpec& job_;
+  const EventSink& emit_;
+  const std::string prefix_;
+  std::shared_ptr<const Partitioner::Partitioned> step_program_;
+  std::string train_input_, eval_input_;
+  std::vector<std::string> live_ids_;  // state arrays to delete at the end
+  int64_t step_ = 0, first_step_ = 0, total_ = 0;
+  double steps_per_epoch_ = 0;
+  absl::Time start_;
+  std::thread save_thread_;
+  absl::StatusOr<v1::SaveCheckpointResponse> save_result_;
+  absl::Duration save_time_;
+  bool cancelled_ = false;  // the sink stopped listening
+};
+
+std::vector<v1::CheckpointArray> JobDriver::Runner::StateArrays(const std::string& id_prefix,
+                                                                const std::string& only) const {
+  std::vector<v1::CheckpointArray> out;
+  for (const v1::StateArraySpec& a : job_.state()) {
+    if (!absl::StartsWith(a.name(), only)) continue;
+    v1::CheckpointArray c;
+    c.set_name(a.name());
+    c.set_id(Id(id_prefix + a.name()));
+    *c.mutable_spec() = a.spec();
+    out.push_back(std::move(c));
   }
   return out;
 }
 
-// Puts the state the job starts from on the workers, as arrays kRestorePrefix + name: the newest
-// committed checkpoint in checkpoint.dir when checkpoint.resume is set and there is one, else the
-// params of checkpoint.init_from (a safetensors file). Errors name the checkpoint or file and the
-// array.
-struct RestoredState {
-  int64_t step = -1;  // the step the job starts at; -1: from its init, nothing restored
-  int arrays = 0;     // how many state arrays each worker must take from the store
-};
-absl::StatusOr<RestoredState> RestoreJobState(const JobConfig& config, const Mesh& mesh,
-                                              const std::vector<checkpoint::WantedArray>& state,
-                                              const ForEachWorker& each_worker,
-                                              const std::function<bool(const std::string&)>& info) {
-  std::string path;
-  absl::StatusOr<checkpoint::Manifest> m = absl::NotFoundError("");
-  std::vector<CheckpointArray> targets;
-  if (config.checkpoint.resume) {
-    absl::StatusOr<std::string> latest = checkpoint::LatestCheckpoint(config.checkpoint.dir);
-    if (latest.ok()) {
-      path = *latest;
-      m = checkpoint::ReadManifest(path);
-      if (!m.ok()) return m.status();
-      targets = StoredUnder(state, kRestorePrefix);
-    } else {
-      info(absl::StrCat("resume: no committed checkpoint in ", config.checkpoint.dir,
-                        "; starting from step 0"));
+absl::Status JobDriver::Runner::CheckSaved(const std::string& path,
+                                           const std::vector<v1::CheckpointArray>& wanted) const {
+  std::error_code ec;
+  absl::StatusOr<checkpoint::Manifest> m = std::filesystem::is_regular_file(path, ec)
+                                               ? checkpoint::SafetensorsManifest(path)
+                                               : checkpoint::ReadManifest(path);
+  if (!m.ok()) return m.status();
+  for (const v1::CheckpointArray& w : wanted) {
+    const checkpoint::ArrayEntry* saved = m->Find(w.name());
+    if (saved == nullptr) continue;  // the restore names it
+    for (const v1::StateArraySpec& a : job_.state()) {
+      if (a.name() != w.name()) continue;
+      const Dims want(a.shape().dims().begin(), a.shape().dims().end());
+      if (saved->shape != want || saved->dtype != a.dtype()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ": ", w.name(), " is ", DTypeName(saved->dtype), DimsToString(saved->shape),
+            "; the job's model wants ", DTypeName(a.dtype()), DimsToString(want)));
+      }
     }
   }
-  const bool resuming = !targets.empty();
-  if (!resuming && !config.checkpoint.init_from.empty()) {
-    path = config.checkpoint.init_from;
-    m = checkpoint::SafetensorsManifest(path);
-    if (!m.ok()) return m.status();
-    targets = StoredUnder(state, kRestorePrefix, "params/");
-  }
-  if (targets.empty()) return RestoredState{};
-  absl::StatusOr<std::vector<v1::LoadShardsRequest>> loads = PlanLoad(*m, path, mesh, targets);
-  if (!loads.ok()) return loads.status();
-  absl::StatusOr<int64_t> bytes = LoadBlocks(*loads, targets, each_worker);
-  if (!bytes.ok()) return bytes.status();
-  info(absl::StrCat(resuming ? "resumed from " : "initialised from ", path, " at step ", m->step,
-                    ": ", targets.size(), " arrays, ", *bytes, " bytes read by the workers"));
-  return RestoredState{m->step, static_cast<int>(targets.size())};
+  return absl::OkStatus();
 }
 
-}  // namespace
+absl::Status JobDriver::Runner::Prepare() {
+  const Mesh& mesh = d_->registry_->mesh();
+  if (job_.mesh().axes_size() > 0) {
+    absl::StatusOr<Mesh> want = Mesh::FromProto(job_.mesh());
+    if (!want.ok()) return want.status();
+    if (*want != mesh) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "job mesh ", want->ToString(), " does not match the cluster's ", mesh.ToString()));
+    }
+  }
+  absl::StatusOr<std::shared_ptr<const Partitioner::Partitioned>> p =
+      d_->partitioner_.Partition(job_.train_step());
+  if (!p.ok()) return p.status();
+  step_program_ = *std::move(p);
+  const v1::ShardMapProgram& program = step_program_->program;
+  const int state = job_.state_size();
+  const int batch = program.inputs_size() - state;
+  if (batch < 0 || program.outputs_size() != state + 1 + job_.metrics_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the train step takes ", program.inputs_size(), " arguments and returns ",
+        program.outputs_size(), " results; the job's TrainState has ", state, " arrays and ",
+        job_.metrics_size(), " metrics (expected results: state, loss, metrics)"));
+  }
+  if (absl::Status s = d_->registry_->WaitUntilReady(absl::Now() + d_->options_.ready_timeout);
+      !s.ok())
+    return s;
+  if (job_.train_input().fields_size() > 0) {
+    absl::StatusOr<v1::InputInfo> in =
+        d_->arrays_->OpenInput(job_.train_input(), prefix_ + "train");
+    if (!in.ok()) return in.status();
+    train_input_ = in->id();
+    steps_per_epoch_ = in->steps_per_epoch();
+  } else if (job_.batch_ids_size() != batch) {
+    return absl::InvalidArgumentError(absl::StrCat("the train step takes ", batch,
+                                                   " batch arrays; the job names ",
+                                                   job_.batch_ids_size(), " and no train input"));
+  }
+  const v1::TrainSchedule& s = job_.schedule();
+  total_ = s.total_steps() > 0
+               ? s.total_steps()
+               : static_cast<int64_t>(std::floor(s.epochs() * steps_per_epoch_ + 1e-9));
+  if (total_ < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("the job has no steps to run (total_steps ",
+                                                   s.total_steps(), ", epochs ", s.epochs(), ", ",
+                                                   steps_per_epoch_, " steps per epoch)"));
+  }
+  if (!Info(absl::StrCat(
+          "plan: ", mesh.ToString(), "; train step partitioned with ",
+          step_program_->collectives.size(), " collectives (",
+          absl::StrJoin(step_program_->collectives, ", "), "); ", job_.examples_per_step(),
+          " examples per step; ", total_, " steps",
+          steps_per_epoch_ > 0 ? absl::StrCat(" (", steps_per_epoch_, " per epoch)") : "")))
+    return absl::CancelledError("job cancelled: the client went away");
+  return absl::OkStatus();
+}
+
+absl::Status JobDriver::Runner::InitState() {
+  const v1::CheckpointPolicy& ck = job_.checkpoint();
+  for (const v1::StateArraySpec& a : job_.state()) live_ids_.push_back(Id(a.name()));
+  if (ck.resume()) {
+    absl::StatusOr<std::string> latest = checkpoint::LatestCheckpoint(ck.dir());
+    if (latest.ok()) {
+      v1::RestoreCheckpointRequest req;
+      req.set_path(*latest);
+      for (v1::CheckpointArray& a : StateArrays("")) *req.add_arrays() = std::move(a);
+      if (absl::Status s = CheckSaved(*latest, {req.arrays().begin(), req.arrays().end()}); !s.ok())
+        return s;
+      absl::StatusOr<v1::RestoreCheckpointResponse> r = d_->arrays_->RestoreCheckpoint(req);
+      if (!r.ok()) return r.status();
+      step_ = first_step_ = r->step();
+      Info(absl::StrCat("resumed from ", *latest, " at step ", r->step(), ": ", r->arrays_size(),
+                        " arrays, ", r->bytes_read(), " bytes read by the workers"));
+      return absl::OkStatus();
+    }
+    Info(absl::StrCat("resume: no committed checkpoint in ", ck.dir(), "; starting from step 0"));
+  }
+  if (!ck.init_from().empty()) {  // checked before anything is drawn
+    if (absl::Status s = CheckSaved(ck.init_from(), StateArrays("", "params/")); !s.ok()) return s;
+  }
+  v1::ShardMapRequest init;
+  *init.mutable_program() = job_.init();
+  for (const v1::StateArraySpec& a : job_.state())
+    if (a.name() != "rng") init.add_output_ids(Id(a.name()));
+  if (absl::StatusOr<v1::ShardMapResponse> r = d_->arrays_->ShardMap(init); !r.ok())
+    return r.status();
+  const PRNGKey key = MakePRNGKey(job_.seed());
+  Tensor rng(v1::DTYPE_U32, {2});
+  rng.data<uint32_t>()[0] = key[0];
+  rng.data<uint32_t>()[1] = key[1];
+  if (absl::StatusOr<v1::ArrayInfo> put = d_->arrays_->Put(rng, PartitionSpec(), Id("rng"));
+      !put.ok())
+    return put.status();
+  if (ck.init_from().empty()) return absl::OkStatus();
+  v1::RestoreCheckpointRequest req;
+  req.set_path(ck.init_from());
+  for (v1::CheckpointArray& a : StateArrays("", "params/")) {
+    if (absl::Status s = d_->arrays_->Delete(a.id()); !s.ok()) return s;
+    *req.add_arrays() = std::move(a);
+  }
+  absl::StatusOr<v1::RestoreCheckpointResponse> r = d_->arrays_->RestoreCheckpoint(req);
+  if (!r.ok()) return r.status();
+  Info(absl::StrCat("initialised from ", ck.init_from(), ": ", r->arrays_size(), " arrays, ",
+                    r->bytes_read(), " bytes read by the workers"));
+  return absl::OkStatus();
+}
+
+absl::Status JobDriver::Runner::RunSteps(int n, std::vector<std::vector<double>>* values,
+                                         std::vector<double>* seconds,
+                                         std::vector<double>* collective) {
+  const v1::ShardMapProgram& program = step_program_->program;
+  const int state = job_.state_size();
+  v1::ShardMapRequest req;
+  *req.mutable_program() = program;
+  for (int i = 0; i < program.inputs_size(); ++i) {
+    req.add_input_ids(i < state              ? Id(job_.state(i).name())
+                      : train_input_.empty() ? job_.batch_ids(i - state)
+                                             : "");
+    if (i < state) {
+      req.add_donate_argnums(i);
+      req.add_output_ids(Id(job_.state(i).name()));
+    } else if (!train_input_.empty()) {
+      req.mutable_feed()->add_argnums(i);
+    }
+  }
+  for (int i = state; i < program.outputs_size(); ++i) {
+    req.add_output_ids("");
+    req.add_fetch_outputs(i);
+  }
+  for (int k = 1; k < n; ++k) *req.add_more_runs()->mutable_input_ids() = req.input_ids();
+  if (!train_input_.empty()) {
+    req.mutable_feed()->set_input_id(train_input_);
+    req.mutable_feed()->set_step(step_);
+  }
+  req.set_collective_timeout_seconds(job_.schedule().collective_timeout_seconds());
+  req.set_train_steps(true);
+  absl::StatusOr<v1::ShardMapResponse> r = d_->arrays_->ShardMap(req);
+  if (!r.ok()) {
+    for (int i = 0; i < state; ++i) {  // consumed by the failed call
+      live_ids_.erase(std::remove(live_ids_.begin(), live_ids_.end(), Id(job_.state(i).name())),
+                      live_ids_.end());
+    }
+    return absl::Status(r.status().code(), absl::StrCat("steps ", step_ + 1, "..", step_ + n, ": ",
+                                                        r.status().message()));
+  }
+  const int per_run = program.outputs_size() - state;
+  for (int k = 0; k < n; ++k) {
+    std::vector<double> v;
+    for (int j = 0; j < per_run; ++j) {
+      const v1::GetArrayResponse& got = r->fetched(k * per_run + j);
+      absl::StatusOr<Tensor> t = got.blocks_size() > 0 ? Tensor::FromProto(got.blocks(0))
+                                                       : absl::InternalError("no block");
+      if (!t.ok() || t->num_elements() != 1 || t->dtype() != v1::DTYPE_F32)
+        return absl::InternalError(
+            absl::StrCat("step ", step_ + k + 1, ": result ", state + j, " is not an f32 scalar"));
+      v.push_back(t->data<float>()[0]);
+    }
+    // The non-finite guard, before this state can be saved.
+    if (job_.schedule().on_nonfinite() == "stop") {
+      if (absl::Status s = CheckLossFinite(step_ + k + 1, v[0]); !s.ok()) return s;
+    }
+    values->push_back(std::move(v));
+    seconds->push_back(k < r->timings_size() ? r->timings(k).seconds() : 0);
+    collective->push_back(k < r->timings_size() ? r->timings(k).collective_seconds() : 0);
+  }
+  step_ += n;
+  return absl::OkStatus();
+}
+
+absl::Status JobDriver::Runner::FinishSave() {
+  if (!save_thread_.joinable()) return absl::OkStatus();
+  save_thread_.join();
+  if (!save_result_.ok()) return save_result_.status();
+  Info(absl::StrCat("checkpoint saved: ", save_result_->path(), " (", save_result_->bytes_written(),
+                    " bytes in ", absl::FormatDuration(save_time_), ")"));
+  return absl::OkStatus();
+}
+
+absl::Status JobDriver::Runner::SaveAt(int64_t at) {
+  const v1::CheckpointPolicy& ck = job_.checkpoint();
+  // A second save waits for the first; the snapshot replaces the one it writes from.
+  if (absl::Status s = FinishSave(); !s.ok()) return s;
+  std::string from = "";
+  if (ck.async()) {
+    // The snapshot: an identity shard_map copies every state block on its worker.
+    from = "snapshot/";
+    ShardMapBuilder copy(d_->registry_->mesh());
+    v1::ShardMapRequest req;
+    for (const v1::StateArraySpec& a : job_.state()) {
+      const PartitionSpec spec = PartitionSpec::FromProto(a.spec());
+      copy.Output(
+          copy.Input(a.dtype(), Dims(a.shape().dims().begin(), a.shape().dims().end()), spec),
+          spec);
+      req.add_input_ids(Id(a.name()));
+      req.add_output_ids(Id(from + a.name()));
+      d_->arrays_->Delete(Id(from + a.name())).IgnoreError();  // the last save's
+    }
+    absl::StatusOr<v1::ShardMapProgram> program = copy.Build();
+    if (!program.ok()) return program.status();
+    *req.mutable_program() = *std::move(program);
+    if (absl::StatusOr<v1::ShardMapResponse> r = d_->arrays_->ShardMap(req); !r.ok())
+      return r.status();
+  }
+  v1::SaveCheckpointRequest req;
+  req.set_root(ck.dir());
+  req.set_step(at);
+  req.set_keep(ck.keep());
+  for (v1::CheckpointArray& a : StateArrays(from)) *req.add_arrays() = std::move(a);
+  save_thread_ = std::thread([this, req] {
+    const absl::Time t0 = absl::Now();
+    save_result_ = d_->arrays_->SaveCheckpoint(req);
+    save_time_ = absl::Now() - t0;
+  });
+  return ck.async() ? absl::OkStatus() : FinishSave();
+}
+
+void JobDriver::Runner::Report(int64_t steps_done, const std::vector<std::vector<double>>& values,
+                               const std::vector<double>& seconds,
+                               const std::vector<double>& collective, absl::Duration interval) {
+  const int correct_at = static_cast<int>(
+      std::find(job_.metrics().begin(), job_.metrics().end(), "correct") - job_.metrics().begin());
+  double loss = 0, correct = 0;
+  for (const std::vector<double>& v : values) {
+    loss += v[0];
+    if (correct_at < job_.metrics_size()) correct += v[1 + correct_at];
+  }
+  const double n = std::max<double>(1, values.size());
+  const double accuracy = correct / (n * std::max<int64_t>(1, job_.examples_per_step()));
+  if (d_->options_.metrics != nullptr) {
+    d_->options_.metrics->OnSteps(steps_done, job_.examples_per_step(), loss / n, accuracy, seconds,
+                                  collective);
+  }
+  double step_seconds = 0, collective_seconds = 0;
+  for (double s : seconds) step_seconds += s;
+  for (double c : collective) collective_seconds += c;
+  v1::JobEvent e;
+  v1::StepReport* rep = e.mutable_step();
+  rep->set_step(step_);
+  rep->set_total_steps(total_);
+  rep->set_epoch(steps_per_epoch_ > 0 ? static_cast<double>(step_) / steps_per_epoch_ : 0);
+  rep->set_loss(loss / n);
+  rep->set_accuracy(accuracy);
+  rep->set_samples_per_second(steps_done * job_.examples_per_step() /
+                              std::max(1e-9, absl::ToDoubleSeconds(interval)));
+  rep->set_eta_seconds(absl::ToDoubleSeconds(absl::Now() - start_) /
+                       std::max<int64_t>(1, step_ - first_step_) * (total_ - step_));
+  rep->set_step_seconds(step_seconds / n);
+  rep->set_collective_seconds(collective_seconds / n);
+  d_->SetState("running", step_, "");
+  if (!emit_(e)) cancelled_ = true;
+}
+
+absl::Status JobDriver::Runner::Loop() {
+  const v1::CheckpointPolicy& ck = job_.checkpoint();
+  const int log_every = std::max(1, job_.schedule().log_every());
+  const bool saving = !ck.dir().empty();
+  auto is_save_step = [&](int64_t at) {
+    return saving && (at == total_ || (ck.save_every() > 0 && at % ck.save_every() == 0));
+  };
+  start_ = absl::Now();
+  absl::Time interval_start = start_;
+  int64_t interval_first = step_;
+  std::vector<std::vector<double>> values;  // per step since the last report: loss, metrics
+  std::vector<double> seconds, collective;
+  while (step_ < total_) {
+    // Up to the next report, the next save or the end.
+    int64_t next = std::min<int64_t>(total_, (step_ / log_every + 1) * log_every);
+    if (saving && ck.save_every() > 0)
+      next = std::min<int64_t>(next, (step_ / ck.save_every() + 1) * ck.save_every());
+    if (absl::Status s = RunSteps(static_cast<int>(next - step_), &values, &seconds, &collective);
+        !s.ok())
+      return s;
+    if (is_save_step(step_)) {
+      if (absl::Status s = SaveAt(step_); !s.ok()) return s;
+    }
+    if (step_ % log_every != 0 && step_ != total_) continue;
+    const absl::Time now = absl::Now();
+    Report(step_ - interval_first, values, seconds, collective, now - interval_start);
+    if (cancelled_) return absl::CancelledError("job cancelled: the client went away");
+    values.clear();
+    seconds.clear();
+    collective.clear();
+    interval_start = now;
+    interval_first = step_;
+  }
+  return FinishSave();
+}
+
+absl::Status JobDriver::Runner::Evaluate() {
+  if (!job_.schedule().evaluate() || job_.eval_input().fields_size() == 0) return absl::OkStatus();
+  absl::StatusOr<std::shared_ptr<const Partitioner::Partitioned>> p =
+      d_->partitioner_.Partition(job_.eval_step());
+  if (!p.ok()) return p.status();
+  absl::StatusOr<v1::InputInfo> in = d_->arrays_->OpenInput(job_.eval_input(), prefix_ + "eval");
+  if (!in.ok()) return in.status();
+  eval_input_ = in->id();
+  const v1::ShardMapProgram& program = (*p)->program;
+  std::vector<v1::CheckpointArray> params = StateArrays("", "params/");
+  v1::ShardMapRequest req;
+  *req.mutable_program() = program;
+  for (int i = 0; i < program.inputs_size(); ++i) {
+    const bool param = i < static_cast<int>(params.size());
+    req.add_input_ids(param ? params[i].id() : "");
+    if (!param) req.mutable_feed()->add_argnums(i);
+  }
+  for (int i = 0; i < program.outputs_size(); ++i) {
+    req.add_output_ids("");
+    req.add_fetch_outputs(i);
+  }
+  for (int64_t k = 1; k < in->num_steps(); ++k)
+    *req.add_more_runs()->mutable_input_ids() = req.input_ids();
+  req.mutable_feed()->set_input_id(eval_input_);
+  req.mutable_feed()->set_step(0);
+  req.set_collective_timeout_seconds(job_.schedule().collective_timeout_seconds());
+  absl::StatusOr<v1::ShardMapResponse> r = d_->arrays_->ShardMap(req);
+  if (!r.ok())
+    return absl::Status(r.status().code(), absl::StrCat("evaluation: ", r.status().message()));
+  const int correct_at = static_cast<int>(
+      std::find(job_.metrics().begin(), job_.metrics().end(), "correct") - job_.metrics().begin());
+  double loss = 0, correct = 0;
+  for (int64_t k = 0; k < in->num_steps(); ++k) {
+    for (int j = 0; j < program.outputs_size(); ++j) {
+      const v1::GetArrayResponse& got = r->fetched(k * program.outputs_size() + j);
+      absl::StatusOr<Tensor> t = Tensor::FromProto(got.blocks(0));
+      if (!t.ok()) return t.status();
+      if (j == 0) loss += t->data<float>()[0];
+      if (j == 1 + correct_at) correct += t->data<float>()[0];
+    }
+  }
+  const int64_t examples = in->num_steps() * job_.eval_input().global_batch_size();
+  v1::JobEvent e;
+  e.mutable_eval()->set_loss(loss / std::max<int64_t>(1, in->num_steps()));
+  e.mutable_eval()->set_accuracy(correct / std::max<int64_t>(1, examples));
+  e.mutable_eval()->set_num_examples(examples);
+  emit_(e);
+  return absl::OkStatus();
+}
+
+void JobDriver::Runner::Release() {
+  if (save_thread_.joinable()) save_thread_.join();
+  for (const std::string& id : live_ids_) d_->arrays_->Delete(id).IgnoreError();
+  for (const v1::StateArraySpec& a : job_.state())
+    d_->arrays_->Delete(Id("snapshot/" + a.name())).IgnoreError();
+  for (const std::string& id : {train_input_, eval_input_}) {
+    if (!id.empty()) d_->arrays_->CloseInput(id).IgnoreError();
+  }
+}
 
 void JobDriver::SetState(const std::string& state, int64_t step, const std::string& error) {
   absl::MutexLock lock(&mu_);
@@ -92,318 +466,23 @@ void JobDriver::Status(std::string* state, int64_t* step, std::string* error) {
   *error = error_;
 }
 
-void JobDriver::AbortAll(const std::string& reason) {
-  const uint64_t epoch = registry_->collective_epoch();
-  registry_->AdvanceCollectiveEpoch();  // the next run starts clean (transport.h)
-  std::vector<std::thread> threads;
-  for (size_t r = 0; r < stubs_.size(); ++r) {
-    threads.emplace_back([&, r] {
-      grpc::ClientContext ctx;
-      SetTimeout(ctx, absl::Seconds(2));
-      v1::AbortRequest req;
-      req.set_reason(reason);
-      req.set_epoch(epoch);
-      v1::AbortResponse resp;
-      stubs_[r]->Abort(&ctx, req, &resp);
-    });
-  }
-  for (auto& t : threads) t.join();
-}
-
-absl::Status JobDriver::AllWorkers(const std::string& what, absl::Duration timeout,
-                                   const Call& call) {
-  const int n = static_cast<int>(stubs_.size());
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  for (int r = 0; r < n; ++r) {
-    contexts.push_back(std::make_unique<grpc::ClientContext>());
-    SetTimeout(*contexts.back(), timeout);
-  }
-  absl::Mutex mu;
-  std::vector<grpc::Status> status(n);
-  std::vector<int> failed_in_order;  // ranks, by time of failure
-  int remaining = n;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      grpc::Status s = call(r, *stubs_[r], contexts[r].get());
-      absl::MutexLock lock(&mu);
-      status[r] = s;
-      if (!s.ok()) failed_in_order.push_back(r);
-      --remaining;
-    });
-  }
-  // Root cause first: a worker that missed heartbeats, then one the RPC could not reach (errors a
-  // worker returns itself start with "rank "), then the earliest failure.
-  auto root_cause = [&](const std::vector<int>& dead)
-                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) -> absl::Status {
-    if (!dead.empty()) {
-      return absl::UnavailableError(absl::StrCat(
-          "worker ", registry_->Describe(dead[0]), " missed heartbeats for ",
-          absl::FormatDuration(options_.heartbeat_timeout), " during ", what, " (died or hung)"));
-    }
-    for (int r : failed_in_order) {
-      if (status[r].error_code() == grpc::UNAVAILABLE &&
-          !absl::StartsWith(status[r].error_message(), "rank ")) {
-        return absl::UnavailableError(
-            absl::StrCat("worker ", registry_->Describe(r), " is unreachable during ", what,
-                         " (process died?): ", status[r].error_message()));
-      }
-    }
-    const int first = failed_in_order.front();
-    return FromGrpcStatus(status[first], absl::StrCat("worker ", registry_->Describe(first),
-                                                      " failed during ", what));
-  };
-  absl::Status result;
-  std::vector<int> dead;
-  mu.Lock();
-  while (remaining > 0) {
-    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return remaining == 0; };
-    mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(100));
-    if (!result.ok()) continue;
-    dead = registry_->DeadRanks(options_.heartbeat_timeout);
-    if (failed_in_order.empty() && dead.empty()) continue;
-    // Give a dead worker's RPC a moment to fail too, so the root cause names it.
-    mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(200));
-    result = root_cause(dead);
-    for (int r : dead) contexts[r]->TryCancel();
-    mu.Unlock();
-    AbortAll(std::string(result.message()));
-    mu.Lock();
-  }
-  if (result.ok() && !failed_in_order.empty()) {
-    result = root_cause(dead);
-    mu.Unlock();
-    AbortAll(std::string(result.message()));
-    mu.Lock();
-  }
-  mu.Unlock();
-  for (auto& t : threads) t.join();
-  return result;
-}
-
-absl::Status JobDriver::Run(const JobConfig& config, const EventSink& emit) {
+absl::Status JobDriver::Run(const v1::JobSpec& job, const EventSink& emit) {
   SetState("running", 0, "");
-  auto fail = [&](absl::Status s) {
-    SetState("failed", 0, std::string(s.message()));
+  absl::Status s;
+  int64_t step = 0;
+  {
+    Runner run(this, job, emit, absl::StrCat("job-", ++jobs_started_, "/"));
+    s = run.Prepare();
+    if (s.ok()) s = run.InitState();
+    if (s.ok()) s = run.Loop();
+    if (s.ok()) s = run.Evaluate();
+    step = run.step();
+  }
+  if (!s.ok()) {
+    SetState("failed", step, std::string(s.message()));
     if (options_.metrics != nullptr) options_.metrics->OnJobEnded(false);
     LOG(ERROR) << "job failed: " << s;
     return s;
-  };
-  auto info = [&](const std::string& text) {
-    v1::JobEvent e;
-    e.set_info(text);
-    return emit(e);
-  };
-  const Mesh& mesh = registry_->mesh();
-  if (!config.mesh.empty()) {
-    absl::StatusOr<Mesh> want = Mesh::Create(config.mesh);
-    if (!want.ok()) return fail(want.status());
-    if (*want != mesh) {
-      return fail(absl::InvalidArgumentError(absl::StrCat(
-          "job mesh ", want->ToString(), " does not match the cluster's ", mesh.ToString())));
-    }
-  }
-  absl::StatusOr<v1::StepProgram> program = BuildDpClassifierProgram(config, mesh);
-  if (!program.ok()) return fail(program.status());
-  if (absl::Status s = registry_->WaitUntilReady(absl::Now() + options_.ready_timeout); !s.ok())
-    return fail(s);
-  if (stubs_.empty()) {
-    for (const auto& p : registry_->Peers())
-      stubs_.push_back(v1::Worker::NewStub(CreateChannel(p.address())));
-  }
-  const int64_t steps_per_epoch = kFashionMnistTrainExamples / config.data.batch_size;
-  const int64_t total =
-      config.train.max_steps > 0 ? config.train.max_steps : config.train.epochs * steps_per_epoch;
-  info(absl::StrCat(
-      "plan: ", mesh.ToString(),
-      "; params and optimizer state PartitionSpec() (replicated); batch ",
-      "PartitionSpec('data', None): ", program->minibatch_size() * program->num_minibatches(),
-      " examples per worker per step in ", program->num_minibatches(), " minibatches; ", total,
-      " steps (", steps_per_epoch, " per epoch)"));
-
-  // Checkpoints (config.checkpoint): where the state comes from, if not from init.
-  const std::vector<checkpoint::WantedArray> state = TrainStateArrays(*program, mesh);
-  const ForEachWorker each_worker = [this](const WorkerCall& call) {
-    return AllWorkers("checkpoint", options_.load_timeout, call);
-  };
-  absl::StatusOr<RestoredState> restored = RestoreJobState(config, mesh, state, each_worker, info);
-  if (!restored.ok()) return fail(restored.status());
-  int64_t step = std::max<int64_t>(0, restored->step);
-  const std::string restore_prefix = restored->step >= 0 ? kRestorePrefix : "";
-
-  v1::LoadProgramRequest load;
-  *load.mutable_program() = *program;
-  load.set_restore_prefix(restore_prefix);
-  load.set_dataset_dir(config.data.path);
-  load.set_seed(config.train.seed);
-  load.set_global_batch_size(config.data.batch_size);
-  load.set_collective_timeout_seconds(config.train.collective_timeout_seconds);
-  load.set_epoch(registry_->collective_epoch());
-  absl::Status s = AllWorkers(
-      "LoadProgram", options_.load_timeout,
-      [&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
-        v1::LoadProgramResponse resp;
-        grpc::Status st = stub.LoadProgram(ctx, load, &resp);
-        if (st.ok() && resp.restored_size() != restored->arrays) {
-          return grpc::Status(grpc::INTERNAL,
-                              absl::StrCat("rank ", r, ": took ", resp.restored_size(), " of the ",
-                                           restored->arrays, " restored state arrays"));
-        }
-        return st;
-      });
-  if (!s.ok()) return fail(s);
-
-  // A save in flight (async: written from the workers' snapshot while the next steps run).
-  std::thread save_thread;
-  absl::StatusOr<v1::SaveCheckpointResponse> save_result;
-  absl::Duration save_time;
-  auto finish_save = [&]() -> absl::Status {
-    if (!save_thread.joinable()) return absl::OkStatus();
-    save_thread.join();
-    if (!save_result.ok()) return save_result.status();
-    info(absl::StrCat("checkpoint saved: ", save_result->path(), " (", save_result->bytes_written(),
-                      " bytes in ", absl::FormatDuration(save_time), ")"));
-    return absl::OkStatus();
-  };
-  auto fail_after_save = [&](absl::Status s) {
-    if (save_thread.joinable()) save_thread.join();
-    return fail(std::move(s));
-  };
-  const bool saving = !config.checkpoint.dir.empty();
-  auto is_save_step = [&](int64_t at) {
-    return saving && (at == total ||
-                      (config.checkpoint.save_every > 0 && at % config.checkpoint.save_every == 0));
-  };
-  const std::vector<CheckpointArray> snapshot_arrays = StoredUnder(state, kSnapshotPrefix);
-
-  const int64_t first_step = step;
-  const absl::Time start = absl::Now();
-  absl::Time interval_start = start;
-  int64_t interval_first = step;
-  std::vector<v1::RunStepsResponse> responses(stubs_.size());
-  std::vector<v1::StepMetrics> interval;  // every worker's metrics since the last report
-  while (step < total) {
-    // Up to the next report (every log_every steps), the next save or the end.
-    int64_t next =
-        std::min<int64_t>(total, (step / config.train.log_every + 1) * config.train.log_every);
-    if (saving && config.checkpoint.save_every > 0) {
-      next = std::min<int64_t>(
-          next, (step / config.checkpoint.save_every + 1) * config.checkpoint.save_every);
-    }
-    const int block = static_cast<int>(next - step);
-    v1::RunStepsRequest req;
-    req.set_first_step(step);
-    req.set_num_steps(block);
-    req.set_epoch(registry_->collective_epoch());
-    if (is_save_step(next)) {
-      // A second save waits for the first; the snapshot replaces the one it writes from.
-      if (absl::Status saved = finish_save(); !saved.ok()) return fail(saved);
-      req.set_snapshot_prefix(kSnapshotPrefix);
-    }
-    const absl::Duration timeout =
-        absl::Seconds(config.train.collective_timeout_seconds * block + 30);
-    s = AllWorkers(absl::StrCat("steps ", step, "..", step + block - 1), timeout,
-                   [&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
-                     responses[r].Clear();
-                     return stub.RunSteps(ctx, req, &responses[r]);
-                   });
-    if (!s.ok()) return fail_after_save(s);
-    // The non-finite guard, before this block's state can be saved: the step's loss is the sum
-    // over every worker's examples.
-    for (int k = 0; k < block; ++k) {
-      double loss_sum = 0;
-      for (const auto& resp : responses)
-        loss_sum += k < resp.steps_size() ? resp.steps(k).loss_sum() : 0.0;
-      if (absl::Status finite = CheckLossFinite(step + k + 1, loss_sum); !finite.ok()) {
-        return fail_after_save(finite);
-      }
-    }
-    step += block;
-    for (const auto& resp : responses)
-      interval.insert(interval.end(), resp.steps().begin(), resp.steps().end());
-    if (is_save_step(step)) {
-      const int64_t at = step;
-      save_thread = std::thread([&, at] {
-        const absl::Time t0 = absl::Now();
-        save_result = WriteCheckpoint(config.checkpoint.dir, at, config.checkpoint.keep, mesh,
-                                      snapshot_arrays, each_worker);
-        save_time = absl::Now() - t0;
-      });
-      if (!config.checkpoint.async) {
-        if (absl::Status saved = finish_save(); !saved.ok()) return fail(saved);
-      }
-    }
-    if (step % config.train.log_every != 0 && step != total) continue;
-    const int64_t steps_done = step - interval_first;
-    // Means over every step of the interval and every worker, as the seed's metrics accumulate
-    // between prints.
-    double loss = 0, correct = 0, step_seconds = 0, collective_seconds = 0;
-    int64_t count = 0, samples = 0;
-    std::vector<double> all_step_seconds, all_collective_seconds;
-    for (const v1::StepMetrics& m : interval) {
-      loss += m.loss_sum();
-      correct += m.correct();
-      count += m.count();
-      step_seconds += m.step_seconds();
-      collective_seconds += m.collective_seconds();
-      all_step_seconds.push_back(m.step_seconds());
-      all_collective_seconds.push_back(m.collective_seconds());
-      ++samples;
-    }
-    interval.clear();
-    if (options_.metrics != nullptr) {
-      options_.metrics->OnSteps(static_cast<int>(steps_done), config.data.batch_size, loss / count,
-                                correct / count, all_step_seconds, all_collective_seconds);
-    }
-    const double block_seconds =
-        std::max(1e-9, absl::ToDoubleSeconds(absl::Now() - interval_start));
-    const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
-    interval_start = absl::Now();
-    interval_first = step;
-    v1::JobEvent e;
-    v1::StepReport* rep = e.mutable_step();
-    rep->set_step(step);
-    rep->set_total_steps(total);
-    rep->set_epoch(static_cast<double>(step) / steps_per_epoch);
-    rep->set_loss(loss / count);
-    rep->set_accuracy(correct / count);
-    rep->set_samples_per_second(steps_done * config.data.batch_size / block_seconds);
-    rep->set_eta_seconds(elapsed / (step - first_step) * (total - step));
-    rep->set_step_seconds(step_seconds / samples);
-    rep->set_collective_seconds(collective_seconds / samples);
-    SetState("running", step, "");
-    if (!emit(e)) {
-      AbortAll("job cancelled: the client went away");
-      return fail_after_save(absl::CancelledError("job cancelled: the client went away"));
-    }
-  }
-  if (absl::Status saved = finish_save(); !saved.ok()) return fail(saved);
-  if (saving) {
-    // The snapshot's copies are not needed any more.
-    DeleteOnWorkers(snapshot_arrays, each_worker);
-  }
-
-  if (config.train.evaluate) {
-    std::vector<v1::EvaluateResponse> evals(stubs_.size());
-    s = AllWorkers("Evaluate", options_.load_timeout,
-                   [&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
-                     v1::EvaluateRequest req;
-                     req.set_epoch(registry_->collective_epoch());
-                     return stub.Evaluate(ctx, req, &evals[r]);
-                   });
-    if (!s.ok()) return fail(s);
-    double loss = 0, correct = 0;
-    int64_t count = 0;
-    for (const auto& ev : evals) {
-      loss += ev.loss_sum();
-      correct += ev.correct();
-      count += ev.count();
-    }
-    v1::JobEvent e;
-    e.mutable_eval()->set_loss(loss / std::max<int64_t>(1, count));
-    e.mutable_eval()->set_accuracy(correct / std::max<int64_t>(1, count));
-    e.mutable_eval()->set_num_examples(count);
-    emit(e);
   }
   SetState("done", step, "");
   if (options_.metrics != nullptr) options_.metrics->OnJobEnded(true);

@@ -18,15 +18,6 @@ Executor::CompiledOp FromKernel(std::unique_ptr<Kernel> kernel) {
   return [k](const RunContext&) { return k->Run(); };
 }
 
-absl::Status Arity(const v1::Op& op, int inputs, int outputs) {
-  if (op.inputs_size() != inputs || op.outputs_size() != outputs) {
-    return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), " takes ", inputs,
-                                                   " inputs and ", outputs, " outputs; got ",
-                                                   op.inputs_size(), " and ", op.outputs_size()));
-  }
-  return absl::OkStatus();
-}
-
 // Reshapes and slices: their result may be a view of their input (Executor::CompileView).
 bool IsViewKind(v1::OpKind kind) {
   return kind == v1::OP_RESHAPE || kind == v1::OP_SLICE || kind == v1::OP_DYNAMIC_SLICE;
@@ -86,12 +77,6 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
       cf.ops.push_back(*std::move(op));
       if (ex->options_.observer != nullptr) cf.recorders.push_back(ex->RecorderFor(f.ops(i)));
     }
-    for (const v1::Feed& feed : f.feeds()) {
-      if (!ex->buffers_.count(feed.buffer())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("function '", f.name(), "' feeds unknown buffer '", feed.buffer(), "'"));
-      }
-    }
     ex->functions_[f.name()] = std::move(cf);
   }
   // Views and placed parts use another buffer's memory, never their own.
@@ -118,14 +103,13 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
 }
 
 void Executor::AnalyzeBuffers() {
-  // Every writer and reader of every buffer: (function, op index), a feed as op index -1.
+  // Every writer and reader of every buffer: (function, op index).
   std::map<std::string, std::vector<std::pair<int, int>>> writers, readers;
   // The buffers that may view each buffer's memory (outputs of view ops on it, their views, ...):
   // they would see an in-place update of it.
   std::map<std::string, std::vector<std::string>> view_outputs;
   for (int f = 0; f < program_.functions_size(); ++f) {
     const v1::Function& fn = program_.functions(f);
-    for (const v1::Feed& feed : fn.feeds()) writers[feed.buffer()].push_back({f, -1});
     for (int i = 0; i < fn.ops_size(); ++i) {
       const v1::Op& op = fn.ops(i);
       for (const std::string& out : op.outputs()) writers[out].push_back({f, i});
@@ -368,11 +352,6 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
   }
   for (const Placement& p : placements_)
     buffers_.at(p.part).ShareMemory(buffers_.at(p.whole), p.byte_offset);
-  for (const v1::Feed& feed : cf.function->feeds()) {
-    if (!ctx.feed)
-      return absl::FailedPreconditionError(absl::StrCat("function '", name, "' needs feeds"));
-    if (absl::Status s = ctx.feed(feed, &buffers_.at(feed.buffer())); !s.ok()) return s;
-  }
   const bool record = !cf.recorders.empty();
   for (size_t i = 0; i < cf.ops.size(); ++i) {
     const absl::Time start = record ? absl::Now() : absl::InfinitePast();
@@ -398,19 +377,23 @@ OpObserver::Recorder Executor::RecorderFor(const v1::Op& op) {
       {v1::OP_PPERMUTE, "ppermute"},
       {v1::OP_ALL_TO_ALL, "all_to_all"}};
   auto it = kCollectives.find(op.kind());
-  if (op.kind() == v1::OP_ALL_REDUCE) {
-    collective = op.reduce_op() == v1::REDUCE_OP_MEAN ? "pmean" : "psum";
-  } else if (it != kCollectives.end()) {
+  if (it != kCollectives.end()) {
     collective = it->second;
+  } else if (op.kind() == v1::OP_ADAM_UPDATE && op.axis_names_size() > 0) {
+    // The gradient's all-reduce fused with the update: counted as the collective it replaces
+    // (its time includes the update), its bytes the gradient's.
+    collective = op.fn() == "mean" ? "pmean" : "psum";
+    const Tensor* grad = op.inputs_size() > 1 ? buffer(op.inputs(1)) : nullptr;
+    return options_.observer->ForCollective(
+        collective, absl::StrJoin(op.axis_names(), ","),
+        grad != nullptr ? static_cast<int64_t>(grad->size_bytes()) : 0);
   }
   if (!collective.empty()) {
     int64_t bytes = 0;
     for (const auto& name : op.inputs()) {
       if (const Tensor* t = buffer(name)) bytes += static_cast<int64_t>(t->size_bytes());
     }
-    return options_.observer->ForCollective(
-        collective, op.axis_name().empty() ? absl::StrJoin(op.axis_names(), ",") : op.axis_name(),
-        bytes);
+    return options_.observer->ForCollective(collective, absl::StrJoin(op.axis_names(), ","), bytes);
   }
   return options_.observer->ForKernel(
       absl::AsciiStrToLower(v1::OpKind_Name(op.kind()).substr(3)));  // matmul
@@ -433,25 +416,6 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
     return FromKernel(*std::move(k));
   };
   switch (op.kind()) {
-    case v1::OP_FILL: {
-      if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
-      Tensor* t = out[0];
-      const float value = op.value();
-      return CompiledOp([t, value](const RunContext&) {
-        std::fill_n(t->data<float>(), t->num_elements(), value);
-        return absl::OkStatus();
-      });
-    }
-    case v1::OP_INIT_TRUNCATED_NORMAL: {
-      if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
-      Tensor* t = out[0];
-      const PRNGKey key = FoldIn(options_.init_key, op.seed_offset());
-      const float scale = op.scale();
-      return CompiledOp([t, key, scale](const RunContext&) {
-        TruncatedNormal(key, t->num_elements(), scale, t->data<float>());
-        return absl::OkStatus();
-      });
-    }
     case v1::OP_MATMUL: {
       if (op.inputs_size() < 2 || op.inputs_size() > 3 || op.outputs_size() != 1) {
         return absl::InvalidArgumentError("OP_MATMUL takes a, b[, bias] and one output");
@@ -463,113 +427,6 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
       mo.accumulate = op.accumulate();
       return wrap(
           CreateMatmul(*in[0], *in[1], op.inputs_size() == 3 ? in[2] : nullptr, *out[0], mo));
-    }
-    case v1::OP_SILU:
-      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
-      return wrap(CreateSilu(*in[0], *out[0]));
-    case v1::OP_SILU_GRAD:
-      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
-      return wrap(CreateSiluGrad(*in[0], *in[1], *out[0]));
-    case v1::OP_DROPOUT: {
-      if (absl::Status s = Arity(op, 1, 2); !s.ok()) return s;
-      absl::StatusOr<int> axis =
-          options_.mesh ? options_.mesh->AxisIndex(op.axis_name())
-                        : absl::StatusOr<int>(absl::FailedPreconditionError("no mesh"));
-      if (!axis.ok()) return axis.status();
-      const uint32_t axis_index = options_.mesh->Coords(options_.rank)[*axis];
-      absl::StatusOr<std::unique_ptr<Kernel>> mul = CreateMultiply(*in[0], *out[1], *out[0]);
-      if (!mul.ok()) return mul.status();
-      std::shared_ptr<Kernel> k = *std::move(mul);
-      Tensor* mask = out[1];
-      const float keep = 1.0f - op.rate();
-      return CompiledOp([k, mask, keep, axis_index](const RunContext& ctx) {
-        // The seed's accumulate_gradients folds in the minibatch index, then loss_fn folds the
-        // step key over the data axis (fold_rng_over_axis), so masks differ across batch shards.
-        const PRNGKey key = FoldIn(FoldIn(ctx.step_key, ctx.minibatch), axis_index);
-        std::vector<uint32_t> bits = RandomBits(key, mask->num_elements());
-        float* m = mask->data<float>();
-        const float scale = 1.0f / keep;
-        for (int64_t i = 0; i < mask->num_elements(); ++i)
-          m[i] = BitsToUnitFloat(bits[i]) < keep ? scale : 0.0f;
-        return k->Run();
-      });
-    }
-    case v1::OP_DROPOUT_GRAD:
-      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
-      return wrap(CreateMultiply(*in[0], *in[1], *out[0]));
-    case v1::OP_SOFTMAX_CROSS_ENTROPY:
-      if (absl::Status s = Arity(op, 2, 3); !s.ok()) return s;
-      return wrap(CreateSoftmaxCrossEntropy(*in[0], *in[1], out[0], *out[1], *out[2]));
-    case v1::OP_SOFTMAX_CROSS_ENTROPY_EVAL:
-      if (absl::Status s = Arity(op, 2, 2); !s.ok()) return s;
-      return wrap(CreateSoftmaxCrossEntropy(*in[0], *in[1], nullptr, *out[0], *out[1]));
-    case v1::OP_REDUCE_SUM_ROWS:
-      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
-      return wrap(CreateReduceSumRows(*in[0], *out[0], op.alpha() == 0.0f ? 1.0f : op.alpha(),
-                                      op.accumulate()));
-    case v1::OP_ACCUMULATE:
-      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
-      return wrap(CreateAccumulate(*in[0], op.scale(), *out[0]));
-    case v1::OP_ALL_REDUCE: {
-      if (op.inputs_size() != op.outputs_size() || op.inputs_size() == 0) {
-        return absl::InvalidArgumentError(
-            "OP_ALL_REDUCE reduces its inputs in place: outputs must equal inputs");
-      }
-      for (int i = 0; i < op.inputs_size(); ++i) {
-        if (op.inputs(i) != op.outputs(i) || in[i]->dtype() != in[0]->dtype()) {
-          return absl::InvalidArgumentError(absl::StrCat("OP_ALL_REDUCE buffer '", op.inputs(i),
-                                                         "' must be in place and of one dtype"));
-        }
-      }
-      absl::StatusOr<Communicator*> comm = CommunicatorFor(op.axis_name());
-      if (!comm.ok()) return comm.status();
-      const ReduceOp rop = op.reduce_op() == v1::REDUCE_OP_MEAN ? ReduceOp::kMean : ReduceOp::kSum;
-      int64_t total = 0;
-      for (Tensor* t : in) total += t->num_elements();
-      // One fused bucket, as DDP / Horovod fuse small gradients into one all-reduce.
-      auto bucket = std::make_shared<Tensor>(in[0]->dtype(), Dims{total});
-      Communicator* c = *comm;
-      absl::Duration* timer = &collective_time_;
-      return CompiledOp([c, in, bucket, rop, total, timer](const RunContext&) {
-        const absl::Time start = absl::Now();
-        char* dst = static_cast<char*>(bucket->raw());
-        for (Tensor* t : in) {
-          std::memcpy(dst, t->raw(), t->size_bytes());
-          dst += t->size_bytes();
-        }
-        absl::Status s = c->AllReduce(bucket->raw(), total, bucket->dtype(), rop);
-        *timer += absl::Now() - start;
-        if (!s.ok()) return s;
-        const char* src = static_cast<const char*>(bucket->raw());
-        for (Tensor* t : in) {
-          std::memcpy(t->raw(), src, t->size_bytes());
-          src += t->size_bytes();
-        }
-        return absl::OkStatus();
-      });
-    }
-    case v1::OP_ADAMW: {
-      if (absl::Status s = Arity(op, 4, 3); !s.ok()) return s;
-      for (Tensor* t : in) {
-        if (t->num_elements() != in[0]->num_elements()) {
-          return absl::InvalidArgumentError("OP_ADAMW operands differ in size");
-        }
-      }
-      AdamWHyperParams hp{op.adamw().learning_rate(), op.adamw().b1(), op.adamw().b2(),
-                          op.adamw().eps(), op.adamw().weight_decay()};
-      return CompiledOp([hp, in](const RunContext& ctx) {
-        AdamWUpdate(hp, ctx.step_count, in[0]->data<float>(), in[1]->data<float>(),
-                    in[2]->data<float>(), in[3]->data<float>(), in[0]->num_elements());
-        return absl::OkStatus();
-      });
-    }
-    case v1::OP_SGD: {
-      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
-      const float lr = op.adamw().learning_rate();
-      return CompiledOp([lr, in](const RunContext&) {
-        SgdUpdate(lr, in[0]->data<float>(), in[1]->data<float>(), in[0]->num_elements());
-        return absl::OkStatus();
-      });
     }
     default:
       if (op.kind() >= v1::OP_PSUM) return CompileCollective(op, in, out);

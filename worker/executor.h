@@ -1,5 +1,5 @@
-// Runs a StepProgram on one worker: owns the program's buffers (this worker's shards) and the
-// kernels compiled from its ops.
+// Runs a StepProgram (a shard_map program's buffers and function) on one worker: owns the program's
+// buffers (this worker's shards) and the kernels compiled from its ops.
 #ifndef MESHRUN_WORKER_EXECUTOR_H_
 #define MESHRUN_WORKER_EXECUTOR_H_
 
@@ -21,13 +21,8 @@
 namespace meshrun {
 
 // What one function call needs from its caller.
-struct RunContext {
-  PRNGKey step_key{0, 0};  // per-step key; dropout folds in the minibatch index and axis index
-  int minibatch = 0;
-  int64_t step_count = 1;  // optimizer step t, counting from 1
-  // Fills a Feed's buffer before the ops run.
-  std::function<absl::Status(const v1::Feed&, Tensor*)> feed;
-};
+// What a run may depend on beyond its buffers (nothing yet: keys and steps are arguments).
+struct RunContext {};
 
 // Receives the duration of every op an Executor runs (for metrics). An executor asks once per
 // op, when it compiles the program, for a recorder, and calls it after each run of the op, so
@@ -52,7 +47,6 @@ class Executor {
     int rank = 0;
     Transport* transport = nullptr;  // may be null for programs without collectives
     CollectiveOptions collectives;
-    PRNGKey init_key{0, 0};  // parameter initialisation key: fold_in(init_key, op.seed_offset)
     OpObserver* observer = nullptr;  // optional; must outlive the executor
     // Buffers the caller will take after Run (TakeOutput). An input updated in place is never
     // viewed by one of them (it would show the new values).
@@ -126,7 +120,7 @@ class Executor {
   v1::StepProgram program_;
   Options options_;
   std::map<std::string, Tensor> buffers_;
-  std::set<std::string> written_;  // buffers an op or a feed writes
+  std::set<std::string> written_;  // buffers an op writes
   // Inputs (no op writes them) still in their own memory, unwritten: zeroed when first used
   // (buffer(), Run) unless BindInput gives them memory or values first.
   std::set<std::string> unzeroed_;

@@ -29,8 +29,9 @@ absl::StatusOr<std::shared_ptr<const Dataset>> WorkerService::OpenDataset(
   return ds;
 }
 
-grpc::Status WorkerService::OpenInputPipeline(grpc::ServerContext*, const v1::OpenInputPipelineRequest* req,
-                                      v1::OpenInputPipelineResponse* resp) {
+grpc::Status WorkerService::OpenInputPipeline(grpc::ServerContext*,
+                                              const v1::OpenInputPipelineRequest* req,
+                                              v1::OpenInputPipelineResponse* resp) {
   absl::StatusOr<Membership> m = JoinedMembership();
   if (!m.ok()) return Error(m.status());
   if (req->input_id().empty()) return Error(absl::InvalidArgumentError("OpenInput: empty id"));
@@ -53,8 +54,9 @@ grpc::Status WorkerService::OpenInputPipeline(grpc::ServerContext*, const v1::Op
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::CloseInputPipeline(grpc::ServerContext*, const v1::CloseInputPipelineRequest* req,
-                                       v1::CloseInputPipelineResponse*) {
+grpc::Status WorkerService::CloseInputPipeline(grpc::ServerContext*,
+                                               const v1::CloseInputPipelineRequest* req,
+                                               v1::CloseInputPipelineResponse*) {
   absl::MutexLock lock(&input_mu_);
   if (inputs_.erase(req->input_id()) == 0) {
     return Error(absl::NotFoundError(absl::StrCat("input '", req->input_id(), "' is not open")));
@@ -62,8 +64,7 @@ grpc::Status WorkerService::CloseInputPipeline(grpc::ServerContext*, const v1::C
   return grpc::Status::OK;
 }
 
-absl::StatusOr<std::vector<Tensor>> WorkerService::FeedBlocks(const v1::InputFeed& feed,
-                                                              int run) {
+absl::StatusOr<std::vector<Tensor>> WorkerService::FeedBlocks(const v1::InputFeed& feed, int run) {
   std::shared_ptr<InputPipeline> pipeline;
   {
     absl::MutexLock lock(&input_mu_);
@@ -74,13 +75,13 @@ absl::StatusOr<std::vector<Tensor>> WorkerService::FeedBlocks(const v1::InputFee
     pipeline = it->second;
   }
   if (static_cast<size_t>(feed.argnums_size()) != pipeline->block_dims().size()) {
-    return absl::InvalidArgumentError(absl::StrCat("the feed of input '", feed.input_id(),
-                                                   "' binds ", feed.argnums_size(),
-                                                   " arguments; the pipeline has ",
-                                                   pipeline->block_dims().size(), " fields"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("the feed of input '", feed.input_id(), "' binds ", feed.argnums_size(),
+                     " arguments; the pipeline has ", pipeline->block_dims().size(), " fields"));
   }
   const int64_t before = pipeline->bytes_read();
   absl::StatusOr<std::vector<Tensor>> blocks = pipeline->Next(feed.step() + run);
+  // Only this call takes from this pipeline (RunShardMap runs one at a time).
   if (metrics_ != nullptr) metrics_->OnInputBytes(pipeline->bytes_read() - before);
   return blocks;
 }

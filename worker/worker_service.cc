@@ -33,7 +33,7 @@ absl::Status WorkerService::CheckMemoryBudget(const std::string& what, int64_t b
 
 WorkerService::~WorkerService() {
   absl::MutexLock lock(&job_mu_);
-  trainer_.reset();
+  executors_.clear();  // before the transport their collectives use
 }
 
 void WorkerService::Join(Membership membership, RingService* ring) {
@@ -65,118 +65,6 @@ void WorkerService::Join(Membership membership, RingService* ring) {
 grpc::Status WorkerService::Error(const absl::Status& s) const {
   return ToGrpcStatus(
       absl::Status(s.code(), absl::StrCat("rank ", membership_.rank, ": ", s.message())));
-}
-
-absl::StatusOr<std::pair<std::shared_ptr<const ImageDataset>, std::shared_ptr<const ImageDataset>>>
-WorkerService::Datasets(const std::string& dir) {
-  auto it = datasets_.find(dir);
-  if (it != datasets_.end()) return it->second;
-  absl::StatusOr<ImageDataset> train = LoadFashionMnist(dir, "train");
-  if (!train.ok()) return train.status();
-  absl::StatusOr<ImageDataset> test = LoadFashionMnist(dir, "test");
-  if (!test.ok()) return test.status();
-  auto pair = std::make_pair(std::make_shared<const ImageDataset>(*std::move(train)),
-                             std::make_shared<const ImageDataset>(*std::move(test)));
-  datasets_[dir] = pair;
-  return pair;
-}
-
-grpc::Status WorkerService::LoadProgram(grpc::ServerContext*, const v1::LoadProgramRequest* req,
-                                        v1::LoadProgramResponse* resp) {
-  {
-    absl::MutexLock lock(&join_mu_);
-    if (!joined_)
-      return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
-  }
-  absl::MutexLock lock(&job_mu_);
-  trainer_.reset();
-  if (absl::Status s = EnterEpoch(req->epoch()); !s.ok()) return Error(s);
-  auto data = Datasets(req->dataset_dir());
-  if (!data.ok()) return Error(data.status());
-  Executor::Options eo;
-  eo.mesh = &membership_.mesh;
-  eo.rank = membership_.rank;
-  eo.transport = transport_.get();
-  eo.collectives.timeout =
-      absl::Seconds(req->collective_timeout_seconds() > 0 ? req->collective_timeout_seconds() : 30);
-  eo.init_key = MakePRNGKey(req->seed());
-  eo.observer = metrics_;
-  SetComputeThreads(compute_threads_);  // before oneDNN primitives are created
-  auto executor = Executor::Create(req->program(), eo);
-  if (!executor.ok()) return Error(executor.status());
-  Trainer::Options to;
-  to.seed = req->seed();
-  to.global_batch_size = req->global_batch_size();
-  to.compute_threads = compute_threads_;
-  auto trainer = Trainer::Create(*std::move(executor), data->first, data->second, to);
-  if (!trainer.ok()) return Error(trainer.status());
-  trainer_ = *std::move(trainer);
-  if (!req->restore_prefix().empty()) {
-    // Everything is checked before anything is replaced, so a bad restore leaves init's state.
-    std::vector<std::pair<std::string, std::shared_ptr<const Tensor>>> restore;
-    for (const std::string& name : trainer_->StateNames()) {
-      absl::StatusOr<std::shared_ptr<const Tensor>> t = shards_.Get(req->restore_prefix() + name);
-      if (t.ok()) restore.emplace_back(name, *std::move(t));
-    }
-    for (const auto& [name, t] : restore) {
-      if (absl::Status s = trainer_->RestoreState(name, *t); !s.ok()) {
-        trainer_.reset();
-        return Error(s);
-      }
-      resp->add_restored(name);
-    }
-    for (const auto& [name, t] : restore)
-      shards_.Delete(req->restore_prefix() + name).IgnoreError();
-  }
-  LOG(INFO) << "program loaded: " << req->program().buffers_size() << " buffers, "
-            << trainer_->executor().ResidentBytes(v1::BUFFER_ROLE_UNSPECIFIED) << " bytes resident";
-  return grpc::Status::OK;
-}
-
-grpc::Status WorkerService::RunSteps(grpc::ServerContext* ctx, const v1::RunStepsRequest* req,
-                                     v1::RunStepsResponse* resp) {
-  absl::MutexLock lock(&job_mu_);
-  if (!trainer_) return Error(absl::FailedPreconditionError("no program loaded"));
-  if (absl::Status s = EnterEpoch(req->epoch()); !s.ok()) return Error(s);
-  for (int i = 0; i < req->num_steps(); ++i) {
-    if (ctx->IsCancelled()) return Error(absl::CancelledError("RunSteps cancelled by the caller"));
-    absl::StatusOr<StepResult> r = trainer_->RunStep(req->first_step() + i);
-    if (!r.ok()) {
-      LOG(ERROR) << "step " << req->first_step() + i << " failed: " << r.status();
-      trainer_.reset();  // state is inconsistent after a failed step
-      AbortEpoch(r.status());
-      return Error(r.status());
-    }
-    if (metrics_ != nullptr) metrics_->OnStep();
-    v1::StepMetrics* m = resp->add_steps();
-    m->set_step(r->step);
-    m->set_loss_sum(r->loss_sum);
-    m->set_correct(r->correct);
-    m->set_count(r->count);
-    m->set_step_seconds(r->step_seconds);
-    m->set_collective_seconds(r->collective_seconds);
-  }
-  if (!req->snapshot_prefix().empty()) {
-    for (auto& [name, t] : trainer_->StateSnapshot())
-      shards_.Put(req->snapshot_prefix() + name, std::move(t));
-  }
-  return grpc::Status::OK;
-}
-
-grpc::Status WorkerService::Evaluate(grpc::ServerContext*, const v1::EvaluateRequest* req,
-                                     v1::EvaluateResponse* resp) {
-  absl::MutexLock lock(&job_mu_);
-  if (!trainer_) return Error(absl::FailedPreconditionError("no program loaded"));
-  if (absl::Status s = EnterEpoch(req->epoch()); !s.ok()) return Error(s);
-  absl::StatusOr<StepResult> r = trainer_->Evaluate();
-  if (!r.ok()) {
-    AbortEpoch(r.status());
-    return Error(r.status());
-  }
-  resp->set_loss_sum(r->loss_sum);
-  resp->set_correct(r->correct);
-  resp->set_count(r->count);
-  return grpc::Status::OK;
 }
 
 grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShardMapRequest* req,
@@ -236,9 +124,9 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
   for (int j = 0; j < req->feed().argnums_size(); ++j) {
     const int a = req->feed().argnums(j);
     if (a < 0 || a >= p.inputs_size() || fed[a] >= 0) {
-      return Error(absl::InvalidArgumentError(absl::StrCat(
-          "feed argnums: ", a, " is not an argument index (0..", p.inputs_size() - 1,
-          ") or is given twice")));
+      return Error(absl::InvalidArgumentError(
+          absl::StrCat("feed argnums: ", a, " is not an argument index (0..", p.inputs_size() - 1,
+                       ") or is given twice")));
     }
     fed[a] = j;
   }
@@ -276,10 +164,16 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
                             absl::StrCat("argument ", i, " (array '", ids[i], "'): ", s.message()));
       }
     }
+    const absl::Time start = absl::Now();
+    const absl::Duration collective_before = (*executor)->collective_time();
     if (absl::Status s = (*executor)->Run("main", RunContext{}); !s.ok()) {
       executors_.erase(cached);  // recompiled on the next call, from a clean state
       return s;
     }
+    resp->add_run_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+    resp->add_collective_seconds(
+        absl::ToDoubleSeconds((*executor)->collective_time() - collective_before));
+    if (req->train_steps() && metrics_ != nullptr) metrics_->OnStep();
     for (int i : req->return_outputs()) {
       absl::StatusOr<Tensor> result = (*executor)->TakeOutput(p.outputs(i));
       if (!result.ok()) return result.status();

@@ -1,4 +1,5 @@
-// The Worker gRPC service: loads step programs, runs steps and evaluation, joins benchmarks.
+// The Worker gRPC service: hosts shards, runs shard_map programs fed by its input pipelines,
+// joins collectives and benchmarks.
 #ifndef MESHRUN_WORKER_WORKER_SERVICE_H_
 #define MESHRUN_WORKER_WORKER_SERVICE_H_
 
@@ -11,14 +12,12 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "core/collectives/mailbox.h"
-#include "core/data/idx_dataset.h"
 #include "core/data/input_pipeline.h"
 #include "core/sharding/mesh.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "worker/grpc_transport.h"
 #include "worker/shard_store.h"
 #include "worker/shm_transport.h"
-#include "worker/trainer.h"
 #include "worker/worker_metrics.h"
 
 namespace meshrun {
@@ -34,9 +33,9 @@ struct Membership {
   std::vector<ShmPeer> shm_peers;
 };
 
-// Thread-safe. RPCs that use the program (LoadProgram, RunSteps, Evaluate, RunShardMap,
-// BenchmarkCollective) run one at a time; Abort may arrive at any moment and fails the collectives
-// in flight. Every error a handler returns starts with "rank R: ".
+// Thread-safe. RPCs that run programs (RunShardMap, BenchmarkCollective) run one at a time; Abort
+// may arrive at any moment and fails the collectives in flight. Every error a handler returns
+// starts with "rank R: ".
 class WorkerService final : public v1::Worker::Service {
  public:
   // `compute_threads`: oneDNN threads per worker (0: library default).
@@ -55,12 +54,6 @@ class WorkerService final : public v1::Worker::Service {
   // Sets up the transport once the coordinator has assigned the rank; attaches `ring` to it.
   void Join(Membership membership, RingService* ring);
 
-  grpc::Status LoadProgram(grpc::ServerContext*, const v1::LoadProgramRequest*,
-                           v1::LoadProgramResponse*) override;
-  grpc::Status RunSteps(grpc::ServerContext*, const v1::RunStepsRequest*,
-                        v1::RunStepsResponse*) override;
-  grpc::Status Evaluate(grpc::ServerContext*, const v1::EvaluateRequest*,
-                        v1::EvaluateResponse*) override;
   grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortResponse*) override;
   grpc::Status RunShardMap(grpc::ServerContext*, const v1::RunShardMapRequest*,
                            v1::RunShardMapResponse*) override;
@@ -77,9 +70,9 @@ class WorkerService final : public v1::Worker::Service {
   grpc::Status BenchmarkCollective(grpc::ServerContext*, const v1::BenchmarkCollectiveRequest*,
                                    v1::BenchmarkCollectiveResponse*) override;
   grpc::Status OpenInputPipeline(grpc::ServerContext*, const v1::OpenInputPipelineRequest*,
-                         v1::OpenInputPipelineResponse*) override;
+                                 v1::OpenInputPipelineResponse*) override;
   grpc::Status CloseInputPipeline(grpc::ServerContext*, const v1::CloseInputPipelineRequest*,
-                          v1::CloseInputPipelineResponse*) override;
+                                  v1::CloseInputPipelineResponse*) override;
 
  private:
   grpc::Status Error(const absl::Status& s) const;
@@ -101,9 +94,6 @@ class WorkerService final : public v1::Worker::Service {
   void AbortEpoch(const absl::Status& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
   // The membership, once Join has set it. Errors: FailedPrecondition before.
   absl::StatusOr<Membership> JoinedMembership();
-  absl::StatusOr<
-      std::pair<std::shared_ptr<const ImageDataset>, std::shared_ptr<const ImageDataset>>>
-  Datasets(const std::string& dir) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
 
   const int compute_threads_;
   const int64_t memory_budget_bytes_;
@@ -133,7 +123,6 @@ class WorkerService final : public v1::Worker::Service {
   std::map<std::string, std::shared_ptr<const Dataset>> idx_datasets_ ABSL_GUARDED_BY(input_mu_);
 
   absl::Mutex job_mu_;
-  std::unique_ptr<Trainer> trainer_ ABSL_GUARDED_BY(job_mu_);
   // Compiled shard_map programs, by fingerprint (the program's bytes and the collective
   // deadline): a train step's program comes back every step, and compiling it (buffers, oneDNN
   // primitives) costs more than running it. The few most recent are kept, as jax.jit's cache.
@@ -142,9 +131,6 @@ class WorkerService final : public v1::Worker::Service {
     std::unique_ptr<Executor> executor;
   };
   std::vector<CachedExecutor> executors_ ABSL_GUARDED_BY(job_mu_);
-  std::map<std::string,
-           std::pair<std::shared_ptr<const ImageDataset>, std::shared_ptr<const ImageDataset>>>
-      datasets_ ABSL_GUARDED_BY(job_mu_);
 };
 
 }  // namespace meshrun

@@ -11,12 +11,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/port/process.h"
-#include "core/program/dp_classifier.h"
 #include "core/sharding/logical_axes.h"
 #include "core/sharding/mesh.h"
 #include "core/sharding/named_sharding.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "meshrun/client.h"
+#include "meshrun/job.h"
 #include "meshrun/local_cluster.h"
 #include "meshrun/workloads.h"
 #include "net/credentials.h"
@@ -95,13 +95,6 @@ int Train(const TrainArgs& args) {
   }
   for (std::string* path : {&config->checkpoint.dir, &config->checkpoint.init_from}) {
     if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
-  }
-  if (config->derived_step()) {
-    // The client traces the model; the coordinator partitions and runs each step.
-    WorkloadTrainArgs w = WorkloadArgsFromConfig(*config, args.mesh);
-    w.coordinator = args.coordinator;
-    w.log_dir = args.log_dir;
-    return TrainWorkload(w);
   }
   std::unique_ptr<LocalCluster> cluster;
   std::string address = args.coordinator;
@@ -222,76 +215,11 @@ std::string JobMeshText(const JobConfig& config, const std::string& given,
   return absl::StrJoin(parts, ",");
 }
 
-absl::StatusOr<JobPlan> PlanJob(const JobConfig& config, const std::string& mesh_text) {
+absl::StatusOr<PlannedJob> PlanConfigJob(const JobConfig& config, const std::string& mesh_text) {
   absl::StatusOr<Mesh> mesh = Mesh::Parse(JobMeshText(config, mesh_text, "data=8"));
   if (!mesh.ok()) return mesh.status();
-  absl::StatusOr<v1::StepProgram> program = BuildDpClassifierProgram(config, *mesh);
-  if (!program.ok()) return program.status();
-  return JobPlan{config, *std::move(mesh), *std::move(program)};
+  return PlanJob(config, *mesh);
 }
-
-namespace {
-
-// `meshrun plan JOB`: the main job's plan (core/program/dp_classifier.h), from its step program.
-int PlanMainJob(const PlanArgs& args, const JobConfig& config) {
-  absl::StatusOr<JobPlan> job = PlanJob(config, args.mesh);
-  if (!job.ok()) {
-    std::fprintf(stderr, "meshrun plan: %s\n", std::string(job.status().message()).c_str());
-    return 2;
-  }
-  const v1::StepProgram& p = job->program;
-  std::printf("# job %s: model %s on mesh %s (%d workers)\n", args.config_path.c_str(),
-              job->config.model.name.c_str(), job->mesh.ToString().c_str(), job->mesh.size());
-  std::printf("state (TrainState: params, opt_state, rng):\n");
-  int64_t total = 0;
-  for (const checkpoint::WantedArray& a : TrainStateArrays(p, job->mesh)) {
-    const NamedSharding sharding(job->mesh, a.spec);
-    const int64_t bytes = NumElements(sharding.ShardDims(a.shape)) * DTypeSize(a.dtype);
-    total += bytes;
-    std::printf("  %-34s %s%-12s %-18s %10lld bytes/worker\n", a.name.c_str(),
-                DTypeName(a.dtype).c_str(), DimsToString(a.shape).c_str(),
-                a.spec.ToString().c_str(), static_cast<long long>(bytes));
-  }
-  std::printf("  %-34s %43lld bytes/worker\n", "total", static_cast<long long>(total));
-  const int64_t per_worker = int64_t{p.minibatch_size()} * p.num_minibatches();
-  std::printf(
-      "batch: %d examples, PartitionSpec('data', None): %lld per worker per step in %d minibatches "
-      "of %d\n",
-      job->config.data.batch_size, static_cast<long long>(per_worker), p.num_minibatches(),
-      p.minibatch_size());
-  std::printf("collectives per step:\n");
-  std::map<std::string, const v1::BufferDecl*> buffers;
-  for (const v1::BufferDecl& b : p.buffers()) buffers[b.name()] = &b;
-  for (const v1::Function& f : p.functions()) {
-    if (f.name() == "init" || f.name() == "eval") continue;
-    const int64_t times = f.name() == "microbatch" ? p.num_minibatches() : 1;
-    for (const v1::Op& op : f.ops()) {
-      if (op.kind() != v1::OP_ALL_REDUCE) continue;
-      int64_t bytes = 0;
-      for (const std::string& in : op.inputs()) {
-        const v1::BufferDecl* b = buffers[in];
-        if (b != nullptr)
-          bytes += NumElements(Dims(b->shape().dims().begin(), b->shape().dims().end())) *
-                   DTypeSize(b->dtype());
-      }
-      const int64_t n = job->mesh.axis_size(*job->mesh.AxisIndex(op.axis_name()));
-      std::printf(
-          "  %s(%s) in '%s' x%lld: %d arrays, %lld bytes; ring: %lld bytes sent per worker\n",
-          op.reduce_op() == v1::REDUCE_OP_MEAN ? "pmean" : "psum", op.axis_name().c_str(),
-          f.name().c_str(), static_cast<long long>(times), op.inputs_size(),
-          static_cast<long long>(bytes), static_cast<long long>(2 * (n - 1) * bytes / n));
-    }
-  }
-  if (!job->config.checkpoint.dir.empty()) {
-    std::printf("checkpoint: %s every %d steps and at the end, keep %d%s%s\n",
-                job->config.checkpoint.dir.c_str(), job->config.checkpoint.save_every,
-                job->config.checkpoint.keep, job->config.checkpoint.async ? ", async" : "",
-                job->config.checkpoint.resume ? ", resume" : "");
-  }
-  return 0;
-}
-
-}  // namespace
 
 int Plan(const PlanArgs& in) {
   const auto fail = [](const absl::Status& s) {
@@ -300,17 +228,26 @@ int Plan(const PlanArgs& in) {
   };
   PlanArgs args = in;
   if (!args.config_path.empty()) {
+    // A job's plan: the train step its config derives, on its mesh.
     absl::StatusOr<JobConfig> config = LoadJobConfig(args.config_path);
     if (!config.ok()) return fail(config.status());
-    if (!config->derived_step()) return PlanMainJob(args, *config);
-    const WorkloadTrainArgs w = WorkloadArgsFromConfig(*config, args.mesh);
-    args.workload = w.workload;
-    args.layout = w.layout;
-    args.rules = w.rules;
-    args.fsdp_axis = w.fsdp_axis;
-    args.min_weight_size = w.min_weight_size;
-    args.mesh = w.mesh;
-    std::printf("# job %s\n", args.config_path.c_str());
+    absl::StatusOr<PlannedJob> job = PlanConfigJob(*config, args.mesh);
+    if (!job.ok()) return fail(job.status());
+    std::printf("# job %s: model %s, %d examples per step\n# rules %s%s\n%s",
+                args.config_path.c_str(), config->model.name.c_str(),
+                static_cast<int>(job->spec.examples_per_step()),
+                LogicalAxisRulesToString(job->step.sharding.rules).c_str(),
+                job->step.sharding.fsdp_axis.empty()
+                    ? ""
+                    : absl::StrCat(", FSDP over '", job->step.sharding.fsdp_axis, "'").c_str(),
+                job->step.Plan().c_str());
+    if (!config->checkpoint.dir.empty()) {
+      std::printf("checkpoint: %s every %d steps and at the end, keep %d%s%s\n",
+                  config->checkpoint.dir.c_str(), config->checkpoint.save_every,
+                  config->checkpoint.keep, config->checkpoint.async ? ", async" : "",
+                  config->checkpoint.resume ? ", resume" : "");
+    }
+    return 0;
   }
   absl::StatusOr<Workload> w = SeedWorkload(args.workload);
   if (!w.ok()) return fail(w.status());

@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "core/config/job_config.h"
 #include "core/sharding/mesh.h"
+#include "meshrun/job.h"
 #include "meshrun/nn.h"
 #include "meshrun/v1/program.pb.h"
 
@@ -18,14 +19,9 @@ namespace meshrun::cli {
 std::string JobMeshText(const JobConfig& config, const std::string& given,
                         const std::string& fallback);
 
-// A main-job config planned without a cluster: its mesh (`mesh_text` when non-empty, else the
-// config's, else data=8) and its step program. Errors: the mesh's, the planner's.
-struct JobPlan {
-  JobConfig config;
-  Mesh mesh;
-  v1::StepProgram program;
-};
-absl::StatusOr<JobPlan> PlanJob(const JobConfig& config, const std::string& mesh_text);
+// A job config planned without a cluster, on its mesh (`mesh_text` when non-empty, else the
+// config's, else data=8). Errors: the mesh's, PlanJob's.
+absl::StatusOr<PlannedJob> PlanConfigJob(const JobConfig& config, const std::string& mesh_text);
 
 struct UpArgs {
   std::string mesh = "data=8";
@@ -99,24 +95,13 @@ struct WorkloadTrainArgs {
   bool resume = false;    // continue from the newest committed checkpoint in ckpt_dir
   std::string init_from;  // a safetensors file of parameters
 };
-// A named layout (meshrun/workloads.h), or logical axis rules with FSDP over `fsdp_axis`; either
-// way parameters under `min_weight_size` elements stay replicated.
-// Errors: NotFound naming an unknown layout; InvalidArgument naming a malformed rule.
-absl::StatusOr<nn::ShardingConfig> WorkloadSharding(const std::string& layout,
-                                                    const std::string& rules,
-                                                    const std::string& fsdp_axis,
-                                                    int64_t min_weight_size);
 // Trains a seed workload with a derived train step, printing each step's loss (%.9g).
 int TrainWorkload(const WorkloadTrainArgs& args);
-// A job config of a derived train step (JobConfig::derived_step) as TrainWorkload's arguments:
-// its workload, sharding, mesh (`mesh` when non-empty, else the config's, else data=2,model=4),
-// max_steps (default 20) and checkpoint policy.
-WorkloadTrainArgs WorkloadArgsFromConfig(const JobConfig& config, const std::string& mesh);
 // Checks a checkpoint against a workload's TrainState under a layout and mesh, allocating
 // nothing: missing / extra arrays, shape or dtype mismatches, layouts that cannot be produced,
 // and the bytes each worker would read. Exit 0 when restorable.
 int CkptValidate(const std::string& path, const WorkloadTrainArgs& workload);
-// The same against a job config's TrainState (params, opt_state, rng; a derived step's per its
+// The same against a job config's TrainState (step, rng, params, opt_state, laid out by its
 // sharding) on its mesh (or `mesh` when non-empty).
 int CkptValidateJob(const std::string& path, const std::string& config_path,
                     const std::string& mesh);

@@ -8,7 +8,6 @@
 #include "absl/strings/str_join.h"
 #include "client/cli/commands.h"
 #include "core/checkpoint/checkpoint.h"
-#include "core/program/dp_classifier.h"
 #include "core/sharding/logical_axes.h"
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
@@ -33,47 +32,6 @@ absl::StatusOr<TrainStep> PlanWorkload(const WorkloadTrainArgs& a) {
   if (!mesh.ok()) return mesh.status();
   return BuildTrainStep(*mesh, *sharding, w->optimizer, w->batch, w->loss, 0, w->num_minibatches);
 }
-
-}  // namespace
-
-absl::StatusOr<nn::ShardingConfig> WorkloadSharding(const std::string& layout,
-                                                    const std::string& rules,
-                                                    const std::string& fsdp_axis,
-                                                    int64_t min_weight_size) {
-  nn::ShardingConfig sharding;
-  if (!layout.empty()) {
-    absl::StatusOr<nn::ShardingConfig> named = LayoutSharding(layout);
-    if (!named.ok()) return named.status();
-    sharding = *named;
-  } else {
-    absl::StatusOr<LogicalAxisRules> parsed = ParseLogicalAxisRules(rules);
-    if (!parsed.ok()) return parsed.status();
-    sharding.rules = *parsed;
-    sharding.fsdp_axis = fsdp_axis;
-  }
-  sharding.min_weight_size = min_weight_size;
-  return sharding;
-}
-
-WorkloadTrainArgs WorkloadArgsFromConfig(const JobConfig& c, const std::string& mesh) {
-  WorkloadTrainArgs a;
-  a.workload = c.model.name;
-  a.layout = c.sharding.layout;
-  a.rules = c.sharding.rules;
-  a.fsdp_axis = c.sharding.fsdp_axis;
-  a.min_weight_size = c.sharding.min_weight_size;
-  a.mesh = JobMeshText(c, mesh, "data=2,model=4");
-  a.steps = c.train.max_steps > 0 ? c.train.max_steps : 20;
-  a.ckpt_dir = c.checkpoint.dir;
-  a.save_every = c.checkpoint.save_every;
-  a.keep = c.checkpoint.keep;
-  a.async_save = c.checkpoint.async;
-  a.resume = c.checkpoint.resume;
-  a.init_from = c.checkpoint.init_from;
-  return a;
-}
-
-namespace {
 
 // The mesh of the cluster at `address` ("data=2,model=4"); a non-empty `given` must equal it.
 absl::StatusOr<std::string> ClusterMeshText(Client& client, const std::string& address,
@@ -233,13 +191,15 @@ int CkptValidateJob(const std::string& path, const std::string& config_path,
   const std::string cmd = "ckpt validate";
   absl::StatusOr<JobConfig> config = LoadJobConfig(config_path);
   if (!config.ok()) return Fail(cmd, config.status());
-  if (config->derived_step()) return CkptValidate(path, WorkloadArgsFromConfig(*config, mesh_text));
   absl::StatusOr<checkpoint::Manifest> m = checkpoint::ReadManifest(path);
   if (!m.ok()) return Fail(cmd, m.status());
-  absl::StatusOr<JobPlan> job = PlanJob(*config, mesh_text);
+  absl::StatusOr<PlannedJob> job = PlanConfigJob(*config, mesh_text);
   if (!job.ok()) return Fail(cmd, job.status());
-  return ReportRestore(path, &*m, TrainStateArrays(job->program, job->mesh), job->mesh,
-                       absl::StrCat("the TrainState of ", config_path), job->mesh.ToString());
+  std::vector<checkpoint::WantedArray> wanted;
+  for (const PlannedArray& a : job->step.state)
+    wanted.push_back({a.name, a.dtype, a.shape, a.spec});
+  return ReportRestore(path, &*m, wanted, job->step.mesh,
+                       absl::StrCat("the TrainState of ", config_path), job->step.mesh.ToString());
 }
 
 int Export(const std::string& path, const std::string& out) {

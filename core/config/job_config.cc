@@ -144,7 +144,7 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
       {"model",
        {{"name", Enum(&c.model.name, {"dp_classifier", "mlp", "dot_relu_dot", "classifier"})},
         {"hidden_size", Int(&c.model.hidden_size, 1, 1 << 16)},
-        {"num_classes", Int(&c.model.num_classes, 2, 10)},
+        {"num_classes", Int(&c.model.num_classes, 2, 1 << 16)},
         {"dropout_rate", Num(&c.model.dropout_rate, 0.0, 0.95)}}},
       {"optimizer",
        {{"name", Enum(&c.optimizer.name, {"adamw", "adam", "sgd"})},
@@ -155,9 +155,13 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
         {"weight_decay", Num(&c.optimizer.weight_decay, 0.0, 1.0)},
         {"num_minibatches", Int(&c.optimizer.num_minibatches, 1, 1024)}}},
       {"data",
-       {{"dataset", Enum(&c.data.dataset, {"fashion_mnist"})},
+       {{"dataset", Enum(&c.data.dataset, {"fashion_mnist", "npy", "synthetic"})},
         {"path", Str(&c.data.path)},
-        {"batch_size", Int(&c.data.batch_size, 1, 60000)}}},
+        {"eval_path", Str(&c.data.eval_path)},
+        {"batch_size", Int(&c.data.batch_size, 1, 1 << 24)},
+        {"eval_batch_size", Int(&c.data.eval_batch_size, 0, 1 << 24)},
+        {"shuffle", Bool(&c.data.shuffle)},
+        {"drop_remainder", Bool(&c.data.drop_remainder)}}},
       {"train",
        {{"epochs", Int(&c.train.epochs, 1, 1000)},
         {"max_steps", Int(&c.train.max_steps, 0, int64_t{1} << 40)},
@@ -200,10 +204,17 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
     if (absl::Status s = ApplySection(key, value, it->second); !s.ok()) return s;
   }
   c.train.seed = static_cast<uint64_t>(seed);
-  if (root.contains("sharding") && !c.derived_step()) {
+  if (!root.contains("data") && c.model.name != "dp_classifier") {
+    c.data.dataset = "synthetic";  // a seed workload's own batch, every step
+  }
+  if (c.data.dataset == "npy" && !root["data"].contains("path")) {
     return absl::InvalidArgumentError(
-        "'sharding' applies to the derived train steps (model.name mlp, dot_relu_dot, classifier); "
-        "dp_classifier's plan is fixed: data parallel over 'data'");
+        "'data.dataset' is npy but 'data.path' (the directory of .npy files) is not set");
+  }
+  if (c.data.dataset == "synthetic" && c.model.name == "dp_classifier") {
+    return absl::InvalidArgumentError(
+        "'data.dataset' synthetic is a seed workload's own batch (model.name mlp, dot_relu_dot or "
+        "classifier); dp_classifier reads fashion_mnist or npy");
   }
   if (!c.sharding.layout.empty() && (!c.sharding.rules.empty() || !c.sharding.fsdp_axis.empty())) {
     return absl::InvalidArgumentError(
@@ -256,7 +267,7 @@ std::string JobConfigToJson(const JobConfig& c) {
                        {"eps", c.optimizer.eps},
                        {"weight_decay", c.optimizer.weight_decay},
                        {"num_minibatches", c.optimizer.num_minibatches}};
-  if (c.derived_step()) {
+  {
     root["sharding"] = {{"min_weight_size", c.sharding.min_weight_size}};
     if (!c.sharding.layout.empty()) root["sharding"]["layout"] = c.sharding.layout;
     if (!c.sharding.fsdp_axis.empty()) root["sharding"]["fsdp_axis"] = c.sharding.fsdp_axis;
@@ -277,8 +288,10 @@ std::string JobConfigToJson(const JobConfig& c) {
       root["sharding"]["rules"] = rules;
     }
   }
-  root["data"] = {
-      {"dataset", c.data.dataset}, {"path", c.data.path}, {"batch_size", c.data.batch_size}};
+  root["data"] = {{"dataset", c.data.dataset},       {"path", c.data.path},
+                  {"batch_size", c.data.batch_size}, {"eval_batch_size", c.data.eval_batch_size},
+                  {"shuffle", c.data.shuffle},       {"drop_remainder", c.data.drop_remainder}};
+  if (!c.data.eval_path.empty()) root["data"]["eval_path"] = c.data.eval_path;
   root["train"] = {{"epochs", c.train.epochs},
                    {"max_steps", c.train.max_steps},
                    {"seed", c.train.seed},

@@ -21,21 +21,32 @@ namespace meshrun {
 //                 "fsdp_axis": "data", "min_weight_size": 262144},
 //   "optimizer": {"name": "adamw" | "adam" | "sgd", "learning_rate": 1e-3, "b1": 0.9,
 //                 "b2": 0.999, "eps": 1e-8, "weight_decay": 1e-4, "num_minibatches": 4},
-//   "data":      {"dataset": "fashion_mnist", "path": "/usr/share/datasets/fashion-mnist",
-//                 "batch_size": 128},
+//   "data":      {"dataset": "fashion_mnist" | "npy" | "synthetic",
+//                 "path": "/usr/share/datasets/fashion-mnist", "eval_path": "",
+//                 "batch_size": 128, "eval_batch_size": 0, "shuffle": true,
+//                 "drop_remainder": true},
 //   "train":     {"epochs": 1, "max_steps": 0, "seed": 42, "log_every": 50, "evaluate": true,
 //                 "collective_timeout_seconds": 30, "on_nonfinite": "stop"},
 //   "checkpoint": {"dir": "", "save_every": 0, "keep": 0, "async": false, "resume": false,
 //                  "init_from": ""}
 // }
-// `max_steps` > 0 stops after that many steps (otherwise epochs * floor(60000 / batch_size)).
-// model.name "dp_classifier" is the main job, planned and driven by the coordinator (fixed data
-// parallel plan). "mlp", "dot_relu_dot" and "classifier" are the seeds' workloads
-// (client/include/meshrun/workloads.h) as train steps derived from the model and partitioned by
-// the coordinator; for them "sharding" picks the layout: a named one (single, dp, fsdp, tp, 2d,
-// fsdp_tp) or logical axis rules, as Flax writes them (a rule maps a logical axis to a mesh
-// axis, a list of mesh axes, or null), with FSDP over `fsdp_axis` for parameters larger than
-// `min_weight_size`; they train `max_steps` steps (default 20) of the workload's batch.
+// Every model is a train step derived from the model by autodiff (client/include/meshrun/
+// train_step.h), partitioned by the coordinator and looped by its JobDriver. model.name
+// "dp_classifier" is the main job (shared/seeds/001's classifier, client/include/meshrun/
+// workloads.h's ClassifierLoss) with the model, optimizer and data keys above; "mlp",
+// "dot_relu_dot" and "classifier" are the seeds' workloads as they are. "sharding" picks the
+// layout: a named one (single, dp, fsdp, tp, 2d, fsdp_tp; dp_classifier's default is dp) or
+// logical axis rules, as Flax writes them (a rule maps a logical axis to a mesh axis, a list of
+// mesh axes, or null), with FSDP over `fsdp_axis` for parameters larger than `min_weight_size`.
+// Data (core/data/input_pipeline.h): every worker reads only its blocks of each step's global
+// batch of `batch_size` examples, shuffled per epoch from `train.seed` (`shuffle`), an epoch's
+// last partial batch dropped (`drop_remainder`; else batches span epochs). "fashion_mnist" reads
+// the IDX files at `path` (train split; the test split for evaluation, in batches of
+// `eval_batch_size`); "npy" a directory of .npy files, one per batch input of the model
+// (dp_classifier: image.npy u8 [n, 784] or [n, 28, 28], label.npy u8 [n]), evaluating on
+// `eval_path` if set; "synthetic" (the default for the seed workloads) trains on the workload's
+// own batch every step. `max_steps` > 0 stops after that many steps (otherwise epochs * the
+// steps per epoch; synthetic: 20).
 // Checkpoint policy (core/checkpoint/checkpoint.h has the format): with a `dir`, the TrainState
 // (params, opt_state, rng; the step in the manifest) is saved every `save_every` steps (0: only
 // at the end) and always at the end of the job, keeping the newest `keep` (0: all); `async`
@@ -48,9 +59,6 @@ namespace meshrun {
 // "skip_step" (skip the update), is not implemented yet and is refused.
 struct JobConfig {
   std::vector<std::pair<std::string, int>> mesh;  // empty: use the cluster's mesh
-  // Whether `model` is a derived train step (mlp, dot_relu_dot, classifier) rather than the
-  // coordinator-driven dp_classifier.
-  bool derived_step() const { return model.name != "dp_classifier"; }
   struct Model {
     std::string name = "dp_classifier";
     int hidden_size = 512;
@@ -73,9 +81,13 @@ struct JobConfig {
     int num_minibatches = 4;
   } optimizer;
   struct Data {
-    std::string dataset = "fashion_mnist";
+    std::string dataset = "fashion_mnist";  // | "npy" | "synthetic"
     std::string path = "/usr/share/datasets/fashion-mnist";
+    std::string eval_path;  // npy: the evaluation split's directory (empty: no evaluation)
     int batch_size = 128;
+    int eval_batch_size = 0;  // 0: 1000 for fashion_mnist's 10,000 test images, else batch_size
+    bool shuffle = true;
+    bool drop_remainder = true;
   } data;
   struct Train {
     int epochs = 1;

@@ -157,7 +157,7 @@ InputPipeline::~InputPipeline() {
   if (thread_.joinable()) thread_.join();
 }
 
-absl::StatusOr<std::vector<Tensor>> InputPipeline::Build(int64_t step) {
+InputPipeline::Batch InputPipeline::Build(int64_t step) {
   const int k = options_.num_minibatches;
   const int64_t minibatch = options_.order.batch_size / k;
   const int batch_rank = k > 1 ? 2 : 1;
@@ -220,8 +220,12 @@ absl::StatusOr<std::vector<Tensor>> InputPipeline::Build(int64_t step) {
     for (int64_t e : examples) read += e >= 0 ? row_elems * static_cast<int64_t>(esize) : 0;
     out.push_back(std::move(t));
   }
-  bytes_read_.fetch_add(read, std::memory_order_relaxed);
-  return out;
+  return Batch{std::move(out), read};
+}
+
+absl::StatusOr<std::vector<Tensor>> InputPipeline::HandOut(Batch batch) {
+  bytes_read_.fetch_add(batch.bytes, std::memory_order_relaxed);
+  return std::move(batch.blocks);
 }
 
 void InputPipeline::Prefetch() {
@@ -236,7 +240,7 @@ void InputPipeline::Prefetch() {
     const uint64_t generation = generation_;
     building_ = step;
     l.unlock();
-    absl::StatusOr<std::vector<Tensor>> batch = Build(step);
+    Batch batch = Build(step);
     l.lock();
     building_ = -1;
     if (generation == generation_) ready_.emplace(step, std::move(batch));
@@ -249,15 +253,15 @@ absl::StatusOr<std::vector<Tensor>> InputPipeline::Next(int64_t step) {
     return absl::OutOfRangeError(absl::StrCat("input step ", step, " is past the last (",
                                               num_steps_, " steps in one pass)"));
   }
-  if (options_.prefetch <= 0) return Build(step);
+  if (options_.prefetch <= 0) return HandOut(Build(step));
   std::unique_lock<std::mutex> l(mu_);
   while (true) {
     auto it = ready_.find(step);
     if (it != ready_.end()) {
-      absl::StatusOr<std::vector<Tensor>> batch = std::move(it->second);
+      Batch batch = std::move(it->second);
       ready_.erase(ready_.begin(), std::next(it));
       cv_.notify_all();
-      return batch;
+      return HandOut(std::move(batch));
     }
     if (building_ == step) {
       cv_.wait(l);
@@ -270,7 +274,7 @@ absl::StatusOr<std::vector<Tensor>> InputPipeline::Next(int64_t step) {
     next_to_build_ = step + 1;
     cv_.notify_all();
     l.unlock();
-    return Build(step);
+    return HandOut(Build(step));
   }
 }
 

@@ -107,8 +107,9 @@ class InputPipeline {
   // built on the spot. Errors: OutOfRange past the last step of a one-pass order.
   absl::StatusOr<std::vector<Tensor>> Next(int64_t step);
 
-  // Bytes copied out of the dataset into this rank's blocks so far (what the worker's
-  // meshrun_worker_input_bytes_total counts): exactly the blocks' bytes, not the global batch's.
+  // Bytes copied out of the dataset into the blocks Next has handed out (what the worker's
+  // meshrun_worker_input_bytes_total counts): exactly those blocks' bytes, not the global
+  // batch's, and not those of batches prefetched but not yet taken.
   int64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
   // Local block dims of every field.
   const std::vector<Dims>& block_dims() const { return block_dims_; }
@@ -118,7 +119,12 @@ class InputPipeline {
 
  private:
   InputPipeline() = default;
-  absl::StatusOr<std::vector<Tensor>> Build(int64_t step);
+  struct Batch {
+    absl::StatusOr<std::vector<Tensor>> blocks;
+    int64_t bytes = 0;  // read from the dataset
+  };
+  Batch Build(int64_t step);
+  absl::StatusOr<std::vector<Tensor>> HandOut(Batch batch);
   void Prefetch();
 
   std::shared_ptr<const Dataset> dataset_;
@@ -137,7 +143,7 @@ class InputPipeline {
   std::condition_variable cv_;
   int64_t next_to_build_ = 0;  // the prefetch thread's next step
   int64_t building_ = -1;      // the step it is building now
-  std::map<int64_t, absl::StatusOr<std::vector<Tensor>>> ready_;
+  std::map<int64_t, Batch> ready_;
   uint64_t generation_ = 0;  // bumped when the caller jumps; discards a stale build
   bool stop_ = false;
   std::thread thread_;

@@ -9,7 +9,8 @@ namespace meshrun {
 // own input.
 __attribute__((target_clones("avx2", "default"))) void AdamWUpdate(
     const AdamWHyperParams& hp, int64_t count, const float* param_in, const float* __restrict grad,
-    const float* mu_in, const float* nu_in, float* param_out, float* mu_out, float* nu_out, int64_t n) {
+    const float* mu_in, const float* nu_in, float* param_out, float* mu_out, float* nu_out,
+    int64_t n) {
   const float c1 = 1.0f / (1.0f - static_cast<float>(std::pow(double{hp.b1}, double(count))));
   const float c2 = 1.0f / (1.0f - static_cast<float>(std::pow(double{hp.b2}, double(count))));
   const float b1 = hp.b1, b2 = hp.b2, eps = hp.eps, lr = hp.learning_rate, wd = hp.weight_decay;
@@ -26,13 +27,9 @@ __attribute__((target_clones("avx2", "default"))) void AdamWUpdate(
   }
 }
 
-void AdamWUpdate(const AdamWHyperParams& hp, int64_t count, float* param, const float* grad, float* mu, float* nu,
-                 int64_t n) {
+void AdamWUpdate(const AdamWHyperParams& hp, int64_t count, float* param, const float* grad,
+                 float* mu, float* nu, int64_t n) {
   AdamWUpdate(hp, count, param, grad, mu, nu, param, mu, nu, n);
-}
-
-void SgdUpdate(float learning_rate, float* param, const float* grad, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) param[i] -= learning_rate * grad[i];
 }
 
 }  // namespace meshrun

@@ -10,6 +10,8 @@
 namespace meshrun {
 namespace {
 
+bool IsFloat(DType d) { return d == v1::DTYPE_F32 || d == v1::DTYPE_BF16; }
+
 std::vector<int> ToInt(const std::vector<int64_t>& v) {
   return std::vector<int>(v.begin(), v.end());
 }
@@ -177,10 +179,15 @@ JitBuilder::Value JitBuilder::Binary(const std::string& fn, Value a, Value b) {
                           absl::StrJoin(sb.global, ", "), ") differ"))) {
     return {};
   }
-  Node node(Node::kBinary, {a.id, b.id}, fn);
+  // Comparisons give 1 or 0 (f32) and pass no gradient back.
+  const bool compare =
+      fn == "eq" || fn == "ne" || fn == "lt" || fn == "le" || fn == "gt" || fn == "ge";
+  Node node = compare ? Node(Node::kConstant) : Node(Node::kBinary, {a.id, b.id}, fn);
+  const bool linear_partial = sa.partial_fn == "sum" || sa.partial_fn == "mean";
   if ((fn == "add" || fn == "sub") && !sa.partial.empty() && sa.partial == sb.partial &&
-      sa.partial_fn == "sum" && sb.partial_fn == "sum" && sa.spec == sb.spec) {
-    // Sums of partial sums stay partial (one psum later, not two now): accumulated gradients.
+      linear_partial && sa.partial_fn == sb.partial_fn && sa.spec == sb.spec) {
+    // Sums of partial sums (or means) stay partial (one psum later, not two now): accumulated
+    // gradients and losses.
     State out = sa;
     out.local = sm_.Binary(fn, sa.local, sb.local);
     return Push(std::move(out), std::move(node));
@@ -191,7 +198,8 @@ JitBuilder::Value JitBuilder::Binary(const std::string& fn, Value a, Value b) {
     const bool a_scalar = sa.global.empty();
     const State& vec = a_scalar ? sb : sa;
     const State& sca = a_scalar ? sa : sb;
-    if (!vec.partial.empty() && vec.partial_fn == "sum" && sca.partial.empty()) {
+    if (!vec.partial.empty() && (vec.partial_fn == "sum" || vec.partial_fn == "mean") &&
+        sca.partial.empty()) {
       State out = vec;
       out.local =
           sm_.Binary(fn, a_scalar ? sca.local : vec.local, a_scalar ? vec.local : sca.local);
@@ -348,6 +356,48 @@ JitBuilder::Value JitBuilder::StopGradient(Value x) {
   rec.Operands({x});
   if (!Valid(x)) return {};
   return Push(values_[x.id], Node(Node::kStopGradient, {x.id}));
+}
+
+JitBuilder::Value JitBuilder::Convert(Value x, DType dtype) {
+  Scope rec(this, v1::GlobalOp::CONVERT);
+  rec.Operands({x});
+  if (rec.op != nullptr) rec.op->set_dtype(dtype);
+  if (!Valid(x)) return {};
+  if (!Check(DTypeSize(dtype) > 0,
+             absl::StrCat("convert to dtype ", static_cast<int>(dtype), ": not a dtype")))
+    return {};
+  State s = Complete(values_[x.id], "convert");
+  const bool floats = IsFloat(s.dtype) && IsFloat(dtype);
+  s.local = sm_.Convert(s.local, dtype);
+  s.dtype = dtype;
+  // Between float dtypes the gradient converts back; from integers none flows.
+  return Push(std::move(s), floats ? Node(Node::kConvert, {x.id}) : Node(Node::kConstant));
+}
+
+JitBuilder::Value JitBuilder::Iota(DType dtype, const Dims& global_dims, int64_t dim,
+                                   const PartitionSpec& spec) {
+  Scope rec(this, v1::GlobalOp::IOTA);
+  if (rec.op != nullptr) {
+    rec.op->set_dtype(dtype);
+    for (int64_t d : global_dims) rec.op->add_shape(d);
+    rec.op->set_index(dim);
+    *rec.op->mutable_spec() = spec.ToProto();
+  }
+  if (!status_.ok()) return {};
+  if (!Check(dim >= 0 && dim < static_cast<int64_t>(global_dims.size()),
+             absl::StrCat("iota: dim ", dim, " of shape ", DimsToString(global_dims))))
+    return {};
+  absl::Status fits = NamedSharding(mesh_, spec).Validate(global_dims);
+  if (!Check(fits.ok(), absl::StrCat("iota: ", fits.message()))) return {};
+  // Counted along `dim` whole on every device, then sliced to `spec` where it shards `dim`.
+  std::vector<PartitionSpec::Entry> whole = spec.Padded(global_dims.size());
+  whole[dim].clear();
+  State s;
+  s.dtype = dtype;
+  s.global = global_dims;
+  s.spec = PartitionSpec(whole);
+  s.local = sm_.Iota(dtype, NamedSharding(mesh_, s.spec).ShardDims(global_dims), dim);
+  return Push(Resolve(s, spec, "iota"), Node(Node::kConstant));
 }
 
 JitBuilder::Value JitBuilder::UnaryGrad(const std::string& fn, Value x, Value dy) {
@@ -579,7 +629,7 @@ struct JitBuilder::Cotangent {
 
 namespace {
 
-std::vector<int64_t> Iota(int64_t begin, int64_t n) {
+std::vector<int64_t> Range(int64_t begin, int64_t n) {
   std::vector<int64_t> v(n);
   for (int64_t i = 0; i < n; ++i) v[i] = begin + i;
   return v;
@@ -613,6 +663,9 @@ void JitBuilder::Backprop(int id, Value g, std::vector<Cotangent>& cts) {
     case Node::kConstraint:
       add(node.operands[0], WithShardingConstraint(g, node.spec));
       return;
+    case Node::kConvert:
+      add(node.operands[0], Convert(g, values_[node.operands[0]].dtype));
+      return;
     case Node::kUnary: {
       const int x = node.operands[0];
       if (node.fn == "neg") {
@@ -629,7 +682,7 @@ void JitBuilder::Backprop(int id, Value g, std::vector<Cotangent>& cts) {
       // A scalar operand of a shaped result receives the sum of the cotangent.
       const auto fit = [&](int operand, Value v) {
         if (!values_[operand].global.empty() || shape.empty()) return v;
-        return Reduce("sum", v, Iota(0, static_cast<int64_t>(shape.size())));
+        return Reduce("sum", v, Range(0, static_cast<int64_t>(shape.size())));
       };
       if (node.fn == "add") {
         if (needs(a)) add(a, fit(a, g));
@@ -718,11 +771,11 @@ void JitBuilder::Backprop(int id, Value g, std::vector<Cotangent>& cts) {
       const int64_t nb = static_cast<int64_t>(dn.lhs_batch.size());
       const std::vector<int64_t> lf = FreeDims(ra, dn.lhs_contracting, dn.lhs_batch);
       const std::vector<int64_t> rf = FreeDims(rb, dn.rhs_contracting, dn.rhs_batch);
-      const std::vector<int64_t> g_lf = Iota(nb, static_cast<int64_t>(lf.size()));
+      const std::vector<int64_t> g_lf = Range(nb, static_cast<int64_t>(lf.size()));
       const std::vector<int64_t> g_rf =
-          Iota(nb + static_cast<int64_t>(lf.size()), static_cast<int64_t>(rf.size()));
+          Range(nb + static_cast<int64_t>(lf.size()), static_cast<int64_t>(rf.size()));
       if (needs(a)) {
-        Value raw = DotGeneral(g, Value{b}, g_rf, rf, Iota(0, nb), ToInt64(dn.rhs_batch));
+        Value raw = DotGeneral(g, Value{b}, g_rf, rf, Range(0, nb), ToInt64(dn.rhs_batch));
         // raw dims: batch, lhs free (in order), then rhs contracting dims in increasing order.
         std::vector<int64_t> perm(ra);
         for (int64_t k = 0; k < nb; ++k) perm[dn.lhs_batch[k]] = k;
@@ -737,7 +790,7 @@ void JitBuilder::Backprop(int id, Value g, std::vector<Cotangent>& cts) {
         add(a, IsIdentity(perm) ? raw : Transpose(raw, perm));
       }
       if (needs(b)) {
-        Value raw = DotGeneral(Value{a}, g, lf, g_lf, ToInt64(dn.lhs_batch), Iota(0, nb));
+        Value raw = DotGeneral(Value{a}, g, lf, g_lf, ToInt64(dn.lhs_batch), Range(0, nb));
         // raw dims: batch, lhs contracting dims in increasing order, then rhs free (in order).
         std::vector<int64_t> perm(rb);
         for (int64_t k = 0; k < nb; ++k) perm[dn.rhs_batch[k]] = k;
@@ -829,9 +882,8 @@ absl::StatusOr<std::unique_ptr<JitBuilder>> JitBuilder::FromGlobalProgram(
     std::vector<Value> in;
     for (int id : op.operands()) {
       if (id < 0 || id >= static_cast<int>(jit->values_.size())) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ": operand ", id,
-                                                       " does not exist (", jit->values_.size(),
-                                                       " values so far)"));
+        return absl::InvalidArgumentError(absl::StrCat(where, ": operand ", id, " does not exist (",
+                                                       jit->values_.size(), " values so far)"));
       }
       in.push_back({id});
     }
@@ -870,6 +922,14 @@ absl::StatusOr<std::unique_ptr<JitBuilder>> JitBuilder::FromGlobalProgram(
         if (arity = need(2); arity.ok())
           jit->Dropout(in[0], in[1], op.rate(), {op.axes().begin(), op.axes().end()});
         break;
+      case v1::GlobalOp::CONVERT:
+        if (arity = need(1); arity.ok()) jit->Convert(in[0], op.dtype());
+        break;
+      case v1::GlobalOp::IOTA:
+        if (arity = need(0); arity.ok())
+          jit->Iota(op.dtype(), Dims(op.shape().begin(), op.shape().end()), op.index(),
+                    PartitionSpec::FromProto(op.spec()));
+        break;
       case v1::GlobalOp::FOLD_IN:
         if (arity = need(2); arity.ok()) jit->FoldIn(in[0], in[1]);
         break;
@@ -896,7 +956,8 @@ absl::StatusOr<std::unique_ptr<JitBuilder>> JitBuilder::FromGlobalProgram(
         if (arity = need(1); arity.ok()) jit->Reduce(op.fn(), in[0], dims(op.dims()));
         break;
       case v1::GlobalOp::ADAM_UPDATE:
-        if (arity = need(5); arity.ok()) jit->AdamUpdate(in[0], in[1], in[2], in[3], in[4], op.adam());
+        if (arity = need(5); arity.ok())
+          jit->AdamUpdate(in[0], in[1], in[2], in[3], in[4], op.adam());
         break;
       case v1::GlobalOp::GRAD:
         if (arity = need(1, false); arity.ok())

@@ -81,9 +81,18 @@ class JitBuilder {
   Value Constant(float value, const Dims& global_dims, const PartitionSpec& spec = PartitionSpec());
   // jax.lax.stop_gradient: x, with no gradient flowing back through it.
   Value StopGradient(Value x);
+  // x.astype(dtype) (jax.lax.convert_element_type): u8 images to f32, f32 to i32, f32 <-> bf16.
+  // Between f32 and bf16 the gradient is converted back; from or to an integer dtype none flows.
+  Value Convert(Value x, DType dtype);
+  // jax.lax.broadcasted_iota(dtype, global_dims, dim), laid out as `spec` (each device counts
+  // its own block). Not differentiable.
+  Value Iota(DType dtype, const Dims& global_dims, int64_t dim,
+             const PartitionSpec& spec = PartitionSpec());
 
-  // Element-wise (ShardMapBuilder's functions: tanh, relu, exp, ..., add, sub, mul, div, max).
-  // Binary operands must have equal shapes, or one of them is a scalar (shape []).
+  // Element-wise (ShardMapBuilder's functions: tanh, relu, exp, ..., add, sub, mul, div, max;
+  // the comparisons eq, ne, lt, le, gt, ge give f32 1 or 0 and pass no gradient, as jnp's
+  // comparisons followed by .astype(float32)). Binary operands must have equal shapes, or one of
+  // them is a scalar (shape []).
   Value Unary(const std::string& fn, Value x);
   Value Binary(const std::string& fn, Value a, Value b);
   Value Add(Value a, Value b) { return Binary("add", a, b); }
@@ -205,6 +214,7 @@ class JitBuilder {
       kTranspose,
       kIndex,
       kStack,
+      kConvert,
       kOptimizer
     };
     explicit Node(Kind k = kInput, std::vector<int> ops = {}, std::string f = "")

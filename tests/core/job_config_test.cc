@@ -19,7 +19,8 @@ TEST(JobConfigTest, DefaultsAreTheSeedsMainJob) {
 }
 
 TEST(JobConfigTest, ParsesEverySection) {
-  absl::StatusOr<JobConfig> c = ParseJobConfig(R"({"mesh": {"data": 8}, "model": {"dropout_rate": 0},
+  absl::StatusOr<JobConfig> c =
+      ParseJobConfig(R"({"mesh": {"data": 8}, "model": {"dropout_rate": 0},
       "optimizer": {"name": "sgd", "learning_rate": 0.1}, "train": {"max_steps": 20, "seed": 7}})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->mesh.size(), 1u);
@@ -33,7 +34,8 @@ TEST(JobConfigTest, ParsesEverySection) {
 }
 
 TEST(JobConfigTest, ParsesTheCheckpointPolicy) {
-  absl::StatusOr<JobConfig> c = ParseJobConfig(R"({"checkpoint": {"dir": "/tmp/ck", "save_every": 20,
+  absl::StatusOr<JobConfig> c =
+      ParseJobConfig(R"({"checkpoint": {"dir": "/tmp/ck", "save_every": 20,
       "keep": 2, "async": true, "resume": true, "init_from": "w.safetensors"}})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->checkpoint.dir, "/tmp/ck");
@@ -58,7 +60,7 @@ TEST(JobConfigTest, ParsesTheShardingOfDerivedTrainSteps) {
       "rules": [["batch", "data"], ["hidden", "model"], ["embed", null], ["heads", ["data", "model"]]],
       "fsdp_axis": "data", "min_weight_size": 1024}})");
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_TRUE(c->derived_step());
+  EXPECT_EQ(c->data.dataset, "synthetic");  // a seed workload's own batch when no data is given
   EXPECT_EQ(c->sharding.rules, "batch=data,hidden=model,embed=,heads=data+model");
   EXPECT_EQ(c->sharding.fsdp_axis, "data");
   EXPECT_EQ(c->sharding.min_weight_size, 1024);
@@ -70,35 +72,55 @@ TEST(JobConfigTest, ParsesTheShardingOfDerivedTrainSteps) {
   c = ParseJobConfig(R"({"model": {"name": "classifier"}, "sharding": {"layout": "fsdp"}})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->sharding.layout, "fsdp");
-  EXPECT_FALSE(ParseJobConfig("{}")->derived_step());
-
-  EXPECT_THAT(ParseJobConfig(R"({"sharding": {"layout": "dp"}})").status().message(),
-              HasSubstr("'sharding' applies to the derived train steps"));
+  EXPECT_EQ(ParseJobConfig("{}")->data.dataset, "fashion_mnist");
+  // The main job takes a layout like any model.
+  c = ParseJobConfig(R"({"sharding": {"layout": "fsdp"}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sharding.layout, "fsdp");
+  EXPECT_THAT(ParseJobConfig(R"({"data": {"dataset": "npy"}})").status().message(),
+              HasSubstr("'data.dataset' is npy but 'data.path'"));
+  EXPECT_THAT(ParseJobConfig(R"({"data": {"dataset": "synthetic"}})").status().message(),
+              HasSubstr("dp_classifier reads fashion_mnist or npy"));
+  c = ParseJobConfig(
+      R"({"data": {"dataset": "npy", "path": "/d", "eval_path": "/e", "shuffle": false,
+          "drop_remainder": false, "eval_batch_size": 100}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  again = ParseJobConfig(JobConfigToJson(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->data.eval_path, "/e");
+  EXPECT_FALSE(again->data.shuffle);
+  EXPECT_FALSE(again->data.drop_remainder);
+  EXPECT_EQ(again->data.eval_batch_size, 100);
   EXPECT_THAT(ParseJobConfig(R"({"model": {"name": "mlp"}, "sharding": {"rules": [["batch", 3]]}})")
                   .status()
                   .message(),
               HasSubstr("'sharding.rules' is [\"batch\",3]; expected a list of"));
-  EXPECT_THAT(ParseJobConfig(R"({"model": {"name": "mlp"}, "sharding": {"layout": "2d", "fsdp_axis": "data"}})")
-                  .status()
-                  .message(),
-              HasSubstr("give either it or 'sharding.rules'"));
+  EXPECT_THAT(
+      ParseJobConfig(
+          R"({"model": {"name": "mlp"}, "sharding": {"layout": "2d", "fsdp_axis": "data"}})")
+          .status()
+          .message(),
+      HasSubstr("give either it or 'sharding.rules'"));
 }
 
 TEST(JobConfigTest, RejectsUnknownKeysNamingThem) {
-  EXPECT_EQ(ParseJobConfig(R"({"model": {"hiden_size": 3}})").status().message(),
-            "unknown key 'model.hiden_size'; allowed: dropout_rate, hidden_size, name, num_classes");
-  EXPECT_THAT(ParseJobConfig(R"({"modle": {}})").status().message(), HasSubstr("unknown key 'modle'"));
+  EXPECT_EQ(
+      ParseJobConfig(R"({"model": {"hiden_size": 3}})").status().message(),
+      "unknown key 'model.hiden_size'; allowed: dropout_rate, hidden_size, name, num_classes");
+  EXPECT_THAT(ParseJobConfig(R"({"modle": {}})").status().message(),
+              HasSubstr("unknown key 'modle'"));
 }
 
 TEST(JobConfigTest, RejectsBadValuesNamingAllowedOnes) {
   EXPECT_EQ(ParseJobConfig(R"({"optimizer": {"name": "adamx"}})").status().message(),
             "'optimizer.name' is \"adamx\"; allowed: adamw, adam, sgd");
   EXPECT_THAT(ParseJobConfig(R"({"data": {"batch_size": -1}})").status().message(),
-              HasSubstr("'data.batch_size' is -1; expected an integer in [1, 60000]"));
+              HasSubstr("'data.batch_size' is -1; expected an integer in [1, 16777216]"));
   EXPECT_THAT(ParseJobConfig(R"({"data": {"batch_size": 130}})").status().message(),
               HasSubstr("divisible by 'optimizer.num_minibatches'"));
   EXPECT_THAT(ParseJobConfig("{").status().message(), HasSubstr("not valid JSON"));
-  EXPECT_THAT(LoadJobConfig("/nonexistent/job.json").status().message(), HasSubstr("/nonexistent/job.json"));
+  EXPECT_THAT(LoadJobConfig("/nonexistent/job.json").status().message(),
+              HasSubstr("/nonexistent/job.json"));
 }
 
 }  // namespace

@@ -44,11 +44,14 @@ TEST(MetricsE2ETest, CoordinatorAndWorkersExposeLintCleanMetrics) {
 
   const std::string coord = HttpGet(st->metrics_address(), "/metrics");
   for (const char* series :
-       {"meshrun_build_info{component=\"coordinator\"", "meshrun_registered_workers 2", "meshrun_mesh_devices 2",
-        "meshrun_train_steps_total 6", "meshrun_train_samples_total 768", "meshrun_train_loss ",
-        "meshrun_train_accuracy ", "meshrun_step_duration_seconds_bucket", "meshrun_step_collective_seconds_count",
-        "meshrun_worker_last_heartbeat_timestamp_seconds{rank=\"1\"}", "meshrun_jobs_total{state=\"done\"} 1",
-        "grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"SubmitJob\",grpc_service=\"meshrun.v1.Coordinator\","
+       {"meshrun_build_info{component=\"coordinator\"", "meshrun_registered_workers 2",
+        "meshrun_mesh_devices 2", "meshrun_train_steps_total 6", "meshrun_train_samples_total 768",
+        "meshrun_train_loss ", "meshrun_train_accuracy ", "meshrun_step_duration_seconds_bucket",
+        "meshrun_step_collective_seconds_count",
+        "meshrun_worker_last_heartbeat_timestamp_seconds{rank=\"1\"}",
+        "meshrun_jobs_total{state=\"done\"} 1",
+        "grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"SubmitJob\",grpc_service="
+        "\"meshrun.v1.Coordinator\","
         "grpc_type=\"server_stream\"} 1",
         "grpc_server_handling_seconds_bucket"}) {
     EXPECT_THAT(coord, HasSubstr(series));
@@ -65,10 +68,16 @@ TEST(MetricsE2ETest, CoordinatorAndWorkersExposeLintCleanMetrics) {
     EXPECT_THAT(text, HasSubstr("meshrun_build_info{component=\"worker\""));
     EXPECT_THAT(text, HasSubstr("meshrun_worker_steps_total 6"));
     EXPECT_THAT(text, HasSubstr("meshrun_kernel_duration_seconds_count{kernel=\"matmul\"}"));
-    EXPECT_THAT(text, HasSubstr("meshrun_collective_duration_seconds_count{axis=\"data\",op=\"pmean\"} 6"));
-    // 6 gradient all-reduces of the 407,050 f32 parameters.
-    EXPECT_THAT(text, HasSubstr("meshrun_collective_bytes_total{axis=\"data\",op=\"pmean\"} 9769200"));
-    EXPECT_THAT(text, HasSubstr("grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"RunSteps\""));
+    // One pmean of the loss per step (the minibatches' partial means stay partial until then).
+    EXPECT_THAT(
+        text, HasSubstr("meshrun_collective_duration_seconds_count{axis=\"data\",op=\"pmean\"} 6"));
+    // 6 gradient all-reduces of the 407,050 f32 parameters (fused with the Adam updates) and of
+    // the step's correct-prediction count (f32 []).
+    EXPECT_THAT(text,
+                HasSubstr("meshrun_collective_bytes_total{axis=\"data\",op=\"psum\"} 9769224"));
+    EXPECT_THAT(text, HasSubstr("meshrun_worker_input_bytes_total 301440"));  // 6 x 64 x (784 + 1)
+    EXPECT_THAT(
+        text, HasSubstr("grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"RunShardMap\""));
     lint = Promtool(text, &code);
     EXPECT_EQ(code, 0) << lint;
     EXPECT_EQ(lint, "") << "promtool: " << lint;

@@ -21,16 +21,32 @@ using ::testing::ElementsAre;
 using ::testing::FloatNear;
 using ::testing::HasSubstr;
 
-// y = x @ w; acc += y (ACCUMULATE writes acc, so acc is not read-only).
+// y = x @ w; acc += x @ w (a GEMM with beta 1 writes acc, so acc is not read-only).
 constexpr char kProgram[] = R"pb(
-  buffers { name: "x" dtype: DTYPE_F32 shape { dims: 2 dims: 3 } }
-  buffers { name: "w" dtype: DTYPE_F32 shape { dims: 3 dims: 2 } }
-  buffers { name: "y" dtype: DTYPE_F32 shape { dims: 2 dims: 2 } }
-  buffers { name: "acc" dtype: DTYPE_F32 shape { dims: 2 dims: 2 } }
+  buffers {
+    name: "x"
+    dtype: DTYPE_F32
+    shape { dims: 2 dims: 3 }
+  }
+  buffers {
+    name: "w"
+    dtype: DTYPE_F32
+    shape { dims: 3 dims: 2 }
+  }
+  buffers {
+    name: "y"
+    dtype: DTYPE_F32
+    shape { dims: 2 dims: 2 }
+  }
+  buffers {
+    name: "acc"
+    dtype: DTYPE_F32
+    shape { dims: 2 dims: 2 }
+  }
   functions {
     name: "main"
     ops { kind: OP_MATMUL inputs: "x" inputs: "w" outputs: "y" }
-    ops { kind: OP_ACCUMULATE inputs: "y" outputs: "acc" scale: 1 }
+    ops { kind: OP_MATMUL inputs: "x" inputs: "w" outputs: "acc" accumulate: true }
   }
 )pb";
 
@@ -40,7 +56,9 @@ Tensor Matrix(int64_t rows, int64_t cols, std::vector<float> values) {
   return t;
 }
 
-std::vector<float> Values(const Tensor& t) { return {t.data<float>(), t.data<float>() + t.num_elements()}; }
+std::vector<float> Values(const Tensor& t) {
+  return {t.data<float>(), t.data<float>() + t.num_elements()};
+}
 
 std::unique_ptr<Executor> Compile() {
   v1::StepProgram program;
@@ -69,7 +87,8 @@ TEST(ExecutorBindingTest, ReadOnlyInputsAliasWrittenInputsAreCopiedOutputsSurviv
   EXPECT_EQ(y1->raw(), ex->buffer("y")->raw()) << "a result is handed out without a copy";
   EXPECT_THAT(Values(*y1), ElementsAre(4, 5, 10, 11));
   EXPECT_THAT(Values(*acc1), ElementsAre(104, 205, 310, 411));
-  EXPECT_THAT(Values(acc), ElementsAre(100, 200, 300, 400)) << "the caller's array is never written";
+  EXPECT_THAT(Values(acc), ElementsAre(100, 200, 300, 400))
+      << "the caller's array is never written";
 
   const Tensor x2 = Matrix(2, 3, {0, 0, 1, 0, 0, 2});
   ASSERT_TRUE(ex->BindInput("x", x2).ok());
@@ -126,24 +145,65 @@ TEST(ExecutorBindingTest, AnArgumentOfAnotherShapeOrAnUnknownBufferIsRefused) {
 }
 
 // layer = stacked[i] (a dynamic slice, as a scan over stacked layers reads its parameters), then a
-// reshape and a matmul; `before` reshapes `a` before an op adds `b` into `a`.
+// reshape and a matmul; `before` reshapes `a` before an op adds `b` into `a` (eye @ b + a).
 constexpr char kViewProgram[] = R"pb(
-  buffers { name: "stacked" dtype: DTYPE_F32 shape { dims: 4 dims: 2 dims: 3 } }
-  buffers { name: "i" dtype: DTYPE_I32 shape {} }
-  buffers { name: "layer" dtype: DTYPE_F32 shape { dims: 1 dims: 2 dims: 3 } }
-  buffers { name: "kernel" dtype: DTYPE_F32 shape { dims: 2 dims: 3 } }
-  buffers { name: "x" dtype: DTYPE_F32 shape { dims: 1 dims: 2 } }
-  buffers { name: "y" dtype: DTYPE_F32 shape { dims: 1 dims: 3 } }
-  buffers { name: "a" dtype: DTYPE_F32 shape { dims: 2 dims: 3 } }
-  buffers { name: "b" dtype: DTYPE_F32 shape { dims: 2 dims: 3 } }
-  buffers { name: "before" dtype: DTYPE_F32 shape { dims: 6 } }
+  buffers {
+    name: "stacked"
+    dtype: DTYPE_F32
+    shape { dims: 4 dims: 2 dims: 3 }
+  }
+  buffers {
+    name: "i"
+    dtype: DTYPE_I32
+    shape {}
+  }
+  buffers {
+    name: "layer"
+    dtype: DTYPE_F32
+    shape { dims: 1 dims: 2 dims: 3 }
+  }
+  buffers {
+    name: "kernel"
+    dtype: DTYPE_F32
+    shape { dims: 2 dims: 3 }
+  }
+  buffers {
+    name: "x"
+    dtype: DTYPE_F32
+    shape { dims: 1 dims: 2 }
+  }
+  buffers {
+    name: "y"
+    dtype: DTYPE_F32
+    shape { dims: 1 dims: 3 }
+  }
+  buffers {
+    name: "a"
+    dtype: DTYPE_F32
+    shape { dims: 2 dims: 3 }
+  }
+  buffers {
+    name: "b"
+    dtype: DTYPE_F32
+    shape { dims: 2 dims: 3 }
+  }
+  buffers {
+    name: "before"
+    dtype: DTYPE_F32
+    shape { dims: 6 }
+  }
+  buffers {
+    name: "eye"
+    dtype: DTYPE_F32
+    shape { dims: 2 dims: 2 }
+  }
   functions {
     name: "main"
     ops { kind: OP_DYNAMIC_SLICE inputs: "stacked" inputs: "i" outputs: "layer" dim: 0 }
     ops { kind: OP_RESHAPE inputs: "layer" outputs: "kernel" }
     ops { kind: OP_MATMUL inputs: "x" inputs: "kernel" outputs: "y" }
     ops { kind: OP_RESHAPE inputs: "a" outputs: "before" }
-    ops { kind: OP_ACCUMULATE inputs: "b" outputs: "a" scale: 1 }
+    ops { kind: OP_MATMUL inputs: "eye" inputs: "b" outputs: "a" accumulate: true }
   }
 )pb";
 
@@ -153,7 +213,8 @@ TEST(ExecutorBindingTest, SlicesAndReshapesAreViewsUnlessTheirInputIsWrittenLate
   absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(program, Executor::Options{});
   ASSERT_TRUE(ex.ok()) << ex.status();
   Tensor stacked(v1::DTYPE_F32, {4, 2, 3});
-  for (int64_t k = 0; k < stacked.num_elements(); ++k) stacked.data<float>()[k] = static_cast<float>(k);
+  for (int64_t k = 0; k < stacked.num_elements(); ++k)
+    stacked.data<float>()[k] = static_cast<float>(k);
   Tensor i(v1::DTYPE_I32, {});
   i.data<int32_t>()[0] = 2;
   ASSERT_TRUE((*ex)->BindInput("stacked", stacked).ok());
@@ -161,12 +222,15 @@ TEST(ExecutorBindingTest, SlicesAndReshapesAreViewsUnlessTheirInputIsWrittenLate
   ASSERT_TRUE((*ex)->BindInput("x", Matrix(1, 2, {1, 10})).ok());
   ASSERT_TRUE((*ex)->BindInput("a", Matrix(2, 3, {1, 2, 3, 4, 5, 6})).ok());
   ASSERT_TRUE((*ex)->BindInput("b", Matrix(2, 3, {1, 1, 1, 1, 1, 1})).ok());
+  ASSERT_TRUE((*ex)->BindInput("eye", Matrix(2, 2, {1, 0, 0, 1})).ok());
   ASSERT_TRUE((*ex)->Run("main", RunContext{}).ok());
 
   // stacked[2] is elements 12..17: [[12, 13, 14], [15, 16, 17]]; x @ it = [162, 173, 184].
-  EXPECT_EQ((*ex)->buffer("kernel")->raw(), stacked.data<float>() + 12) << "slice and reshape without copies";
+  EXPECT_EQ((*ex)->buffer("kernel")->raw(), stacked.data<float>() + 12)
+      << "slice and reshape without copies";
   EXPECT_THAT(Values(*(*ex)->TakeOutput("y")), ElementsAre(162, 173, 184));
-  EXPECT_NE((*ex)->buffer("before")->raw(), (*ex)->buffer("a")->raw()) << "a is written after the reshape";
+  EXPECT_NE((*ex)->buffer("before")->raw(), (*ex)->buffer("a")->raw())
+      << "a is written after the reshape";
   EXPECT_THAT(Values(*(*ex)->TakeOutput("before")), ElementsAre(1, 2, 3, 4, 5, 6));
   EXPECT_THAT(Values(*(*ex)->TakeOutput("a")), ElementsAre(2, 3, 4, 5, 6, 7));
 
@@ -180,21 +244,63 @@ TEST(ExecutorBindingTest, SlicesAndReshapesAreViewsUnlessTheirInputIsWrittenLate
 
 // One Adam update (optax.adam, lr 0.1) of a 2-element parameter; `seen` reads mu after it.
 constexpr char kAdamProgram[] = R"pb(
-  buffers { name: "p" dtype: DTYPE_F32 shape { dims: 2 } }
-  buffers { name: "g" dtype: DTYPE_F32 shape { dims: 2 } }
-  buffers { name: "mu" dtype: DTYPE_F32 shape { dims: 2 } }
-  buffers { name: "nu" dtype: DTYPE_F32 shape { dims: 2 } }
-  buffers { name: "step" dtype: DTYPE_F32 shape {} }
-  buffers { name: "p2" dtype: DTYPE_F32 shape { dims: 2 } }
-  buffers { name: "mu2" dtype: DTYPE_F32 shape { dims: 2 } }
-  buffers { name: "nu2" dtype: DTYPE_F32 shape { dims: 2 } }
-  buffers { name: "seen" dtype: DTYPE_F32 shape { dims: 2 } }
+  buffers {
+    name: "p"
+    dtype: DTYPE_F32
+    shape { dims: 2 }
+  }
+  buffers {
+    name: "g"
+    dtype: DTYPE_F32
+    shape { dims: 2 }
+  }
+  buffers {
+    name: "mu"
+    dtype: DTYPE_F32
+    shape { dims: 2 }
+  }
+  buffers {
+    name: "nu"
+    dtype: DTYPE_F32
+    shape { dims: 2 }
+  }
+  buffers {
+    name: "step"
+    dtype: DTYPE_F32
+    shape {}
+  }
+  buffers {
+    name: "p2"
+    dtype: DTYPE_F32
+    shape { dims: 2 }
+  }
+  buffers {
+    name: "mu2"
+    dtype: DTYPE_F32
+    shape { dims: 2 }
+  }
+  buffers {
+    name: "nu2"
+    dtype: DTYPE_F32
+    shape { dims: 2 }
+  }
+  buffers {
+    name: "seen"
+    dtype: DTYPE_F32
+    shape { dims: 2 }
+  }
   functions {
     name: "main"
     ops {
       kind: OP_ADAM_UPDATE
-      inputs: "p" inputs: "g" inputs: "mu" inputs: "nu" inputs: "step"
-      outputs: "p2" outputs: "mu2" outputs: "nu2"
+      inputs: "p"
+      inputs: "g"
+      inputs: "mu"
+      inputs: "nu"
+      inputs: "step"
+      outputs: "p2"
+      outputs: "mu2"
+      outputs: "nu2"
       adamw { learning_rate: 0.1 b1: 0.9 b2: 0.999 eps: 1e-8 }
     }
     ops { kind: OP_UNARY fn: "abs" inputs: "mu" outputs: "seen" }
@@ -208,7 +314,8 @@ TEST(ExecutorBindingTest, AdamWritesOverDonatedInputsThatNoLaterOpReads) {
     SCOPED_TRACE(donate ? "donated" : "not donated");
     absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(program, Executor::Options{});
     ASSERT_TRUE(ex.ok()) << ex.status();
-    Tensor p(v1::DTYPE_F32, {2}), g(v1::DTYPE_F32, {2}), mu(v1::DTYPE_F32, {2}), nu(v1::DTYPE_F32, {2});
+    Tensor p(v1::DTYPE_F32, {2}), g(v1::DTYPE_F32, {2}), mu(v1::DTYPE_F32, {2}),
+        nu(v1::DTYPE_F32, {2});
     p.data<float>()[0] = 1.0f;
     p.data<float>()[1] = -2.0f;
     g.data<float>()[0] = 0.5f;
@@ -220,12 +327,15 @@ TEST(ExecutorBindingTest, AdamWritesOverDonatedInputsThatNoLaterOpReads) {
     ASSERT_TRUE((*ex)->BindInput("step", Tensor(v1::DTYPE_F32, {})).ok());
     ASSERT_TRUE((*ex)->Run("main", RunContext{}).ok());
     // optax.adam's first step moves each parameter by lr against the gradient's sign.
-    EXPECT_THAT(Values(*(*ex)->TakeOutput("p2")), ElementsAre(::testing::FloatNear(0.9f, 1e-6f),
-                                                                 ::testing::FloatNear(-2.1f, 1e-6f)));
-    EXPECT_THAT(Values(*(*ex)->TakeOutput("mu2")), ElementsAre(::testing::FloatNear(0.05f, 1e-7f),
-                                                                  ::testing::FloatNear(0.025f, 1e-7f)));
-    EXPECT_THAT(Values(*(*ex)->TakeOutput("seen")), ElementsAre(0, 0)) << "mu read after the update";
-    EXPECT_EQ((*ex)->buffer("p2")->raw() == p.raw(), donate) << "param updated in place only when donated";
+    EXPECT_THAT(Values(*(*ex)->TakeOutput("p2")),
+                ElementsAre(::testing::FloatNear(0.9f, 1e-6f), ::testing::FloatNear(-2.1f, 1e-6f)));
+    EXPECT_THAT(
+        Values(*(*ex)->TakeOutput("mu2")),
+        ElementsAre(::testing::FloatNear(0.05f, 1e-7f), ::testing::FloatNear(0.025f, 1e-7f)));
+    EXPECT_THAT(Values(*(*ex)->TakeOutput("seen")), ElementsAre(0, 0))
+        << "mu read after the update";
+    EXPECT_EQ((*ex)->buffer("p2")->raw() == p.raw(), donate)
+        << "param updated in place only when donated";
     EXPECT_EQ((*ex)->buffer("nu2")->raw() == nu.raw(), donate);
     EXPECT_NE((*ex)->buffer("mu2")->raw(), mu.raw()) << "a later op reads mu: never in place";
     EXPECT_THAT(Values(mu), ElementsAre(0, 0));
@@ -239,33 +349,95 @@ TEST(ExecutorBindingTest, AdamWritesOverDonatedInputsThatNoLaterOpReads) {
 // matmul before the Adam update of p; `late`, if present, reads the view after it.
 std::string ScanAdamProgram(bool view_read_after_update) {
   std::string text = R"pb(
-    buffers { name: "p" dtype: DTYPE_F32 shape { dims: 2 dims: 1 dims: 2 } }
-    buffers { name: "g" dtype: DTYPE_F32 shape { dims: 2 dims: 1 dims: 2 } }
-    buffers { name: "mu" dtype: DTYPE_F32 shape { dims: 2 dims: 1 dims: 2 } }
-    buffers { name: "nu" dtype: DTYPE_F32 shape { dims: 2 dims: 1 dims: 2 } }
-    buffers { name: "step" dtype: DTYPE_F32 shape {} }
-    buffers { name: "i" dtype: DTYPE_I32 shape {} }
-    buffers { name: "layer" dtype: DTYPE_F32 shape { dims: 1 dims: 1 dims: 2 } }
-    buffers { name: "kernel" dtype: DTYPE_F32 shape { dims: 1 dims: 2 } }
-    buffers { name: "x" dtype: DTYPE_F32 shape { dims: 1 dims: 1 } }
-    buffers { name: "y" dtype: DTYPE_F32 shape { dims: 1 dims: 2 } }
-    buffers { name: "late" dtype: DTYPE_F32 shape { dims: 1 dims: 2 } }
-    buffers { name: "p2" dtype: DTYPE_F32 shape { dims: 2 dims: 1 dims: 2 } }
-    buffers { name: "mu2" dtype: DTYPE_F32 shape { dims: 2 dims: 1 dims: 2 } }
-    buffers { name: "nu2" dtype: DTYPE_F32 shape { dims: 2 dims: 1 dims: 2 } }
-    functions {
-      name: "main"
-      ops { kind: OP_DYNAMIC_SLICE inputs: "p" inputs: "i" outputs: "layer" dim: 0 }
-      ops { kind: OP_RESHAPE inputs: "layer" outputs: "kernel" }
-      ops { kind: OP_MATMUL inputs: "x" inputs: "kernel" outputs: "y" }
-      ops {
-        kind: OP_ADAM_UPDATE
-        inputs: "p" inputs: "g" inputs: "mu" inputs: "nu" inputs: "step"
-        outputs: "p2" outputs: "mu2" outputs: "nu2"
-        adamw { learning_rate: 0.1 b1: 0.9 b2: 0.999 eps: 1e-8 }
-      }
+    buffers {
+      name: "p"
+      dtype: DTYPE_F32
+      shape { dims: 2 dims: 1 dims: 2 }
+    }
+    buffers {
+      name: "g"
+      dtype: DTYPE_F32
+      shape { dims: 2 dims: 1 dims: 2 }
+    }
+    buffers {
+      name: "mu"
+      dtype: DTYPE_F32
+      shape { dims: 2 dims: 1 dims: 2 }
+    }
+    buffers {
+      name: "nu"
+      dtype: DTYPE_F32
+      shape { dims: 2 dims: 1 dims: 2 }
+    }
+    buffers {
+      name: "step"
+      dtype: DTYPE_F32
+      shape {}
+    }
+    buffers {
+      name: "i"
+      dtype: DTYPE_I32
+      shape {}
+    }
+    buffers {
+      name: "layer"
+      dtype: DTYPE_F32
+      shape { dims: 1 dims: 1 dims: 2 }
+    }
+    buffers {
+      name: "kernel"
+      dtype: DTYPE_F32
+      shape { dims: 1 dims: 2 }
+    }
+    buffers {
+      name: "x"
+      dtype: DTYPE_F32
+      shape { dims: 1 dims: 1 }
+    }
+    buffers {
+      name: "y"
+      dtype: DTYPE_F32
+      shape { dims: 1 dims: 2 }
+    }
+    buffers {
+      name: "late"
+      dtype: DTYPE_F32
+      shape { dims: 1 dims: 2 }
+    }
+    buffers {
+      name: "p2"
+      dtype: DTYPE_F32
+      shape { dims: 2 dims: 1 dims: 2 }
+    }
+    buffers {
+      name: "mu2"
+      dtype: DTYPE_F32
+      shape { dims: 2 dims: 1 dims: 2 }
+    }
+    buffers {
+      name: "nu2"
+      dtype: DTYPE_F32
+      shape { dims: 2 dims: 1 dims: 2 }
+    }
+    functions { name: "main"
+                ops { kind: OP_DYNAMIC_SLICE inputs: "p" inputs: "i" outputs: "layer" dim: 0 }
+                ops { kind: OP_RESHAPE inputs: "layer" outputs: "kernel" }
+                ops { kind: OP_MATMUL inputs: "x" inputs: "kernel" outputs: "y" }
+                ops {
+                  kind: OP_ADAM_UPDATE
+                  inputs: "p"
+                  inputs: "g"
+                  inputs: "mu"
+                  inputs: "nu"
+                  inputs: "step"
+                  outputs: "p2"
+                  outputs: "mu2"
+                  outputs: "nu2"
+                  adamw { learning_rate: 0.1 b1: 0.9 b2: 0.999 eps: 1e-8 }
+                }
   )pb";
-  if (view_read_after_update) text += R"pb(ops { kind: OP_UNARY fn: "abs" inputs: "kernel" outputs: "late" })pb";
+  if (view_read_after_update)
+    text += R"pb(ops { kind: OP_UNARY fn: "abs" inputs: "kernel" outputs: "late" })pb";
   return text + "}";
 }
 
@@ -281,7 +453,8 @@ TEST(ExecutorBindingTest, AdamWritesOverADonatedStackedParamOnceItsViewsAreRead)
                         Case{"a view is a result", false, {"kernel", "p2"}, false}}) {
     SCOPED_TRACE(c.name);
     v1::StepProgram program;
-    ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(ScanAdamProgram(c.late_reader), &program));
+    ASSERT_TRUE(
+        google::protobuf::TextFormat::ParseFromString(ScanAdamProgram(c.late_reader), &program));
     Executor::Options o;
     o.results = c.results;
     absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(program, o);
@@ -308,10 +481,12 @@ TEST(ExecutorBindingTest, AdamWritesOverADonatedStackedParamOnceItsViewsAreRead)
                 ElementsAre(FloatNear(0.9f, 1e-6f), FloatNear(1.9f, 1e-6f), FloatNear(2.9f, 1e-6f),
                             FloatNear(3.9f, 1e-6f)));
     if (c.late_reader) {
-      EXPECT_THAT(Values(*(*ex)->TakeOutput("late")), ElementsAre(3, 4)) << "the view read after it";
+      EXPECT_THAT(Values(*(*ex)->TakeOutput("late")), ElementsAre(3, 4))
+          << "the view read after it";
     }
     if (!c.in_place) {
-      EXPECT_THAT(Values(*(*ex)->TakeOutput("kernel")), ElementsAre(3, 4)) << "the view keeps the old values";
+      EXPECT_THAT(Values(*(*ex)->TakeOutput("kernel")), ElementsAre(3, 4))
+          << "the view keeps the old values";
     }
   }
 }
@@ -319,14 +494,46 @@ TEST(ExecutorBindingTest, AdamWritesOverADonatedStackedParamOnceItsViewsAreRead)
 // out = concatenate([|a0|, reshape(|a1|)]) along dim 0, as a scan stacks its per-layer
 // gradients; side = concatenate([a0t, a0t]) along dim 1, whose parts are not contiguous in it.
 constexpr char kConcatProgram[] = R"pb(
-  buffers { name: "a0" dtype: DTYPE_F32 shape { dims: 1 dims: 3 } }
-  buffers { name: "a1" dtype: DTYPE_F32 shape { dims: 3 } }
-  buffers { name: "p0" dtype: DTYPE_F32 shape { dims: 1 dims: 3 } }
-  buffers { name: "p1flat" dtype: DTYPE_F32 shape { dims: 3 } }
-  buffers { name: "p1" dtype: DTYPE_F32 shape { dims: 1 dims: 3 } }
-  buffers { name: "out" dtype: DTYPE_F32 shape { dims: 2 dims: 3 } }
-  buffers { name: "a0t" dtype: DTYPE_F32 shape { dims: 3 dims: 1 } }
-  buffers { name: "side" dtype: DTYPE_F32 shape { dims: 3 dims: 2 } }
+  buffers {
+    name: "a0"
+    dtype: DTYPE_F32
+    shape { dims: 1 dims: 3 }
+  }
+  buffers {
+    name: "a1"
+    dtype: DTYPE_F32
+    shape { dims: 3 }
+  }
+  buffers {
+    name: "p0"
+    dtype: DTYPE_F32
+    shape { dims: 1 dims: 3 }
+  }
+  buffers {
+    name: "p1flat"
+    dtype: DTYPE_F32
+    shape { dims: 3 }
+  }
+  buffers {
+    name: "p1"
+    dtype: DTYPE_F32
+    shape { dims: 1 dims: 3 }
+  }
+  buffers {
+    name: "out"
+    dtype: DTYPE_F32
+    shape { dims: 2 dims: 3 }
+  }
+  buffers {
+    name: "a0t"
+    dtype: DTYPE_F32
+    shape { dims: 3 dims: 1 }
+  }
+  buffers {
+    name: "side"
+    dtype: DTYPE_F32
+    shape { dims: 3 dims: 2 }
+  }
   functions {
     name: "main"
     ops { kind: OP_UNARY fn: "abs" inputs: "a0" outputs: "p0" }
@@ -352,11 +559,13 @@ TEST(ExecutorBindingTest, ConcatenatedPartsAreComputedInPlace) {
     ASSERT_TRUE((*ex)->Run("main", RunContext{}).ok());
     const char* out = static_cast<const char*>((*ex)->buffer("out")->raw());
     EXPECT_EQ((*ex)->buffer("p0")->raw(), out);
-    EXPECT_EQ((*ex)->buffer("p1flat")->raw(), out + 3 * sizeof(float)) << "computed where the concat puts it";
+    EXPECT_EQ((*ex)->buffer("p1flat")->raw(), out + 3 * sizeof(float))
+        << "computed where the concat puts it";
     absl::StatusOr<Tensor> got = (*ex)->TakeOutput("out");
     ASSERT_TRUE(got.ok());
     EXPECT_THAT(Values(*got), ElementsAre(1, 2, 3, 4, 5, 6)) << "call " << call;
-    EXPECT_THAT(Values(*(*ex)->TakeOutput("side")), ElementsAre(sign * 1, sign * 1, 2, 2, sign * 3, sign * 3));
+    EXPECT_THAT(Values(*(*ex)->TakeOutput("side")),
+                ElementsAre(sign * 1, sign * 1, 2, 2, sign * 3, sign * 3));
   }
 }
 
@@ -364,16 +573,44 @@ TEST(ExecutorBindingTest, ConcatenatedPartsAreComputedInPlace) {
 // g's memory); h = psum(k) where k is read again afterwards (k must keep its values: a copy);
 // out = h + k.
 constexpr char kPsumProgram[] = R"pb(
-  buffers { name: "x" dtype: DTYPE_F32 shape { dims: 4 } }
-  buffers { name: "two" dtype: DTYPE_F32 shape { dims: 4 } }
-  buffers { name: "g" dtype: DTYPE_F32 shape { dims: 4 } }
-  buffers { name: "s" dtype: DTYPE_F32 shape { dims: 4 } }
-  buffers { name: "k" dtype: DTYPE_F32 shape { dims: 4 } }
-  buffers { name: "h" dtype: DTYPE_F32 shape { dims: 4 } }
-  buffers { name: "out" dtype: DTYPE_F32 shape { dims: 4 } }
+  buffers {
+    name: "x"
+    dtype: DTYPE_F32
+    shape { dims: 4 }
+  }
+  buffers {
+    name: "two"
+    dtype: DTYPE_F32
+    shape { dims: 4 }
+  }
+  buffers {
+    name: "g"
+    dtype: DTYPE_F32
+    shape { dims: 4 }
+  }
+  buffers {
+    name: "s"
+    dtype: DTYPE_F32
+    shape { dims: 4 }
+  }
+  buffers {
+    name: "k"
+    dtype: DTYPE_F32
+    shape { dims: 4 }
+  }
+  buffers {
+    name: "h"
+    dtype: DTYPE_F32
+    shape { dims: 4 }
+  }
+  buffers {
+    name: "out"
+    dtype: DTYPE_F32
+    shape { dims: 4 }
+  }
   functions {
     name: "main"
-    ops { kind: OP_FILL outputs: "two" value: 2 }
+    ops { kind: OP_FILL_VALUE outputs: "two" value: 2 }
     ops { kind: OP_BINARY fn: "mul" inputs: "x" inputs: "two" outputs: "g" }
     ops { kind: OP_PSUM inputs: "g" outputs: "s" axis_names: "data" }
     ops { kind: OP_BINARY fn: "add" inputs: "x" inputs: "x" outputs: "k" }
@@ -428,7 +665,8 @@ TEST(ExecutorBindingTest, APsumOfAnInputNothingReadsAfterIsReducedInThatInputsMe
     for (auto& t : threads) t.join();
     for (int r = 0; r < 2; ++r) {
       ASSERT_TRUE(status[r].ok()) << status[r];
-      EXPECT_EQ(ex[r]->buffer("s")->raw(), ex[r]->buffer("g")->raw()) << "s is reduced in g's memory";
+      EXPECT_EQ(ex[r]->buffer("s")->raw(), ex[r]->buffer("g")->raw())
+          << "s is reduced in g's memory";
       EXPECT_NE(ex[r]->buffer("h")->raw(), ex[r]->buffer("k")->raw()) << "k is read after the psum";
       const float c = call + 1;
       // psum over the two ranks of 2 * x: 2 * c * (i + (10 + i)).
@@ -508,7 +746,7 @@ std::string FusedAdamProgram(bool read_g_later) {
           shape { dims: 4 }
         }
         functions { name: "main"
-                    ops { kind: OP_FILL outputs: "two" value: 2 }
+                    ops { kind: OP_FILL_VALUE outputs: "two" value: 2 }
                     ops { kind: OP_BINARY fn: "mul" inputs: "x" inputs: "two" outputs: "g" }
                     ops {
                       kind: OP_ADAM_UPDATE

@@ -8,9 +8,9 @@
 
 namespace meshrun {
 
+using kernels::Bind;
 using kernels::CpuEngine;
 using kernels::Guard;
-using kernels::Bind;
 using kernels::PrimitiveKernel;
 using kernels::RowMajorDesc;
 
@@ -18,8 +18,8 @@ namespace {
 
 absl::Status RequireF32(const char* op, const Tensor& t) {
   if (t.dtype() != v1::DTYPE_F32) {
-    return absl::InvalidArgumentError(absl::StrCat(op, " supports f32; got ", DTypeName(t.dtype()),
-                                                   " (convert it first)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, " supports f32; got ", DTypeName(t.dtype()), " (convert it first)"));
   }
   return absl::OkStatus();
 }
@@ -42,31 +42,39 @@ struct EltwiseAlg {
 
 // The oneDNN eltwise algorithm (and its alpha, beta) of each unary fn.
 std::map<std::string, EltwiseAlg> UnaryAlgs(float exponent) {
-  return {{"tanh", {dnnl::algorithm::eltwise_tanh, 0, 0}},     {"exp", {dnnl::algorithm::eltwise_exp, 0, 0}},
-          {"log", {dnnl::algorithm::eltwise_log, 0, 0}},       {"sqrt", {dnnl::algorithm::eltwise_sqrt, 0, 0}},
-          {"rsqrt", {dnnl::algorithm::eltwise_pow, 1, -0.5f}}, {"neg", {dnnl::algorithm::eltwise_linear, -1, 0}},
-          {"abs", {dnnl::algorithm::eltwise_abs, 0, 0}},       {"square", {dnnl::algorithm::eltwise_square, 0, 0}},
-          {"relu", {dnnl::algorithm::eltwise_relu, 0, 0}},     {"logistic", {dnnl::algorithm::eltwise_logistic, 0, 0}},
-          {"silu", {dnnl::algorithm::eltwise_swish, 1, 0}},    {"pow", {dnnl::algorithm::eltwise_pow, 1, exponent}}};
+  return {{"tanh", {dnnl::algorithm::eltwise_tanh, 0, 0}},
+          {"exp", {dnnl::algorithm::eltwise_exp, 0, 0}},
+          {"log", {dnnl::algorithm::eltwise_log, 0, 0}},
+          {"sqrt", {dnnl::algorithm::eltwise_sqrt, 0, 0}},
+          {"rsqrt", {dnnl::algorithm::eltwise_pow, 1, -0.5f}},
+          {"neg", {dnnl::algorithm::eltwise_linear, -1, 0}},
+          {"abs", {dnnl::algorithm::eltwise_abs, 0, 0}},
+          {"square", {dnnl::algorithm::eltwise_square, 0, 0}},
+          {"relu", {dnnl::algorithm::eltwise_relu, 0, 0}},
+          {"logistic", {dnnl::algorithm::eltwise_logistic, 0, 0}},
+          {"silu", {dnnl::algorithm::eltwise_swish, 1, 0}},
+          {"pow", {dnnl::algorithm::eltwise_pow, 1, exponent}}};
 }
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, const Tensor& x, const Tensor& dy,
-                                                        Tensor& dx) {
+absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, const Tensor& x,
+                                                        const Tensor& dy, Tensor& dx) {
   std::map<std::string, EltwiseAlg> algs;
-  for (const char* name : {"tanh", "exp", "log", "sqrt", "abs", "square", "relu", "logistic", "silu"})
+  for (const char* name :
+       {"tanh", "exp", "log", "sqrt", "abs", "square", "relu", "logistic", "silu"})
     algs[name] = UnaryAlgs(1.0f).at(name);
   auto it = algs.find(fn);
   if (it == algs.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown unary_grad fn '", fn, "'; allowed: ", Keys(algs)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown unary_grad fn '", fn, "'; allowed: ", Keys(algs)));
   }
   if (absl::Status s = RequireF32("unary_grad", x); !s.ok()) return s;
   if (absl::Status s = RequireF32("unary_grad", dy); !s.ok()) return s;
   if (x.dims() != dy.dims() || x.dims() != dx.dims()) {
-    return absl::InvalidArgumentError(absl::StrCat("unary_grad ", fn, ": x ", DimsToString(x.dims()), ", dy ",
-                                                   DimsToString(dy.dims()), " and dx ", DimsToString(dx.dims()),
-                                                   " must have one shape"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unary_grad ", fn, ": x ", DimsToString(x.dims()), ", dy ", DimsToString(dy.dims()),
+        " and dx ", DimsToString(dx.dims()), " must have one shape"));
   }
   if (x.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
   std::unique_ptr<Kernel> kernel;
@@ -74,60 +82,69 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, c
     auto md = RowMajorDesc(x.dims());
     const EltwiseAlg& a = it->second;
     dnnl::eltwise_forward::primitive_desc hint(
-        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, a.alg, md, a.alpha, a.beta), CpuEngine());
-    dnnl::eltwise_backward::primitive_desc pd(dnnl::eltwise_backward::desc(a.alg, md, md, a.alpha, a.beta),
-                                              CpuEngine(), hint);
-    kernel = std::make_unique<PrimitiveKernel>(
-        "unary_grad", dnnl::eltwise_backward(pd),
-        kernels::Args{{DNNL_ARG_SRC, Bind(md, x)},
-                                              {DNNL_ARG_DIFF_DST, Bind(md, dy)},
-                                              {DNNL_ARG_DIFF_SRC, Bind(md, dx)}});
+        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, a.alg, md, a.alpha, a.beta),
+        CpuEngine());
+    dnnl::eltwise_backward::primitive_desc pd(
+        dnnl::eltwise_backward::desc(a.alg, md, md, a.alpha, a.beta), CpuEngine(), hint);
+    kernel = std::make_unique<PrimitiveKernel>("unary_grad", dnnl::eltwise_backward(pd),
+                                               kernels::Args{{DNNL_ARG_SRC, Bind(md, x)},
+                                                             {DNNL_ARG_DIFF_DST, Bind(md, dy)},
+                                                             {DNNL_ARG_DIFF_SRC, Bind(md, dx)}});
   });
   if (!s.ok()) return s;
   return kernel;
 }
 
-absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x, Tensor& y, float exponent) {
+absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x,
+                                                    Tensor& y, float exponent) {
   const std::map<std::string, EltwiseAlg> algs = UnaryAlgs(exponent);
   auto it = algs.find(fn);
   if (it == algs.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown unary fn '", fn, "'; allowed: ", Keys(algs)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown unary fn '", fn, "'; allowed: ", Keys(algs)));
   }
   if (absl::Status s = RequireF32("unary", x); !s.ok()) return s;
-  if (x.dims() != y.dims()) return absl::InvalidArgumentError("unary: output shape differs from input");
+  if (x.dims() != y.dims())
+    return absl::InvalidArgumentError("unary: output shape differs from input");
   std::unique_ptr<Kernel> kernel;
   if (x.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
   absl::Status s = Guard("unary", [&] {
     auto md = RowMajorDesc(x.dims());
     dnnl::eltwise_forward::primitive_desc pd(
-        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, it->second.alg, md, it->second.alpha,
-                                    it->second.beta),
+        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, it->second.alg, md,
+                                    it->second.alpha, it->second.beta),
         CpuEngine());
     kernel = std::make_unique<PrimitiveKernel>(
         "unary", dnnl::eltwise_forward(pd),
-        kernels::Args{{DNNL_ARG_SRC, Bind(md, x)},
-                                              {DNNL_ARG_DST, Bind(md, y)}});
+        kernels::Args{{DNNL_ARG_SRC, Bind(md, x)}, {DNNL_ARG_DST, Bind(md, y)}});
   });
   if (!s.ok()) return s;
   return kernel;
 }
 
-absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, const Tensor& a, const Tensor& b,
-                                                     Tensor& out) {
+absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, const Tensor& a,
+                                                     const Tensor& b, Tensor& out) {
   const std::map<std::string, dnnl::algorithm> algs = {
-      {"add", dnnl::algorithm::binary_add}, {"sub", dnnl::algorithm::binary_sub}, {"mul", dnnl::algorithm::binary_mul},
-      {"div", dnnl::algorithm::binary_div}, {"max", dnnl::algorithm::binary_max}, {"min", dnnl::algorithm::binary_min}};
+      {"add", dnnl::algorithm::binary_add}, {"sub", dnnl::algorithm::binary_sub},
+      {"mul", dnnl::algorithm::binary_mul}, {"div", dnnl::algorithm::binary_div},
+      {"max", dnnl::algorithm::binary_max}, {"min", dnnl::algorithm::binary_min},
+      {"eq", dnnl::algorithm::binary_eq},   {"ne", dnnl::algorithm::binary_ne},
+      {"lt", dnnl::algorithm::binary_lt},   {"le", dnnl::algorithm::binary_le},
+      {"gt", dnnl::algorithm::binary_gt},   {"ge", dnnl::algorithm::binary_ge}};
   auto it = algs.find(fn);
   if (it == algs.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown binary fn '", fn, "'; allowed: ", Keys(algs)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown binary fn '", fn, "'; allowed: ", Keys(algs)));
   }
   if (absl::Status s = RequireF32("binary", a); !s.ok()) return s;
   if (absl::Status s = RequireF32("binary", b); !s.ok()) return s;
   bool ok = a.dims().size() == b.dims().size() && a.dims() == out.dims();
-  for (size_t d = 0; ok && d < a.dims().size(); ++d) ok = b.dims()[d] == a.dims()[d] || b.dims()[d] == 1;
+  for (size_t d = 0; ok && d < a.dims().size(); ++d)
+    ok = b.dims()[d] == a.dims()[d] || b.dims()[d] == 1;
   if (!ok) {
     return absl::InvalidArgumentError(absl::StrCat("binary ", fn, ": ", DimsToString(b.dims()),
-                                                   " does not broadcast to ", DimsToString(a.dims())));
+                                                   " does not broadcast to ",
+                                                   DimsToString(a.dims())));
   }
   if (a.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
   std::unique_ptr<Kernel> kernel;
@@ -135,37 +152,39 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
     auto a_md = RowMajorDesc(a.dims());
     auto b_md = RowMajorDesc(b.dims());
     dnnl::binary::primitive_desc pd(dnnl::binary::desc(it->second, a_md, b_md, a_md), CpuEngine());
-    kernel = std::make_unique<PrimitiveKernel>(
-        "binary", dnnl::binary(pd),
-        kernels::Args{{DNNL_ARG_SRC_0, Bind(a_md, a)},
-                                              {DNNL_ARG_SRC_1, Bind(b_md, b)},
-                                              {DNNL_ARG_DST, Bind(a_md, out)}});
+    kernel = std::make_unique<PrimitiveKernel>("binary", dnnl::binary(pd),
+                                               kernels::Args{{DNNL_ARG_SRC_0, Bind(a_md, a)},
+                                                             {DNNL_ARG_SRC_1, Bind(b_md, b)},
+                                                             {DNNL_ARG_DST, Bind(a_md, out)}});
   });
   if (!s.ok()) return s;
   return kernel;
 }
 
-absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, const Tensor& x, Tensor& out) {
+absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, const Tensor& x,
+                                                     Tensor& out) {
   const std::map<std::string, dnnl::algorithm> algs = {{"sum", dnnl::algorithm::reduction_sum},
                                                        {"mean", dnnl::algorithm::reduction_mean},
                                                        {"max", dnnl::algorithm::reduction_max},
                                                        {"min", dnnl::algorithm::reduction_min}};
   auto it = algs.find(fn);
   if (it == algs.end()) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown reduce fn '", fn, "'; allowed: ", Keys(algs)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown reduce fn '", fn, "'; allowed: ", Keys(algs)));
   }
   if (absl::Status s = RequireF32("reduce", x); !s.ok()) return s;
-  if (x.dims().size() != out.dims().size()) return absl::InvalidArgumentError("reduce: output rank differs");
+  if (x.dims().size() != out.dims().size())
+    return absl::InvalidArgumentError("reduce: output rank differs");
   if (x.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
   std::unique_ptr<Kernel> kernel;
   absl::Status s = Guard("reduce", [&] {
     auto src_md = RowMajorDesc(x.dims());
     auto dst_md = RowMajorDesc(out.dims());
-    dnnl::reduction::primitive_desc pd(dnnl::reduction::desc(it->second, src_md, dst_md, 0.0f, 0.0f), CpuEngine());
+    dnnl::reduction::primitive_desc pd(
+        dnnl::reduction::desc(it->second, src_md, dst_md, 0.0f, 0.0f), CpuEngine());
     kernel = std::make_unique<PrimitiveKernel>(
         "reduce", dnnl::reduction(pd),
-        kernels::Args{{DNNL_ARG_SRC, Bind(src_md, x)},
-                                              {DNNL_ARG_DST, Bind(dst_md, out)}});
+        kernels::Args{{DNNL_ARG_SRC, Bind(src_md, x)}, {DNNL_ARG_DST, Bind(dst_md, out)}});
   });
   if (!s.ok()) return s;
   return kernel;

@@ -38,53 +38,30 @@ struct MatmulOptions {
   float alpha = 1.0f;
   bool accumulate = false;
 };
-absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tensor& b, const Tensor* bias,
-                                                     Tensor& c, const MatmulOptions& options = {});
-
-// y = silu(x) = x * sigmoid(x) (oneDNN eltwise_swish, alpha 1). Same shape, f32.
-absl::StatusOr<std::unique_ptr<Kernel>> CreateSilu(const Tensor& x, Tensor& y);
-// dx = dy * silu'(x) (oneDNN eltwise_swish backward).
-absl::StatusOr<std::unique_ptr<Kernel>> CreateSiluGrad(const Tensor& x, const Tensor& dy, Tensor& dx);
-
-// out = a * b element-wise (oneDNN binary_mul); dropout's apply and its gradient.
-absl::StatusOr<std::unique_ptr<Kernel>> CreateMultiply(const Tensor& a, const Tensor& b, Tensor& out);
-
-// out [k] = alpha * sum over rows of x [n, k] (+ out when accumulate). Runs as a oneDNN matmul
-// ones[1, n] @ x (oneDNN's reduction primitive has only a slow reference kernel for this shape).
-absl::StatusOr<std::unique_ptr<Kernel>> CreateReduceSumRows(const Tensor& x, Tensor& out, float alpha = 1.0f,
-                                                            bool accumulate = false);
-
-// acc = acc + scale * x (oneDNN sum, in place). Same shape, f32.
-absl::StatusOr<std::unique_ptr<Kernel>> CreateAccumulate(const Tensor& x, float scale, Tensor& acc);
-
-// Softmax cross-entropy with integer labels (optax.softmax_cross_entropy_with_integer_labels):
-// logits [b, c] f32, labels [b] i32 (rows with a negative label are padding and ignored).
-// loss_sum [] and correct [] are incremented by the sum of per-example losses and the number of
-// rows whose argmax equals the label. When dlogits is not null it receives the gradient of the
-// MEAN loss over the b rows: (softmax - onehot) / b. log_softmax runs as a oneDNN primitive.
-absl::StatusOr<std::unique_ptr<Kernel>> CreateSoftmaxCrossEntropy(const Tensor& logits, const Tensor& labels,
-                                                                  Tensor* dlogits, Tensor& loss_sum,
-                                                                  Tensor& correct);
+absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tensor& b,
+                                                     const Tensor* bias, Tensor& c,
+                                                     const MatmulOptions& options = {});
 
 // y = fn(x) element-wise, f32, same shape (oneDNN eltwise). fn: tanh exp log sqrt rsqrt neg abs
 // square relu logistic silu, or pow (x ** exponent). Errors: InvalidArgument naming an unknown fn.
-absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x, Tensor& y,
-                                                    float exponent = 1.0f);
+absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x,
+                                                    Tensor& y, float exponent = 1.0f);
 
 // dx = dy * fn'(x) element-wise, f32, all three the same shape: the VJP of CreateUnary's fn, as a
 // oneDNN eltwise backward primitive (from x, not from y). fn: tanh exp log sqrt abs square relu
 // logistic silu (relu'(0) = 0, as jax.nn.relu). Errors: InvalidArgument naming an unknown fn.
-absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, const Tensor& x, const Tensor& dy,
-                                                        Tensor& dx);
+absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, const Tensor& x,
+                                                        const Tensor& dy, Tensor& dx);
 
 // out = fn(a, b) element-wise, f32, out shaped like a; b has a's rank with each dim equal or 1
 // (numpy broadcasting; oneDNN binary). fn: add sub mul div max min.
-absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, const Tensor& a, const Tensor& b,
-                                                     Tensor& out);
+absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, const Tensor& a,
+                                                     const Tensor& b, Tensor& out);
 
 // out = fn of x over the dims where out has size 1 (oneDNN reduction), f32, same rank.
 // fn: sum mean max min.
-absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, const Tensor& x, Tensor& out);
+absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, const Tensor& x,
+                                                     Tensor& out);
 
 }  // namespace meshrun
 

@@ -7,9 +7,9 @@
 
 namespace meshrun {
 
+using kernels::Bind;
 using kernels::CpuEngine;
 using kernels::Guard;
-using kernels::Bind;
 using kernels::PrimitiveKernel;
 
 namespace {
@@ -23,8 +23,9 @@ Desc MatrixDesc(int64_t rows, int64_t cols, bool transposed_storage) {
 }
 
 // The primitive for c = alpha * a @ b (+ bias) (+ c), over the given views of fixed buffers.
-absl::StatusOr<std::unique_ptr<Kernel>> BuildMatmul(const Desc& a_md, const Tensor& a, const Desc& b_md,
-                                                    const Tensor& b, const Tensor* bias, int64_t n, const Desc& c_md,
+absl::StatusOr<std::unique_ptr<Kernel>> BuildMatmul(const Desc& a_md, const Tensor& a,
+                                                    const Desc& b_md, const Tensor& b,
+                                                    const Tensor* bias, int64_t n, const Desc& c_md,
                                                     Tensor& c, const MatmulOptions& options) {
   if (bias != nullptr && options.alpha != 1.0f) {
     return absl::InvalidArgumentError("matmul: a bias with alpha != 1 is not supported");
@@ -38,12 +39,15 @@ absl::StatusOr<std::unique_ptr<Kernel>> BuildMatmul(const Desc& a_md, const Tens
       ops.append_sum(1.0f);
       attr.set_post_ops(ops);
     }
-    kernels::Args args = {{DNNL_ARG_SRC, Bind(a_md, a)}, {DNNL_ARG_WEIGHTS, Bind(b_md, b)}, {DNNL_ARG_DST, Bind(c_md, c)}};
+    kernels::Args args = {{DNNL_ARG_SRC, Bind(a_md, a)},
+                          {DNNL_ARG_WEIGHTS, Bind(b_md, b)},
+                          {DNNL_ARG_DST, Bind(c_md, c)}};
     dnnl::matmul::primitive_desc pd;
     if (bias != nullptr) {
       Desc bias_md({1, n}, dnnl::memory::data_type::f32, {n, 1});
       args.emplace_back(DNNL_ARG_BIAS, Bind(bias_md, *bias));
-      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), attr, CpuEngine());
+      pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), attr,
+                                        CpuEngine());
     } else {
       pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, CpuEngine());
     }
@@ -61,8 +65,9 @@ class RowSumKernel : public Kernel {
   }
   absl::Status Init(const Tensor& x, Tensor& out, const MatmulOptions& options) {
     const int64_t n = x.dims()[0], k = x.dims()[1];
-    absl::StatusOr<std::unique_ptr<Kernel>> m = BuildMatmul(MatrixDesc(1, n, false), ones_, MatrixDesc(n, k, false), x,
-                                                            nullptr, k, MatrixDesc(1, k, false), out, options);
+    absl::StatusOr<std::unique_ptr<Kernel>> m =
+        BuildMatmul(MatrixDesc(1, n, false), ones_, MatrixDesc(n, k, false), x, nullptr, k,
+                    MatrixDesc(1, k, false), out, options);
     if (!m.ok()) return m.status();
     matmul_ = *std::move(m);
     return absl::OkStatus();
@@ -76,53 +81,45 @@ class RowSumKernel : public Kernel {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c,
+absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tensor& b,
+                                                     const Tensor* bias, Tensor& c,
                                                      const MatmulOptions& options) {
   if (a.dims().size() == 3 && b.dims().size() == 3 && c.dims().size() == 3) {
     // Batched: [B, M, K] @ [B, K, N] -> [B, M, N].
     const int64_t bt = a.dims()[0], m = a.dims()[1], k = a.dims()[2], n = b.dims()[2];
-    if (options.transpose_a || options.transpose_b || bias != nullptr || b.dims()[0] != bt || b.dims()[1] != k ||
-        c.dims() != Dims{bt, m, n}) {
-      return absl::InvalidArgumentError(absl::StrCat("batched matmul shapes do not agree: ", DimsToString(a.dims()),
-                                                     " @ ", DimsToString(b.dims()), " -> ", DimsToString(c.dims()),
-                                                     " (no transposes or bias)"));
+    if (options.transpose_a || options.transpose_b || bias != nullptr || b.dims()[0] != bt ||
+        b.dims()[1] != k || c.dims() != Dims{bt, m, n}) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batched matmul shapes do not agree: ", DimsToString(a.dims()), " @ ",
+          DimsToString(b.dims()), " -> ", DimsToString(c.dims()), " (no transposes or bias)"));
     }
     auto desc = [](int64_t b0, int64_t r, int64_t c0) {
       return Desc({b0, r, c0}, dnnl::memory::data_type::f32, {r * c0, c0, 1});
     };
-    return BuildMatmul(desc(bt, m, k), a, desc(bt, k, n), b, nullptr, n, desc(bt, m, n), c, options);
+    return BuildMatmul(desc(bt, m, k), a, desc(bt, k, n), b, nullptr, n, desc(bt, m, n), c,
+                       options);
   }
   if (a.dims().size() != 2 || b.dims().size() != 2 || c.dims().size() != 2) {
-    return absl::InvalidArgumentError(absl::StrCat("matmul needs 2-D operands; got a ", DimsToString(a.dims()),
-                                                   ", b ", DimsToString(b.dims()), ", c ", DimsToString(c.dims())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("matmul needs 2-D operands; got a ", DimsToString(a.dims()), ", b ",
+                     DimsToString(b.dims()), ", c ", DimsToString(c.dims())));
   }
   const int64_t m = options.transpose_a ? a.dims()[1] : a.dims()[0];
   const int64_t k = options.transpose_a ? a.dims()[0] : a.dims()[1];
   const int64_t kb = options.transpose_b ? b.dims()[1] : b.dims()[0];
   const int64_t n = options.transpose_b ? b.dims()[0] : b.dims()[1];
   if (k != kb || c.dims()[0] != m || c.dims()[1] != n) {
-    return absl::InvalidArgumentError(absl::StrCat("matmul shapes do not agree: op(a) [", m, ", ", k, "] @ op(b) [",
-                                                   kb, ", ", n, "] -> c ", DimsToString(c.dims())));
+    return absl::InvalidArgumentError(absl::StrCat("matmul shapes do not agree: op(a) [", m, ", ",
+                                                   k, "] @ op(b) [", kb, ", ", n, "] -> c ",
+                                                   DimsToString(c.dims())));
   }
   if (bias != nullptr && bias->num_elements() != n) {
     return absl::InvalidArgumentError(
         absl::StrCat("matmul bias has shape ", DimsToString(bias->dims()), "; expected [", n, "]"));
   }
-  return BuildMatmul(MatrixDesc(m, k, options.transpose_a), a, MatrixDesc(k, n, options.transpose_b), b, bias, n,
-                     MatrixDesc(m, n, false), c, options);
-}
-
-absl::StatusOr<std::unique_ptr<Kernel>> CreateReduceSumRows(const Tensor& x, Tensor& out, float alpha, bool accumulate) {
-  if (x.dims().size() != 2 || out.num_elements() != x.dims()[1]) {
-    return absl::InvalidArgumentError(absl::StrCat("reduce_sum_rows: input ", DimsToString(x.dims()), " and output ",
-                                                   DimsToString(out.dims()), " do not match; expected [n, k] -> [k]"));
-  }
-  auto kernel = std::make_unique<RowSumKernel>(x.dims()[0]);
-  MatmulOptions o;
-  o.alpha = alpha;
-  o.accumulate = accumulate;
-  if (absl::Status s = kernel->Init(x, out, o); !s.ok()) return s;
-  return std::unique_ptr<Kernel>(std::move(kernel));
+  return BuildMatmul(MatrixDesc(m, k, options.transpose_a), a,
+                     MatrixDesc(k, n, options.transpose_b), b, bias, n, MatrixDesc(m, n, false), c,
+                     options);
 }
 
 }  // namespace meshrun

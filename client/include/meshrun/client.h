@@ -29,8 +29,8 @@ struct TrainResult {
 class Client {
  public:
   // Errors: Unavailable naming the address if no coordinator answers within `timeout`.
-  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& address,
-                                                         absl::Duration timeout = absl::Seconds(10));
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const std::string& address, absl::Duration timeout = absl::Seconds(10));
 
   const std::string& address() const { return address_; }
 
@@ -41,18 +41,32 @@ class Client {
   // Errors: DeadlineExceeded saying how many workers registered.
   absl::Status WaitForWorkers(absl::Duration timeout);
 
-  // Runs a train job (see core/config/job_config.h) and calls `on_event` for each progress
-  // event as it arrives (on the calling thread). Errors: the job's error as the coordinator
-  // reports it, e.g. InvalidArgument naming a config key, Unavailable naming a dead worker's rank;
-  // DeadlineExceeded after `timeout`.
-  absl::StatusOr<TrainResult> Train(const JobConfig& config,
-                                    const std::function<void(const v1::JobEvent&)>& on_event = nullptr,
-                                    absl::Duration timeout = absl::Hours(24));
+  // Runs a train job (see core/config/job_config.h): plans it for the cluster's mesh
+  // (meshrun/job.h's PlanJob: the train step is derived and traced here), submits it as a typed
+  // JobSpec, and calls `on_event` for each progress event as it arrives (on the calling thread).
+  // Errors: InvalidArgument naming a config value that does not fit the cluster; the job's
+  // error as the coordinator reports it, e.g. Unavailable naming a dead worker's rank, a missing
+  // or truncated data file naming it; DeadlineExceeded after `timeout`.
+  absl::StatusOr<TrainResult> Train(
+      const JobConfig& config, const std::function<void(const v1::JobEvent&)>& on_event = nullptr,
+      absl::Duration timeout = absl::Hours(24));
+  // Runs a planned job as it is (SubmitJob).
+  absl::StatusOr<TrainResult> Train(
+      const v1::JobSpec& job, const std::function<void(const v1::JobEvent&)>& on_event = nullptr,
+      absl::Duration timeout = absl::Hours(24));
+
+  // Opens a sharded input pipeline on every worker (core/data/input_pipeline.h; the batch
+  // arguments of later Jit / ShardMap calls can then be fed from it, each worker reading only its
+  // blocks). Errors: the first worker's, naming its rank (a missing or truncated file, a field
+  // that does not fit the spec).
+  absl::StatusOr<v1::InputInfo> OpenInput(const v1::InputSpec& spec, const std::string& id = "");
+  absl::Status CloseInput(const std::string& id);
 
   // jax.device_put(host, NamedSharding(cluster mesh, spec)): each worker receives only its own
   // block (replicated dims are replicated). `host` is row-major, f32 / bf16 / i32 / u32.
   // Errors: InvalidArgument naming the spec, shape and dim that do not fit; an id in use.
-  absl::StatusOr<v1::ArrayInfo> Put(const Tensor& host, const PartitionSpec& spec, const std::string& id = "");
+  absl::StatusOr<v1::ArrayInfo> Put(const Tensor& host, const PartitionSpec& spec,
+                                    const std::string& id = "");
   // jax.device_get: the global array assembled from the workers' blocks. Errors: NotFound.
   absl::StatusOr<Tensor> Get(const std::string& id);
   absl::Status Delete(const std::string& id);
@@ -68,11 +82,11 @@ class Client {
   // argument's id, replacing that array. As in JAX the donated arrays are consumed: if the call
   // fails they are deleted (the error names them); donated arguments no result replaces are left
   // in place when it succeeds.
-  absl::StatusOr<std::vector<v1::ArrayInfo>> ShardMap(const v1::ShardMapProgram& program,
-                                                      const std::vector<std::string>& input_ids,
-                                                      const std::vector<std::string>& output_ids = {},
-                                                      absl::Duration collective_timeout = absl::Seconds(30),
-                                                      const std::vector<int>& donate_argnums = {});
+  absl::StatusOr<std::vector<v1::ArrayInfo>> ShardMap(
+      const v1::ShardMapProgram& program, const std::vector<std::string>& input_ids,
+      const std::vector<std::string>& output_ids = {},
+      absl::Duration collective_timeout = absl::Seconds(30),
+      const std::vector<int>& donate_argnums = {});
 
   // jax.jit on the cluster: the COORDINATOR partitions `program` (a JitBuilder's
   // global_program(): ops on global arrays, no collectives) for its mesh, choosing each
@@ -94,7 +108,8 @@ class Client {
     bool cache_hit = false;                // partitioned by an earlier call
     std::vector<Tensor> fetched;           // the results named by fetch_outputs, in its order
   };
-  absl::StatusOr<JitResult> Jit(const v1::GlobalProgram& program, const std::vector<std::string>& input_ids,
+  absl::StatusOr<JitResult> Jit(const v1::GlobalProgram& program,
+                                const std::vector<std::string>& input_ids,
                                 const std::vector<std::string>& output_ids = {},
                                 absl::Duration collective_timeout = absl::Seconds(30),
                                 const std::vector<int>& donate_argnums = {},
@@ -107,10 +122,10 @@ class Client {
   // `spec` on this cluster (another layout or mesh than at save time works), each worker reading
   // only the blocks it needs. Errors: see ArrayRegistry (server/array_registry.h): NotFound,
   // InvalidArgument, DataLoss naming the array and file, a worker's error naming its rank.
-  absl::StatusOr<v1::SaveCheckpointResponse> SaveCheckpoint(const v1::SaveCheckpointRequest& request,
-                                                            absl::Duration timeout = absl::Minutes(10));
-  absl::StatusOr<v1::RestoreCheckpointResponse> RestoreCheckpoint(const v1::RestoreCheckpointRequest& request,
-                                                                  absl::Duration timeout = absl::Minutes(10));
+  absl::StatusOr<v1::SaveCheckpointResponse> SaveCheckpoint(
+      const v1::SaveCheckpointRequest& request, absl::Duration timeout = absl::Minutes(10));
+  absl::StatusOr<v1::RestoreCheckpointResponse> RestoreCheckpoint(
+      const v1::RestoreCheckpointRequest& request, absl::Duration timeout = absl::Minutes(10));
 
   // Stops the workers and then the coordinator.
   absl::Status Shutdown();

@@ -107,6 +107,17 @@ class Scope {
   // The mesh axes the rules map 'batch' to: dropout folds its key over them.
   std::vector<std::string> BatchAxes() const;
 
+  // Flax's self.sow('metrics', name, value): records a scalar f32 metric of the step (e.g. the
+  // number of correct predictions); the train step sums each over its minibatches and returns it
+  // beside the loss, in the order first sown. Errors (recorded) for a non-scalar value.
+  void Sow(const std::string& name, Value value);
+  // The metrics sown so far, in order, and forgetting them (the train step takes them per
+  // minibatch).
+  std::vector<std::pair<std::string, Value>> TakeSown();
+  // Evaluation (Flax's deterministic=True / model.eval()): Dropout is the identity.
+  bool deterministic() const { return shared_->deterministic; }
+  void set_deterministic(bool d) { shared_->deterministic = d; }
+
   JitBuilder& jit() const { return *shared_->jit; }
   const std::vector<ParamInfo>& params() const { return shared_->params; }
   const std::vector<Value>& param_values() const { return shared_->values; }
@@ -126,6 +137,8 @@ class Scope {
     absl::Status status;
     Value rng;
     int rng_count = 0;
+    std::vector<std::pair<std::string, Value>> sown;
+    bool deterministic = false;
   };
   Scope(std::shared_ptr<Shared> shared, std::string path)
       : shared_(std::move(shared)), path_(std::move(path)) {}
@@ -153,8 +166,9 @@ Value DotReluDot(Scope scope, Value x, int64_t depth);
 // {PARTITION_NAME: None}).
 Value Mlp(Scope scope, Value x, int num_layers, int64_t depth, bool use_scan);
 
-// flax.linen.Dropout(rate): identity when `deterministic`; otherwise x * mask with the key from
-// scope.MakeRng() folded over the batch axes (shared/seeds/001's fold_rng_over_axis).
+// flax.linen.Dropout(rate): identity when `deterministic` or the scope is; otherwise x * mask
+// with the key from scope.MakeRng() folded over the batch axes (shared/seeds/001's
+// fold_rng_over_axis).
 Value Dropout(Scope& scope, Value x, float rate, bool deterministic = false);
 
 // jax.nn.silu / relu via JitBuilder::Unary.
@@ -167,6 +181,15 @@ Value MseLoss(JitBuilder& jit, Value pred, Value target);
 // one_hot [b, c] f32. Computed as logsumexp(logits) - sum(one_hot * logits) with the max shifted
 // out (stop_gradient), so a class dim sharded over an axis costs a pmax and psums.
 Value SoftmaxCrossEntropy(JitBuilder& jit, Value logits, Value one_hot);
+// jax.nn.one_hot(labels, num_classes): labels [b] of any integer dtype (u8, i32, u32; f32 holding
+// integers) -> f32 [b, num_classes], laid out like labels with the class dim unsharded.
+Value OneHot(JitBuilder& jit, Value labels, int64_t num_classes);
+// optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(): logits [b, c] f32,
+// labels [b] integers in [0, c).
+Value SoftmaxCrossEntropyWithIntegerLabels(JitBuilder& jit, Value logits, Value labels);
+// (logits.argmax(-1) == labels).sum() as f32 []: the correct predictions of a batch (a tie for
+// the maximum counts as correct when the label is among the tied classes).
+Value CorrectCount(JitBuilder& jit, Value logits, Value labels);
 
 }  // namespace meshrun::nn
 

@@ -57,6 +57,7 @@ struct BatchSpec {
   std::string name;
   Dims shape;
   std::vector<std::string> logical_axes;
+  DType dtype = v1::DTYPE_F32;  // as the data holds it (u8 images: convert in the loss)
 };
 
 // The loss of one minibatch: a scalar f32 value of scope.jit().
@@ -73,8 +74,9 @@ struct PlannedArray {
 
 struct TrainStep {
   Mesh mesh;
-  // Arguments: state (in `state`'s order), then the batch; results: the new state, then the
-  // mean loss of the step (f32 []). State arguments are donated. `step_global` is the step as the
+  // Arguments: state (in `state`'s order), then the batch; results: the new state, the mean
+  // loss of the step (f32 []), then each of `metrics` (f32 [], summed over the minibatches).
+  // State arguments are donated. `step_global` is the step as the
   // user's model traced it (forward, grad, optimizer; no collectives): what TrainState::Step
   // sends, for the coordinator to partition (Client::Jit); `step` is the same program partitioned
   // here, for the plan and the checks before anything is allocated.
@@ -88,6 +90,8 @@ struct TrainStep {
   std::vector<JitBuilder::Collective> collectives;  // of one step
   int num_minibatches = 1;
   uint64_t seed = 0;  // of the initialisation and of TrainState.rng
+  nn::ShardingConfig sharding;
+  std::vector<std::string> metrics;  // what the loss sowed (nn::Scope::Sow), in order
 
   // Bytes of params + optimizer state each worker holds.
   int64_t StateBytesPerWorker() const;
@@ -103,6 +107,14 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
                                          const OptimizerConfig& optimizer,
                                          const std::vector<BatchSpec>& batch, const LossFn& loss,
                                          uint64_t seed, int num_minibatches = 1);
+
+// The evaluation step of `step`'s model (Flax's deterministic apply; Dropout off): arguments the
+// parameters (in step.params' order and layouts), then the batch (`batch`'s shapes, one batch,
+// no minibatch dim, laid out by step.sharding's rules); results the mean loss (f32 []) and each
+// of step.metrics (f32 []), replicated. Errors: BuildTrainStep's.
+absl::StatusOr<v1::GlobalProgram> BuildEvalStep(const TrainStep& step,
+                                                const std::vector<BatchSpec>& batch,
+                                                const LossFn& loss);
 
 // A TrainState living on the cluster. Not thread-safe; the arrays stay on the cluster until
 // Delete.

@@ -5,9 +5,11 @@
 //   dot_relu_dot  seed 003: DotReluDot(1024) (lecun_normal, no bias) with MSE, Adam 1e-3; input
 //                 and label jax.random.normal(key(1) / key(2), (8, 1024)), laid out ('batch',
 //                 None).
-//   classifier    the seed classifier (main job): Dense 784->512, SiLU, Dense 512->10, softmax
-//                 cross-entropy, AdamW 1e-3, 2 minibatches of 32 real Fashion-MNIST images
-//                 (dropout off, so that every layout computes the same function).
+//   classifier    the seed classifier (the main job's model, ClassifierLoss): Dense 784->512,
+//                 SiLU, Dense 512->10, softmax cross-entropy with integer labels, AdamW 1e-3, 2
+//                 minibatches of 32 real Fashion-MNIST images (u8 "image" [784] and "label" [],
+//                 as the IDX dataset's fields) and dropout off, so that every layout computes the
+//                 same function.
 // Layouts (logical axis rules and FSDP):
 //   single  no rules (everything replicated; run it on one worker)
 //   dp      batch=data
@@ -36,6 +38,20 @@ struct Workload {
   int num_minibatches = 1;
   int64_t examples_per_step = 0;
 };
+
+// The main job's model (shared/seeds/001's DPClassifier): image u8 [b, image_size] scaled by
+// 1/255, Dense(hidden) 'input_dense' with kernel axes ('embed', 'hidden'), SiLU,
+// Dropout(dropout_rate) (keys folded over the batch axes), Dense(num_classes) 'output_dense' with
+// kernel axes ('hidden', 'classes'), softmax cross-entropy against label u8 [b] (integer labels).
+// Sows "correct" (the batch's correct predictions), which the job's accuracy is computed from.
+struct ClassifierOptions {
+  int64_t hidden_size = 512;
+  int64_t num_classes = 10;
+  float dropout_rate = 0.1f;
+};
+LossFn ClassifierLoss(const ClassifierOptions& options);
+// The batch inputs of ClassifierLoss for a minibatch of `minibatch` examples of `image_size`.
+std::vector<BatchSpec> ClassifierBatch(int64_t minibatch, int64_t image_size = 784);
 
 // Errors: NotFound naming the workload and the known ones.
 absl::StatusOr<Workload> SeedWorkload(const std::string& name);
