@@ -3,7 +3,8 @@
 # (skips apt entirely when everything is already installed).
 set -euo pipefail
 # ocl-icd-opencl-dev: a Recommends of libdnnl-dev that its CMake config needs (find_package(OpenCL)).
-# clang, libfuzzer-14-dev, libomp-14-dev: the libFuzzer targets (tests/fuzz), built in build-fuzz/ by scripts/test.sh.
+# clang, libfuzzer-14-dev, libomp-14-dev, libclang-rt-14-dev (sanitizer headers and runtimes, only a
+# Recommends of clang): the libFuzzer targets (tests/fuzz), built in build-fuzz/ by scripts/test.sh.
 # python3-venv: scripts/python-env.sh's venv (numpy from PyPI) for the tests' .npy datasets.
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
@@ -11,7 +12,7 @@ PACKAGES=(
   libabsl-dev libdnnl-dev ocl-icd-opencl-dev prometheus-cpp-dev libgoogle-glog-dev zlib1g-dev nlohmann-json3-dev
   libssl-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
   prometheus iproute2 iptables dataset-fashion-mnist procps
-  clang libfuzzer-14-dev libomp-14-dev
+  clang libfuzzer-14-dev libomp-14-dev libclang-rt-14-dev
   python3-venv
 )
 missing=()
