@@ -74,6 +74,18 @@ struct CkptBenchOptions {
 // async save blocks the step loop, in seconds and in step times. Returns a process exit code.
 int RunCkptBench(const CkptBenchOptions& options);
 
+struct InputBenchOptions {
+  std::vector<int> workers = {1, 2, 8};
+  int steps = 2000;
+  int warmup = 20;
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+};
+// Prints the steps/s and samples/s the main job's input pipeline (core/data/input_pipeline.h)
+// delivers alone to one rank for each worker count, with and without prefetching, and the bytes
+// it reads per step: the rate a step can consume without waiting for its batch. Returns a
+// process exit code.
+int RunInputBench(const InputBenchOptions& options);
+
 }  // namespace meshrun
 
 #endif  // MESHRUN_BENCH_BENCH_H_

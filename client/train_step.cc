@@ -190,7 +190,11 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
       metrics.resize(out.metrics.size());
       metrics[m] = k == 0 ? sown[m].second : jit.Add(metrics[m], sown[m].second);
     }
-    std::vector<nn::Value> g = jit.Grad(loss, params);
+    // The seed's accumulate_gradients averages the minibatch gradients: each is taken of
+    // loss / k, which scales the small cotangents rather than the whole summed gradient.
+    std::vector<nn::Value> g = jit.Grad(
+        num_minibatches > 1 ? jit.Scale(loss, 1.0f / static_cast<float>(num_minibatches)) : loss,
+        params);
     loss_sum = k == 0 ? loss : jit.Add(loss_sum, loss);
     if (k == 0) {
       grads = g;
@@ -199,10 +203,8 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
     }
   }
   if (num_minibatches > 1) {
-    // The seed's accumulate_gradients: the mean of the minibatch gradients and losses.
-    const float inv = 1.0f / static_cast<float>(num_minibatches);
-    for (nn::Value& g : grads) g = jit.Scale(g, inv);
-    loss_sum = jit.Scale(loss_sum, inv);
+    // The mean of the minibatch losses, as the seed's accumulate_gradients reports it.
+    loss_sum = jit.Scale(loss_sum, 1.0f / static_cast<float>(num_minibatches));
   }
   v1::AdamWAttrs hp;
   hp.set_learning_rate(optimizer.learning_rate);

@@ -82,6 +82,14 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
   }
   absl::MutexLock lock(&job_mu_);
   if (absl::Status s = EnterEpoch(req->epoch()); !s.ok()) return Error(s);
+  grpc::Status status;
+  compute_.Run([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { status = RunProgram(req, resp); });
+  return status;
+}
+
+grpc::Status WorkerService::RunProgram(const v1::RunShardMapRequest* req,
+                                       v1::RunShardMapResponse* resp) {
+  const v1::ShardMapProgram& p = req->program();
   SetComputeThreads(compute_threads_);
   Executor::Options eo;
   eo.mesh = &membership_.mesh;

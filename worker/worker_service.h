@@ -15,6 +15,7 @@
 #include "core/data/input_pipeline.h"
 #include "core/sharding/mesh.h"
 #include "meshrun/v1/worker.grpc.pb.h"
+#include "worker/compute_thread.h"
 #include "worker/grpc_transport.h"
 #include "worker/shard_store.h"
 #include "worker/shm_transport.h"
@@ -112,6 +113,11 @@ class WorkerService final : public v1::Worker::Service {
   uint64_t aborted_epoch_ ABSL_GUARDED_BY(epoch_mu_) = 0;  // the latest epoch an Abort named
   absl::Status abort_reason_ ABSL_GUARDED_BY(epoch_mu_);
 
+  // RunShardMap's work, on compute_'s thread: compiles (or finds) the program, binds each run's
+  // arguments, runs, stores or returns the results.
+  grpc::Status RunProgram(const v1::RunShardMapRequest* req, v1::RunShardMapResponse* resp)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
+
   // worker_inputs.cc: the dataset of `spec` (IDX ones kept once read).
   absl::StatusOr<std::shared_ptr<const Dataset>> OpenDataset(const v1::InputSpec& spec);
   // This rank's blocks, one per fed argument, for run `run` of a call with `feed`. Errors:
@@ -121,6 +127,8 @@ class WorkerService final : public v1::Worker::Service {
   absl::Mutex input_mu_;
   std::map<std::string, std::shared_ptr<InputPipeline>> inputs_ ABSL_GUARDED_BY(input_mu_);
   std::map<std::string, std::shared_ptr<const Dataset>> idx_datasets_ ABSL_GUARDED_BY(input_mu_);
+
+  ComputeThread compute_;  // every program runs on it (a stable OpenMP team)
 
   absl::Mutex job_mu_;
   // Compiled shard_map programs, by fingerprint (the program's bytes and the collective

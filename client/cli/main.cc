@@ -182,6 +182,19 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, INT_MAX))
       ->capture_default_str();
 
+  meshrun::InputBenchOptions ib;
+  std::vector<int> input_workers = ib.workers;
+  auto* ib_cmd =
+      bench_cmd->add_subcommand("input", "steps/s of the main job's input pipeline alone");
+  ib_cmd->add_option("--workers", input_workers, "worker counts (rank 0's blocks are read)")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  ib_cmd->add_option("--steps", ib.steps, "timed steps")
+      ->check(CLI::Range(1, INT_MAX))
+      ->capture_default_str();
+  ib_cmd->add_option("--data", ib.data_dir, "the Fashion-MNIST IDX directory")
+      ->capture_default_str();
+
   meshrun::StepBenchOptions sb;
   std::string sb_workloads = "mlp,dot_relu_dot,classifier", sb_layouts = "single,dp,fsdp,tp,2d";
   auto* sb_cmd = bench_cmd->add_subcommand(
@@ -259,6 +272,10 @@ int main(int argc, char** argv) {
       return meshrun::cli::Plan(plan);
     }
     if (kb_cmd->parsed()) return meshrun::RunCkptBench(kb);
+    if (ib_cmd->parsed()) {
+      ib.workers = input_workers;
+      return meshrun::RunInputBench(ib);
+    }
     if (sb_cmd->parsed()) {
       sb.workloads = absl::StrSplit(sb_workloads, ',', absl::SkipEmpty());
       sb.layouts = absl::StrSplit(sb_layouts, ',', absl::SkipEmpty());

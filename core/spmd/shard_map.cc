@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/sharding/named_sharding.h"
+#include "core/spmd/fusion.h"
 #include "core/spmd/shard_map_internal.h"
 
 namespace meshrun {
@@ -454,6 +455,7 @@ absl::StatusOr<v1::ShardMapProgram> ShardMapBuilder::Build() const {
     return absl::InvalidArgumentError("shard_map program has no outputs");
   v1::ShardMapProgram p = program_;
   if (p.program().functions_size() == 0) p.mutable_program()->add_functions()->set_name("main");
+  FuseGradientAccumulation(&p);
   return p;
 }
 

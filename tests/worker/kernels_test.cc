@@ -125,5 +125,29 @@ TEST(SiluKernelTest, BackwardMatchesFiniteDifferences) {
   });
 }
 
+TEST(ReduceKernelTest, SumsAndMeansOverLeadingDimsMatchTheDefinition) {
+  // Over leading dims the reduction runs as a GEMM with a ones row (CreateLeadingSum).
+  for (const char* fn : {"sum", "mean"}) {
+    Tensor x = Random({4, 3, 5}, 21), out(v1::DTYPE_F32, {1, 1, 5});
+    auto k = CreateReduce(fn, x, out);
+    ASSERT_TRUE(k.ok()) << k.status();
+    ASSERT_TRUE((*k)->Run().ok());
+    for (int c = 0; c < 5; ++c) {
+      double s = 0;
+      for (int r = 0; r < 12; ++r) s += x.data<float>()[r * 5 + c];
+      if (std::string(fn) == "mean") s /= 12;
+      EXPECT_NEAR(out.data<float>()[c], s, 1e-5) << fn << " column " << c;
+    }
+  }
+  // Over trailing dims it stays oneDNN's reduction.
+  Tensor x = Random({3, 4}, 22), rows(v1::DTYPE_F32, {3, 1});
+  auto k = CreateReduce("max", x, rows);
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->Run().ok());
+  for (int r = 0; r < 3; ++r)
+    EXPECT_EQ(rows.data<float>()[r],
+              *std::max_element(x.data<float>() + r * 4, x.data<float>() + r * 4 + 4));
+}
+
 }  // namespace
 }  // namespace meshrun

@@ -176,6 +176,16 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, cons
   if (x.dims().size() != out.dims().size())
     return absl::InvalidArgumentError("reduce: output rank differs");
   if (x.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
+  // A sum or mean over leading dims (a bias gradient, a batch mean) runs as a GEMM.
+  size_t lead = 0;
+  while (lead < x.dims().size() && out.dims()[lead] == 1) ++lead;
+  bool leading = lead > 0 && (fn == "sum" || fn == "mean");
+  for (size_t d = lead; leading && d < x.dims().size(); ++d) leading = out.dims()[d] == x.dims()[d];
+  if (leading) {
+    int64_t rows = 1;
+    for (size_t d = 0; d < lead; ++d) rows *= x.dims()[d];
+    return CreateLeadingSum(x, rows, out, fn == "mean" ? 1.0f / static_cast<float>(rows) : 1.0f);
+  }
   std::unique_ptr<Kernel> kernel;
   absl::Status s = Guard("reduce", [&] {
     auto src_md = RowMajorDesc(x.dims());

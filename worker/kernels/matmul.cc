@@ -79,6 +79,31 @@ class RowSumKernel : public Kernel {
   std::unique_ptr<Kernel> matmul_;
 };
 
+// out [1, cols] = alpha * ones [1, rows] @ x [rows, cols]: a sum over leading dims as a GEMM
+// (oneDNN's reduction primitive has only a slow reference kernel for it).
+class LeadingSumKernel : public Kernel {
+ public:
+  explicit LeadingSumKernel(int64_t rows) : ones_(v1::DTYPE_F32, {1, rows}) {
+    std::fill_n(ones_.data<float>(), rows, 1.0f);
+  }
+  absl::Status Init(const Tensor& x, int64_t rows, Tensor& out, float alpha) {
+    const int64_t cols = x.num_elements() / rows;
+    MatmulOptions o;
+    o.alpha = alpha;
+    absl::StatusOr<std::unique_ptr<Kernel>> m =
+        BuildMatmul(MatrixDesc(1, rows, false), ones_, MatrixDesc(rows, cols, false), x, nullptr,
+                    cols, MatrixDesc(1, cols, false), out, o);
+    if (!m.ok()) return m.status();
+    matmul_ = *std::move(m);
+    return absl::OkStatus();
+  }
+  absl::Status Run() override { return matmul_->Run(); }
+
+ private:
+  Tensor ones_;
+  std::unique_ptr<Kernel> matmul_;
+};
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tensor& b,
@@ -120,6 +145,18 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tens
   return BuildMatmul(MatrixDesc(m, k, options.transpose_a), a,
                      MatrixDesc(k, n, options.transpose_b), b, bias, n, MatrixDesc(m, n, false), c,
                      options);
+}
+
+absl::StatusOr<std::unique_ptr<Kernel>> CreateLeadingSum(const Tensor& x, int64_t rows, Tensor& out,
+                                                         float alpha) {
+  if (rows <= 0 || x.num_elements() % rows != 0 || out.num_elements() * rows != x.num_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat("leading sum: input ", DimsToString(x.dims()),
+                                                   " over ", rows, " rows into ",
+                                                   DimsToString(out.dims())));
+  }
+  auto kernel = std::make_unique<LeadingSumKernel>(rows);
+  if (absl::Status s = kernel->Init(x, rows, out, alpha); !s.ok()) return s;
+  return std::unique_ptr<Kernel>(std::move(kernel));
 }
 
 }  // namespace meshrun
