@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/optim/adamw.h"
+#include "worker/combine_reductions.h"
 #include "worker/kernels/kernel.h"
 
 namespace meshrun {
@@ -50,6 +51,9 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
                                                            const Options& options) {
   if (absl::StatusOr<int64_t> bytes = BufferBytes(program); !bytes.ok()) return bytes.status();
   std::unique_ptr<Executor> ex(new Executor(program, options));
+  // Reductions nothing needs in between run as one bucket (worker/combine_reductions.h).
+  CombineReductions(&ex->program_, options.collectives.combine_max_bytes,
+                    options.collectives.direct_min_bytes);
   for (const v1::BufferDecl& decl : ex->program_.buffers()) {
     if (DTypeSize(decl.dtype()) == 0) {
       return absl::InvalidArgumentError(absl::StrCat("buffer '", decl.name(), "' has no dtype"));

@@ -112,6 +112,11 @@ class Executor {
                                             const std::vector<Tensor*>& out);
   absl::StatusOr<CompiledOp> CompileCollective(const v1::Op& op, const std::vector<Tensor*>& in,
                                                const std::vector<Tensor*>& out);
+  // An OP_PSUM / OP_PMEAN of several operands (worker/combine_reductions.h): one all-reduce of
+  // them side by side.
+  absl::StatusOr<CompiledOp> CompileBucketReduction(const v1::Op& op, Communicator* comm,
+                                                    const std::vector<Tensor*>& in,
+                                                    const std::vector<Tensor*>& out);
   absl::StatusOr<Tensor*> Buffer(const v1::Op& op, const std::string& name);
   absl::StatusOr<Communicator*> CommunicatorFor(const std::string& axis_name);
   // The group over several axes, the first major (psum(x, ('i', 'j'))).

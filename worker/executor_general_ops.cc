@@ -546,11 +546,14 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
 absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& op,
                                                                  const std::vector<Tensor*>& in,
                                                                  const std::vector<Tensor*>& out) {
-  if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
   std::vector<std::string> axes(op.axis_names().begin(), op.axis_names().end());
   absl::StatusOr<Communicator*> comm_or = CommunicatorFor(axes);
   if (!comm_or.ok()) return comm_or.status();
   Communicator* comm = *comm_or;
+  if ((op.kind() == v1::OP_PSUM || op.kind() == v1::OP_PMEAN) && op.inputs_size() > 1) {
+    return CompileBucketReduction(op, comm, in, out);
+  }
+  if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
   const Tensor* x = in[0];
   Tensor* y = out[0];
   const int64_t n = comm->size();
@@ -689,6 +692,58 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
     default:
       return absl::InvalidArgumentError(absl::StrCat("unsupported collective op kind ", op.kind()));
   }
+}
+
+absl::StatusOr<Executor::CompiledOp> Executor::CompileBucketReduction(
+    const v1::Op& op, Communicator* comm, const std::vector<Tensor*>& in,
+    const std::vector<Tensor*>& out) {
+  if (in.size() != out.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), " of ", in.size(),
+                                                   " operands has ", out.size(), " results"));
+  }
+  int64_t total = 0;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i]->dtype() != v1::DTYPE_F32 || out[i]->dtype() != v1::DTYPE_F32 ||
+        in[i]->dims() != out[i]->dims()) {
+      return Mismatch(op, *out[i], absl::StrCat("f32", DimsToString(in[i]->dims())));
+    }
+    total += in[i]->num_elements();
+  }
+  // One all-reduce of the operands side by side, as DDP's buckets: one round of messages for
+  // all of them.
+  // fn: one letter per operand, 's' its sum or 'm' its mean over the group (one psum of the
+  // bucket, the means divided by the group's size afterwards, as pmean does).
+  const std::string kinds =
+      op.fn().empty() ? std::string(in.size(), op.kind() == v1::OP_PMEAN ? 'm' : 's') : op.fn();
+  if (kinds.size() != in.size() || kinds.find_first_not_of("sm") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "combined reduction of ", in.size(), " operands: fn '", kinds, "' is not one s or m each"));
+  }
+  auto bucket = std::make_shared<Tensor>(v1::DTYPE_F32, Dims{total});
+  const float inv = 1.0f / static_cast<float>(comm->size());
+  absl::Duration* timer = &collective_time_;
+  return CompiledOp([=](const RunContext&) -> absl::Status {
+    const absl::Time start = absl::Now();
+    float* b = bucket->data<float>();
+    for (const Tensor* x : in) {
+      std::memcpy(b, x->raw(), x->size_bytes());
+      b += x->num_elements();
+    }
+    absl::Status s = comm->AllReduce(bucket->raw(), total, v1::DTYPE_F32, ReduceOp::kSum);
+    b = bucket->data<float>();
+    for (size_t i = 0; i < out.size(); ++i) {
+      float* y = out[i]->data<float>();
+      const int64_t n = out[i]->num_elements();
+      if (kinds[i] == 'm') {
+        for (int64_t e = 0; e < n; ++e) y[e] = b[e] * inv;
+      } else {
+        std::memcpy(y, b, static_cast<size_t>(n) * sizeof(float));
+      }
+      b += n;
+    }
+    *timer += absl::Now() - start;
+    return s;
+  });
 }
 
 }  // namespace meshrun

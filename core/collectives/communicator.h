@@ -31,6 +31,10 @@ struct CollectiveOptions {
   // memory (Transport::peer_memory) are single-copy (direct_collectives.h) when every member's
   // buffer is shareable; 0: never.
   size_t direct_min_bytes = 256 * 1024;
+  // A program's psums and pmeans of fewer bytes than this over the same axes, and Adam updates'
+  // gradient reductions of fewer bytes (that are not single-copy), run as one all-reduce of them
+  // side by side (worker/combine_reductions.h); 0: each on its own.
+  size_t combine_max_bytes = 256 * 1024;
 };
 
 // The ranks of `group` (global ranks, in axis-index order) that include transport->rank().

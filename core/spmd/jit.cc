@@ -192,17 +192,18 @@ JitBuilder::Value JitBuilder::Binary(const std::string& fn, Value a, Value b) {
     out.local = sm_.Binary(fn, sa.local, sb.local);
     return Push(std::move(out), std::move(node));
   }
-  if (scalar && (fn == "mul" || (fn == "div" && sb.global.empty()))) {
-    // Scaling is linear: a partial sum times a (complete) scalar stays a partial sum, so an
-    // averaged gradient is still reduce-scattered into an FSDP layout rather than all-reduced.
-    const bool a_scalar = sa.global.empty();
-    const State& vec = a_scalar ? sb : sa;
-    const State& sca = a_scalar ? sa : sb;
-    if (!vec.partial.empty() && (vec.partial_fn == "sum" || vec.partial_fn == "mean") &&
-        sca.partial.empty()) {
-      State out = vec;
-      out.local =
-          sm_.Binary(fn, a_scalar ? sca.local : vec.local, a_scalar ? vec.local : sca.local);
+  if (scalar && (fn == "mul" || fn == "div")) {
+    // Scaling is linear: a partial sum (or mean) times a complete scalar stays partial, so an
+    // averaged gradient is still reduce-scattered into an FSDP layout rather than all-reduced,
+    // and a loss scaled by 1/k is reduced once, not per minibatch.
+    const auto linear = [](const State& v) {
+      return !v.partial.empty() && (v.partial_fn == "sum" || v.partial_fn == "mean");
+    };
+    const bool a_partial = linear(sa) && sb.partial.empty() && sb.global.empty();
+    const bool b_partial = fn == "mul" && linear(sb) && sa.partial.empty() && sa.global.empty();
+    if (a_partial || b_partial) {
+      State out = a_partial ? sa : sb;
+      out.local = sm_.Binary(fn, sa.local, sb.local);
       return Push(std::move(out), std::move(node));
     }
   }

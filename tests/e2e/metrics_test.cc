@@ -68,13 +68,13 @@ TEST(MetricsE2ETest, CoordinatorAndWorkersExposeLintCleanMetrics) {
     EXPECT_THAT(text, HasSubstr("meshrun_build_info{component=\"worker\""));
     EXPECT_THAT(text, HasSubstr("meshrun_worker_steps_total 6"));
     EXPECT_THAT(text, HasSubstr("meshrun_kernel_duration_seconds_count{kernel=\"matmul\"}"));
-    // One pmean of the loss per step (the minibatches' partial means stay partial until then).
+    // Two all-reduces per step: the kernel gradient's, fused with its Adam update, and one bucket
+    // of the small gradients, the loss and the correct count (worker/combine_reductions.h).
     EXPECT_THAT(
-        text, HasSubstr("meshrun_collective_duration_seconds_count{axis=\"data\",op=\"pmean\"} 6"));
-    // 6 gradient all-reduces of the 407,050 f32 parameters (fused with the Adam updates) and of
-    // the step's correct-prediction count (f32 []).
+        text, HasSubstr("meshrun_collective_duration_seconds_count{axis=\"data\",op=\"psum\"} 12"));
+    // 6 x (the 407,050 f32 parameters' gradients + the loss + the correct count).
     EXPECT_THAT(text,
-                HasSubstr("meshrun_collective_bytes_total{axis=\"data\",op=\"psum\"} 9769224"));
+                HasSubstr("meshrun_collective_bytes_total{axis=\"data\",op=\"psum\"} 9769248"));
     EXPECT_THAT(text, HasSubstr("meshrun_worker_input_bytes_total 301440"));  // 6 x 64 x (784 + 1)
     EXPECT_THAT(
         text, HasSubstr("grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"RunShardMap\""));

@@ -647,8 +647,10 @@ TEST(ExecutorBindingTest, APsumOfAnInputNothingReadsAfterIsReducedInThatInputsMe
   absl::StatusOr<Mesh> mesh = Mesh::Parse("data=2");
   ASSERT_TRUE(mesh.ok()) << mesh.status();
   std::vector<std::unique_ptr<Transport>> transports = CreateInProcessTransports(2);
+  CollectiveOptions uncombined;  // each psum on its own, as this test is about one of them
+  uncombined.combine_max_bytes = 0;
   std::vector<std::unique_ptr<Executor>> ex =
-      RankExecutors(program, *mesh, transports, {"s", "out"});
+      RankExecutors(program, *mesh, transports, {"s", "out"}, uncombined);
   ASSERT_EQ(ex.size(), 2u);
   std::vector<std::vector<float>> taken_s(2);
   for (int call = 0; call < 2; ++call) {

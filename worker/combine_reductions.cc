@@ -1,0 +1,167 @@
+#include "worker/combine_reductions.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/tensor.h"
+
+namespace meshrun {
+namespace {
+
+int64_t Bytes(const v1::BufferDecl& d) {
+  return NumElements(Dims(d.shape().dims().begin(), d.shape().dims().end())) *
+         static_cast<int64_t>(DTypeSize(d.dtype()));
+}
+
+bool Combinable(const v1::Op& op, const std::map<std::string, v1::BufferDecl>& decls,
+                size_t max_bytes) {
+  if (op.kind() != v1::OP_PSUM && op.kind() != v1::OP_PMEAN) return false;
+  if (op.inputs_size() != 1 || op.outputs_size() != 1 || op.inputs(0) == op.outputs(0))
+    return false;
+  auto it = decls.find(op.inputs(0));
+  return it != decls.end() && it->second.dtype() == v1::DTYPE_F32 &&
+         Bytes(it->second) < static_cast<int64_t>(max_bytes);
+}
+
+// Step 1: small fused Adam updates become a reduction and an update. The updates of a run of
+// consecutive Adam updates are independent of each other, so the run's reductions go first and
+// its updates after them, where step 2 finds the reductions side by side.
+void SplitSmallAdamUpdates(v1::StepProgram* program, size_t max_bytes, size_t direct_min_bytes) {
+  std::map<std::string, v1::BufferDecl> decls;
+  for (const v1::BufferDecl& d : program->buffers()) decls[d.name()] = d;
+  v1::Function* f = program->mutable_functions(0);
+  google::protobuf::RepeatedPtrField<v1::Op> out, updates;
+  auto end_run = [&] {
+    for (v1::Op& u : updates) *out.Add() = std::move(u);
+    updates.Clear();
+  };
+  for (const v1::Op& op : f->ops()) {
+    if (op.kind() != v1::OP_ADAM_UPDATE) {
+      end_run();
+      *out.Add() = op;
+      continue;
+    }
+    const auto grad = op.inputs_size() == 5 ? decls.find(op.inputs(1)) : decls.end();
+    const bool split =
+        op.axis_names_size() > 0 && grad != decls.end() &&
+        (op.fn() == "sum" || op.fn() == "mean") &&
+        Bytes(grad->second) < static_cast<int64_t>(max_bytes) &&
+        (direct_min_bytes == 0 || Bytes(grad->second) < static_cast<int64_t>(direct_min_bytes));
+    v1::Op* update = updates.Add();
+    *update = op;
+    if (!split) continue;
+    v1::BufferDecl reduced = grad->second;
+    reduced.set_name(absl::StrCat(op.inputs(1), "/reduced"));
+    *program->add_buffers() = reduced;
+    v1::Op* reduce = out.Add();
+    reduce->set_kind(op.fn() == "sum" ? v1::OP_PSUM : v1::OP_PMEAN);
+    reduce->add_inputs(op.inputs(1));
+    reduce->add_outputs(reduced.name());
+    *reduce->mutable_axis_names() = op.axis_names();
+    update->set_inputs(1, reduced.name());
+    update->clear_axis_names();
+    update->clear_fn();
+  }
+  end_run();
+  *f->mutable_ops() = std::move(out);
+}
+
+// A combined reduction: its operands and results in order, each a sum or a mean.
+struct Group {
+  std::string axes;
+  v1::Op op;                 // OP_PSUM; fn: one letter per operand, 's' sum or 'm' mean
+  std::vector<int> members;  // their indices in the program
+};
+
+void AddMember(Group* g, const v1::Op& r) {
+  g->op.add_inputs(r.inputs(0));
+  g->op.add_outputs(r.outputs(0));
+  g->op.set_fn(g->op.fn() + (r.kind() == v1::OP_PMEAN ? "m" : "s"));
+}
+
+}  // namespace
+
+void CombineReductions(v1::StepProgram* program, size_t max_bytes, size_t direct_min_bytes) {
+  if (program->functions_size() != 1 || max_bytes == 0) return;
+  SplitSmallAdamUpdates(program, max_bytes, direct_min_bytes);
+  std::map<std::string, v1::BufferDecl> decls;
+  for (const v1::BufferDecl& d : program->buffers()) decls[d.name()] = d;
+  const auto& ops = program->functions(0).ops();
+  std::map<std::string, std::vector<int>> writers;
+  for (int i = 0; i < ops.size(); ++i) {
+    for (const std::string& o : ops[i].outputs()) writers[o].push_back(i);
+  }
+  std::vector<char> taken(ops.size(), 0);  // 0: to do, 2: pending in a group, 1: emitted
+  google::protobuf::RepeatedPtrField<v1::Op> out;
+  std::vector<Group> pending;  // by axes, in the order of their first member
+  // Emits group `g` before op `at`, with every later reduction over its axes whose operand is
+  // final by then (all its writers are before `at` and emitted): it moves up to join.
+  auto flush = [&](size_t g, int at) {
+    Group group = std::move(pending[g]);
+    pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(g));
+    for (int m : group.members) taken[m] = 1;
+    for (int j = at; j < ops.size(); ++j) {
+      if (taken[j] || !Combinable(ops[j], decls, max_bytes) ||
+          absl::StrJoin(ops[j].axis_names(), ",") != group.axes) {
+        continue;
+      }
+      bool ready = true;
+      for (int w : writers[ops[j].inputs(0)]) ready = ready && w < at && taken[w] != 2;
+      if (!ready) continue;
+      AddMember(&group, ops[j]);
+      taken[j] = 1;  // emitted with the group
+    }
+    if (group.op.inputs_size() == 1) {  // alone: as it was
+      group.op.set_kind(group.op.fn() == "m" ? v1::OP_PMEAN : v1::OP_PSUM);
+      group.op.clear_fn();
+    }
+    *out.Add() = std::move(group.op);
+  };
+  for (int i = 0; i < ops.size(); ++i) {
+    if (taken[i]) continue;
+    const v1::Op& op = ops[i];
+    if (Combinable(op, decls, max_bytes)) {
+      const std::string axes = absl::StrJoin(op.axis_names(), ",");
+      auto it = std::find_if(pending.begin(), pending.end(),
+                             [&](const Group& g) { return g.axes == axes; });
+      if (it == pending.end()) {
+        Group g{axes, {}, {}};
+        g.op.set_kind(v1::OP_PSUM);
+        *g.op.mutable_axis_names() = op.axis_names();
+        pending.push_back(std::move(g));
+        it = pending.end() - 1;
+      }
+      AddMember(&*it, op);
+      it->members.push_back(i);
+      taken[i] = 2;  // pending: not yet emitted
+      continue;
+    }
+    // A pending reduction runs before the first op that reads one of its results or writes one
+    // of its operands or results.
+    std::set<std::string> touched(op.inputs().begin(), op.inputs().end());
+    touched.insert(op.outputs().begin(), op.outputs().end());
+    for (size_t g = 0; g < pending.size();) {
+      const v1::Op& r = pending[g].op;
+      bool needed = false;
+      for (const std::string& b : r.outputs()) needed = needed || touched.count(b) > 0;
+      for (const std::string& b : op.outputs()) {
+        for (const std::string& in : r.inputs()) needed = needed || b == in;
+      }
+      if (!needed) {
+        ++g;
+        continue;
+      }
+      flush(g, i);
+    }
+    *out.Add() = op;
+  }
+  while (!pending.empty()) flush(0, ops.size());
+  *program->mutable_functions(0)->mutable_ops() = std::move(out);
+}
+
+}  // namespace meshrun
