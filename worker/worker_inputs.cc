@@ -38,11 +38,24 @@ grpc::Status WorkerService::OpenInputPipeline(grpc::ServerContext*,
   absl::StatusOr<InputPipelineOptions> options =
       InputOptionsFromProto(req->spec(), m->mesh, m->rank);
   if (!options.ok()) return Error(options.status());
+  // Every field's global shape is checked (overflow, 2^46 bytes) before anything is read.
+  for (const InputField& f : options->fields) {
+    if (absl::StatusOr<int64_t> b = CheckedByteSize(f.dtype, f.global_shape); !b.ok())
+      return Error(absl::InvalidArgumentError(
+          absl::StrCat("input field '", f.field, "': ", b.status().message())));
+  }
+  const int prefetch = options->prefetch;
   absl::StatusOr<std::shared_ptr<const Dataset>> ds = OpenDataset(req->spec());
   if (!ds.ok()) return Error(ds.status());
   absl::StatusOr<std::unique_ptr<InputPipeline>> pipeline =
       InputPipeline::Create(*ds, *std::move(options));
   if (!pipeline.ok()) return Error(pipeline.status());
+  // The batches in flight: the one a step binds and the prefetched ones.
+  if (absl::Status s = CheckMemoryBudget(absl::StrCat("input '", req->input_id(), "''s batches"),
+                                         (*pipeline)->step_bytes() * (prefetch + 1));
+      !s.ok()) {
+    return Error(s);
+  }
   v1::InputInfo* info = resp->mutable_info();
   info->set_id(req->input_id());
   *info->mutable_spec() = req->spec();

@@ -104,6 +104,9 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(
   const int batch_rank = k > 1 ? 2 : 1;
   for (const InputField& f : options.fields) {
     const std::string what = absl::StrCat("batch input fed from field '", f.field, "'");
+    if (absl::StatusOr<int64_t> bytes = CheckedByteSize(f.dtype, f.global_shape); !bytes.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": ", bytes.status().message()));
+    }
     int index = -1;
     DatasetField want{kValidField, v1::DTYPE_F32, {}};
     if (f.field != kValidField) {
@@ -146,6 +149,14 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(
   p->options_ = std::move(options);
   if (p->options_.prefetch > 0) p->thread_ = std::thread([q = p.get()] { q->Prefetch(); });
   return p;
+}
+
+int64_t InputPipeline::step_bytes() const {
+  int64_t total = 0;
+  for (size_t f = 0; f < block_dims_.size(); ++f)
+    total +=
+        NumElements(block_dims_[f]) * static_cast<int64_t>(DTypeSize(options_.fields[f].dtype));
+  return total;
 }
 
 InputPipeline::~InputPipeline() {

@@ -113,6 +113,8 @@ class InputPipeline {
   int64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
   // Local block dims of every field.
   const std::vector<Dims>& block_dims() const { return block_dims_; }
+  // Bytes of one step's blocks of every field (the prefetched batches hold this many each).
+  int64_t step_bytes() const;
   int64_t num_steps() const { return num_steps_; }
   double steps_per_epoch() const { return steps_per_epoch_; }
   int64_t num_examples() const { return dataset_->num_examples(); }

@@ -1,13 +1,15 @@
 // libFuzzer target for the Worker service's handlers, in process: the fuzzer's bytes are parsed
 // as one request message (bookworm has no libprotobuf-mutator), its first byte choosing the RPC.
 // The worker is rank 0 of a one-device mesh, so programs run end to end (collectives over a
-// group of one), with a 64 MiB memory budget and a checkpoint root under $TMPDIR. A crash, a
+// group of one), with a 64 MiB memory budget, a checkpoint root under $TMPDIR and a small .npy
+// dataset there that input pipelines (any layout, batch and shape) read. A crash, a
 // sanitizer report, a leak or a hang (libFuzzer's -timeout) is a bug; an error Status is not.
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -32,6 +34,11 @@ struct Worker {
     m.addresses = {"127.0.0.1:1"};  // never dialled: a group of one sends nothing
     m.cluster_id = "fuzz";
     service->Join(std::move(m), &ring);
+    // A small .npy dataset for input pipelines to read: x f32 [16, 3], y i32 [16].
+    data = root + "/data";
+    std::filesystem::create_directories(data);
+    WriteNpy(data + "/x.npy", "<f4", "(16, 3)", std::string(16 * 3 * 4, '\1'));
+    WriteNpy(data + "/y.npy", "<i4", "(16,)", std::string(16 * 4, '\2'));
     // Two shards for programs to read.
     for (const char* id : {"a", "b"}) {
       v1::PutShardRequest put;
@@ -43,7 +50,20 @@ struct Worker {
       service->PutShard(nullptr, &put, &resp);
     }
   }
-  std::string root;
+  static void WriteNpy(const std::string& path, const std::string& descr, const std::string& shape,
+                       const std::string& bytes) {
+    std::string header =
+        absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': ", shape, ", }");
+    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+    header += '\n';
+    std::string file = "\x93NUMPY";
+    file += '\x01';
+    file += '\x00';
+    file += static_cast<char>(header.size() & 0xff);
+    file += static_cast<char>(header.size() >> 8);
+    std::ofstream(path, std::ios::binary) << file << header << bytes;
+  }
+  std::string root, data;
   RingService ring;
   std::unique_ptr<WorkerService> service;
 };
@@ -65,7 +85,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Worker* w = new Worker();
   if (size == 0) return 0;
   WorkerService& s = *w->service;
-  const uint8_t which = data[0] % 7;
+  const uint8_t which = data[0] % 8;
   ++data;
   --size;
   switch (which) {
@@ -93,6 +113,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Call<v1::LoadShardsRequest, v1::LoadShardsResponse>(
           data, size, [&](auto* c, auto* q, auto* r) { return s.LoadShards(c, q, r); });
       break;
+    case 6: {
+      // Any layout, batch and shape over the fixed dataset (never another path).
+      v1::OpenInputPipelineRequest req;
+      if (!req.ParseFromArray(data, static_cast<int>(size))) break;
+      req.set_input_id("in");
+      req.mutable_spec()->set_format("npy");
+      req.mutable_spec()->set_path(w->data);
+      v1::OpenInputPipelineResponse resp;
+      grpc::ServerContext ctx;
+      // An opened pipeline builds its first batches on its thread; the next open of "in" joins it.
+      (void)s.OpenInputPipeline(&ctx, &req, &resp);
+      break;
+    }
     default:
       Call<v1::AbortRequest, v1::AbortResponse>(
           data, size, [&](auto* c, auto* q, auto* r) { return s.Abort(c, q, r); });
