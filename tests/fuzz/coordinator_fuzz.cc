@@ -2,7 +2,7 @@
 // the fuzzer's bytes are parsed as one message (bookworm has no libprotobuf-mutator), the first
 // byte choosing which: a Jit request's global program, partitioned on a 2x2 mesh (sharding
 // propagation, collectives, the VJP: server/partitioner.h); a PutArray's array and spec (size and
-// layout checks); a job config as SubmitJob's clients send it (core/config/job_config.h); a
+// layout checks); a job config as the client validates it (core/config/job_config.h); a
 // checkpoint manifest as a restore reads it (core/checkpoint/checkpoint.h). A crash, a sanitizer
 // report, a leak or a hang is a bug; an error Status is not.
 #include <cstdint>
