@@ -72,32 +72,4 @@ absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path) {
   return out;
 }
 
-absl::StatusOr<ImageDataset> LoadFashionMnist(const std::string& dir, absl::string_view split) {
-  std::string prefix;
-  if (split == "train") {
-    prefix = "train";
-  } else if (split == "test") {
-    prefix = "t10k";
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown split '", split, "'; expected train or test"));
-  }
-  absl::StatusOr<IdxArray> images =
-      ReadIdxFile(absl::StrCat(dir, "/", prefix, "-images-idx3-ubyte.gz"));
-  if (!images.ok()) return images.status();
-  absl::StatusOr<IdxArray> labels =
-      ReadIdxFile(absl::StrCat(dir, "/", prefix, "-labels-idx1-ubyte.gz"));
-  if (!labels.ok()) return labels.status();
-  if (images->dims.size() != 3 || labels->dims.size() != 1 || images->dims[0] != labels->dims[0]) {
-    return absl::DataLossError(absl::StrCat("Fashion-MNIST ", split, " in ", dir,
-                                            ": images and labels disagree on the example count"));
-  }
-  ImageDataset ds;
-  ds.num_examples = images->dims[0];
-  ds.image_size = images->dims[1] * images->dims[2];
-  ds.images = std::move(images->data);
-  ds.labels = std::move(labels->data);
-  return ds;
-}
-
 }  // namespace meshrun

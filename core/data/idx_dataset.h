@@ -7,7 +7,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 
 namespace meshrun {
 
@@ -20,19 +19,6 @@ struct IdxArray {
 // Reads a gzip-compressed (or plain) IDX file of u8 elements (type code 0x08).
 // Errors: NotFound naming the path; DataLoss for a bad magic, an unsupported type or a short file.
 absl::StatusOr<IdxArray> ReadIdxFile(const std::string& path);
-
-// One split of Fashion-MNIST: images [n, 28 * 28] u8 row-major, labels [n] in 0..9.
-struct ImageDataset {
-  int64_t num_examples = 0;
-  int64_t image_size = 0;  // 784
-  std::vector<uint8_t> images;
-  std::vector<uint8_t> labels;
-};
-
-// Loads "train" (60,000 examples) or "test" (10,000) from `dir`, which holds the Debian package
-// dataset-fashion-mnist's files ({train,t10k}-{images-idx3,labels-idx1}-ubyte.gz).
-// Errors: InvalidArgument for another split; those of ReadIdxFile; DataLoss if counts disagree.
-absl::StatusOr<ImageDataset> LoadFashionMnist(const std::string& dir, absl::string_view split);
 
 }  // namespace meshrun
 

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "core/data/dataset.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -13,21 +14,30 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(IdxDatasetTest, LoadsFashionMnistFromTheDebianPackage) {
-  absl::StatusOr<ImageDataset> test = LoadFashionMnist("/usr/share/datasets/fashion-mnist", "test");
+  absl::StatusOr<std::unique_ptr<Dataset>> test =
+      Dataset::Open("idx", "/usr/share/datasets/fashion-mnist", "test");
   ASSERT_TRUE(test.ok()) << test.status();
-  EXPECT_EQ(test->num_examples, 10000);
-  EXPECT_EQ(test->image_size, 784);
-  ASSERT_EQ(test->labels.size(), 10000u);
-  // The first t10k label is 9 (ankle boot), the second 2 (pullover).
-  EXPECT_EQ(test->labels[0], 9);
-  EXPECT_EQ(test->labels[1], 2);
+  EXPECT_EQ((*test)->num_examples(), 10000);
+  EXPECT_EQ((*test)->fields()[0].example_dims, Dims({28, 28}));
+  // The first t10k label is 9 (ankle boot), the second 2 (pullover); 1000 of each class.
   int counts[10] = {};
-  for (uint8_t l : test->labels) counts[l]++;
+  for (int64_t e = 0; e < 10000; ++e) {
+    uint8_t label = 0;
+    (*test)->CopyElements(1, e, 0, 1, &label);
+    if (e == 0) {
+      EXPECT_EQ(label, 9);
+    }
+    if (e == 1) {
+      EXPECT_EQ(label, 2);
+    }
+    ASSERT_LT(label, 10);
+    counts[label]++;
+  }
   for (int c : counts) EXPECT_EQ(c, 1000);
 }
 
 TEST(IdxDatasetTest, MissingPathIsNotFoundNamingIt) {
-  absl::StatusOr<ImageDataset> ds = LoadFashionMnist("/no/such/dir", "train");
+  absl::StatusOr<std::unique_ptr<Dataset>> ds = Dataset::Open("idx", "/no/such/dir", "train");
   EXPECT_EQ(ds.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(ds.status().message(), HasSubstr("/no/such/dir/train-images-idx3-ubyte.gz"));
 }

@@ -54,6 +54,17 @@ np.save(")",
   return dir;
 }
 
+// Seed 003's DotReluDot under DP on an .npy dataset at `path`.
+JobConfig NpyJob(const std::string& path, int64_t steps) {
+  JobConfig config;
+  config.model.name = "dot_relu_dot";
+  config.sharding.layout = "dp";
+  config.data.dataset = "npy";
+  config.data.path = path;
+  config.train.max_steps = steps;
+  return config;
+}
+
 std::vector<double> Losses(const TrainResult& r) {
   std::vector<double> out;
   for (const v1::StepReport& rep : r.reports) out.push_back(rep.loss());
@@ -66,12 +77,7 @@ TEST(InputPipelineE2ETest, ANumpyDatasetTrainsAWorkloadAndEachWorkerReadsOnlyIts
   ASSERT_NE(cluster, nullptr);
   auto client = Client::Connect(cluster->coordinator_address());
   ASSERT_TRUE(client.ok());
-  JobConfig config;
-  config.model.name = "dot_relu_dot";
-  config.sharding.layout = "dp";
-  config.data.dataset = "npy";
-  config.data.path = dir;
-  config.train.max_steps = 80;  // 512 examples in batches of 8: into the second epoch
+  JobConfig config = NpyJob(dir, 80);  // 512 examples in batches of 8: into the second epoch
   config.train.log_every = 1;
   absl::StatusOr<TrainResult> r = (*client)->Train(config);
   ASSERT_TRUE(r.ok()) << r.status();
@@ -136,11 +142,7 @@ TEST(InputPipelineE2ETest, BadDataFailsNamingTheValueAndLeavesNothingBehind) {
   ASSERT_NE(cluster, nullptr);
   auto client = Client::Connect(cluster->coordinator_address());
   ASSERT_TRUE(client.ok());
-  JobConfig config;
-  config.model.name = "dot_relu_dot";
-  config.sharding.layout = "dp";
-  config.data.dataset = "npy";
-  config.train.max_steps = 2;
+  JobConfig config = NpyJob(good, 2);
   const auto expect_error = [&](const std::string& path, const std::string& what) {
     config.data.path = path;
     absl::StatusOr<TrainResult> r = (*client)->Train(config);

@@ -57,28 +57,6 @@ absl::StatusOr<std::unique_ptr<Kernel>> BuildMatmul(const Desc& a_md, const Tens
   return kernel;
 }
 
-// Row sums as ones[1, n] @ x[n, k]; owns the row of ones.
-class RowSumKernel : public Kernel {
- public:
-  explicit RowSumKernel(int64_t rows) : ones_(v1::DTYPE_F32, {1, rows}) {
-    std::fill_n(ones_.data<float>(), rows, 1.0f);
-  }
-  absl::Status Init(const Tensor& x, Tensor& out, const MatmulOptions& options) {
-    const int64_t n = x.dims()[0], k = x.dims()[1];
-    absl::StatusOr<std::unique_ptr<Kernel>> m =
-        BuildMatmul(MatrixDesc(1, n, false), ones_, MatrixDesc(n, k, false), x, nullptr, k,
-                    MatrixDesc(1, k, false), out, options);
-    if (!m.ok()) return m.status();
-    matmul_ = *std::move(m);
-    return absl::OkStatus();
-  }
-  absl::Status Run() override { return matmul_->Run(); }
-
- private:
-  Tensor ones_;
-  std::unique_ptr<Kernel> matmul_;
-};
-
 // out [1, cols] = alpha * ones [1, rows] @ x [rows, cols]: a sum over leading dims as a GEMM
 // (oneDNN's reduction primitive has only a slow reference kernel for it).
 class LeadingSumKernel : public Kernel {
