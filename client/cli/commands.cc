@@ -52,8 +52,17 @@ int Up(const UpArgs& args) {
   o.insecure = args.insecure;
   o.tls_dir = args.tls_dir;
   if (!o.insecure && o.tls_dir.empty()) {
+    // The credentials the CLI's clients use in this environment (DefaultClientCredentials):
+    // MESHRUN_INSECURE=1, else MESHRUN_TLS_DIR, else ~/.meshrun/tls.
+    const char* insecure = std::getenv(kInsecureEnv);
+    const char* env_dir = std::getenv(kTlsDirEnv);
     const char* home = std::getenv("HOME");
-    o.tls_dir = absl::StrCat(home != nullptr ? home : ".", "/.meshrun/tls");
+    o.insecure = insecure != nullptr && std::string(insecure) == "1";
+    o.tls_dir = env_dir != nullptr && *env_dir != '\0'
+                    ? std::string(env_dir)
+                    : absl::StrCat(home != nullptr ? home : ".", "/.meshrun/tls");
+  }
+  if (!o.insecure && args.tls_dir.empty()) {
     if (!std::filesystem::exists(o.tls_dir + "/ca.pem")) {
       if (absl::Status s = InitCredentials(o.tls_dir); !s.ok()) return Fail(s);
       std::printf("made the cluster's credentials in %s\n", o.tls_dir.c_str());

@@ -35,8 +35,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 65535))
       ->capture_default_str();
   up_cmd->add_option("--log-dir", up.log_dir, "directory for process logs");
-  up_cmd->add_option("--tls-dir", up.tls_dir,
-                     "the cluster's credentials (default: ~/.meshrun/tls, made there if absent)");
+  up_cmd->add_option(
+      "--tls-dir", up.tls_dir,
+      "the cluster's credentials (default: MESHRUN_TLS_DIR, else ~/.meshrun/tls, made "
+      "there if absent; MESHRUN_INSECURE=1: none)");
   up_cmd->add_flag("--insecure", up.insecure,
                    "no TLS and no authentication (anyone who reaches the ports controls it)");
   auto* certs_cmd =
