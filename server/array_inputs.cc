@@ -9,8 +9,7 @@
 
 namespace meshrun {
 
-absl::StatusOr<v1::InputInfo> ArrayRegistry::OpenInput(const v1::InputSpec& spec,
-                                                       std::string id) {
+absl::StatusOr<v1::InputInfo> ArrayRegistry::OpenInput(const v1::InputSpec& spec, std::string id) {
   if (absl::Status s = EnsureStubs(); !s.ok()) return s;
   {
     absl::MutexLock lock(&mu_);
@@ -33,11 +32,11 @@ absl::StatusOr<v1::InputInfo> ArrayRegistry::OpenInput(const v1::InputSpec& spec
   for (size_t r = 1; r < opened.size(); ++r) {
     if (opened[r].info().num_examples() != opened[0].info().num_examples()) {
       CloseOnWorkers(id);
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the dataset at ", spec.path(), " has ", opened[r].info().num_examples(),
-          " examples on worker ", workers_->Describe(static_cast<int>(r)), " but ",
-          opened[0].info().num_examples(), " on worker ", workers_->Describe(0),
-          ": every worker must see the same files"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("the dataset at ", spec.path(), " has ", opened[r].info().num_examples(),
+                       " examples on worker ", workers_->Describe(static_cast<int>(r)), " but ",
+                       opened[0].info().num_examples(), " on worker ", workers_->Describe(0),
+                       ": every worker must see the same files"));
     }
   }
   absl::MutexLock lock(&mu_);
@@ -110,8 +109,8 @@ absl::Status ArrayRegistry::CheckFeed(const v1::ShardMapRequest& request) {
     for (int k = 0; k < runs; ++k) {
       const auto& ids = k == 0 ? request.input_ids() : request.more_runs(k - 1).input_ids();
       if (a < ids.size() && !ids[a].empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            what, " is also given array '", ids[a], "': a fed argument's id must be empty"));
+        return absl::InvalidArgumentError(absl::StrCat(what, " is also given array '", ids[a],
+                                                       "': a fed argument's id must be empty"));
       }
     }
     const PartitionSpec want = PartitionSpec::FromProto(f.spec());
@@ -122,9 +121,9 @@ absl::Status ArrayRegistry::CheckFeed(const v1::ShardMapRequest& request) {
     if (b == nullptr || have != want || b->dtype() != f.dtype() ||
         Dims(b->shape().dims().begin(), b->shape().dims().end()) != local) {
       return absl::InvalidArgumentError(absl::StrCat(
-          what, ": the program takes ",
-          b == nullptr ? "?" : DTypeName(b->dtype()),
-          b == nullptr ? "" : DimsToString(Dims(b->shape().dims().begin(), b->shape().dims().end())),
+          what, ": the program takes ", b == nullptr ? "?" : DTypeName(b->dtype()),
+          b == nullptr ? ""
+                       : DimsToString(Dims(b->shape().dims().begin(), b->shape().dims().end())),
           " blocks laid out as ", have.ToString(), "; the input gives ", DTypeName(f.dtype()),
           DimsToString(local), " blocks of ", DimsToString(global), " laid out as ",
           want.ToString()));

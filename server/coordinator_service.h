@@ -20,18 +20,30 @@ class CoordinatorService final : public v1::Coordinator::Service {
   CoordinatorService(WorkerRegistry* registry, JobDriver* driver, ArrayRegistry* arrays,
                      absl::Duration heartbeat_timeout, CoordinatorMetrics* metrics = nullptr,
                      std::string metrics_address = "")
-      : registry_(registry), driver_(driver), arrays_(arrays), heartbeat_timeout_(heartbeat_timeout),
-        metrics_(metrics), metrics_address_(std::move(metrics_address)), partitioner_(registry->mesh()) {}
+      : registry_(registry),
+        driver_(driver),
+        arrays_(arrays),
+        heartbeat_timeout_(heartbeat_timeout),
+        metrics_(metrics),
+        metrics_address_(std::move(metrics_address)),
+        partitioner_(registry->mesh()) {}
 
-  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*, v1::RegisterResponse*) override;
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*, v1::HeartbeatResponse*) override;
+  grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*,
+                        v1::RegisterResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override;
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest*,
                          grpc::ServerWriter<v1::JobEvent>*) override;
-  grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*, v1::GetStatusResponse*) override;
-  grpc::Status PutArray(grpc::ServerContext*, const v1::PutArrayRequest*, v1::PutArrayResponse*) override;
-  grpc::Status GetArray(grpc::ServerContext*, const v1::GetArrayRequest*, v1::GetArrayResponse*) override;
-  grpc::Status DeleteArray(grpc::ServerContext*, const v1::DeleteArrayRequest*, v1::DeleteArrayResponse*) override;
-  grpc::Status ShardMap(grpc::ServerContext*, const v1::ShardMapRequest*, v1::ShardMapResponse*) override;
+  grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
+                         v1::GetStatusResponse*) override;
+  grpc::Status PutArray(grpc::ServerContext*, const v1::PutArrayRequest*,
+                        v1::PutArrayResponse*) override;
+  grpc::Status GetArray(grpc::ServerContext*, const v1::GetArrayRequest*,
+                        v1::GetArrayResponse*) override;
+  grpc::Status DeleteArray(grpc::ServerContext*, const v1::DeleteArrayRequest*,
+                           v1::DeleteArrayResponse*) override;
+  grpc::Status ShardMap(grpc::ServerContext*, const v1::ShardMapRequest*,
+                        v1::ShardMapResponse*) override;
   // Partitions the global program on the cluster's mesh (server/partitioner.h), then runs it as
   // ShardMap does.
   grpc::Status OpenInput(grpc::ServerContext*, const v1::OpenInputRequest*,
@@ -43,8 +55,10 @@ class CoordinatorService final : public v1::Coordinator::Service {
                               v1::SaveCheckpointResponse*) override;
   grpc::Status RestoreCheckpoint(grpc::ServerContext*, const v1::RestoreCheckpointRequest*,
                                  v1::RestoreCheckpointResponse*) override;
-  grpc::Status ListArrays(grpc::ServerContext*, const v1::ListArraysRequest*, v1::ListArraysResponse*) override;
-  grpc::Status Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*, v1::ShutdownResponse*) override;
+  grpc::Status ListArrays(grpc::ServerContext*, const v1::ListArraysRequest*,
+                          v1::ListArraysResponse*) override;
+  grpc::Status Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*,
+                        v1::ShutdownResponse*) override;
 
   // Notified when a client asked for Shutdown.
   absl::Notification& shutdown() { return shutdown_; }
