@@ -225,10 +225,7 @@ absl::StatusOr<v1::SaveCheckpointResponse> ArrayRegistry::SaveCheckpoint(
 absl::StatusOr<v1::RestoreCheckpointResponse> ArrayRegistry::RestoreCheckpoint(
     const v1::RestoreCheckpointRequest& request) {
   // A committed checkpoint directory, or one safetensors file (an init_from of parameters).
-  std::error_code ec;
-  absl::StatusOr<checkpoint::Manifest> m = std::filesystem::is_regular_file(request.path(), ec)
-                                               ? checkpoint::SafetensorsManifest(request.path())
-                                               : checkpoint::ReadManifest(request.path());
+  absl::StatusOr<checkpoint::Manifest> m = checkpoint::ReadRestoreSource(request.path());
   if (!m.ok()) return m.status();
   const Mesh& mesh = workers_->mesh();
   std::vector<CheckpointArray> targets;

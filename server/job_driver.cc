@@ -1,7 +1,7 @@
 #include "server/job_driver.h"
 
+#include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -35,6 +35,12 @@ class JobDriver::Runner {
     return emit_(e);
   }
   std::string Id(const std::string& name) const { return absl::StrCat(prefix_, "state/", name); }
+  // The position of the "correct" metric among the step's metrics (metrics_size() if none): the
+  // accuracy is computed from it.
+  int CorrectIndex() const {
+    return static_cast<int>(std::find(job_.metrics().begin(), job_.metrics().end(), "correct") -
+                            job_.metrics().begin());
+  }
   // The state arrays as CheckpointArrays read from the ids Id(id_prefix + name).
   std::vector<v1::CheckpointArray> StateArrays(const std::string& id_prefix,
                                                const std::string& only = "") const;
@@ -84,10 +90,7 @@ std::vector<v1::CheckpointArray> JobDriver::Runner::StateArrays(const std::strin
 
 absl::Status JobDriver::Runner::CheckSaved(const std::string& path,
                                            const std::vector<v1::CheckpointArray>& wanted) const {
-  std::error_code ec;
-  absl::StatusOr<checkpoint::Manifest> m = std::filesystem::is_regular_file(path, ec)
-                                               ? checkpoint::SafetensorsManifest(path)
-                                               : checkpoint::ReadManifest(path);
+  absl::StatusOr<checkpoint::Manifest> m = checkpoint::ReadRestoreSource(path);
   if (!m.ok()) return m.status();
   for (const v1::CheckpointArray& w : wanted) {
     const checkpoint::ArrayEntry* saved = m->Find(w.name());
@@ -323,8 +326,7 @@ absl::Status JobDriver::Runner::SaveAt(int64_t at) {
 void JobDriver::Runner::Report(int64_t steps_done, const std::vector<std::vector<double>>& values,
                                const std::vector<double>& seconds,
                                const std::vector<double>& collective, absl::Duration interval) {
-  const int correct_at = static_cast<int>(
-      std::find(job_.metrics().begin(), job_.metrics().end(), "correct") - job_.metrics().begin());
+  const int correct_at = CorrectIndex();
   double loss = 0, correct = 0;
   for (const std::vector<double>& v : values) {
     loss += v[0];
@@ -421,8 +423,7 @@ absl::Status JobDriver::Runner::Evaluate() {
   absl::StatusOr<v1::ShardMapResponse> r = d_->arrays_->ShardMap(req);
   if (!r.ok())
     return absl::Status(r.status().code(), absl::StrCat("evaluation: ", r.status().message()));
-  const int correct_at = static_cast<int>(
-      std::find(job_.metrics().begin(), job_.metrics().end(), "correct") - job_.metrics().begin());
+  const int correct_at = CorrectIndex();
   double loss = 0, correct = 0;
   for (int64_t k = 0; k < in->num_steps(); ++k) {
     for (int j = 0; j < program.outputs_size(); ++j) {

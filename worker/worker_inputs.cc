@@ -38,12 +38,6 @@ grpc::Status WorkerService::OpenInputPipeline(grpc::ServerContext*,
   absl::StatusOr<InputPipelineOptions> options =
       InputOptionsFromProto(req->spec(), m->mesh, m->rank);
   if (!options.ok()) return Error(options.status());
-  // Every field's global shape is checked (overflow, 2^46 bytes) before anything is read.
-  for (const InputField& f : options->fields) {
-    if (absl::StatusOr<int64_t> b = CheckedByteSize(f.dtype, f.global_shape); !b.ok())
-      return Error(absl::InvalidArgumentError(
-          absl::StrCat("input field '", f.field, "': ", b.status().message())));
-  }
   const int prefetch = options->prefetch;
   absl::StatusOr<std::shared_ptr<const Dataset>> ds = OpenDataset(req->spec());
   if (!ds.ok()) return Error(ds.status());

@@ -411,6 +411,11 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ReadSafetensors(
   return out;
 }
 
+absl::StatusOr<Manifest> ReadRestoreSource(const std::string& path) {
+  std::error_code ec;
+  return fs::is_regular_file(path, ec) ? SafetensorsManifest(path) : ReadManifest(path);
+}
+
 absl::StatusOr<Manifest> SafetensorsManifest(const std::string& path) {
   const std::string abs = std::filesystem::absolute(path).string();
   absl::StatusOr<std::string> bytes = ReadWholeFile(abs);

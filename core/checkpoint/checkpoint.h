@@ -105,6 +105,10 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ReadSafetensors(
 // path: each worker reads the byte ranges its blocks need. Errors: those of ReadSafetensors.
 absl::StatusOr<Manifest> SafetensorsManifest(const std::string& path);
 
+// What a restore reads from `path`: SafetensorsManifest of a file (an init_from of parameters),
+// else ReadManifest of a committed checkpoint directory. Errors: theirs.
+absl::StatusOr<Manifest> ReadRestoreSource(const std::string& path);
+
 // One saved block of `array`: `nbytes` at byte `data_offset` of the file `path`, as a `dtype`
 // block of `shape`, checked against its CRC-32. Errors, each naming the array and the file:
 // NotFound (missing file), DataLoss (nbytes not the shape's size, truncated, checksum mismatch).
