@@ -13,6 +13,17 @@ bool IsView(v1::OpKind kind) {
   return kind == v1::OP_RESHAPE || kind == v1::OP_SLICE || kind == v1::OP_DYNAMIC_SLICE;
 }
 
+// Whether the ops `writers` (indices into `ops`, ascending) after the first all add a product
+// into the first one's result in place (a chain this pass has already made).
+bool AccumulatesInPlace(const google::protobuf::RepeatedPtrField<v1::Op>& ops,
+                        const std::vector<int>& writers) {
+  for (size_t w = 1; w < writers.size(); ++w) {
+    const v1::Op& op = ops.Get(writers[w]);
+    if (op.kind() != v1::OP_MATMUL || !op.accumulate() || op.outputs_size() != 1) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 void FuseGradientAccumulation(v1::ShardMapProgram* program) {
@@ -39,14 +50,16 @@ void FuseGradientAccumulation(v1::ShardMapProgram* program) {
         const std::string acc = add.inputs(1 - m);
         const std::vector<int>& pw = writers[product];
         const std::vector<int>& aw = writers[acc];
-        if (pw.size() != 1 || aw.size() != 1 || aw[0] >= pw[0] || boundary.count(product) ||
+        // The accumulator may already be a chain (a first product, then products added in
+        // place): every op that writes it must come before this matmul.
+        if (pw.size() != 1 || aw.empty() || aw.back() >= pw[0] || boundary.count(product) ||
             boundary.count(acc) || readers[product].size() != 1 || readers[acc].size() != 1) {
           continue;
         }
         const v1::Op& matmul = ops->Get(pw[0]);
         const v1::Op& first = ops->Get(aw[0]);
         if (matmul.kind() != v1::OP_MATMUL || matmul.inputs_size() != 2 || matmul.accumulate() ||
-            IsView(first.kind()) || first.outputs_size() != 1) {
+            IsView(first.kind()) || first.outputs_size() != 1 || !AccumulatesInPlace(*ops, aw)) {
           continue;
         }
         const std::string sum = add.outputs(0);

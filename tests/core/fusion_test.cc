@@ -1,5 +1,7 @@
 #include "core/spmd/fusion.h"
 
+#include <string>
+
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
 
@@ -39,6 +41,48 @@ TEST(FuseGradientAccumulationTest, TheSecondProductIsAddedInTheGemmsEpilogue) {
   EXPECT_TRUE(ops[1].accumulate());
   EXPECT_EQ(ops[1].outputs(0), "g1");  // accumulates into the first product
   EXPECT_EQ(ops[2].inputs(0), "g1");   // the sum's reader reads the accumulator
+}
+
+// The sum over four minibatches as a train step traces it: ((g1 + g2) + g3) + g4.
+TEST(FuseGradientAccumulationTest, AChainOfSumsBecomesOneAccumulator) {
+  v1::ShardMapProgram p;
+  v1::Function* f = p.mutable_program()->add_functions();
+  f->set_name("main");
+  std::string sum = "g1";
+  for (int k = 1; k <= 4; ++k) {
+    const std::string x = "x" + std::to_string(k), dy = "dy" + std::to_string(k);
+    p.add_inputs(x);
+    p.add_inputs(dy);
+    v1::Op* mm = f->add_ops();
+    mm->set_kind(v1::OP_MATMUL);
+    mm->add_inputs(x);
+    mm->add_inputs(dy);
+    mm->add_outputs("g" + std::to_string(k));
+    if (k == 1) continue;
+    v1::Op* add = f->add_ops();
+    add->set_kind(v1::OP_BINARY);
+    add->set_fn("add");
+    add->add_inputs(sum);
+    add->add_inputs("g" + std::to_string(k));
+    sum = "s" + std::to_string(k);
+    add->add_outputs(sum);
+  }
+  v1::Op* neg = f->add_ops();
+  neg->set_kind(v1::OP_UNARY);
+  neg->set_fn("neg");
+  neg->add_inputs(sum);
+  neg->add_outputs("out");
+  p.add_outputs("out");
+  FuseGradientAccumulation(&p);
+  const auto& ops = p.program().functions(0).ops();
+  ASSERT_EQ(ops.size(), 5);
+  EXPECT_FALSE(ops[0].accumulate());
+  for (int k = 1; k < 4; ++k) {
+    EXPECT_EQ(ops[k].kind(), v1::OP_MATMUL);
+    EXPECT_TRUE(ops[k].accumulate()) << k;
+    EXPECT_EQ(ops[k].outputs(0), "g1") << k;
+  }
+  EXPECT_EQ(ops[4].inputs(0), "g1");
 }
 
 TEST(FuseGradientAccumulationTest, LeavesSumsWhoseOperandsAreReadElsewhereOrAreResults) {
