@@ -2,6 +2,7 @@
 // core/array_ops, and collectives with jax.lax's dim semantics on top of the flat collectives.
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "core/array_ops.h"
@@ -477,9 +478,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
         return absl::InvalidArgumentError("random_bits takes a u32[2] key and returns u32");
       }
       return CompiledOp([key, y](const RunContext&) {
-        const std::vector<uint32_t> bits = RandomBits(
-            PRNGKey{key->data<uint32_t>()[0], key->data<uint32_t>()[1]}, y->num_elements());
-        std::copy(bits.begin(), bits.end(), y->data<uint32_t>());
+        RandomBits(PRNGKey{key->data<uint32_t>()[0], key->data<uint32_t>()[1]}, y->num_elements(),
+                   y->data<uint32_t>());
         return absl::OkStatus();
       });
     }
@@ -496,13 +496,15 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
         return absl::InvalidArgumentError(
             absl::StrCat("dropout rate ", rate, ": expected 0 <= rate < 1"));
       }
-      return CompiledOp([key, y, rate](const RunContext&) {
-        const std::vector<uint32_t> bits = RandomBits(
-            PRNGKey{key->data<uint32_t>()[0], key->data<uint32_t>()[1]}, y->num_elements());
+      // The random words of a step are drawn into a buffer of the op's own, kept across steps.
+      auto bits = std::make_shared<std::vector<uint32_t>>(y->num_elements());
+      return CompiledOp([key, y, rate, bits](const RunContext&) {
+        RandomBits(PRNGKey{key->data<uint32_t>()[0], key->data<uint32_t>()[1]}, y->num_elements(),
+                   bits->data());
         const float keep = 1.0f - rate, scale = 1.0f / keep;
         float* m = y->data<float>();
         for (int64_t i = 0; i < y->num_elements(); ++i)
-          m[i] = BitsToUnitFloat(bits[i]) < keep ? scale : 0.0f;
+          m[i] = BitsToUnitFloat((*bits)[i]) < keep ? scale : 0.0f;
         return absl::OkStatus();
       });
     }

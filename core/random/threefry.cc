@@ -57,10 +57,69 @@ std::array<PRNGKey, 2> Split(const PRNGKey& key) {
   return {PRNGKey{out[0], out[1]}, PRNGKey{out[2], out[3]}};
 }
 
+namespace {
+
+// Threefry2x32 on kLanes blocks at once, the counts (c0 + j, c1 + j) for lane j, in structure-of-
+// arrays form the compiler vectorises; compiled for AVX-512, AVX2 and the baseline, the best the
+// CPU runs chosen when the program loads. Lanes are independent: the same words as Threefry2x32.
+constexpr int kLanes = 16;
+
+__attribute__((target_clones("avx512f", "avx2", "default"))) void ThreefryLanes(
+    const PRNGKey& key, uint32_t c0, uint32_t c1, uint32_t* y0, uint32_t* y1) {
+  static constexpr int kRot[2][4] = {{13, 15, 26, 6}, {17, 29, 16, 24}};
+  const uint32_t ks[3] = {key[0], key[1], key[0] ^ key[1] ^ 0x1BD11BDAu};
+  uint32_t x0[kLanes], x1[kLanes];
+  for (int j = 0; j < kLanes; ++j) {
+    x0[j] = c0 + static_cast<uint32_t>(j) + ks[0];
+    x1[j] = c1 + static_cast<uint32_t>(j) + ks[1];
+  }
+  for (int block = 0; block < 5; ++block) {
+    for (int r : kRot[block % 2]) {
+      for (int j = 0; j < kLanes; ++j) {
+        x0[j] += x1[j];
+        x1[j] = RotL(x1[j], r);
+        x1[j] ^= x0[j];
+      }
+    }
+    const uint32_t k0 = ks[(block + 1) % 3];
+    const uint32_t k1 = ks[(block + 2) % 3] + static_cast<uint32_t>(block + 1);
+    for (int j = 0; j < kLanes; ++j) {
+      x0[j] += k0;
+      x1[j] += k1;
+    }
+  }
+  for (int j = 0; j < kLanes; ++j) {
+    y0[j] = x0[j];
+    y1[j] = x1[j];
+  }
+}
+
+}  // namespace
+
+void RandomBits(const PRNGKey& key, int64_t n, uint32_t* out) {
+  // ThreefryCounts on the counts 0..n-1 padded with one 0 to even length: block i hashes
+  // (i, i + half); word 0 is element i, word 1 element i + half (dropped when that is the pad).
+  const int64_t half = (n + 1) / 2;
+  const int64_t full = n % 2 == 0 ? half : half - 1;  // blocks whose second count is not the pad
+  uint32_t y0[kLanes], y1[kLanes];
+  int64_t i = 0;
+  for (; i + kLanes <= full; i += kLanes) {
+    ThreefryLanes(key, static_cast<uint32_t>(i), static_cast<uint32_t>(i + half), y0, y1);
+    std::copy(y0, y0 + kLanes, out + i);
+    std::copy(y1, y1 + kLanes, out + half + i);
+  }
+  for (; i < half; ++i) {
+    const std::array<uint32_t, 2> y = Threefry2x32(
+        key, static_cast<uint32_t>(i), i + half < n ? static_cast<uint32_t>(i + half) : 0u);
+    out[i] = y[0];
+    if (i + half < n) out[half + i] = y[1];
+  }
+}
+
 std::vector<uint32_t> RandomBits(const PRNGKey& key, int64_t n) {
-  std::vector<uint32_t> counts(n);
-  for (int64_t i = 0; i < n; ++i) counts[i] = static_cast<uint32_t>(i);
-  return ThreefryCounts(key, counts);
+  std::vector<uint32_t> out(static_cast<size_t>(n));
+  RandomBits(key, n, out.data());
+  return out;
 }
 
 float ErfInv(float x) {

@@ -1,5 +1,5 @@
-// JAX's default PRNG: Threefry-2x32 (20 rounds) with JAX's key derivation, so keys match JAX bit for
-// bit: PRNGKey(0) folded with 0 along an axis gives [1797259609, 2579123966] as in the seeds.
+// JAX's default PRNG: Threefry-2x32 (20 rounds) with JAX's key derivation, so keys match JAX bit
+// for bit: PRNGKey(0) folded with 0 along an axis gives [1797259609, 2579123966] as in the seeds.
 #ifndef MESHRUN_CORE_RANDOM_THREEFRY_H_
 #define MESHRUN_CORE_RANDOM_THREEFRY_H_
 
@@ -20,6 +20,8 @@ PRNGKey FoldIn(const PRNGKey& key, uint32_t data);
 std::array<PRNGKey, 2> Split(const PRNGKey& key);
 // jax.random.bits(key, (n,), uint32) with jax_threefry_partitionable=False.
 std::vector<uint32_t> RandomBits(const PRNGKey& key, int64_t n);
+// The same words written to out[0..n): vectorised (AVX-512 or AVX2 where the CPU has them).
+void RandomBits(const PRNGKey& key, int64_t n, uint32_t* out);
 
 // jax.random.uniform's mapping of 32 random bits to a float in [0, 1).
 inline float BitsToUnitFloat(uint32_t bits) {

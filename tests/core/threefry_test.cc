@@ -46,13 +46,14 @@ TEST(ThreefryTest, TruncatedNormalStatistics) {
 }
 
 TEST(ThreefryTest, ErfInvInvertsErf) {
-  for (float x : {-0.99f, -0.5f, 0.0f, 0.3f, 0.9f, 0.999f}) EXPECT_NEAR(std::erf(ErfInv(x)), x, 2e-6);
+  for (float x : {-0.99f, -0.5f, 0.0f, 0.3f, 0.9f, 0.999f})
+    EXPECT_NEAR(std::erf(ErfInv(x)), x, 2e-6);
 }
 
 // A device draws only its block: element i computed alone equals element i of the whole draw,
 // for even and odd lengths (the odd one pads the counts with a 0).
 TEST(ThreefryTest, ElementsDrawnAloneEqualTheWholeDraw) {
-  for (int64_t n : {1, 2, 7, 10, 1001}) {
+  for (int64_t n : {1, 2, 7, 10, 32, 33, 34, 64, 1000, 1001}) {
     const PRNGKey key = FoldIn(MakePRNGKey(5), static_cast<uint32_t>(n));
     const std::vector<uint32_t> bits = RandomBits(key, n);
     std::vector<float> tn(n);
@@ -80,16 +81,19 @@ TEST(ThreefryTest, NormalStatistics) {
 // Golden values from JAX 0.4.30 (jax_threefry_partitionable=False), e.g.
 // jax.random.normal(jax.random.PRNGKey(1), (7,)) and truncated_normal(PRNGKey(3), -2, 2, (5,)).
 TEST(ThreefryTest, NormalAndTruncatedNormalMatchJax) {
-  const std::vector<float> normal = {-0.8329541087150574f, 1.778336524963379f,   -1.547376036643982f,
-                                     2.1639626026153564f,  0.9845433831214905f,  -1.5622029304504395f,
-                                     -1.9970911741256714f};
-  for (int64_t i = 0; i < 7; ++i) EXPECT_NEAR(NormalAt(MakePRNGKey(1), 7, i, 1.0f), normal[i], 2e-6f) << i;
+  const std::vector<float> normal = {
+      -0.8329541087150574f, 1.778336524963379f,   -1.547376036643982f, 2.1639626026153564f,
+      0.9845433831214905f,  -1.5622029304504395f, -1.9970911741256714f};
+  for (int64_t i = 0; i < 7; ++i)
+    EXPECT_NEAR(NormalAt(MakePRNGKey(1), 7, i, 1.0f), normal[i], 2e-6f) << i;
   // Row 1 of a (2, 3) draw: elements 3..5 of the flat draw of 6.
   const std::vector<float> row1 = {0.3661903142929077f, 0.17294830083847046f, 0.2909223437309265f};
-  for (int64_t j = 0; j < 3; ++j) EXPECT_NEAR(NormalAt(MakePRNGKey(1), 6, 3 + j, 1.0f), row1[j], 2e-6f) << j;
+  for (int64_t j = 0; j < 3; ++j)
+    EXPECT_NEAR(NormalAt(MakePRNGKey(1), 6, 3 + j, 1.0f), row1[j], 2e-6f) << j;
   const std::vector<float> tn = {-0.780002772808075f, -0.3014031648635864f, 1.5802953243255615f,
                                  0.8033549189567566f, 0.3859739601612091f};
-  for (int64_t i = 0; i < 5; ++i) EXPECT_NEAR(TruncatedNormalAt(MakePRNGKey(3), 5, i, 1.0f), tn[i], 2e-6f) << i;
+  for (int64_t i = 0; i < 5; ++i)
+    EXPECT_NEAR(TruncatedNormalAt(MakePRNGKey(3), 5, i, 1.0f), tn[i], 2e-6f) << i;
 }
 
 }  // namespace
