@@ -7,6 +7,21 @@
 
 namespace meshrun {
 
+// Algebraic simplification, as XLA's CSE, AlgebraicSimplifier and DCE passes (in this order):
+//  - an op that repeats an earlier one (same kind, attributes and inputs, outputs of the same
+//    dtypes and shapes, every input written once) is deleted and its readers read the first's
+//    results (a traced step computes a max, an iota or a convert once per use);
+//  - a binary op reads a broadcast's source instead of the broadcast (OP_BINARY broadcasts its
+//    second operand; a commutative fn has its operands swapped for it);
+//  - `add(matmul(a, b), bias)`, bias [N] or [1, N] over an [M, N] product read by nothing else,
+//    is one OP_MATMUL with a bias (oneDNN's epilogue), as a Dense layer is;
+//  - pure ops none of whose results is read or returned are deleted, and so are declarations of
+//    buffers nothing names any more.
+// Collectives, OP_ADAM_UPDATE, OP_RANDOM_INIT and accumulating matmuls are never moved or
+// deleted, so every rank still runs the same collectives in the same order. Results are bitwise
+// those of the program as given (the same operations on the same values).
+void SimplifyProgram(v1::ShardMapProgram* program);
+
 // Gradient accumulation into a GEMM: `c = a + matmul(x, w)` (OP_BINARY add, either operand
 // order) becomes `a = matmul(x, w) + a` (OP_MATMUL with accumulate, GEMM's beta = 1) and every
 // later use of c reads a, when the matmul's result and `a` are read by nothing else, `a` is

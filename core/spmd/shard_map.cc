@@ -455,6 +455,7 @@ absl::StatusOr<v1::ShardMapProgram> ShardMapBuilder::Build() const {
     return absl::InvalidArgumentError("shard_map program has no outputs");
   v1::ShardMapProgram p = program_;
   if (p.program().functions_size() == 0) p.mutable_program()->add_functions()->set_name("main");
+  SimplifyProgram(&p);
   FuseGradientAccumulation(&p);
   return p;
 }

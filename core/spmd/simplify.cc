@@ -1,0 +1,244 @@
+// Algebraic simplification of a per-shard program (fusion.h): common subexpressions, broadcasts
+// folded into the binary ops that read them, matmul + bias, dead ops and buffers.
+#include <algorithm>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/spmd/fusion.h"
+
+namespace meshrun {
+namespace {
+
+using Ops = google::protobuf::RepeatedPtrField<v1::Op>;
+
+// Ops that compute their outputs from their inputs and attributes alone: no collective (every
+// rank must run the same ones), no in-place update.
+bool IsPure(const v1::Op& op) {
+  if (op.kind() >= v1::OP_PSUM) return false;
+  if (op.kind() == v1::OP_ADAM_UPDATE || op.kind() == v1::OP_RANDOM_INIT) return false;
+  if (op.kind() == v1::OP_MATMUL && op.accumulate()) return false;
+  return op.kind() != v1::OP_UNSPECIFIED;
+}
+
+// Who writes and reads each buffer, and the buffers the program's caller sees.
+struct Uses {
+  std::map<std::string, std::vector<int>> writers, readers;
+  std::set<std::string> boundary;
+
+  explicit Uses(const v1::ShardMapProgram& p) {
+    boundary.insert(p.inputs().begin(), p.inputs().end());
+    boundary.insert(p.outputs().begin(), p.outputs().end());
+    const Ops& ops = p.program().functions(0).ops();
+    for (int i = 0; i < ops.size(); ++i) {
+      for (const std::string& out : ops.Get(i).outputs()) writers[out].push_back(i);
+      for (const std::string& in : ops.Get(i).inputs()) readers[in].push_back(i);
+    }
+  }
+  // Written by op `i` alone (or never written, an argument): its value is fixed once it exists.
+  bool Fixed(const std::string& name) const {
+    auto w = writers.find(name);
+    return w == writers.end() || w->second.size() == 1;
+  }
+  int Writer(const std::string& name) const {
+    auto w = writers.find(name);
+    return w == writers.end() || w->second.size() != 1 ? -1 : w->second[0];
+  }
+  size_t NumReaders(const std::string& name) const {
+    auto r = readers.find(name);
+    return r == readers.end() ? 0 : r->second.size();
+  }
+};
+
+std::map<std::string, const v1::BufferDecl*> Decls(const v1::StepProgram& program) {
+  std::map<std::string, const v1::BufferDecl*> decls;
+  for (const v1::BufferDecl& b : program.buffers()) decls[b.name()] = &b;
+  return decls;
+}
+
+std::vector<int64_t> DimsOf(const v1::BufferDecl* b) {
+  if (b == nullptr) return {};
+  return std::vector<int64_t>(b->shape().dims().begin(), b->shape().dims().end());
+}
+
+// Every later read of `from` reads `to` instead.
+void Rename(Ops* ops, int first, const std::string& from, const std::string& to) {
+  for (int k = first; k < ops->size(); ++k) {
+    for (std::string& in : *ops->Mutable(k)->mutable_inputs())
+      if (in == from) in = to;
+  }
+}
+
+// An op that computes what an earlier one computed (same kind, attributes, inputs, output
+// dtypes and shapes, inputs fixed) is deleted and its readers read the earlier results.
+bool EliminateCommonSubexpressions(v1::ShardMapProgram* p) {
+  const Uses uses(*p);
+  const auto decls = Decls(p->program());
+  Ops* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
+  std::map<std::string, int> seen;  // key -> op index
+  for (int i = 0; i < ops->size(); ++i) {
+    const v1::Op& op = ops->Get(i);
+    if (!IsPure(op) || op.outputs_size() == 0) continue;
+    bool eligible = true;
+    for (const std::string& in : op.inputs()) eligible = eligible && uses.Fixed(in);
+    for (const std::string& out : op.outputs())
+      eligible = eligible && uses.Writer(out) == i && !uses.boundary.count(out);
+    if (!eligible) continue;
+    v1::Op key_op = op;
+    key_op.clear_outputs();
+    std::string key;
+    key_op.SerializeToString(&key);
+    for (const std::string& out : op.outputs()) {
+      auto d = decls.find(out);
+      if (d == decls.end()) {
+        eligible = false;
+        break;
+      }
+      v1::BufferDecl shape_only;
+      shape_only.set_dtype(d->second->dtype());
+      *shape_only.mutable_shape() = d->second->shape();
+      std::string s;
+      shape_only.SerializeToString(&s);
+      key += "|" + s;
+    }
+    if (!eligible) continue;
+    auto [it, inserted] = seen.emplace(key, i);
+    if (inserted) continue;
+    const v1::Op& first = ops->Get(it->second);
+    for (int o = 0; o < op.outputs_size(); ++o) Rename(ops, i + 1, op.outputs(o), first.outputs(o));
+    ops->DeleteSubrange(i, 1);
+    return true;  // indices moved: the caller runs the pass again
+  }
+  return false;
+}
+
+bool Commutative(const std::string& fn) {
+  return fn == "add" || fn == "mul" || fn == "max" || fn == "min" || fn == "eq" || fn == "ne";
+}
+
+// OP_BINARY broadcasts its second operand (dims equal or 1), so `fn(a, broadcast(x))` reads x
+// itself, and `fn(broadcast(x), b)` becomes `fn(b, x)` when fn is commutative. One sweep: a
+// rewrite of one op enables none of another.
+void FoldBroadcasts(v1::ShardMapProgram* p) {
+  const Uses uses(*p);
+  const auto decls = Decls(p->program());
+  Ops* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
+  auto broadcast_source = [&](const std::string& name) -> std::string {
+    const int w = uses.Writer(name);
+    if (w < 0 || ops->Get(w).kind() != v1::OP_BROADCAST || ops->Get(w).inputs_size() != 1)
+      return "";
+    const std::string& x = ops->Get(w).inputs(0);
+    if (!uses.Fixed(x) || uses.Writer(x) > w) return "";
+    return x;
+  };
+  for (int i = 0; i < ops->size(); ++i) {
+    v1::Op* op = ops->Mutable(i);
+    if (op->kind() != v1::OP_BINARY || op->inputs_size() != 2 || op->outputs_size() != 1) continue;
+    auto out = decls.find(op->outputs(0));
+    if (out == decls.end()) continue;
+    const std::vector<int64_t> out_dims = DimsOf(out->second);
+    auto full = [&](const std::string& name) {
+      auto d = decls.find(name);
+      return d != decls.end() && DimsOf(d->second) == out_dims;
+    };
+    const std::string x1 = broadcast_source(op->inputs(1));
+    if (!x1.empty() && full(op->inputs(0))) {
+      op->set_inputs(1, x1);
+      continue;
+    }
+    const std::string x0 = broadcast_source(op->inputs(0));
+    if (!x0.empty() && Commutative(op->fn()) && full(op->inputs(1))) {
+      op->set_inputs(0, op->inputs(1));
+      op->set_inputs(1, x0);
+    }
+  }
+}
+
+// `c = add(matmul(a, b), bias)` with bias [1, N] or [N] over the matmul's [M, N] result becomes
+// one OP_MATMUL with a bias (the GEMM's epilogue) writing c, when nothing else reads the product.
+bool FuseMatmulBias(v1::ShardMapProgram* p) {
+  const Uses uses(*p);
+  const auto decls = Decls(p->program());
+  Ops* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
+  for (int i = 0; i < ops->size(); ++i) {
+    const v1::Op& add = ops->Get(i);
+    if (add.kind() != v1::OP_BINARY || add.fn() != "add" || add.inputs_size() != 2 ||
+        add.outputs_size() != 1) {
+      continue;
+    }
+    const std::string product = add.inputs(0), bias = add.inputs(1), sum = add.outputs(0);
+    const int m = uses.Writer(product);
+    if (m < 0 || uses.boundary.count(product) || uses.NumReaders(product) != 1) continue;
+    const v1::Op& matmul = ops->Get(m);
+    if (matmul.kind() != v1::OP_MATMUL || matmul.inputs_size() != 2 || matmul.accumulate() ||
+        (matmul.alpha() != 0.0f && matmul.alpha() != 1.0f)) {
+      continue;
+    }
+    auto pd = decls.find(product), bd = decls.find(bias), sd = decls.find(sum);
+    if (pd == decls.end() || bd == decls.end() || sd == decls.end()) continue;
+    const std::vector<int64_t> pdims = DimsOf(pd->second), bdims = DimsOf(bd->second);
+    if (pdims.size() != 2 || DimsOf(sd->second) != pdims || bd->second->dtype() != v1::DTYPE_F32 ||
+        pd->second->dtype() != v1::DTYPE_F32) {
+      continue;
+    }
+    const bool row = (bdims.size() == 2 && bdims[0] == 1 && bdims[1] == pdims[1]) ||
+                     (bdims.size() == 1 && bdims[0] == pdims[1]);
+    // The fused op runs where the add ran: the matmul's operands and the bias must hold the
+    // values they had (each written once, so none changes in between).
+    bool fixed = uses.Fixed(bias) && uses.Fixed(sum);
+    for (const std::string& in : matmul.inputs()) fixed = fixed && uses.Fixed(in);
+    if (!row || !fixed) continue;
+    v1::Op fused = matmul;
+    fused.add_inputs(bias);
+    fused.set_outputs(0, sum);
+    *ops->Mutable(i) = std::move(fused);
+    ops->DeleteSubrange(m, 1);
+    return true;
+  }
+  return false;
+}
+
+// Deletes pure ops none of whose results is read or returned, and declarations of buffers that
+// no op and no argument or result names any more.
+void EliminateDeadCode(v1::ShardMapProgram* p) {
+  std::set<std::string> boundary(p->inputs().begin(), p->inputs().end());
+  boundary.insert(p->outputs().begin(), p->outputs().end());
+  Ops* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
+  std::map<std::string, int> reads;
+  for (const v1::Op& op : *ops)
+    for (const std::string& in : op.inputs()) ++reads[in];
+  for (int i = ops->size() - 1; i >= 0; --i) {
+    const v1::Op& op = ops->Get(i);
+    if (!IsPure(op)) continue;
+    const bool dead = std::none_of(op.outputs().begin(), op.outputs().end(), [&](const auto& o) {
+      return boundary.count(o) || reads[o] > 0;
+    });
+    if (!dead) continue;
+    for (const std::string& in : op.inputs()) --reads[in];
+    ops->DeleteSubrange(i, 1);
+  }
+  std::set<std::string> named = boundary;
+  for (const v1::Op& op : *ops) {
+    named.insert(op.inputs().begin(), op.inputs().end());
+    named.insert(op.outputs().begin(), op.outputs().end());
+  }
+  auto* buffers = p->mutable_program()->mutable_buffers();
+  buffers->erase(std::remove_if(buffers->begin(), buffers->end(),
+                                [&](const v1::BufferDecl& b) { return !named.count(b.name()); }),
+                 buffers->end());
+}
+
+}  // namespace
+
+void SimplifyProgram(v1::ShardMapProgram* program) {
+  if (program->program().functions_size() != 1) return;
+  while (EliminateCommonSubexpressions(program)) {
+  }
+  FoldBroadcasts(program);
+  while (FuseMatmulBias(program)) {
+  }
+  EliminateDeadCode(program);
+}
+
+}  // namespace meshrun

@@ -1,0 +1,214 @@
+// SimplifyProgram (core/spmd/fusion.h) on a Dense layer and a max-subtracted logit as a traced step
+// spells them: what it rewrites, and that the executor computes the same bits before and after.
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/spmd/fusion.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "worker/executor.h"
+
+namespace meshrun {
+namespace {
+
+// h = x @ w + broadcast(reshape(b)); z = h - broadcast(max(h)); out2 = broadcast(max(h)) + z,
+// with the max, its reshape-free broadcast and an iota computed twice and one unused exp.
+constexpr char kProgram[] = R"pb(
+  program {
+    buffers {
+      name: "x"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 3 }
+    }
+    buffers {
+      name: "w"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 5 }
+    }
+    buffers {
+      name: "b"
+      dtype: DTYPE_F32
+      shape { dims: 5 }
+    }
+    buffers {
+      name: "p"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 5 }
+    }
+    buffers {
+      name: "b2"
+      dtype: DTYPE_F32
+      shape { dims: 1 dims: 5 }
+    }
+    buffers {
+      name: "bb"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 5 }
+    }
+    buffers {
+      name: "h"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 5 }
+    }
+    buffers {
+      name: "m1"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 1 }
+    }
+    buffers {
+      name: "m2"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 1 }
+    }
+    buffers {
+      name: "mb1"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 5 }
+    }
+    buffers {
+      name: "mb2"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 5 }
+    }
+    buffers {
+      name: "z"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 5 }
+    }
+    buffers {
+      name: "out2"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 5 }
+    }
+    buffers {
+      name: "unused"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 5 }
+    }
+    functions {
+      name: "main"
+      ops { kind: OP_MATMUL inputs: "x" inputs: "w" outputs: "p" }
+      ops { kind: OP_RESHAPE inputs: "b" outputs: "b2" }
+      ops { kind: OP_BROADCAST inputs: "b2" outputs: "bb" }
+      ops { kind: OP_BINARY fn: "add" inputs: "p" inputs: "bb" outputs: "h" }
+      ops { kind: OP_UNARY fn: "exp" inputs: "h" outputs: "unused" }
+      ops { kind: OP_REDUCE fn: "max" dims: 1 inputs: "h" outputs: "m1" }
+      ops { kind: OP_BROADCAST inputs: "m1" outputs: "mb1" }
+      ops { kind: OP_BINARY fn: "sub" inputs: "h" inputs: "mb1" outputs: "z" }
+      ops { kind: OP_REDUCE fn: "max" dims: 1 inputs: "h" outputs: "m2" }
+      ops { kind: OP_BROADCAST inputs: "m2" outputs: "mb2" }
+      ops { kind: OP_BINARY fn: "add" inputs: "mb2" inputs: "z" outputs: "out2" }
+    }
+  }
+  inputs: "x"
+  inputs: "w"
+  inputs: "b"
+  outputs: "z"
+  outputs: "out2"
+)pb";
+
+v1::ShardMapProgram Parse() {
+  v1::ShardMapProgram p;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(kProgram, &p));
+  return p;
+}
+
+// Runs `p` on fixed arguments; returns its results by name.
+std::map<std::string, std::vector<float>> RunOnce(const v1::ShardMapProgram& p) {
+  absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(p.program(), Executor::Options{});
+  EXPECT_TRUE(ex.ok()) << ex.status();
+  if (!ex.ok()) return {};
+  std::map<std::string, Tensor> args;
+  float v = 0.37f;
+  for (const v1::BufferDecl& b : p.program().buffers()) {
+    if (b.name() != "x" && b.name() != "w" && b.name() != "b") continue;
+    Tensor t(v1::DTYPE_F32, Dims(b.shape().dims().begin(), b.shape().dims().end()));
+    for (int64_t i = 0; i < t.num_elements(); ++i) {
+      v = v * 3.7f - static_cast<float>(static_cast<int>(v * 3.7f)) - 0.5f;  // in (-1.5, 0.5)
+      t.data<float>()[i] = v;
+    }
+    args.emplace(b.name(), std::move(t));
+  }
+  for (const auto& [name, t] : args) EXPECT_TRUE((*ex)->BindInput(name, t).ok()) << name;
+  EXPECT_TRUE((*ex)->Run("main", RunContext{}).ok());
+  std::map<std::string, std::vector<float>> out;
+  for (const std::string& name : p.outputs()) {
+    absl::StatusOr<Tensor> t = (*ex)->TakeOutput(name);
+    EXPECT_TRUE(t.ok()) << name;
+    if (t.ok()) out[name].assign(t->data<float>(), t->data<float>() + t->num_elements());
+  }
+  return out;
+}
+
+TEST(SimplifyProgramTest, FoldsRepeatsBroadcastsBiasAndDeadOps) {
+  v1::ShardMapProgram p = Parse();
+  SimplifyProgram(&p);
+  const auto& ops = p.program().functions(0).ops();
+  std::map<int, int> kinds;
+  for (const v1::Op& op : ops) ++kinds[op.kind()];
+  EXPECT_EQ(kinds[v1::OP_REDUCE], 1) << "the repeated max is computed once";
+  EXPECT_EQ(kinds[v1::OP_BROADCAST], 0) << "binary ops read the broadcasts' sources";
+  EXPECT_EQ(kinds[v1::OP_UNARY], 0) << "the unused exp is deleted";
+  ASSERT_EQ(kinds[v1::OP_MATMUL], 1);
+  const v1::Op& matmul = *std::find_if(ops.begin(), ops.end(),
+                                       [](const v1::Op& op) { return op.kind() == v1::OP_MATMUL; });
+  ASSERT_EQ(matmul.inputs_size(), 3) << "the bias is added in the GEMM";
+  EXPECT_EQ(matmul.inputs(2), "b2");
+  EXPECT_EQ(matmul.outputs(0), "h");
+  for (const v1::Op& op : ops) {
+    if (op.kind() == v1::OP_BINARY && op.outputs(0) == "out2") {
+      EXPECT_EQ(op.inputs(0), "z") << "add(broadcast(m), z) became add(z, m)";
+      EXPECT_EQ(op.inputs(1), "m1");
+    }
+  }
+  for (const v1::BufferDecl& b : p.program().buffers()) {
+    EXPECT_NE(b.name(), "unused");
+    EXPECT_NE(b.name(), "p") << "the product buffer is gone with the add";
+    EXPECT_NE(b.name(), "mb2");
+  }
+}
+
+TEST(SimplifyProgramTest, TheSimplifiedProgramComputesTheSameBits) {
+  const v1::ShardMapProgram original = Parse();
+  v1::ShardMapProgram simplified = original;
+  SimplifyProgram(&simplified);
+  const auto before = RunOnce(original), after = RunOnce(simplified);
+  ASSERT_EQ(before.size(), 2u);
+  ASSERT_EQ(after.size(), 2u);
+  for (const auto& [name, values] : before) {
+    const std::vector<float>& got = after.at(name);
+    ASSERT_EQ(got.size(), values.size()) << name;
+    EXPECT_EQ(std::memcmp(got.data(), values.data(), values.size() * sizeof(float)), 0) << name;
+  }
+  // The results are what they should be: z's row max is 0, out2 = z + the row max of h.
+  const std::vector<float>& z = before.at("z");
+  for (int r = 0; r < 4; ++r) {
+    float mx = z[r * 5];
+    for (int c = 1; c < 5; ++c) mx = std::max(mx, z[r * 5 + c]);
+    EXPECT_EQ(mx, 0.0f) << "row " << r;
+  }
+}
+
+TEST(SimplifyProgramTest, LeavesProductsReadElsewhereAndResults) {
+  v1::ShardMapProgram read_twice = Parse();
+  read_twice.add_outputs("p");  // the product itself is returned: no bias fusion
+  SimplifyProgram(&read_twice);
+  int matmul_inputs = 0;
+  for (const v1::Op& op : read_twice.program().functions(0).ops())
+    if (op.kind() == v1::OP_MATMUL) matmul_inputs = op.inputs_size();
+  EXPECT_EQ(matmul_inputs, 2);
+
+  v1::ShardMapProgram returned = Parse();
+  returned.add_outputs("m2");  // a returned repeat keeps its own op
+  SimplifyProgram(&returned);
+  int reduces = 0;
+  for (const v1::Op& op : returned.program().functions(0).ops())
+    reduces += op.kind() == v1::OP_REDUCE;
+  EXPECT_EQ(reduces, 2);
+}
+
+}  // namespace
+}  // namespace meshrun
