@@ -27,7 +27,8 @@ dnnl::memory::desc RowMajorDesc(const Dims& dims) {
 }
 
 BoundMemory Bind(const dnnl::memory::desc& md, const Tensor& tensor) {
-  return BoundMemory{dnnl::memory(md, CpuEngine(), const_cast<void*>(tensor.raw())), &tensor};
+  void* p = const_cast<void*>(tensor.raw());
+  return BoundMemory{dnnl::memory(md, CpuEngine(), p), &tensor, p};
 }
 
 absl::Status Guard(const char* what, const std::function<void()>& fn) {
@@ -35,7 +36,8 @@ absl::Status Guard(const char* what, const std::function<void()>& fn) {
     fn();
     return absl::OkStatus();
   } catch (const dnnl::error& e) {
-    return absl::InternalError(absl::StrCat("oneDNN ", what, " failed: ", e.what(), " (status ", e.status, ")"));
+    return absl::InternalError(
+        absl::StrCat("oneDNN ", what, " failed: ", e.what(), " (status ", e.status, ")"));
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat(what, " failed: ", e.what()));
   }

@@ -23,9 +23,13 @@ dnnl::memory::desc RowMajorDesc(const Dims& dims);
 struct BoundMemory {
   dnnl::memory memory;
   const Tensor* tensor = nullptr;
+  void* handle = nullptr;  // what `memory` points at (kept here: asking oneDNN costs a call)
   void Rebind() {
     void* p = const_cast<void*>(tensor->raw());
-    if (memory.get_data_handle() != p) memory.set_data_handle(p);
+    if (handle != p) {
+      memory.set_data_handle(p);
+      handle = p;
+    }
   }
 };
 BoundMemory Bind(const dnnl::memory::desc& md, const Tensor& tensor);

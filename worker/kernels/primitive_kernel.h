@@ -1,10 +1,11 @@
-// A Kernel that executes one oneDNN primitive over Tensors, re-pointed at their storage each run (internal to kernels/).
+// A Kernel that executes one oneDNN primitive over Tensors, re-pointed at their storage each run
+// (internal to kernels/).
 #ifndef MESHRUN_WORKER_KERNELS_PRIMITIVE_KERNEL_H_
 #define MESHRUN_WORKER_KERNELS_PRIMITIVE_KERNEL_H_
 
 #include <string>
-#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "worker/kernels/engine.h"
 #include "worker/kernels/kernel.h"
@@ -15,13 +16,19 @@ class PrimitiveKernel : public Kernel {
  public:
   PrimitiveKernel(const char* name, dnnl::primitive prim, Args args)
       : name_(name), prim_(std::move(prim)), bound_(std::move(args)), stream_(CpuEngine()) {
-    for (const auto& [id, b] : bound_) args_.emplace(id, b.memory);  // handles share the memory objects
+    // The C API's argument array, built once: the memory objects it names are re-pointed in
+    // place by Rebind, so the array stays valid (dnnl::primitive::execute would rebuild it from
+    // a map on every run).
+    for (const auto& [id, b] : bound_) exec_args_.push_back({id, b.memory.get()});
   }
 
   absl::Status Run() override {
     return Guard(name_, [&] {
       for (auto& [id, b] : bound_) b.Rebind();
-      prim_.execute(stream_, args_);
+      dnnl::error::wrap_c_api(
+          dnnl_primitive_execute(prim_.get(), stream_.get(), static_cast<int>(exec_args_.size()),
+                                 exec_args_.data()),
+          "could not execute a primitive");
       stream_.wait();
     });
   }
@@ -30,7 +37,7 @@ class PrimitiveKernel : public Kernel {
   const char* name_;
   dnnl::primitive prim_;
   Args bound_;
-  std::unordered_map<int, dnnl::memory> args_;
+  std::vector<dnnl_exec_arg_t> exec_args_;
   dnnl::stream stream_;
 };
 
