@@ -74,17 +74,26 @@ absl::StatusOr<TrainResult> Client::Train(const JobConfig& config,
   }
   absl::StatusOr<PlannedJob> job = PlanJob(config, *mesh);
   if (!job.ok()) return job.status();
+  return Train(*std::move(job), on_event, timeout);
+}
+
+absl::StatusOr<TrainResult> Client::Train(PlannedJob job,
+                                          const std::function<void(const v1::JobEvent&)>& on_event,
+                                          absl::Duration timeout) {
   // A seed workload's own batch goes onto the cluster once, for every step.
   static std::atomic<int> next_batch{0};
   const std::string prefix = absl::StrCat("job-batch/", getpid(), "-", next_batch++, "/");
-  for (size_t i = 0; i < job->fixed_batch.size(); ++i) {
+  for (size_t i = 0; i < job.fixed_batch.size(); ++i) {
     absl::StatusOr<v1::ArrayInfo> put =
-        Put(job->fixed_batch[i], job->step.batch[i].spec, prefix + job->step.batch[i].name);
-    if (!put.ok()) return put.status();
-    job->spec.add_batch_ids(put->id());
+        Put(job.fixed_batch[i], job.step.batch[i].spec, prefix + job.step.batch[i].name);
+    if (!put.ok()) {
+      for (const std::string& id : job.spec.batch_ids()) Delete(id).IgnoreError();
+      return put.status();
+    }
+    job.spec.add_batch_ids(put->id());
   }
-  absl::StatusOr<TrainResult> result = Train(job->spec, on_event, timeout);
-  for (const std::string& id : job->spec.batch_ids()) Delete(id).IgnoreError();
+  absl::StatusOr<TrainResult> result = Train(job.spec, on_event, timeout);
+  for (const std::string& id : job.spec.batch_ids()) Delete(id).IgnoreError();
   return result;
 }
 

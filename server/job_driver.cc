@@ -66,6 +66,7 @@ class JobDriver::Runner {
   std::string train_input_, eval_input_;
   std::vector<std::string> live_ids_;  // state arrays to delete at the end
   int64_t step_ = 0, first_step_ = 0, total_ = 0;
+  bool resumed_ = false;  // the state came from a checkpoint of this job
   double steps_per_epoch_ = 0;
   absl::Time start_;
   std::thread save_thread_;
@@ -149,7 +150,7 @@ absl::Status JobDriver::Runner::Prepare() {
   total_ = s.total_steps() > 0
                ? s.total_steps()
                : static_cast<int64_t>(std::floor(s.epochs() * steps_per_epoch_ + 1e-9));
-  if (total_ < 1) {
+  if (s.total_steps() <= 0 && s.epochs() > 0 && total_ < 1) {
     return absl::InvalidArgumentError(absl::StrCat("the job has no steps to run (total_steps ",
                                                    s.total_steps(), ", epochs ", s.epochs(), ", ",
                                                    steps_per_epoch_, " steps per epoch)"));
@@ -178,6 +179,7 @@ absl::Status JobDriver::Runner::InitState() {
       absl::StatusOr<v1::RestoreCheckpointResponse> r = d_->arrays_->RestoreCheckpoint(req);
       if (!r.ok()) return r.status();
       step_ = first_step_ = r->step();
+      resumed_ = true;
       Info(absl::StrCat("resumed from ", *latest, " at step ", r->step(), ": ", r->arrays_size(),
                         " arrays, ", r->bytes_read(), " bytes read by the workers"));
       return absl::OkStatus();
@@ -354,6 +356,7 @@ void JobDriver::Runner::Report(int64_t steps_done, const std::vector<std::vector
                        std::max<int64_t>(1, step_ - first_step_) * (total_ - step_));
   rep->set_step_seconds(step_seconds / n);
   rep->set_collective_seconds(collective_seconds / n);
+  for (const std::vector<double>& v : values) rep->add_losses(static_cast<float>(v[0]));
   d_->SetState("running", step_, "");
   if (!emit_(e)) cancelled_ = true;
 }
@@ -370,6 +373,10 @@ absl::Status JobDriver::Runner::Loop() {
   int64_t interval_first = step_;
   std::vector<std::vector<double>> values;  // per step since the last report: loss, metrics
   std::vector<double> seconds, collective;
+  // Nothing to run (0 steps, or resumed at the last one): a fresh state is still saved.
+  if (step_ >= total_ && saving && !resumed_) {
+    if (absl::Status s = SaveAt(step_); !s.ok()) return s;
+  }
   while (step_ < total_) {
     // Up to the next report, the next save or the end.
     int64_t next = std::min<int64_t>(total_, (step_ / log_every + 1) * log_every);

@@ -85,7 +85,7 @@ struct WorkloadTrainArgs {
   // (a given one must equal it).
   std::string mesh = "data=2,model=4";
   int64_t steps = 20;
-  int steps_per_call = 1;   // train steps per call (TrainState::Steps, steps_per_execution)
+  int steps_per_call = 1;   // steps per worker call (steps_per_execution): the job's log_every
   std::string coordinator;  // empty: an embedded local cluster
   std::string log_dir;
   std::string ckpt_dir;  // non-empty: save there every `save_every` steps and at the end
@@ -95,7 +95,8 @@ struct WorkloadTrainArgs {
   bool resume = false;    // continue from the newest committed checkpoint in ckpt_dir
   std::string init_from;  // a safetensors file of parameters
 };
-// Trains a seed workload with a derived train step, printing each step's loss (%.9g).
+// Trains a seed workload with a derived train step as a job (the coordinator's JobDriver, on
+// the workload's own batch), printing each step's loss (%.9g).
 int TrainWorkload(const WorkloadTrainArgs& args);
 // Checks a checkpoint against a workload's TrainState under a layout and mesh, allocating
 // nothing: missing / extra arrays, shape or dtype mismatches, layouts that cannot be produced,

@@ -1,5 +1,6 @@
 // `meshrun train --workload`, `meshrun ckpt validate` and `meshrun export`: the SDK's derived
-// train steps with sharded checkpoints, from the command line.
+// train steps with sharded checkpoints, from the command line. A workload trains as a job (the
+// coordinator's JobDriver, as the main job does), on the workload's own batch.
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -10,8 +11,8 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/sharding/logical_axes.h"
 #include "meshrun/client.h"
+#include "meshrun/job.h"
 #include "meshrun/local_cluster.h"
-#include "meshrun/train_step.h"
 #include "meshrun/workloads.h"
 
 namespace meshrun::cli {
@@ -22,15 +23,36 @@ int Fail(const std::string& cmd, const absl::Status& s) {
   return s.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
-absl::StatusOr<TrainStep> PlanWorkload(const WorkloadTrainArgs& a) {
-  absl::StatusOr<Workload> w = SeedWorkload(a.workload);
-  if (!w.ok()) return w.status();
-  absl::StatusOr<nn::ShardingConfig> sharding =
-      WorkloadSharding(a.layout, a.rules, a.fsdp_axis, a.min_weight_size);
-  if (!sharding.ok()) return sharding.status();
+// The job a workload's command line stands for: the workload's own model, optimizer and batch
+// (data.dataset synthetic), seed 0, the layout or rules, `steps` (absolute: a resumed job runs up
+// to it; 0: no step), a worker call every `steps_per_call` steps and the checkpoint flags.
+absl::StatusOr<PlannedJob> PlanWorkload(const WorkloadTrainArgs& a) {
+  JobConfig c;
+  c.model.name = a.workload;
+  c.sharding.layout = a.layout;
+  c.sharding.rules = a.rules;
+  c.sharding.fsdp_axis = a.fsdp_axis;
+  c.sharding.min_weight_size = a.min_weight_size;
+  c.data.dataset = "synthetic";
+  c.train.seed = 0;
+  c.train.log_every = std::max(1, a.steps_per_call);
+  c.train.evaluate = false;
+  for (const auto& [path, given] : {std::pair{&c.checkpoint.dir, a.ckpt_dir},
+                                    std::pair{&c.checkpoint.init_from, a.init_from}}) {
+    if (!given.empty()) *path = std::filesystem::absolute(given).lexically_normal().string();
+  }
+  c.checkpoint.save_every = a.save_every;
+  c.checkpoint.keep = a.keep;
+  c.checkpoint.async = a.async_save;
+  c.checkpoint.resume = a.resume;
   absl::StatusOr<Mesh> mesh = Mesh::Parse(a.mesh);
   if (!mesh.ok()) return mesh.status();
-  return BuildTrainStep(*mesh, *sharding, w->optimizer, w->batch, w->loss, 0, w->num_minibatches);
+  absl::StatusOr<PlannedJob> job = PlanJob(c, *mesh);
+  if (!job.ok()) return job.status();
+  v1::TrainSchedule* schedule = job->spec.mutable_schedule();
+  schedule->set_total_steps(a.steps);
+  schedule->set_epochs(0);
+  return job;
 }
 
 // The mesh of the cluster at `address` ("data=2,model=4"); a non-empty `given` must equal it.
@@ -60,6 +82,8 @@ absl::StatusOr<std::string> ClusterMeshText(Client& client, const std::string& a
 int TrainWorkload(const WorkloadTrainArgs& args) {
   const std::string cmd = "train";
   WorkloadTrainArgs a = args;
+  if (a.resume && a.ckpt_dir.empty())
+    return Fail(cmd, absl::InvalidArgumentError("--resume needs --ckpt-dir"));
   std::unique_ptr<Client> running;  // the cluster at a.coordinator: plan for its mesh
   if (!a.coordinator.empty()) {
     absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(a.coordinator);
@@ -69,14 +93,10 @@ int TrainWorkload(const WorkloadTrainArgs& args) {
     if (!mesh.ok()) return Fail(cmd, mesh.status());
     a.mesh = *mesh;
   }
-  absl::StatusOr<TrainStep> step = PlanWorkload(a);
-  if (!step.ok()) return Fail(cmd, step.status());
-  absl::StatusOr<Workload> w = SeedWorkload(a.workload);
-  absl::StatusOr<std::vector<Tensor>> batch = SeedWorkloadBatch(*w);
-  if (!batch.ok()) return Fail(cmd, batch.status());
+  absl::StatusOr<PlannedJob> job = PlanWorkload(a);
+  if (!job.ok()) return Fail(cmd, job.status());
   std::unique_ptr<LocalCluster> cluster;
-  std::string address = a.coordinator;
-  if (address.empty()) {
+  if (running == nullptr) {
     LocalClusterOptions o;
     o.mesh = a.mesh;
     o.log_dir = a.log_dir;
@@ -84,70 +104,27 @@ int TrainWorkload(const WorkloadTrainArgs& args) {
     absl::StatusOr<std::unique_ptr<LocalCluster>> started = LocalCluster::Start(o);
     if (!started.ok()) return Fail(cmd, started.status());
     cluster = *std::move(started);
-    address = cluster->coordinator_address();
-  }
-  auto stop = [&](int code) {
-    if (cluster) cluster->Stop().IgnoreError();
-    return code;
-  };
-  absl::StatusOr<std::unique_ptr<Client>> client =
-      running != nullptr ? absl::StatusOr<std::unique_ptr<Client>>(std::move(running))
-                         : Client::Connect(address);
-  if (!client.ok()) return stop(Fail(cmd, client.status()));
-  absl::StatusOr<TrainState> state = absl::UnknownError("unset");
-  if (a.resume) {
-    if (a.ckpt_dir.empty())
-      return stop(Fail(cmd, absl::InvalidArgumentError("--resume needs --ckpt-dir")));
-    absl::StatusOr<std::string> latest = checkpoint::LatestCheckpoint(a.ckpt_dir);
-    if (!latest.ok()) return stop(Fail(cmd, latest.status()));
-    std::printf("resuming from %s\n", latest->c_str());
-    state = TrainState::Restore(client->get(), &*step, *latest);
-  } else if (!a.init_from.empty()) {
-    state = TrainState::InitFrom(client->get(), &*step, a.init_from);
-  } else {
-    state = TrainState::Init(client->get(), &*step);
-  }
-  if (!state.ok()) return stop(Fail(cmd, state.status()));
-  std::vector<std::string> ids;
-  for (size_t i = 0; i < batch->size(); ++i) {
-    absl::StatusOr<v1::ArrayInfo> info = (*client)->Put((*batch)[i], step->batch[i].spec);
-    if (!info.ok()) return stop(Fail(cmd, info.status()));
-    ids.push_back(info->id());
-  }
-  const auto save = [&]() -> absl::Status {
-    if (a.ckpt_dir.empty()) return absl::OkStatus();
-    if (a.async_save) return state->SaveAsync(a.ckpt_dir, a.keep);
-    absl::StatusOr<std::string> path = state->Save(a.ckpt_dir, a.keep);
-    if (path.ok()) std::printf("saved %s\n", path->c_str());
-    return path.status();
-  };
-  while (state->steps() < a.steps) {
-    // A call never runs past the next checkpoint.
-    int64_t n = std::min<int64_t>(std::max(1, a.steps_per_call), a.steps - state->steps());
-    if (a.save_every > 0) n = std::min<int64_t>(n, a.save_every - state->steps() % a.save_every);
-    const int64_t first = state->steps() + 1;
-    absl::StatusOr<std::vector<float>> losses =
-        state->Steps(std::vector<std::vector<std::string>>(n, ids));
-    if (!losses.ok()) return stop(Fail(cmd, losses.status()));
-    for (size_t k = 0; k < losses->size(); ++k) {
-      std::printf("step %lld loss %.9g\n", static_cast<long long>(first + k), (*losses)[k]);
-      // Before any save of this state: a non-finite loss is never checkpointed.
-      if (absl::Status s = CheckLossFinite(first + k, (*losses)[k]); !s.ok())
-        return stop(Fail(cmd, s));
+    absl::StatusOr<std::unique_ptr<Client>> c = Client::Connect(cluster->coordinator_address());
+    if (!c.ok()) {
+      cluster->Stop().IgnoreError();
+      return Fail(cmd, c.status());
     }
-    if (a.save_every > 0 && state->steps() % a.save_every == 0 && state->steps() < a.steps) {
-      if (absl::Status s = save(); !s.ok()) return stop(Fail(cmd, s));
+    running = *std::move(c);
+  }
+  // The coordinator's JobDriver runs the job; each report carries its steps' losses.
+  absl::StatusOr<TrainResult> result = running->Train(*std::move(job), [](const v1::JobEvent& e) {
+    if (e.has_info()) std::printf("%s\n", e.info().c_str());
+    if (e.has_step()) {
+      const int64_t first = e.step().step() - e.step().losses_size() + 1;
+      for (int k = 0; k < e.step().losses_size(); ++k) {
+        std::printf("step %lld loss %.9g\n", static_cast<long long>(first + k), e.step().losses(k));
+      }
     }
-  }
-  // Always at the end of the job.
-  if (absl::Status s = save(); !s.ok()) return stop(Fail(cmd, s));
-  if (a.async_save && !a.ckpt_dir.empty()) {
-    absl::StatusOr<std::string> path = state->WaitForSave();
-    if (!path.ok()) return stop(Fail(cmd, path.status()));
-    std::printf("saved %s\n", path->c_str());
-  }
-  std::fflush(stdout);
-  return stop(0);
+    std::fflush(stdout);
+  });
+  if (cluster) cluster->Stop().IgnoreError();
+  if (!result.ok()) return Fail(cmd, result.status());
+  return 0;
 }
 
 namespace {
@@ -177,13 +154,14 @@ int CkptValidate(const std::string& path, const WorkloadTrainArgs& workload) {
   const std::string cmd = "ckpt validate";
   absl::StatusOr<checkpoint::Manifest> m = checkpoint::ReadManifest(path);
   if (!m.ok()) return Fail(cmd, m.status());
-  absl::StatusOr<TrainStep> step = PlanWorkload(workload);
-  if (!step.ok()) return Fail(cmd, step.status());
+  absl::StatusOr<PlannedJob> job = PlanWorkload(workload);
+  if (!job.ok()) return Fail(cmd, job.status());
   std::vector<checkpoint::WantedArray> wanted;
-  for (const PlannedArray& a : step->state) wanted.push_back({a.name, a.dtype, a.shape, a.spec});
+  for (const PlannedArray& a : job->step.state)
+    wanted.push_back({a.name, a.dtype, a.shape, a.spec});
   const std::string layout =
       !workload.layout.empty() ? workload.layout : absl::StrCat("rules ", workload.rules);
-  return ReportRestore(path, &*m, wanted, step->mesh, layout, workload.mesh);
+  return ReportRestore(path, &*m, wanted, job->step.mesh, layout, workload.mesh);
 }
 
 int CkptValidateJob(const std::string& path, const std::string& config_path,

@@ -16,6 +16,8 @@
 
 namespace meshrun {
 
+struct PlannedJob;  // meshrun/job.h
+
 // The outcome of a train job, aggregated over the whole mesh.
 struct TrainResult {
   std::vector<v1::StepReport> reports;  // one per log interval, in order
@@ -49,6 +51,11 @@ class Client {
   // or truncated data file naming it; DeadlineExceeded after `timeout`.
   absl::StatusOr<TrainResult> Train(
       const JobConfig& config, const std::function<void(const v1::JobEvent&)>& on_event = nullptr,
+      absl::Duration timeout = absl::Hours(24));
+  // Runs a planned job (PlanJob, possibly adjusted): its fixed batch, if any, is put on the
+  // cluster first and deleted after. Errors: as above.
+  absl::StatusOr<TrainResult> Train(
+      PlannedJob job, const std::function<void(const v1::JobEvent&)>& on_event = nullptr,
       absl::Duration timeout = absl::Hours(24));
   // Runs a planned job as it is (SubmitJob).
   absl::StatusOr<TrainResult> Train(
