@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace meshrun {
 namespace {
@@ -59,39 +60,43 @@ std::array<PRNGKey, 2> Split(const PRNGKey& key) {
 
 namespace {
 
-// Threefry2x32 on kLanes blocks at once, the counts (c0 + j, c1 + j) for lane j, in structure-of-
-// arrays form the compiler vectorises; compiled for AVX-512, AVX2 and the baseline, the best the
-// CPU runs chosen when the program loads. Lanes are independent: the same words as Threefry2x32.
+// Threefry2x32 on kLanes blocks at once, the counts (c0 + j, c1 + j) for lane j; compiled for
+// AVX-512, AVX2 and the baseline, the best the CPU runs chosen when the program loads. Lanes are
+// independent: the same words as Threefry2x32.
 constexpr int kLanes = 16;
+
+// kLanes words as one value (GCC's vector extension): each clone below compiles its arithmetic
+// to the widest registers of its target (one zmm on AVX-512, two ymm on AVX2, SSE2 otherwise).
+typedef uint32_t Lanes __attribute__((vector_size(kLanes * sizeof(uint32_t))));
+
+// One Threefry round on every lane: x0 += x1; x1 = rotl(x1, R) ^ x0.
+template <int R>
+inline void Round(Lanes& x0, Lanes& x1) {
+  x0 += x1;
+  x1 = ((x1 << R) | (x1 >> (32 - R))) ^ x0;
+}
 
 __attribute__((target_clones("avx512f", "avx2", "default"))) void ThreefryLanes(
     const PRNGKey& key, uint32_t c0, uint32_t c1, uint32_t* y0, uint32_t* y1) {
-  static constexpr int kRot[2][4] = {{13, 15, 26, 6}, {17, 29, 16, 24}};
   const uint32_t ks[3] = {key[0], key[1], key[0] ^ key[1] ^ 0x1BD11BDAu};
-  uint32_t x0[kLanes], x1[kLanes];
+  Lanes x0, x1;
   for (int j = 0; j < kLanes; ++j) {
     x0[j] = c0 + static_cast<uint32_t>(j) + ks[0];
     x1[j] = c1 + static_cast<uint32_t>(j) + ks[1];
   }
+  // Threefry2x32's 5 blocks of 4 rounds (rotations 13 15 26 6, then 17 29 16 24), each followed
+  // by a key injection, as Threefry2x32 loops over them.
   for (int block = 0; block < 5; ++block) {
-    for (int r : kRot[block % 2]) {
-      for (int j = 0; j < kLanes; ++j) {
-        x0[j] += x1[j];
-        x1[j] = RotL(x1[j], r);
-        x1[j] ^= x0[j];
-      }
+    if (block % 2 == 0) {
+      Round<13>(x0, x1), Round<15>(x0, x1), Round<26>(x0, x1), Round<6>(x0, x1);
+    } else {
+      Round<17>(x0, x1), Round<29>(x0, x1), Round<16>(x0, x1), Round<24>(x0, x1);
     }
-    const uint32_t k0 = ks[(block + 1) % 3];
-    const uint32_t k1 = ks[(block + 2) % 3] + static_cast<uint32_t>(block + 1);
-    for (int j = 0; j < kLanes; ++j) {
-      x0[j] += k0;
-      x1[j] += k1;
-    }
+    x0 += ks[(block + 1) % 3];
+    x1 += ks[(block + 2) % 3] + static_cast<uint32_t>(block + 1);
   }
-  for (int j = 0; j < kLanes; ++j) {
-    y0[j] = x0[j];
-    y1[j] = x1[j];
-  }
+  std::memcpy(y0, &x0, sizeof(x0));
+  std::memcpy(y1, &x1, sizeof(x1));
 }
 
 }  // namespace
