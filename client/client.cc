@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "core/sharding/shard_layout.h"
 #include "meshrun/job.h"
+#include "meshrun/workloads.h"
 #include "net/credentials.h"
 #include "net/grpc_util.h"
 
@@ -81,18 +82,21 @@ absl::StatusOr<TrainResult> Client::Train(PlannedJob job,
                                           const std::function<void(const v1::JobEvent&)>& on_event,
                                           absl::Duration timeout) {
   // A seed workload's own batch goes onto the cluster once, for every step.
-  static std::atomic<int> next_batch{0};
-  const std::string prefix = absl::StrCat("job-batch/", getpid(), "-", next_batch++, "/");
-  for (size_t i = 0; i < job.fixed_batch.size(); ++i) {
-    absl::StatusOr<v1::ArrayInfo> put =
-        Put(job.fixed_batch[i], job.step.batch[i].spec, prefix + job.step.batch[i].name);
-    if (!put.ok()) {
-      for (const std::string& id : job.spec.batch_ids()) Delete(id).IgnoreError();
-      return put.status();
+  absl::Status put_batch;
+  if (job.own_batch.has_value()) {
+    absl::StatusOr<std::vector<Tensor>> batch = SeedWorkloadBatch(*job.own_batch);
+    put_batch = batch.status();
+    static std::atomic<int> next_batch{0};
+    const std::string prefix = absl::StrCat("job-batch/", getpid(), "-", next_batch++, "/");
+    for (size_t i = 0; put_batch.ok() && i < batch->size(); ++i) {
+      absl::StatusOr<v1::ArrayInfo> put =
+          Put((*batch)[i], job.step.batch[i].spec, prefix + job.step.batch[i].name);
+      put_batch = put.status();
+      if (put.ok()) job.spec.add_batch_ids(put->id());
     }
-    job.spec.add_batch_ids(put->id());
   }
-  absl::StatusOr<TrainResult> result = Train(job.spec, on_event, timeout);
+  absl::StatusOr<TrainResult> result =
+      put_batch.ok() ? Train(job.spec, on_event, timeout) : put_batch;
   for (const std::string& id : job.spec.batch_ids()) Delete(id).IgnoreError();
   return result;
 }

@@ -141,9 +141,7 @@ absl::StatusOr<PlannedJob> PlanJob(const JobConfig& c, const Mesh& mesh) {
   spec.set_seed(c.train.seed);
   spec.set_examples_per_step(w->examples_per_step);
   if (c.data.dataset == "synthetic") {
-    absl::StatusOr<std::vector<Tensor>> batch = SeedWorkloadBatch(*w);
-    if (!batch.ok()) return batch.status();
-    job.fixed_batch = *std::move(batch);
+    job.own_batch = *w;
   } else {
     *spec.mutable_train_input() = Input(c, job.step.batch, c.data.path, "train",
                                         w->examples_per_step, w->num_minibatches, true);

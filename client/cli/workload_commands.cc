@@ -9,11 +9,9 @@
 #include "absl/strings/str_join.h"
 #include "client/cli/commands.h"
 #include "core/checkpoint/checkpoint.h"
-#include "core/sharding/logical_axes.h"
 #include "meshrun/client.h"
 #include "meshrun/job.h"
 #include "meshrun/local_cluster.h"
-#include "meshrun/workloads.h"
 
 namespace meshrun::cli {
 namespace {

@@ -129,8 +129,7 @@ void FoldBroadcasts(v1::ShardMapProgram* p) {
     if (w < 0 || ops->Get(w).kind() != v1::OP_BROADCAST || ops->Get(w).inputs_size() != 1)
       return "";
     const std::string& x = ops->Get(w).inputs(0);
-    if (!uses.Fixed(x) || uses.Writer(x) > w) return "";
-    return x;
+    return uses.Fixed(x) ? x : "";
   };
   for (int i = 0; i < ops->size(); ++i) {
     v1::Op* op = ops->Mutable(i);

@@ -5,6 +5,7 @@
 #ifndef MESHRUN_CLIENT_INCLUDE_MESHRUN_JOB_H_
 #define MESHRUN_CLIENT_INCLUDE_MESHRUN_JOB_H_
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,14 +14,17 @@
 #include "core/sharding/mesh.h"
 #include "meshrun/train_step.h"
 #include "meshrun/v1/coordinator.pb.h"
+#include "meshrun/workloads.h"
 
 namespace meshrun {
 
 struct PlannedJob {
   TrainStep step;
   v1::JobSpec spec;
-  // data.dataset "synthetic": the batch to put on the cluster (under spec.batch_ids) first.
-  std::vector<Tensor> fixed_batch;
+  // data.dataset "synthetic": the step runs on this workload's own batch (SeedWorkloadBatch), made
+  // and put on the cluster (under spec.batch_ids) when the job is submitted, not when it is
+  // planned (planning reads no data).
+  std::optional<Workload> own_batch;
 };
 
 // The job of `config` on `mesh`. Errors: InvalidArgument naming the config key (a layout or rule
