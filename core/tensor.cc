@@ -95,9 +95,9 @@ void SetLargeTensorAllocator(size_t min_bytes, TensorAllocator allocator) {
   Large().allocate = std::move(allocator);
 }
 
-std::shared_ptr<void> Tensor::Allocate(size_t bytes) {
+std::shared_ptr<void> Tensor::Allocate(size_t bytes, bool shareable) {
   const LargeAllocator& large = Large();
-  if (large.allocate && bytes >= large.min_bytes) {
+  if (large.allocate && (shareable || bytes >= large.min_bytes)) {
     if (std::shared_ptr<void> p = large.allocate(bytes)) return p;
   }
   const size_t rounded = std::max<size_t>(64, ((bytes + 63) / 64) * 64);
@@ -114,6 +114,14 @@ Tensor Tensor::Uninitialized(DType dtype, Dims dims) {
   t.dtype_ = dtype;
   t.dims_ = std::move(dims);
   t.data_ = Allocate(t.size_bytes());
+  return t;
+}
+
+Tensor Tensor::Shareable(DType dtype, Dims dims) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.dims_ = std::move(dims);
+  t.data_ = Allocate(t.size_bytes(), /*shareable=*/true);
   return t;
 }
 

@@ -56,6 +56,10 @@ class Tensor {
   // no resident memory until written, so a buffer that will only ever be a view of another's
   // memory (ShareMemory) costs nothing if created this way.
   static Tensor Uninitialized(DType dtype, Dims dims);
+  // As Uninitialized, from the large-array allocator whatever its size (SetLargeTensorAllocator):
+  // a buffer that co-located peers read where it lies, e.g. a bucket of small partial sums that a
+  // single-copy collective reduces (direct_collectives.h). The heap without such an allocator.
+  static Tensor Shareable(DType dtype, Dims dims);
   Tensor(const Tensor& other);
   Tensor& operator=(const Tensor& other);
   Tensor(Tensor&&) = default;
@@ -98,7 +102,7 @@ class Tensor {
 
  private:
   // Uninitialised 64-byte-aligned storage of at least `bytes` bytes (64 for 0).
-  static std::shared_ptr<void> Allocate(size_t bytes);
+  static std::shared_ptr<void> Allocate(size_t bytes, bool shareable = false);
   DType dtype_ = v1::DTYPE_UNSPECIFIED;
   Dims dims_;
   std::shared_ptr<void> data_;

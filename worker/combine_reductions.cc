@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -35,9 +36,13 @@ void SplitSmallAdamUpdates(v1::StepProgram* program, size_t max_bytes, size_t di
   std::map<std::string, v1::BufferDecl> decls;
   for (const v1::BufferDecl& d : program->buffers()) decls[d.name()] = d;
   v1::Function* f = program->mutable_functions(0);
-  google::protobuf::RepeatedPtrField<v1::Op> out, updates;
+  // The run's updates: those that reduce their gradient themselves first, then the split ones,
+  // so that step 3 finds the combined reductions next to a fused update.
+  google::protobuf::RepeatedPtrField<v1::Op> out, fused, updates;
   auto end_run = [&] {
+    for (v1::Op& u : fused) *out.Add() = std::move(u);
     for (v1::Op& u : updates) *out.Add() = std::move(u);
+    fused.Clear();
     updates.Clear();
   };
   for (const v1::Op& op : f->ops()) {
@@ -52,9 +57,12 @@ void SplitSmallAdamUpdates(v1::StepProgram* program, size_t max_bytes, size_t di
         (op.fn() == "sum" || op.fn() == "mean") &&
         Bytes(grad->second) < static_cast<int64_t>(max_bytes) &&
         (direct_min_bytes == 0 || Bytes(grad->second) < static_cast<int64_t>(direct_min_bytes));
+    if (!split) {
+      *fused.Add() = op;
+      continue;
+    }
     v1::Op* update = updates.Add();
     *update = op;
-    if (!split) continue;
     v1::BufferDecl reduced = grad->second;
     reduced.set_name(absl::StrCat(op.inputs(1), "/reduced"));
     *program->add_buffers() = reduced;
@@ -68,6 +76,98 @@ void SplitSmallAdamUpdates(v1::StepProgram* program, size_t max_bytes, size_t di
     update->clear_fn();
   }
   end_run();
+  *f->mutable_ops() = std::move(out);
+}
+
+// A reduction that may ride along with a fused Adam update: f32 operands, none its own result,
+// an OP_PSUM / OP_PMEAN of one or a combined OP_PSUM of several ('s' or 'm' each). Its letters.
+std::optional<std::string> RiderLetters(const v1::Op& op,
+                                        const std::map<std::string, v1::BufferDecl>& decls,
+                                        size_t max_bytes) {
+  if (op.kind() != v1::OP_PSUM && op.kind() != v1::OP_PMEAN) return std::nullopt;
+  if (op.inputs_size() == 0 || op.inputs_size() != op.outputs_size()) return std::nullopt;
+  std::string letters = op.fn();
+  if (op.inputs_size() == 1 && letters.empty()) letters = op.kind() == v1::OP_PMEAN ? "m" : "s";
+  if (static_cast<int>(letters.size()) != op.inputs_size() ||
+      letters.find_first_not_of("sm") != std::string::npos ||
+      (op.kind() == v1::OP_PMEAN && letters != "m")) {
+    return std::nullopt;
+  }
+  int64_t total = 0;
+  for (int i = 0; i < op.inputs_size(); ++i) {
+    auto in = decls.find(op.inputs(i)), out = decls.find(op.outputs(i));
+    if (in == decls.end() || out == decls.end() || in->second.dtype() != v1::DTYPE_F32 ||
+        op.inputs(i) == op.outputs(i)) {
+      return std::nullopt;
+    }
+    total += Bytes(in->second);
+  }
+  if (total >= static_cast<int64_t>(max_bytes)) return std::nullopt;
+  return letters;
+}
+
+// An Adam update that reduces its gradient single-copy over its grad axes (the executor's test:
+// at least `direct_min_bytes`), with no riders yet.
+bool FusedDirectUpdate(const v1::Op& op, const std::map<std::string, v1::BufferDecl>& decls,
+                       size_t direct_min_bytes) {
+  if (op.kind() != v1::OP_ADAM_UPDATE || op.axis_names_size() == 0 || op.inputs_size() != 5 ||
+      op.outputs_size() != 3 || (op.fn() != "sum" && op.fn() != "mean")) {
+    return false;
+  }
+  auto grad = decls.find(op.inputs(1));
+  return grad != decls.end() && Bytes(grad->second) >= static_cast<int64_t>(direct_min_bytes);
+}
+
+// Whether `r` may run inside `update` (just before or after it): neither reads what the other
+// writes.
+bool Independent(const v1::Op& r, const v1::Op& update) {
+  std::set<std::string> written(update.outputs().begin(), update.outputs().end());
+  std::set<std::string> touched = written;
+  touched.insert(update.inputs().begin(), update.inputs().end());
+  for (const std::string& y : r.outputs()) {
+    if (touched.count(y)) return false;
+  }
+  for (const std::string& x : r.inputs()) {
+    if (written.count(x)) return false;
+  }
+  return true;
+}
+
+// Step 3: a small reduction right before or after a fused single-copy Adam update over the same
+// axes joins it (its operands and results appended, fn "<grad>:<letters>"), so both are one
+// meeting of the group instead of two: the executor sums them in the update's session.
+void JoinReductionsToDirectUpdates(v1::StepProgram* program, size_t max_bytes,
+                                   size_t direct_min_bytes) {
+  if (direct_min_bytes == 0) return;
+  std::map<std::string, v1::BufferDecl> decls;
+  for (const v1::BufferDecl& d : program->buffers()) decls[d.name()] = d;
+  v1::Function* f = program->mutable_functions(0);
+  google::protobuf::RepeatedPtrField<v1::Op> out;
+  auto join = [](v1::Op* update, const v1::Op& r, const std::string& letters) {
+    for (const std::string& x : r.inputs()) update->add_inputs(x);
+    for (const std::string& y : r.outputs()) update->add_outputs(y);
+    update->set_fn(absl::StrCat(update->fn(), ":", letters));
+  };
+  const auto& ops = f->ops();
+  for (int i = 0; i < ops.size(); ++i) {
+    const v1::Op& op = ops[i];
+    const std::optional<std::string> letters = RiderLetters(op, decls, max_bytes);
+    auto fits = [&](const v1::Op& u) {
+      return FusedDirectUpdate(u, decls, direct_min_bytes) &&
+             absl::StrJoin(u.axis_names(), ",") == absl::StrJoin(op.axis_names(), ",") &&
+             Independent(op, u);
+    };
+    if (letters && !out.empty() && fits(out[out.size() - 1])) {
+      join(&out[out.size() - 1], op, *letters);
+    } else if (letters && i + 1 < ops.size() && fits(ops[i + 1])) {
+      v1::Op* update = out.Add();
+      *update = ops[i + 1];
+      join(update, op, *letters);
+      ++i;
+    } else {
+      *out.Add() = op;
+    }
+  }
   *f->mutable_ops() = std::move(out);
 }
 
@@ -162,6 +262,7 @@ void CombineReductions(v1::StepProgram* program, size_t max_bytes, size_t direct
   }
   while (!pending.empty()) flush(0, ops.size());
   *program->mutable_functions(0)->mutable_ops() = std::move(out);
+  JoinReductionsToDirectUpdates(program, max_bytes, direct_min_bytes);
 }
 
 }  // namespace meshrun

@@ -20,7 +20,15 @@ namespace meshrun {
 //     there by every later one whose operand is final by then, and run as one OP_PSUM with
 //     several operands (jax.lax.psum of a pytree; `fn` says per operand 's' sum or 'm' mean),
 //     which the executor reduces as one bucket. Larger ones stay where they are (reduced in
-//     place, single-copy).
+//     place, single-copy). The updates of a run of consecutive Adam updates are reordered: those
+//     that reduce their own gradient first;
+//  3. a combined reduction (of fewer than `max_bytes` in all) right before or after an Adam update
+//     whose gradient is reduced single-copy over the same axes (at least `direct_min_bytes`;
+//     never with direct_min_bytes 0) joins that update as its riders: its operands and results
+//     appended to the update's, its letters to its fn ("mean:ssm"). The executor sums them in the
+//     same meeting of the group as the gradient, so a data-parallel step meets its peers once
+//     (the loss and the small gradients ride with the large gradient), as the one flat gradient
+//     buffer of DDP or Horovod does.
 // Each rank rewrites the same program alike, so every rank runs the same collectives in the same
 // order. Each element is the same sum or mean of the same terms; with more than two ranks they may
 // be added in another order (as the ring adds them for another message size).

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/optim/adamw.h"
@@ -145,7 +146,8 @@ void Executor::AnalyzeBuffers() {
     const v1::Function& fn = program_.functions(f);
     for (int i = 0; i < fn.ops_size(); ++i) {
       const v1::Op& op = fn.ops(i);
-      if (op.kind() != v1::OP_ADAM_UPDATE || op.inputs_size() != 5 || op.outputs_size() != 3)
+      if (op.kind() != v1::OP_ADAM_UPDATE || op.inputs_size() < 5 ||
+          op.outputs_size() != op.inputs_size() - 2)
         continue;
       // (output, input): new param over param, new mu over mu, new nu over nu.
       for (const auto& [k, j] : {std::pair<int, int>{0, 0}, {1, 2}, {2, 3}}) {
@@ -233,7 +235,7 @@ void Executor::AnalyzeBuffers() {
       const v1::OpKind k = op.kind();
       // An Adam update that all-reduces its partial gradient (input 1) may do so in its memory.
       const bool adam = k == v1::OP_ADAM_UPDATE && op.axis_names_size() > 0 &&
-                        op.inputs_size() == 5 && op.outputs_size() == 3;
+                        op.inputs_size() >= 5 && op.outputs_size() == op.inputs_size() - 2;
       if (!adam && ((k != v1::OP_PSUM && k != v1::OP_PMEAN && k != v1::OP_PMAX) ||
                     op.inputs_size() != 1 || op.outputs_size() != 1)) {
         continue;
@@ -385,12 +387,13 @@ OpObserver::Recorder Executor::RecorderFor(const v1::Op& op) {
     collective = it->second;
   } else if (op.kind() == v1::OP_ADAM_UPDATE && op.axis_names_size() > 0) {
     // The gradient's all-reduce fused with the update: counted as the collective it replaces
-    // (its time includes the update), its bytes the gradient's.
-    collective = op.fn() == "mean" ? "pmean" : "psum";
-    const Tensor* grad = op.inputs_size() > 1 ? buffer(op.inputs(1)) : nullptr;
-    return options_.observer->ForCollective(
-        collective, absl::StrJoin(op.axis_names(), ","),
-        grad != nullptr ? static_cast<int64_t>(grad->size_bytes()) : 0);
+    // (its time includes the update), its bytes the gradient's and its joined reductions'.
+    collective = absl::StartsWith(op.fn(), "mean") ? "pmean" : "psum";
+    int64_t bytes = 0;
+    for (int i = 1; i < op.inputs_size(); i += i == 1 ? 4 : 1) {
+      if (const Tensor* t = buffer(op.inputs(i))) bytes += static_cast<int64_t>(t->size_bytes());
+    }
+    return options_.observer->ForCollective(collective, absl::StrJoin(op.axis_names(), ","), bytes);
   }
   if (!collective.empty()) {
     int64_t bytes = 0;

@@ -112,6 +112,9 @@ class Executor {
                                             const std::vector<Tensor*>& out);
   absl::StatusOr<CompiledOp> CompileCollective(const v1::Op& op, const std::vector<Tensor*>& in,
                                                const std::vector<Tensor*>& out);
+  // OP_ADAM_UPDATE, with its gradient's all-reduce and joined reductions (executor_adam.cc).
+  absl::StatusOr<CompiledOp> CompileAdamUpdate(const v1::Op& op, const std::vector<Tensor*>& in,
+                                               const std::vector<Tensor*>& out);
   // An OP_PSUM / OP_PMEAN of several operands (worker/combine_reductions.h): one all-reduce of
   // them side by side.
   absl::StatusOr<CompiledOp> CompileBucketReduction(const v1::Op& op, Communicator* comm,

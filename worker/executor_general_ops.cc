@@ -6,9 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/array_ops.h"
-#include "core/collectives/direct_collectives.h"
 #include "core/collectives/permute.h"
-#include "core/optim/adamw.h"
 #include "core/random/threefry.h"
 #include "core/sharding/named_sharding.h"
 #include "worker/executor.h"
@@ -245,101 +243,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
         return absl::OkStatus();
       });
     }
-    case v1::OP_ADAM_UPDATE: {
-      if (absl::Status s = Arity(op, 5, 3); !s.ok()) return s;
-      const Tensor *param = in[0], *grad = in[1], *mu = in[2], *nu = in[3], *step = in[4];
-      for (const Tensor* t :
-           {param, grad, mu, nu, static_cast<const Tensor*>(out[0]),
-            static_cast<const Tensor*>(out[1]), static_cast<const Tensor*>(out[2])}) {
-        if (t->dtype() != v1::DTYPE_F32 || t->dims() != param->dims()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("OP_ADAM_UPDATE: param, grad, mu, nu and the outputs must ",
-                           "all be f32", DimsToString(param->dims()), "; got ",
-                           DTypeName(t->dtype()), DimsToString(t->dims())));
-        }
-      }
-      if (step->dtype() != v1::DTYPE_F32 || step->num_elements() != 1) {
-        return absl::InvalidArgumentError(absl::StrCat("OP_ADAM_UPDATE: step must be f32[]; got ",
-                                                       DTypeName(step->dtype()),
-                                                       DimsToString(step->dims())));
-      }
-      AdamWHyperParams hp;
-      hp.learning_rate = op.adamw().learning_rate();
-      hp.b1 = op.adamw().b1();
-      hp.b2 = op.adamw().b2();
-      hp.eps = op.adamw().eps();
-      hp.weight_decay = op.adamw().weight_decay();
-      Tensor *p_out = out[0], *mu_out = out[1], *nu_out = out[2];
-      // Elements [begin, begin + len) of the update, from the gradient `g` (its element 0 is
-      // element `begin`).
-      auto update = [=](const float* g, int64_t begin, int64_t len) {
-        const int64_t count = static_cast<int64_t>(step->data<float>()[0]) + 1;
-        AdamWUpdate(hp, count, param->data<float>() + begin, g, mu->data<float>() + begin,
-                    nu->data<float>() + begin, p_out->data<float>() + begin,
-                    mu_out->data<float>() + begin, nu_out->data<float>() + begin, len);
-      };
-      const int64_t n = param->num_elements();
-      Communicator* replicas = nullptr;  // the grad axes' group, if the gradient is partial
-      ReduceOp reduce = ReduceOp::kSum;
-      if (op.axis_names_size() > 0) {
-        if (op.fn() != "sum" && op.fn() != "mean") {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "OP_ADAM_UPDATE: the grad reduction (fn) must be sum or mean; got '", op.fn(), "'"));
-        }
-        reduce = op.fn() == "sum" ? ReduceOp::kSum : ReduceOp::kMean;
-        absl::StatusOr<Communicator*> c = CommunicatorFor(
-            std::vector<std::string>(op.axis_names().begin(), op.axis_names().end()));
-        if (!c.ok()) return c.status();
-        if ((*c)->size() > 1) replicas = *c;
-      }
-      if (replicas == nullptr) {
-        return CompiledOp([=](const RunContext&) {
-          update(grad->data<float>(), 0, n);
-          return absl::OkStatus();
-        });
-      }
-      // The partial gradient over the grad axes: members that reach each other's memory reduce
-      // and update one segment each and store it into every member's results
-      // (DirectAllReduceUpdate); otherwise the gradient is all-reduced (in its own memory if
-      // nothing else reads it, else in a copy allocated on first use) and each member updates
-      // all of it. Collective time counts the all-reduce, and on the direct path the 1/P of the
-      // update done inside it.
-      const bool direct = replicas->options().direct_min_bytes > 0 &&
-                          grad->size_bytes() >= replicas->options().direct_min_bytes &&
-                          replicas->ReachesAllMembers();
-      const bool in_place = reduce_in_place_.count(&op) > 0;
-      Tensor* partial = in[1];
-      auto reduced = std::make_shared<Tensor>();
-      absl::Duration* timer = &collective_time_;
-      return CompiledOp([=](const RunContext&) -> absl::Status {
-        const absl::Time start = absl::Now();
-        if (direct) {
-          absl::StatusOr<DirectResult> done =
-              DirectAllReduceUpdate(*replicas, grad->raw(), n, v1::DTYPE_F32, reduce,
-                                    {p_out->raw(), mu_out->raw(), nu_out->raw()}, sizeof(float),
-                                    [&](int64_t begin, int64_t len, const void* g) {
-                                      update(static_cast<const float*>(g), begin, len);
-                                    });
-          if (!done.ok()) return done.status();
-          if (*done == DirectResult::kDone) {
-            *timer += absl::Now() - start;
-            return absl::OkStatus();
-          }
-        }
-        Tensor* g = partial;
-        if (!in_place) {
-          if (reduced->num_elements() != n)
-            *reduced = Tensor::Uninitialized(v1::DTYPE_F32, grad->dims());
-          std::memcpy(reduced->raw(), grad->raw(), grad->size_bytes());
-          g = reduced.get();
-        }
-        if (absl::Status s = replicas->AllReduce(g->raw(), n, v1::DTYPE_F32, reduce); !s.ok())
-          return s;
-        *timer += absl::Now() - start;
-        update(g->data<float>(), 0, n);
-        return absl::OkStatus();
-      });
-    }
+    case v1::OP_ADAM_UPDATE:
+      return CompileAdamUpdate(op, in, out);
     case v1::OP_RANDOM_INIT: {
       if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
       Tensor* y = out[0];

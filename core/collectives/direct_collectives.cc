@@ -153,17 +153,27 @@ absl::StatusOr<DirectResult> DirectAllReduce(Communicator& comm, void* data, int
 absl::StatusOr<DirectResult> DirectAllReduceUpdate(
     Communicator& comm, const void* partial, int64_t count, DType dtype, ReduceOp op,
     const std::vector<void*>& outputs, size_t out_elem,
-    absl::FunctionRef<void(int64_t begin, int64_t len, const void* reduced)> update) {
+    absl::FunctionRef<void(int64_t begin, int64_t len, const void* reduced)> update,
+    const DirectExtraSum* extra) {
   if (absl::Status s = CheckReducible(dtype, op); !s.ok()) return s;
   const size_t elem = DTypeSize(dtype);
   Session session(comm, "direct all_reduce + update");
   std::vector<std::pair<const void*, size_t>> mine = {{partial, count * elem}};
   for (void* out : outputs) mine.emplace_back(out, count * out_elem);
+  if (extra != nullptr) mine.emplace_back(extra->partial, extra->count * elem);
   absl::StatusOr<std::optional<std::vector<std::vector<char*>>>> buffers = session.Exchange(mine);
   if (!buffers.ok()) return buffers.status();
   if (!buffers->has_value()) return DirectResult::kFellBack;
-  const std::vector<std::vector<char*>>& b = **buffers;
+  std::vector<std::vector<char*>> b = **std::move(buffers);
   const int p = comm.index();
+  if (extra != nullptr) {
+    std::vector<char*> extras;
+    for (std::vector<char*>& member : b) {
+      extras.push_back(member.back());
+      member.pop_back();
+    }
+    ReduceAll(dtype, ReduceOp::kSum, static_cast<char*>(extra->out), extras, 0, extra->count);
+  }
   std::vector<char*> partials;
   for (const std::vector<char*>& member : b) partials.push_back(member[0]);
   const ring::Segment seg = ring::SplitEvenly(count, comm.size())[p];

@@ -71,10 +71,23 @@ absl::StatusOr<DirectResult> DirectAllGather(Communicator& comm, const void* in,
 // touched. REQUIRES: update reads no output element outside [begin, begin + len) (an output may
 // be its own input, updated in place) and computes what every member would from the same
 // reduced values; no output overlaps `partial`.
+//
+// `extra`, if given: small partial sums reduced in the same session (reductions joined to the
+// update's collective, worker/combine_reductions.h, so that a step meets its peers once, not
+// twice). Every rank sums all `count` elements of every member's `partial`, in group order, into
+// its own `out` (not shared), as a psum of them would: they are too small to be worth cutting
+// into segments. REQUIRES: `partial` is in memory the transport can export (else kFellBack for
+// the whole call), of `dtype`; `out` overlaps nothing else.
+struct DirectExtraSum {
+  const void* partial;
+  int64_t count;
+  void* out;
+};
 absl::StatusOr<DirectResult> DirectAllReduceUpdate(
     Communicator& comm, const void* partial, int64_t count, DType dtype, ReduceOp op,
     const std::vector<void*>& outputs, size_t out_elem,
-    absl::FunctionRef<void(int64_t begin, int64_t len, const void* reduced)> update);
+    absl::FunctionRef<void(int64_t begin, int64_t len, const void* reduced)> update,
+    const DirectExtraSum* extra = nullptr);
 
 }  // namespace meshrun
 
