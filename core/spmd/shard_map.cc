@@ -147,11 +147,10 @@ ShardMapBuilder::Value ShardMapBuilder::Dot(Value a, Value b) {
                           " (local blocks) do not agree"))) {
     return {};
   }
-  const DType original = dtype(a);
-  a = ToF32(a);
-  b = ToF32(b);
-  return Restore(Add(MakeOp(v1::OP_MATMUL, {Name(a), Name(b)}), v1::DTYPE_F32, {da[0], db[1]}),
-                 original);
+  const DType original = dtype(a), compute = MatmulDType(a, b);
+  a = MatmulOperand(a, compute);
+  b = MatmulOperand(b, compute);
+  return Restore(Add(MakeOp(v1::OP_MATMUL, {Name(a), Name(b)}), compute, {da[0], db[1]}), original);
 }
 
 ShardMapBuilder::Value ShardMapBuilder::DotGeneral(Value a, Value b,
@@ -216,7 +215,9 @@ ShardMapBuilder::Value ShardMapBuilder::DotGeneral(Value a, Value b,
     }
     return true;
   };
-  const DType original = dtype(a);
+  const DType original = dtype(a), compute = MatmulDType(a, b);
+  a = MatmulOperand(a, compute);
+  b = MatmulOperand(b, compute);
   Dims out_dims;
   for (int64_t d : lhs_batch) out_dims.push_back(da[d]);
   for (int64_t d : free_a) out_dims.push_back(da[d]);
@@ -230,19 +231,19 @@ ShardMapBuilder::Value ShardMapBuilder::DotGeneral(Value a, Value b,
     swapped_b.insert(swapped_b.end(), rhs_contracting.begin(), rhs_contracting.end());
     const bool ta_flag = !identity(perm_a) && identity(swapped_a);
     const bool tb_flag = !identity(perm_b) && identity(swapped_b);
-    Value la = ta_flag || identity(perm_a) ? ToF32(a) : Transpose(ToF32(a), perm_a);
-    Value lb = tb_flag || identity(perm_b) ? ToF32(b) : Transpose(ToF32(b), perm_b);
+    Value la = ta_flag || identity(perm_a) ? a : Transpose(a, perm_a);
+    Value lb = tb_flag || identity(perm_b) ? b : Transpose(b, perm_b);
     v1::Op op = MakeOp(v1::OP_MATMUL, {Name(Reshape(la, ta_flag ? Dims{k, m} : Dims{m, k})),
                                        Name(Reshape(lb, tb_flag ? Dims{n, k} : Dims{k, n}))});
     op.set_transpose_a(ta_flag);
     op.set_transpose_b(tb_flag);
-    return Restore(Reshape(Add(std::move(op), v1::DTYPE_F32, {m, n}), out_dims), original);
+    return Restore(Reshape(Add(std::move(op), compute, {m, n}), out_dims), original);
   }
-  Value ta = identity(perm_a) ? ToF32(a) : Transpose(ToF32(a), perm_a);
-  Value tb = identity(perm_b) ? ToF32(b) : Transpose(ToF32(b), perm_b);
+  Value ta = identity(perm_a) ? a : Transpose(a, perm_a);
+  Value tb = identity(perm_b) ? b : Transpose(b, perm_b);
   Value product = Add(
       MakeOp(v1::OP_MATMUL, {Name(Reshape(ta, {batch, m, k})), Name(Reshape(tb, {batch, k, n}))}),
-      v1::DTYPE_F32, {batch, m, n});
+      compute, {batch, m, n});
   return Restore(Reshape(product, out_dims), original);
 }
 

@@ -130,7 +130,16 @@ class ShardMapBuilder {
   Value Add(v1::Op op, DType dtype, Dims dims);
   Value AllReduce(v1::OpKind kind, const char* name, Value x, const std::vector<std::string>& axes);
   Value ToF32(Value v) { return dtype(v) == v1::DTYPE_BF16 ? Convert(v, v1::DTYPE_F32) : v; }
-  Value Restore(Value v, DType dtype) { return dtype == v1::DTYPE_BF16 ? Convert(v, dtype) : v; }
+  Value Restore(Value v, DType dtype) {
+    return dtype == v1::DTYPE_BF16 && this->dtype(v) != dtype ? Convert(v, dtype) : v;
+  }
+  // A matmul's operands: both bf16 stay bf16 (oneDNN's bf16 GEMM, accumulating in f32, its result
+  // bf16, as jnp.dot of bf16 arrays); otherwise both in f32. The dtype it computes in.
+  DType MatmulDType(Value a, Value b) {
+    return dtype(a) == v1::DTYPE_BF16 && dtype(b) == v1::DTYPE_BF16 ? v1::DTYPE_BF16
+                                                                    : v1::DTYPE_F32;
+  }
+  Value MatmulOperand(Value v, DType compute) { return compute == v1::DTYPE_BF16 ? v : ToF32(v); }
   bool Check(bool ok, const std::string& message);
   bool Valid(Value v);
   absl::StatusOr<int> GroupSize(const std::vector<std::string>& axes);

@@ -222,6 +222,45 @@ TEST_F(ShardMapE2ETest, Bf16MathRunsInF32AndReturnsBf16) {
   }
 }
 
+// A dot of two bf16 arrays is one bf16 GEMM on each worker (no conversion to f32 first), its
+// products accumulated in f32 and its result bf16, as jnp.dot of bf16 arrays.
+TEST_F(ShardMapE2ETest, Bf16DotIsABf16Gemm) {
+  const Tensor xf = Normal({8, 48}, 3), wf = Normal({48, 6}, 4);
+  Tensor x = Tensor::Uninitialized(v1::DTYPE_BF16, xf.dims());
+  Tensor w = Tensor::Uninitialized(v1::DTYPE_BF16, wf.dims());
+  for (int64_t i = 0; i < x.num_elements(); ++i)
+    x.data<uint16_t>()[i] = F32ToBf16(xf.data<float>()[i]);
+  for (int64_t i = 0; i < w.num_elements(); ++i)
+    w.data<uint16_t>()[i] = F32ToBf16(wf.data<float>()[i]);
+  ShardMapBuilder sm(*mesh_);
+  auto xv = sm.Input(v1::DTYPE_BF16, {8, 48}, P({"i", ""}));
+  auto wv = sm.Input(v1::DTYPE_BF16, {48, 6}, P({"", ""}));
+  auto y = sm.Dot(xv, wv);
+  EXPECT_EQ(sm.dtype(y), v1::DTYPE_BF16);
+  sm.Output(y, P({"i", ""}));
+  absl::StatusOr<v1::ShardMapProgram> program = sm.Build();
+  ASSERT_TRUE(program.ok()) << program.status();
+  int matmuls = 0;
+  for (const v1::Op& op : program->program().functions(0).ops()) {
+    EXPECT_NE(op.kind(), v1::OP_CONVERT) << op.ShortDebugString();
+    matmuls += op.kind() == v1::OP_MATMUL;
+  }
+  EXPECT_EQ(matmuls, 1);
+  Tensor out = Run(program, {&x, &w});
+  ASSERT_EQ(out.dtype(), v1::DTYPE_BF16);
+  for (int64_t r = 0; r < 8; ++r) {
+    for (int64_t c = 0; c < 6; ++c) {
+      double want = 0;
+      for (int64_t k = 0; k < 48; ++k)
+        want += double{Bf16ToF32(x.data<uint16_t>()[r * 48 + k])} *
+                Bf16ToF32(w.data<uint16_t>()[k * 6 + c]);
+      // The f32 sum rounded once to bf16 (8 significant bits).
+      EXPECT_NEAR(Bf16ToF32(out.data<uint16_t>()[r * 6 + c]), want, std::abs(want) / 128 + 1e-4)
+          << r << "," << c;
+    }
+  }
+}
+
 TEST_F(ShardMapE2ETest, BadProgramsAreRejectedAndTheClusterKeepsServing) {
   const Tensor x = Normal({192, 64}, 0);
   auto xi = client_->Put(x, P({"i", ""}), "bad-x");

@@ -1,6 +1,9 @@
 // Every kernel's backward against central finite differences of its forward.
 #include <random>
+#include <tuple>
 
+#include "absl/strings/str_cat.h"
+#include "core/array_ops.h"
 #include "gtest/gtest.h"
 #include "worker/kernels/kernel.h"
 
@@ -105,6 +108,68 @@ TEST(MatmulKernelTest, AlphaAndAccumulateAreGemmAlphaAndBeta) {
       EXPECT_NEAR(g.data<float>()[i * 2 + j], g0.data<float>()[i * 2 + j] + 2 * 0.25 * s, 1e-4);
     }
   }
+}
+
+// A bf16 GEMM (mixed precision): exactly the product of the bf16-rounded operands, accumulated in
+// f32, for shapes that are and are not multiples of the vector width, with transposes, a bias and
+// accumulation; its f32 result within bf16 rounding of the f32 GEMM's; a bf16 result rounded once.
+TEST(MatmulKernelTest, Bf16OperandsMultiplyInF32) {
+  struct Case {
+    int64_t m, k, n;
+    bool ta, tb, bias, accumulate;
+  };
+  for (const Case& c :
+       {Case{3, 4, 5, false, false, true, false}, Case{17, 33, 19, true, false, false, true},
+        Case{32, 64, 48, false, true, true, false}, Case{7, 130, 3, true, true, false, false}}) {
+    SCOPED_TRACE(absl::StrCat(c.m, "x", c.k, "x", c.n, c.ta ? " ta" : "", c.tb ? " tb" : ""));
+    const Tensor a = Random(c.ta ? Dims{c.k, c.m} : Dims{c.m, c.k}, 21);
+    const Tensor b = Random(c.tb ? Dims{c.n, c.k} : Dims{c.k, c.n}, 22);
+    const Tensor bias = Random({c.n}, 23), c0 = Random({c.m, c.n}, 24);
+    Tensor a16 = Tensor::Uninitialized(v1::DTYPE_BF16, a.dims());
+    Tensor b16 = Tensor::Uninitialized(v1::DTYPE_BF16, b.dims());
+    Convert(a, a16);
+    Convert(b, b16);
+    Tensor ar(v1::DTYPE_F32, a.dims()), br(v1::DTYPE_F32, b.dims());  // the rounded operands
+    Convert(a16, ar);
+    Convert(b16, br);
+    const MatmulOptions o{.transpose_a = c.ta, .transpose_b = c.tb, .accumulate = c.accumulate};
+    const Tensor* bias_p = c.bias ? &bias : nullptr;
+    Tensor got = c0, want = c0, full = c0;
+    for (auto [x, y, out] : {std::tuple<const Tensor*, const Tensor*, Tensor*>{&a16, &b16, &got},
+                             {&ar, &br, &want},
+                             {&a, &b, &full}}) {
+      auto k = CreateMatmul(*x, *y, bias_p, *out, o);
+      ASSERT_TRUE(k.ok()) << k.status();
+      ASSERT_TRUE((*k)->Run().ok());
+    }
+    for (int64_t i = 0; i < got.num_elements(); ++i) {
+      const float w = want.data<float>()[i];
+      EXPECT_NEAR(got.data<float>()[i], w, 1e-5f * (1 + std::abs(w)) * c.k) << "element " << i;
+      // bf16 keeps 8 significant bits: each product is off by at most 2^-7 relative.
+      const float f = full.data<float>()[i];
+      EXPECT_NEAR(got.data<float>()[i], f, 0.02f * std::sqrt(static_cast<float>(c.k)) + 0.02f)
+          << "element " << i;
+    }
+    if (c.accumulate) continue;
+    Tensor got16 = Tensor::Uninitialized(v1::DTYPE_BF16, {c.m, c.n});
+    auto k16 = CreateMatmul(a16, b16, bias_p, got16, o);
+    ASSERT_TRUE(k16.ok()) << k16.status();
+    ASSERT_TRUE((*k16)->Run().ok());
+    Tensor back(v1::DTYPE_F32, {c.m, c.n});
+    Convert(got16, back);
+    for (int64_t i = 0; i < back.num_elements(); ++i) {
+      const float g = got.data<float>()[i];
+      EXPECT_NEAR(back.data<float>()[i], g, std::abs(g) / 256 + 1e-30f) << "element " << i;
+    }
+  }
+  Tensor a16 = Tensor::Uninitialized(v1::DTYPE_BF16, {2, 3}), b(v1::DTYPE_F32, {3, 2}),
+         out(v1::DTYPE_F32, {2, 2});
+  auto mixed = CreateMatmul(a16, b, nullptr, out);
+  EXPECT_EQ(mixed.status().code(), absl::StatusCode::kInvalidArgument);
+  Tensor i32(v1::DTYPE_I32, {3, 2});
+  auto ints = CreateMatmul(a16, i32, nullptr, out);
+  EXPECT_EQ(ints.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(ints.status().message()).find("i32"), std::string::npos) << ints.status();
 }
 
 TEST(SiluKernelTest, BackwardMatchesFiniteDifferences) {

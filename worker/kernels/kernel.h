@@ -27,11 +27,15 @@ class Kernel {
 // Sets the number of compute threads oneDNN uses on the calling thread (OpenMP runtime).
 void SetComputeThreads(int num_threads);
 
-// c [m, n] = alpha * op(a) @ op(b) (+ bias [n] broadcast over rows) (+ c when accumulate), f32:
+// c [m, n] = alpha * op(a) @ op(b) (+ bias [n] broadcast over rows) (+ c when accumulate):
 // GEMM with beta in {0, 1} (oneDNN output scales and a sum post-op). op(a) is [m, k]: a is stored
 // [m, k], or [k, m] when transpose_a. op(b) is [k, n]: b stored [k, n], or [n, k] when
 // transpose_b. Also batched: a [B, M, K] @ b [B, K, N] -> c [B, M, N] (no transposes or bias).
-// REQUIRES: no bias when alpha != 1. Errors: InvalidArgument naming the mismatched dims.
+// a and b are both f32, or both bf16 (mixed precision: products accumulated in f32, as
+// jnp.dot(..., preferred_element_type=...) with bf16 operands; AVX512-BF16 / AMX kernels where the
+// CPU has them, chosen by oneDNN at run time); c and bias are f32 or bf16 either way.
+// REQUIRES: no bias when alpha != 1. Errors: InvalidArgument naming the mismatched dims or the
+// unsupported dtype.
 struct MatmulOptions {
   bool transpose_a = false;
   bool transpose_b = false;

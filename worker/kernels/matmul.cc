@@ -16,10 +16,20 @@ namespace {
 
 using Desc = dnnl::memory::desc;
 
+// oneDNN's type for a matmul operand: f32, or bf16 (computed on AVX512-BF16 or AMX where the CPU
+// has them, oneDNN's emulation elsewhere; accumulated in f32 either way).
+absl::StatusOr<dnnl::memory::data_type> MatmulType(const Tensor& t, const char* what) {
+  if (t.dtype() == v1::DTYPE_F32) return dnnl::memory::data_type::f32;
+  if (t.dtype() == v1::DTYPE_BF16) return dnnl::memory::data_type::bf16;
+  return absl::InvalidArgumentError(absl::StrCat("matmul ", what, " is ", DTypeName(t.dtype()),
+                                                 DimsToString(t.dims()), "; expected f32 or bf16"));
+}
+
 // A row-major [rows, cols] view, or the transposed view of a stored [cols, rows] array.
-Desc MatrixDesc(int64_t rows, int64_t cols, bool transposed_storage) {
-  if (!transposed_storage) return Desc({rows, cols}, dnnl::memory::data_type::f32, {cols, 1});
-  return Desc({rows, cols}, dnnl::memory::data_type::f32, {1, rows});
+Desc MatrixDesc(int64_t rows, int64_t cols, bool transposed_storage,
+                dnnl::memory::data_type type = dnnl::memory::data_type::f32) {
+  if (!transposed_storage) return Desc({rows, cols}, type, {cols, 1});
+  return Desc({rows, cols}, type, {1, rows});
 }
 
 // The primitive for c = alpha * a @ b (+ bias) (+ c), over the given views of fixed buffers.
@@ -44,7 +54,10 @@ absl::StatusOr<std::unique_ptr<Kernel>> BuildMatmul(const Desc& a_md, const Tens
                           {DNNL_ARG_DST, Bind(c_md, c)}};
     dnnl::matmul::primitive_desc pd;
     if (bias != nullptr) {
-      Desc bias_md({1, n}, dnnl::memory::data_type::f32, {n, 1});
+      Desc bias_md({1, n},
+                   bias->dtype() == v1::DTYPE_BF16 ? dnnl::memory::data_type::bf16
+                                                   : dnnl::memory::data_type::f32,
+                   {n, 1});
       args.emplace_back(DNNL_ARG_BIAS, Bind(bias_md, *bias));
       pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), attr,
                                         CpuEngine());
@@ -87,6 +100,20 @@ class LeadingSumKernel : public Kernel {
 absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tensor& b,
                                                      const Tensor* bias, Tensor& c,
                                                      const MatmulOptions& options) {
+  absl::StatusOr<dnnl::memory::data_type> ta = MatmulType(a, "lhs"), tb = MatmulType(b, "rhs"),
+                                          tc = MatmulType(c, "result");
+  for (const auto* t : {&ta, &tb, &tc}) {
+    if (!t->ok()) return t->status();
+  }
+  if (bias != nullptr) {
+    if (absl::StatusOr<dnnl::memory::data_type> t = MatmulType(*bias, "bias"); !t.ok())
+      return t.status();
+  }
+  if (a.dtype() != b.dtype()) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul operands are ", DTypeName(a.dtype()),
+                                                   " and ", DTypeName(b.dtype()),
+                                                   "; expected one dtype (both f32 or both bf16)"));
+  }
   if (a.dims().size() == 3 && b.dims().size() == 3 && c.dims().size() == 3) {
     // Batched: [B, M, K] @ [B, K, N] -> [B, M, N].
     const int64_t bt = a.dims()[0], m = a.dims()[1], k = a.dims()[2], n = b.dims()[2];
@@ -96,11 +123,11 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tens
           "batched matmul shapes do not agree: ", DimsToString(a.dims()), " @ ",
           DimsToString(b.dims()), " -> ", DimsToString(c.dims()), " (no transposes or bias)"));
     }
-    auto desc = [](int64_t b0, int64_t r, int64_t c0) {
-      return Desc({b0, r, c0}, dnnl::memory::data_type::f32, {r * c0, c0, 1});
+    auto desc = [](int64_t b0, int64_t r, int64_t c0, dnnl::memory::data_type t) {
+      return Desc({b0, r, c0}, t, {r * c0, c0, 1});
     };
-    return BuildMatmul(desc(bt, m, k), a, desc(bt, k, n), b, nullptr, n, desc(bt, m, n), c,
-                       options);
+    return BuildMatmul(desc(bt, m, k, *ta), a, desc(bt, k, n, *tb), b, nullptr, n,
+                       desc(bt, m, n, *tc), c, options);
   }
   if (a.dims().size() != 2 || b.dims().size() != 2 || c.dims().size() != 2) {
     return absl::InvalidArgumentError(
@@ -120,9 +147,9 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tens
     return absl::InvalidArgumentError(
         absl::StrCat("matmul bias has shape ", DimsToString(bias->dims()), "; expected [", n, "]"));
   }
-  return BuildMatmul(MatrixDesc(m, k, options.transpose_a), a,
-                     MatrixDesc(k, n, options.transpose_b), b, bias, n, MatrixDesc(m, n, false), c,
-                     options);
+  return BuildMatmul(MatrixDesc(m, k, options.transpose_a, *ta), a,
+                     MatrixDesc(k, n, options.transpose_b, *tb), b, bias, n,
+                     MatrixDesc(m, n, false, *tc), c, options);
 }
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateLeadingSum(const Tensor& x, int64_t rows, Tensor& out,
