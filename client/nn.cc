@@ -271,8 +271,7 @@ Value OneHot(JitBuilder& jit, Value labels, int64_t num_classes) {
 }
 
 Value SoftmaxCrossEntropyWithIntegerLabels(JitBuilder& jit, Value logits, Value labels) {
-  const Dims dims = jit.shape(logits);
-  return SoftmaxCrossEntropy(jit, logits, OneHot(jit, labels, dims.size() == 2 ? dims[1] : 0));
+  return jit.Reduce("mean", jit.SoftmaxCrossEntropyWithIntegerLabels(logits, labels), {0});
 }
 
 Value CorrectCount(JitBuilder& jit, Value logits, Value labels) {

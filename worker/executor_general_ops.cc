@@ -123,6 +123,18 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       if (!k.ok()) return k.status();
       return FromKernel(std::move(k));
     }
+    case v1::OP_SOFTMAX_CROSS_ENTROPY: {
+      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
+      auto k = CreateSoftmaxCrossEntropy(*in[0], *in[1], *out[0]);
+      if (!k.ok()) return k.status();
+      return FromKernel(std::move(k));
+    }
+    case v1::OP_SOFTMAX_CROSS_ENTROPY_GRAD: {
+      if (absl::Status s = Arity(op, 3, 1); !s.ok()) return s;
+      auto k = CreateSoftmaxCrossEntropyGrad(*in[0], *in[1], *in[2], *out[0]);
+      if (!k.ok()) return k.status();
+      return FromKernel(std::move(k));
+    }
     case v1::OP_UNARY_GRAD: {
       if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
       auto k = CreateUnaryGrad(op.fn(), *in[0], *in[1], *out[0]);

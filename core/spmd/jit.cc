@@ -296,6 +296,59 @@ JitBuilder::Value JitBuilder::Reduce(const std::string& fn, Value x,
   return Push(std::move(out), std::move(node));
 }
 
+namespace {
+
+// logits' layout with the class dim whole, and its batch dim's entry alone (the rows' layout).
+std::pair<PartitionSpec, PartitionSpec> RowLayouts(const PartitionSpec& logits) {
+  std::vector<PartitionSpec::Entry> e = logits.Padded(2);
+  return {PartitionSpec({e[0], {}}), PartitionSpec({e[0]})};
+}
+
+}  // namespace
+
+JitBuilder::Value JitBuilder::SoftmaxCrossEntropyWithIntegerLabels(Value logits, Value labels) {
+  Scope rec(this, v1::GlobalOp::SOFTMAX_CROSS_ENTROPY);
+  rec.Operands({logits, labels});
+  if (!Valid(logits) || !Valid(labels)) return {};
+  const Dims& d = values_[logits.id].global;
+  if (!Check(d.size() == 2 && values_[labels.id].global == Dims{d[0]},
+             absl::StrCat("softmax_cross_entropy: logits [", absl::StrJoin(d, ", "),
+                          "] and labels [", absl::StrJoin(values_[labels.id].global, ", "),
+                          "]; expected [b, c] and [b]"))) {
+    return {};
+  }
+  const auto [whole, rows] = RowLayouts(values_[logits.id].spec);
+  const State l = Resolve(values_[logits.id], whole, "softmax_cross_entropy");
+  const State y = Resolve(values_[labels.id], rows, "softmax_cross_entropy labels");
+  State out;
+  out.dtype = v1::DTYPE_F32;
+  out.global = {d[0]};
+  out.spec = rows;
+  out.local = sm_.SoftmaxCrossEntropy(l.local, y.local);
+  return Push(std::move(out), Node(Node::kSoftmaxCrossEntropy, {logits.id, labels.id}));
+}
+
+JitBuilder::Value JitBuilder::SoftmaxCrossEntropyGrad(Value logits, Value labels, Value dloss) {
+  Scope rec(this, v1::GlobalOp::SOFTMAX_CROSS_ENTROPY_GRAD);
+  rec.Operands({logits, labels, dloss});
+  if (!Valid(logits) || !Valid(labels) || !Valid(dloss)) return {};
+  const Dims& d = values_[logits.id].global;
+  if (!Check(d.size() == 2 && values_[labels.id].global == Dims{d[0]} &&
+                 values_[dloss.id].global == Dims{d[0]},
+             absl::StrCat("softmax_cross_entropy grad: logits [", absl::StrJoin(d, ", "),
+                          "], labels [", absl::StrJoin(values_[labels.id].global, ", "),
+                          "] and dloss [", absl::StrJoin(values_[dloss.id].global, ", "),
+                          "]; expected [b, c], [b] and [b]"))) {
+    return {};
+  }
+  const auto [whole, rows] = RowLayouts(values_[logits.id].spec);
+  State l = Resolve(values_[logits.id], whole, "softmax_cross_entropy grad");
+  const State y = Resolve(values_[labels.id], rows, "softmax_cross_entropy grad labels");
+  const State g = Resolve(values_[dloss.id], rows, "softmax_cross_entropy grad dloss");
+  l.local = sm_.SoftmaxCrossEntropyGrad(l.local, y.local, g.local);
+  return Push(std::move(l), Node(Node::kConstant));
+}
+
 JitBuilder::Value JitBuilder::Constant(float value, const Dims& global_dims,
                                        const PartitionSpec& spec) {
   Scope rec(this, v1::GlobalOp::CONSTANT);
@@ -667,6 +720,10 @@ void JitBuilder::Backprop(int id, Value g, std::vector<Cotangent>& cts) {
     case Node::kConvert:
       add(node.operands[0], Convert(g, values_[node.operands[0]].dtype));
       return;
+    case Node::kSoftmaxCrossEntropy:  // the labels are class indices: no gradient
+      add(node.operands[0],
+          SoftmaxCrossEntropyGrad(Value{node.operands[0]}, Value{node.operands[1]}, g));
+      return;
     case Node::kUnary: {
       const int x = node.operands[0];
       if (node.fn == "neg") {
@@ -955,6 +1012,12 @@ absl::StatusOr<std::unique_ptr<JitBuilder>> JitBuilder::FromGlobalProgram(
         break;
       case v1::GlobalOp::REDUCE:
         if (arity = need(1); arity.ok()) jit->Reduce(op.fn(), in[0], dims(op.dims()));
+        break;
+      case v1::GlobalOp::SOFTMAX_CROSS_ENTROPY:
+        if (arity = need(2); arity.ok()) jit->SoftmaxCrossEntropyWithIntegerLabels(in[0], in[1]);
+        break;
+      case v1::GlobalOp::SOFTMAX_CROSS_ENTROPY_GRAD:
+        if (arity = need(3); arity.ok()) jit->SoftmaxCrossEntropyGrad(in[0], in[1], in[2]);
         break;
       case v1::GlobalOp::ADAM_UPDATE:
         if (arity = need(5); arity.ok())

@@ -135,6 +135,16 @@ class JitBuilder {
                    const std::vector<int64_t>& rhs_batch = {});
   // fn: sum, mean, max over `dims`.
   Value Reduce(const std::string& fn, Value x, const std::vector<int64_t>& dims);
+  // optax.softmax_cross_entropy_with_integer_labels(logits, labels): logits [b, c] (f32 or bf16),
+  // labels [b] class indices (u8, i32, u32, or f32 holding integers) -> f32 [b], each row's
+  // logsumexp(logits) - logits[label], fused into one op per device (one oneDNN log-softmax
+  // pass). Rows stay laid out as the logits' batch dim; a sharded class dim is all_gathered
+  // first. Differentiable in the logits (SoftmaxCrossEntropyGrad); labels take no gradient. A
+  // label outside [0, c) fails the step, naming it.
+  Value SoftmaxCrossEntropyWithIntegerLabels(Value logits, Value labels);
+  // Its VJP: (softmax(logits) - one_hot(labels)) * dloss[:, None], dloss f32 [b]; laid out as
+  // the logits (class dim whole). Not differentiable itself.
+  Value SoftmaxCrossEntropyGrad(Value logits, Value labels, Value dloss);
 
   // optax.adamw (weight_decay 0: optax.adam) on one parameter, fused: param, grad, mu, nu of one
   // global shape, step an f32 scalar (the count before this update). Runs in param's layout: grad
@@ -215,6 +225,7 @@ class JitBuilder {
       kIndex,
       kStack,
       kConvert,
+      kSoftmaxCrossEntropy,
       kOptimizer
     };
     explicit Node(Kind k = kInput, std::vector<int> ops = {}, std::string f = "")

@@ -51,6 +51,13 @@ class ShardMapBuilder {
   Value Pow(Value x, float exponent);
   // dy * fn'(x): the VJP of Unary(fn, x) (fn: tanh exp log sqrt abs square relu logistic silu).
   Value UnaryGrad(const std::string& fn, Value x, Value dy);
+  // optax.softmax_cross_entropy_with_integer_labels per row, fused (shard_map_fused.cc): logits
+  // [b, c] (bf16 converted to f32) with the whole class dim, labels [b] class indices (u8, i32,
+  // u32, or f32 holding integers) -> f32 [b].
+  Value SoftmaxCrossEntropy(Value logits, Value labels);
+  // Its VJP with respect to the logits: (softmax(logits) - one_hot(labels)) * dloss[:, None],
+  // dloss f32 [b] -> [b, c] in the logits' dtype.
+  Value SoftmaxCrossEntropyGrad(Value logits, Value labels, Value dloss);
   // Binary fn: add sub mul div max min, with numpy broadcasting of both sides.
   Value Binary(const std::string& fn, Value a, Value b);
   Value Add(Value a, Value b) { return Binary("add", a, b); }

@@ -173,6 +173,64 @@ TEST_F(AutodiffE2ETest, GradientsEqualTheHostsUnderEveryLayout) {
   }
 }
 
+// The fused softmax cross-entropy with integer labels: the mean loss and its gradient equal the
+// host's logsumexp(z) - z[label] and (softmax(z) - one_hot) / b, with the batch over 'data' and
+// the class dim sharded over 'model' (gathered whole for the fused op) or replicated; a label out
+// of range fails the step naming it, and the cluster serves the next one.
+TEST_F(AutodiffE2ETest, SoftmaxCrossEntropyAndItsGradientEqualTheHosts) {
+  constexpr int64_t kRows = 6, kClasses = 12;
+  const Tensor z = testing::NormalTensor({kRows, kClasses}, 21);
+  Tensor labels(v1::DTYPE_I32, {kRows});
+  for (int64_t r = 0; r < kRows; ++r) labels.data<int32_t>()[r] = static_cast<int32_t>(r * 5 % 12);
+  double want_loss = 0;
+  std::vector<double> want_grad(kRows * kClasses);
+  for (int64_t r = 0; r < kRows; ++r) {
+    double m = -1e30, sum = 0;
+    for (int64_t c = 0; c < kClasses; ++c)
+      m = std::max<double>(m, z.data<float>()[r * kClasses + c]);
+    for (int64_t c = 0; c < kClasses; ++c) sum += std::exp(z.data<float>()[r * kClasses + c] - m);
+    const int32_t y = labels.data<int32_t>()[r];
+    want_loss += (std::log(sum) + m - z.data<float>()[r * kClasses + y]) / kRows;
+    for (int64_t c = 0; c < kClasses; ++c) {
+      want_grad[r * kClasses + c] =
+          (std::exp(z.data<float>()[r * kClasses + c] - m) / sum - (c == y ? 1 : 0)) / kRows;
+    }
+  }
+  for (const PartitionSpec& spec : {P({"data", "model"}), P({"data", ""}), PartitionSpec()}) {
+    JitBuilder jit(*mesh_);
+    auto logits = jit.Input(v1::DTYPE_F32, {kRows, kClasses}, spec);
+    auto y = jit.Input(v1::DTYPE_I32, {kRows}, PartitionSpec(spec.Padded(1)));
+    auto loss = jit.Reduce("mean", jit.SoftmaxCrossEntropyWithIntegerLabels(logits, y), {0});
+    auto g = jit.Grad(loss, {logits});
+    jit.Output(loss, PartitionSpec());
+    jit.Output(jit.WithShardingConstraint(g[0], spec), spec);
+    std::vector<Tensor> got = testing::RunShardMapAll(*client_, jit.Build(), {&z, &labels});
+    ASSERT_EQ(got.size(), 2u) << spec.ToString();
+    EXPECT_NEAR(got[0].data<float>()[0], want_loss, 1e-5 * want_loss) << spec.ToString();
+    for (int64_t i = 0; i < kRows * kClasses; ++i)
+      ASSERT_NEAR(got[1].data<float>()[i], want_grad[i], 1e-6) << spec.ToString() << " " << i;
+  }
+  JitBuilder jit(*mesh_);
+  auto logits = jit.Input(v1::DTYPE_F32, {kRows, kClasses}, P({"data", ""}));
+  auto y = jit.Input(v1::DTYPE_I32, {kRows}, P({"data"}));
+  jit.Output(jit.SoftmaxCrossEntropyWithIntegerLabels(logits, y), P({"data"}));
+  Tensor bad = labels;
+  bad.data<int32_t>()[4] = 12;
+  absl::StatusOr<v1::ShardMapProgram> program = jit.Build();
+  ASSERT_TRUE(program.ok()) << program.status();
+  std::vector<std::string> ids;
+  for (const Tensor* t : std::vector<const Tensor*>{&z, &bad}) {
+    absl::StatusOr<v1::ArrayInfo> a = client_->Put(*t, t == &z ? P({"data", ""}) : P({"data"}));
+    ASSERT_TRUE(a.ok()) << a.status();
+    ids.push_back(a->id());
+  }
+  auto r = client_->ShardMap(*program, ids);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("label 12 of row"));
+  for (const std::string& id : ids) client_->Delete(id).IgnoreError();
+  EXPECT_EQ(testing::RunShardMapAll(*client_, program, {&z, &labels}).size(), 1u);
+}
+
 // flax's Dropout inside a sharded program: each 'data' shard draws its mask from
 // fold_in(key, axis_index('data')) (the seed's fold_rng_over_axis), the 'model' replicas agree,
 // and the gradient is the mask.

@@ -172,6 +172,58 @@ TEST(MatmulKernelTest, Bf16OperandsMultiplyInF32) {
   EXPECT_NE(std::string(ints.status().message()).find("i32"), std::string::npos) << ints.status();
 }
 
+// The fused softmax cross-entropy against logsumexp(z) - z[label], and its VJP against finite
+// differences of sum(loss * g), for shapes that are and are not multiples of the vector width and
+// each label dtype; a label outside [0, c) is refused at run time, naming it.
+TEST(SoftmaxCrossEntropyKernelTest, LossAndGradientMatchTheDefinition) {
+  for (const auto& [rows, classes] : {std::pair<int64_t, int64_t>{5, 13}, {32, 16}, {3, 1}}) {
+    for (const DType dtype : {v1::DTYPE_I32, v1::DTYPE_U8, v1::DTYPE_U32, v1::DTYPE_F32}) {
+      SCOPED_TRACE(absl::StrCat(rows, "x", classes, " ", DTypeName(dtype)));
+      Tensor z = Random({rows, classes}, 31, 3.0f), labels(dtype, {rows}),
+             loss(v1::DTYPE_F32, {rows}), g = Random({rows}, 32),
+             dz(v1::DTYPE_F32, {rows, classes});
+      std::vector<int64_t> y(rows);
+      for (int64_t r = 0; r < rows; ++r) {
+        y[r] = (r * 7 + 3) % classes;
+        if (dtype == v1::DTYPE_I32) labels.data<int32_t>()[r] = static_cast<int32_t>(y[r]);
+        if (dtype == v1::DTYPE_U8) labels.data<uint8_t>()[r] = static_cast<uint8_t>(y[r]);
+        if (dtype == v1::DTYPE_U32) labels.data<uint32_t>()[r] = static_cast<uint32_t>(y[r]);
+        if (dtype == v1::DTYPE_F32) labels.data<float>()[r] = static_cast<float>(y[r]);
+      }
+      auto fwd = CreateSoftmaxCrossEntropy(z, labels, loss);
+      auto bwd = CreateSoftmaxCrossEntropyGrad(z, labels, g, dz);
+      ASSERT_TRUE(fwd.ok()) << fwd.status();
+      ASSERT_TRUE(bwd.ok()) << bwd.status();
+      ASSERT_TRUE((*fwd)->Run().ok());
+      for (int64_t r = 0; r < rows; ++r) {
+        double sum = 0;
+        for (int64_t c = 0; c < classes; ++c)
+          sum += std::exp(double{z.data<float>()[r * classes + c]});
+        EXPECT_NEAR(loss.data<float>()[r], std::log(sum) - z.data<float>()[r * classes + y[r]],
+                    1e-5)
+            << "row " << r;
+      }
+      ASSERT_TRUE((*bwd)->Run().ok());
+      ExpectGradient(z, dz, [&] {
+        EXPECT_TRUE((*fwd)->Run().ok());
+        return Dot(loss, g);
+      });
+    }
+  }
+  Tensor z = Random({2, 4}, 33), labels(v1::DTYPE_I32, {2}), loss(v1::DTYPE_F32, {2});
+  labels.data<int32_t>()[1] = 4;
+  auto fwd = CreateSoftmaxCrossEntropy(z, labels, loss);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  absl::Status s = (*fwd)->Run();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(s.message()).find("label 4 of row 1 is not a class in [0, 4)"),
+            std::string::npos)
+      << s;
+  Tensor wide(v1::DTYPE_I32, {3});
+  EXPECT_EQ(CreateSoftmaxCrossEntropy(z, wide, loss).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SiluKernelTest, BackwardMatchesFiniteDifferences) {
   Tensor x = Random({4, 6}, 5, 2.0f), y(v1::DTYPE_F32, {4, 6}), r = Random({4, 6}, 6),
          dx(v1::DTYPE_F32, {4, 6});

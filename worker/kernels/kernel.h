@@ -73,6 +73,23 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
 absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, const Tensor& x,
                                                      Tensor& out);
 
+// loss [b] = optax.softmax_cross_entropy_with_integer_labels(logits, labels): logits f32
+// [b, c], labels [b] class indices (u8, i32, u32, or f32 holding integers); each row's
+// logsumexp(logits) - logits[label], from oneDNN's log-softmax primitive (one pass over the
+// logits, the max shifted out). Errors: InvalidArgument for other shapes or dtypes; at Run, for a
+// label that is not an integer in [0, c) (naming the row and the value).
+absl::StatusOr<std::unique_ptr<Kernel>> CreateSoftmaxCrossEntropy(const Tensor& logits,
+                                                                  const Tensor& labels,
+                                                                  Tensor& loss);
+
+// dlogits [b, c] = (softmax(logits) - one_hot(labels)) * dloss[:, None]: the VJP of
+// CreateSoftmaxCrossEntropy with respect to the logits (oneDNN's softmax primitive, then the
+// label's entry and the row scale), f32. Errors: as CreateSoftmaxCrossEntropy's.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateSoftmaxCrossEntropyGrad(const Tensor& logits,
+                                                                      const Tensor& labels,
+                                                                      const Tensor& dloss,
+                                                                      Tensor& dlogits);
+
 }  // namespace meshrun
 
 #endif  // MESHRUN_WORKER_KERNELS_KERNEL_H_

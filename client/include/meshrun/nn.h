@@ -185,7 +185,8 @@ Value SoftmaxCrossEntropy(JitBuilder& jit, Value logits, Value one_hot);
 // integers) -> f32 [b, num_classes], laid out like labels with the class dim unsharded.
 Value OneHot(JitBuilder& jit, Value labels, int64_t num_classes);
 // optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean(): logits [b, c] f32,
-// labels [b] integers in [0, c).
+// labels [b] integers in [0, c). The per-row loss is one fused op
+// (JitBuilder::SoftmaxCrossEntropyWithIntegerLabels), its VJP another.
 Value SoftmaxCrossEntropyWithIntegerLabels(JitBuilder& jit, Value logits, Value labels);
 // (logits.argmax(-1) == labels).sum() as f32 []: the correct predictions of a batch (a tie for
 // the maximum counts as correct when the label is among the tied classes).
