@@ -21,6 +21,7 @@ absl::StatusOr<Workload> JobModel(const JobConfig& c) {
   model.hidden_size = c.model.hidden_size;
   model.num_classes = c.model.num_classes;
   model.dropout_rate = static_cast<float>(c.model.dropout_rate);
+  model.dtype = c.precision.compute == "bf16" ? v1::DTYPE_BF16 : v1::DTYPE_F32;
   w.loss = ClassifierLoss(model);
   absl::StatusOr<OptimizerConfig::Kind> kind = ParseOptimizerKind(c.optimizer.name);
   if (!kind.ok()) return kind.status();

@@ -194,9 +194,13 @@ Value Dense(Scope scope, Value x, int64_t features, const DenseOptions& options)
   const int64_t rank = static_cast<int64_t>(in.size());  // rank 0: dot_general names the error
   Value kernel = scope.Param("kernel", {rank ? in.back() : 0, features}, options.kernel_axes,
                              options.kernel_init);
-  Value y = jit.DotGeneral(x, kernel, {rank - 1}, {0});
+  // flax's promote_dtype(x, kernel, bias, dtype=self.dtype).
+  auto cast = [&](Value v) {
+    return jit.dtype(v) == options.dtype ? v : jit.Convert(v, options.dtype);
+  };
+  Value y = jit.DotGeneral(cast(x), cast(kernel), {rank - 1}, {0});
   if (!options.use_bias) return y;
-  Value bias = scope.Param("bias", {features}, {options.kernel_axes.back()}, Zeros());
+  Value bias = cast(scope.Param("bias", {features}, {options.kernel_axes.back()}, Zeros()));
   const Dims out = jit.shape(y);
   return jit.Add(
       y, jit.BroadcastInDim(bias, out, {static_cast<int64_t>(out.size()) - 1}, jit.sharding(y)));

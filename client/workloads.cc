@@ -95,11 +95,15 @@ LossFn ClassifierLoss(const ClassifierOptions& options) {
   return [options](nn::Scope& s, const std::vector<nn::Value>& b) {
     JitBuilder& jit = s.jit();
     nn::Value x = jit.Scale(jit.Convert(b[0], v1::DTYPE_F32), 1.0f / 255.0f);
-    nn::Value h = jit.Unary("silu", nn::Dense(s.Child("input_dense"), x, options.hidden_size));
+    nn::DenseOptions in;
+    in.dtype = options.dtype;
+    nn::Value h = jit.Unary("silu", nn::Dense(s.Child("input_dense"), x, options.hidden_size, in));
     h = nn::Dropout(s, h, options.dropout_rate);
     nn::DenseOptions out;
     out.kernel_axes = {"hidden", "classes"};
+    out.dtype = options.dtype;
     nn::Value logits = nn::Dense(s.Child("output_dense"), h, options.num_classes, out);
+    if (jit.dtype(logits) != v1::DTYPE_F32) logits = jit.Convert(logits, v1::DTYPE_F32);
     s.Sow("correct", nn::CorrectCount(jit, logits, b[1]));
     return nn::SoftmaxCrossEntropyWithIntegerLabels(jit, logits, b[1]);
   };

@@ -250,6 +250,9 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       const Tensor* x = in[0];
       Tensor* y = out[0];
       if (x->dims() != y->dims()) return Mismatch(op, *y, DimsToString(x->dims()));
+      const bool floats = (x->dtype() == v1::DTYPE_F32 || x->dtype() == v1::DTYPE_BF16) &&
+                          (y->dtype() == v1::DTYPE_F32 || y->dtype() == v1::DTYPE_BF16);
+      if (floats && x->dtype() != y->dtype()) return FromKernel(CreateConvert(*x, *y));
       return CompiledOp([x, y](const RunContext&) {
         Convert(*x, *y);
         return absl::OkStatus();

@@ -175,6 +175,7 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
         {"rules", Rules(&c.sharding.rules)},
         {"fsdp_axis", Str(&c.sharding.fsdp_axis)},
         {"min_weight_size", Int(&c.sharding.min_weight_size, 0, int64_t{1} << 40)}}},
+      {"precision", {{"compute", Enum(&c.precision.compute, {"f32", "bf16"})}}},
       {"checkpoint",
        {{"dir", Str(&c.checkpoint.dir)},
         {"save_every", Int(&c.checkpoint.save_every, 0, 1 << 30)},
@@ -199,13 +200,19 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
     if (it == schema.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown key '", key,
-                       "'; allowed: checkpoint, data, mesh, model, optimizer, sharding, train"));
+                       "'; allowed: checkpoint, data, mesh, model, optimizer, precision, sharding, "
+                       "train"));
     }
     if (absl::Status s = ApplySection(key, value, it->second); !s.ok()) return s;
   }
   c.train.seed = static_cast<uint64_t>(seed);
   if (!root.contains("data") && c.model.name != "dp_classifier") {
     c.data.dataset = "synthetic";  // a seed workload's own batch, every step
+  }
+  if (c.precision.compute != "f32" && c.model.name != "dp_classifier") {
+    return absl::InvalidArgumentError(absl::StrCat("'precision.compute' ", c.precision.compute,
+                                                   " is supported for model 'dp_classifier'; '",
+                                                   c.model.name, "' computes in f32"));
   }
   if (c.data.dataset == "npy" && !root["data"].contains("path")) {
     return absl::InvalidArgumentError(
@@ -299,6 +306,7 @@ std::string JobConfigToJson(const JobConfig& c) {
                    {"evaluate", c.train.evaluate},
                    {"collective_timeout_seconds", c.train.collective_timeout_seconds},
                    {"on_nonfinite", c.train.on_nonfinite}};
+  root["precision"] = {{"compute", c.precision.compute}};
   root["checkpoint"] = {{"save_every", c.checkpoint.save_every},
                         {"keep", c.checkpoint.keep},
                         {"async", c.checkpoint.async},

@@ -28,7 +28,8 @@ namespace meshrun {
 //   "train":     {"epochs": 1, "max_steps": 0, "seed": 42, "log_every": 50, "evaluate": true,
 //                 "collective_timeout_seconds": 30, "on_nonfinite": "stop"},
 //   "checkpoint": {"dir": "", "save_every": 0, "keep": 0, "async": false, "resume": false,
-//                  "init_from": ""}
+//                  "init_from": ""},
+//   "precision": {"compute": "f32" | "bf16"}
 // }
 // Every model is a train step derived from the model by autodiff (client/include/meshrun/
 // train_step.h), partitioned by the coordinator and looped by its JobDriver. model.name
@@ -47,6 +48,11 @@ namespace meshrun {
 // `eval_path` if set; "synthetic" (the default for the seed workloads) trains on the workload's
 // own batch every step. `max_steps` > 0 stops after that many steps (otherwise epochs * the
 // steps per epoch; synthetic: 20).
+// Mixed precision (dp_classifier): "compute": "bf16" is Flax's Dense(dtype=jnp.bfloat16,
+// param_dtype=jnp.float32): each layer's input, kernel and bias are cast to bf16 and its GEMMs
+// (forward and backward) run as oneDNN bf16 matmuls accumulating in f32; the parameters,
+// gradients (cast back by the casts' VJP), their all-reduces and the optimizer state stay f32,
+// and the logits are cast to f32 before the loss.
 // Checkpoint policy (core/checkpoint/checkpoint.h has the format): with a `dir`, the TrainState
 // (params, opt_state, rng; the step in the manifest) is saved every `save_every` steps (0: only
 // at the end) and always at the end of the job, keeping the newest `keep` (0: all); `async`
@@ -98,6 +104,9 @@ struct JobConfig {
     double collective_timeout_seconds = 30;
     std::string on_nonfinite = "stop";
   } train;
+  struct Precision {
+    std::string compute = "f32";  // | "bf16"
+  } precision;
   struct Checkpoint {
     std::string dir;  // empty: no checkpoints
     int save_every = 0;

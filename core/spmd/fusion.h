@@ -15,11 +15,15 @@ namespace meshrun {
 //    second operand; a commutative fn has its operands swapped for it);
 //  - `add(matmul(a, b), bias)`, bias [N] or [1, N] over an [M, N] product read by nothing else,
 //    is one OP_MATMUL with a bias (oneDNN's epilogue), as a Dense layer is;
+//  - a bf16 matmul whose result only a convert to f32 reads writes that f32 result itself (the
+//    GEMM's f32 accumulator, one rounding to bf16 fewer: XLA's dot with preferred_element_type
+//    f32), so that its bias and gradient accumulation fuse as in f32;
 //  - pure ops none of whose results is read or returned are deleted, and so are declarations of
 //    buffers nothing names any more.
 // Collectives, OP_ADAM_UPDATE, OP_RANDOM_INIT and accumulating matmuls are never moved or
 // deleted, so every rank still runs the same collectives in the same order. Results are bitwise
-// those of the program as given (the same operations on the same values).
+// those of the program as given (the same operations on the same values), but for the convert
+// folded into a bf16 matmul, which skips a rounding.
 void SimplifyProgram(v1::ShardMapProgram* program);
 
 // Gradient accumulation into a GEMM: `c = a + matmul(x, w)` (OP_BINARY add, either operand

@@ -420,7 +420,13 @@ JitBuilder::Value JitBuilder::Convert(Value x, DType dtype) {
   if (!Check(DTypeSize(dtype) > 0,
              absl::StrCat("convert to dtype ", static_cast<int>(dtype), ": not a dtype")))
     return {};
-  State s = Complete(values_[x.id], "convert");
+  // bf16 -> f32 of a pending partial sum stays pending: widening each device's part is exact,
+  // so the sum is taken once, in f32 (a bf16 matmul's gradient is reduced in f32, with the
+  // others of its step, not once per minibatch in bf16). Other conversions apply to the sum.
+  const State& in = values_[x.id];
+  const bool widen_partial = in.dtype == v1::DTYPE_BF16 && dtype == v1::DTYPE_F32 &&
+                             !in.partial.empty() && in.partial_fn == "sum";
+  State s = widen_partial ? in : Complete(in, "convert");
   const bool floats = IsFloat(s.dtype) && IsFloat(dtype);
   s.local = sm_.Convert(s.local, dtype);
   s.dtype = dtype;

@@ -169,6 +169,11 @@ class JitBuilder {
     static const Dims kNone;
     return v.id >= 0 && v.id < static_cast<int>(values_.size()) ? values_[v.id].global : kNone;
   }
+  // The dtype of `v` (unspecified for an invalid value).
+  DType dtype(Value v) const {
+    return v.id >= 0 && v.id < static_cast<int>(values_.size()) ? values_[v.id].dtype
+                                                                : v1::DTYPE_UNSPECIFIED;
+  }
   // The layout chosen for `v` (partial sums not yet completed are not part of it).
   PartitionSpec sharding(Value v) const {
     return v.id >= 0 && v.id < static_cast<int>(values_.size()) ? values_[v.id].spec

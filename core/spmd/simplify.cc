@@ -198,6 +198,44 @@ bool FuseMatmulBias(v1::ShardMapProgram* p) {
   return false;
 }
 
+// `q = convert(matmul(a, b))` to f32 of a bf16 GEMM's result read by nothing else: the matmul
+// writes q itself, f32 (its f32 accumulator unrounded, as XLA's dot with preferred_element_type
+// f32), so a bias or an accumulated gradient can join it in f32 next.
+bool FoldConvertIntoMatmul(v1::ShardMapProgram* p) {
+  const Uses uses(*p);
+  const auto decls = Decls(p->program());
+  const std::set<std::string> args(p->inputs().begin(), p->inputs().end());
+  Ops* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
+  for (int i = 0; i < ops->size(); ++i) {
+    const v1::Op& convert = ops->Get(i);
+    if (convert.kind() != v1::OP_CONVERT || convert.inputs_size() != 1 ||
+        convert.outputs_size() != 1) {
+      continue;
+    }
+    const std::string product = convert.inputs(0), q = convert.outputs(0);
+    const int m = uses.Writer(product);
+    if (m < 0 || uses.boundary.count(product) || uses.NumReaders(product) != 1) continue;
+    const v1::Op& matmul = ops->Get(m);
+    auto pd = decls.find(product), qd = decls.find(q);
+    if (matmul.kind() != v1::OP_MATMUL || matmul.accumulate() || pd == decls.end() ||
+        qd == decls.end() || pd->second->dtype() != v1::DTYPE_BF16 ||
+        qd->second->dtype() != v1::DTYPE_F32 || DimsOf(pd->second) != DimsOf(qd->second) ||
+        args.count(q) || !uses.Fixed(q)) {
+      continue;
+    }
+    // q now exists from the matmul on: nothing between may read it.
+    auto r = uses.readers.find(q);
+    if (r != uses.readers.end() &&
+        std::any_of(r->second.begin(), r->second.end(), [&](int k) { return k <= i; })) {
+      continue;
+    }
+    ops->Mutable(m)->set_outputs(0, q);
+    ops->DeleteSubrange(i, 1);
+    return true;
+  }
+  return false;
+}
+
 // Deletes pure ops none of whose results is read or returned, and declarations of buffers that
 // no op and no argument or result names any more.
 void EliminateDeadCode(v1::ShardMapProgram* p) {
@@ -233,6 +271,8 @@ void EliminateDeadCode(v1::ShardMapProgram* p) {
 void SimplifyProgram(v1::ShardMapProgram* program) {
   if (program->program().functions_size() != 1) return;
   while (EliminateCommonSubexpressions(program)) {
+  }
+  while (FoldConvertIntoMatmul(program)) {
   }
   FoldBroadcasts(program);
   while (FuseMatmulBias(program)) {

@@ -123,5 +123,21 @@ TEST(JobConfigTest, RejectsBadValuesNamingAllowedOnes) {
               HasSubstr("/nonexistent/job.json"));
 }
 
+TEST(JobConfigTest, ParsesThePrecisionOfTheMainJob) {
+  absl::StatusOr<JobConfig> c = ParseJobConfig(R"({"precision": {"compute": "bf16"}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->precision.compute, "bf16");
+  absl::StatusOr<JobConfig> again = ParseJobConfig(JobConfigToJson(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->precision.compute, "bf16");
+  EXPECT_EQ(ParseJobConfig("{}")->precision.compute, "f32");
+  EXPECT_EQ(ParseJobConfig(R"({"precision": {"compute": "fp16"}})").status().message(),
+            "'precision.compute' is \"fp16\"; allowed: f32, bf16");
+  EXPECT_THAT(ParseJobConfig(R"({"model": {"name": "mlp"}, "precision": {"compute": "bf16"}})")
+                  .status()
+                  .message(),
+              HasSubstr("'precision.compute' bf16 is supported for model 'dp_classifier'; 'mlp'"));
+}
+
 }  // namespace
 }  // namespace meshrun

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "meshrun/client.h"
+#include "meshrun/job.h"
 #include "tests/testutil/cluster.h"
 #include "tests/testutil/process_util.h"
 
@@ -134,6 +136,56 @@ TEST(InputPipelineE2ETest, TheMainJobsLossesAgreeOnOneToEightWorkersUnderDpAndFs
       }
     }
   }
+}
+
+// Mixed precision (precision.compute bf16, Flax's Dense(dtype=bf16, param_dtype=f32)): the
+// step's GEMMs take bf16 operands while every state array (params, opt_state) stays f32; one
+// epoch reaches the main job's accuracy, and its losses track the f32 run's (the same batches,
+// dropout masks and initial parameters) within bf16 rounding.
+TEST(InputPipelineE2ETest, TheMainJobInBf16KeepsF32MastersAndTracksTheF32Run) {
+  JobConfig config;
+  config.train.log_every = 1;
+  config.precision.compute = "bf16";
+  absl::StatusOr<PlannedJob> planned = PlanJob(config, *Mesh::Parse("data=2"));
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  for (const PlannedArray& a : planned->step.state) {
+    EXPECT_EQ(a.dtype, a.name == "rng" ? v1::DTYPE_U32 : v1::DTYPE_F32) << a.name;
+  }
+  std::map<std::string, DType> dtypes;
+  for (const v1::BufferDecl& b : planned->step.step.program().buffers())
+    dtypes[b.name()] = b.dtype();
+  int bf16_gemms = 0;
+  for (const v1::Op& op : planned->step.step.program().functions(0).ops()) {
+    if (op.kind() == v1::OP_ADAM_UPDATE) {
+      for (int in = 0; in < 4; ++in)
+        EXPECT_EQ(dtypes[op.inputs(in)], v1::DTYPE_F32) << op.inputs(in);
+    }
+    bf16_gemms += op.kind() == v1::OP_MATMUL && dtypes[op.inputs(0)] == v1::DTYPE_BF16 &&
+                  dtypes[op.inputs(1)] == v1::DTYPE_BF16;
+  }
+  // Per minibatch, both Dense layers forward and their kernels' and the hidden layer's gradients.
+  EXPECT_GE(bf16_gemms, 4 * config.optimizer.num_minibatches);
+
+  auto cluster = testing::StartCluster("data=2", "bf16");
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<TrainResult> bf16 = (*client)->Train(config);
+  ASSERT_TRUE(bf16.ok()) << bf16.status();
+  ASSERT_TRUE(bf16->evaluated);
+  EXPECT_GE(bf16->test_accuracy, 0.84);
+  config.precision.compute = "f32";
+  config.train.max_steps = 50;
+  config.train.evaluate = false;
+  absl::StatusOr<TrainResult> f32 = (*client)->Train(config);
+  ASSERT_TRUE(f32.ok()) << f32.status();
+  const std::vector<double> a = Losses(*f32), b = Losses(*bf16);
+  ASSERT_EQ(a.size(), 50u);
+  ASSERT_GT(b.size(), 400u);  // one epoch of 60000 / 128
+  for (size_t k = 0; k < a.size(); ++k) {
+    EXPECT_NEAR(b[k], a[k], 2e-2 * std::abs(a[k])) << "step " << k + 1;
+  }
+  EXPECT_TRUE(cluster->Stop().ok());
 }
 
 TEST(InputPipelineE2ETest, BadDataFailsNamingTheValueAndLeavesNothingBehind) {

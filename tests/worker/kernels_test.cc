@@ -224,6 +224,31 @@ TEST(SoftmaxCrossEntropyKernelTest, LossAndGradientMatchTheDefinition) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// oneDNN's f32 <-> bf16 reorder rounds as array_ops' Convert does (to nearest, ties to even),
+// on a length that is not a multiple of the vector width; other dtypes are refused.
+TEST(ConvertKernelTest, F32ToBf16AndBackMatchArrayOpsConvert) {
+  Tensor x = Random({37}, 41, 100.0f);
+  x.data<float>()[0] = 1.0f + 1.0f / 256;  // a tie: to even (1.0)
+  x.data<float>()[1] = 1.0f + 3.0f / 256;  // a tie: to even (1 + 4/256)
+  x.data<float>()[2] = -0.0f;
+  Tensor got = Tensor::Uninitialized(v1::DTYPE_BF16, {37}), want = got;
+  auto k = CreateConvert(x, got);
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->Run().ok());
+  Convert(x, want);
+  for (int i = 0; i < 37; ++i)
+    EXPECT_EQ(got.data<uint16_t>()[i], want.data<uint16_t>()[i]) << "element " << i;
+  Tensor back(v1::DTYPE_F32, {37}), back_want(v1::DTYPE_F32, {37});
+  auto k2 = CreateConvert(got, back);
+  ASSERT_TRUE(k2.ok()) << k2.status();
+  ASSERT_TRUE((*k2)->Run().ok());
+  Convert(got, back_want);
+  for (int i = 0; i < 37; ++i)
+    EXPECT_EQ(back.data<float>()[i], back_want.data<float>()[i]) << "element " << i;
+  Tensor ints(v1::DTYPE_I32, {37});
+  EXPECT_EQ(CreateConvert(x, ints).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SiluKernelTest, BackwardMatchesFiniteDifferences) {
   Tensor x = Random({4, 6}, 5, 2.0f), y(v1::DTYPE_F32, {4, 6}), r = Random({4, 6}, 6),
          dx(v1::DTYPE_F32, {4, 6});

@@ -1,6 +1,7 @@
 // Element-wise and reduction kernels for shard_map programs: oneDNN eltwise, binary (with
 // broadcasting) and reduction primitives.
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -195,6 +196,33 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, cons
     kernel = std::make_unique<PrimitiveKernel>(
         "reduce", dnnl::reduction(pd),
         kernels::Args{{DNNL_ARG_SRC, Bind(src_md, x)}, {DNNL_ARG_DST, Bind(dst_md, out)}});
+  });
+  if (!s.ok()) return s;
+  return kernel;
+}
+
+absl::StatusOr<std::unique_ptr<Kernel>> CreateConvert(const Tensor& x, Tensor& y) {
+  auto type = [](DType d) -> std::optional<dnnl::memory::data_type> {
+    if (d == v1::DTYPE_F32) return dnnl::memory::data_type::f32;
+    if (d == v1::DTYPE_BF16) return dnnl::memory::data_type::bf16;
+    return std::nullopt;
+  };
+  const std::optional<dnnl::memory::data_type> from = type(x.dtype()), to = type(y.dtype());
+  if (!from || !to || x.dims() != y.dims()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "convert: ", DTypeName(x.dtype()), DimsToString(x.dims()), " to ", DTypeName(y.dtype()),
+        DimsToString(y.dims()), "; expected f32 <-> bf16 of one shape"));
+  }
+  if (x.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
+  std::unique_ptr<Kernel> kernel;
+  absl::Status s = Guard("convert", [&] {
+    // Row-major arrays of one shape: the same elements in the same order, so one flat dim.
+    const dnnl::memory::desc src({x.num_elements()}, *from, dnnl::memory::dims{1});
+    const dnnl::memory::desc dst({x.num_elements()}, *to, dnnl::memory::dims{1});
+    dnnl::reorder::primitive_desc pd(CpuEngine(), src, CpuEngine(), dst);
+    kernel = std::make_unique<PrimitiveKernel>(
+        "convert", dnnl::reorder(pd),
+        kernels::Args{{DNNL_ARG_FROM, Bind(src, x)}, {DNNL_ARG_TO, Bind(dst, y)}});
   });
   if (!s.ok()) return s;
   return kernel;

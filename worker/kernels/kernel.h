@@ -73,6 +73,11 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
 absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, const Tensor& x,
                                                      Tensor& out);
 
+// y = x.astype(y's dtype) between f32 and bf16 (round to nearest even), as oneDNN's reorder
+// primitive (vcvtneps2bf16 where the CPU has AVX512-BF16). Errors: InvalidArgument for other
+// dtypes (array_ops.h's Convert covers every pair) or shapes that differ.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateConvert(const Tensor& x, Tensor& y);
+
 // loss [b] = optax.softmax_cross_entropy_with_integer_labels(logits, labels): logits f32
 // [b, c], labels [b] class indices (u8, i32, u32, or f32 holding integers); each row's
 // logsumexp(logits) - logits[label], from oneDNN's log-softmax primitive (one pass over the

@@ -148,10 +148,14 @@ class Scope {
 
 // nn.Dense: y = x @ kernel (+ bias), x [..., in] -> [..., features]. kernel [in, features] with
 // logical axes `kernel_axes`, bias [features] with the kernel's last axis name.
+// `dtype` is flax's: the computation's dtype. bf16 casts x, the kernel and the bias to bf16 (the
+// matmul a oneDNN bf16 GEMM accumulating in f32, the result bf16); the parameters themselves stay
+// f32 (flax's param_dtype), and their gradients come back f32 through the casts' VJP.
 struct DenseOptions {
   std::vector<std::string> kernel_axes = {"embed", "hidden"};
   bool use_bias = true;
   Initializer kernel_init = LecunNormal();
+  DType dtype = v1::DTYPE_F32;
 };
 Value Dense(Scope scope, Value x, int64_t features, const DenseOptions& options = {});
 

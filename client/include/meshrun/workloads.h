@@ -44,10 +44,13 @@ struct Workload {
 // Dropout(dropout_rate) (keys folded over the batch axes), Dense(num_classes) 'output_dense' with
 // kernel axes ('hidden', 'classes'), softmax cross-entropy against label u8 [b] (integer labels).
 // Sows "correct" (the batch's correct predictions), which the job's accuracy is computed from.
+// `dtype`: both Dense layers' computation dtype (flax's dtype=; bf16 is mixed precision with f32
+// parameters, nn::DenseOptions); the logits are cast to f32 before the loss and the accuracy.
 struct ClassifierOptions {
   int64_t hidden_size = 512;
   int64_t num_classes = 10;
   float dropout_rate = 0.1f;
+  DType dtype = v1::DTYPE_F32;
 };
 LossFn ClassifierLoss(const ClassifierOptions& options);
 // The batch inputs of ClassifierLoss for a minibatch of `minibatch` examples of `image_size`.
