@@ -252,7 +252,11 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       if (x->dims() != y->dims()) return Mismatch(op, *y, DimsToString(x->dims()));
       const bool floats = (x->dtype() == v1::DTYPE_F32 || x->dtype() == v1::DTYPE_BF16) &&
                           (y->dtype() == v1::DTYPE_F32 || y->dtype() == v1::DTYPE_BF16);
-      if (floats && x->dtype() != y->dtype()) return FromKernel(CreateConvert(*x, *y));
+      if (floats && x->dtype() != y->dtype()) {
+        // oneDNN's reorder where it has bf16 (AVX512 core and up), else the loop below.
+        absl::StatusOr<std::unique_ptr<Kernel>> k = CreateConvert(*x, *y);
+        if (k.ok()) return FromKernel(std::move(k));
+      }
       return CompiledOp([x, y](const RunContext&) {
         Convert(*x, *y);
         return absl::OkStatus();

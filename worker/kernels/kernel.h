@@ -33,7 +33,9 @@ void SetComputeThreads(int num_threads);
 // transpose_b. Also batched: a [B, M, K] @ b [B, K, N] -> c [B, M, N] (no transposes or bias).
 // a and b are both f32, or both bf16 (mixed precision: products accumulated in f32, as
 // jnp.dot(..., preferred_element_type=...) with bf16 operands; AVX512-BF16 / AMX kernels where the
-// CPU has them, chosen by oneDNN at run time); c and bias are f32 or bf16 either way.
+// CPU has them, chosen by oneDNN at run time; where oneDNN has no bf16 matmul, below AVX512 core,
+// the operands are widened to f32 first: the same products and f32 sums); c and bias are f32 or
+// bf16 either way.
 // REQUIRES: no bias when alpha != 1. Errors: InvalidArgument naming the mismatched dims or the
 // unsupported dtype.
 struct MatmulOptions {

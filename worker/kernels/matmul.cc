@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/array_ops.h"
 #include "worker/kernels/primitive_kernel.h"
 
 namespace meshrun {
@@ -97,9 +98,72 @@ class LeadingSumKernel : public Kernel {
 
 }  // namespace
 
+namespace {
+
+absl::StatusOr<std::unique_ptr<Kernel>> CreateNativeMatmul(const Tensor& a, const Tensor& b,
+                                                           const Tensor* bias, Tensor& c,
+                                                           const MatmulOptions& options);
+
+// A matmul with bf16 operands on a CPU where oneDNN has no bf16 matmul (no AVX512 core): the
+// operands are widened to f32 (exactly) and the f32 GEMM accumulates their products, as the bf16
+// GEMM does; a bf16 result is rounded once at the end.
+class WidenedMatmul : public Kernel {
+ public:
+  WidenedMatmul(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c)
+      : a_(a), b_(b), bias_(bias), c_(c) {}
+  absl::Status Init(const MatmulOptions& options) {
+    a32_ = Widen(a_);
+    b32_ = Widen(b_);
+    if (bias_ != nullptr) bias32_ = Widen(*bias_);
+    c32_ = Widen(c_);
+    absl::StatusOr<std::unique_ptr<Kernel>> k =
+        CreateNativeMatmul(a32_, b32_, bias_ != nullptr ? &bias32_ : nullptr, c32_, options);
+    if (!k.ok()) return k.status();
+    matmul_ = *std::move(k);
+    accumulate_ = options.accumulate;
+    return absl::OkStatus();
+  }
+  absl::Status Run() override {
+    Convert(a_, a32_);
+    Convert(b_, b32_);
+    if (bias_ != nullptr) Convert(*bias_, bias32_);
+    if (accumulate_) Convert(c_, c32_);
+    if (absl::Status s = matmul_->Run(); !s.ok()) return s;
+    Convert(c32_, c_);
+    return absl::OkStatus();
+  }
+
+ private:
+  static Tensor Widen(const Tensor& t) { return Tensor::Uninitialized(v1::DTYPE_F32, t.dims()); }
+  const Tensor& a_;
+  const Tensor& b_;
+  const Tensor* bias_;
+  Tensor& c_;
+  Tensor a32_, b32_, bias32_, c32_;
+  bool accumulate_ = false;
+  std::unique_ptr<Kernel> matmul_;
+};
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tensor& b,
                                                      const Tensor* bias, Tensor& c,
                                                      const MatmulOptions& options) {
+  absl::StatusOr<std::unique_ptr<Kernel>> k = CreateNativeMatmul(a, b, bias, c, options);
+  const bool bf16 = a.dtype() == v1::DTYPE_BF16 || c.dtype() == v1::DTYPE_BF16 ||
+                    (bias != nullptr && bias->dtype() == v1::DTYPE_BF16);
+  // Bad shapes and dtypes are InvalidArgument; anything else is oneDNN lacking the primitive.
+  if (k.ok() || !bf16 || k.status().code() == absl::StatusCode::kInvalidArgument) return k;
+  auto widened = std::make_unique<WidenedMatmul>(a, b, bias, c);
+  if (absl::Status s = widened->Init(options); !s.ok()) return s;
+  return std::unique_ptr<Kernel>(std::move(widened));
+}
+
+namespace {
+
+absl::StatusOr<std::unique_ptr<Kernel>> CreateNativeMatmul(const Tensor& a, const Tensor& b,
+                                                           const Tensor* bias, Tensor& c,
+                                                           const MatmulOptions& options) {
   absl::StatusOr<dnnl::memory::data_type> ta = MatmulType(a, "lhs"), tb = MatmulType(b, "rhs"),
                                           tc = MatmulType(c, "result");
   for (const auto* t : {&ta, &tb, &tc}) {
@@ -151,6 +215,8 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tens
                      MatrixDesc(k, n, options.transpose_b, *tb), b, bias, n,
                      MatrixDesc(m, n, false, *tc), c, options);
 }
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateLeadingSum(const Tensor& x, int64_t rows, Tensor& out,
                                                          float alpha) {
