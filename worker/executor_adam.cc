@@ -10,6 +10,7 @@
 #include "core/collectives/direct_collectives.h"
 #include "core/optim/adamw.h"
 #include "worker/executor.h"
+#include "worker/reduction_bucket.h"
 
 namespace meshrun {
 namespace {
@@ -52,32 +53,15 @@ absl::StatusOr<AdamReductions> ParseReductions(const v1::Op& op, int riders) {
 // the group with the gradient (or on their own), then written to their outputs, the means
 // divided by the group's size (as pmean does).
 struct Riders {
-  std::vector<const Tensor*> in;
+  std::vector<Tensor*> in;  // read only
   std::vector<Tensor*> out;
   std::string kinds;
   std::shared_ptr<Tensor> bucket;  // their inputs, side by side (shareable memory)
   std::shared_ptr<Tensor> sums;    // the bucket's sum over the group
   int64_t total = 0;
 
-  void Pack() {
-    float* b = bucket->data<float>();
-    for (const Tensor* x : in) {
-      std::memcpy(b, x->raw(), x->size_bytes());
-      b += x->num_elements();
-    }
-  }
-  void Unpack(const float* sum, float inv) {
-    for (size_t i = 0; i < out.size(); ++i) {
-      float* y = out[i]->data<float>();
-      const int64_t n = out[i]->num_elements();
-      if (kinds[i] == 'm') {
-        for (int64_t e = 0; e < n; ++e) y[e] = sum[e] * inv;
-      } else {
-        std::memcpy(y, sum, static_cast<size_t>(n) * sizeof(float));
-      }
-      sum += n;
-    }
-  }
+  void Pack() { PackBucket(in, bucket->data<float>()); }
+  void Unpack(const float* sum, float inv) { UnpackBucket(sum, out, kinds, inv); }
 };
 
 }  // namespace
@@ -111,7 +95,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
   auto rider = std::make_shared<Riders>();
   rider->kinds = reductions->riders;
   for (int i = 0; i < riders; ++i) {
-    const Tensor* x = in[5 + i];
+    Tensor* x = in[5 + i];
     Tensor* y = out[3 + i];
     if (x->dtype() != v1::DTYPE_F32 || y->dtype() != v1::DTYPE_F32 || x->dims() != y->dims()) {
       return absl::InvalidArgumentError(

@@ -11,6 +11,7 @@
 #include "core/sharding/named_sharding.h"
 #include "worker/executor.h"
 #include "worker/kernels/kernel.h"
+#include "worker/reduction_bucket.h"
 
 namespace meshrun {
 namespace {
@@ -650,23 +651,9 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileBucketReduction(
   absl::Duration* timer = &collective_time_;
   return CompiledOp([=](const RunContext&) -> absl::Status {
     const absl::Time start = absl::Now();
-    float* b = bucket->data<float>();
-    for (const Tensor* x : in) {
-      std::memcpy(b, x->raw(), x->size_bytes());
-      b += x->num_elements();
-    }
+    PackBucket(in, bucket->data<float>());
     absl::Status s = comm->AllReduce(bucket->raw(), total, v1::DTYPE_F32, ReduceOp::kSum);
-    b = bucket->data<float>();
-    for (size_t i = 0; i < out.size(); ++i) {
-      float* y = out[i]->data<float>();
-      const int64_t n = out[i]->num_elements();
-      if (kinds[i] == 'm') {
-        for (int64_t e = 0; e < n; ++e) y[e] = b[e] * inv;
-      } else {
-        std::memcpy(y, b, static_cast<size_t>(n) * sizeof(float));
-      }
-      b += n;
-    }
+    UnpackBucket(bucket->data<float>(), out, kinds, inv);
     *timer += absl::Now() - start;
     return s;
   });
