@@ -68,10 +68,10 @@ TEST(MetricsE2ETest, CoordinatorAndWorkersExposeLintCleanMetrics) {
     EXPECT_THAT(text, HasSubstr("meshrun_build_info{component=\"worker\""));
     EXPECT_THAT(text, HasSubstr("meshrun_worker_steps_total 6"));
     EXPECT_THAT(text, HasSubstr("meshrun_kernel_duration_seconds_count{kernel=\"matmul\"}"));
-    // Two all-reduces per step: the kernel gradient's, fused with its Adam update, and one bucket
-    // of the small gradients, the loss and the correct count (worker/combine_reductions.h).
+    // One all-reduce per step: the kernel gradient's, fused with its Adam update, with the small
+    // gradients, the loss and the correct count riding along (worker/combine_reductions.h).
     EXPECT_THAT(
-        text, HasSubstr("meshrun_collective_duration_seconds_count{axis=\"data\",op=\"psum\"} 12"));
+        text, HasSubstr("meshrun_collective_duration_seconds_count{axis=\"data\",op=\"psum\"} 6"));
     // 6 x (the 407,050 f32 parameters' gradients + the loss + the correct count).
     EXPECT_THAT(text,
                 HasSubstr("meshrun_collective_bytes_total{axis=\"data\",op=\"psum\"} 9769248"));
