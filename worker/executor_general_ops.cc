@@ -251,10 +251,9 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       const Tensor* x = in[0];
       Tensor* y = out[0];
       if (x->dims() != y->dims()) return Mismatch(op, *y, DimsToString(x->dims()));
-      const bool floats = (x->dtype() == v1::DTYPE_F32 || x->dtype() == v1::DTYPE_BF16) &&
-                          (y->dtype() == v1::DTYPE_F32 || y->dtype() == v1::DTYPE_BF16);
-      if (floats && x->dtype() != y->dtype()) {
-        // oneDNN's reorder where it has bf16 (AVX512 core and up), else the loop below.
+      if (x->dtype() != y->dtype()) {
+        // f32 <-> bf16 as oneDNN's reorder where it has bf16 (AVX512 core and up); other pairs,
+        // or no bf16 reorder, the loop below.
         absl::StatusOr<std::unique_ptr<Kernel>> k = CreateConvert(*x, *y);
         if (k.ok()) return FromKernel(std::move(k));
       }

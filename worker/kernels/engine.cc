@@ -18,6 +18,12 @@ dnnl::engine& CpuEngine() {
   return *engine;
 }
 
+std::optional<dnnl::memory::data_type> FloatType(DType dtype) {
+  if (dtype == v1::DTYPE_F32) return dnnl::memory::data_type::f32;
+  if (dtype == v1::DTYPE_BF16) return dnnl::memory::data_type::bf16;
+  return std::nullopt;
+}
+
 dnnl::memory::desc RowMajorDesc(const Dims& dims) {
   dnnl::memory::dims d(dims.begin(), dims.end());
   if (d.empty()) d.push_back(1);

@@ -3,6 +3,7 @@
 #define MESHRUN_WORKER_KERNELS_ENGINE_H_
 
 #include <functional>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -13,6 +14,9 @@
 namespace meshrun::kernels {
 
 dnnl::engine& CpuEngine();
+
+// oneDNN's data type for f32 and bf16 Tensors; nullopt for any other dtype.
+std::optional<dnnl::memory::data_type> FloatType(DType dtype);
 
 // A row-major f32 memory descriptor for `dims` ({} becomes {1}).
 dnnl::memory::desc RowMajorDesc(const Dims& dims);

@@ -1,7 +1,6 @@
 // Element-wise and reduction kernels for shard_map programs: oneDNN eltwise, binary (with
 // broadcasting) and reduction primitives.
 #include <map>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -202,12 +201,8 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, cons
 }
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateConvert(const Tensor& x, Tensor& y) {
-  auto type = [](DType d) -> std::optional<dnnl::memory::data_type> {
-    if (d == v1::DTYPE_F32) return dnnl::memory::data_type::f32;
-    if (d == v1::DTYPE_BF16) return dnnl::memory::data_type::bf16;
-    return std::nullopt;
-  };
-  const std::optional<dnnl::memory::data_type> from = type(x.dtype()), to = type(y.dtype());
+  const std::optional<dnnl::memory::data_type> from = kernels::FloatType(x.dtype()),
+                                               to = kernels::FloatType(y.dtype());
   if (!from || !to || x.dims() != y.dims()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "convert: ", DTypeName(x.dtype()), DimsToString(x.dims()), " to ", DTypeName(y.dtype()),

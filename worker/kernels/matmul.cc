@@ -20,8 +20,7 @@ using Desc = dnnl::memory::desc;
 // oneDNN's type for a matmul operand: f32, or bf16 (computed on AVX512-BF16 or AMX where the CPU
 // has them, oneDNN's emulation elsewhere; accumulated in f32 either way).
 absl::StatusOr<dnnl::memory::data_type> MatmulType(const Tensor& t, const char* what) {
-  if (t.dtype() == v1::DTYPE_F32) return dnnl::memory::data_type::f32;
-  if (t.dtype() == v1::DTYPE_BF16) return dnnl::memory::data_type::bf16;
+  if (std::optional<dnnl::memory::data_type> type = kernels::FloatType(t.dtype())) return *type;
   return absl::InvalidArgumentError(absl::StrCat("matmul ", what, " is ", DTypeName(t.dtype()),
                                                  DimsToString(t.dims()), "; expected f32 or bf16"));
 }
@@ -55,10 +54,7 @@ absl::StatusOr<std::unique_ptr<Kernel>> BuildMatmul(const Desc& a_md, const Tens
                           {DNNL_ARG_DST, Bind(c_md, c)}};
     dnnl::matmul::primitive_desc pd;
     if (bias != nullptr) {
-      Desc bias_md({1, n},
-                   bias->dtype() == v1::DTYPE_BF16 ? dnnl::memory::data_type::bf16
-                                                   : dnnl::memory::data_type::f32,
-                   {n, 1});
+      Desc bias_md({1, n}, *kernels::FloatType(bias->dtype()), {n, 1});  // checked by the caller
       args.emplace_back(DNNL_ARG_BIAS, Bind(bias_md, *bias));
       pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, bias_md, c_md), attr,
                                         CpuEngine());
