@@ -1,5 +1,6 @@
 #include "worker/combine_reductions.h"
 
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -66,6 +67,44 @@ v1::StepProgram Parse() {
   return p;
 }
 
+// Runs `program` on the two ranks of Mesh('data': 2) with `collectives`, element i of input
+// `name` on rank r set to value(name, r, i), and returns each rank's `results` side by side.
+std::vector<std::vector<float>> RunOnTwoRanks(
+    const v1::StepProgram& program, const CollectiveOptions& collectives,
+    const std::vector<std::string>& inputs,
+    const std::function<float(const std::string& name, int r, int64_t i)>& value,
+    const std::vector<std::string>& results) {
+  const Mesh mesh = *Mesh::Parse("data=2");
+  std::vector<std::unique_ptr<Transport>> transports = CreateInProcessTransports(2);
+  std::vector<std::vector<float>> got(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Executor::Options o;
+      o.mesh = &mesh;
+      o.rank = r;
+      o.transport = transports[r].get();
+      o.collectives = collectives;
+      o.results = results;
+      auto ex = Executor::Create(program, o);
+      ASSERT_TRUE(ex.ok()) << ex.status();
+      for (const std::string& name : inputs) {
+        Tensor t(v1::DTYPE_F32, (*ex)->buffer(name)->dims());
+        for (int64_t i = 0; i < t.num_elements(); ++i) t.data<float>()[i] = value(name, r, i);
+        ASSERT_TRUE((*ex)->BindInput(name, t).ok());
+      }
+      absl::Status s = (*ex)->Run("main", RunContext{});
+      ASSERT_TRUE(s.ok()) << s;
+      for (const std::string& name : results) {
+        const Tensor* t = (*ex)->buffer(name);
+        got[r].insert(got[r].end(), t->data<float>(), t->data<float>() + t->num_elements());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return got;
+}
+
 TEST(CombineReductionsTest, ReductionsOverOneAxisRunTogetherBeforeTheirFirstReader) {
   v1::StepProgram p = Parse();
   CombineReductions(&p, 256 << 10, 256 << 10);
@@ -88,34 +127,13 @@ TEST(CombineReductionsTest, ReductionsOverOneAxisRunTogetherBeforeTheirFirstRead
 }
 
 TEST(CombineReductionsTest, TheCombinedProgramComputesWhatTheOriginalDoes) {
-  const Mesh mesh = *Mesh::Parse("data=2");
   for (const size_t combine : {size_t{0}, size_t{256} << 10}) {
-    std::vector<std::unique_ptr<Transport>> transports = CreateInProcessTransports(2);
-    std::vector<std::vector<float>> got(2);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r) {
-      threads.emplace_back([&, r] {
-        Executor::Options o;
-        o.mesh = &mesh;
-        o.rank = r;
-        o.transport = transports[r].get();
-        o.collectives.combine_max_bytes = combine;
-        o.results = {"s1", "m1", "s2", "r"};
-        auto ex = Executor::Create(Parse(), o);
-        ASSERT_TRUE(ex.ok()) << ex.status();
-        for (const char* name : {"x", "y", "z"}) {
-          Tensor t(v1::DTYPE_F32, (*ex)->buffer(name)->dims());
-          for (int64_t i = 0; i < t.num_elements(); ++i) t.data<float>()[i] = 10 * r + i + 1;
-          ASSERT_TRUE((*ex)->BindInput(name, t).ok());
-        }
-        ASSERT_TRUE((*ex)->Run("main", RunContext{}).ok());
-        for (const char* name : {"s1", "m1", "s2", "r"}) {
-          const Tensor* t = (*ex)->buffer(name);
-          got[r].insert(got[r].end(), t->data<float>(), t->data<float>() + t->num_elements());
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
+    CollectiveOptions collectives;
+    collectives.combine_max_bytes = combine;
+    const std::vector<std::vector<float>> got =
+        RunOnTwoRanks(Parse(), collectives, {"x", "y", "z"},
+                      [](const std::string&, int r, int64_t i) { return 10.0f * r + i + 1; },
+                      {"s1", "m1", "s2", "r"});
     // s1 = x0 + x1, m1 = mean(y), s2 = z0 + z1, r = -s1; element i of rank r's inputs is
     // 10 r + i + 1.
     for (int r = 0; r < 2; ++r) {
@@ -191,39 +209,15 @@ TEST(CombineReductionsTest, SmallReductionsRideWithASingleCopyAdamUpdate) {
 // rank's w2, muw2, nuw2, b2, mub2, nub2 and lm side by side.
 std::vector<std::vector<float>> RunAdamTail(const std::string& text, size_t combine,
                                             size_t direct_min_bytes) {
-  const Mesh mesh = *Mesh::Parse("data=2");
-  std::vector<std::unique_ptr<Transport>> transports = CreateInProcessTransports(2);
-  std::vector<std::vector<float>> got(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      Executor::Options o;
-      o.mesh = &mesh;
-      o.rank = r;
-      o.transport = transports[r].get();
-      o.collectives.combine_max_bytes = combine;
-      o.collectives.direct_min_bytes = direct_min_bytes;
-      o.results = {"w2", "muw2", "nuw2", "b2", "mub2", "nub2", "lm"};
-      auto ex = Executor::Create(ParseText(text), o);
-      ASSERT_TRUE(ex.ok()) << ex.status();
-      for (const char* name : {"w", "gw", "b", "gb", "l", "muw", "mub"}) {
-        Tensor t(v1::DTYPE_F32, (*ex)->buffer(name)->dims());
-        for (int64_t i = 0; i < t.num_elements(); ++i) {
-          const bool replicated = name[0] != 'g' && name[0] != 'l';
-          t.data<float>()[i] = replicated ? 0.25f * i - 1 : (r + 1) * (2.5f - i) + 0.125f * r;
-        }
-        ASSERT_TRUE((*ex)->BindInput(name, t).ok());
-      }
-      absl::Status s = (*ex)->Run("main", RunContext{});
-      ASSERT_TRUE(s.ok()) << s;
-      for (const std::string& name : o.results) {
-        const Tensor* t = (*ex)->buffer(name);
-        got[r].insert(got[r].end(), t->data<float>(), t->data<float>() + t->num_elements());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return got;
+  CollectiveOptions collectives;
+  collectives.combine_max_bytes = combine;
+  collectives.direct_min_bytes = direct_min_bytes;
+  return RunOnTwoRanks(ParseText(text), collectives, {"w", "gw", "b", "gb", "l", "muw", "mub"},
+                       [](const std::string& name, int r, int64_t i) {
+                         const bool replicated = name[0] != 'g' && name[0] != 'l';
+                         return replicated ? 0.25f * i - 1 : (r + 1) * (2.5f - i) + 0.125f * r;
+                       },
+                       {"w2", "muw2", "nuw2", "b2", "mub2", "nub2", "lm"});
 }
 
 // The riders' sums and means, and both updates, are what the separate collectives give, on the
