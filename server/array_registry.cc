@@ -242,8 +242,8 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
     absl::MutexLock lock(&mu_);
     for (int i = 0; i < p.outputs_size(); ++i) {
       if (fetched.count(i)) continue;  // returned, never registered
-      std::string id =
-          request.output_ids_size() ? request.output_ids(i) : absl::StrCat("array-", next_id_++);
+      std::string id = request.output_ids_size() ? request.output_ids(i) : "";
+      if (id.empty()) id = absl::StrCat("array-", next_id_++);  // an empty id: ours to pick
       if (arrays_.count(id) && !donated.count(id)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "array id '", id, "' is in use (only a donated argument's id ", "may be reused)"));

@@ -215,11 +215,20 @@ JitBuilder::Value JitBuilder::Binary(const std::string& fn, Value a, Value b) {
     out.local = sm_.Binary(fn, l.local, r.local);
     return Push(std::move(out), std::move(node));
   }
-  absl::StatusOr<spmd::OpPlan> plan = spmd::PlanElementwise(l.global, l.spec, r.spec, mesh_);
+  // The result follows the lhs's layout, or the rhs's when only the rhs is sharded (as sharding
+  // propagation would: slicing a replicated operand is free, gathering a sharded one is not).
+  const bool follow_rhs =
+      l.spec.Padded(l.global.size()) == PartitionSpec().Padded(l.global.size()) &&
+      r.spec.Padded(r.global.size()) != PartitionSpec().Padded(r.global.size());
+  State& lead = follow_rhs ? r : l;
+  State& other = follow_rhs ? l : r;
+  absl::StatusOr<spmd::OpPlan> plan =
+      spmd::PlanElementwise(lead.global, lead.spec, other.spec, mesh_);
   if (!Check(plan.ok(), absl::StrCat(fn, ": ", plan.status().message()))) return {};
-  r = ApplyReshards(std::move(r), plan->reshards, fn);
-  l.local = sm_.Binary(fn, l.local, r.local);
-  return Push(std::move(l), std::move(node));
+  other = ApplyReshards(std::move(other), plan->reshards, fn);
+  State out = lead;
+  out.local = sm_.Binary(fn, l.local, r.local);
+  return Push(std::move(out), std::move(node));
 }
 
 JitBuilder::Value JitBuilder::DotGeneral(Value a, Value b,
@@ -479,46 +488,139 @@ JitBuilder::Value JitBuilder::UnaryGrad(const std::string& fn, Value x, Value dy
 JitBuilder::Value JitBuilder::BroadcastInDim(Value x, const Dims& out_dims,
                                              const std::vector<int64_t>& broadcast_dimensions,
                                              const PartitionSpec& out_spec) {
+  return Broadcast(x, out_dims, broadcast_dimensions, &out_spec);
+}
+
+JitBuilder::Value JitBuilder::BroadcastInDimPropagated(
+    Value x, const Dims& out_dims, const std::vector<int64_t>& broadcast_dimensions) {
+  return Broadcast(x, out_dims, broadcast_dimensions, nullptr);
+}
+
+JitBuilder::Value JitBuilder::Broadcast(Value x, const Dims& out_dims,
+                                        const std::vector<int64_t>& broadcast_dimensions,
+                                        const PartitionSpec* out_spec) {
   Scope rec(this, v1::GlobalOp::BROADCAST_IN_DIM);
   rec.Operands({x});
   if (rec.op != nullptr) {
     for (int64_t d : out_dims) rec.op->add_shape(d);
     for (int64_t d : broadcast_dimensions) rec.op->add_dims(d);
-    *rec.op->mutable_spec() = out_spec.ToProto();
+    if (out_spec != nullptr) *rec.op->mutable_spec() = out_spec->ToProto();
   }
   if (!Valid(x)) return {};
   const Dims in = values_[x.id].global;
   bool ok = broadcast_dimensions.size() == in.size();
   for (size_t i = 0; ok && i < in.size(); ++i) {
     const int64_t d = broadcast_dimensions[i];
-    ok = d >= 0 && d < static_cast<int64_t>(out_dims.size()) && out_dims[d] == in[i] &&
-         (i == 0 || d > broadcast_dimensions[i - 1]);
+    ok = d >= 0 && d < static_cast<int64_t>(out_dims.size()) &&
+         (out_dims[d] == in[i] || in[i] == 1) && (i == 0 || d > broadcast_dimensions[i - 1]);
   }
   if (!Check(ok, absl::StrCat("broadcast_in_dim: (", absl::StrJoin(in, ", "), ") to (",
                               absl::StrJoin(out_dims, ", "), ") with broadcast_dimensions (",
                               absl::StrJoin(broadcast_dimensions, ", "),
-                              "): expected increasing dims of equal size"))) {
+                              "): expected increasing dims of equal size (or 1)"))) {
     return {};
   }
-  const NamedSharding sharding(mesh_, out_spec);
+  PartitionSpec spec;
+  if (out_spec != nullptr) {
+    spec = *out_spec;
+  } else {
+    // Propagated: the operand's (completed) layout on the dims it keeps.
+    const std::vector<PartitionSpec::Entry> from = values_[x.id].spec.Padded(in.size());
+    std::vector<PartitionSpec::Entry> entries(out_dims.size());
+    for (size_t i = 0; i < in.size(); ++i)
+      if (out_dims[broadcast_dimensions[i]] == in[i]) entries[broadcast_dimensions[i]] = from[i];
+    spec = PartitionSpec(entries);
+  }
+  const NamedSharding sharding(mesh_, spec);
   absl::Status fits = sharding.Validate(out_dims);
   if (!Check(fits.ok(), absl::StrCat("broadcast_in_dim: ", fits.message()))) return {};
-  const std::vector<PartitionSpec::Entry> out_entries = out_spec.Padded(out_dims.size());
+  const std::vector<PartitionSpec::Entry> out_entries = spec.Padded(out_dims.size());
   std::vector<PartitionSpec::Entry> in_entries;
-  for (int64_t d : broadcast_dimensions) in_entries.push_back(out_entries[d]);
+  for (size_t i = 0; i < in.size(); ++i) {
+    const int64_t d = broadcast_dimensions[i];
+    in_entries.push_back(out_dims[d] == in[i] ? out_entries[d] : PartitionSpec::Entry());
+  }
   State s = Resolve(values_[x.id], PartitionSpec(in_entries), "broadcast_in_dim");
   const Dims local_out = sharding.ShardDims(out_dims);
   Dims keep(out_dims.size(), 1);
-  for (size_t i = 0; i < broadcast_dimensions.size(); ++i)
-    keep[broadcast_dimensions[i]] = local_out[broadcast_dimensions[i]];
+  for (size_t i = 0; i < broadcast_dimensions.size(); ++i) {
+    const int64_t d = broadcast_dimensions[i];
+    if (out_dims[d] == in[i]) keep[d] = local_out[d];
+  }
   if (keep != sm_.shape(s.local)) s.local = sm_.Reshape(s.local, keep);
   if (keep != local_out) s.local = sm_.BroadcastTo(s.local, local_out);
   s.global = out_dims;
-  s.spec = out_spec;
+  s.spec = spec;
   Node node(Node::kBroadcast, {x.id});
   node.dims = broadcast_dimensions;
-  node.spec = out_spec;
+  node.spec = spec;
   return Push(std::move(s), std::move(node));
+}
+
+JitBuilder::Value JitBuilder::Reshape(Value x, const Dims& global_dims) {
+  Scope rec(this, v1::GlobalOp::RESHAPE);
+  rec.Operands({x});
+  if (rec.op != nullptr)
+    for (int64_t d : global_dims) rec.op->add_shape(d);
+  if (!Valid(x)) return {};
+  const State& sx = values_[x.id];
+  const Dims& in = sx.global;
+  int64_t in_count = 1, out_count = 1;
+  bool ok = true;
+  for (int64_t d : in) in_count *= d;  // CheckedByteSize bounded every value's size
+  for (int64_t d : global_dims) {
+    ok = ok && d > 0 && out_count <= (int64_t{1} << 46) / d;
+    if (ok) out_count *= d;
+  }
+  if (!Check(ok && in_count > 0 && in_count == out_count,
+             absl::StrCat("reshape: (", absl::StrJoin(in, ", "), ") to (",
+                          absl::StrJoin(global_dims, ", "),
+                          "): expected positive dims with the same element count"))) {
+    return {};
+  }
+  const std::vector<PartitionSpec::Entry> from = sx.spec.Padded(in.size());
+  std::vector<PartitionSpec::Entry> target = from;
+  std::vector<PartitionSpec::Entry> out(global_dims.size());
+  size_t i = 0, j = 0;
+  while (i < in.size() || j < global_dims.size()) {
+    if (i < in.size() && in[i] == 1) {
+      ++i;  // a unit dim is never sharded (a mesh axis of size 1 aside: dropped)
+      target[i - 1].clear();
+      continue;
+    }
+    if (j < global_dims.size() && global_dims[j] == 1) {
+      ++j;
+      continue;
+    }
+    // One group: in[i0, i) and out[j0, j) multiply to the same product.
+    const size_t i0 = i, j0 = j;
+    int64_t pi = in[i++], pj = global_dims[j++];
+    while (pi != pj) {
+      if (pi < pj) {
+        pi *= in[i++];
+      } else {
+        pj *= global_dims[j++];
+      }
+    }
+    int64_t devices = 1;
+    for (const std::string& axis : from[i0]) {
+      absl::StatusOr<int> a = mesh_.AxisIndex(axis);
+      if (a.ok()) devices *= mesh_.axis_size(*a);
+    }
+    // The group's minor input dims are gathered; its major one keeps its sharding if it fits.
+    for (size_t k = i0 + 1; k < i; ++k) target[k].clear();
+    if (global_dims[j0] % devices == 0) {
+      out[j0] = from[i0];
+    } else {
+      target[i0].clear();
+    }
+  }
+  State s = Resolve(sx, PartitionSpec(target), "reshape");
+  const PartitionSpec spec(out);
+  s.local = sm_.Reshape(s.local, NamedSharding(mesh_, spec).ShardDims(global_dims));
+  s.global = global_dims;
+  s.spec = spec;
+  return Push(std::move(s), Node(Node::kReshape, {x.id}));
 }
 
 JitBuilder::Value JitBuilder::Transpose(Value x, const std::vector<int64_t>& perm) {
@@ -795,16 +897,20 @@ void JitBuilder::Backprop(int id, Value g, std::vector<Cotangent>& cts) {
     }
     case Node::kBroadcast: {
       const int x = node.operands[0];
-      std::vector<int64_t> added;
+      const Dims& in = values_[x].global;
+      std::vector<int64_t> added;  // new dims and unit dims that grew
       for (size_t d = 0; d < shape.size(); ++d) {
-        if (std::find(node.dims.begin(), node.dims.end(), static_cast<int64_t>(d)) ==
-            node.dims.end()) {
+        auto it = std::find(node.dims.begin(), node.dims.end(), static_cast<int64_t>(d));
+        if (it == node.dims.end() || in[it - node.dims.begin()] != shape[d])
           added.push_back(static_cast<int64_t>(d));
-        }
       }
-      add(x, added.empty() ? g : Reduce("sum", g, added));
+      Value sum = added.empty() ? g : Reduce("sum", g, added);
+      add(x, values_[sum.id].global == in ? sum : Reshape(sum, in));
       return;
     }
+    case Node::kReshape:
+      add(node.operands[0], Reshape(g, values_[node.operands[0]].global));
+      return;
     case Node::kTranspose: {
       std::vector<int64_t> inverse(node.dims.size());
       for (size_t i = 0; i < node.dims.size(); ++i) inverse[node.dims[i]] = static_cast<int64_t>(i);
@@ -998,8 +1104,14 @@ absl::StatusOr<std::unique_ptr<JitBuilder>> JitBuilder::FromGlobalProgram(
         if (arity = need(2); arity.ok()) jit->FoldIn(in[0], in[1]);
         break;
       case v1::GlobalOp::BROADCAST_IN_DIM:
-        if (arity = need(1); arity.ok())
+        if (arity = need(1); arity.ok() && op.has_spec()) {
           jit->BroadcastInDim(in[0], dims(op.shape()), dims(op.dims()), spec(op));
+        } else if (arity.ok()) {
+          jit->BroadcastInDimPropagated(in[0], dims(op.shape()), dims(op.dims()));
+        }
+        break;
+      case v1::GlobalOp::RESHAPE:
+        if (arity = need(1); arity.ok()) jit->Reshape(in[0], dims(op.shape()));
         break;
       case v1::GlobalOp::TRANSPOSE:
         if (arity = need(1); arity.ok()) jit->Transpose(in[0], dims(op.dims()));

@@ -116,9 +116,21 @@ class JitBuilder {
   // dim broadcast_dimensions[i] (increasing; sizes equal); the other dims are new. The result is
   // laid out as `out_spec` (x's dims are resharded to its entries; each device broadcasts only
   // into its block).
+  // A dim of x of size 1 may map to a larger output dim (numpy broadcasting), as in JAX.
   Value BroadcastInDim(Value x, const Dims& out_dims,
                        const std::vector<int64_t>& broadcast_dimensions,
                        const PartitionSpec& out_spec = PartitionSpec());
+  // The same, laid out as sharding propagation would: x's layout carried to its dims (those of
+  // size 1 that grow replicated), the new dims replicated. Recorded with no spec.
+  Value BroadcastInDimPropagated(Value x, const Dims& out_dims,
+                                 const std::vector<int64_t>& broadcast_dimensions);
+  // jax.lax.reshape(x, global_dims) (row-major, the same element count). Layout: unit dims come
+  // and go freely; within each group of dims whose sizes multiply to the same product, a
+  // sharding of the group's major input dim moves to its major output dim when that divides
+  // (else it is all_gathered), as GSPMD's reshape rule does (the seed's [B, ...] ->
+  // [k, B / k, ...] minibatches keep a `data` sharding when k divides); the group's other
+  // input dims are all_gathered first.
+  Value Reshape(Value x, const Dims& global_dims);
   // jnp.transpose(x, perm): the output's dim i is x's dim perm[i]; the layout is permuted alike.
   Value Transpose(Value x, const std::vector<int64_t>& perm);
   // x[index] along dim 0 (a static index; dim 0 is all_gathered first if it is sharded), as a
@@ -229,6 +241,7 @@ class JitBuilder {
       kTranspose,
       kIndex,
       kStack,
+      kReshape,
       kConvert,
       kSoftmaxCrossEntropy,
       kOptimizer
@@ -269,6 +282,9 @@ class JitBuilder {
   State Complete(const State& s, const std::string& reason) { return Resolve(s, s.spec, reason); }
   State ApplyReshards(State s, const std::vector<spmd::Reshard>& reshards,
                       const std::string& reason);
+  // BroadcastInDim (`out_spec` set) and BroadcastInDimPropagated (null).
+  Value Broadcast(Value x, const Dims& out_dims, const std::vector<int64_t>& broadcast_dimensions,
+                  const PartitionSpec* out_spec);
 
   Mesh mesh_;
   ShardMapBuilder sm_;

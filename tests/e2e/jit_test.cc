@@ -138,6 +138,35 @@ TEST(JitPartitionTest, ReportsBadAnnotations) {
   EXPECT_THAT(std::string(jit2.Build().status().message()), ::testing::HasSubstr("differ"));
 }
 
+// Layouts for what JAX's jaxprs hold (the Python SDK's programs): reshapes keep a sharding of a
+// group's major dim when it divides, broadcasts with no spec carry the operand's layout, and an
+// element-wise op follows its sharded operand rather than gathering it.
+TEST(JitPartitionTest, ReshapeBroadcastAndElementwiseFollowTheShardedOperand) {
+  JitBuilder jit(*Mesh::Parse("data=2,model=4"));
+  auto x = jit.Input(v1::DTYPE_F32, {8, 16}, P({"data", "model"}));
+  auto split = jit.Reshape(x, {2, 4, 4, 4});  // [8] -> [2, 4]: data moves to dim 0
+  EXPECT_EQ(jit.sharding(split), P({"data", "", "model"}));
+  auto merged = jit.Reshape(x, {128});  // 'model' sharding a minor dim of the group: gathered
+  EXPECT_EQ(jit.sharding(merged), P({"data"}));
+  auto unit = jit.Reshape(x, {1, 8, 1, 16});
+  EXPECT_EQ(jit.sharding(unit), P({"", "data", "", "model"}));
+  auto b = jit.Input(v1::DTYPE_F32, {1, 16}, P({"", "model"}));
+  auto grown = jit.BroadcastInDimPropagated(b, {8, 16}, {0, 1});
+  EXPECT_EQ(jit.sharding(grown), P({"", "model"}));
+  auto replicated = jit.Constant(1.0f, {8, 16});
+  auto sum = jit.Add(replicated, x);  // lhs replicated: the result follows x, no gather
+  EXPECT_EQ(jit.sharding(sum), P({"data", "model"}));
+  jit.Output(sum, P({"data", "model"}));
+  jit.Output(jit.Reshape(grown, {16, 8}), PartitionSpec());
+  ASSERT_TRUE(jit.Build().ok()) << jit.Build().status();
+  std::vector<std::string> gathers;
+  for (const auto& c : jit.collectives()) gathers.push_back(c.Short());
+  EXPECT_EQ(gathers, (std::vector<std::string>{"all_gather(model)@1", "all_gather(model)@1"}));
+  JitBuilder bad(*Mesh::Parse("data=2,model=4"));
+  bad.Reshape(bad.Input(v1::DTYPE_F32, {8, 16}, PartitionSpec()), {8, 15});
+  EXPECT_THAT(std::string(bad.Build().status().message()), ::testing::HasSubstr("element count"));
+}
+
 class JitE2ETest : public testing::ClusterSuite<JitE2ETest> {
  public:
   static constexpr const char* kMesh = "data=2,model=4";

@@ -1,10 +1,12 @@
 // Every kernel's backward against central finite differences of its forward.
+#include <cmath>
 #include <random>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "core/array_ops.h"
 #include "core/collectives/reduce_kernels.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/kernels/kernel.h"
 
@@ -298,6 +300,31 @@ TEST(ReduceKernelTest, SumsAndMeansOverLeadingDimsMatchTheDefinition) {
   for (int r = 0; r < 3; ++r)
     EXPECT_EQ(rows.data<float>()[r],
               *std::max_element(x.data<float>() + r * 4, x.data<float>() + r * 4 + 4));
+}
+
+TEST(ReduceKernelTest, ReducingOnlyUnitDimsCopies) {
+  // A block whose reduced dims are all of size 1 on this device (oneDNN refuses such a reduction).
+  for (const char* fn : {"sum", "mean", "max"}) {
+    Tensor x = Random({3, 1, 4}, 23), out(v1::DTYPE_F32, {3, 1, 4});
+    auto k = CreateReduce(fn, x, out);
+    ASSERT_TRUE(k.ok()) << fn << ": " << k.status();
+    ASSERT_TRUE((*k)->Run().ok());
+    for (int i = 0; i < 12; ++i) EXPECT_EQ(out.data<float>()[i], x.data<float>()[i]) << fn;
+  }
+}
+
+TEST(BinaryKernelTest, PowBroadcastsItsExponentAsTheOtherFnsDo) {
+  Tensor a = Random({2, 3}, 24), b(v1::DTYPE_F32, {1, 3}), out(v1::DTYPE_F32, {2, 3});
+  for (int i = 0; i < 6; ++i) a.data<float>()[i] = std::abs(a.data<float>()[i]) + 0.5f;
+  const float exps[] = {2.0f, -0.5f, 3.25f};
+  for (int i = 0; i < 3; ++i) b.data<float>()[i] = exps[i];
+  auto k = CreateBinary("pow", a, b, out);
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->Run().ok());
+  for (int i = 0; i < 6; ++i)
+    EXPECT_EQ(out.data<float>()[i], std::pow(a.data<float>()[i], exps[i % 3])) << i;
+  EXPECT_THAT(std::string(CreateBinary("atan2", a, b, out).status().message()),
+              ::testing::HasSubstr("pow"));
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Element-wise and reduction kernels for shard_map programs: oneDNN eltwise, binary (with
 // broadcasting) and reduction primitives.
+#include <cmath>
 #include <map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -122,6 +124,41 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const
   return kernel;
 }
 
+namespace {
+
+// out = a ** b elementwise (b broadcast over a's dims of size 1, as the binary primitive does):
+// oneDNN's binary primitive has no pow, and eltwise pow takes only a constant exponent.
+class PowKernel : public Kernel {
+ public:
+  PowKernel(const Tensor& a, const Tensor& b, Tensor& out) : a_(a), b_(b), out_(out) {}
+  absl::Status Run() override {
+    const float* a = a_.data<float>();
+    const float* b = b_.data<float>();
+    float* out = out_.data<float>();
+    const Dims& ad = a_.dims();
+    const Dims& bd = b_.dims();
+    const int64_t n = a_.num_elements();
+    std::vector<int64_t> index(ad.size(), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      int64_t j = 0;  // b's flat index of a's element i
+      for (size_t d = 0; d < ad.size(); ++d) j = j * bd[d] + (bd[d] == 1 ? 0 : index[d]);
+      out[i] = std::pow(a[i], b[j]);
+      for (size_t d = ad.size(); d-- > 0;) {
+        if (++index[d] < ad[d]) break;
+        index[d] = 0;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const Tensor& a_;
+  const Tensor& b_;
+  Tensor& out_;
+};
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, const Tensor& a,
                                                      const Tensor& b, Tensor& out) {
   const std::map<std::string, dnnl::algorithm> algs = {
@@ -132,9 +169,9 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
       {"lt", dnnl::algorithm::binary_lt},   {"le", dnnl::algorithm::binary_le},
       {"gt", dnnl::algorithm::binary_gt},   {"ge", dnnl::algorithm::binary_ge}};
   auto it = algs.find(fn);
-  if (it == algs.end()) {
+  if (it == algs.end() && fn != "pow") {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown binary fn '", fn, "'; allowed: ", Keys(algs)));
+        absl::StrCat("unknown binary fn '", fn, "'; allowed: ", Keys(algs), ", pow"));
   }
   if (absl::Status s = RequireF32("binary", a); !s.ok()) return s;
   if (absl::Status s = RequireF32("binary", b); !s.ok()) return s;
@@ -147,6 +184,7 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
                                                    DimsToString(a.dims())));
   }
   if (a.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
+  if (fn == "pow") return std::unique_ptr<Kernel>(std::make_unique<PowKernel>(a, b, out));
   std::unique_ptr<Kernel> kernel;
   absl::Status s = Guard("binary", [&] {
     auto a_md = RowMajorDesc(a.dims());
@@ -176,6 +214,8 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, cons
   if (x.dims().size() != out.dims().size())
     return absl::InvalidArgumentError("reduce: output rank differs");
   if (x.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
+  // Only dims of size 1 reduced (oneDNN's reduction refuses that): a copy, whatever the fn.
+  if (x.dims() == out.dims()) return CreateConvert(x, out);
   // A sum or mean over leading dims (a bias gradient, a batch mean) runs as a GEMM.
   size_t lead = 0;
   while (lead < x.dims().size() && out.dims()[lead] == 1) ++lead;
