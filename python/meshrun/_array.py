@@ -1,0 +1,74 @@
+"""meshrun.Array: a sharded array that lives on the cluster, like a jax.Array with a NamedSharding."""
+import numpy as np
+
+from meshrun import _sharding
+
+
+class NamedSharding:
+    """Mirrors jax.sharding.NamedSharding: the cluster's `mesh` and a `spec` (PartitionSpec)."""
+
+    def __init__(self, mesh, spec_entries):
+        self.mesh = mesh
+        self._entries = tuple(spec_entries)
+        self.spec = _sharding.to_partition_spec(self._entries)
+
+    def __eq__(self, other):
+        return isinstance(other, NamedSharding) and (self.mesh, self._entries) == (other.mesh, other._entries)
+
+    def __hash__(self):
+        return hash((self.mesh, self._entries))
+
+    def __repr__(self):
+        return f"NamedSharding(mesh={self.mesh!r}, spec={self.spec})"
+
+
+class Array:
+    """One global array on the cluster: `shape` (global, row-major), `dtype` (numpy), `sharding`.
+
+    Every worker holds its own block; nothing is on the client until `np.asarray(a)` (or
+    `a.fetch()`) assembles the global array from one replica of every block. `a.delete()` frees
+    it on the cluster (as jax.Array.delete). A donated argument of `cluster.jit` is consumed:
+    using it afterwards raises RuntimeError, as JAX does. Not thread-safe."""
+
+    def __init__(self, cluster, info):
+        self._cluster = cluster
+        self.id = info.id
+        self.shape = tuple(int(d) for d in info.shape.dims)
+        self.dtype = _sharding.dtype_from_proto(info.dtype)
+        self._entries = _sharding.spec_from_proto(info.sharding.spec)
+        self.sharding = NamedSharding(cluster.mesh, self._entries)
+        self._deleted = False
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape)) if self.shape else 1
+
+    def _check_live(self):
+        if self._deleted:
+            raise RuntimeError(f"Array '{self.id}' has been deleted or donated")
+
+    def fetch(self) -> np.ndarray:
+        """The global array, assembled on the client (jax.device_get)."""
+        self._check_live()
+        return self._cluster._get(self.id)
+
+    def __array__(self, dtype=None, copy=None):
+        x = self.fetch()
+        return x if dtype is None else x.astype(dtype)
+
+    def delete(self):
+        """Frees the array on the cluster. Idempotent."""
+        if not self._deleted:
+            self._deleted = True
+            self._cluster._delete(self.id)
+
+    def is_deleted(self):
+        return self._deleted
+
+    def __repr__(self):
+        state = " deleted" if self._deleted else ""
+        return f"meshrun.Array(id='{self.id}', shape={self.shape}, dtype={self.dtype}, spec={self.sharding.spec}{state})"

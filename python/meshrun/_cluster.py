@@ -1,0 +1,221 @@
+"""Connecting to a meshrun cluster, starting a local one, and moving arrays to and from it."""
+import contextlib
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import grpc
+import numpy as np
+
+from meshrun import _array, _sharding, errors
+from meshrun.v1 import coordinator_pb2, coordinator_pb2_grpc
+
+NODE_NAME = "meshrun-node"  # the name every node certificate carries (net/credentials.h)
+_MAX_MESSAGE = -1  # arrays travel whole in one message, as the C++ SDK sends them
+
+
+def _credentials(tls_dir, token, insecure):
+    """gRPC channel credentials as the CLI finds them: MESHRUN_INSECURE=1, else MESHRUN_TLS_DIR,
+    else ~/.meshrun/tls (ca.pem and token, written by `meshrun certs init` or `meshrun up`)."""
+    if insecure is None:
+        insecure = os.environ.get("MESHRUN_INSECURE") == "1"
+    if insecure:
+        return None
+    tls_dir = pathlib.Path(tls_dir or os.environ.get("MESHRUN_TLS_DIR") or pathlib.Path.home() / ".meshrun" / "tls")
+    ca = tls_dir / "ca.pem"
+    if not ca.exists():
+        raise errors.PermissionDeniedError(
+            f"no cluster credentials: {ca} does not exist (pass tls_dir=, set MESHRUN_TLS_DIR, "
+            "or insecure=True / MESHRUN_INSECURE=1 for a cluster run with --insecure)")
+    if token is None:
+        token_file = tls_dir / "token"
+        token = token_file.read_text().strip() if token_file.exists() else None
+    creds = grpc.ssl_channel_credentials(root_certificates=ca.read_bytes())
+    if token:
+        creds = grpc.composite_channel_credentials(creds, grpc.access_token_call_credentials(token))
+    return creds
+
+
+class Cluster:
+    """A connection to a running cluster's coordinator. Thread-safe for concurrent calls (gRPC
+    channels are); the jit caches are not (one thread per Cluster object for jit)."""
+
+    def __init__(self, address, *, tls_dir=None, token=None, insecure=None, timeout=60.0):
+        self.address = address
+        self.timeout = float(timeout)  # seconds, for every control RPC
+        options = [("grpc.max_receive_message_length", _MAX_MESSAGE),
+                   ("grpc.max_send_message_length", _MAX_MESSAGE)]
+        creds = _credentials(tls_dir, token, insecure)
+        if creds is None:
+            self._channel = grpc.insecure_channel(address, options=options)
+        else:
+            options.append(("grpc.ssl_target_name_override", NODE_NAME))
+            self._channel = grpc.secure_channel(address, creds, options=options)
+        self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=self.timeout)
+        except grpc.FutureTimeoutError:
+            self._channel.close()
+            raise errors.ClusterConnectionError(
+                f"cannot reach the meshrun coordinator at {address} within {self.timeout:g} s") from None
+        status = self._call("GetStatus", coordinator_pb2.GetStatusRequest())
+        self.mesh = _sharding.Mesh.from_proto(status.mesh)
+
+    def _call(self, method, request, timeout=None):
+        try:
+            return getattr(self._stub, method)(request, timeout=timeout or self.timeout)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e, method) from None
+
+    def close(self):
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- arrays ---------------------------------------------------------------------------------
+
+    def device_put(self, x, sharding=None):
+        """jax.device_put onto the cluster: a pytree of arrays and a PartitionSpec/NamedSharding
+        (or a pytree of them, a prefix of x's). Each worker receives only its own block. Returns
+        the same pytree of meshrun.Array. Errors: InvalidArgumentError for a shape that the
+        sharding does not divide, an unknown axis, or an unsupported dtype (f32, bf16, i32, u32,
+        u8; bool is stored as f32 0/1 and Python scalars as f32/i32)."""
+        from meshrun import _tree
+
+        def put(leaf, spec):
+            return self._put(np.asarray(leaf), spec)
+
+        return _tree.map_with_prefix(put, sharding, x)
+
+    def _put(self, x, spec):
+        if x.dtype == np.bool_:
+            x = x.astype(np.float32)
+        elif x.dtype == np.float64:
+            x = x.astype(np.float32)
+        elif x.dtype == np.int64:
+            x = x.astype(np.int32)
+        entries = _sharding.normalize_spec(spec, self.mesh)
+        req = coordinator_pb2.PutArrayRequest(array=_sharding.tensor_to_proto(x),
+                                              spec=_sharding.spec_to_proto(entries))
+        return _array.Array(self, self._call("PutArray", req).info)
+
+    def _get(self, array_id):
+        got = self._call("GetArray", coordinator_pb2.GetArrayRequest(id=array_id))
+        return self._assemble(got)
+
+    def _assemble(self, got):
+        info = got.info
+        shape = tuple(int(d) for d in info.shape.dims)
+        out = np.empty(shape, dtype=_sharding.dtype_from_proto(info.dtype))
+        entries = _sharding.spec_from_proto(info.sharding.spec)
+        for block, rank in zip(got.blocks, got.block_ranks):
+            b = _sharding.tensor_from_proto(block)
+            index = _sharding.block_index(self.mesh, entries, rank, len(shape))
+            out[tuple(slice(i * n, (i + 1) * n) for i, n in zip(index, b.shape))] = b
+        return out
+
+    def _delete(self, array_id):
+        self._call("DeleteArray", coordinator_pb2.DeleteArrayRequest(id=array_id))
+
+    def visualize_array_sharding(self, a, file=None):
+        """Prints which workers hold each block of a 1-D or 2-D array, as
+        jax.debug.visualize_array_sharding draws it (one cell per block, its ranks inside)."""
+        if a.ndim not in (1, 2):
+            raise errors.InvalidArgumentError(f"visualize_array_sharding: rank {a.ndim}; expected 1 or 2")
+        blocks = _sharding.blocks_per_dim(self.mesh, a._entries, a.ndim)
+        rows, cols = (1, blocks[0]) if a.ndim == 1 else blocks
+        cells = {}
+        for rank in range(self.mesh.size):
+            idx = _sharding.block_index(self.mesh, a._entries, rank, a.ndim)
+            r, c = (0, idx[0]) if a.ndim == 1 else idx
+            cells.setdefault((r, c), []).append(rank)
+        texts = {k: "CPU " + ",".join(str(r) for r in v) for k, v in cells.items()}
+        width = max(len(t) for t in texts.values()) + 4
+        lines = ["┌" + "┬".join("─" * width for _ in range(cols)) + "┐"]
+        for r in range(rows):
+            lines.append("│" + "│".join(texts[(r, c)].center(width) for c in range(cols)) + "│")
+            lines.append(("├" + "┼".join("─" * width for _ in range(cols)) + "┤") if r + 1 < rows
+                         else ("└" + "┴".join("─" * width for _ in range(cols)) + "┘"))
+        print("\n".join(lines), file=file)
+
+    def jit(self, fun, in_shardings=None, out_shardings=None, static_argnums=(), donate_argnums=()):
+        """jax.jit on the cluster; see meshrun._jit.Jitted."""
+        from meshrun import _jit
+
+        return _jit.Jitted(self, fun, in_shardings, out_shardings, static_argnums, donate_argnums)
+
+
+def connect(address, *, tls_dir=None, token=None, insecure=None, timeout=60.0) -> Cluster:
+    """Connects to the coordinator at host:port. Credentials as the CLI finds them (see
+    _credentials). Errors: ClusterConnectionError (a ConnectionError) if it cannot be reached
+    within `timeout` seconds; PermissionDeniedError for missing or refused credentials."""
+    return Cluster(address, tls_dir=tls_dir, token=token, insecure=insecure, timeout=timeout)
+
+
+def _find_binary(bin_dir):
+    for d in [bin_dir, os.environ.get("MESHRUN_BIN_DIR")]:
+        if d and (pathlib.Path(d) / "meshrun").exists():
+            return str(pathlib.Path(d) / "meshrun")
+    found = shutil.which("meshrun")
+    if not found:
+        raise FileNotFoundError("the meshrun binary was not found: pass bin_dir=, set MESHRUN_BIN_DIR, or put it on PATH")
+    return found
+
+
+@contextlib.contextmanager
+def local_cluster(mesh="data=8", *, bin_dir=None, insecure=False, shm=True, start_timeout=120.0):
+    """Starts a cluster on this machine (`meshrun up`: a coordinator and one worker process per
+    mesh device), yields a connected Cluster, and stops every process on exit. TLS and a token are
+    on unless insecure=True: fresh credentials are made in a temporary directory."""
+    meshrun = _find_binary(bin_dir)
+    work = tempfile.mkdtemp(prefix="meshrun-py-")
+    cmd = [meshrun, "up", "--mesh", mesh, "--port", "0", "--log-dir", os.path.join(work, "logs")]
+    tls_dir = os.path.join(work, "tls")
+    if insecure:
+        cmd.append("--insecure")
+    else:
+        subprocess.run([meshrun, "certs", "init", tls_dir], check=True, stdout=subprocess.DEVNULL)
+        cmd += ["--tls-dir", tls_dir]
+    if not shm:
+        cmd.append("--no-shm")
+    out_path = os.path.join(work, "up.out")
+    with open(out_path, "w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        address = None
+        deadline = time.monotonic() + start_timeout
+        while address is None:
+            text = pathlib.Path(out_path).read_text()
+            m = re.search(r"coordinator (\S+), \d+ workers", text)
+            if m:
+                address = m.group(1)
+            elif proc.poll() is not None:
+                raise errors.ClusterConnectionError(f"meshrun up exited with {proc.returncode}: {text.strip()}")
+            elif time.monotonic() > deadline:
+                raise errors.ClusterConnectionError(f"meshrun up did not start within {start_timeout:g} s: {text.strip()}")
+            else:
+                time.sleep(0.1)
+        cluster = Cluster(address, tls_dir=None if insecure else tls_dir, insecure=insecure)
+        cluster.log_dir = os.path.join(work, "logs")
+        try:
+            yield cluster
+        finally:
+            cluster.close()
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,371 @@
+"""jaxpr -> meshrun GlobalProgram (proto/meshrun/v1/program.proto).
+
+Each supported primitive maps to GlobalOps as the table below says (`SUPPORTED`, printed by
+`python -m meshrun.primitives`). A primitive outside it is rejected before anything runs, naming
+it and the user's file:line. Values are numbered as JitBuilder numbers them (core/spmd/jit.h):
+each op below makes exactly one value, OUTPUT none.
+
+Dtypes: f32 and bf16 compute as themselves; bool values are f32 0/1 on the cluster (as the
+comparisons give them); integer (i32/u32) arithmetic -- the step counters optax keeps -- is
+computed in f32, exact below 2**24, and converted back for results.
+"""
+import numpy as np
+
+from meshrun import _sharding, errors
+from meshrun.v1 import common_pb2, program_pb2
+
+G = program_pb2.GlobalOp
+F32, BF16, I32, U32 = common_pb2.DTYPE_F32, common_pb2.DTYPE_BF16, common_pb2.DTYPE_I32, common_pb2.DTYPE_U32
+
+_UNARY = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "logistic": "logistic",
+          "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "abs", "square": "square"}
+_BINARY = {"add": "add", "add_any": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max",
+           "min": "min", "pow": "pow"}
+_COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
+_IDENTITY = {"stop_gradient", "copy", "copy_p", "optimization_barrier", "pvary"}
+_CALLS = {"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
+          "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
+
+# The conversion table: primitive -> what runs on the cluster.
+SUPPORTED = {
+    **{k: f"UNARY {v}" for k, v in _UNARY.items()},
+    **{k: f"BINARY {v}" for k, v in _BINARY.items()},
+    **{k: f"BINARY {v} (f32 1/0)" for k, v in _COMPARE.items()},
+    "integer_pow": "UNARY square / BINARY mul chains (div for negative powers)",
+    "log1p": "log(x + 1)", "expm1": "exp(x) - 1",
+    "select_n": "a * (1 - p) + b * p (two cases; finite values)",
+    "and": "mul (bool)", "or": "max (bool)", "not": "1 - x (bool)",
+    "dot_general": "DOT_GENERAL", "broadcast_in_dim": "BROADCAST_IN_DIM (layout propagated)",
+    "reshape": "RESHAPE", "squeeze": "RESHAPE", "expand_dims": "RESHAPE",
+    "transpose": "TRANSPOSE", "reduce_sum": "REDUCE sum", "reduce_max": "REDUCE max",
+    "reduce_min": "-REDUCE max(-x)", "convert_element_type": "CONVERT (or none)",
+    "iota": "IOTA", "sharding_constraint": "CONSTRAINT", "reshard": "CONSTRAINT",
+    **{k: "the value itself" for k in _IDENTITY},
+    **{k: "its body, inlined" for k in _CALLS},
+}
+
+
+def _summary(eqn):
+    try:
+        from jax._src import source_info_util
+
+        return source_info_util.summarize(eqn.source_info)
+    except Exception:  # pragma: no cover - private API moved
+        return ""
+
+
+class _V:
+    """A value: its id in the program, global shape, logical (numpy) dtype, dtype on the cluster."""
+
+    __slots__ = ("id", "shape", "dtype", "store")
+
+    def __init__(self, id_, shape, dtype, store):
+        self.id, self.shape, self.dtype, self.store = id_, tuple(shape), np.dtype(dtype), store
+
+
+def _is_int(dt):
+    return np.issubdtype(np.dtype(dt), np.integer)
+
+
+def _is_bool(dt):
+    return np.dtype(dt) == np.bool_
+
+
+class Converter:
+    """Converts one closed jaxpr. Not thread-safe; one per program."""
+
+    def __init__(self, mesh):
+        self.mesh = mesh
+        self.program = program_pb2.GlobalProgram()
+        self.next_id = 0
+        self.consts = []  # arrays uploaded as extra (replicated) inputs, after the arguments
+        self._scalars = {}
+        self._sites = []  # the user's call sites of the nested calls being inlined
+
+    def where(self, eqn):
+        """The user's file:line of an equation; inside a library's nested jit (jnp.cumsum's), the
+        user's line that called it."""
+        here = _summary(eqn)
+        if here and "/site-packages/" not in here and "/jax/" not in here:
+            return here
+        return self._sites[-1] if self._sites else (here or "unknown location")
+
+    # -- emitting -------------------------------------------------------------------------------
+
+    def emit(self, kind, operands=(), **fields):
+        op = self.program.ops.add()
+        op.kind = kind
+        op.operands.extend(v.id for v in operands)
+        for k, v in fields.items():
+            f = getattr(op, k)
+            if isinstance(v, (list, tuple)):
+                f.extend(v)
+            elif hasattr(f, "CopyFrom"):
+                f.CopyFrom(v)
+            else:
+                setattr(op, k, v)
+        if kind == G.OUTPUT:
+            return None
+        self.next_id += 1
+        return self.next_id - 1
+
+    def scalar(self, value):
+        """A replicated f32 scalar constant (cached)."""
+        value = float(value)
+        if value not in self._scalars:
+            self._scalars[value] = _V(self.emit(G.CONSTANT, value=value), (), np.float32, F32)
+        return self._scalars[value]
+
+    def f32(self, v):
+        """v as f32 on the cluster (integers and bf16 converted)."""
+        if v.store == F32:
+            return v
+        return _V(self.emit(G.CONVERT, [v], dtype=F32), v.shape, np.float32, F32)
+
+    def unary(self, fn, v):
+        return _V(self.emit(G.UNARY, [v], fn=fn), v.shape, v.dtype, v.store)
+
+    def binary(self, fn, a, b, dtype=None):
+        if a.shape != b.shape and a.shape and b.shape:
+            # lax's rank-preserving broadcasting: dims of size 1 grow to the other operand's.
+            if len(a.shape) != len(b.shape):
+                raise errors.InvalidArgumentError(f"{fn}: operand shapes {a.shape} and {b.shape} differ in rank")
+            shape = tuple(max(x, y) for x, y in zip(a.shape, b.shape))
+            a, b = self.broadcast(a, shape), self.broadcast(b, shape)
+        if a.store != b.store or a.store not in (F32, BF16):
+            a, b = self.f32(a), self.f32(b)
+        shape = a.shape or b.shape
+        return _V(self.emit(G.BINARY, [a, b], fn=fn), shape, dtype or a.dtype, a.store)
+
+    def broadcast(self, v, shape):
+        """v broadcast to `shape` (same rank, v's dims equal or 1), laid out as v is."""
+        if v.shape == tuple(shape):
+            return v
+        vid = self.emit(G.BROADCAST_IN_DIM, [v], shape=list(shape), dims=list(range(len(shape))))
+        return _V(vid, shape, v.dtype, v.store)
+
+    # -- the program ----------------------------------------------------------------------------
+
+    def convert(self, closed, args, out_entries):
+        """The GlobalProgram for `closed` (a ClosedJaxpr) with arguments [(shape, dtype, spec
+        entries)] (each laid out as its array on the cluster), results laid out as out_entries.
+        Returns (program, consts): arrays the program captured, to be put on the cluster
+        (replicated) and passed after the arguments, in order."""
+        ins = []
+        for shape, dtype, entries in args:
+            store = _sharding.dtype_to_proto(dtype)
+            vid = self.emit(G.INPUT, dtype=store, shape=list(shape), spec=_sharding.spec_to_proto(entries))
+            ins.append(_V(vid, shape, dtype, store))
+        outs = self.run(closed.jaxpr, list(closed.consts), ins)
+        for v, entries in zip(outs, out_entries):
+            want = _sharding.dtype_to_proto(v.dtype) if not _is_bool(v.dtype) else F32
+            if v.store != want:
+                v = _V(self.emit(G.CONVERT, [v], dtype=want), v.shape, v.dtype, want)
+            self.emit(G.OUTPUT, [v], spec=_sharding.spec_to_proto(entries))
+        return self.program, self.consts
+
+    def const(self, value):
+        x = np.asarray(value)
+        if x.ndim == 0:
+            v = self.scalar(x)
+            return _V(v.id, (), x.dtype if x.dtype != np.float64 else np.float32, F32)
+        if x.dtype == np.float64:
+            x = x.astype(np.float32)
+        if x.dtype == np.bool_:
+            x = x.astype(np.float32)
+        store = _sharding.dtype_to_proto(x.dtype)
+        self.consts.append(x)
+        vid = self.emit(G.INPUT, dtype=store, shape=list(x.shape), spec=common_pb2.PartitionSpec())
+        return _V(vid, x.shape, value.dtype if hasattr(value, "dtype") else x.dtype, store)
+
+    def run(self, jaxpr, consts, ins):
+        env = {}
+        for var, c in zip(jaxpr.constvars, consts):
+            env[var] = self.const(c)
+        for var, v in zip(jaxpr.invars, ins):
+            env[var] = v
+
+        def read(var):
+            if type(var).__name__ == "Literal":
+                return self.const(var.val)
+            return env[var]
+
+        for eqn in jaxpr.eqns:
+            outs = self.equation(eqn, [read(v) for v in eqn.invars])
+            for var, v in zip(eqn.outvars, outs):
+                if type(var).__name__ != "DropVar":
+                    env[var] = v
+        return [read(v) for v in jaxpr.outvars]
+
+    def equation(self, eqn, ins):
+        name = eqn.primitive.name
+        p = eqn.params
+        avals = [v.aval for v in eqn.outvars]
+        out_dtype = np.dtype(avals[0].dtype) if avals and hasattr(avals[0], "dtype") else None
+        out_shape = tuple(avals[0].shape) if avals and hasattr(avals[0], "shape") else ()
+        try:
+            return self._equation(name, p, ins, out_dtype, out_shape, eqn)
+        except errors.MeshrunError as e:
+            if isinstance(e, errors.UnsupportedPrimitiveError) or "(at " in str(e):
+                raise
+            raise type(e)(f"{e} (primitive '{name}' at {self.where(eqn)})") from None
+
+    def _unsupported(self, name, eqn, why=""):
+        raise errors.UnsupportedPrimitiveError(
+            f"primitive '{name}' at {self.where(eqn)} is not supported by meshrun{': ' + why if why else ''} "
+            f"(supported: {', '.join(sorted(SUPPORTED))})")
+
+    def _equation(self, name, p, ins, out_dtype, out_shape, eqn):
+        if name in _CALLS:
+            sub = next((p[k] for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if p.get(k) is not None), None)
+            if sub is None:
+                self._unsupported(name, eqn, "no body")
+            closed_consts = list(getattr(sub, "consts", []))
+            body = getattr(sub, "jaxpr", sub)
+            self._sites.append(self.where(eqn))
+            try:
+                return self.run(body, closed_consts, ins[len(ins) - len(body.invars):])
+            finally:
+                self._sites.pop()
+        if name in _IDENTITY:
+            return ins
+        if name in _UNARY:
+            (x,) = ins
+            if x.store not in (F32, BF16):
+                x = self.f32(x)
+            return [_V(self.unary(_UNARY[name], x).id, x.shape, out_dtype, x.store)]
+        if name in _BINARY:
+            return [self.binary(_BINARY[name], ins[0], ins[1], out_dtype)]
+        if name in _COMPARE:
+            v = self.binary(_COMPARE[name], ins[0], ins[1])
+            return [_V(v.id, v.shape, np.bool_, F32)]
+        if name == "integer_pow":
+            return [self._integer_pow(ins[0], int(p["y"]))]
+        if name == "log1p":
+            return [self.unary("log", self.binary("add", ins[0], self.scalar(1.0)))]
+        if name == "expm1":
+            return [self.binary("sub", self.unary("exp", ins[0]), self.scalar(1.0))]
+        if name == "select_n":
+            return [self._select(name, eqn, ins, out_dtype)]
+        if name in ("and", "or", "not"):
+            if not all(_is_bool(v.dtype) for v in ins):
+                self._unsupported(name, eqn, "bitwise integer ops")
+            if name == "not":
+                v = self.binary("sub", self.scalar(1.0), ins[0])
+            else:
+                v = self.binary("mul" if name == "and" else "max", ins[0], ins[1])
+            return [_V(v.id, v.shape, np.bool_, F32)]
+        if name == "dot_general":
+            return [self._dot(p, ins, out_dtype, out_shape)]
+        if name == "broadcast_in_dim":
+            (x,) = ins
+            dims = list(p["broadcast_dimensions"])
+            if tuple(out_shape) == x.shape:
+                return [x]
+            vid = self.emit(G.BROADCAST_IN_DIM, [x], shape=list(out_shape), dims=dims)
+            return [_V(vid, out_shape, x.dtype, x.store)]
+        if name in ("reshape", "squeeze", "expand_dims"):
+            (x,) = ins[:1]
+            if name == "reshape" and p.get("dimensions") not in (None, ()):
+                self._unsupported(name, eqn, "reshape with a dimensions permutation")
+            if tuple(out_shape) == x.shape:
+                return [x]
+            return [_V(self.emit(G.RESHAPE, [x], shape=list(out_shape)), out_shape, x.dtype, x.store)]
+        if name == "transpose":
+            (x,) = ins
+            perm = list(p["permutation"])
+            if perm == list(range(len(perm))):
+                return [x]
+            return [_V(self.emit(G.TRANSPOSE, [x], dims=perm), out_shape, x.dtype, x.store)]
+        if name in ("reduce_sum", "reduce_max", "reduce_min"):
+            x = ins[0]
+            axes = list(p["axes"])
+            if not axes:
+                return [x]
+            if x.store not in (F32, BF16):
+                x = self.f32(x)
+            if name == "reduce_min":
+                x = self.unary("neg", x)
+            vid = self.emit(G.REDUCE, [x], fn="sum" if name == "reduce_sum" else "max", dims=axes)
+            v = _V(vid, out_shape, out_dtype, x.store)
+            return [self.unary("neg", v) if name == "reduce_min" else v]
+        if name == "convert_element_type":
+            return [self._convert(name, eqn, ins[0], np.dtype(p["new_dtype"]))]
+        if name == "iota":
+            dt = np.dtype(p["dtype"])
+            store = I32 if _is_int(dt) else _sharding.dtype_to_proto(dt)
+            vid = self.emit(G.IOTA, dtype=store, shape=list(p["shape"]), index=int(p["dimension"]),
+                            spec=common_pb2.PartitionSpec())
+            return [_V(vid, p["shape"], dt, store)]
+        if name in ("sharding_constraint", "reshard"):
+            (x,) = ins
+            sharding = p.get("sharding") or p.get("dst_sharding")
+            spec = getattr(sharding, "spec", sharding)
+            entries = _sharding.normalize_spec(spec, self.mesh)
+            vid = self.emit(G.CONSTRAINT, [x], spec=_sharding.spec_to_proto(entries))
+            return [_V(vid, x.shape, x.dtype, x.store)]
+        self._unsupported(name, eqn)
+
+    def _integer_pow(self, x, y):
+        if x.store not in (F32, BF16):
+            x = self.f32(x)
+        if y == 0:
+            return self.binary("add", self.binary("mul", x, self.scalar(0.0)), self.scalar(1.0))
+        n = abs(y)
+        if n == 2:
+            acc = self.unary("square", x)
+        else:  # square-and-multiply, as XLA expands integer_pow
+            acc, base = None, x
+            while n:
+                if n & 1:
+                    acc = base if acc is None else self.binary("mul", acc, base)
+                n >>= 1
+                if n:
+                    base = self.binary("mul", base, base)
+        return self.binary("div", self.scalar(1.0), acc) if y < 0 else acc
+
+    def _select(self, name, eqn, ins, out_dtype):
+        pred, cases = ins[0], ins[1:]
+        if len(cases) != 2:
+            self._unsupported(name, eqn, f"{len(cases)} cases (2 supported)")
+        a, b = cases
+        if a.store != b.store or a.store not in (F32, BF16):
+            a, b = self.f32(a), self.f32(b)
+        p = self.f32(pred)
+        keep = self.binary("mul", a, self.binary("sub", self.scalar(1.0), p))
+        take = self.binary("mul", b, p)
+        v = self.binary("add", keep, take)
+        return _V(v.id, a.shape or b.shape or pred.shape, out_dtype, v.store)
+
+    def _dot(self, p, ins, out_dtype, out_shape):
+        lhs, rhs = ins
+        (lc, rc), (lb, rb) = p["dimension_numbers"]
+        if lhs.store not in (F32, BF16) or rhs.store not in (F32, BF16) or lhs.store != rhs.store:
+            lhs, rhs = self.f32(lhs), self.f32(rhs)
+        vid = self.emit(G.DOT_GENERAL, [lhs, rhs], lhs_contracting=list(lc), rhs_contracting=list(rc),
+                        lhs_batch=list(lb), rhs_batch=list(rb))
+        v = _V(vid, out_shape, lhs.dtype, lhs.store)
+        want = _sharding.dtype_to_proto(out_dtype) if out_dtype in (np.float32,) or str(out_dtype) == "bfloat16" else v.store
+        if want != v.store:
+            v = _V(self.emit(G.CONVERT, [v], dtype=want), out_shape, out_dtype, want)
+        return v
+
+    def _convert(self, name, eqn, x, to):
+        if to == x.dtype:
+            return x
+        if _is_bool(to):
+            v = self.binary("ne", x, self.scalar(0.0))
+            return _V(v.id, v.shape, np.bool_, F32)
+        if _is_int(to):
+            if to not in (np.int32, np.uint32):
+                self._unsupported(name, eqn, f"conversion to {to}")
+            if _is_int(x.dtype) or _is_bool(x.dtype):
+                return _V(x.id, x.shape, to, x.store)  # integers stay exact in f32 below 2**24
+            v = self.f32(x)
+            return _V(self.emit(G.CONVERT, [v], dtype=_sharding.dtype_to_proto(to)), x.shape, to,
+                      _sharding.dtype_to_proto(to))
+        want = _sharding.dtype_to_proto(to)  # f32 or bf16
+        v = x if x.store in (F32, BF16) else self.f32(x)
+        if v.store != want:
+            v = _V(self.emit(G.CONVERT, [v], dtype=want), x.shape, to, want)
+        return _V(v.id, x.shape, to, v.store)

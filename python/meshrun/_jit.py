@@ -1,0 +1,157 @@
+"""cluster.jit: a JAX function traced to a jaxpr, converted into meshrun's GlobalProgram and
+partitioned and run by the coordinator (mirrors jax.jit(fun, in_shardings=..., out_shardings=...,
+static_argnums=..., donate_argnums=...)).
+
+On the first call for given argument shapes, dtypes and shardings, `fun` is traced with
+jax.make_jaxpr on abstract values (nothing is computed locally) and converted (meshrun._convert);
+the coordinator partitions the program (sharding propagation, with_sharding_constraint, the
+collectives) and caches it by its bytes; later calls reuse both. Results are meshrun.Array pytrees
+that stay on the cluster.
+"""
+import time
+
+import numpy as np
+
+from meshrun import _array, _sharding, _tree, errors
+from meshrun.v1 import coordinator_pb2
+
+
+def _as_tuple(x):
+    if x is None:
+        return ()
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+class _Compiled:
+    def __init__(self, program, const_ids, out_treedef, out_avals, out_entries, trace_seconds):
+        self.program = program
+        self.const_ids = const_ids
+        self.out_treedef = out_treedef
+        self.out_avals = out_avals
+        self.out_entries = out_entries
+        self.trace_seconds = trace_seconds
+
+
+class Jitted:
+    """The callable cluster.jit returns. Arguments: pytrees of meshrun.Array (laid out as
+    in_shardings when given; numpy arrays and scalars are put on the cluster first, laid out so).
+    Returns a pytree of meshrun.Array. `donate_argnums`: those arguments are consumed; a result
+    of the same shape, dtype and sharding takes the first unused donated array's place on the
+    cluster (a TrainState updated in place). Errors: UnsupportedPrimitiveError naming the primitive
+    and the user's file:line; InvalidArgumentError for shardings over another mesh, shapes the mesh
+    does not divide, or an argument laid out other than its in_sharding; the coordinator's errors
+    as meshrun.errors. Not thread-safe."""
+
+    def __init__(self, cluster, fun, in_shardings, out_shardings, static_argnums, donate_argnums):
+        self._cluster = cluster
+        self._fun = fun
+        self._in_shardings = in_shardings
+        self._out_shardings = out_shardings
+        self._static = tuple(sorted(_as_tuple(static_argnums)))
+        self._donate = set(_as_tuple(donate_argnums))
+        self._cache = {}
+        self.last_trace_seconds = 0.0  # tracing plus conversion of the last cache miss
+        self.last_collectives = []  # the partitioner's collectives, "psum(model)", ...
+
+    def __call__(self, *args):
+        import jax
+
+        dyn_pos = [i for i in range(len(args)) if i not in self._static]
+        static_vals = tuple(args[i] for i in self._static)
+        dyn = tuple(args[i] for i in dyn_pos)
+        leaves, treedef = jax.tree_util.tree_flatten(dyn)
+        if self._in_shardings is None:
+            specs = [None] * len(leaves)
+        else:
+            prefix = self._in_shardings
+            if not _tree._is_spec_leaf(prefix):
+                prefix = tuple(prefix)
+                if len(prefix) != len(dyn):
+                    raise errors.InvalidArgumentError(
+                        f"in_shardings has {len(prefix)} entries for {len(dyn)} non-static arguments")
+            specs = _tree.flat_specs(prefix, dyn)
+        arrays, donated = [], []
+        for pos, arg in zip(dyn_pos, dyn):
+            n = len(jax.tree_util.tree_leaves(arg))
+            donated += [pos in self._donate] * n
+        mesh = self._cluster.mesh
+        for leaf, spec in zip(leaves, specs):
+            if isinstance(leaf, _array.Array):
+                leaf._check_live()
+                if spec is not None and _sharding.normalize_spec(spec, mesh) != leaf._entries:
+                    raise errors.InvalidArgumentError(
+                        f"argument array '{leaf.id}' is laid out as {leaf.sharding.spec} but its "
+                        f"in_sharding is {spec}: device_put it with that sharding first")
+                arrays.append(leaf)
+            else:
+                arrays.append(self._cluster._put(np.asarray(leaf), spec))
+        key = (static_vals, treedef,
+               tuple((a.shape, str(a.dtype), a._entries) for a in arrays), tuple(donated))
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self._compile(static_vals, dyn_pos, treedef, arrays, len(args))
+            self._cache[key] = compiled
+        return self._run(compiled, arrays, donated)
+
+    def _compile(self, static_vals, dyn_pos, treedef, arrays, nargs):
+        import jax
+
+        from meshrun import _convert
+
+        start = time.perf_counter()
+
+        def flat_fun(*dyn_args):
+            full = [None] * nargs
+            for i, v in zip(self._static, static_vals):
+                full[i] = v
+            for i, v in zip(dyn_pos, dyn_args):
+                full[i] = v
+            return self._fun(*full)
+
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+        dyn_avals = jax.tree_util.tree_unflatten(treedef, avals)
+        closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*dyn_avals)
+        out_avals, out_treedef = jax.tree_util.tree_flatten(out_shape)
+        mesh = self._cluster.mesh
+        if self._out_shardings is None:
+            out_entries = [() for _ in out_avals]
+        else:
+            out_entries = [_sharding.normalize_spec(s, mesh)
+                           for s in _tree.flat_specs(self._out_shardings, out_shape)]
+        conv = _convert.Converter(mesh)
+        program, consts = conv.convert(closed, [(a.shape, a.dtype, a._entries) for a in arrays], out_entries)
+        const_ids = [self._cluster._put(c, None).id for c in consts]
+        return _Compiled(program, const_ids, out_treedef, out_avals, out_entries,
+                         time.perf_counter() - start)
+
+    def _run(self, compiled, arrays, donated):
+        import jax
+
+        self.last_trace_seconds = compiled.trace_seconds
+        req = coordinator_pb2.JitRequest(program=compiled.program)
+        req.input_ids.extend([a.id for a in arrays] + compiled.const_ids)
+        req.donate_argnums.extend(i for i, d in enumerate(donated) if d)
+        free = [a for a, d in zip(arrays, donated) if d]
+        for aval, entries in zip(compiled.out_avals, compiled.out_entries):
+            match = next((a for a in free if a.shape == tuple(aval.shape) and a.dtype == np.dtype(aval.dtype)
+                          and a._entries == tuple(entries)), None)
+            if match is not None:
+                free.remove(match)
+                req.output_ids.append(match.id)
+            else:
+                req.output_ids.append("")
+        try:
+            resp = self._cluster._call("Jit", req, timeout=max(self._cluster.timeout, 600.0))
+        except errors.MeshrunError as e:
+            if "are consumed" in str(e):  # a failed run consumes its donated arrays (jax.jit's rule)
+                for a, d in zip(arrays, donated):
+                    a._deleted = a._deleted or d
+            raise
+        self.last_collectives = list(resp.collectives)
+        for a, d in zip(arrays, donated):
+            if d:
+                a._deleted = True  # consumed, as jax.jit's donated buffers
+        for a in free:
+            self._cluster._delete(a.id)
+        outs = [_array.Array(self._cluster, info) for info in resp.outputs]
+        return jax.tree_util.tree_unflatten(compiled.out_treedef, outs)

@@ -1,0 +1,179 @@
+"""Meshes, PartitionSpecs and dtypes between JAX's Python objects and meshrun's protos.
+
+A meshrun mesh is JAX's: named axes, devices (worker ranks) laid out row-major over them, as
+`Mesh(mesh_utils.create_device_mesh((2, 4)), ('data', 'model'))` lays out devices 0..7.
+"""
+import numpy as np
+
+from meshrun import errors
+from meshrun.v1 import common_pb2
+
+try:  # bfloat16 comes with jax (ml_dtypes)
+    import ml_dtypes
+
+    _BF16 = np.dtype(ml_dtypes.bfloat16)
+except ImportError:  # pragma: no cover - numpy-only installs have no bf16
+    _BF16 = None
+
+_TO_PROTO = {
+    np.dtype(np.float32): common_pb2.DTYPE_F32,
+    np.dtype(np.int32): common_pb2.DTYPE_I32,
+    np.dtype(np.uint32): common_pb2.DTYPE_U32,
+    np.dtype(np.uint8): common_pb2.DTYPE_U8,
+}
+if _BF16 is not None:
+    _TO_PROTO[_BF16] = common_pb2.DTYPE_BF16
+_FROM_PROTO = {v: k for k, v in _TO_PROTO.items()}
+
+
+def dtype_to_proto(dtype) -> int:
+    """meshrun's DType for a numpy/JAX dtype; InvalidArgumentError naming it otherwise."""
+    dt = np.dtype(dtype)
+    if dt not in _TO_PROTO:
+        names = ", ".join(sorted(str(d) for d in _TO_PROTO))
+        raise errors.InvalidArgumentError(f"dtype {dt} is not supported by meshrun; expected one of {names}")
+    return _TO_PROTO[dt]
+
+
+def dtype_from_proto(dtype: int) -> np.dtype:
+    if dtype not in _FROM_PROTO:
+        raise errors.InvalidArgumentError(f"unknown meshrun dtype {dtype}")
+    return _FROM_PROTO[dtype]
+
+
+class Mesh:
+    """The cluster's mesh, as jax.sharding.Mesh describes one: `axis_names`, `shape` (a dict of
+    axis name -> size, in order), `devices` (the worker ranks, row-major). Immutable."""
+
+    def __init__(self, axes):
+        self._axes = tuple((str(n), int(s)) for n, s in axes)
+        self.axis_names = tuple(n for n, _ in self._axes)
+        self.shape = dict(self._axes)
+        sizes = [s for _, s in self._axes]
+        self.size = int(np.prod(sizes)) if sizes else 1
+        self.devices = np.arange(self.size).reshape(sizes)
+
+    @classmethod
+    def from_proto(cls, proto):
+        return cls((a.name, a.size) for a in proto.axes)
+
+    def to_proto(self):
+        m = common_pb2.Mesh()
+        for n, s in self._axes:
+            a = m.axes.add()
+            a.name, a.size = n, s
+        return m
+
+    def coords(self, rank: int):
+        """The rank's index on each axis (row-major, the first axis major)."""
+        return [int(c) for c in np.unravel_index(rank, [s for _, s in self._axes])] if self._axes else []
+
+    def __eq__(self, other):
+        return isinstance(other, Mesh) and self._axes == other._axes
+
+    def __hash__(self):
+        return hash(self._axes)
+
+    def __repr__(self):
+        return "Mesh(" + ", ".join(f"'{n}': {s}" for n, s in self._axes) + ")"
+
+
+def _entries(spec):
+    """A PartitionSpec (jax's, a tuple, or None) as a list of tuples of axis names."""
+    if spec is None:
+        return []
+    out = []
+    for e in tuple(spec):
+        if e is None:
+            out.append(())
+        elif isinstance(e, str):
+            out.append((e,))
+        elif isinstance(e, (tuple, list)):
+            out.append(tuple(str(a) for a in e))
+        else:
+            raise errors.InvalidArgumentError(
+                f"PartitionSpec entry {e!r}: expected None, a mesh axis name or a tuple of names")
+    return out
+
+
+def normalize_spec(sharding, mesh: Mesh):
+    """The entries (tuples of axis names) of a PartitionSpec or NamedSharding for `mesh`.
+
+    A NamedSharding may be over any mesh with the cluster's axis names and sizes (e.g. the seeds'
+    Mesh(create_device_mesh((2, 4)), ('data', 'model')) on 8 emulated devices); InvalidArgumentError
+    otherwise, or for an axis the mesh lacks or uses twice."""
+    spec = sharding
+    if hasattr(sharding, "mesh") and hasattr(sharding, "spec"):
+        theirs = sharding.mesh
+        axes = tuple(theirs.shape.items()) if hasattr(theirs, "shape") else ()
+        if tuple(axes) != tuple(mesh.shape.items()):
+            raise errors.InvalidArgumentError(
+                f"sharding's mesh {dict(axes)} differs from the cluster's mesh {mesh.shape}: "
+                "expected the same axis names and sizes")
+        spec = sharding.spec
+    entries = _entries(spec)
+    seen = set()
+    for e in entries:
+        for a in e:
+            if a not in mesh.shape:
+                raise errors.InvalidArgumentError(
+                    f"PartitionSpec {spec}: axis '{a}' is not in the cluster's mesh {mesh.shape}")
+            if a in seen:
+                raise errors.InvalidArgumentError(f"PartitionSpec {spec}: axis '{a}' is used twice")
+            seen.add(a)
+    while entries and not entries[-1]:
+        entries.pop()
+    return tuple(entries)
+
+
+def spec_to_proto(entries):
+    p = common_pb2.PartitionSpec()
+    for e in entries:
+        p.entries.add().axis_names.extend(e)
+    return p
+
+
+def spec_from_proto(proto):
+    entries = [tuple(e.axis_names) for e in proto.entries]
+    while entries and not entries[-1]:
+        entries.pop()
+    return tuple(entries)
+
+
+def to_partition_spec(entries):
+    """A jax.sharding.PartitionSpec for entries (needs jax), else a tuple."""
+    try:
+        from jax.sharding import PartitionSpec
+    except ImportError:  # pragma: no cover
+        return tuple(entries)
+    return PartitionSpec(*[None if not e else (e[0] if len(e) == 1 else e) for e in entries])
+
+
+def block_index(mesh: Mesh, entries, rank: int, ndim: int):
+    """The index of `rank`'s block along each dim of an array laid out as `entries`."""
+    coords = dict(zip(mesh.axis_names, mesh.coords(rank)))
+    index = []
+    for d in range(ndim):
+        i = 0
+        for a in (entries[d] if d < len(entries) else ()):
+            i = i * mesh.shape[a] + coords[a]
+        index.append(i)
+    return index
+
+
+def blocks_per_dim(mesh: Mesh, entries, ndim: int):
+    return [int(np.prod([mesh.shape[a] for a in entries[d]])) if d < len(entries) else 1
+            for d in range(ndim)]
+
+
+def tensor_to_proto(x: np.ndarray):
+    t = common_pb2.Tensor()
+    t.dtype = dtype_to_proto(x.dtype)
+    t.shape.dims.extend(int(d) for d in x.shape)
+    t.data = np.ascontiguousarray(x).astype(x.dtype.newbyteorder("<"), copy=False).tobytes()
+    return t
+
+
+def tensor_from_proto(t) -> np.ndarray:
+    dt = dtype_from_proto(t.dtype)
+    return np.frombuffer(t.data, dtype=dt).reshape(tuple(t.shape.dims)).copy()

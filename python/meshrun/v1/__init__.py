@@ -1,0 +1,1 @@
+"""Generated gRPC stubs (setup.py writes them at build time)."""

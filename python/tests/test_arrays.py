@@ -1,0 +1,80 @@
+"""device_put / fetch / delete / visualize, and the errors a user meets first."""
+import io
+import time
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+import meshrun
+
+
+def test_mesh_is_the_clusters(cluster):
+    assert cluster.mesh.shape == {"data": 2, "model": 4}
+    assert cluster.mesh.axis_names == ("data", "model")
+
+
+@pytest.mark.parametrize("spec", [P(), P("data"), P(None, "model"), P("data", "model"),
+                                  P(("data", "model")), P("model", "data")])
+def test_device_put_then_fetch_returns_the_array(cluster, spec):
+    x = np.arange(8 * 16, dtype=np.float32).reshape(8, 16) * 0.5 - 3
+    a = cluster.device_put(x, spec)
+    assert a.shape == (8, 16) and a.dtype == np.float32
+    assert a.sharding.spec == spec
+    np.testing.assert_array_equal(np.asarray(a), x)
+    a.delete()
+    with pytest.raises(RuntimeError):
+        np.asarray(a)
+
+
+def test_pytrees_and_dtypes_round_trip(cluster):
+    tree = {"w": np.ones((4, 8), np.float32), "n": np.array(7, np.int32),
+            "h": (np.arange(8, dtype=np.float32).astype(ml_dtypes.bfloat16),)}
+    specs = {"w": P("data", "model"), "n": P(), "h": (P("model"),)}
+    put = cluster.device_put(tree, specs)
+    got = jax.tree_util.tree_map(np.asarray, put)
+    assert got["n"].dtype == np.int32 and int(got["n"]) == 7
+    assert got["h"][0].dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(got["h"][0].astype(np.float32), np.arange(8, dtype=np.float32))
+    np.testing.assert_array_equal(got["w"], tree["w"])
+
+
+def test_visualize_array_sharding_draws_the_blocks(cluster):
+    a = cluster.device_put(np.zeros((4, 8), np.float32), P("data", "model"))
+    out = io.StringIO()
+    cluster.visualize_array_sharding(a, file=out)
+    text = out.getvalue()
+    assert text.count("CPU") == 8, text
+    assert "CPU 0" in text and "CPU 7" in text
+    first_row = text.splitlines()[1]
+    assert first_row.count("CPU") == 4, text
+
+
+def test_a_shape_the_mesh_does_not_divide_is_a_value_error(cluster):
+    with pytest.raises(ValueError) as e:
+        cluster.device_put(np.zeros((6, 6), np.float32), P("model"))
+    assert isinstance(e.value, meshrun.errors.InvalidArgumentError)
+    assert "6" in str(e.value) and "model" in str(e.value)
+
+
+def test_a_sharding_over_another_mesh_is_refused(cluster):
+    other = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
+    with pytest.raises(ValueError, match="differs from the cluster's mesh"):
+        cluster.device_put(np.zeros((8, 8), np.float32), NamedSharding(other, P("data")))
+    same = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    a = cluster.device_put(np.ones((8, 8), np.float32), NamedSharding(same, P("data", "model")))
+    assert a.sharding.spec == P("data", "model")
+
+
+def test_an_unknown_array_is_a_key_error(cluster):
+    with pytest.raises(KeyError):
+        cluster._get("no-such-array")
+
+
+def test_a_dead_cluster_is_a_connection_error_not_a_hang():
+    start = time.monotonic()
+    with pytest.raises(ConnectionError):
+        meshrun.connect("127.0.0.1:1", insecure=True, timeout=2)
+    assert time.monotonic() - start < 10
