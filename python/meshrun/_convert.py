@@ -40,6 +40,7 @@ SUPPORTED = {
     "transpose": "TRANSPOSE", "reduce_sum": "REDUCE sum", "reduce_max": "REDUCE max",
     "reduce_min": "-REDUCE max(-x)", "convert_element_type": "CONVERT (or none)",
     "iota": "IOTA", "sharding_constraint": "CONSTRAINT", "reshard": "CONSTRAINT",
+    "scan": "unrolled: INDEX of xs[i], the body inlined, STACK of the ys",
     **{k: "the value itself" for k in _IDENTITY},
     **{k: "its body, inlined" for k in _CALLS},
 }
@@ -227,6 +228,8 @@ class Converter:
                 return self.run(body, closed_consts, ins[len(ins) - len(body.invars):])
             finally:
                 self._sites.pop()
+        if name == "scan":
+            return self._scan(eqn, p, ins)
         if name in _IDENTITY:
             return ins
         if name in _UNARY:
@@ -305,6 +308,32 @@ class Converter:
             vid = self.emit(G.CONSTRAINT, [x], spec=_sharding.spec_to_proto(entries))
             return [_V(vid, x.shape, x.dtype, x.store)]
         self._unsupported(name, eqn)
+
+    def _scan(self, eqn, p, ins):
+        """lax.scan unrolled: iteration i reads xs[i] (INDEX along the stacked dim 0) and the ys
+        are stacked (STACK), as flax.linen.scan's layers are. A partitioned stacked dim is
+        all_gathered for INDEX."""
+        body, length = p["jaxpr"], int(p["length"])
+        nc, ncarry = int(p["num_consts"]), int(p["num_carry"])
+        consts, carry, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
+        ys = [None] * length
+        order = range(length - 1, -1, -1) if p.get("reverse") else range(length)
+        self._sites.append(self.where(eqn))
+        try:
+            for i in order:
+                xi = [_V(self.emit(G.INDEX, [x], index=i), x.shape[1:], x.dtype, x.store) for x in xs]
+                outs = self.run(body.jaxpr, list(body.consts), list(consts) + list(carry) + xi)
+                carry, ys[i] = outs[:ncarry], outs[ncarry:]
+        finally:
+            self._sites.pop()
+        stacked = []
+        for k in range(len(eqn.outvars) - ncarry):
+            parts = [ys[i][k] for i in range(length)]
+            if length == 0:
+                self._unsupported("scan", eqn, "length 0")
+            vid = self.emit(G.STACK, parts)
+            stacked.append(_V(vid, (length,) + parts[0].shape, parts[0].dtype, parts[0].store))
+        return list(carry) + stacked
 
     def _integer_pow(self, x, y):
         if x.store not in (F32, BF16):

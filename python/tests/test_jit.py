@@ -2,6 +2,7 @@
 import functools
 
 import flax.linen as nn
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -33,6 +34,29 @@ class DotReluDot(nn.Module):
         z = jnp.dot(y, W2)
         z = with_sharding_constraint(z, P("data", None))
         return z
+
+
+class ScanDotReluDot(nn.Module):
+    """Seed 000's DotReluDot as flax.linen.scan wants it: returns (z, None)."""
+
+    depth: int
+
+    @nn.compact
+    def __call__(self, x):
+        return DotReluDot(self.depth)(x), None
+
+
+class MLP(nn.Module):
+    """Seed 000's MLP: layers stacked by nn.scan (their params get a leading layer dim)."""
+
+    num_layers: int
+    depth: int
+
+    @nn.compact
+    def __call__(self, x):
+        x, _ = nn.scan(ScanDotReluDot, length=self.num_layers, variable_axes={"params": 0},
+                       split_rngs={"params": True}, metadata_params={nn.PARTITION_NAME: None})(self.depth)(x)
+        return x
 
 
 class Biased(nn.Module):
@@ -68,8 +92,59 @@ def batches(dim, n=STEPS, batch=16):
             for _ in range(n)]
 
 
+def emulated_mesh():
+    return Mesh(mesh_utils.create_device_mesh((2, 4)), ("data", "model"))
+
+
+def compare(cluster, step, state, state_spec, data, mesh):
+    """Runs `step(state, x, y) -> (state, loss)` over `data` with plain jax.jit (the reference),
+    with JAX's own sharded jit on 8 emulated devices, and with cluster.jit; asserts the losses
+    match within 1e-5 relative and the final state is as close to the reference as JAX's sharded
+    run is. Returns the Jitted."""
+    ref_state, ref_losses = state, []
+    plain = jax.jit(step)
+    with jax.set_mesh(mesh):
+        for x, y in data:
+            ref_state, loss = plain(ref_state, x, y)
+            ref_losses.append(float(loss))
+    is_p = lambda s: isinstance(s, P)
+    shard = lambda spec: jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), spec, is_leaf=is_p)
+    jax_step = jax.jit(step, in_shardings=(shard(state_spec), shard(P("data")), shard(P("data"))),
+                       out_shardings=(shard(state_spec), shard(P())))
+    jax_state = jax.device_put(state, shard(state_spec))
+    with jax.set_mesh(mesh):
+        for x, y in data:
+            jax_state, _ = jax_step(jax_state, x, y)
+
+    # The same code on the cluster: jax.jit -> cluster.jit.
+    on_cluster = cluster.device_put(state, state_spec)
+    ours = cluster.jit(step, in_shardings=(state_spec, P("data"), P("data")),
+                       out_shardings=(state_spec, P()), donate_argnums=0)
+    losses = []
+    with jax.set_mesh(mesh):
+        for x, y in data:
+            on_cluster, loss = ours(on_cluster, cluster.device_put(x, P("data")), cluster.device_put(y, P("data")))
+            losses.append(float(np.asarray(loss)))
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+
+    def max_diff(a, b):  # per leaf, relative to the leaf's scale (Adam's nu holds squares)
+        la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+        assert len(la) == len(lb)
+        diffs = []
+        for x, y in zip(la, lb):
+            x, y = np.asarray(x, np.float32), np.asarray(y, np.float32)
+            diffs.append(float(np.max(np.abs(x - y))) / max(1.0, float(np.max(np.abs(y)))))
+        return max(diffs)
+
+    ours_diff = max_diff(on_cluster, ref_state)
+    jax_diff = max_diff(jax_state, ref_state)
+    print(f"final state vs plain jax.jit: meshrun {ours_diff:.3g}, JAX sharded {jax_diff:.3g}")
+    assert ours_diff <= max(4 * jax_diff, 1e-6), (ours_diff, jax_diff)
+    return ours
+
+
 def run_case(cluster, model, dim, tx):
-    mesh = Mesh(mesh_utils.create_device_mesh((2, 4)), ("data", "model"))
+    mesh = emulated_mesh()
     x0 = jnp.ones((16, dim), jnp.float32)
     with jax.set_mesh(mesh):
         boxed = model.init(jax.random.PRNGKey(0), x0)["params"]
@@ -78,44 +153,7 @@ def run_case(cluster, model, dim, tx):
     opt_state = jax.tree_util.tree_map(np.asarray, tx.init(params))
     opt_spec = optax.tree_map_params(tx, lambda _, s: s, opt_state, param_spec,
                                      transform_non_params=lambda *_: P(), is_leaf=lambda x: isinstance(x, P))
-    state_spec = (param_spec, opt_spec)
-    step = make_step(model, tx)
-    data = batches(dim)
-
-    # Plain jax.jit on the local CPU: the reference.
-    ref_state, ref_losses = (params, opt_state), []
-    plain = jax.jit(step)
-    with jax.set_mesh(mesh):
-        for x, y in data:
-            ref_state, loss = plain(ref_state, x, y)
-            ref_losses.append(float(loss))
-    # JAX's own sharded run on 8 emulated devices: how far sharding alone moves the result.
-    shard = lambda spec: jax.tree_util.tree_map(lambda s: NamedSharding(mesh, s), spec, is_leaf=lambda s: isinstance(s, P))
-    jax_step = jax.jit(step, in_shardings=(shard(state_spec), shard(P("data")), shard(P("data"))),
-                       out_shardings=(shard(state_spec), shard(P())), donate_argnums=0)
-    jax_state = jax.device_put((params, opt_state), shard(state_spec))
-    with jax.set_mesh(mesh):
-        for x, y in data:
-            jax_state, _ = jax_step(jax_state, x, y)
-
-    # The same code on the cluster: jax.jit -> cluster.jit.
-    state = cluster.device_put((params, opt_state), state_spec)
-    ours = cluster.jit(step, in_shardings=(state_spec, P("data"), P("data")),
-                       out_shardings=(state_spec, P()), donate_argnums=0)
-    losses = []
-    with jax.set_mesh(mesh):
-        for x, y in data:
-            state, loss = ours(state, cluster.device_put(x, P("data")), cluster.device_put(y, P("data")))
-            losses.append(float(np.asarray(loss)))
-    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
-    got = jax.tree_util.tree_map(np.asarray, state[0])
-    ref = jax.tree_util.tree_map(np.asarray, ref_state[0])
-    jax_got = jax.tree_util.tree_map(np.asarray, jax_state[0])
-    ours_diff = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(ref)))
-    jax_diff = max(float(np.max(np.abs(a - b))) for a, b in zip(jax.tree_util.tree_leaves(jax_got), jax.tree_util.tree_leaves(ref)))
-    print(f"final parameters vs plain jax.jit: meshrun {ours_diff:.3g}, JAX sharded {jax_diff:.3g}")
-    assert ours_diff <= max(4 * jax_diff, 1e-6), (ours_diff, jax_diff)
-    return ours
+    return compare(cluster, make_step(model, tx), (params, opt_state), (param_spec, opt_spec), batches(dim), mesh)
 
 
 def test_seed_000_dot_relu_dot_with_adam_matches_jax(cluster):
@@ -123,8 +161,74 @@ def test_seed_000_dot_relu_dot_with_adam_matches_jax(cluster):
     assert ours.last_collectives, "the partitioner inserted no collective for a sharded model"
 
 
+def test_seed_000_scanned_mlp_in_a_train_state_matches_jax(cluster):
+    from flax.training import train_state
+
+    mesh = emulated_mesh()
+    model, optimizer = MLP(num_layers=4, depth=64), optax.adam(learning_rate=0.001)
+
+    def init_fn(k, x, model, optimizer):  # the seed's
+        variables = model.init(k, x)
+        return train_state.TrainState.create(apply_fn=model.apply, params=variables["params"], tx=optimizer)
+
+    with jax.set_mesh(mesh):
+        boxed = init_fn(jax.random.PRNGKey(0), jnp.ones((8, 32)), model, optimizer)
+    state_spec = nn.get_partition_spec(boxed)
+    specs = jax.tree_util.tree_leaves(state_spec.params, is_leaf=lambda s: isinstance(s, P))
+    assert P(None, None, "model") in specs and P(None, "model", None) in specs, specs  # layer dim first
+    state = jax.tree_util.tree_map(np.asarray, nn.unbox(boxed))
+
+    def train_step(state, x, y):  # the seed's fake loss, its value returned too
+        def loss_unrolled(params):
+            return model.apply({"params": params}, x).sum() + 0.0 * y.sum()
+
+        loss, grads = jax.value_and_grad(loss_unrolled)(state.params)
+        return state.apply_gradients(grads=grads), loss
+
+    compare(cluster, train_step, state, state_spec, batches(32, n=10, batch=8), mesh)
+
+
 def test_a_model_beyond_the_seeds_with_adamw_matches_jax(cluster):
     run_case(cluster, Biased(), 16, optax.adamw(3e-3, weight_decay=1e-2))
+
+
+class NnxDotReluDot(nnx.Module):
+    """Seeds 002/003's NNX module (Flax NNX's GSPMD guide), unchanged."""
+
+    def __init__(self, depth: int, rngs: nnx.Rngs):
+        init_fn = nnx.initializers.lecun_normal()
+        self.dot1 = nnx.Linear(depth, depth, kernel_init=nnx.with_partitioning(init_fn, (None, "model")),
+                               use_bias=False, rngs=rngs)
+        self.w2 = nnx.Param(init_fn(rngs.params(), (depth, depth)), sharding=("model", None))
+
+    def __call__(self, x: jax.Array):
+        y = self.dot1(x)
+        y = jax.nn.relu(y)
+        y = jax.lax.with_sharding_constraint(y, P("data", "model"))
+        z = jnp.dot(y, self.w2[...])
+        return z
+
+
+def test_seeds_002_003_nnx_dot_relu_dot_as_a_pure_function_matches_jax(cluster):
+    mesh = emulated_mesh()
+    with jax.set_mesh(mesh):
+        model = NnxDotReluDot(64, rngs=nnx.Rngs(0))
+        optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+        graphdef, state = nnx.split((model, optimizer))
+    specs = nnx.get_partition_spec(state)
+    state = jax.tree_util.tree_map(np.asarray, state)
+
+    def train_step(state, x, y):  # the seed's step, as a pure function over nnx.split state
+        model, optimizer = nnx.merge(graphdef, state)
+
+        def loss_fn(model):
+            return jnp.mean((model(x) - y) ** 2)
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return nnx.state((model, optimizer)), loss
+
+    compare(cluster, train_step, state, specs, batches(64, batch=8), mesh)
 
 
 def test_the_second_call_does_not_retrace(cluster):
