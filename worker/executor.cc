@@ -436,6 +436,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
           CreateMatmul(*in[0], *in[1], op.inputs_size() == 3 ? in[2] : nullptr, *out[0], mo));
     }
     case v1::OP_SOFTMAX_CROSS_ENTROPY_GRAD:  // numbered below the general ops
+    case v1::OP_FUSED_ELEMENTWISE:
       return CompileGeneral(op, in, out);
     default:
       if (op.kind() >= v1::OP_PSUM) return CompileCollective(op, in, out);

@@ -142,6 +142,16 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       if (!k.ok()) return k.status();
       return FromKernel(std::move(k));
     }
+    case v1::OP_FUSED_ELEMENTWISE: {
+      std::vector<FusedInstruction> instrs;
+      for (const v1::FusedInstr& f : op.fused())
+        instrs.push_back({f.fn(), std::vector<int>(f.args().begin(), f.args().end())});
+      auto k = CreateFusedElementwise(
+          instrs, std::vector<const Tensor*>(in.begin(), in.end()),
+          std::vector<int>(op.fused_outputs().begin(), op.fused_outputs().end()), out);
+      if (!k.ok()) return k.status();
+      return FromKernel(std::move(k));
+    }
     case v1::OP_BINARY: {
       if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
       auto k = CreateBinary(op.fn(), *in[0], *in[1], *out[0]);

@@ -458,6 +458,7 @@ absl::StatusOr<v1::ShardMapProgram> ShardMapBuilder::Build() const {
   if (p.program().functions_size() == 0) p.mutable_program()->add_functions()->set_name("main");
   SimplifyProgram(&p);
   FuseGradientAccumulation(&p);
+  FuseElementwise(&p);
   return p;
 }
 

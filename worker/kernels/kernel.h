@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -96,6 +97,23 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateSoftmaxCrossEntropyGrad(const Tens
                                                                       const Tensor& labels,
                                                                       const Tensor& dloss,
                                                                       Tensor& dlogits);
+
+// One op of a fused element-wise kernel: fn over args, each an input (0 .. n - 1) or an earlier
+// op's result (n + k).
+struct FusedInstruction {
+  std::string fn;  // add sub mul div max min eq ne lt le gt ge (2 args); neg abs square sqrt (1)
+  std::vector<int> args;
+};
+
+// Element-wise ops fused into one pass (program.proto's OP_FUSED_ELEMENTWISE): f32 inputs of
+// the outputs' shape or holding one element (broadcast), outputs[i] = the result of
+// instrs[output_instrs[i]]. Blocks of elements are evaluated op by op in L1-resident scratch, in
+// parallel over the compute threads; IEEE-exact ops compiled without FMA contraction, so the
+// results are bitwise those of oneDNN's separate binary and eltwise primitives (NaNs aside).
+// Errors: InvalidArgument naming a bad fn, arg, dtype or shape.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateFusedElementwise(
+    const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
+    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs);
 
 }  // namespace meshrun
 

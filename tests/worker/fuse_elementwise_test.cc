@@ -1,0 +1,269 @@
+// FuseElementwise (core/spmd/fusion.h) on an optimizer-like update chain: what it fuses and moves,
+// and that the executor computes the same bits before and after; the fused kernel's checks.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "core/spmd/fusion.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "gtest/gtest.h"
+#include "worker/executor.h"
+#include "worker/kernels/kernel.h"
+
+namespace meshrun {
+namespace {
+
+// Adam's moments and update on [3, 700] blocks (2100 elements: not a multiple of the kernel's
+// block), with one-element b1 and lr, fills for 1 and eps, a one-element op (1 - b1) in the
+// middle, and a comparison and a max among the results.
+constexpr char kProgram[] = R"pb(
+  program {
+    buffers {
+      name: "p"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "g"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "mu"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "nu"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "b1"
+      dtype: DTYPE_F32
+      shape { dims: 1 dims: 1 }
+    }
+    buffers {
+      name: "lr"
+      dtype: DTYPE_F32
+      shape { dims: 1 dims: 1 }
+    }
+    buffers {
+      name: "one"
+      dtype: DTYPE_F32
+      shape { dims: 1 dims: 1 }
+    }
+    buffers {
+      name: "eps"
+      dtype: DTYPE_F32
+      shape { dims: 1 dims: 1 }
+    }
+    buffers {
+      name: "omb1"
+      dtype: DTYPE_F32
+      shape { dims: 1 dims: 1 }
+    }
+    buffers {
+      name: "m1"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "m2"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "mu2"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "gg"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "n1"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "nu2"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "s"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "den"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "upd"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "step"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "p2"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "cmp"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    buffers {
+      name: "mx"
+      dtype: DTYPE_F32
+      shape { dims: 3 dims: 700 }
+    }
+    functions {
+      name: "main"
+      ops { kind: OP_FILL_VALUE outputs: "one" value: 1 }
+      ops { kind: OP_BINARY inputs: "mu" inputs: "b1" outputs: "m1" fn: "mul" }
+      ops { kind: OP_BINARY inputs: "one" inputs: "b1" outputs: "omb1" fn: "sub" }
+      ops { kind: OP_BINARY inputs: "g" inputs: "omb1" outputs: "m2" fn: "mul" }
+      ops { kind: OP_BINARY inputs: "m1" inputs: "m2" outputs: "mu2" fn: "add" }
+      ops { kind: OP_UNARY inputs: "g" outputs: "gg" fn: "square" }
+      ops { kind: OP_BINARY inputs: "nu" inputs: "b1" outputs: "n1" fn: "mul" }
+      ops { kind: OP_BINARY inputs: "n1" inputs: "gg" outputs: "nu2" fn: "add" }
+      ops { kind: OP_UNARY inputs: "nu2" outputs: "s" fn: "sqrt" }
+      ops { kind: OP_FILL_VALUE outputs: "eps" value: 1e-8 }
+      ops { kind: OP_BINARY inputs: "s" inputs: "eps" outputs: "den" fn: "add" }
+      ops { kind: OP_BINARY inputs: "mu2" inputs: "den" outputs: "upd" fn: "div" }
+      ops { kind: OP_BINARY inputs: "upd" inputs: "lr" outputs: "step" fn: "mul" }
+      ops { kind: OP_BINARY inputs: "p" inputs: "step" outputs: "p2" fn: "sub" }
+      ops { kind: OP_BINARY inputs: "p2" inputs: "p" outputs: "cmp" fn: "gt" }
+      ops { kind: OP_BINARY inputs: "upd" inputs: "g" outputs: "mx" fn: "max" }
+    }
+  }
+  inputs: "p"
+  inputs: "g"
+  inputs: "mu"
+  inputs: "nu"
+  inputs: "b1"
+  inputs: "lr"
+  outputs: "mu2"
+  outputs: "nu2"
+  outputs: "p2"
+  outputs: "cmp"
+  outputs: "mx"
+)pb";
+
+v1::ShardMapProgram Parse() {
+  v1::ShardMapProgram p;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(kProgram, &p));
+  return p;
+}
+
+std::map<std::string, std::vector<float>> RunOnce(const v1::ShardMapProgram& p) {
+  absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(p.program(), Executor::Options{});
+  EXPECT_TRUE(ex.ok()) << ex.status();
+  if (!ex.ok()) return {};
+  std::map<std::string, Tensor> args;
+  float v = 0.37f;
+  for (const v1::BufferDecl& b : p.program().buffers()) {
+    if (std::find(p.inputs().begin(), p.inputs().end(), b.name()) == p.inputs().end()) continue;
+    Tensor t(v1::DTYPE_F32, Dims(b.shape().dims().begin(), b.shape().dims().end()));
+    for (int64_t i = 0; i < t.num_elements(); ++i) {
+      v = v * 3.7f - static_cast<float>(static_cast<int>(v * 3.7f)) - 0.5f;
+      t.data<float>()[i] = b.name() == "nu" ? v * v : v;  // nu >= 0, as a second moment is
+      if (b.name() == "b1") t.data<float>()[i] = 0.9f;
+      if (b.name() == "lr") t.data<float>()[i] = 0.01f;
+    }
+    args.emplace(b.name(), std::move(t));
+  }
+  for (const auto& [name, t] : args) EXPECT_TRUE((*ex)->BindInput(name, t).ok()) << name;
+  EXPECT_TRUE((*ex)->Run("main", RunContext{}).ok());
+  std::map<std::string, std::vector<float>> out;
+  for (const std::string& name : p.outputs()) {
+    absl::StatusOr<Tensor> t = (*ex)->TakeOutput(name);
+    EXPECT_TRUE(t.ok()) << name;
+    if (t.ok()) out[name].assign(t->data<float>(), t->data<float>() + t->num_elements());
+  }
+  return out;
+}
+
+TEST(FuseElementwiseTest, AnUpdateChainBecomesOnePass) {
+  v1::ShardMapProgram p = Parse();
+  FuseElementwise(&p);
+  const auto& ops = p.program().functions(0).ops();
+  ASSERT_EQ(ops.size(), 4) << p.DebugString();
+  EXPECT_EQ(ops[0].kind(), v1::OP_FILL_VALUE);
+  EXPECT_EQ(ops[1].kind(), v1::OP_FILL_VALUE) << "fills move to the run's front";
+  EXPECT_EQ(ops[2].kind(), v1::OP_BINARY) << "the one-element 1 - b1 runs before the group";
+  EXPECT_EQ(ops[2].outputs(0), "omb1");
+  const v1::Op& fused = ops[3];
+  ASSERT_EQ(fused.kind(), v1::OP_FUSED_ELEMENTWISE);
+  EXPECT_EQ(fused.fused_size(), 13);
+  EXPECT_THAT(std::vector<std::string>(fused.outputs().begin(), fused.outputs().end()),
+              ::testing::ElementsAre("mu2", "nu2", "p2", "cmp", "mx"));
+  for (const v1::BufferDecl& b : p.program().buffers()) {
+    for (const char* gone : {"m1", "m2", "gg", "n1", "s", "den", "upd", "step"})
+      EXPECT_NE(b.name(), gone) << "an intermediate read only inside the group keeps no buffer";
+  }
+}
+
+TEST(FuseElementwiseTest, TheFusedProgramComputesTheSameBits) {
+  const v1::ShardMapProgram original = Parse();
+  v1::ShardMapProgram fused = original;
+  FuseElementwise(&fused);
+  const auto before = RunOnce(original), after = RunOnce(fused);
+  ASSERT_EQ(before.size(), 5u);
+  for (const auto& [name, values] : before) {
+    const std::vector<float>& got = after.at(name);
+    ASSERT_EQ(got.size(), values.size()) << name;
+    EXPECT_EQ(std::memcmp(got.data(), values.data(), values.size() * sizeof(float)), 0) << name;
+  }
+  for (const auto& [name, values] : after) {
+    for (float x : values) ASSERT_TRUE(std::isfinite(x)) << name << ": the inputs are a valid state";
+  }
+  for (float c : after.at("cmp")) EXPECT_TRUE(c == 0.0f || c == 1.0f);
+}
+
+TEST(FuseElementwiseTest, ResultsWrittenTwiceOrArgumentsAreLeftAlone) {
+  v1::ShardMapProgram p = Parse();
+  // m1 written a second time: the ops writing it stay separate.
+  v1::Op* again = p.mutable_program()->mutable_functions(0)->add_ops();
+  again->set_kind(v1::OP_BINARY);
+  again->set_fn("add");
+  again->add_inputs("g");
+  again->add_inputs("g");
+  again->add_outputs("m1");
+  FuseElementwise(&p);
+  int writers_of_m1 = 0;
+  for (const v1::Op& op : p.program().functions(0).ops())
+    for (const std::string& o : op.outputs()) writers_of_m1 += o == "m1";
+  EXPECT_EQ(writers_of_m1, 2);
+}
+
+TEST(FusedElementwiseKernelTest, RefusesBadOpsArgsAndShapes) {
+  Tensor a(v1::DTYPE_F32, {4, 3}), b(v1::DTYPE_F32, {4, 3}), c(v1::DTYPE_F32, {3, 4}),
+      out(v1::DTYPE_F32, {4, 3});
+  auto msg = [&](std::vector<FusedInstruction> ops, std::vector<const Tensor*> in) {
+    return std::string(CreateFusedElementwise(ops, in, {0}, {&out}).status().message());
+  };
+  EXPECT_THAT(msg({{"exp", {0}}}, {&a}), ::testing::HasSubstr("fn 'exp'"));
+  EXPECT_THAT(msg({{"add", {0}}}, {&a}), ::testing::HasSubstr("1 args"));
+  EXPECT_THAT(msg({{"add", {0, 2}}}, {&a, &b}), ::testing::HasSubstr("arg 2"));
+  EXPECT_THAT(msg({{"add", {0, 1}}}, {&a, &c}), ::testing::HasSubstr("input 1"));
+  EXPECT_TRUE(CreateFusedElementwise({{"add", {0, 1}}}, {&a, &b}, {0}, {&out}).ok());
+}
+
+}  // namespace
+}  // namespace meshrun

@@ -1,0 +1,219 @@
+// Fused element-wise kernel (kernel.h's CreateFusedElementwise). Compiled with
+// -ffp-contract=off (worker/CMakeLists.txt): a multiply followed by an add must round twice, as
+// the separate primitives do.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "worker/kernels/kernel.h"
+
+namespace meshrun {
+namespace {
+
+enum class Fn {
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kMax,
+  kMin,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kNeg,
+  kAbs,
+  kSquare,
+  kSqrt
+};
+
+const std::map<std::string, std::pair<Fn, int>>& Fns() {
+  static const auto* fns = new std::map<std::string, std::pair<Fn, int>>{
+      {"add", {Fn::kAdd, 2}},  {"sub", {Fn::kSub, 2}}, {"mul", {Fn::kMul, 2}},
+      {"div", {Fn::kDiv, 2}},  {"max", {Fn::kMax, 2}}, {"min", {Fn::kMin, 2}},
+      {"eq", {Fn::kEq, 2}},    {"ne", {Fn::kNe, 2}},   {"lt", {Fn::kLt, 2}},
+      {"le", {Fn::kLe, 2}},    {"gt", {Fn::kGt, 2}},   {"ge", {Fn::kGe, 2}},
+      {"neg", {Fn::kNeg, 1}},  {"abs", {Fn::kAbs, 1}}, {"square", {Fn::kSquare, 1}},
+      {"sqrt", {Fn::kSqrt, 1}}};
+  return *fns;
+}
+
+constexpr int64_t kBlock = 256;  // elements per block: every op's scratch row stays in L1
+
+struct Instr {
+  Fn fn;
+  int a = 0, b = 0;  // rows of the block scratch (inputs first, then results)
+};
+
+// One block: r = fn(x, y) over m elements.
+void Apply(Fn fn, const float* __restrict x, const float* __restrict y, float* __restrict r,
+           int64_t m) {
+  switch (fn) {
+    case Fn::kAdd:
+      for (int64_t j = 0; j < m; ++j) r[j] = x[j] + y[j];
+      break;
+    case Fn::kSub:
+      for (int64_t j = 0; j < m; ++j) r[j] = x[j] - y[j];
+      break;
+    case Fn::kMul:
+      for (int64_t j = 0; j < m; ++j) r[j] = x[j] * y[j];
+      break;
+    case Fn::kDiv:
+      for (int64_t j = 0; j < m; ++j) r[j] = x[j] / y[j];
+      break;
+    case Fn::kMax:
+      for (int64_t j = 0; j < m; ++j) r[j] = x[j] > y[j] ? x[j] : y[j];
+      break;
+    case Fn::kMin:
+      for (int64_t j = 0; j < m; ++j) r[j] = x[j] < y[j] ? x[j] : y[j];
+      break;
+    case Fn::kEq:
+      for (int64_t j = 0; j < m; ++j) r[j] = x[j] == y[j] ? 1.0f : 0.0f;
+      break;
+    case Fn::kNe:
+      for (int64_t j = 0; j < m; ++j) r[j] = x[j] != y[j] ? 1.0f : 0.0f;
+      break;
+    case Fn::kLt:
+      for (int64_t j = 0; j < m; ++j) r[j] = x[j] < y[j] ? 1.0f : 0.0f;
+      break;
+    case Fn::kLe:
+      for (int64_t j = 0; j < m; ++j) r[j] = x[j] <= y[j] ? 1.0f : 0.0f;
+      break;
+    case Fn::kGt:
+      for (int64_t j = 0; j < m; ++j) r[j] = x[j] > y[j] ? 1.0f : 0.0f;
+      break;
+    case Fn::kGe:
+      for (int64_t j = 0; j < m; ++j) r[j] = x[j] >= y[j] ? 1.0f : 0.0f;
+      break;
+    case Fn::kNeg:
+      for (int64_t j = 0; j < m; ++j) r[j] = -x[j];
+      break;
+    case Fn::kAbs:
+      for (int64_t j = 0; j < m; ++j) r[j] = std::fabs(x[j]);
+      break;
+    case Fn::kSquare:
+      for (int64_t j = 0; j < m; ++j) r[j] = x[j] * x[j];
+      break;
+    case Fn::kSqrt:
+      for (int64_t j = 0; j < m; ++j) r[j] = std::sqrt(x[j]);
+      break;
+  }
+}
+
+class FusedElementwiseKernel : public Kernel {
+ public:
+  FusedElementwiseKernel(std::vector<Instr> instrs, std::vector<const Tensor*> inputs,
+                         std::vector<int> output_instrs, std::vector<Tensor*> outputs, int64_t n)
+      : instrs_(std::move(instrs)),
+        inputs_(std::move(inputs)),
+        output_instrs_(std::move(output_instrs)),
+        outputs_(std::move(outputs)),
+        n_(n) {}
+
+  absl::Status Run() override {
+    const int64_t blocks = (n_ + kBlock - 1) / kBlock;
+    const int rows = static_cast<int>(inputs_.size() + instrs_.size());
+#pragma omp parallel
+    {
+      std::vector<float> scratch(static_cast<size_t>(rows) * kBlock);
+      // One-element inputs are broadcast once per thread.
+      for (size_t i = 0; i < inputs_.size(); ++i) {
+        if (inputs_[i]->num_elements() == 1)
+          std::fill_n(&scratch[i * kBlock], kBlock, inputs_[i]->data<float>()[0]);
+      }
+#pragma omp for schedule(static)
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t start = blk * kBlock, m = std::min(kBlock, n_ - start);
+        auto row = [&](int r) -> const float* {
+          if (r < static_cast<int>(inputs_.size()) && inputs_[r]->num_elements() != 1)
+            return inputs_[r]->data<float>() + start;
+          return &scratch[static_cast<size_t>(r) * kBlock];
+        };
+        for (size_t k = 0; k < instrs_.size(); ++k) {
+          const Instr& in = instrs_[k];
+          float* r = &scratch[(inputs_.size() + k) * kBlock];
+          Apply(in.fn, row(in.a), row(in.b), r, m);
+        }
+        for (size_t o = 0; o < outputs_.size(); ++o) {
+          std::copy_n(&scratch[(inputs_.size() + output_instrs_[o]) * kBlock], m,
+                      outputs_[o]->data<float>() + start);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<Instr> instrs_;
+  std::vector<const Tensor*> inputs_;
+  std::vector<int> output_instrs_;
+  std::vector<Tensor*> outputs_;
+  int64_t n_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Kernel>> CreateFusedElementwise(
+    const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
+    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs) {
+  if (instrs.empty() || outputs.empty() || outputs.size() != output_instrs.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fused_elementwise: ", instrs.size(), " ops, ", outputs.size(),
+                     " outputs and ", output_instrs.size(),
+                     " output ops; expected at least one op and one output per output op"));
+  }
+  const Dims& dims = outputs[0]->dims();
+  for (const Tensor* t : outputs) {
+    if (t->dtype() != v1::DTYPE_F32 || t->dims() != dims) {
+      return absl::InvalidArgumentError(absl::StrCat("fused_elementwise: outputs must be f32 ",
+                                                     DimsToString(dims), "; got ",
+                                                     DimsToString(t->dims())));
+    }
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor* t = inputs[i];
+    if (t->dtype() != v1::DTYPE_F32 || (t->dims() != dims && t->num_elements() != 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fused_elementwise: input ", i, " is ", DTypeName(t->dtype()), DimsToString(t->dims()),
+          "; expected f32 ", DimsToString(dims), " or one element"));
+    }
+  }
+  std::vector<Instr> compiled;
+  const int n = static_cast<int>(inputs.size());
+  for (size_t k = 0; k < instrs.size(); ++k) {
+    auto it = Fns().find(instrs[k].fn);
+    if (it == Fns().end() || static_cast<int>(instrs[k].args.size()) != it->second.second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fused_elementwise op ", k, ": fn '", instrs[k].fn, "' with ", instrs[k].args.size(),
+          " args is not one of add sub mul div max min eq ne lt le gt ge (2 args), neg abs square "
+          "sqrt (1)"));
+    }
+    for (int a : instrs[k].args) {
+      if (a < 0 || a >= n + static_cast<int>(k)) {
+        return absl::InvalidArgumentError(absl::StrCat("fused_elementwise op ", k, ": arg ", a,
+                                                       " is not an input (0..", n - 1,
+                                                       ") or an earlier result"));
+      }
+    }
+    Instr in;
+    in.fn = it->second.first;
+    in.a = instrs[k].args[0];
+    in.b = instrs[k].args.size() > 1 ? instrs[k].args[1] : in.a;
+    compiled.push_back(in);
+  }
+  for (int o : output_instrs) {
+    if (o < 0 || o >= static_cast<int>(instrs.size()))
+      return absl::InvalidArgumentError(
+          absl::StrCat("fused_elementwise: output op ", o, " does not exist"));
+  }
+  if (outputs[0]->num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
+  return std::unique_ptr<Kernel>(std::make_unique<FusedElementwiseKernel>(
+      std::move(compiled), inputs, output_instrs, outputs, outputs[0]->num_elements()));
+}
+
+}  // namespace meshrun
