@@ -142,6 +142,13 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       if (!k.ok()) return k.status();
       return FromKernel(std::move(k));
     }
+    case v1::OP_SELECT: {  // a fused loop of one op
+      if (absl::Status s = Arity(op, 3, 1); !s.ok()) return s;
+      auto k = CreateFusedElementwise({{"select", {0, 1, 2}}},
+                                      std::vector<const Tensor*>(in.begin(), in.end()), {0}, out);
+      if (!k.ok()) return k.status();
+      return FromKernel(std::move(k));
+    }
     case v1::OP_FUSED_ELEMENTWISE: {
       std::vector<FusedInstruction> instrs;
       for (const v1::FusedInstr& f : op.fused())

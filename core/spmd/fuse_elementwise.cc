@@ -19,7 +19,7 @@ bool ExactFn(const v1::Op& op) {
   static const std::set<std::string> unary = {"neg", "abs", "square", "sqrt"};
   if (op.kind() == v1::OP_BINARY) return op.inputs_size() == 2 && binary.count(op.fn());
   if (op.kind() == v1::OP_UNARY) return op.inputs_size() == 1 && unary.count(op.fn());
-  return false;
+  return op.kind() == v1::OP_SELECT && op.inputs_size() == 3;
 }
 
 bool SameShape(const v1::BufferDecl& a, const v1::BufferDecl& b) {
@@ -108,7 +108,7 @@ class Fuser {
   bool ScalarView(const v1::Op& op) const {
     const v1::OpKind k = op.kind();
     if ((k != v1::OP_RESHAPE && k != v1::OP_BROADCAST && k != v1::OP_BINARY && k != v1::OP_UNARY &&
-         k != v1::OP_CONVERT) ||
+         k != v1::OP_CONVERT && k != v1::OP_SELECT) ||
         op.outputs_size() != 1 || !WrittenOnce(op.outputs(0))) {
       return false;
     }
@@ -179,7 +179,7 @@ class Fuser {
     for (size_t k = 0; k < group.size(); ++k) {
       const v1::Op& op = in.Get(group[k]);
       v1::FusedInstr* instr = fused.add_fused();
-      instr->set_fn(op.fn());
+      instr->set_fn(op.kind() == v1::OP_SELECT ? "select" : op.fn());
       for (auto [is_result, index] : args[k]) instr->add_args(is_result ? n + index : index);
       // Kept when anything outside the group reads it, or the caller sees it.
       const std::string& o = op.outputs(0);

@@ -38,14 +38,14 @@ void SimplifyProgram(v1::ShardMapProgram* program);
 void FuseGradientAccumulation(v1::ShardMapProgram* program);
 
 // Loop fusion of element-wise ops, as XLA's: within each run of consecutive element-wise f32
-// ops (OP_BINARY and OP_UNARY with an IEEE-exact fn, see OP_FUSED_ELEMENTWISE; OP_FILL_VALUEs
-// in the run move to its front; any element-wise op, convert or reshape on one-element values
-// joins the run and runs with its one-element results), the ops with one output shape become one
-// OP_FUSED_ELEMENTWISE when there are at least two of them: one pass over the elements instead
-// of one per op, and results read only inside the group are never written to memory (an
-// optimizer's update chain, a relu's select). Ops whose results have one element run first, as
-// they are; no other op of a run depends on an op of another shape, so the groups keep every
-// dependency. Only buffers written once are fused. Bitwise the same results for finite and
+// ops (OP_BINARY and OP_UNARY with an IEEE-exact fn, and OP_SELECT, see OP_FUSED_ELEMENTWISE;
+// OP_FILL_VALUEs in the run move to its front; any element-wise op, convert or reshape on
+// one-element values joins the run and runs with its one-element results), the ops with one output
+// shape become one OP_FUSED_ELEMENTWISE when there are at least two of them: one pass over the
+// elements instead of one per op, and results read only inside the group are never written to
+// memory (an optimizer's update chain, a relu's select). Ops whose results have one element run
+// first, as they are; no other op of a run depends on an op of another shape, so the groups keep
+// every dependency. Only buffers written once are fused. Bitwise the same results for finite and
 // infinite values (NaN payloads, and comparisons with NaN, may differ from oneDNN's).
 void FuseElementwise(v1::ShardMapProgram* program);
 

@@ -231,6 +231,55 @@ JitBuilder::Value JitBuilder::Binary(const std::string& fn, Value a, Value b) {
   return Push(std::move(out), std::move(node));
 }
 
+JitBuilder::Value JitBuilder::Select(Value pred, Value on_false, Value on_true) {
+  Scope rec(this, v1::GlobalOp::SELECT);
+  rec.Operands({pred, on_false, on_true});
+  if (!Valid(pred) || !Valid(on_false) || !Valid(on_true)) return {};
+  std::vector<State> s;
+  Dims shape;
+  for (Value v : {pred, on_false, on_true}) {
+    s.push_back(Complete(values_[v.id], "select"));
+    if (!s.back().global.empty()) shape = s.back().global;
+  }
+  for (const State& x : s) {
+    if (!Check(x.global.empty() || x.global == shape,
+               absl::StrCat("select: operand shapes (", absl::StrJoin(x.global, ", "), ") and (",
+                            absl::StrJoin(shape, ", "), ") differ"))) {
+      return {};
+    }
+  }
+  // The first sharded operand of the full shape leads; the others are resharded to it.
+  const auto sharded = [&](const State& x) {
+    for (const PartitionSpec::Entry& e : x.spec.Padded(shape.size()))
+      if (!e.empty()) return true;
+    return false;
+  };
+  int lead = -1;
+  for (int i = 0; i < 3; ++i) {
+    if (s[i].global.empty()) continue;
+    if (lead < 0) lead = i;
+    if (sharded(s[i])) {
+      lead = i;
+      break;
+    }
+  }
+  if (lead >= 0) {
+    for (int i = 0; i < 3; ++i) {
+      if (i == lead || s[i].global.empty()) continue;
+      absl::StatusOr<spmd::OpPlan> plan =
+          spmd::PlanElementwise(shape, s[lead].spec, s[i].spec, mesh_);
+      if (!Check(plan.ok(), absl::StrCat("select: ", plan.status().message()))) return {};
+      s[i] = ApplyReshards(std::move(s[i]), plan->reshards, "select");
+    }
+  }
+  State out = lead >= 0 ? s[lead] : s[1];
+  out.local = sm_.Select(s[0].local, s[1].local, s[2].local);
+  out.dtype = s[1].dtype;
+  out.global = shape;
+  out.partial.clear();
+  return Push(std::move(out), Node(Node::kSelect, {pred.id, on_false.id, on_true.id}));
+}
+
 JitBuilder::Value JitBuilder::DotGeneral(Value a, Value b,
                                          const std::vector<int64_t>& lhs_contracting,
                                          const std::vector<int64_t>& rhs_contracting,
@@ -653,6 +702,46 @@ JitBuilder::Value JitBuilder::Transpose(Value x, const std::vector<int64_t>& per
   return Push(std::move(s), std::move(node));
 }
 
+JitBuilder::Value JitBuilder::Slice(Value x, const std::vector<int64_t>& starts,
+                                    const std::vector<int64_t>& limits) {
+  Scope rec(this, v1::GlobalOp::SLICE);
+  rec.Operands({x});
+  if (rec.op != nullptr) {
+    for (int64_t d : starts) rec.op->add_dims(d);
+    for (int64_t d : limits) rec.op->add_shape(d);
+  }
+  if (!Valid(x)) return {};
+  const State& sx = values_[x.id];
+  bool ok = starts.size() == sx.global.size() && limits.size() == sx.global.size();
+  for (size_t d = 0; ok && d < starts.size(); ++d)
+    ok = starts[d] >= 0 && starts[d] < limits[d] && limits[d] <= sx.global[d];
+  if (!Check(ok, absl::StrCat("slice of (", absl::StrJoin(sx.global, ", "), ") from (",
+                              absl::StrJoin(starts, ", "), ") to (", absl::StrJoin(limits, ", "),
+                              "): expected 0 <= start < limit <= size in every dim"))) {
+    return {};
+  }
+  std::vector<PartitionSpec::Entry> entries = sx.spec.Padded(sx.global.size());
+  Dims out_dims(sx.global.size());
+  for (size_t d = 0; d < entries.size(); ++d) {
+    out_dims[d] = limits[d] - starts[d];
+    if (out_dims[d] != sx.global[d]) entries[d].clear();
+  }
+  State s = Resolve(sx, PartitionSpec(entries), "slice");
+  const Dims local = sm_.shape(s.local);
+  std::vector<int64_t> local_starts(starts.size(), 0);
+  Dims sizes = local;
+  for (size_t d = 0; d < starts.size(); ++d) {
+    if (out_dims[d] != sx.global[d]) {
+      local_starts[d] = starts[d];
+      sizes[d] = out_dims[d];
+    }
+  }
+  if (sizes != local) s.local = sm_.Slice(s.local, local_starts, sizes);
+  s.global = out_dims;
+  s.spec = PartitionSpec(entries);
+  return Push(std::move(s), Node(Node::kConstant));  // no gradient flows back (yet)
+}
+
 JitBuilder::Value JitBuilder::Index(Value x, int64_t index) {
   Scope rec(this, v1::GlobalOp::INDEX);
   rec.Operands({x});
@@ -908,6 +997,23 @@ void JitBuilder::Backprop(int id, Value g, std::vector<Cotangent>& cts) {
       add(x, values_[sum.id].global == in ? sum : Reshape(sum, in));
       return;
     }
+    case Node::kSelect: {  // the cotangent flows to the operand each element took
+      const Value p{node.operands[0]};
+      const Value zero = Constant(0.0f, {});
+      if (needs(node.operands[1])) {
+        Value ct = Select(p, g, zero);
+        add(node.operands[1], values_[node.operands[1]].global.empty()
+                                  ? Reduce("sum", ct, Range(0, static_cast<int64_t>(shape.size())))
+                                  : ct);
+      }
+      if (needs(node.operands[2])) {
+        Value ct = Select(p, zero, g);
+        add(node.operands[2], values_[node.operands[2]].global.empty()
+                                  ? Reduce("sum", ct, Range(0, static_cast<int64_t>(shape.size())))
+                                  : ct);
+      }
+      return;
+    }
     case Node::kReshape:
       add(node.operands[0], Reshape(g, values_[node.operands[0]].global));
       return;
@@ -1109,6 +1215,12 @@ absl::StatusOr<std::unique_ptr<JitBuilder>> JitBuilder::FromGlobalProgram(
         } else if (arity.ok()) {
           jit->BroadcastInDimPropagated(in[0], dims(op.shape()), dims(op.dims()));
         }
+        break;
+      case v1::GlobalOp::SELECT:
+        if (arity = need(3); arity.ok()) jit->Select(in[0], in[1], in[2]);
+        break;
+      case v1::GlobalOp::SLICE:
+        if (arity = need(1); arity.ok()) jit->Slice(in[0], dims(op.dims()), dims(op.shape()));
         break;
       case v1::GlobalOp::RESHAPE:
         if (arity = need(1); arity.ok()) jit->Reshape(in[0], dims(op.shape()));

@@ -95,6 +95,10 @@ class JitBuilder {
   // them is a scalar (shape []).
   Value Unary(const std::string& fn, Value x);
   Value Binary(const std::string& fn, Value a, Value b);
+  // jax.lax.select_n(pred, on_false, on_true): pred != 0 ? on_true : on_false element-wise; the
+  // operands have one shape or are scalars (shape []); pred is a comparison's f32 1 / 0. The
+  // result follows the first sharded operand's layout. Differentiable in on_false and on_true.
+  Value Select(Value pred, Value on_false, Value on_true);
   Value Add(Value a, Value b) { return Binary("add", a, b); }
   Value Sub(Value a, Value b) { return Binary("sub", a, b); }
   Value Mul(Value a, Value b) { return Binary("mul", a, b); }
@@ -131,6 +135,9 @@ class JitBuilder {
   // [k, B / k, ...] minibatches keep a `data` sharding when k divides); the group's other
   // input dims are all_gathered first.
   Value Reshape(Value x, const Dims& global_dims);
+  // jax.lax.slice(x, starts, limits) (unit strides): each dim cut to [starts[d], limits[d]). A
+  // dim cut short is all_gathered first; whole dims keep their layout. Not differentiable.
+  Value Slice(Value x, const std::vector<int64_t>& starts, const std::vector<int64_t>& limits);
   // jnp.transpose(x, perm): the output's dim i is x's dim perm[i]; the layout is permuted alike.
   Value Transpose(Value x, const std::vector<int64_t>& perm);
   // x[index] along dim 0 (a static index; dim 0 is all_gathered first if it is sharded), as a
@@ -242,6 +249,7 @@ class JitBuilder {
       kIndex,
       kStack,
       kReshape,
+      kSelect,
       kConvert,
       kSoftmaxCrossEntropy,
       kOptimizer

@@ -139,6 +139,27 @@ ShardMapBuilder::Value ShardMapBuilder::Binary(const std::string& fn, Value a, V
   return Restore(Add(std::move(op), dtype(a), out), original);
 }
 
+ShardMapBuilder::Value ShardMapBuilder::Select(Value pred, Value on_false, Value on_true) {
+  if (!Valid(pred) || !Valid(on_false) || !Valid(on_true)) return {};
+  const DType original = dtype(on_false);
+  pred = ToF32(pred);
+  on_false = ToF32(on_false);
+  on_true = ToF32(on_true);
+  Dims out;
+  for (Value v : {pred, on_false, on_true})
+    if (NumElements(shape(v)) != 1 && out.empty()) out = shape(v);
+  if (out.empty()) out = shape(on_false);
+  for (Value v : {pred, on_false, on_true}) {
+    if (!Check(shape(v) == out || NumElements(shape(v)) == 1,
+               absl::StrCat("select: operand shape ", DimsToString(shape(v)), " is not ",
+                            DimsToString(out), " or one element"))) {
+      return {};
+    }
+  }
+  v1::Op op = MakeOp(v1::OP_SELECT, {Name(pred), Name(on_false), Name(on_true)});
+  return Restore(Add(std::move(op), v1::DTYPE_F32, out), original);
+}
+
 ShardMapBuilder::Value ShardMapBuilder::Dot(Value a, Value b) {
   if (!Valid(a) || !Valid(b)) return {};
   const Dims da = shape(a), db = shape(b);

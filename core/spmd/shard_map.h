@@ -60,6 +60,9 @@ class ShardMapBuilder {
   Value SoftmaxCrossEntropyGrad(Value logits, Value labels, Value dloss);
   // Binary fn: add sub mul div max min, with numpy broadcasting of both sides.
   Value Binary(const std::string& fn, Value a, Value b);
+  // pred != 0 ? on_true : on_false element-wise (f32; each operand of the result's shape or one
+  // element), as jax.lax.select_n(pred, on_false, on_true).
+  Value Select(Value pred, Value on_false, Value on_true);
   Value Add(Value a, Value b) { return Binary("add", a, b); }
   Value Sub(Value a, Value b) { return Binary("sub", a, b); }
   Value Mul(Value a, Value b) { return Binary("mul", a, b); }

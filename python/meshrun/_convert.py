@@ -33,14 +33,17 @@ SUPPORTED = {
     **{k: f"BINARY {v} (f32 1/0)" for k, v in _COMPARE.items()},
     "integer_pow": "UNARY square / BINARY mul chains (div for negative powers)",
     "log1p": "log(x + 1)", "expm1": "exp(x) - 1",
-    "select_n": "a * (1 - p) + b * p (two cases; finite values)",
+    "select_n": "SELECT (two cases)",
     "and": "mul (bool)", "or": "max (bool)", "not": "1 - x (bool)",
     "dot_general": "DOT_GENERAL", "broadcast_in_dim": "BROADCAST_IN_DIM (layout propagated)",
     "reshape": "RESHAPE", "squeeze": "RESHAPE", "expand_dims": "RESHAPE",
-    "transpose": "TRANSPOSE", "reduce_sum": "REDUCE sum", "reduce_max": "REDUCE max",
+    "transpose": "TRANSPOSE", "slice": "SLICE (unit strides; a dim cut short is gathered)",
+    "reduce_sum": "REDUCE sum", "reduce_max": "REDUCE max",
     "reduce_min": "-REDUCE max(-x)", "convert_element_type": "CONVERT (or none)",
     "iota": "IOTA", "sharding_constraint": "CONSTRAINT", "reshard": "CONSTRAINT",
     "scan": "unrolled: INDEX of xs[i], the body inlined, STACK of the ys",
+    "sign": "(x > 0) - (x < 0)", "is_finite": "(x - x) == 0", "clamp": "min(max(x, lo), hi)",
+    "argmax": "REDUCE max, then the least index holding it", "argmin": "argmax of -x",
     **{k: "the value itself" for k in _IDENTITY},
     **{k: "its body, inlined" for k in _CALLS},
 }
@@ -248,6 +251,19 @@ class Converter:
             return [self.unary("log", self.binary("add", ins[0], self.scalar(1.0)))]
         if name == "expm1":
             return [self.binary("sub", self.unary("exp", ins[0]), self.scalar(1.0))]
+        if name == "sign":  # (x > 0) - (x < 0), as lax.sign for non-NaN x
+            x = self.f32(ins[0])
+            zero = self.scalar(0.0)
+            return [self.binary("sub", self.binary("gt", x, zero), self.binary("lt", x, zero), out_dtype)]
+        if name == "is_finite":  # x - x is 0 for a finite x, NaN for an infinite or NaN one
+            x = self.f32(ins[0])
+            v = self.binary("eq", self.binary("sub", x, x), self.scalar(0.0))
+            return [_V(v.id, v.shape, np.bool_, F32)]
+        if name == "clamp":  # lax.clamp(lo, x, hi)
+            lo, x, hi = ins
+            return [self.binary("min", self.binary("max", x, lo), hi, out_dtype)]
+        if name in ("argmax", "argmin"):
+            return [self._arg_extreme(name, p, ins[0], out_dtype, out_shape)]
         if name == "select_n":
             return [self._select(name, eqn, ins, out_dtype)]
         if name in ("and", "or", "not"):
@@ -274,6 +290,14 @@ class Converter:
             if tuple(out_shape) == x.shape:
                 return [x]
             return [_V(self.emit(G.RESHAPE, [x], shape=list(out_shape)), out_shape, x.dtype, x.store)]
+        if name == "slice":
+            (x,) = ins
+            if p.get("strides") not in (None, ()) and any(st != 1 for st in p["strides"]):
+                self._unsupported(name, eqn, "strides other than 1")
+            if tuple(out_shape) == x.shape:
+                return [x]
+            vid = self.emit(G.SLICE, [x], dims=list(p["start_indices"]), shape=list(p["limit_indices"]))
+            return [_V(vid, out_shape, x.dtype, x.store)]
         if name == "transpose":
             (x,) = ins
             perm = list(p["permutation"])
@@ -335,6 +359,27 @@ class Converter:
             stacked.append(_V(vid, (length,) + parts[0].shape, parts[0].dtype, parts[0].store))
         return list(carry) + stacked
 
+    def _arg_extreme(self, name, p, x, out_dtype, out_shape):
+        """argmax / argmin along one axis: the least index holding the extreme, as lax's
+        (indices exact below 2**24): min over the axis of where(x == extreme, iota, size)."""
+        (axis,) = p["axes"]
+        x = self.f32(x)
+        if name == "argmin":
+            x = self.unary("neg", x)
+        kept = [d for d in range(len(x.shape)) if d != axis]
+        m = _V(self.emit(G.REDUCE, [x], fn="max", dims=[axis]), out_shape, np.float32, F32)
+        mb = _V(self.emit(G.BROADCAST_IN_DIM, [m], shape=list(x.shape), dims=kept), x.shape, np.float32, F32)
+        hit = self.binary("eq", x, mb)
+        iota = _V(self.emit(G.IOTA, dtype=F32, shape=list(x.shape), index=axis, spec=common_pb2.PartitionSpec()),
+                  x.shape, np.float32, F32)
+        size = self.scalar(float(x.shape[axis]))
+        # where(hit, iota, size) = size + hit * (iota - size): exact for these integers
+        cand = self.binary("add", self.binary("mul", hit, self.binary("sub", iota, size)), size)
+        neg = self.unary("neg", cand)
+        best = _V(self.emit(G.REDUCE, [neg], fn="max", dims=[axis]), out_shape, np.float32, F32)
+        v = self.unary("neg", best)
+        return _V(v.id, out_shape, out_dtype, F32)
+
     def _integer_pow(self, x, y):
         if x.store not in (F32, BF16):
             x = self.f32(x)
@@ -360,11 +405,10 @@ class Converter:
         a, b = cases
         if a.store != b.store or a.store not in (F32, BF16):
             a, b = self.f32(a), self.f32(b)
-        p = self.f32(pred)
-        keep = self.binary("mul", a, self.binary("sub", self.scalar(1.0), p))
-        take = self.binary("mul", b, p)
-        v = self.binary("add", keep, take)
-        return _V(v.id, a.shape or b.shape or pred.shape, out_dtype, v.store)
+        p = self.f32(pred)  # a bool (f32 1 / 0) or an int32 case index 0 / 1
+        shape = a.shape or b.shape or pred.shape
+        vid = self.emit(G.SELECT, [p, a, b])
+        return _V(vid, shape, out_dtype, a.store)
 
     def _dot(self, p, ins, out_dtype, out_shape):
         lhs, rhs = ins

@@ -271,3 +271,26 @@ def test_an_argument_laid_out_otherwise_is_refused(cluster):
     x = cluster.device_put(np.ones((8, 4), np.float32), P("model"))
     with pytest.raises(ValueError, match="in_sharding"):
         fn(x)
+
+
+def test_layer_norm_softmax_gelu_clip_sign_isfinite_and_argmax_match_jax(cluster):
+    def f(x, w):
+        h = jax.nn.gelu(x @ w)
+        h = (h - jnp.mean(h, axis=-1, keepdims=True)) * jax.lax.rsqrt(jnp.var(h, axis=-1, keepdims=True) + 1e-6)
+        p = jax.nn.softmax(h, axis=-1)
+        return (p, jnp.clip(h, -0.5, 0.5), jnp.sign(h), jnp.isfinite(jnp.log(h)), h[2:6, 1:3], jnp.where(h > 0, h, -jnp.inf),
+                jnp.argmax(h, axis=1), jnp.argmin(h, axis=0))
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(8, 16)).astype(np.float32)
+    w = rng.normal(size=(16, 12)).astype(np.float32)
+    want = jax.jit(f)(x, w)
+    fn = cluster.jit(f, out_shardings=(P("data"), P("data"), P(), P(), P(), P(), P(), P()))
+    got = fn(cluster.device_put(x, P("data")), cluster.device_put(w, P(None, "model")))
+    for g, wnt in zip(got, want):
+        g = np.asarray(g)
+        np.testing.assert_allclose(g, np.asarray(wnt).astype(g.dtype), rtol=2e-5, atol=2e-6)
+    assert np.asarray(got[6]).dtype == np.int32
+    assert np.isneginf(np.asarray(got[5])).any(), "select keeps -inf where the mask is off"
+    finite = np.asarray(got[3])
+    assert 0 < finite.sum() < finite.size, "log of negative values is NaN, of positive ones finite"

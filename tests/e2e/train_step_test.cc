@@ -7,6 +7,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 
 #include "absl/strings/match.h"
@@ -229,6 +230,44 @@ TEST_F(AutodiffE2ETest, SoftmaxCrossEntropyAndItsGradientEqualTheHosts) {
   EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("label 12 of row"));
   for (const std::string& id : ids) client_->Delete(id).IgnoreError();
   EXPECT_EQ(testing::RunShardMapAll(*client_, program, {&z, &labels}).size(), 1u);
+}
+
+// jax.lax.select_n as JitBuilder::Select: takes either operand exactly (a -inf not taken does not
+// poison the result, as an arithmetic blend would), follows the sharded operand's layout, and its
+// gradient flows to the operand each element took: d/dx sum(where(x > 0, x * x, c * x)) is 2x
+// where x > 0 and c = 3 elsewhere, and d/dc is the sum of the x not above 0.
+TEST_F(AutodiffE2ETest, SelectTakesOneOperandAndRoutesItsGradient) {
+  constexpr int64_t kRows = 8, kCols = 12;
+  const Tensor xt = testing::NormalTensor({kRows, kCols}, 31);
+  JitBuilder jit(*mesh_);
+  auto x = jit.Input(v1::DTYPE_F32, {kRows, kCols}, P({"data", "model"}));
+  auto c = jit.Input(v1::DTYPE_F32, {}, PartitionSpec());
+  auto pos = jit.Binary("gt", x, jit.Constant(0.0f, {}));
+  auto masked = jit.Select(pos, jit.Constant(-std::numeric_limits<float>::infinity(), {}), x);
+  EXPECT_EQ(jit.sharding(masked), P({"data", "model"}));
+  auto y = jit.Select(pos, jit.Mul(c, x), jit.Mul(x, x));
+  auto loss = jit.Reduce("sum", y, {0, 1});
+  std::vector<JitBuilder::Value> g = jit.Grad(loss, {x, c});
+  jit.Output(masked, PartitionSpec());
+  jit.Output(jit.WithShardingConstraint(g[0], PartitionSpec()), PartitionSpec());
+  jit.Output(g[1], PartitionSpec());
+  Tensor ct(v1::DTYPE_F32, {});
+  ct.data<float>()[0] = 3.0f;
+  std::vector<Tensor> got = testing::RunShardMapAll(*client_, jit.Build(), {&xt, &ct});
+  ASSERT_EQ(got.size(), 3u);
+  double dc = 0;
+  for (int64_t i = 0; i < kRows * kCols; ++i) {
+    const float v = xt.data<float>()[i];
+    if (v > 0) {
+      EXPECT_EQ(got[0].data<float>()[i], v) << i;
+      EXPECT_NEAR(got[1].data<float>()[i], 2 * v, 1e-6) << i;
+    } else {
+      EXPECT_TRUE(std::isinf(got[0].data<float>()[i])) << i;
+      EXPECT_EQ(got[1].data<float>()[i], 3.0f) << i;
+      dc += v;
+    }
+  }
+  EXPECT_NEAR(got[2].data<float>()[0], dc, 1e-4);
 }
 
 // flax's Dropout inside a sharded program: each 'data' shard draws its mask from

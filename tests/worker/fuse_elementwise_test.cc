@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -231,7 +232,8 @@ TEST(FuseElementwiseTest, TheFusedProgramComputesTheSameBits) {
     EXPECT_EQ(std::memcmp(got.data(), values.data(), values.size() * sizeof(float)), 0) << name;
   }
   for (const auto& [name, values] : after) {
-    for (float x : values) ASSERT_TRUE(std::isfinite(x)) << name << ": the inputs are a valid state";
+    for (float x : values)
+      ASSERT_TRUE(std::isfinite(x)) << name << ": the inputs are a valid state";
   }
   for (float c : after.at("cmp")) EXPECT_TRUE(c == 0.0f || c == 1.0f);
 }
@@ -263,6 +265,31 @@ TEST(FusedElementwiseKernelTest, RefusesBadOpsArgsAndShapes) {
   EXPECT_THAT(msg({{"add", {0, 2}}}, {&a, &b}), ::testing::HasSubstr("arg 2"));
   EXPECT_THAT(msg({{"add", {0, 1}}}, {&a, &c}), ::testing::HasSubstr("input 1"));
   EXPECT_TRUE(CreateFusedElementwise({{"add", {0, 1}}}, {&a, &b}, {0}, {&out}).ok());
+}
+
+TEST(FusedElementwiseKernelTest, SelectTakesEitherOperandExactlyWhateverTheOther) {
+  // jnp.where(mask, x, -inf) and a NaN in the branch not taken: no arithmetic blend.
+  const int n = 300;  // more than one block
+  Tensor pred(v1::DTYPE_F32, {n}), a(v1::DTYPE_F32, {n}), b(v1::DTYPE_F32, {1}),
+      out(v1::DTYPE_F32, {n});
+  b.data<float>()[0] = -std::numeric_limits<float>::infinity();
+  for (int i = 0; i < n; ++i) {
+    pred.data<float>()[i] = i % 3 == 0 ? 1.0f : 0.0f;
+    a.data<float>()[i] = i % 5 == 0 ? std::numeric_limits<float>::quiet_NaN() : 0.5f * i;
+  }
+  auto k = CreateFusedElementwise({{"select", {0, 1, 2}}}, {&pred, &a, &b}, {0}, {&out});
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->Run().ok());
+  for (int i = 0; i < n; ++i) {
+    const float got = out.data<float>()[i];
+    if (i % 3 == 0) {
+      EXPECT_TRUE(std::isinf(got) && got < 0) << i;
+    } else if (i % 5 == 0) {
+      EXPECT_TRUE(std::isnan(got)) << i;
+    } else {
+      EXPECT_EQ(got, 0.5f * i) << i;
+    }
+  }
 }
 
 }  // namespace

@@ -29,17 +29,18 @@ enum class Fn {
   kNeg,
   kAbs,
   kSquare,
-  kSqrt
+  kSqrt,
+  kSelect
 };
 
 const std::map<std::string, std::pair<Fn, int>>& Fns() {
   static const auto* fns = new std::map<std::string, std::pair<Fn, int>>{
-      {"add", {Fn::kAdd, 2}},  {"sub", {Fn::kSub, 2}}, {"mul", {Fn::kMul, 2}},
-      {"div", {Fn::kDiv, 2}},  {"max", {Fn::kMax, 2}}, {"min", {Fn::kMin, 2}},
-      {"eq", {Fn::kEq, 2}},    {"ne", {Fn::kNe, 2}},   {"lt", {Fn::kLt, 2}},
-      {"le", {Fn::kLe, 2}},    {"gt", {Fn::kGt, 2}},   {"ge", {Fn::kGe, 2}},
-      {"neg", {Fn::kNeg, 1}},  {"abs", {Fn::kAbs, 1}}, {"square", {Fn::kSquare, 1}},
-      {"sqrt", {Fn::kSqrt, 1}}};
+      {"add", {Fn::kAdd, 2}},   {"sub", {Fn::kSub, 2}},      {"mul", {Fn::kMul, 2}},
+      {"div", {Fn::kDiv, 2}},   {"max", {Fn::kMax, 2}},      {"min", {Fn::kMin, 2}},
+      {"eq", {Fn::kEq, 2}},     {"ne", {Fn::kNe, 2}},        {"lt", {Fn::kLt, 2}},
+      {"le", {Fn::kLe, 2}},     {"gt", {Fn::kGt, 2}},        {"ge", {Fn::kGe, 2}},
+      {"neg", {Fn::kNeg, 1}},   {"abs", {Fn::kAbs, 1}},      {"square", {Fn::kSquare, 1}},
+      {"sqrt", {Fn::kSqrt, 1}}, {"select", {Fn::kSelect, 3}}};
   return *fns;
 }
 
@@ -47,12 +48,12 @@ constexpr int64_t kBlock = 256;  // elements per block: every op's scratch row s
 
 struct Instr {
   Fn fn;
-  int a = 0, b = 0;  // rows of the block scratch (inputs first, then results)
+  int a = 0, b = 0, c = 0;  // rows of the block scratch (inputs first, then results)
 };
 
-// One block: r = fn(x, y) over m elements.
-void Apply(Fn fn, const float* __restrict x, const float* __restrict y, float* __restrict r,
-           int64_t m) {
+// One block: r = fn(x, y[, z]) over m elements.
+void Apply(Fn fn, const float* __restrict x, const float* __restrict y, const float* __restrict z,
+           float* __restrict r, int64_t m) {
   switch (fn) {
     case Fn::kAdd:
       for (int64_t j = 0; j < m; ++j) r[j] = x[j] + y[j];
@@ -96,6 +97,9 @@ void Apply(Fn fn, const float* __restrict x, const float* __restrict y, float* _
     case Fn::kAbs:
       for (int64_t j = 0; j < m; ++j) r[j] = std::fabs(x[j]);
       break;
+    case Fn::kSelect:
+      for (int64_t j = 0; j < m; ++j) r[j] = x[j] != 0.0f ? z[j] : y[j];
+      break;
     case Fn::kSquare:
       for (int64_t j = 0; j < m; ++j) r[j] = x[j] * x[j];
       break;
@@ -137,7 +141,7 @@ class FusedElementwiseKernel : public Kernel {
         for (size_t k = 0; k < instrs_.size(); ++k) {
           const Instr& in = instrs_[k];
           float* r = &scratch[(inputs_.size() + k) * kBlock];
-          Apply(in.fn, row(in.a), row(in.b), r, m);
+          Apply(in.fn, row(in.a), row(in.b), row(in.c), r, m);
         }
         for (size_t o = 0; o < outputs_.size(); ++o) {
           std::copy_n(&scratch[(inputs_.size() + output_instrs_[o]) * kBlock], m,
@@ -191,7 +195,7 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateFusedElementwise(
       return absl::InvalidArgumentError(absl::StrCat(
           "fused_elementwise op ", k, ": fn '", instrs[k].fn, "' with ", instrs[k].args.size(),
           " args is not one of add sub mul div max min eq ne lt le gt ge (2 args), neg abs square "
-          "sqrt (1)"));
+          "sqrt (1), select (3)"));
     }
     for (int a : instrs[k].args) {
       if (a < 0 || a >= n + static_cast<int>(k)) {
@@ -204,6 +208,7 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateFusedElementwise(
     in.fn = it->second.first;
     in.a = instrs[k].args[0];
     in.b = instrs[k].args.size() > 1 ? instrs[k].args[1] : in.a;
+    in.c = instrs[k].args.size() > 2 ? instrs[k].args[2] : in.a;
     compiled.push_back(in);
   }
   for (int o : output_instrs) {

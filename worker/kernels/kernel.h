@@ -101,7 +101,9 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateSoftmaxCrossEntropyGrad(const Tens
 // One op of a fused element-wise kernel: fn over args, each an input (0 .. n - 1) or an earlier
 // op's result (n + k).
 struct FusedInstruction {
-  std::string fn;  // add sub mul div max min eq ne lt le gt ge (2 args); neg abs square sqrt (1)
+  // add sub mul div max min eq ne lt le gt ge (2 args); neg abs square sqrt (1); select (3:
+  // pred, on_false, on_true)
+  std::string fn;
   std::vector<int> args;
 };
 
