@@ -85,6 +85,7 @@ class Converter:
         self.consts = []  # arrays uploaded as extra (replicated) inputs, after the arguments
         self._scalars = {}
         self._sites = []  # the user's call sites of the nested calls being inlined
+        self._dots = {}  # value id -> (lhs, rhs, lhs_contracting, rhs_contracting) of 2-D dots
 
     def where(self, eqn):
         """The user's file:line of an equation; inside a library's nested jit (jnp.cumsum's), the
@@ -303,6 +304,13 @@ class Converter:
             perm = list(p["permutation"])
             if perm == list(range(len(perm))):
                 return [x]
+            dot = self._dots.get(x.id)
+            if perm == [1, 0] and dot is not None:
+                # (a . b)^T = b^T . a^T: the GEMM writes the transposed product itself (JAX's
+                # weight gradients are dot_generals followed by this transpose).
+                lhs, rhs, lc, rc = dot
+                vid = self.emit(G.DOT_GENERAL, [rhs, lhs], lhs_contracting=rc, rhs_contracting=lc)
+                return [_V(vid, out_shape, x.dtype, x.store)]
             return [_V(self.emit(G.TRANSPOSE, [x], dims=perm), out_shape, x.dtype, x.store)]
         if name in ("reduce_sum", "reduce_max", "reduce_min"):
             x = ins[0]
@@ -418,6 +426,8 @@ class Converter:
         vid = self.emit(G.DOT_GENERAL, [lhs, rhs], lhs_contracting=list(lc), rhs_contracting=list(rc),
                         lhs_batch=list(lb), rhs_batch=list(rb))
         v = _V(vid, out_shape, lhs.dtype, lhs.store)
+        if not lb and len(lhs.shape) == 2 and len(rhs.shape) == 2:
+            self._dots[vid] = (lhs, rhs, list(lc), list(rc))
         want = _sharding.dtype_to_proto(out_dtype) if out_dtype in (np.float32,) or str(out_dtype) == "bfloat16" else v.store
         if want != v.store:
             v = _V(self.emit(G.CONVERT, [v], dtype=want), out_shape, out_dtype, want)

@@ -1,6 +1,6 @@
 // Fused element-wise kernel (kernel.h's CreateFusedElementwise). Compiled with
 // -ffp-contract=off (worker/CMakeLists.txt): a multiply followed by an add must round twice, as
-// the separate primitives do.
+// the separate primitives do; and -fno-math-errno, so that sqrt vectorises (errno is never read).
 #include <omp.h>
 
 #include <algorithm>
@@ -51,9 +51,11 @@ struct Instr {
   int a = 0, b = 0, c = 0;  // rows of the block scratch (inputs first, then results)
 };
 
-// One block: r = fn(x, y[, z]) over m elements.
-void Apply(Fn fn, const float* __restrict x, const float* __restrict y, const float* __restrict z,
-           float* __restrict r, int64_t m) {
+// One block: r = fn(x, y[, z]) over m elements, in clones for AVX-512, AVX2 and the baseline
+// chosen at load time (the same IEEE operations in each, so the same bits).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void Apply(
+    Fn fn, const float* __restrict x, const float* __restrict y, const float* __restrict z,
+    float* __restrict r, int64_t m) {
   switch (fn) {
     case Fn::kAdd:
       for (int64_t j = 0; j < m; ++j) r[j] = x[j] + y[j];
@@ -121,31 +123,42 @@ class FusedElementwiseKernel : public Kernel {
 
   absl::Status Run() override {
     const int64_t blocks = (n_ + kBlock - 1) / kBlock;
-    const int rows = static_cast<int>(inputs_.size() + instrs_.size());
+    const int n = static_cast<int>(inputs_.size());
+    const int rows = n + static_cast<int>(instrs_.size());
+    // An op whose result is an output writes it in place (no copy out of the scratch), unless an
+    // output shares memory with an input (a view), which a later op of the block may still read.
+    std::vector<float*> direct(instrs_.size(), nullptr);
+    if (!OutputsOverlapInputs()) {
+      for (size_t o = 0; o < outputs_.size(); ++o) {
+        if (direct[output_instrs_[o]] == nullptr)
+          direct[output_instrs_[o]] = outputs_[o]->data<float>();
+      }
+    }
 #pragma omp parallel
     {
       std::vector<float> scratch(static_cast<size_t>(rows) * kBlock);
       // One-element inputs are broadcast once per thread.
-      for (size_t i = 0; i < inputs_.size(); ++i) {
+      for (int i = 0; i < n; ++i) {
         if (inputs_[i]->num_elements() == 1)
           std::fill_n(&scratch[i * kBlock], kBlock, inputs_[i]->data<float>()[0]);
       }
 #pragma omp for schedule(static)
       for (int64_t blk = 0; blk < blocks; ++blk) {
         const int64_t start = blk * kBlock, m = std::min(kBlock, n_ - start);
-        auto row = [&](int r) -> const float* {
-          if (r < static_cast<int>(inputs_.size()) && inputs_[r]->num_elements() != 1)
-            return inputs_[r]->data<float>() + start;
+        auto row = [&](int r) -> float* {
+          if (r < n && inputs_[r]->num_elements() != 1)
+            return const_cast<float*>(inputs_[r]->data<float>()) + start;
+          if (r >= n && direct[r - n] != nullptr) return direct[r - n] + start;
           return &scratch[static_cast<size_t>(r) * kBlock];
         };
         for (size_t k = 0; k < instrs_.size(); ++k) {
           const Instr& in = instrs_[k];
-          float* r = &scratch[(inputs_.size() + k) * kBlock];
-          Apply(in.fn, row(in.a), row(in.b), row(in.c), r, m);
+          Apply(in.fn, row(in.a), row(in.b), row(in.c), row(n + static_cast<int>(k)), m);
         }
         for (size_t o = 0; o < outputs_.size(); ++o) {
-          std::copy_n(&scratch[(inputs_.size() + output_instrs_[o]) * kBlock], m,
-                      outputs_[o]->data<float>() + start);
+          float* to = outputs_[o]->data<float>() + start;
+          const float* from = row(n + output_instrs_[o]);
+          if (from != to) std::copy_n(from, m, to);
         }
       }
     }
@@ -153,6 +166,19 @@ class FusedElementwiseKernel : public Kernel {
   }
 
  private:
+  bool OutputsOverlapInputs() const {
+    for (const Tensor* o : outputs_) {
+      const char* ob = static_cast<const char*>(o->raw());
+      const char* oe = ob + o->num_elements() * sizeof(float);
+      for (const Tensor* i : inputs_) {
+        const char* ib = static_cast<const char*>(i->raw());
+        const char* ie = ib + i->num_elements() * sizeof(float);
+        if (ob < ie && ib < oe) return true;
+      }
+    }
+    return false;
+  }
+
   std::vector<Instr> instrs_;
   std::vector<const Tensor*> inputs_;
   std::vector<int> output_instrs_;
