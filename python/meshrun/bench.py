@@ -27,48 +27,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
 import meshrun  # noqa: E402
 from meshrun import _cluster  # noqa: E402
+from meshrun.seeds import MLP, NnxDotReluDot  # noqa: E402
 
 DEPTH, BATCH, LAYERS = 1024, 8, 4
-
-
-class DotReluDot(nn.Module):  # seed 000, as its guide writes it
-    depth: int
-
-    @nn.compact
-    def __call__(self, x):
-        W1 = self.param("W1", nn.with_partitioning(nn.initializers.xavier_normal(), (None, "model")),
-                        (x.shape[-1], self.depth))
-        y = jax.nn.relu(jnp.dot(x, W1))
-        y = jax.lax.with_sharding_constraint(y, P("data", "model"))
-        W2 = self.param("W2", nn.with_partitioning(nn.initializers.xavier_normal(), ("model", None)),
-                        (self.depth, x.shape[-1]))
-        z = jnp.dot(y, W2)
-        z = jax.lax.with_sharding_constraint(z, P("data", None))
-        return z, None
-
-
-class MLP(nn.Module):  # seed 000, use_scan=True
-    num_layers: int
-    depth: int
-
-    @nn.compact
-    def __call__(self, x):
-        x, _ = nn.scan(DotReluDot, length=self.num_layers, variable_axes={"params": 0},
-                       split_rngs={"params": True}, metadata_params={nn.PARTITION_NAME: None})(self.depth)(x)
-        return x
-
-
-class NnxDotReluDot(nnx.Module):  # seed 003
-    def __init__(self, depth, rngs):
-        init_fn = nnx.initializers.lecun_normal()
-        self.dot1 = nnx.Linear(depth, depth, kernel_init=nnx.with_partitioning(init_fn, (None, "model")),
-                               use_bias=False, rngs=rngs)
-        self.w2 = nnx.Param(init_fn(rngs.params(), (depth, depth)), sharding=("model", None))
-
-    def __call__(self, x):
-        y = jax.nn.relu(self.dot1(x))
-        y = jax.lax.with_sharding_constraint(y, P("data", "model"))
-        return jnp.dot(y, self.w2[...])
 
 
 def mlp_case(mesh):

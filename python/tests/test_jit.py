@@ -1,5 +1,4 @@
 """cluster.jit runs JAX train steps on the cluster: the losses and parameters match jax.jit's."""
-import functools
 
 import flax.linen as nn
 from flax import nnx
@@ -9,54 +8,12 @@ import numpy as np
 import optax
 import pytest
 from jax.experimental import mesh_utils
-from jax.lax import with_sharding_constraint
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import meshrun
+from meshrun.seeds import MLP, DotReluDot, NnxDotReluDot
 
 STEPS = 20
-
-
-class DotReluDot(nn.Module):
-    """Seed 000's module (Flax's pjit guide), unchanged."""
-
-    depth: int
-    dense_init: callable = nn.initializers.xavier_normal()
-
-    @nn.compact
-    def __call__(self, x):
-        y = nn.Dense(self.depth, kernel_init=nn.with_partitioning(self.dense_init, (None, "model")),
-                     use_bias=False)(x)
-        y = jax.nn.relu(y)
-        y = with_sharding_constraint(y, P("data", "model"))
-        W2 = self.param("W2", nn.with_partitioning(self.dense_init, ("model", None)),
-                        (self.depth, x.shape[-1]))
-        z = jnp.dot(y, W2)
-        z = with_sharding_constraint(z, P("data", None))
-        return z
-
-
-class ScanDotReluDot(nn.Module):
-    """Seed 000's DotReluDot as flax.linen.scan wants it: returns (z, None)."""
-
-    depth: int
-
-    @nn.compact
-    def __call__(self, x):
-        return DotReluDot(self.depth)(x), None
-
-
-class MLP(nn.Module):
-    """Seed 000's MLP: layers stacked by nn.scan (their params get a leading layer dim)."""
-
-    num_layers: int
-    depth: int
-
-    @nn.compact
-    def __call__(self, x):
-        x, _ = nn.scan(ScanDotReluDot, length=self.num_layers, variable_axes={"params": 0},
-                       split_rngs={"params": True}, metadata_params={nn.PARTITION_NAME: None})(self.depth)(x)
-        return x
 
 
 class Biased(nn.Module):
@@ -77,6 +34,7 @@ def make_step(model, tx):
 
         def loss_fn(p):
             z = model.apply({"params": p}, x)
+            z = z[0] if isinstance(z, tuple) else z  # seed 000's block returns (z, None)
             return jnp.mean(optax.l2_loss(z, y))
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
@@ -190,23 +148,6 @@ def test_seed_000_scanned_mlp_in_a_train_state_matches_jax(cluster):
 
 def test_a_model_beyond_the_seeds_with_adamw_matches_jax(cluster):
     run_case(cluster, Biased(), 16, optax.adamw(3e-3, weight_decay=1e-2))
-
-
-class NnxDotReluDot(nnx.Module):
-    """Seeds 002/003's NNX module (Flax NNX's GSPMD guide), unchanged."""
-
-    def __init__(self, depth: int, rngs: nnx.Rngs):
-        init_fn = nnx.initializers.lecun_normal()
-        self.dot1 = nnx.Linear(depth, depth, kernel_init=nnx.with_partitioning(init_fn, (None, "model")),
-                               use_bias=False, rngs=rngs)
-        self.w2 = nnx.Param(init_fn(rngs.params(), (depth, depth)), sharding=("model", None))
-
-    def __call__(self, x: jax.Array):
-        y = self.dot1(x)
-        y = jax.nn.relu(y)
-        y = jax.lax.with_sharding_constraint(y, P("data", "model"))
-        z = jnp.dot(y, self.w2[...])
-        return z
 
 
 def test_seeds_002_003_nnx_dot_relu_dot_as_a_pure_function_matches_jax(cluster):

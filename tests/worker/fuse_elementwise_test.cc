@@ -12,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "tests/worker/run_program.h"
 #include "worker/executor.h"
 #include "worker/kernels/kernel.h"
 
@@ -172,32 +173,16 @@ v1::ShardMapProgram Parse() {
   return p;
 }
 
+// Adam's state: b1 0.9, lr 0.01, nu >= 0.
 std::map<std::string, std::vector<float>> RunOnce(const v1::ShardMapProgram& p) {
-  absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(p.program(), Executor::Options{});
-  EXPECT_TRUE(ex.ok()) << ex.status();
-  if (!ex.ok()) return {};
-  std::map<std::string, Tensor> args;
-  float v = 0.37f;
-  for (const v1::BufferDecl& b : p.program().buffers()) {
-    if (std::find(p.inputs().begin(), p.inputs().end(), b.name()) == p.inputs().end()) continue;
-    Tensor t(v1::DTYPE_F32, Dims(b.shape().dims().begin(), b.shape().dims().end()));
+  return testing::RunProgramOnce(p, [](const std::string& name, Tensor& t) {
     for (int64_t i = 0; i < t.num_elements(); ++i) {
-      v = v * 3.7f - static_cast<float>(static_cast<int>(v * 3.7f)) - 0.5f;
-      t.data<float>()[i] = b.name() == "nu" ? v * v : v;  // nu >= 0, as a second moment is
-      if (b.name() == "b1") t.data<float>()[i] = 0.9f;
-      if (b.name() == "lr") t.data<float>()[i] = 0.01f;
+      float& x = t.data<float>()[i];
+      if (name == "nu") x = x * x;
+      if (name == "b1") x = 0.9f;
+      if (name == "lr") x = 0.01f;
     }
-    args.emplace(b.name(), std::move(t));
-  }
-  for (const auto& [name, t] : args) EXPECT_TRUE((*ex)->BindInput(name, t).ok()) << name;
-  EXPECT_TRUE((*ex)->Run("main", RunContext{}).ok());
-  std::map<std::string, std::vector<float>> out;
-  for (const std::string& name : p.outputs()) {
-    absl::StatusOr<Tensor> t = (*ex)->TakeOutput(name);
-    EXPECT_TRUE(t.ok()) << name;
-    if (t.ok()) out[name].assign(t->data<float>(), t->data<float>() + t->num_elements());
-  }
-  return out;
+  });
 }
 
 TEST(FuseElementwiseTest, AnUpdateChainBecomesOnePass) {

@@ -9,6 +9,7 @@
 #include "core/spmd/fusion.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "tests/worker/run_program.h"
 #include "worker/executor.h"
 
 namespace meshrun {
@@ -116,33 +117,6 @@ v1::ShardMapProgram Parse() {
   return p;
 }
 
-// Runs `p` on fixed arguments; returns its results by name.
-std::map<std::string, std::vector<float>> RunOnce(const v1::ShardMapProgram& p) {
-  absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(p.program(), Executor::Options{});
-  EXPECT_TRUE(ex.ok()) << ex.status();
-  if (!ex.ok()) return {};
-  std::map<std::string, Tensor> args;
-  float v = 0.37f;
-  for (const v1::BufferDecl& b : p.program().buffers()) {
-    if (b.name() != "x" && b.name() != "w" && b.name() != "b") continue;
-    Tensor t(v1::DTYPE_F32, Dims(b.shape().dims().begin(), b.shape().dims().end()));
-    for (int64_t i = 0; i < t.num_elements(); ++i) {
-      v = v * 3.7f - static_cast<float>(static_cast<int>(v * 3.7f)) - 0.5f;  // in (-1.5, 0.5)
-      t.data<float>()[i] = v;
-    }
-    args.emplace(b.name(), std::move(t));
-  }
-  for (const auto& [name, t] : args) EXPECT_TRUE((*ex)->BindInput(name, t).ok()) << name;
-  EXPECT_TRUE((*ex)->Run("main", RunContext{}).ok());
-  std::map<std::string, std::vector<float>> out;
-  for (const std::string& name : p.outputs()) {
-    absl::StatusOr<Tensor> t = (*ex)->TakeOutput(name);
-    EXPECT_TRUE(t.ok()) << name;
-    if (t.ok()) out[name].assign(t->data<float>(), t->data<float>() + t->num_elements());
-  }
-  return out;
-}
-
 TEST(SimplifyProgramTest, FoldsRepeatsBroadcastsBiasAndDeadOps) {
   v1::ShardMapProgram p = Parse();
   SimplifyProgram(&p);
@@ -175,7 +149,7 @@ TEST(SimplifyProgramTest, TheSimplifiedProgramComputesTheSameBits) {
   const v1::ShardMapProgram original = Parse();
   v1::ShardMapProgram simplified = original;
   SimplifyProgram(&simplified);
-  const auto before = RunOnce(original), after = RunOnce(simplified);
+  const auto before = testing::RunProgramOnce(original), after = testing::RunProgramOnce(simplified);
   ASSERT_EQ(before.size(), 2u);
   ASSERT_EQ(after.size(), 2u);
   for (const auto& [name, values] : before) {
