@@ -13,44 +13,16 @@ import os
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 from flax.training import train_state  # noqa: E402
 from jax.experimental import mesh_utils  # noqa: E402
-from jax.lax import with_sharding_constraint  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 
 import meshrun  # noqa: E402
+from meshrun.seeds import MLP  # noqa: E402  (seed 000's DotReluDot and MLP, unchanged)
 
-BATCH, LAYERS, DEPTH = 8, 4, 1024
-
-
-class DotReluDot(nn.Module):
-    depth: int
-
-    @nn.compact
-    def __call__(self, x):
-        W1 = self.param("W1", nn.with_partitioning(nn.initializers.xavier_normal(), (None, "model")),
-                        (x.shape[-1], self.depth))
-        y = jax.nn.relu(jnp.dot(x, W1))
-        y = with_sharding_constraint(y, PartitionSpec("data", "model"))
-        W2 = self.param("W2", nn.with_partitioning(nn.initializers.xavier_normal(), ("model", None)),
-                        (self.depth, x.shape[-1]))
-        z = jnp.dot(y, W2)
-        z = with_sharding_constraint(z, PartitionSpec("data", None))
-        return z, None
-
-
-class MLP(nn.Module):
-    num_layers: int
-    depth: int
-
-    @nn.compact
-    def __call__(self, x):
-        x, _ = nn.scan(DotReluDot, length=self.num_layers, variable_axes={"params": 0},
-                       split_rngs={"params": True}, metadata_params={nn.PARTITION_NAME: None})(self.depth)(x)
-        return x
+BATCH, LAYERS, DEPTH = 8, 4, 1024  # the seed's
 
 
 def init_fn(k, x, model, optimizer):

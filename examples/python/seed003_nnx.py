@@ -19,21 +19,7 @@ from flax import nnx  # noqa: E402
 from jax.sharding import Mesh, PartitionSpec  # noqa: E402
 
 import meshrun  # noqa: E402
-
-
-class DotReluDot(nnx.Module):
-    def __init__(self, depth: int, rngs: nnx.Rngs):
-        init_fn = nnx.initializers.lecun_normal()
-        self.dot1 = nnx.Linear(depth, depth, kernel_init=nnx.with_partitioning(init_fn, (None, "model")),
-                               use_bias=False, rngs=rngs)
-        self.w2 = nnx.Param(init_fn(rngs.params(), (depth, depth)), sharding=("model", None))
-
-    def __call__(self, x: jax.Array):
-        y = self.dot1(x)
-        y = jax.nn.relu(y)
-        y = jax.lax.with_sharding_constraint(y, PartitionSpec("data", "model"))
-        z = jnp.dot(y, self.w2[...])
-        return z
+from meshrun.seeds import NnxDotReluDot as DotReluDot  # noqa: E402  (the seed's module)
 
 
 def main():
