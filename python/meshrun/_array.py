@@ -30,11 +30,12 @@ class Array:
     it on the cluster (as jax.Array.delete). A donated argument of `cluster.jit` is consumed:
     using it afterwards raises RuntimeError, as JAX does. Not thread-safe."""
 
-    def __init__(self, cluster, info):
+    def __init__(self, cluster, info, logical_dtype=None):
         self._cluster = cluster
         self.id = info.id
         self.shape = tuple(int(d) for d in info.shape.dims)
-        self.dtype = _sharding.dtype_from_proto(info.dtype)
+        # bool arrays are stored as f32 0 / 1 on the cluster (as comparisons give them)
+        self.dtype = np.dtype(logical_dtype) if logical_dtype is not None else _sharding.dtype_from_proto(info.dtype)
         self._entries = _sharding.spec_from_proto(info.sharding.spec)
         self.sharding = NamedSharding(cluster.mesh, self._entries)
         self._deleted = False
@@ -54,7 +55,8 @@ class Array:
     def fetch(self) -> np.ndarray:
         """The global array, assembled on the client (jax.device_get)."""
         self._check_live()
-        return self._cluster._get(self.id)
+        x = self._cluster._get(self.id)
+        return x if x.dtype == self.dtype else x.astype(self.dtype)
 
     def __array__(self, dtype=None, copy=None):
         x = self.fetch()

@@ -97,7 +97,9 @@ class Cluster:
         return _tree.map_with_prefix(put, sharding, x)
 
     def _put(self, x, spec):
+        logical = None
         if x.dtype == np.bool_:
+            logical = np.bool_
             x = x.astype(np.float32)
         elif x.dtype == np.float64:
             x = x.astype(np.float32)
@@ -106,7 +108,7 @@ class Cluster:
         entries = _sharding.normalize_spec(spec, self.mesh)
         req = coordinator_pb2.PutArrayRequest(array=_sharding.tensor_to_proto(x),
                                               spec=_sharding.spec_to_proto(entries))
-        return _array.Array(self, self._call("PutArray", req).info)
+        return _array.Array(self, self._call("PutArray", req).info, logical)
 
     def _get(self, array_id):
         got = self._call("GetArray", coordinator_pb2.GetArrayRequest(id=array_id))

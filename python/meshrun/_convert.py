@@ -158,7 +158,7 @@ class Converter:
         (replicated) and passed after the arguments, in order."""
         ins = []
         for shape, dtype, entries in args:
-            store = _sharding.dtype_to_proto(dtype)
+            store = F32 if _is_bool(dtype) else _sharding.dtype_to_proto(dtype)
             vid = self.emit(G.INPUT, dtype=store, shape=list(shape), spec=_sharding.spec_to_proto(entries))
             ins.append(_V(vid, shape, dtype, store))
         outs = self.run(closed.jaxpr, list(closed.consts), ins)

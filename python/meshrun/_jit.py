@@ -153,5 +153,6 @@ class Jitted:
                 a._deleted = True  # consumed, as jax.jit's donated buffers
         for a in free:
             self._cluster._delete(a.id)
-        outs = [_array.Array(self._cluster, info) for info in resp.outputs]
+        outs = [_array.Array(self._cluster, info, np.bool_ if np.dtype(aval.dtype) == np.bool_ else None)
+                for info, aval in zip(resp.outputs, compiled.out_avals)]
         return jax.tree_util.tree_unflatten(compiled.out_treedef, outs)

@@ -235,3 +235,20 @@ def test_layer_norm_softmax_gelu_clip_sign_isfinite_and_argmax_match_jax(cluster
     assert np.isneginf(np.asarray(got[5])).any(), "select keeps -inf where the mask is off"
     finite = np.asarray(got[3])
     assert 0 < finite.sum() < finite.size, "log of negative values is NaN, of positive ones finite"
+
+
+def test_bools_integers_scalars_and_literals_keep_their_dtypes(cluster):
+    mask = cluster.device_put(np.arange(8) % 3 == 0, P("data"))
+    assert mask.dtype == np.bool_
+    x = cluster.device_put(np.arange(8, dtype=np.float32), P("data"))
+
+    def f(x, mask, s):
+        return (x > 3) & ~mask, jnp.where(mask, x * s, -x).astype(jnp.int32) + 1, 1.5, None
+
+    got = cluster.jit(f)(x, mask, 2.0)
+    want = jax.jit(f)(np.arange(8, dtype=np.float32), np.arange(8) % 3 == 0, 2.0)
+    for g, w in zip(got[:3], want[:3]):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype, (g.dtype, w.dtype)
+        np.testing.assert_array_equal(g, w)
+    assert got[3] is None
