@@ -122,7 +122,9 @@ absl::StatusOr<PlannedJob> PlanJob(const JobConfig& c, const Mesh& mesh) {
       WorkloadSharding(layout, c.sharding.rules, c.sharding.fsdp_axis, c.sharding.min_weight_size);
   if (!sharding.ok()) return sharding.status();
   PlannedJob job;
-  absl::StatusOr<TrainStep> step = BuildTrainStep(mesh, *sharding, w->optimizer, w->batch, w->loss,
+  OptimizerConfig optimizer = w->optimizer;
+  optimizer.apply_if_finite = c.train.on_nonfinite == "skip_step";
+  absl::StatusOr<TrainStep> step = BuildTrainStep(mesh, *sharding, optimizer, w->batch, w->loss,
                                                   c.train.seed, w->num_minibatches);
   if (!step.ok()) return step.status();
   job.step = *std::move(step);

@@ -230,6 +230,25 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
       new_params.push_back(jit.Sub(params[j], jit.Scale(g, optimizer.learning_rate)));
     }
   }
+  if (optimizer.apply_if_finite && new_params.size() == params.size()) {
+    // x - x is 0 for a finite x and NaN otherwise: one scalar that is 0 exactly when the loss
+    // and every updated parameter are finite; each state array takes its old or new value.
+    nn::Value total = jit.Sub(loss_sum, loss_sum);
+    for (nn::Value p : new_params) {
+      const int64_t rank = static_cast<int64_t>(jit.shape(p).size());
+      std::vector<int64_t> all(rank);
+      for (int64_t d = 0; d < rank; ++d) all[d] = d;
+      total = jit.Add(total, jit.Reduce("sum", jit.Sub(p, p), all));
+    }
+    const nn::Value finite = jit.Binary("eq", total, jit.Constant(0.0f, {}));
+    auto keep = [&](const std::vector<nn::Value>& old, std::vector<nn::Value>& updated) {
+      for (size_t j = 0; j < updated.size(); ++j)
+        updated[j] = jit.Select(finite, old[j], updated[j]);
+    };
+    keep(params, new_params);
+    keep(mu, new_mu);
+    keep(nu, new_nu);
+  }
   jit.Output(jit.Add(step, jit.Constant(1.0f, {})), PartitionSpec());
   jit.Output(rng, PartitionSpec());
   for (size_t j = 0; j < new_params.size(); ++j) jit.Output(new_params[j], out.params[j].spec);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -269,6 +270,9 @@ absl::Status JobDriver::Runner::RunSteps(int n, std::vector<std::vector<double>>
     // The non-finite guard, before this state can be saved.
     if (job_.schedule().on_nonfinite() == "stop") {
       if (absl::Status s = CheckLossFinite(step_ + k + 1, v[0]); !s.ok()) return s;
+    } else if (!std::isfinite(v[0])) {  // skip_step: the step left the state as it was
+      Info(absl::StrCat("step ", step_ + k + 1, ": non-finite loss ", v[0],
+                        "; its update was skipped (train.on_nonfinite: skip_step)"));
     }
     values->push_back(std::move(v));
     seconds->push_back(k < r->timings_size() ? r->timings(k).seconds() : 0);
@@ -330,15 +334,20 @@ void JobDriver::Runner::Report(int64_t steps_done, const std::vector<std::vector
                                const std::vector<double>& collective, absl::Duration interval) {
   const int correct_at = CorrectIndex();
   double loss = 0, correct = 0;
+  int finite = 0;  // skipped steps' non-finite losses are left out of the mean
   for (const std::vector<double>& v : values) {
-    loss += v[0];
+    if (std::isfinite(v[0])) {
+      loss += v[0];
+      ++finite;
+    }
     if (correct_at < job_.metrics_size()) correct += v[1 + correct_at];
   }
+  if (finite == 0 && !values.empty()) loss = std::numeric_limits<double>::quiet_NaN();
   const double n = std::max<double>(1, values.size());
   const double accuracy = correct / (n * std::max<int64_t>(1, job_.examples_per_step()));
   if (d_->options_.metrics != nullptr) {
-    d_->options_.metrics->OnSteps(steps_done, job_.examples_per_step(), loss / n, accuracy, seconds,
-                                  collective);
+    d_->options_.metrics->OnSteps(steps_done, job_.examples_per_step(), loss / std::max(1, finite),
+                                  accuracy, seconds, collective);
   }
   double step_seconds = 0, collective_seconds = 0;
   for (double s : seconds) step_seconds += s;
@@ -348,7 +357,7 @@ void JobDriver::Runner::Report(int64_t steps_done, const std::vector<std::vector
   rep->set_step(step_);
   rep->set_total_steps(total_);
   rep->set_epoch(steps_per_epoch_ > 0 ? static_cast<double>(step_) / steps_per_epoch_ : 0);
-  rep->set_loss(loss / n);
+  rep->set_loss(loss / std::max(1, finite));
   rep->set_accuracy(accuracy);
   rep->set_samples_per_second(steps_done * job_.examples_per_step() /
                               std::max(1e-9, absl::ToDoubleSeconds(interval)));

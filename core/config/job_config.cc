@@ -169,7 +169,7 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
         {"log_every", Int(&c.train.log_every, 1, 1000000)},
         {"evaluate", Bool(&c.train.evaluate)},
         {"collective_timeout_seconds", Num(&c.train.collective_timeout_seconds, 0.0, 3600.0, true)},
-        {"on_nonfinite", Enum(&c.train.on_nonfinite, {"stop"})}}},
+        {"on_nonfinite", Enum(&c.train.on_nonfinite, {"stop", "skip_step"})}}},
       {"sharding",
        {{"layout", Str(&c.sharding.layout)},
         {"rules", Rules(&c.sharding.rules)},

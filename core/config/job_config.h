@@ -61,8 +61,9 @@ namespace meshrun {
 // `init_from` starts from a safetensors file of parameters under their names
 // (params/input_dense/kernel ...), e.g. one written by `meshrun export` or by Python.
 // `on_nonfinite` "stop": a NaN or infinite loss stops the job with an error naming the step, and
-// no checkpoint of that state or later is committed (CheckLossFinite). The other policy,
-// "skip_step" (skip the update), is not implemented yet and is refused.
+// no checkpoint of that state or later is committed (CheckLossFinite). "skip_step" (optax's
+// apply_if_finite): a step whose loss or updated parameters are not finite leaves the parameters
+// and optimizer state unchanged, and the job goes on, reporting the step.
 struct JobConfig {
   std::vector<std::pair<std::string, int>> mesh;  // empty: use the cluster's mesh
   struct Model {

@@ -188,6 +188,61 @@ TEST(InputPipelineE2ETest, TheMainJobInBf16KeepsF32MastersAndTracksTheF32Run) {
   EXPECT_TRUE(cluster->Stop().ok());
 }
 
+// train.on_nonfinite "skip_step" (optax.apply_if_finite): with an infinity in one example of
+// step 4's batch, that step's loss is not finite and its update is skipped: the parameters after
+// step 4 are those after step 3 (the same evaluation loss, bit for bit), the job trains on and
+// ends finite. Under "stop" the same data stops the job at step 4, naming it.
+TEST(InputPipelineE2ETest, SkipStepLeavesTheStateOfANonFiniteStepUnchanged) {
+  const std::string dir = ::testing::TempDir() + "/with_inf";
+  fs::remove_all(dir);
+  Numpy(absl::StrCat(R"(
+import numpy as np, os
+for name, n in (("train", 64), ("eval", 32)):
+    d = os.path.join(")",
+                     dir, R"(", name)
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(n)
+    x = rng.normal(size=(n, 1024)).astype(np.float32)
+    w = (rng.normal(size=(1024, 1024)) / 32).astype(np.float32)
+    y = np.tanh(x @ w).astype(np.float32)
+    if name == "train":
+        x[27, 5] = np.inf  # unshuffled batches of 8: step 4 reads examples 24..31
+    np.save(os.path.join(d, "input.npy"), x)
+    np.save(os.path.join(d, "label.npy"), y)
+)"));
+  auto cluster = testing::StartCluster("data=2", "skip");
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(client.ok());
+  auto run = [&](const std::string& policy, int64_t steps) {
+    JobConfig config = NpyJob(dir + "/train", steps);
+    config.data.eval_path = dir + "/eval";
+    config.data.batch_size = 8;
+    config.data.shuffle = false;
+    config.train.log_every = 1;
+    config.train.on_nonfinite = policy;
+    return (*client)->Train(config);
+  };
+  absl::StatusOr<TrainResult> three = run("skip_step", 3), four = run("skip_step", 4),
+                              six = run("skip_step", 6);
+  ASSERT_TRUE(three.ok()) << three.status();
+  ASSERT_TRUE(four.ok()) << four.status();
+  ASSERT_TRUE(six.ok()) << six.status();
+  std::vector<float> losses;
+  for (const v1::StepReport& rep : six->reports)
+    losses.insert(losses.end(), rep.losses().begin(), rep.losses().end());
+  ASSERT_EQ(losses.size(), 6u);
+  for (int k = 0; k < 6; ++k) EXPECT_EQ(std::isfinite(losses[k]), k != 3) << "step " << k + 1;
+  ASSERT_TRUE(three->evaluated && four->evaluated && six->evaluated);
+  EXPECT_EQ(four->test_loss, three->test_loss) << "step 4 changed nothing";
+  EXPECT_TRUE(std::isfinite(six->test_loss));
+  EXPECT_NE(six->test_loss, four->test_loss) << "steps 5 and 6 trained";
+  absl::StatusOr<TrainResult> stopped = run("stop", 6);
+  EXPECT_FALSE(stopped.ok());
+  EXPECT_THAT(std::string(stopped.status().message()), HasSubstr("at step 4"));
+  ASSERT_TRUE(cluster->Stop().ok());
+}
+
 TEST(InputPipelineE2ETest, BadDataFailsNamingTheValueAndLeavesNothingBehind) {
   const std::string good = WriteRegression("bad_data", 64);
   auto cluster = testing::StartCluster("data=2", "bad_data");

@@ -46,6 +46,11 @@ struct OptimizerConfig {
   float learning_rate = 1e-3f;
   float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
   float weight_decay = 1e-4f;  // adamw only
+  // optax.apply_if_finite: a step whose loss or updated parameters hold a NaN or an infinity
+  // leaves the parameters and optimizer state as they were (the step count still advances, and
+  // with it Adam's bias correction, where optax keeps a count of its own). Costs a scalar check
+  // per parameter and the in-place update (the old state is read after it).
+  bool apply_if_finite = false;
 };
 // "sgd", "adam", "adamw". Errors: InvalidArgument naming the value.
 absl::StatusOr<OptimizerConfig::Kind> ParseOptimizerKind(const std::string& name);
