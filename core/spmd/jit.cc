@@ -807,6 +807,52 @@ JitBuilder::Value JitBuilder::Stack(const std::vector<Value>& values) {
   return Push(std::move(out), std::move(node));
 }
 
+JitBuilder::Value JitBuilder::Concatenate(const std::vector<Value>& values, int64_t dim) {
+  Scope rec(this, v1::GlobalOp::CONCATENATE);
+  if (rec.op != nullptr) {
+    for (Value v : values) rec.op->add_operands(v.id);
+    rec.op->set_index(dim);
+  }
+  if (!Check(!values.empty(), "concatenate: no values")) return {};
+  for (Value v : values)
+    if (!Valid(v)) return {};
+  const State& head = values_[values[0].id];
+  const int64_t rank = static_cast<int64_t>(head.global.size());
+  if (!Check(dim >= 0 && dim < rank, absl::StrCat("concatenate: dim ", dim, " of rank ", rank))) {
+    return {};
+  }
+  Dims out_dims = head.global;
+  out_dims[dim] = 0;
+  for (Value v : values) {
+    const State& s = values_[v.id];
+    bool ok = static_cast<int64_t>(s.global.size()) == rank && s.dtype == head.dtype;
+    for (int64_t d = 0; ok && d < rank; ++d) ok = d == dim || s.global[d] == head.global[d];
+    if (!Check(ok, absl::StrCat("concatenate along ", dim, ": shapes (",
+                                absl::StrJoin(head.global, ", "), ") and (",
+                                absl::StrJoin(s.global, ", "), ") or their dtypes differ"))) {
+      return {};
+    }
+    out_dims[dim] += s.global[dim];
+  }
+  std::vector<PartitionSpec::Entry> entries = head.spec.Padded(rank);
+  entries[dim].clear();
+  const PartitionSpec spec(entries);
+  std::vector<ShardMapBuilder::Value> locals;
+  Node node(Node::kConcatenate);
+  node.index = dim;
+  State out;
+  for (Value v : values) {
+    State r = Resolve(values_[v.id], spec, "concatenate");
+    if (locals.empty()) out = r;
+    locals.push_back(r.local);
+    node.operands.push_back(v.id);
+  }
+  out.local = sm_.Concatenate(locals, dim);
+  out.global = out_dims;
+  out.spec = spec;
+  return Push(std::move(out), std::move(node));
+}
+
 std::vector<JitBuilder::Value> JitBuilder::AdamUpdate(Value param, Value grad, Value mu, Value nu,
                                                       Value step, const v1::AdamWAttrs& hp) {
   Scope rec(this, v1::GlobalOp::ADAM_UPDATE);
@@ -1014,6 +1060,16 @@ void JitBuilder::Backprop(int id, Value g, std::vector<Cotangent>& cts) {
       }
       return;
     }
+    case Node::kConcatenate: {  // each operand's slice of the cotangent
+      std::vector<int64_t> starts(shape.size(), 0), limits = shape;
+      for (int operand : node.operands) {
+        const int64_t size = values_[operand].global[node.index];
+        limits[node.index] = starts[node.index] + size;
+        if (needs(operand)) add(operand, Slice(g, starts, limits));
+        starts[node.index] += size;
+      }
+      return;
+    }
     case Node::kReshape:
       add(node.operands[0], Reshape(g, values_[node.operands[0]].global));
       return;
@@ -1218,6 +1274,9 @@ absl::StatusOr<std::unique_ptr<JitBuilder>> JitBuilder::FromGlobalProgram(
         break;
       case v1::GlobalOp::SELECT:
         if (arity = need(3); arity.ok()) jit->Select(in[0], in[1], in[2]);
+        break;
+      case v1::GlobalOp::CONCATENATE:
+        if (arity = need(1, false); arity.ok()) jit->Concatenate(in, op.index());
         break;
       case v1::GlobalOp::SLICE:
         if (arity = need(1); arity.ok()) jit->Slice(in[0], dims(op.dims()), dims(op.shape()));

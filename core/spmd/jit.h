@@ -146,6 +146,10 @@ class JitBuilder {
   // jnp.stack(values, axis=0): equal shapes, laid out as the first (the others are resharded);
   // the new dim 0 is not sharded.
   Value Stack(const std::vector<Value>& values);
+  // jnp.concatenate(values, axis=dim) (jax.lax.concatenate): one rank and dtype, sizes equal but
+  // along `dim`; laid out as the first with `dim` unsharded (the others are resharded to it).
+  // Differentiable (each operand's cotangent is its slice of the result's).
+  Value Concatenate(const std::vector<Value>& values, int64_t dim);
   // jnp.dot of 2-D arrays and jax.lax.dot_general (result: batch, lhs free, rhs free dims).
   Value Dot(Value a, Value b) { return DotGeneral(a, b, {1}, {0}); }
   Value DotGeneral(Value a, Value b, const std::vector<int64_t>& lhs_contracting,
@@ -250,6 +254,7 @@ class JitBuilder {
       kStack,
       kReshape,
       kSelect,
+      kConcatenate,
       kConvert,
       kSoftmaxCrossEntropy,
       kOptimizer

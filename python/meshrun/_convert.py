@@ -18,7 +18,10 @@ G = program_pb2.GlobalOp
 F32, BF16, I32, U32 = common_pb2.DTYPE_F32, common_pb2.DTYPE_BF16, common_pb2.DTYPE_I32, common_pb2.DTYPE_U32
 
 _UNARY = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "logistic": "logistic",
-          "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "abs", "square": "square"}
+          "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "abs", "square": "square", "erf": "erf", "erfc": "erfc",
+          "sin": "sin", "cos": "cos", "tan": "tan", "atan": "atan", "asin": "asin", "acos": "acos",
+          "sinh": "sinh", "cosh": "cosh", "atanh": "atanh", "log1p": "log1p", "expm1": "expm1",
+          "exp2": "exp2", "floor": "floor", "ceil": "ceil"}
 _BINARY = {"add": "add", "add_any": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max",
            "min": "min", "pow": "pow"}
 _COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
@@ -32,7 +35,7 @@ SUPPORTED = {
     **{k: f"BINARY {v}" for k, v in _BINARY.items()},
     **{k: f"BINARY {v} (f32 1/0)" for k, v in _COMPARE.items()},
     "integer_pow": "UNARY square / BINARY mul chains (div for negative powers)",
-    "log1p": "log(x + 1)", "expm1": "exp(x) - 1",
+    "round": "UNARY round_away / round_even",
     "select_n": "SELECT (two cases)",
     "and": "mul (bool)", "or": "max (bool)", "not": "1 - x (bool)",
     "dot_general": "DOT_GENERAL", "broadcast_in_dim": "BROADCAST_IN_DIM (layout propagated)",
@@ -42,6 +45,9 @@ SUPPORTED = {
     "reduce_min": "-REDUCE max(-x)", "convert_element_type": "CONVERT (or none)",
     "iota": "IOTA", "sharding_constraint": "CONSTRAINT", "reshard": "CONSTRAINT",
     "scan": "unrolled: INDEX of xs[i], the body inlined, STACK of the ys",
+    "concatenate": "CONCATENATE (the dim unsharded)",
+    "pad": "SLICE / CONCATENATE with the padding value (no interior padding)",
+    "split": "SLICEs",
     "sign": "(x > 0) - (x < 0)", "is_finite": "(x - x) == 0", "clamp": "min(max(x, lo), hi)",
     "argmax": "REDUCE max, then the least index holding it", "argmin": "argmax of -x",
     **{k: "the value itself" for k in _IDENTITY},
@@ -248,10 +254,9 @@ class Converter:
             return [_V(v.id, v.shape, np.bool_, F32)]
         if name == "integer_pow":
             return [self._integer_pow(ins[0], int(p["y"]))]
-        if name == "log1p":
-            return [self.unary("log", self.binary("add", ins[0], self.scalar(1.0)))]
-        if name == "expm1":
-            return [self.binary("sub", self.unary("exp", ins[0]), self.scalar(1.0))]
+        if name == "round":  # lax.RoundingMethod: 0 away from zero, 1 to nearest even
+            method = int(p.get("rounding_method", 0))
+            return [self.unary("round_even" if method == 1 else "round_away", self.f32(ins[0]))]
         if name == "sign":  # (x > 0) - (x < 0), as lax.sign for non-NaN x
             x = self.f32(ins[0])
             zero = self.scalar(0.0)
@@ -291,6 +296,29 @@ class Converter:
             if tuple(out_shape) == x.shape:
                 return [x]
             return [_V(self.emit(G.RESHAPE, [x], shape=list(out_shape)), out_shape, x.dtype, x.store)]
+        if name == "concatenate":
+            dim = int(p["dimension"])
+            if len(ins) == 1:
+                return ins
+            vals = ins if len({v.store for v in ins}) == 1 else [self.f32(v) for v in ins]
+            vid = self.emit(G.CONCATENATE, vals, index=dim)
+            return [_V(vid, out_shape, out_dtype, vals[0].store)]
+        if name == "split":  # lax.split: consecutive slices along `axis`
+            (x,) = ins
+            axis, outs, start = int(p["axis"]), [], 0
+            for size in p["sizes"]:
+                starts = [0] * len(x.shape)
+                limits = list(x.shape)
+                starts[axis], limits[axis] = start, start + size
+                shape = tuple(limits[d] - starts[d] for d in range(len(limits)))
+                if shape == x.shape:
+                    outs.append(x)
+                else:
+                    outs.append(_V(self.emit(G.SLICE, [x], dims=starts, shape=limits), shape, x.dtype, x.store))
+                start += size
+            return outs
+        if name == "pad":
+            return [self._pad(name, eqn, ins[0], ins[1], p["padding_config"], out_dtype)]
         if name == "slice":
             (x,) = ins
             if p.get("strides") not in (None, ()) and any(st != 1 for st in p["strides"]):
@@ -387,6 +415,42 @@ class Converter:
         best = _V(self.emit(G.REDUCE, [neg], fn="max", dims=[axis]), out_shape, np.float32, F32)
         v = self.unary("neg", best)
         return _V(v.id, out_shape, out_dtype, F32)
+
+    def _pad(self, name, eqn, x, value, config, out_dtype):
+        """lax.pad without interior padding: per dim, a slice for negative edges and a
+        concatenation with blocks of the padding value for positive ones."""
+        if any(interior != 0 for _, _, interior in config):
+            self._unsupported(name, eqn, "interior padding")
+        if value.shape:
+            self._unsupported(name, eqn, "a padding value that is not a scalar")
+        for d, (lo, hi, _) in enumerate(config):
+            if lo < 0 or hi < 0:
+                starts = [0] * len(x.shape)
+                limits = list(x.shape)
+                starts[d] = max(0, -lo)
+                limits[d] = x.shape[d] - max(0, -hi)
+                vid = self.emit(G.SLICE, [x], dims=starts, shape=limits)
+                shape = list(x.shape)
+                shape[d] = limits[d] - starts[d]
+                x = _V(vid, shape, x.dtype, x.store)
+            parts = []
+            for size in (max(0, lo), None, max(0, hi)):
+                if size is None:
+                    parts.append(x)
+                elif size > 0:
+                    shape = list(x.shape)
+                    shape[d] = size
+                    fill = self.broadcast(self.f32(value) if x.store == F32 else value, ())
+                    vid = self.emit(G.BROADCAST_IN_DIM, [fill], shape=shape, dims=[])
+                    parts.append(_V(vid, shape, x.dtype, F32))
+            if len(parts) > 1:
+                if any(q.store != x.store for q in parts):
+                    parts = [self.f32(q) for q in parts]
+                shape = list(x.shape)
+                shape[d] = sum(q.shape[d] for q in parts)
+                vid = self.emit(G.CONCATENATE, parts, index=d)
+                x = _V(vid, shape, x.dtype, parts[0].store)
+        return _V(x.id, x.shape, out_dtype, x.store)
 
     def _integer_pow(self, x, y):
         if x.store not in (F32, BF16):

@@ -252,3 +252,25 @@ def test_bools_integers_scalars_and_literals_keep_their_dtypes(cluster):
         assert g.dtype == w.dtype, (g.dtype, w.dtype)
         np.testing.assert_array_equal(g, w)
     assert got[3] is None
+
+
+def test_concatenate_pad_slices_and_libm_functions_with_their_gradients_match_jax(cluster):
+    """A model beyond the seeds: exact GELU (erf), sinusoidal features, a split and a concatenate,
+    whose gradients hold pad (the transpose of slice) and slices."""
+
+    def loss(w, x):
+        h = x @ w
+        a, b = h[:, :6], h[:, 6:]
+        feats = jnp.concatenate([jax.nn.gelu(a, approximate=False), jnp.sin(b) * jnp.cos(b)], axis=1)
+        padded = jnp.pad(feats, ((0, 0), (2, 1)), constant_values=0.5)
+        return jnp.mean(padded ** 2) + jnp.mean(jnp.floor(h) + jnp.round(h) + jnp.log1p(jnp.abs(h)))
+
+    rng = np.random.default_rng(4)
+    w = rng.normal(size=(16, 12)).astype(np.float32)
+    x = rng.normal(size=(8, 16)).astype(np.float32)
+    step = jax.value_and_grad(loss)
+    want_loss, want_grad = jax.jit(step)(w, x)
+    got_loss, got_grad = cluster.jit(step, out_shardings=(P(), P(None, "model")))(
+        cluster.device_put(w, P(None, "model")), cluster.device_put(x, P("data")))
+    np.testing.assert_allclose(np.asarray(got_loss), np.asarray(want_loss), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got_grad), np.asarray(want_grad), rtol=1e-4, atol=1e-6)

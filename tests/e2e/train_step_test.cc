@@ -270,6 +270,34 @@ TEST_F(AutodiffE2ETest, SelectTakesOneOperandAndRoutesItsGradient) {
   EXPECT_NEAR(got[2].data<float>()[0], dc, 1e-4);
 }
 
+// jnp.concatenate as JitBuilder::Concatenate, with a sharded operand resharded for it, and its
+// gradient (each operand's slice of the cotangent): d/da sum(concat(a, 3b)^2) = 2a, d/db = 18b.
+TEST_F(AutodiffE2ETest, ConcatenateAndItsGradientEqualTheHosts) {
+  const Tensor at = testing::NormalTensor({8, 4}, 41), bt = testing::NormalTensor({8, 8}, 42);
+  JitBuilder jit(*mesh_);
+  auto a = jit.Input(v1::DTYPE_F32, {8, 4}, P({"data", "model"}));
+  auto b = jit.Input(v1::DTYPE_F32, {8, 8}, P({"", "model"}));
+  auto c = jit.Concatenate({a, jit.Scale(b, 3.0f)}, 1);
+  EXPECT_EQ(jit.sharding(c), P({"data"}));
+  auto loss = jit.Reduce("sum", jit.Mul(c, c), {0, 1});
+  std::vector<JitBuilder::Value> g = jit.Grad(loss, {a, b});
+  jit.Output(c, PartitionSpec());
+  jit.Output(jit.WithShardingConstraint(g[0], PartitionSpec()), PartitionSpec());
+  jit.Output(jit.WithShardingConstraint(g[1], PartitionSpec()), PartitionSpec());
+  std::vector<Tensor> got = testing::RunShardMapAll(*client_, jit.Build(), {&at, &bt});
+  ASSERT_EQ(got.size(), 3u);
+  for (int r = 0; r < 8; ++r) {
+    for (int k = 0; k < 12; ++k) {
+      const float want = k < 4 ? at.data<float>()[r * 4 + k] : 3 * bt.data<float>()[r * 8 + k - 4];
+      EXPECT_EQ(got[0].data<float>()[r * 12 + k], want) << r << "," << k;
+    }
+    for (int k = 0; k < 4; ++k)
+      EXPECT_NEAR(got[1].data<float>()[r * 4 + k], 2 * at.data<float>()[r * 4 + k], 1e-5);
+    for (int k = 0; k < 8; ++k)
+      EXPECT_NEAR(got[2].data<float>()[r * 8 + k], 18 * bt.data<float>()[r * 8 + k], 1e-4);
+  }
+}
+
 // flax's Dropout inside a sharded program: each 'data' shard draws its mask from
 // fold_in(key, axis_index('data')) (the seed's fold_rng_over_axis), the 'model' replicas agree,
 // and the gradient is the mask.

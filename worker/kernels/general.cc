@@ -97,13 +97,67 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, c
   return kernel;
 }
 
+namespace {
+
+// Unary fns oneDNN has no eltwise algorithm for: a loop over libm's (JAX's CPU lowering calls
+// the same functions, or its own approximations of them, for these primitives).
+const std::map<std::string, float (*)(float)>& LibmFns() {
+  static const auto* fns = new std::map<std::string, float (*)(float)>{
+      {"erf", [](float v) { return std::erf(v); }},
+      {"erfc", [](float v) { return std::erfc(v); }},
+      {"sin", [](float v) { return std::sin(v); }},
+      {"cos", [](float v) { return std::cos(v); }},
+      {"tan", [](float v) { return std::tan(v); }},
+      {"atan", [](float v) { return std::atan(v); }},
+      {"asin", [](float v) { return std::asin(v); }},
+      {"acos", [](float v) { return std::acos(v); }},
+      {"sinh", [](float v) { return std::sinh(v); }},
+      {"cosh", [](float v) { return std::cosh(v); }},
+      {"atanh", [](float v) { return std::atanh(v); }},
+      {"log1p", [](float v) { return std::log1p(v); }},
+      {"expm1", [](float v) { return std::expm1(v); }},
+      {"exp2", [](float v) { return std::exp2(v); }},
+      {"floor", [](float v) { return std::floor(v); }},
+      {"ceil", [](float v) { return std::ceil(v); }},
+      {"round_even", [](float v) { return std::nearbyint(v); }},  // the default rounding mode
+      {"round_away", [](float v) { return std::round(v); }}};
+  return *fns;
+}
+
+class LibmKernel : public Kernel {
+ public:
+  LibmKernel(float (*fn)(float), const Tensor& x, Tensor& y) : fn_(fn), x_(x), y_(y) {}
+  absl::Status Run() override {
+    const float* x = x_.data<float>();
+    float* y = y_.data<float>();
+    for (int64_t i = 0, n = x_.num_elements(); i < n; ++i) y[i] = fn_(x[i]);
+    return absl::OkStatus();
+  }
+
+ private:
+  float (*fn_)(float);
+  const Tensor& x_;
+  Tensor& y_;
+};
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x,
                                                     Tensor& y, float exponent) {
   const std::map<std::string, EltwiseAlg> algs = UnaryAlgs(exponent);
   auto it = algs.find(fn);
-  if (it == algs.end()) {
+  auto libm = LibmFns().find(fn);
+  if (it == algs.end() && libm == LibmFns().end()) {
+    std::string more;
+    for (const auto& [name, _] : LibmFns()) absl::StrAppend(&more, ", ", name);
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown unary fn '", fn, "'; allowed: ", Keys(algs)));
+        absl::StrCat("unknown unary fn '", fn, "'; allowed: ", Keys(algs), more));
+  }
+  if (libm != LibmFns().end()) {
+    if (absl::Status s = RequireF32("unary", x); !s.ok()) return s;
+    if (x.dims() != y.dims())
+      return absl::InvalidArgumentError("unary: output shape differs from input");
+    return std::unique_ptr<Kernel>(std::make_unique<LibmKernel>(libm->second, x, y));
   }
   if (absl::Status s = RequireF32("unary", x); !s.ok()) return s;
   if (x.dims() != y.dims())

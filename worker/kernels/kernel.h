@@ -56,7 +56,9 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateLeadingSum(const Tensor& x, int64_
                                                          float alpha = 1.0f);
 
 // y = fn(x) element-wise, f32, same shape (oneDNN eltwise). fn: tanh exp log sqrt rsqrt neg abs
-// square relu logistic silu, or pow (x ** exponent). Errors: InvalidArgument naming an unknown fn.
+// square relu logistic silu, or pow (x ** exponent); and, as a loop over libm's functions, erf sin
+// erfc cos tan atan asin acos sinh cosh atanh log1p expm1 exp2 floor ceil round_even round_away.
+// Errors: InvalidArgument naming an unknown fn.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x,
                                                     Tensor& y, float exponent = 1.0f);
 
