@@ -48,6 +48,9 @@ SUPPORTED = {
     "concatenate": "CONCATENATE (the dim unsharded)",
     "pad": "SLICE / CONCATENATE with the padding value (no interior padding)",
     "split": "SLICEs",
+    "gather": "one-hot SELECT and REDUCE sum, or a one-hot DOT_GENERAL for rows (take_along_axis, "
+              "jnp.take of rows, one index)",
+    "scatter-add": "the transposes of those gathers",
     "sign": "(x > 0) - (x < 0)", "is_finite": "(x - x) == 0", "clamp": "min(max(x, lo), hi)",
     "argmax": "REDUCE max, then the least index holding it", "argmin": "argmax of -x",
     **{k: "the value itself" for k in _IDENTITY},
@@ -56,7 +59,13 @@ SUPPORTED = {
 
 
 def _summary(eqn):
+    """file:line of the innermost frame of the equation's traceback outside installed packages
+    (the user's code, not optax's or flax's); JAX's own summary otherwise."""
     try:
+        tb = eqn.source_info.traceback
+        for f in (tb.frames if tb is not None else []):
+            if "/site-packages/" not in f.file_name and "/jax/" not in f.file_name:
+                return f"{f.file_name}:{getattr(f, 'start_line', getattr(f, 'line_num', '?'))} ({f.function_name})"
         from jax._src import source_info_util
 
         return source_info_util.summarize(eqn.source_info)
@@ -303,6 +312,10 @@ class Converter:
             vals = ins if len({v.store for v in ins}) == 1 else [self.f32(v) for v in ins]
             vid = self.emit(G.CONCATENATE, vals, index=dim)
             return [_V(vid, out_shape, out_dtype, vals[0].store)]
+        if name == "gather":
+            return [self._gather(name, eqn, p, ins, out_dtype, out_shape)]
+        if name == "scatter-add":
+            return [self._scatter_add(name, eqn, p, ins, out_dtype)]
         if name == "split":  # lax.split: consecutive slices along `axis`
             (x,) = ins
             axis, outs, start = int(p["axis"]), [], 0
@@ -415,6 +428,108 @@ class Converter:
         best = _V(self.emit(G.REDUCE, [neg], fn="max", dims=[axis]), out_shape, np.float32, F32)
         v = self.unary("neg", best)
         return _V(v.id, out_shape, out_dtype, F32)
+
+    # Gathers and their transposes along one indexed axis, as one-hot selections (exact; an index
+    # out of range selects nothing, where JAX's FILL_OR_DROP mode fills NaN):
+    #   take_along_axis  operand [B, C], indices [B, J, 1], batching dim 0 -> [B, J]
+    #   jnp.take rows    operand [V, D], indices [N, 1] -> [N, D] (a one-hot matmul)
+    #   one index        operand [..], indices [1] -> the operand without the indexed axis
+
+    def _index_form(self, name, eqn, operand_shape, idx, indexed, batch_op, batch_ix, window):
+        k = indexed
+        r = len(operand_shape)
+        if idx.shape[-1:] != (1,):
+            self._unsupported(name, eqn, "indices whose last dim is not 1")
+        if batch_op == (0,) and batch_ix == (0,) and r == 2 and k == 1 and len(idx.shape) == 3:
+            return "along"
+        if not batch_op and not batch_ix and r == 2 and k == 0 and len(idx.shape) == 2 and window == (1,):
+            return "rows"
+        if not batch_op and not batch_ix and idx.shape == (1,):
+            return "one"
+        self._unsupported(name, eqn, "this gather / scatter form (supported: take_along_axis, jnp.take "
+                                     "of rows, a single index)")
+
+    def _iota(self, shape, dim):
+        vid = self.emit(G.IOTA, dtype=F32, shape=list(shape), index=dim, spec=common_pb2.PartitionSpec())
+        return _V(vid, shape, np.float32, F32)
+
+    def _mask(self, shape, dim, idx, idx_dims):
+        """(iota along `dim` of `shape`) == idx broadcast from its dims `idx_dims` (f32 1 / 0)."""
+        i = self.f32(idx)
+        ib = _V(self.emit(G.BROADCAST_IN_DIM, [i], shape=list(shape), dims=list(idx_dims)), shape, np.float32, F32)
+        return self.binary("eq", self._iota(shape, dim), ib)
+
+    def _reshape(self, x, shape):
+        shape = tuple(shape)
+        if x.shape == shape:
+            return x
+        return _V(self.emit(G.RESHAPE, [x], shape=list(shape)), shape, x.dtype, x.store)
+
+    def _pick(self, pred, on_false, on_true, dtype):
+        return _V(self.emit(G.SELECT, [pred, on_false, on_true]), pred.shape, dtype, F32)
+
+    def _gather(self, name, eqn, p, ins, out_dtype, out_shape):
+        op, idx = ins
+        dn = p["dimension_numbers"]
+        if len(dn.start_index_map) != 1 or tuple(dn.collapsed_slice_dims) != tuple(dn.start_index_map):
+            self._unsupported(name, eqn, "more than one indexed axis")
+        k = dn.start_index_map[0]
+        ones = {k, *dn.operand_batching_dims}
+        if any(p["slice_sizes"][d] != (1 if d in ones else op.shape[d]) for d in range(len(op.shape))):
+            self._unsupported(name, eqn, "windows smaller than the operand")
+        form = self._index_form(name, eqn, op.shape, idx, k, tuple(dn.operand_batching_dims),
+                                tuple(dn.start_indices_batching_dims), tuple(dn.offset_dims))
+        x = self.f32(op)
+        zero = self.scalar(0.0)
+        if form == "along":  # out[b, j] = op[b, idx[b, j]]
+            (b, c), j = op.shape, idx.shape[1]
+            mask = self._mask((b, j, c), 2, self._reshape(idx, (b, j)), (0, 1))
+            xb = _V(self.emit(G.BROADCAST_IN_DIM, [x], shape=[b, j, c], dims=[0, 2]), (b, j, c), np.float32, F32)
+            picked = self._pick(mask, zero, xb, np.float32)
+            v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[2]), (b, j), np.float32, F32)
+        elif form == "rows":  # out[n, :] = op[idx[n], :]: one_hot(idx) @ op
+            (vocab, _), n = op.shape, idx.shape[0]
+            onehot = self._mask((n, vocab), 1, self._reshape(idx, (n,)), (0,))
+            vid = self.emit(G.DOT_GENERAL, [onehot, x], lhs_contracting=[1], rhs_contracting=[0])
+            v = _V(vid, out_shape, np.float32, F32)
+        else:  # out = op[..., idx, ...]
+            mask = self._mask(op.shape, k, self._reshape(idx, ()), ())
+            picked = self._pick(mask, zero, x, np.float32)
+            v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[k]), tuple(d for i, d in enumerate(op.shape) if i != k),
+                   np.float32, F32)
+        v = self._reshape(v, out_shape)
+        return _V(v.id, out_shape, out_dtype, F32) if op.store == F32 else self._convert("gather", eqn, v, out_dtype)
+
+    def _scatter_add(self, name, eqn, p, ins, out_dtype):
+        op, idx, upd = ins
+        dn = p["dimension_numbers"]
+        if len(dn.scatter_dims_to_operand_dims) != 1 or \
+                tuple(dn.inserted_window_dims) != tuple(dn.scatter_dims_to_operand_dims):
+            self._unsupported(name, eqn, "more than one indexed axis")
+        k = dn.scatter_dims_to_operand_dims[0]
+        form = self._index_form(name, eqn, op.shape, idx, k, tuple(dn.operand_batching_dims),
+                                tuple(dn.scatter_indices_batching_dims), tuple(dn.update_window_dims))
+        u = self.f32(upd)
+        zero = self.scalar(0.0)
+        if form == "along":  # out[b, c] = op[b, c] + sum_j [idx[b, j] == c] upd[b, j]
+            (b, c), j = op.shape, idx.shape[1]
+            mask = self._mask((b, j, c), 2, self._reshape(idx, (b, j)), (0, 1))
+            ub = _V(self.emit(G.BROADCAST_IN_DIM, [self._reshape(u, (b, j))], shape=[b, j, c], dims=[0, 1]),
+                    (b, j, c), np.float32, F32)
+            spread = self._pick(mask, zero, ub, np.float32)
+            add = _V(self.emit(G.REDUCE, [spread], fn="sum", dims=[1]), (b, c), np.float32, F32)
+        elif form == "rows":  # out = op + one_hot(idx)^T @ upd
+            (vocab, _), n = op.shape, idx.shape[0]
+            onehot = self._mask((n, vocab), 1, self._reshape(idx, (n,)), (0,))
+            vid = self.emit(G.DOT_GENERAL, [onehot, u], lhs_contracting=[0], rhs_contracting=[0])
+            add = _V(vid, op.shape, np.float32, F32)
+        else:
+            mask = self._mask(op.shape, k, self._reshape(idx, ()), ())
+            others = [d for d in range(len(op.shape)) if d != k]
+            ub = _V(self.emit(G.BROADCAST_IN_DIM, [u], shape=list(op.shape), dims=others), op.shape, np.float32, F32)
+            add = self._pick(mask, zero, ub, np.float32)
+        v = self.binary("add", self.f32(op), add)
+        return _V(v.id, op.shape, out_dtype, F32)
 
     def _pad(self, name, eqn, x, value, config, out_dtype):
         """lax.pad without interior padding: per dim, a slice for negative edges and a

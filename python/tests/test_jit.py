@@ -274,3 +274,28 @@ def test_concatenate_pad_slices_and_libm_functions_with_their_gradients_match_ja
         cluster.device_put(w, P(None, "model")), cluster.device_put(x, P("data")))
     np.testing.assert_allclose(np.asarray(got_loss), np.asarray(want_loss), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(got_grad), np.asarray(want_grad), rtol=1e-4, atol=1e-6)
+
+
+def test_integer_label_cross_entropy_and_an_embedding_with_their_gradients_match_jax(cluster):
+    """take_along_axis (optax's integer-label cross-entropy) and jnp.take of embedding rows, and
+    their transposes (scatter-add) in the gradients."""
+
+    def loss(table, w, ids, labels):
+        e = jnp.take(table, ids, axis=0)  # [8, 16] rows of a [20, 16] embedding
+        logits = e @ w
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+        return ce + 0.1 * jnp.take_along_axis(logits, labels[:, None], axis=1).mean()
+
+    rng = np.random.default_rng(5)
+    table = rng.normal(size=(20, 16)).astype(np.float32)
+    w = rng.normal(size=(16, 12)).astype(np.float32)
+    ids = rng.integers(0, 20, size=8).astype(np.int32)
+    labels = rng.integers(0, 12, size=8).astype(np.int32)
+    step = jax.value_and_grad(loss, argnums=(0, 1))
+    want_loss, want = jax.jit(step)(table, w, ids, labels)
+    got_loss, got = cluster.jit(step, out_shardings=(P(), (P(), P(None, "model"))))(
+        cluster.device_put(table, P()), cluster.device_put(w, P(None, "model")),
+        cluster.device_put(ids, P("data")), cluster.device_put(labels, P("data")))
+    np.testing.assert_allclose(np.asarray(got_loss), np.asarray(want_loss), rtol=1e-5)
+    for g, wnt in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(wnt), rtol=1e-4, atol=1e-6)
