@@ -205,15 +205,19 @@ void CombineReductions(v1::StepProgram* program, size_t max_bytes, size_t direct
     Group group = std::move(pending[g]);
     pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(g));
     for (int m : group.members) taken[m] = 1;
+    // Not a reduction of one of the group's own results: that one needs the group done first.
+    std::set<int> in_group(group.members.begin(), group.members.end());
     for (int j = at; j < ops.size(); ++j) {
       if (taken[j] || !Combinable(ops[j], decls, max_bytes) ||
           absl::StrJoin(ops[j].axis_names(), ",") != group.axes) {
         continue;
       }
       bool ready = true;
-      for (int w : writers[ops[j].inputs(0)]) ready = ready && w < at && taken[w] != 2;
+      for (int w : writers[ops[j].inputs(0)])
+        ready = ready && w < at && taken[w] != 2 && !in_group.count(w);
       if (!ready) continue;
       AddMember(&group, ops[j]);
+      in_group.insert(j);
       taken[j] = 1;  // emitted with the group
     }
     if (group.op.inputs_size() == 1) {  // alone: as it was
@@ -225,6 +229,23 @@ void CombineReductions(v1::StepProgram* program, size_t max_bytes, size_t direct
   for (int i = 0; i < ops.size(); ++i) {
     if (taken[i]) continue;
     const v1::Op& op = ops[i];
+    // A pending reduction runs before the first op that reads one of its results or writes one
+    // of its operands or results, a reduction included (a psum of a psum's result waits for it).
+    std::set<std::string> touched(op.inputs().begin(), op.inputs().end());
+    touched.insert(op.outputs().begin(), op.outputs().end());
+    for (size_t g = 0; g < pending.size();) {
+      const v1::Op& r = pending[g].op;
+      bool needed = false;
+      for (const std::string& b : r.outputs()) needed = needed || touched.count(b) > 0;
+      for (const std::string& b : op.outputs()) {
+        for (const std::string& in : r.inputs()) needed = needed || b == in;
+      }
+      if (!needed) {
+        ++g;
+        continue;
+      }
+      flush(g, i);
+    }
     if (Combinable(op, decls, max_bytes)) {
       const std::string axes = absl::StrJoin(op.axis_names(), ",");
       auto it = std::find_if(pending.begin(), pending.end(),
@@ -240,23 +261,6 @@ void CombineReductions(v1::StepProgram* program, size_t max_bytes, size_t direct
       it->members.push_back(i);
       taken[i] = 2;  // pending: not yet emitted
       continue;
-    }
-    // A pending reduction runs before the first op that reads one of its results or writes one
-    // of its operands or results.
-    std::set<std::string> touched(op.inputs().begin(), op.inputs().end());
-    touched.insert(op.outputs().begin(), op.outputs().end());
-    for (size_t g = 0; g < pending.size();) {
-      const v1::Op& r = pending[g].op;
-      bool needed = false;
-      for (const std::string& b : r.outputs()) needed = needed || touched.count(b) > 0;
-      for (const std::string& b : op.outputs()) {
-        for (const std::string& in : r.inputs()) needed = needed || b == in;
-      }
-      if (!needed) {
-        ++g;
-        continue;
-      }
-      flush(g, i);
     }
     *out.Add() = op;
   }

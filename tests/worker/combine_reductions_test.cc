@@ -240,6 +240,35 @@ TEST(CombineReductionsTest, RidersComputeWhatSeparateReductionsDo) {
   }
 }
 
+// A psum of a psum's result (shard_map bodies hold them: JAX's pvary transposes to one) waits
+// for it: combined into one bucket, the second would read the first's result before it exists.
+TEST(CombineReductionsTest, AReductionOfAReductionsResultRunsAfterIt) {
+  v1::StepProgram p = ParseText(
+      "buffers { name: 'x' dtype: DTYPE_F32 shape { dims: 3 } } "
+      "buffers { name: 's1' dtype: DTYPE_F32 shape { dims: 3 } } "
+      "buffers { name: 'y' dtype: DTYPE_F32 shape { dims: 2 } } "
+      "buffers { name: 's2' dtype: DTYPE_F32 shape { dims: 2 } } "
+      "buffers { name: 's3' dtype: DTYPE_F32 shape { dims: 3 } } "
+      "functions { name: 'main' "
+      "ops { kind: OP_PSUM inputs: 'x' outputs: 's1' axis_names: 'data' } "
+      "ops { kind: OP_PSUM inputs: 'y' outputs: 's2' axis_names: 'data' } "
+      "ops { kind: OP_PSUM inputs: 's1' outputs: 's3' axis_names: 'data' } }");
+  v1::StepProgram combined = p;
+  CombineReductions(&combined, 256 << 10, 256 << 10);
+  const auto& ops = combined.functions(0).ops();
+  ASSERT_EQ(ops.size(), 2);
+  EXPECT_THAT(ops[0].inputs(), ElementsAre("x", "y"));
+  EXPECT_THAT(ops[1].inputs(), ElementsAre("s1"));
+  CollectiveOptions collectives;
+  collectives.combine_max_bytes = 256 << 10;
+  const std::vector<std::vector<float>> got =
+      RunOnTwoRanks(p, collectives, {"x", "y"},
+                    [](const std::string&, int r, int64_t i) { return 10.0f * r + i + 1; },
+                    {"s1", "s2", "s3"});
+  // s1 = x0 + x1 = 12 + 2i, s2 likewise, s3 = 2 s1 (s1 is the same on both ranks).
+  for (int r = 0; r < 2; ++r) EXPECT_THAT(got[r], ElementsAre(12, 14, 16, 12, 14, 24, 28, 32));
+}
+
 TEST(CombineReductionsTest, ARiderWithoutItsLetterIsRefused) {
   std::string text = AdamTail(true);
   text.replace(text.find("sum:ms"), 6, "sum:m");
