@@ -169,6 +169,23 @@ class JitBuilder {
   // the logits (class dim whole). Not differentiable itself.
   Value SoftmaxCrossEntropyGrad(Value logits, Value labels, Value dloss);
 
+  // jax.shard_map regions. ShardMapEnter lays x out as `in_spec` and returns this device's block
+  // as a value of the block's shape; ops on such values (all of the above, on replicated-looking
+  // values) then run per device, as in shard_map's body, with the collectives below;
+  // ShardMapExit turns a device's block (shape = the global shape divided by `out_spec`'s
+  // axes) back into a global value laid out as `out_spec`. As shard_map with check_vma, an
+  // out_spec must leave out only axes the block does not vary over. Not differentiable (JAX's
+  // transpose of shard_map is itself a shard_map).
+  Value ShardMapEnter(Value x, const PartitionSpec& in_spec);
+  Value ShardMapExit(Value block, const PartitionSpec& out_spec);
+  // jax.lax.psum / pmax / all_gather / psum_scatter / ppermute / all_to_all on a block in a
+  // shard_map body: `dim` is all_gather's axis, psum_scatter's scatter_dimension or
+  // all_to_all's split_axis; `dims` all_to_all's concat_axis or ppermute's pairs, flattened.
+  Value ManualCollective(const std::string& fn, Value x, const std::vector<std::string>& axes,
+                         int64_t dim, const std::vector<int64_t>& dims, bool tiled);
+  // jax.lax.axis_index(axes) in a shard_map body: i32 [].
+  Value ManualAxisIndex(const std::vector<std::string>& axes);
+
   // optax.adamw (weight_decay 0: optax.adam) on one parameter, fused: param, grad, mu, nu of one
   // global shape, step an f32 scalar (the count before this update). Runs in param's layout: grad
   // (partial sums and all), mu and nu are resolved to it, so an FSDP parameter's gradient is

@@ -26,6 +26,9 @@ _BINARY = {"add": "add", "add_any": "add", "sub": "sub", "mul": "mul", "div": "d
            "min": "min", "pow": "pow"}
 _COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
 _IDENTITY = {"stop_gradient", "copy", "copy_p", "optimization_barrier", "pvary"}
+# Collectives in a shard_map body -> ManualCollective's fn.
+_MANUAL = {"psum": "psum", "psum_invariant": "psum", "psum2": "psum", "pmax": "pmax", "all_gather": "all_gather", "reduce_scatter": "psum_scatter",
+           "ppermute": "ppermute", "all_to_all": "all_to_all"}
 _CALLS = {"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
           "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
 
@@ -51,6 +54,9 @@ SUPPORTED = {
     "gather": "one-hot SELECT and REDUCE sum, or a one-hot DOT_GENERAL for rows (take_along_axis, "
               "jnp.take of rows, one index)",
     "scatter-add": "the transposes of those gathers",
+    "shard_map": "SHARD_MAP_ENTER, the body per device, SHARD_MAP_EXIT",
+    **{k: f"MANUAL_COLLECTIVE {v} (in a shard_map body)" for k, v in _MANUAL.items()},
+    "axis_index": "AXIS_INDEX (in a shard_map body)",
     "sign": "(x > 0) - (x < 0)", "is_finite": "(x - x) == 0", "clamp": "min(max(x, lo), hi)",
     "argmax": "REDUCE max, then the least index holding it", "argmin": "argmax of -x",
     **{k: "the value itself" for k in _IDENTITY},
@@ -101,6 +107,7 @@ class Converter:
         self._scalars = {}
         self._sites = []  # the user's call sites of the nested calls being inlined
         self._dots = {}  # value id -> (lhs, rhs, lhs_contracting, rhs_contracting) of 2-D dots
+        self._manual_depth = 0  # > 0 inside a shard_map body
 
     def where(self, eqn):
         """The user's file:line of an equation; inside a library's nested jit (jnp.cumsum's), the
@@ -249,6 +256,16 @@ class Converter:
                 self._sites.pop()
         if name == "scan":
             return self._scan(eqn, p, ins)
+        if name == "shard_map":
+            return self._shard_map(name, eqn, p, ins)
+        if name in _MANUAL:
+            return [self._manual(name, eqn, p, ins[0])]
+        if name == "axis_index":
+            if not self._manual_depth:
+                self._unsupported(name, eqn, "axis_index outside a shard_map body")
+            axes = p["axis_name"] if isinstance(p["axis_name"], tuple) else (p["axis_name"],)
+            vid = self.emit(G.AXIS_INDEX, axes=list(axes))
+            return [_V(vid, (), np.int32, I32)]
         if name in _IDENTITY:
             return ins
         if name in _UNARY:
@@ -381,6 +398,54 @@ class Converter:
             vid = self.emit(G.CONSTRAINT, [x], spec=_sharding.spec_to_proto(entries))
             return [_V(vid, x.shape, x.dtype, x.store)]
         self._unsupported(name, eqn)
+
+    def _shard_map(self, name, eqn, p, ins):
+        """jax.shard_map: operands laid out as in_specs enter the body as this device's blocks; the
+        body runs per device with its collectives; results leave laid out as out_specs."""
+        body = p["jaxpr"]
+        body = getattr(body, "jaxpr", body)
+        in_specs, out_specs = p["in_specs"], p["out_specs"]
+        blocks = []
+        for x, spec, var in zip(ins, in_specs, body.invars):
+            entries = _sharding.normalize_spec(spec, self.mesh)
+            vid = self.emit(G.SHARD_MAP_ENTER, [x], spec=_sharding.spec_to_proto(entries))
+            blocks.append(_V(vid, tuple(var.aval.shape), x.dtype, x.store))
+        self._sites.append(self.where(eqn))
+        self._manual_depth += 1
+        try:
+            outs = self.run(body, [], blocks)
+        finally:
+            self._manual_depth -= 1
+            self._sites.pop()
+        results = []
+        for v, spec, var in zip(outs, out_specs, eqn.outvars):
+            entries = _sharding.normalize_spec(spec, self.mesh)
+            vid = self.emit(G.SHARD_MAP_EXIT, [v], spec=_sharding.spec_to_proto(entries))
+            results.append(_V(vid, tuple(var.aval.shape), v.dtype, v.store))
+        return results
+
+    def _manual(self, name, eqn, p, x):
+        """A collective in a shard_map body, as ManualCollective (core/spmd/jit.h) runs it."""
+        if not self._manual_depth:
+            self._unsupported(name, eqn, "a collective outside a shard_map body")
+        if p.get("axis_index_groups") is not None:
+            self._unsupported(name, eqn, "axis_index_groups")
+        axes = p.get("axes", p.get("axis_name"))
+        axes = list(axes) if isinstance(axes, (tuple, list)) else [axes]
+        fn, dim, dims, tiled = _MANUAL[name], 0, [], bool(p.get("tiled", False))
+        if name == "all_gather":
+            dim = int(p["all_gather_dimension"])
+        elif name == "reduce_scatter":
+            dim = int(p["scatter_dimension"])
+        elif name == "all_to_all":
+            dim, dims = int(p["split_axis"]), [int(p["concat_axis"])]
+        elif name == "ppermute":
+            dims = [int(i) for pair in p["perm"] for i in pair]
+        shape = tuple(v.aval.shape for v in eqn.outvars)[0]
+        if x.store not in (F32, BF16):
+            self._unsupported(name, eqn, f"a {x.dtype} operand")
+        vid = self.emit(G.MANUAL_COLLECTIVE, [x], fn=fn, axes=axes, index=dim, dims=dims, value=1.0 if tiled else 0.0)
+        return _V(vid, shape, x.dtype, x.store)
 
     def _scan(self, eqn, p, ins):
         """lax.scan unrolled: iteration i reads xs[i] (INDEX along the stacked dim 0) and the ys

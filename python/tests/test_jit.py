@@ -299,3 +299,44 @@ def test_integer_label_cross_entropy_and_an_embedding_with_their_gradients_match
     np.testing.assert_allclose(np.asarray(got_loss), np.asarray(want_loss), rtol=1e-5)
     for g, wnt in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(wnt), rtol=1e-4, atol=1e-6)
+
+
+def test_shard_map_data_parallel_and_fsdp_steps_match_jax(cluster):
+    """Seed 001's way of writing a step: jax.shard_map with pmean over 'data' (DP), and FSDP with
+    the parameters all_gathered and their gradients psum_scattered (JAX's own transpose)."""
+    mesh = emulated_mesh()
+
+    def loss_fn(p, x, y):
+        h = jnp.tanh(x @ p["w1"])
+        return jnp.mean((h @ p["w2"] - y) ** 2)
+
+    def dp_local(p, x, y):
+        loss, g = jax.value_and_grad(loss_fn)(p, x, y)
+        g = jax.lax.pmean(g, "data")
+        return jax.tree_util.tree_map(lambda a, b: a - 0.1 * b, p, g), jax.lax.pmean(loss, "data")
+
+    def fsdp_local(p, x, y):
+        def gathered_loss(p):
+            full = {k: jax.lax.all_gather(v, "data", axis=0, tiled=True) for k, v in p.items()}
+            return loss_fn(full, x, y)
+
+        loss, g = jax.value_and_grad(gathered_loss)(p)
+        g = jax.tree_util.tree_map(lambda v: v / 2.0, g)  # the mean over the 2 'data' shards
+        return jax.tree_util.tree_map(lambda a, b: a - 0.1 * b, p, g), jax.lax.pmean(loss, "data")
+
+    rng = np.random.default_rng(6)
+    params = {"w1": (rng.normal(size=(16, 32)) * 0.3).astype(np.float32),
+              "w2": (rng.normal(size=(32, 8)) * 0.3).astype(np.float32)}
+    data = [(rng.normal(size=(8, 16)).astype(np.float32), rng.normal(size=(8, 8)).astype(np.float32))
+            for _ in range(5)]
+    for local, pspec in ((dp_local, P()), (fsdp_local, P("data"))):
+        step = jax.shard_map(local, mesh=mesh, in_specs=(pspec, P("data"), P("data")), out_specs=(pspec, P()))
+        ref, ours = params, cluster.device_put(params, pspec)
+        fn = cluster.jit(step, out_shardings=(pspec, P()), donate_argnums=0)
+        with jax.set_mesh(mesh):
+            for x, y in data:
+                ref, want = jax.jit(step)(ref, x, y)
+                ours, got = fn(ours, cluster.device_put(x, P("data")), cluster.device_put(y, P("data")))
+                np.testing.assert_allclose(float(np.asarray(got)), float(want), rtol=1e-5)
+        for k in params:
+            np.testing.assert_allclose(np.asarray(ours[k]), np.asarray(ref[k]), rtol=1e-5, atol=1e-6)
