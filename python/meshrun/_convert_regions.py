@@ -1,0 +1,118 @@
+"""Nested bodies in meshrun._convert: calls (jit, custom_jvp/vjp, remat) inlined, lax.scan
+unrolled, jax.shard_map regions with their collectives."""
+import numpy as np
+
+from meshrun import _sharding
+from meshrun._ir import BF16, F32, G, I32, _V
+
+# Collectives in a shard_map body -> JitBuilder::ManualCollective's fn.
+_MANUAL = {"psum": "psum", "psum_invariant": "psum", "psum2": "psum", "pmax": "pmax",
+           "all_gather": "all_gather", "reduce_scatter": "psum_scatter", "ppermute": "ppermute",
+           "all_to_all": "all_to_all"}
+_CALLS = {"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
+          "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
+
+
+class _Regions:
+    """Converter's nested bodies (a mixin: uses its emit, run, where, _unsupported)."""
+
+    def _region_equation(self, name, p, ins, eqn):
+        """The outputs of a nested-body primitive; None for another primitive."""
+        if name in _CALLS:
+            sub = next((p[k] for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if p.get(k) is not None), None)
+            if sub is None:
+                self._unsupported(name, eqn, "no body")
+            closed_consts = list(getattr(sub, "consts", []))
+            body = getattr(sub, "jaxpr", sub)
+            self._sites.append(self.where(eqn))
+            try:
+                return self.run(body, closed_consts, ins[len(ins) - len(body.invars):])
+            finally:
+                self._sites.pop()
+        if name == "scan":
+            return self._scan(eqn, p, ins)
+        if name == "shard_map":
+            return self._shard_map(name, eqn, p, ins)
+        if name in _MANUAL:
+            return [self._manual(name, eqn, p, ins[0])]
+        if name == "axis_index":
+            if not self._manual_depth:
+                self._unsupported(name, eqn, "axis_index outside a shard_map body")
+            axes = p["axis_name"] if isinstance(p["axis_name"], tuple) else (p["axis_name"],)
+            vid = self.emit(G.AXIS_INDEX, axes=list(axes))
+            return [_V(vid, (), np.int32, I32)]
+        return None
+
+    def _shard_map(self, name, eqn, p, ins):
+        """jax.shard_map: operands laid out as in_specs enter the body as this device's blocks; the
+        body runs per device with its collectives; results leave laid out as out_specs."""
+        body = p["jaxpr"]
+        body = getattr(body, "jaxpr", body)
+        in_specs, out_specs = p["in_specs"], p["out_specs"]
+        blocks = []
+        for x, spec, var in zip(ins, in_specs, body.invars):
+            entries = _sharding.normalize_spec(spec, self.mesh)
+            vid = self.emit(G.SHARD_MAP_ENTER, [x], spec=_sharding.spec_to_proto(entries))
+            blocks.append(_V(vid, tuple(var.aval.shape), x.dtype, x.store))
+        self._sites.append(self.where(eqn))
+        self._manual_depth += 1
+        try:
+            outs = self.run(body, [], blocks)
+        finally:
+            self._manual_depth -= 1
+            self._sites.pop()
+        results = []
+        for v, spec, var in zip(outs, out_specs, eqn.outvars):
+            entries = _sharding.normalize_spec(spec, self.mesh)
+            vid = self.emit(G.SHARD_MAP_EXIT, [v], spec=_sharding.spec_to_proto(entries))
+            results.append(_V(vid, tuple(var.aval.shape), v.dtype, v.store))
+        return results
+
+    def _manual(self, name, eqn, p, x):
+        """A collective in a shard_map body, as ManualCollective (core/spmd/jit.h) runs it."""
+        if not self._manual_depth:
+            self._unsupported(name, eqn, "a collective outside a shard_map body")
+        if p.get("axis_index_groups") is not None:
+            self._unsupported(name, eqn, "axis_index_groups")
+        axes = p.get("axes", p.get("axis_name"))
+        axes = list(axes) if isinstance(axes, (tuple, list)) else [axes]
+        fn, dim, dims, tiled = _MANUAL[name], 0, [], bool(p.get("tiled", False))
+        if name == "all_gather":
+            dim = int(p["all_gather_dimension"])
+        elif name == "reduce_scatter":
+            dim = int(p["scatter_dimension"])
+        elif name == "all_to_all":
+            dim, dims = int(p["split_axis"]), [int(p["concat_axis"])]
+        elif name == "ppermute":
+            dims = [int(i) for pair in p["perm"] for i in pair]
+        shape = tuple(v.aval.shape for v in eqn.outvars)[0]
+        if x.store not in (F32, BF16):
+            self._unsupported(name, eqn, f"a {x.dtype} operand")
+        vid = self.emit(G.MANUAL_COLLECTIVE, [x], fn=fn, axes=axes, index=dim, dims=dims, value=1.0 if tiled else 0.0)
+        return _V(vid, shape, x.dtype, x.store)
+
+    def _scan(self, eqn, p, ins):
+        """lax.scan unrolled: iteration i reads xs[i] (INDEX along the stacked dim 0) and the ys
+        are stacked (STACK), as flax.linen.scan's layers are. A partitioned stacked dim is
+        all_gathered for INDEX."""
+        body, length = p["jaxpr"], int(p["length"])
+        nc, ncarry = int(p["num_consts"]), int(p["num_carry"])
+        consts, carry, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
+        ys = [None] * length
+        order = range(length - 1, -1, -1) if p.get("reverse") else range(length)
+        self._sites.append(self.where(eqn))
+        try:
+            for i in order:
+                xi = [_V(self.emit(G.INDEX, [x], index=i), x.shape[1:], x.dtype, x.store) for x in xs]
+                outs = self.run(body.jaxpr, list(body.consts), list(consts) + list(carry) + xi)
+                carry, ys[i] = outs[:ncarry], outs[ncarry:]
+        finally:
+            self._sites.pop()
+        stacked = []
+        for k in range(len(eqn.outvars) - ncarry):
+            parts = [ys[i][k] for i in range(length)]
+            if length == 0:
+                self._unsupported("scan", eqn, "length 0")
+            vid = self.emit(G.STACK, parts)
+            stacked.append(_V(vid, (length,) + parts[0].shape, parts[0].dtype, parts[0].store))
+        return list(carry) + stacked
