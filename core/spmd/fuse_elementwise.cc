@@ -60,16 +60,7 @@ class Fuser {
       if (i < in.size()) *out.Add() = in.Get(i);
     }
     *p_->mutable_program()->mutable_functions(0)->mutable_ops() = std::move(out);
-    // The buffers of results read only inside a group are gone.
-    std::set<std::string> named = boundary_;
-    for (const v1::Op& op : ops()) {
-      named.insert(op.inputs().begin(), op.inputs().end());
-      named.insert(op.outputs().begin(), op.outputs().end());
-    }
-    auto* buffers = p_->mutable_program()->mutable_buffers();
-    buffers->erase(std::remove_if(buffers->begin(), buffers->end(),
-                                  [&](const v1::BufferDecl& b) { return !named.count(b.name()); }),
-                   buffers->end());
+    EraseUnnamedBuffers(p_);  // the buffers of results read only inside a group
   }
 
  private:

@@ -37,6 +37,10 @@ void SimplifyProgram(v1::ShardMapProgram* program);
 // separate add did.
 void FuseGradientAccumulation(v1::ShardMapProgram* program);
 
+// Deletes the declarations of buffers that no op of the (one-function) program, argument or
+// result names any more (after a rewrite dropped the ops that wrote them).
+void EraseUnnamedBuffers(v1::ShardMapProgram* program);
+
 // Loop fusion of element-wise ops, as XLA's: within each run of consecutive element-wise f32
 // ops (OP_BINARY and OP_UNARY with an IEEE-exact fn, and OP_SELECT, see OP_FUSED_ELEMENTWISE;
 // OP_FILL_VALUEs in the run move to its front; any element-wise op, convert or reshape on

@@ -255,8 +255,15 @@ void EliminateDeadCode(v1::ShardMapProgram* p) {
     for (const std::string& in : op.inputs()) --reads[in];
     ops->DeleteSubrange(i, 1);
   }
-  std::set<std::string> named = boundary;
-  for (const v1::Op& op : *ops) {
+  EraseUnnamedBuffers(p);
+}
+
+}  // namespace
+
+void EraseUnnamedBuffers(v1::ShardMapProgram* p) {
+  std::set<std::string> named(p->inputs().begin(), p->inputs().end());
+  named.insert(p->outputs().begin(), p->outputs().end());
+  for (const v1::Op& op : p->program().functions(0).ops()) {
     named.insert(op.inputs().begin(), op.inputs().end());
     named.insert(op.outputs().begin(), op.outputs().end());
   }
@@ -265,8 +272,6 @@ void EliminateDeadCode(v1::ShardMapProgram* p) {
                                 [&](const v1::BufferDecl& b) { return !named.count(b.name()); }),
                  buffers->end());
 }
-
-}  // namespace
 
 void SimplifyProgram(v1::ShardMapProgram* program) {
   if (program->program().functions_size() != 1) return;

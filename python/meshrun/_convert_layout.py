@@ -251,7 +251,7 @@ class _Layout:
                 elif size > 0:
                     shape = list(x.shape)
                     shape[d] = size
-                    fill = self.broadcast(self.f32(value) if x.store == F32 else value, ())
+                    fill = self.f32(value) if x.store == F32 else value
                     vid = self.emit(G.BROADCAST_IN_DIM, [fill], shape=shape, dims=[])
                     parts.append(_V(vid, shape, x.dtype, F32))
             if len(parts) > 1:
