@@ -438,6 +438,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
     case v1::OP_SOFTMAX_CROSS_ENTROPY_GRAD:  // numbered below the general ops
     case v1::OP_FUSED_ELEMENTWISE:
     case v1::OP_SELECT:
+    case v1::OP_BITCAST_CONVERT:
       return CompileGeneral(op, in, out);
     default:
       if (op.kind() >= v1::OP_PSUM) return CompileCollective(op, in, out);

@@ -113,6 +113,10 @@ class Executor {
   absl::StatusOr<CompiledOp> CompileCollective(const v1::Op& op, const std::vector<Tensor*>& in,
                                                const std::vector<Tensor*>& out);
   // OP_ADAM_UPDATE, with its gradient's all-reduce and joined reductions (executor_adam.cc).
+  // JAX's PRNG ops: OP_RANDOM_INIT, OP_RANDOM_BITS, OP_DROPOUT_MASK, OP_FOLD_IN
+  // (executor_random.cc).
+  absl::StatusOr<CompiledOp> CompileRandom(const v1::Op& op, const std::vector<Tensor*>& in,
+                                           const std::vector<Tensor*>& out);
   absl::StatusOr<CompiledOp> CompileAdamUpdate(const v1::Op& op, const std::vector<Tensor*>& in,
                                                const std::vector<Tensor*>& out);
   // An OP_PSUM / OP_PMEAN of several operands (worker/combine_reductions.h): one all-reduce of
@@ -157,6 +161,12 @@ class Executor {
   std::map<std::string, std::unique_ptr<Communicator>> communicators_;
   absl::Duration collective_time_;
 };
+
+// Shared by the op compilers (executor_*.cc): InvalidArgument naming the op when it has other
+// than `inputs` inputs (-1: any number) or `outputs` outputs.
+absl::Status OpArity(const v1::Op& op, int inputs, int outputs);
+// InvalidArgument naming the op, its output's dtype and dims, and what was `expected`.
+absl::Status OpOutputMismatch(const v1::Op& op, const Tensor& got, const std::string& expected);
 
 }  // namespace meshrun
 

@@ -7,16 +7,14 @@
 #include "absl/strings/str_cat.h"
 #include "core/array_ops.h"
 #include "core/collectives/permute.h"
-#include "core/random/threefry.h"
 #include "core/sharding/named_sharding.h"
 #include "worker/executor.h"
 #include "worker/kernels/kernel.h"
 #include "worker/reduction_bucket.h"
 
 namespace meshrun {
-namespace {
 
-absl::Status Arity(const v1::Op& op, int inputs, int outputs) {
+absl::Status OpArity(const v1::Op& op, int inputs, int outputs) {
   if ((inputs >= 0 && op.inputs_size() != inputs) || op.outputs_size() != outputs) {
     return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), " takes ", inputs,
                                                    " inputs and ", outputs, " outputs; got ",
@@ -25,11 +23,13 @@ absl::Status Arity(const v1::Op& op, int inputs, int outputs) {
   return absl::OkStatus();
 }
 
-absl::Status Mismatch(const v1::Op& op, const Tensor& got, const std::string& expected) {
+absl::Status OpOutputMismatch(const v1::Op& op, const Tensor& got, const std::string& expected) {
   return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), ": output is ",
                                                  DTypeName(got.dtype()), DimsToString(got.dims()),
                                                  "; expected ", expected));
 }
+
+namespace {
 
 int64_t Prod(const Dims& d, size_t begin, size_t end) {
   int64_t p = 1;
@@ -119,31 +119,31 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
                                                               const std::vector<Tensor*>& out) {
   switch (op.kind()) {
     case v1::OP_UNARY: {
-      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;
       auto k = CreateUnary(op.fn(), *in[0], *out[0], op.value());
       if (!k.ok()) return k.status();
       return FromKernel(std::move(k));
     }
     case v1::OP_SOFTMAX_CROSS_ENTROPY: {
-      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 2, 1); !s.ok()) return s;
       auto k = CreateSoftmaxCrossEntropy(*in[0], *in[1], *out[0]);
       if (!k.ok()) return k.status();
       return FromKernel(std::move(k));
     }
     case v1::OP_SOFTMAX_CROSS_ENTROPY_GRAD: {
-      if (absl::Status s = Arity(op, 3, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 3, 1); !s.ok()) return s;
       auto k = CreateSoftmaxCrossEntropyGrad(*in[0], *in[1], *in[2], *out[0]);
       if (!k.ok()) return k.status();
       return FromKernel(std::move(k));
     }
     case v1::OP_UNARY_GRAD: {
-      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 2, 1); !s.ok()) return s;
       auto k = CreateUnaryGrad(op.fn(), *in[0], *in[1], *out[0]);
       if (!k.ok()) return k.status();
       return FromKernel(std::move(k));
     }
     case v1::OP_SELECT: {  // a fused loop of one op
-      if (absl::Status s = Arity(op, 3, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 3, 1); !s.ok()) return s;
       auto k = CreateFusedElementwise({{"select", {0, 1, 2}}},
                                       std::vector<const Tensor*>(in.begin(), in.end()), {0}, out);
       if (!k.ok()) return k.status();
@@ -160,13 +160,13 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       return FromKernel(std::move(k));
     }
     case v1::OP_BINARY: {
-      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 2, 1); !s.ok()) return s;
       auto k = CreateBinary(op.fn(), *in[0], *in[1], *out[0]);
       if (!k.ok()) return k.status();
       return FromKernel(std::move(k));
     }
     case v1::OP_REDUCE: {
-      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;
       Dims expected = in[0]->dims();
       for (int64_t d : op.dims()) {
         if (d < 0 || d >= static_cast<int64_t>(expected.size())) {
@@ -175,31 +175,32 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
         }
         expected[d] = 1;
       }
-      if (out[0]->dims() != expected) return Mismatch(op, *out[0], DimsToString(expected));
+      if (out[0]->dims() != expected) return OpOutputMismatch(op, *out[0], DimsToString(expected));
       auto k = CreateReduce(op.fn(), *in[0], *out[0]);
       if (!k.ok()) return k.status();
       return FromKernel(std::move(k));
     }
     case v1::OP_BROADCAST: {
-      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;
       const Tensor* x = in[0];
       Tensor* y = out[0];
       bool ok = x->dims().size() == y->dims().size() && x->dtype() == y->dtype();
       for (size_t d = 0; ok && d < x->dims().size(); ++d)
         ok = x->dims()[d] == 1 || x->dims()[d] == y->dims()[d];
-      if (!ok) return Mismatch(op, *y, absl::StrCat("a broadcast of ", DimsToString(x->dims())));
+      if (!ok)
+        return OpOutputMismatch(op, *y, absl::StrCat("a broadcast of ", DimsToString(x->dims())));
       return CompiledOp([x, y](const RunContext&) {
         Broadcast(*x, *y);
         return absl::OkStatus();
       });
     }
     case v1::OP_RESHAPE: {
-      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;
       const Tensor* x = in[0];
       Tensor* y = out[0];
       if (x->num_elements() != y->num_elements() || x->dtype() != y->dtype()) {
-        return Mismatch(op, *y,
-                        absl::StrCat(x->num_elements(), " elements of ", DTypeName(x->dtype())));
+        return OpOutputMismatch(
+            op, *y, absl::StrCat(x->num_elements(), " elements of ", DTypeName(x->dtype())));
       }
       if (std::optional<CompiledOp> view = CompileView(op, x, y)) return *view;
       return CompiledOp([x, y](const RunContext&) {
@@ -208,7 +209,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       });
     }
     case v1::OP_TRANSPOSE: {
-      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;
       const Tensor* x = in[0];
       Tensor* y = out[0];
       std::vector<int64_t> perm(op.perm().begin(), op.perm().end());
@@ -223,14 +224,14 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
         expected.push_back(x->dims()[p]);
       }
       if (y->dims() != expected || perm.size() != seen.size())
-        return Mismatch(op, *y, DimsToString(expected));
+        return OpOutputMismatch(op, *y, DimsToString(expected));
       return CompiledOp([x, y, perm](const RunContext&) {
         Transpose(*x, perm, *y);
         return absl::OkStatus();
       });
     }
     case v1::OP_CONCATENATE: {
-      if (absl::Status s = Arity(op, -1, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, -1, 1); !s.ok()) return s;
       std::vector<const Tensor*> xs(in.begin(), in.end());
       Tensor* y = out[0];
       const int64_t dim = op.dim();
@@ -240,15 +241,15 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       }
       for (const Tensor* x : xs) {
         if (x->dims().size() != y->dims().size() || x->dtype() != y->dtype()) {
-          return Mismatch(op, *y,
-                          absl::StrCat("the concatenation of parts like ", DTypeName(x->dtype()),
-                                       DimsToString(x->dims())));
+          return OpOutputMismatch(op, *y,
+                                  absl::StrCat("the concatenation of parts like ",
+                                               DTypeName(x->dtype()), DimsToString(x->dims())));
         }
       }
       Dims expected = xs[0]->dims();
       expected[dim] = 0;
       for (const Tensor* x : xs) expected[dim] += x->dims()[dim];
-      if (y->dims() != expected) return Mismatch(op, *y, DimsToString(expected));
+      if (y->dims() != expected) return OpOutputMismatch(op, *y, DimsToString(expected));
       bool leading = true;  // parts are contiguous blocks of y
       for (int64_t d = 0; d < dim; ++d) leading = leading && y->dims()[d] == 1;
       return CompiledOp([xs, y, dim, leading](const RunContext&) {
@@ -264,10 +265,10 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       });
     }
     case v1::OP_CONVERT: {
-      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;
       const Tensor* x = in[0];
       Tensor* y = out[0];
-      if (x->dims() != y->dims()) return Mismatch(op, *y, DimsToString(x->dims()));
+      if (x->dims() != y->dims()) return OpOutputMismatch(op, *y, DimsToString(x->dims()));
       if (x->dtype() != y->dtype()) {
         // f32 <-> bf16 as oneDNN's reorder where it has bf16 (AVX512 core and up); other pairs,
         // or no bf16 reorder, the loop below.
@@ -279,68 +280,29 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
         return absl::OkStatus();
       });
     }
-    case v1::OP_ADAM_UPDATE:
-      return CompileAdamUpdate(op, in, out);
-    case v1::OP_RANDOM_INIT: {
-      if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
+    case v1::OP_BITCAST_CONVERT: {
+      if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;
+      const Tensor* x = in[0];
       Tensor* y = out[0];
-      const Dims global(op.dims().begin(), op.dims().end());
-      if (options_.mesh == nullptr)
-        return absl::FailedPreconditionError("OP_RANDOM_INIT needs the mesh");
-      const NamedSharding sharding(*options_.mesh, PartitionSpec::FromProto(op.spec()));
-      if (absl::Status s = sharding.Validate(global); !s.ok()) return s;
-      if (y->dtype() != v1::DTYPE_F32 || y->dims() != sharding.ShardDims(global)) {
-        return Mismatch(
-            op, *y,
-            absl::StrCat("f32", DimsToString(sharding.ShardDims(global)), " (the block of ",
-                         DimsToString(global), " under ", sharding.spec().ToString(), ")"));
+      if (x->dims() != y->dims() || DTypeSize(x->dtype()) != DTypeSize(y->dtype())) {
+        return OpOutputMismatch(op, *y,
+                                absl::StrCat("a dtype of ", DTypeName(x->dtype()), "'s width, ",
+                                             DimsToString(x->dims())));
       }
-      const std::string fn = op.fn();
-      if (fn != "zeros" && fn != "ones" && fn != "normal" && fn != "truncated_normal") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("OP_RANDOM_INIT: unknown fn '", fn,
-                         "'; allowed: zeros, ones, normal, truncated_normal"));
-      }
-      if (op.key_size() != 2) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("OP_RANDOM_INIT: key has ", op.key_size(), " words; expected 2"));
-      }
-      const PRNGKey key{op.key(0), op.key(1)};
-      const std::vector<int64_t> offsets = sharding.ShardOffsets(global, options_.rank);
-      const float scale = op.scale();
-      const int kind = fn == "zeros" ? 0 : fn == "ones" ? 1 : fn == "normal" ? 2 : 3;
-      return CompiledOp([y, global, offsets, key, kind, scale](const RunContext&) {
-        const Dims& local = y->dims();
-        const int64_t n = NumElements(global);
-        const size_t rank = local.size();
-        std::vector<int64_t> idx(rank, 0);  // index within the block, row-major
-        float* out = y->data<float>();
-        for (int64_t i = 0; i < y->num_elements(); ++i) {
-          int64_t flat = 0;  // the element's index in the global array
-          for (size_t d = 0; d < rank; ++d) flat = flat * global[d] + offsets[d] + idx[d];
-          switch (kind) {
-            case 0:
-              out[i] = 0.0f;
-              break;
-            case 1:
-              out[i] = 1.0f;
-              break;
-            case 2:
-              out[i] = NormalAt(key, n, flat, scale);
-              break;
-            default:
-              out[i] = TruncatedNormalAt(key, n, flat, scale);
-          }
-          for (size_t d = rank; d-- > 0;) {
-            if (++idx[d] < local[d]) break;
-            idx[d] = 0;
-          }
-        }
+      return CompiledOp([x, y](const RunContext&) {
+        if (x->raw() != y->raw()) std::memcpy(y->raw(), x->raw(), x->size_bytes());
         return absl::OkStatus();
       });
     }
+    case v1::OP_ADAM_UPDATE:
+      return CompileAdamUpdate(op, in, out);
+    case v1::OP_RANDOM_INIT:
+    case v1::OP_RANDOM_BITS:
+    case v1::OP_DROPOUT_MASK:
+    case v1::OP_FOLD_IN:
+      return CompileRandom(op, in, out);
     case v1::OP_FILL_VALUE: {
-      if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 0, 1); !s.ok()) return s;
       Tensor* y = out[0];
       const double value = op.value();
       return CompiledOp([y, value](const RunContext&) {
@@ -349,7 +311,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       });
     }
     case v1::OP_SLICE: {
-      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;
       const Tensor* x = in[0];
       Tensor* y = out[0];
       std::vector<int64_t> starts(op.starts().begin(), op.starts().end());
@@ -369,7 +331,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       });
     }
     case v1::OP_DYNAMIC_SLICE: {
-      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 2, 1); !s.ok()) return s;
       const Tensor* x = in[0];
       const Tensor* index = in[1];
       Tensor* y = out[0];
@@ -383,8 +345,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       expected[dim] = y->dims().size() == expected.size() ? y->dims()[dim] : -1;
       if (y->dims() != expected || y->dtype() != x->dtype() ||
           x->dims()[dim] % y->dims()[dim] != 0) {
-        return Mismatch(op, *y,
-                        absl::StrCat("a slice of ", DimsToString(x->dims()), " along dim ", dim));
+        return OpOutputMismatch(
+            op, *y, absl::StrCat("a slice of ", DimsToString(x->dims()), " along dim ", dim));
       }
       if (std::optional<CompiledOp> view = CompileView(op, x, y)) return *view;
       return CompiledOp([x, index, y, dim](const RunContext&) {
@@ -397,7 +359,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       });
     }
     case v1::OP_IOTA: {
-      if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 0, 1); !s.ok()) return s;
       Tensor* y = out[0];
       const int64_t dim = op.dim();
       if (dim < 0 || dim >= static_cast<int64_t>(y->dims().size())) {
@@ -410,74 +372,16 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
         return absl::OkStatus();
       });
     }
-    case v1::OP_RANDOM_BITS: {
-      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
-      const Tensor* key = in[0];
-      Tensor* y = out[0];
-      if (key->dtype() != v1::DTYPE_U32 || key->num_elements() != 2 ||
-          y->dtype() != v1::DTYPE_U32) {
-        return absl::InvalidArgumentError("random_bits takes a u32[2] key and returns u32");
-      }
-      return CompiledOp([key, y](const RunContext&) {
-        RandomBits(PRNGKey{key->data<uint32_t>()[0], key->data<uint32_t>()[1]}, y->num_elements(),
-                   y->data<uint32_t>());
-        return absl::OkStatus();
-      });
-    }
-    case v1::OP_DROPOUT_MASK: {
-      if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
-      const Tensor* key = in[0];
-      Tensor* y = out[0];
-      if (key->dtype() != v1::DTYPE_U32 || key->num_elements() != 2 ||
-          y->dtype() != v1::DTYPE_F32) {
-        return absl::InvalidArgumentError("dropout_mask takes a u32[2] key and returns f32");
-      }
-      const float rate = op.rate();
-      if (!(rate >= 0.0f && rate < 1.0f)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("dropout rate ", rate, ": expected 0 <= rate < 1"));
-      }
-      // The random words of a step are drawn into a buffer of the op's own, kept across steps.
-      auto bits = std::make_shared<std::vector<uint32_t>>(y->num_elements());
-      return CompiledOp([key, y, rate, bits](const RunContext&) {
-        RandomBits(PRNGKey{key->data<uint32_t>()[0], key->data<uint32_t>()[1]}, y->num_elements(),
-                   bits->data());
-        const float keep = 1.0f - rate, scale = 1.0f / keep;
-        float* m = y->data<float>();
-        for (int64_t i = 0; i < y->num_elements(); ++i)
-          m[i] = BitsToUnitFloat((*bits)[i]) < keep ? scale : 0.0f;
-        return absl::OkStatus();
-      });
-    }
     case v1::OP_AXIS_INDEX: {
-      if (absl::Status s = Arity(op, 0, 1); !s.ok()) return s;
+      if (absl::Status s = OpArity(op, 0, 1); !s.ok()) return s;
       std::vector<std::string> axes(op.axis_names().begin(), op.axis_names().end());
       absl::StatusOr<Communicator*> comm = CommunicatorFor(axes);
       if (!comm.ok()) return comm.status();
-      if (out[0]->num_elements() != 1) return Mismatch(op, *out[0], "a scalar");
+      if (out[0]->num_elements() != 1) return OpOutputMismatch(op, *out[0], "a scalar");
       Tensor* y = out[0];
       const int index = (*comm)->index();
       return CompiledOp([y, index](const RunContext&) {
         SetFromDouble(*y, 0, index);
-        return absl::OkStatus();
-      });
-    }
-    case v1::OP_FOLD_IN: {
-      if (absl::Status s = Arity(op, 2, 1); !s.ok()) return s;
-      const Tensor* key = in[0];
-      const Tensor* data = in[1];
-      Tensor* y = out[0];
-      if (key->dtype() != v1::DTYPE_U32 || key->num_elements() != 2 ||
-          y->dtype() != v1::DTYPE_U32 || y->num_elements() != 2 || data->num_elements() != 1) {
-        return absl::InvalidArgumentError(
-            "fold_in takes a u32[2] key and a scalar, and returns a u32[2] key");
-      }
-      return CompiledOp([key, data, y](const RunContext&) {
-        const PRNGKey k{key->data<uint32_t>()[0], key->data<uint32_t>()[1]};
-        const PRNGKey r =
-            FoldIn(k, static_cast<uint32_t>(static_cast<int64_t>(GetAsDouble(*data, 0))));
-        y->data<uint32_t>()[0] = r[0];
-        y->data<uint32_t>()[1] = r[1];
         return absl::OkStatus();
       });
     }
@@ -496,14 +400,14 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
   if ((op.kind() == v1::OP_PSUM || op.kind() == v1::OP_PMEAN) && op.inputs_size() > 1) {
     return CompileBucketReduction(op, comm, in, out);
   }
-  if (absl::Status s = Arity(op, 1, 1); !s.ok()) return s;
+  if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;
   const Tensor* x = in[0];
   Tensor* y = out[0];
   const int64_t n = comm->size();
   const Dims& d = x->dims();
   const DType dtype = x->dtype();
   const size_t elem = DTypeSize(dtype);
-  if (y->dtype() != dtype) return Mismatch(op, *y, DTypeName(dtype));
+  if (y->dtype() != dtype) return OpOutputMismatch(op, *y, DTypeName(dtype));
   absl::Duration* timer = &collective_time_;
   auto timed = [timer](std::function<absl::Status()> fn) -> CompiledOp {
     return [timer, fn](const RunContext&) {
@@ -517,7 +421,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
     case v1::OP_PSUM:
     case v1::OP_PMEAN:
     case v1::OP_PMAX: {
-      if (y->dims() != d) return Mismatch(op, *y, DimsToString(d));
+      if (y->dims() != d) return OpOutputMismatch(op, *y, DimsToString(d));
       const ReduceOp rop = op.kind() == v1::OP_PSUM    ? ReduceOp::kSum
                            : op.kind() == v1::OP_PMEAN ? ReduceOp::kMean
                                                        : ReduceOp::kMax;
@@ -546,7 +450,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
       } else {
         expected.insert(expected.begin() + a, n);
       }
-      if (y->dims() != expected) return Mismatch(op, *y, DimsToString(expected));
+      if (y->dims() != expected) return OpOutputMismatch(op, *y, DimsToString(expected));
       const int64_t outer = Prod(d, 0, a), inner = Prod(d, a, d.size());
       if (outer == 1) {  // the blocks are already in the result's order: gather straight into it
         return timed([=] { return comm->AllGather(x->raw(), x->num_elements(), dtype, y->raw()); });
@@ -578,7 +482,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
       } else {
         expected.erase(expected.begin() + s_dim);
       }
-      if (y->dims() != expected) return Mismatch(op, *y, DimsToString(expected));
+      if (y->dims() != expected) return OpOutputMismatch(op, *y, DimsToString(expected));
       const int64_t outer = Prod(d, 0, s_dim),
                     block = x->num_elements() / std::max<int64_t>(1, outer * n);
       if (outer == 1) {  // block j of the scatter dim is already flat block j: no repacking
@@ -594,7 +498,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
       });
     }
     case v1::OP_PPERMUTE: {
-      if (y->dims() != d) return Mismatch(op, *y, DimsToString(d));
+      if (y->dims() != d) return OpOutputMismatch(op, *y, DimsToString(d));
       if (op.perm_size() % 2 != 0)
         return absl::InvalidArgumentError("ppermute perm must hold (source, destination) pairs");
       std::vector<std::pair<int, int>> perm;
@@ -615,7 +519,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
       block[sd] /= n;
       Dims expected = block;
       expected[cd] *= n;
-      if (y->dims() != expected) return Mismatch(op, *y, DimsToString(expected));
+      if (y->dims() != expected) return OpOutputMismatch(op, *y, DimsToString(expected));
       const int64_t outer_s = Prod(d, 0, sd),
                     inner_s = x->num_elements() / std::max<int64_t>(1, outer_s * n);
       const int64_t outer_c = Prod(block, 0, cd), inner_c = Prod(block, cd, block.size());
@@ -648,7 +552,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileBucketReduction(
   for (size_t i = 0; i < in.size(); ++i) {
     if (in[i]->dtype() != v1::DTYPE_F32 || out[i]->dtype() != v1::DTYPE_F32 ||
         in[i]->dims() != out[i]->dims()) {
-      return Mismatch(op, *out[i], absl::StrCat("f32", DimsToString(in[i]->dims())));
+      return OpOutputMismatch(op, *out[i], absl::StrCat("f32", DimsToString(in[i]->dims())));
     }
     total += in[i]->num_elements();
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 namespace meshrun {
 namespace {
@@ -127,31 +128,43 @@ std::vector<uint32_t> RandomBits(const PRNGKey& key, int64_t n) {
   return out;
 }
 
+uint32_t PartitionableBitsAt(const PRNGKey& key, int64_t i) {
+  const std::array<uint32_t, 2> y = Threefry2x32(key, static_cast<uint32_t>(uint64_t(i) >> 32),
+                                                 static_cast<uint32_t>(i & 0xFFFFFFFF));
+  return y[0] ^ y[1];
+}
+
+uint32_t PartitionableSplitWordAt(const PRNGKey& key, int64_t j, int w) {
+  return Threefry2x32(key, static_cast<uint32_t>(uint64_t(j) >> 32),
+                      static_cast<uint32_t>(j & 0xFFFFFFFF))[w];
+}
+
 float ErfInv(float x) {
-  float w = -std::log((1.0f - x) * (1.0f + x));
+  if (std::fabs(x) == 1.0f) return std::copysign(std::numeric_limits<float>::infinity(), x);
+  float w = -std::log1p(-x * x);
   float p;
   if (w < 5.0f) {
     w -= 2.5f;
     p = 2.81022636e-08f;
-    p = 3.43273939e-07f + p * w;
-    p = -3.5233877e-06f + p * w;
-    p = -4.39150654e-06f + p * w;
-    p = 0.00021858087f + p * w;
-    p = -0.00125372503f + p * w;
-    p = -0.00417768164f + p * w;
-    p = 0.246640727f + p * w;
-    p = 1.50140941f + p * w;
+    p = std::fma(p, w, 3.43273939e-07f);
+    p = std::fma(p, w, -3.5233877e-06f);
+    p = std::fma(p, w, -4.39150654e-06f);
+    p = std::fma(p, w, 0.00021858087f);
+    p = std::fma(p, w, -0.00125372503f);
+    p = std::fma(p, w, -0.00417768164f);
+    p = std::fma(p, w, 0.246640727f);
+    p = std::fma(p, w, 1.50140941f);
   } else {
     w = std::sqrt(w) - 3.0f;
     p = -0.000200214257f;
-    p = 0.000100950558f + p * w;
-    p = 0.00134934322f + p * w;
-    p = -0.00367342844f + p * w;
-    p = 0.00573950773f + p * w;
-    p = -0.0076224613f + p * w;
-    p = 0.00943887047f + p * w;
-    p = 1.00167406f + p * w;
-    p = 2.83297682f + p * w;
+    p = std::fma(p, w, 0.000100950558f);
+    p = std::fma(p, w, 0.00134934322f);
+    p = std::fma(p, w, -0.00367342844f);
+    p = std::fma(p, w, 0.00573950773f);
+    p = std::fma(p, w, -0.0076224613f);
+    p = std::fma(p, w, 0.00943887047f);
+    p = std::fma(p, w, 1.00167406f);
+    p = std::fma(p, w, 2.83297682f);
   }
   return p * x;
 }

@@ -43,7 +43,19 @@ float TruncatedNormalAt(const PRNGKey& key, int64_t n, int64_t i, float scale);
 // (-1, 1), as jax does).
 float NormalAt(const PRNGKey& key, int64_t n, int64_t i, float scale);
 
-// Inverse error function (Giles' single-precision approximation, as XLA uses).
+// jax.random.bits(key, shape, uint32) element with row-major index i under
+// jax_threefry_partitionable=True (JAX's default): o0 ^ o1 of Threefry2x32(key, (hi32(i),
+// lo32(i))), so a device draws any block of a global array alone. REQUIRES: i >= 0.
+uint32_t PartitionableBitsAt(const PRNGKey& key, int64_t i);
+// Word w (0 or 1) of key j of jax.random.split(key, shape) under jax_threefry_partitionable=True:
+// Threefry2x32(key, (hi32(j), lo32(j)))[w], key j being the row-major j-th of `shape`
+// (split(key, n)[j] equals fold_in(key, j)). The legacy split is RandomBitsAt over 2 * n words.
+uint32_t PartitionableSplitWordAt(const PRNGKey& key, int64_t j, int w);
+
+// Inverse error function, computed as XLA's ErfInv32 (Giles' single-precision polynomial in
+// w = -log1p(-x * x), two branches at w < 5, its steps fused multiply-adds as XLA's CPU code
+// contracts them; erfinv(+-1) = +-inf, as jax.lax.erf_inv gives). It agrees with jax.lax.erf_inv to
+// 2 ulp (glibc's log1p is not XLA's), jax.random.normal's draws to 3.
 float ErfInv(float x);
 
 // The raw block function: threefry2x32_20(key, (x0, x1)).

@@ -179,10 +179,10 @@ JitBuilder::Value JitBuilder::Binary(const std::string& fn, Value a, Value b) {
                           absl::StrJoin(sb.global, ", "), ") differ"))) {
     return {};
   }
-  // Comparisons give 1 or 0 (f32) and pass no gradient back.
-  const bool compare =
-      fn == "eq" || fn == "ne" || fn == "lt" || fn == "le" || fn == "gt" || fn == "ge";
-  Node node = compare ? Node(Node::kConstant) : Node(Node::kBinary, {a.id, b.id}, fn);
+  // Comparisons give 1 or 0 (f32) and pass no gradient back; nor do integer ops or nextafter.
+  const bool constant = fn == "eq" || fn == "ne" || fn == "lt" || fn == "le" || fn == "gt" ||
+                        fn == "ge" || fn == "nextafter" || !IsFloat(sa.dtype);
+  Node node = constant ? Node(Node::kConstant) : Node(Node::kBinary, {a.id, b.id}, fn);
   const bool linear_partial = sa.partial_fn == "sum" || sa.partial_fn == "mean";
   if ((fn == "add" || fn == "sub") && !sa.partial.empty() && sa.partial == sb.partial &&
       linear_partial && sa.partial_fn == sb.partial_fn && sa.spec == sb.spec) {
@@ -427,42 +427,6 @@ JitBuilder::Value JitBuilder::Constant(float value, const Dims& global_dims,
   return Push(std::move(s), Node(Node::kConstant));
 }
 
-JitBuilder::Value JitBuilder::FoldIn(Value key, Value data) {
-  Scope rec(this, v1::GlobalOp::FOLD_IN);
-  rec.Operands({key, data});
-  if (!Valid(key) || !Valid(data)) return {};
-  State k = Resolve(values_[key.id], PartitionSpec(), "fold_in");
-  const State d = Resolve(values_[data.id], PartitionSpec(), "fold_in");
-  ShardMapBuilder::Value scalar = d.local;
-  if (d.dtype == v1::DTYPE_F32) scalar = sm_.Convert(scalar, v1::DTYPE_I32);
-  k.local = sm_.FoldIn(k.local, scalar);
-  return Push(std::move(k), Node(Node::kConstant));
-}
-
-JitBuilder::Value JitBuilder::Dropout(Value x, Value key, float rate,
-                                      const std::vector<std::string>& fold_axes) {
-  Scope rec(this, v1::GlobalOp::DROPOUT);
-  rec.Operands({x, key});
-  if (rec.op != nullptr) {
-    rec.op->set_rate(rate);
-    for (const std::string& a : fold_axes) rec.op->add_axes(a);
-  }
-  if (!Valid(x) || !Valid(key)) return {};
-  if (!Check(rate >= 0.0f && rate < 1.0f,
-             absl::StrCat("dropout rate ", rate, ": expected 0 <= rate < 1")))
-    return {};
-  if (rate == 0.0f) return x;
-  const State sx = Complete(values_[x.id], "dropout");
-  State k = Resolve(values_[key.id], PartitionSpec(), "dropout");
-  if (!fold_axes.empty()) k.local = sm_.FoldIn(k.local, sm_.AxisIndex(fold_axes));
-  State mask = sx;
-  mask.local = sm_.DropoutMask(k.local, sm_.shape(sx.local), rate);
-  const Value m = Push(std::move(mask), Node(Node::kConstant));  // no gradient flows into the mask
-  Node completed(Node::kConstraint, {x.id});  // x as completed above, not completed twice
-  completed.spec = sx.spec;
-  return Mul(Push(sx, std::move(completed)), m);
-}
-
 JitBuilder::Value JitBuilder::StopGradient(Value x) {
   Scope rec(this, v1::GlobalOp::STOP_GRADIENT);
   rec.Operands({x});
@@ -490,6 +454,17 @@ JitBuilder::Value JitBuilder::Convert(Value x, DType dtype) {
   s.dtype = dtype;
   // Between float dtypes the gradient converts back; from integers none flows.
   return Push(std::move(s), floats ? Node(Node::kConvert, {x.id}) : Node(Node::kConstant));
+}
+
+JitBuilder::Value JitBuilder::BitcastConvert(Value x, DType dtype) {
+  Scope rec(this, v1::GlobalOp::BITCAST_CONVERT);
+  rec.Operands({x});
+  if (rec.op != nullptr) rec.op->set_dtype(dtype);
+  if (!Valid(x)) return {};
+  State s = Complete(values_[x.id], "bitcast_convert_type");
+  s.local = sm_.BitcastConvert(s.local, dtype);
+  s.dtype = dtype;
+  return Push(std::move(s), Node(Node::kConstant));
 }
 
 JitBuilder::Value JitBuilder::Iota(DType dtype, const Dims& global_dims, int64_t dim,

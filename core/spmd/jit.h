@@ -84,6 +84,15 @@ class JitBuilder {
   // x.astype(dtype) (jax.lax.convert_element_type): u8 images to f32, f32 to i32, f32 <-> bf16.
   // Between f32 and bf16 the gradient is converted back; from or to an integer dtype none flows.
   Value Convert(Value x, DType dtype);
+  // jax.lax.bitcast_convert_type(x, dtype): x's bits read as `dtype` (f32, i32, u32; one
+  // width), laid out as x. Not differentiable.
+  Value BitcastConvert(Value x, DType dtype);
+  // jax.random.bits(key, global_dims) as u32 (JAX's _random_bits; jax.random.split's unwrapped
+  // keys with fn "split"): key a u32[2] value (replicated), fn "partitionable"
+  // (jax_threefry_partitionable=True, JAX's default), "legacy" or "split" (OP_RANDOM_BITS).
+  // Laid out as `spec`: each device draws only its block, with the whole array's values.
+  Value RandomBits(Value key, const Dims& global_dims, const std::string& fn,
+                   const PartitionSpec& spec = PartitionSpec());
   // jax.lax.broadcasted_iota(dtype, global_dims, dim), laid out as `spec` (each device counts
   // its own block). Not differentiable.
   Value Iota(DType dtype, const Dims& global_dims, int64_t dim,
@@ -91,8 +100,10 @@ class JitBuilder {
 
   // Element-wise (ShardMapBuilder's functions: tanh, relu, exp, ..., add, sub, mul, div, max;
   // the comparisons eq, ne, lt, le, gt, ge give f32 1 or 0 and pass no gradient, as jnp's
-  // comparisons followed by .astype(float32)). Binary operands must have equal shapes, or one of
-  // them is a scalar (shape []).
+  // comparisons followed by .astype(float32)). On i32 or u32 operands (one dtype): add sub mul
+  // max min and or xor shift_left shift_right_logical shift_right_arithmetic, with no gradient
+  // (worker/kernels/kernel.h); f32 nextafter passes none either. Binary operands must have equal
+  // shapes, or one of them is a scalar (shape []).
   Value Unary(const std::string& fn, Value x);
   Value Binary(const std::string& fn, Value a, Value b);
   // jax.lax.select_n(pred, on_false, on_true): pred != 0 ? on_true : on_false element-wise; the

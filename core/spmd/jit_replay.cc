@@ -68,6 +68,14 @@ absl::StatusOr<std::unique_ptr<JitBuilder>> JitBuilder::FromGlobalProgram(
       case v1::GlobalOp::FOLD_IN:
         if (arity = need(2); arity.ok()) jit->FoldIn(in[0], in[1]);
         break;
+      case v1::GlobalOp::BITCAST_CONVERT:
+        if (arity = need(1); arity.ok()) jit->BitcastConvert(in[0], op.dtype());
+        break;
+      case v1::GlobalOp::RANDOM_BITS:
+        if (arity = need(1); arity.ok())
+          jit->RandomBits(in[0], Dims(op.shape().begin(), op.shape().end()), op.fn(),
+                          PartitionSpec::FromProto(op.spec()));
+        break;
       case v1::GlobalOp::BROADCAST_IN_DIM:
         if (arity = need(1); arity.ok() && op.has_spec()) {
           jit->BroadcastInDim(in[0], dims(op.shape()), dims(op.dims()), spec(op));

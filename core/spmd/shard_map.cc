@@ -369,6 +369,15 @@ ShardMapBuilder::Value ShardMapBuilder::Convert(Value x, DType dtype) {
   return Add(MakeOp(v1::OP_CONVERT, {Name(x)}), dtype, shape(x));
 }
 
+ShardMapBuilder::Value ShardMapBuilder::BitcastConvert(Value x, DType dtype) {
+  if (!Valid(x)) return {};
+  if (!Check(DTypeSize(dtype) == DTypeSize(this->dtype(x)) && DTypeSize(dtype) == 4,
+             absl::StrCat("bitcast_convert_type ", DTypeName(this->dtype(x)), " to ",
+                          DTypeName(dtype), ": expected two of f32, i32, u32")))
+    return {};
+  return Add(MakeOp(v1::OP_BITCAST_CONVERT, {Name(x)}), dtype, shape(x));
+}
+
 ShardMapBuilder::Value ShardMapBuilder::Slice(Value x, const std::vector<int64_t>& starts,
                                               const Dims& sizes) {
   if (!Valid(x)) return {};

@@ -86,6 +86,8 @@ class ShardMapBuilder {
   Value Stack(const std::vector<Value>& values, int64_t dim);
   Value Concatenate(const std::vector<Value>& values, int64_t dim);
   Value Convert(Value x, DType dtype);
+  // jax.lax.bitcast_convert_type(x, dtype): x's bits read as `dtype` (f32, i32, u32).
+  Value BitcastConvert(Value x, DType dtype);
   // x[starts[0]:starts[0]+sizes[0], ...].
   Value Slice(Value x, const std::vector<int64_t>& starts, const Dims& sizes);
   // lax.dynamic_slice_in_dim(x, index * size, size, axis=dim), index an i32 scalar value (e.g.
@@ -93,8 +95,12 @@ class ShardMapBuilder {
   Value DynamicSliceInDim(Value x, Value index, int64_t size, int64_t dim);
   // lax.broadcasted_iota(dtype, dims, dim).
   Value Iota(DType dtype, const Dims& dims, int64_t dim);
-  // jax.random.bits(key, dims) as u32.
+  // jax.random.bits(key, dims) as u32, under jax_threefry_partitionable=False.
   Value RandomBits(Value key, const Dims& dims);
+  // This device's block of jax.random.bits(key, global_dims) as u32 laid out as `spec`, fn
+  // "legacy", "partitionable" or "split" (OP_RANDOM_BITS).
+  Value RandomBitsBlock(Value key, const Dims& global_dims, const PartitionSpec& spec,
+                        const std::string& fn);
   // flax's dropout mask (f32 `dims`): 1/(1-rate) where bernoulli(key, 1-rate) keeps, else 0.
   Value DropoutMask(Value key, const Dims& dims, float rate);
   Value Full(DType dtype, const Dims& dims, double value);

@@ -1,7 +1,8 @@
 // ShardMapBuilder: collectives over mesh axes, axis_index, and the random-key ops.
 #include "absl/strings/str_cat.h"
-#include "core/spmd/shard_map_internal.h"
+#include "core/sharding/named_sharding.h"
 #include "core/spmd/shard_map.h"
+#include "core/spmd/shard_map_internal.h"
 
 namespace meshrun {
 
@@ -14,6 +15,23 @@ ShardMapBuilder::Value ShardMapBuilder::RandomBits(Value key, const Dims& dims) 
              "random_bits takes a u32[2] key"))
     return {};
   return Add(MakeOp(v1::OP_RANDOM_BITS, {Name(key)}), v1::DTYPE_U32, dims);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::RandomBitsBlock(Value key, const Dims& global_dims,
+                                                        const PartitionSpec& spec,
+                                                        const std::string& fn) {
+  if (!Valid(key)) return {};
+  if (!Check(dtype(key) == v1::DTYPE_U32 && NumElements(shape(key)) == 2,
+             "random_bits takes a u32[2] key"))
+    return {};
+  const NamedSharding sharding(mesh_, spec);
+  absl::Status fits = sharding.Validate(global_dims);
+  if (!Check(fits.ok(), absl::StrCat("random_bits: ", fits.message()))) return {};
+  v1::Op op = MakeOp(v1::OP_RANDOM_BITS, {Name(key)});
+  op.set_fn(fn);
+  for (int64_t d : global_dims) op.add_dims(d);
+  *op.mutable_spec() = spec.ToProto();
+  return Add(std::move(op), v1::DTYPE_U32, sharding.ShardDims(global_dims));
 }
 
 ShardMapBuilder::Value ShardMapBuilder::DropoutMask(Value key, const Dims& dims, float rate) {

@@ -7,12 +7,15 @@ each op below makes exactly one value, OUTPUT none.
 
 Dtypes: f32 and bf16 compute as themselves; bool values are f32 0/1 on the cluster (as the
 comparisons give them); integer (i32/u32) arithmetic -- the step counters optax keeps -- is
-computed in f32, exact below 2**24, and converted back for results.
+computed in f32, exact below 2**24, and converted back for results; the bit operations (and, or,
+xor, not, shifts, bitcast_convert_type) and JAX's PRNG keys and bits stay integers
+(meshrun._convert_random).
 """
 import numpy as np
 
 from meshrun import _sharding, errors
 from meshrun._convert_layout import _Layout
+from meshrun._convert_random import SUPPORTED_RANDOM, _Random, aval_of, backward_hints
 from meshrun._convert_regions import _CALLS, _MANUAL, _Regions
 from meshrun._ir import BF16, F32, G, _V, _is_bool, _is_int, _summary
 from meshrun.v1 import common_pb2, program_pb2
@@ -36,7 +39,8 @@ SUPPORTED = {
     "integer_pow": "UNARY square / BINARY mul chains (div for negative powers)",
     "round": "UNARY round_away / round_even",
     "select_n": "SELECT (two cases)",
-    "and": "mul (bool)", "or": "max (bool)", "not": "1 - x (bool)",
+    "and": "mul (bool); BINARY and (integers)", "or": "max (bool); BINARY or (integers)",
+    "not": "1 - x (bool); BINARY xor with all ones (integers)",
     "dot_general": "DOT_GENERAL", "broadcast_in_dim": "BROADCAST_IN_DIM (layout propagated)",
     "reshape": "RESHAPE", "squeeze": "RESHAPE", "expand_dims": "RESHAPE",
     "transpose": "TRANSPOSE", "slice": "SLICE (unit strides; a dim cut short is gathered)",
@@ -57,10 +61,11 @@ SUPPORTED = {
     "argmax": "REDUCE max, then the least index holding it", "argmin": "argmax of -x",
     **{k: "the value itself" for k in _IDENTITY},
     **{k: "its body, inlined" for k in _CALLS},
+    **SUPPORTED_RANDOM,
 }
 
 
-class Converter(_Regions, _Layout):
+class Converter(_Regions, _Layout, _Random):
     """Converts one closed jaxpr. Not thread-safe; one per program."""
 
     def __init__(self, mesh):
@@ -72,6 +77,8 @@ class Converter(_Regions, _Layout):
         self._sites = []  # the user's call sites of the nested calls being inlined
         self._dots = {}  # value id -> (lhs, rhs, lhs_contracting, rhs_contracting) of 2-D dots
         self._manual_depth = 0  # > 0 inside a shard_map body
+        self._int_scalars = {}  # (value, dtype) -> integer constant (meshrun._convert_random)
+        self._hints = []  # per jaxpr being run: {var: spec entries} wanted (backward_hints)
 
     def where(self, eqn):
         """The user's file:line of an equation; inside a library's nested jit (jnp.cumsum's), the
@@ -147,7 +154,7 @@ class Converter(_Regions, _Layout):
             store = F32 if _is_bool(dtype) else _sharding.dtype_to_proto(dtype)
             vid = self.emit(G.INPUT, dtype=store, shape=list(shape), spec=_sharding.spec_to_proto(entries))
             ins.append(_V(vid, shape, dtype, store))
-        outs = self.run(closed.jaxpr, list(closed.consts), ins)
+        outs = self.run(closed.jaxpr, list(closed.consts), ins, list(out_entries))
         for v, entries in zip(outs, out_entries):
             want = _sharding.dtype_to_proto(v.dtype) if not _is_bool(v.dtype) else F32
             if v.store != want:
@@ -169,7 +176,20 @@ class Converter(_Regions, _Layout):
         vid = self.emit(G.INPUT, dtype=store, shape=list(x.shape), spec=common_pb2.PartitionSpec())
         return _V(vid, x.shape, value.dtype if hasattr(value, "dtype") else x.dtype, store)
 
-    def run(self, jaxpr, consts, ins):
+    def run(self, jaxpr, consts, ins, out_hints=None):
+        """Converts `jaxpr`'s equations; out_hints: the layouts wanted for its results (or None),
+        which random draws follow (meshrun._convert_random.backward_hints)."""
+        self._hints.append(backward_hints(jaxpr, out_hints, self.mesh) if self._manual_depth == 0 else {})
+        try:
+            return self._run(jaxpr, consts, ins)
+        finally:
+            self._hints.pop()
+
+    def out_hints(self, eqn):
+        """The layouts wanted for eqn's results, to pass into the body it calls."""
+        return [self._hints[-1].get(v) if self._hints and type(v).__name__ == "Var" else None for v in eqn.outvars]
+
+    def _run(self, jaxpr, consts, ins):
         env = {}
         for var, c in zip(jaxpr.constvars, consts):
             env[var] = self.const(c)
@@ -191,9 +211,7 @@ class Converter(_Regions, _Layout):
     def equation(self, eqn, ins):
         name = eqn.primitive.name
         p = eqn.params
-        avals = [v.aval for v in eqn.outvars]
-        out_dtype = np.dtype(avals[0].dtype) if avals and hasattr(avals[0], "dtype") else None
-        out_shape = tuple(avals[0].shape) if avals and hasattr(avals[0], "shape") else ()
+        out_shape, out_dtype = aval_of(eqn.outvars[0].aval) if eqn.outvars else ((), None)
         try:
             return self._equation(name, p, ins, out_dtype, out_shape, eqn)
         except errors.MeshrunError as e:
@@ -208,6 +226,8 @@ class Converter(_Regions, _Layout):
 
     def _equation(self, name, p, ins, out_dtype, out_shape, eqn):
         outs = self._region_equation(name, p, ins, eqn)
+        if outs is None:
+            outs = self._random_equation(name, p, ins, out_dtype, out_shape, eqn)
         if outs is None:
             outs = self._elementwise_equation(name, p, ins, out_dtype, out_shape, eqn)
         if outs is None:

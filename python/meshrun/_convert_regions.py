@@ -26,7 +26,7 @@ class _Regions:
             body = getattr(sub, "jaxpr", sub)
             self._sites.append(self.where(eqn))
             try:
-                return self.run(body, closed_consts, ins[len(ins) - len(body.invars):])
+                return self.run(body, closed_consts, ins[len(ins) - len(body.invars):], self.out_hints(eqn))
             finally:
                 self._sites.pop()
         if name == "scan":
@@ -99,12 +99,14 @@ class _Regions:
         nc, ncarry = int(p["num_consts"]), int(p["num_carry"])
         consts, carry, xs = ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:]
         ys = [None] * length
+        hints = self.out_hints(eqn)  # a stacked result's layout, less its stacked dim, per step
+        hints = hints[:ncarry] + [h[1:] if h else None for h in hints[ncarry:]]
         order = range(length - 1, -1, -1) if p.get("reverse") else range(length)
         self._sites.append(self.where(eqn))
         try:
             for i in order:
                 xi = [_V(self.emit(G.INDEX, [x], index=i), x.shape[1:], x.dtype, x.store) for x in xs]
-                outs = self.run(body.jaxpr, list(body.consts), list(consts) + list(carry) + xi)
+                outs = self.run(body.jaxpr, list(body.consts), list(consts) + list(carry) + xi, hints)
                 carry, ys[i] = outs[:ncarry], outs[ncarry:]
         finally:
             self._sites.pop()

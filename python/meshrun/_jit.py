@@ -52,6 +52,7 @@ class Jitted:
         self._cache = {}
         self.last_trace_seconds = 0.0  # tracing plus conversion of the last cache miss
         self.last_collectives = []  # the partitioner's collectives, "psum(model)", ...
+        self.last_program = None  # the GlobalProgram (program_pb2) the last call ran
 
     def __call__(self, *args):
         import jax
@@ -112,6 +113,8 @@ class Jitted:
         dyn_avals = jax.tree_util.tree_unflatten(treedef, avals)
         closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*dyn_avals)
         out_avals, out_treedef = jax.tree_util.tree_flatten(out_shape)
+        # A typed PRNG key comes back as its raw u32 words (jax.random.key_data's shape).
+        out_avals = [jax.ShapeDtypeStruct(*_convert.aval_of(a)) for a in out_avals]
         mesh = self._cluster.mesh
         if self._out_shardings is None:
             out_entries = [() for _ in out_avals]
@@ -128,6 +131,7 @@ class Jitted:
         import jax
 
         self.last_trace_seconds = compiled.trace_seconds
+        self.last_program = compiled.program
         req = coordinator_pb2.JitRequest(program=compiled.program)
         req.input_ids.extend([a.id for a in arrays] + compiled.const_ids)
         req.donate_argnums.extend(i for i, d in enumerate(donated) if d)

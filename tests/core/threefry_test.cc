@@ -1,6 +1,7 @@
 #include "core/random/threefry.h"
 
 #include <cmath>
+#include <limits>
 
 #include "gtest/gtest.h"
 
@@ -43,6 +44,33 @@ TEST(ThreefryTest, TruncatedNormalStatistics) {
   EXPECT_NEAR(mean, 0.0, 0.01);
   // Variance of a standard normal truncated to [-2, 2] is 0.7737 (= 0.87962566^2).
   EXPECT_NEAR(var, 0.87962566 * 0.87962566, 0.01);
+}
+
+// jax.random.bits(PRNGKey(42), (2, 3)) and jax.random.split(PRNGKey(42), 3) under JAX 0.10.2's
+// default, jax_threefry_partitionable=True.
+TEST(ThreefryTest, PartitionableBitsAndSplitMatchJax) {
+  const PRNGKey key = MakePRNGKey(42);
+  const uint32_t bits[] = {2098992034u, 2919706841u, 2646866425u,
+                           2409546199u, 1935504149u, 2516274904u};
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(PartitionableBitsAt(key, i), bits[i]) << i;
+  const uint32_t split[3][2] = {
+      {1832780943u, 270669613u}, {64467757u, 2916123636u}, {2465931498u, 255383827u}};
+  for (int j = 0; j < 3; ++j) {
+    EXPECT_EQ(PartitionableSplitWordAt(key, j, 0), split[j][0]) << j;
+    EXPECT_EQ(PartitionableSplitWordAt(key, j, 1), split[j][1]) << j;
+    EXPECT_EQ(FoldIn(key, j), (PRNGKey{split[j][0], split[j][1]})) << "split(key, n)[j] = fold_in";
+  }
+  // An index past 2^32 uses the high count word.
+  EXPECT_NE(PartitionableBitsAt(key, (int64_t{1} << 32) + 1), PartitionableBitsAt(key, 1));
+}
+
+// jax.lax.erf_inv's f32 values (JAX 0.10.2 on x86-64), within 2 ulp.
+TEST(ThreefryTest, ErfInvMatchesJax) {
+  const float x[] = {0.5f, -0.999f, 1e-3f};
+  const float jax[] = {0x1.e861fcp-2f, -0x1.29d332p+1f, 0x1.d0a364p-11f};
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(ErfInv(x[i]), jax[i], 2 * std::abs(jax[i]) * 0x1p-23f);
+  EXPECT_EQ(ErfInv(1.0f), std::numeric_limits<float>::infinity());
+  EXPECT_EQ(ErfInv(-1.0f), -std::numeric_limits<float>::infinity());
 }
 
 TEST(ThreefryTest, ErfInvInvertsErf) {

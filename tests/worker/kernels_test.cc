@@ -1,5 +1,7 @@
 // Every kernel's backward against central finite differences of its forward.
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <tuple>
 
@@ -325,6 +327,64 @@ TEST(BinaryKernelTest, PowBroadcastsItsExponentAsTheOtherFnsDo) {
     EXPECT_EQ(out.data<float>()[i], std::pow(a.data<float>()[i], exps[i % 3])) << i;
   EXPECT_THAT(std::string(CreateBinary("atan2", a, b, out).status().message()),
               ::testing::HasSubstr("pow"));
+}
+
+// jax.lax's integer ops, as JAX's samplers use them: wrapping arithmetic, bitwise ops, shifts
+// (by 32 or more: 0, or -1 for an arithmetic shift of a negative), a broadcast operand.
+TEST(BinaryKernelTest, IntegerFnsFollowJaxLax) {
+  Tensor a(v1::DTYPE_U32, {2, 3}), b(v1::DTYPE_U32, {1, 3}), out(v1::DTYPE_U32, {2, 3});
+  const uint32_t av[] = {0xFFFFFFFFu, 0x80000001u, 7u, 1u, 0x12345678u, 0u};
+  const uint32_t bv[] = {1u, 31u, 32u};
+  std::copy(av, av + 6, a.data<uint32_t>());
+  std::copy(bv, bv + 3, b.data<uint32_t>());
+  const auto run = [&](const std::string& fn, Tensor& x, Tensor& y, Tensor& z) {
+    auto k = CreateBinary(fn, x, y, z);
+    ASSERT_TRUE(k.ok()) << fn << ": " << k.status();
+    ASSERT_TRUE((*k)->Run().ok());
+  };
+  run("add", a, b, out);
+  EXPECT_EQ(out.data<uint32_t>()[0], 0u) << "wraps";
+  EXPECT_EQ(out.data<uint32_t>()[1], 0x80000020u);
+  run("shift_right_logical", a, b, out);
+  EXPECT_EQ(out.data<uint32_t>()[0], 0x7FFFFFFFu);
+  EXPECT_EQ(out.data<uint32_t>()[1], 1u);
+  EXPECT_EQ(out.data<uint32_t>()[2], 0u) << "a shift by 32 gives 0";
+  run("shift_left", a, b, out);
+  EXPECT_EQ(out.data<uint32_t>()[3], 2u);
+  EXPECT_EQ(out.data<uint32_t>()[5], 0u);
+  run("xor", a, b, out);
+  EXPECT_EQ(out.data<uint32_t>()[4], 0x12345678u ^ 31u);
+  run("or", a, b, out);
+  EXPECT_EQ(out.data<uint32_t>()[2], 39u);
+  Tensor s(v1::DTYPE_I32, {3}), t(v1::DTYPE_I32, {3}), r(v1::DTYPE_I32, {3});
+  const int32_t sv[] = {-8, -8, 5}, tv[] = {1, 40, 1};
+  std::copy(sv, sv + 3, s.data<int32_t>());
+  std::copy(tv, tv + 3, t.data<int32_t>());
+  run("shift_right_arithmetic", s, t, r);
+  EXPECT_EQ(r.data<int32_t>()[0], -4);
+  EXPECT_EQ(r.data<int32_t>()[1], -1) << "a negative shifted by 32 or more gives -1";
+  EXPECT_EQ(r.data<int32_t>()[2], 2);
+  run("mul", s, t, r);
+  EXPECT_EQ(r.data<int32_t>()[1], -320);
+  // Unknown fns and mixed dtypes are refused, naming them.
+  EXPECT_THAT(std::string(CreateBinary("div", a, b, out).status().message()),
+              ::testing::HasSubstr("shift_right_logical"));
+  Tensor f(v1::DTYPE_F32, {1, 3});
+  EXPECT_THAT(std::string(CreateBinary("or", a, f, out).status().message()),
+              ::testing::HasSubstr("f32"));
+}
+
+TEST(BinaryKernelTest, NextafterStepsOneUlpTowardsTheOtherOperand) {
+  Tensor a(v1::DTYPE_F32, {3}), b(v1::DTYPE_F32, {3}), out(v1::DTYPE_F32, {3});
+  const float av[] = {1.0f, -2.0f, 0.0f}, bv[] = {2.0f, 0.0f, -1.0f};
+  std::copy(av, av + 3, a.data<float>());
+  std::copy(bv, bv + 3, b.data<float>());
+  auto k = CreateBinary("nextafter", a, b, out);
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->Run().ok());
+  EXPECT_EQ(out.data<float>()[0], 0x1.000002p+0f);
+  EXPECT_EQ(out.data<float>()[1], -0x1.fffffep+0f);
+  EXPECT_EQ(out.data<float>()[2], -std::numeric_limits<float>::denorm_min());
 }
 
 }  // namespace

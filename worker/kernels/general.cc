@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/random/threefry.h"
 #include "worker/kernels/primitive_kernel.h"
 
 namespace meshrun {
@@ -120,7 +121,8 @@ const std::map<std::string, float (*)(float)>& LibmFns() {
       {"floor", [](float v) { return std::floor(v); }},
       {"ceil", [](float v) { return std::ceil(v); }},
       {"round_even", [](float v) { return std::nearbyint(v); }},  // the default rounding mode
-      {"round_away", [](float v) { return std::round(v); }}};
+      {"round_away", [](float v) { return std::round(v); }},
+      {"erf_inv", [](float v) { return ErfInv(v); }}};  // XLA's polynomial
   return *fns;
 }
 
@@ -178,41 +180,6 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const
   return kernel;
 }
 
-namespace {
-
-// out = a ** b elementwise (b broadcast over a's dims of size 1, as the binary primitive does):
-// oneDNN's binary primitive has no pow, and eltwise pow takes only a constant exponent.
-class PowKernel : public Kernel {
- public:
-  PowKernel(const Tensor& a, const Tensor& b, Tensor& out) : a_(a), b_(b), out_(out) {}
-  absl::Status Run() override {
-    const float* a = a_.data<float>();
-    const float* b = b_.data<float>();
-    float* out = out_.data<float>();
-    const Dims& ad = a_.dims();
-    const Dims& bd = b_.dims();
-    const int64_t n = a_.num_elements();
-    std::vector<int64_t> index(ad.size(), 0);
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t j = 0;  // b's flat index of a's element i
-      for (size_t d = 0; d < ad.size(); ++d) j = j * bd[d] + (bd[d] == 1 ? 0 : index[d]);
-      out[i] = std::pow(a[i], b[j]);
-      for (size_t d = ad.size(); d-- > 0;) {
-        if (++index[d] < ad[d]) break;
-        index[d] = 0;
-      }
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  const Tensor& a_;
-  const Tensor& b_;
-  Tensor& out_;
-};
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, const Tensor& a,
                                                      const Tensor& b, Tensor& out) {
   const std::map<std::string, dnnl::algorithm> algs = {
@@ -223,12 +190,6 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
       {"lt", dnnl::algorithm::binary_lt},   {"le", dnnl::algorithm::binary_le},
       {"gt", dnnl::algorithm::binary_gt},   {"ge", dnnl::algorithm::binary_ge}};
   auto it = algs.find(fn);
-  if (it == algs.end() && fn != "pow") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown binary fn '", fn, "'; allowed: ", Keys(algs), ", pow"));
-  }
-  if (absl::Status s = RequireF32("binary", a); !s.ok()) return s;
-  if (absl::Status s = RequireF32("binary", b); !s.ok()) return s;
   bool ok = a.dims().size() == b.dims().size() && a.dims() == out.dims();
   for (size_t d = 0; ok && d < a.dims().size(); ++d)
     ok = b.dims()[d] == a.dims()[d] || b.dims()[d] == 1;
@@ -237,8 +198,15 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
                                                    " does not broadcast to ",
                                                    DimsToString(a.dims())));
   }
+  if (IsLoopBinary(fn, a.dtype())) return CreateLoopBinary(fn, a, b, out);
+  if (it == algs.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown binary fn '", fn,
+                                                   "' for f32; allowed: ", Keys(algs), ", ",
+                                                   LoopBinaryFns(v1::DTYPE_F32)));
+  }
+  if (absl::Status s = RequireF32("binary", a); !s.ok()) return s;
+  if (absl::Status s = RequireF32("binary", b); !s.ok()) return s;
   if (a.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
-  if (fn == "pow") return std::unique_ptr<Kernel>(std::make_unique<PowKernel>(a, b, out));
   std::unique_ptr<Kernel> kernel;
   absl::Status s = Guard("binary", [&] {
     auto a_md = RowMajorDesc(a.dims());

@@ -57,7 +57,8 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateLeadingSum(const Tensor& x, int64_
 
 // y = fn(x) element-wise, f32, same shape (oneDNN eltwise). fn: tanh exp log sqrt rsqrt neg abs
 // square relu logistic silu, or pow (x ** exponent); and, as a loop over libm's functions, erf sin
-// erfc cos tan atan asin acos sinh cosh atanh log1p expm1 exp2 floor ceil round_even round_away.
+// erfc cos tan atan asin acos sinh cosh atanh log1p expm1 exp2 floor ceil round_even round_away,
+// and erf_inv (XLA's polynomial, core/random/threefry.h).
 // Errors: InvalidArgument naming an unknown fn.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x,
                                                     Tensor& y, float exponent = 1.0f);
@@ -68,8 +69,21 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const
 absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, const Tensor& x,
                                                         const Tensor& dy, Tensor& dx);
 
-// out = fn(a, b) element-wise, f32, out shaped like a; b has a's rank with each dim equal or 1
-// (numpy broadcasting; oneDNN binary). fn: add sub mul div max min.
+// out = fn(a, b) element-wise, out shaped like a; b has a's rank with each dim equal or 1 (numpy
+// broadcasting). f32: add sub mul div max min and the comparisons eq ne lt le gt ge (1 or 0) on
+// oneDNN's binary primitive, pow and nextafter as loops (CreateLoopBinary). i32 and u32: the
+// integer fns of CreateLoopBinary.
+// The binary fns computed by a loop rather than oneDNN: for f32, pow and nextafter (std::pow and
+// std::nextafter, as jax.lax.pow and jax.lax.nextafter); for i32 and u32 (a, b and out one
+// dtype), add sub mul (wrapping modulo 2^32), max min, and or xor, shift_left
+// shift_right_logical shift_right_arithmetic (jax.lax's: a shift by 32 or more gives 0, or -1
+// for an arithmetic shift of a negative). Errors: InvalidArgument naming the fn or dtypes.
+// CreateLoopBinary REQUIRES: b broadcasts to a and out has a's dims (CreateBinary checks).
+bool IsLoopBinary(const std::string& fn, DType dtype);
+std::string LoopBinaryFns(DType dtype);
+absl::StatusOr<std::unique_ptr<Kernel>> CreateLoopBinary(const std::string& fn, const Tensor& a,
+                                                         const Tensor& b, Tensor& out);
+
 absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, const Tensor& a,
                                                      const Tensor& b, Tensor& out);
 

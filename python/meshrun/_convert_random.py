@@ -1,0 +1,209 @@
+"""JAX's PRNG and the integer bit operations its samplers use, in meshrun._convert.
+
+A key (``key<fry>[...]``) is its raw words on the cluster: a u32 array of the key array's shape
+plus a trailing 2, as ``jax.random.key_data`` gives. ``random_bits`` draws with JAX's threefry in
+the mode ``jax.config.jax_threefry_partitionable`` names (JAX's default since 0.5:
+partitionable), and each worker draws only its block of the result: the block of the layout the
+bits are later constrained to (``backward_hints``; flax's ``with_partitioning`` initialisers),
+else the whole array (replicated).
+"""
+import numpy as np
+
+from meshrun import _sharding
+from meshrun._convert_regions import _CALLS
+from meshrun._ir import BF16, F32, G, I32, U32, _V, _is_int
+
+# Integer (i32, u32) element-wise primitives -> the worker's integer binary fns.
+_INT_BINARY = {"and": "and", "or": "or", "xor": "xor", "shift_left": "shift_left",
+               "shift_right_logical": "shift_right_logical",
+               "shift_right_arithmetic": "shift_right_arithmetic"}
+_KEY_IDENTITY = {"random_wrap", "random_unwrap", "random_clone"}
+
+# Primitives through which a layout wanted for a result is wanted for its same-shaped operands
+# (backward_hints): element-wise ones.
+_ELEMENTWISE = {
+    "neg", "exp", "log", "tanh", "logistic", "sqrt", "rsqrt", "abs", "square", "erf", "erfc", "erf_inv",
+    "sin", "cos", "log1p", "expm1", "floor", "ceil", "round", "sign", "add", "add_any", "sub", "mul", "div",
+    "max", "min", "pow", "integer_pow", "nextafter", "convert_element_type", "bitcast_convert_type",
+    "select_n", "clamp", "stop_gradient", "eq", "ne", "lt", "le", "gt", "ge",
+} | set(_INT_BINARY) | {"not"}
+
+SUPPORTED_RANDOM = {
+    "random_seed": "[0, u32(seed)] (CONCATENATE)", "random_wrap": "none (the key's u32 words)",
+    "random_unwrap": "none", "random_clone": "none",
+    "random_bits": "RANDOM_BITS (32 bits; partitionable or legacy threefry; each device its block)",
+    "random_split": "RANDOM_BITS split", "random_fold_in": "FOLD_IN",
+    "bitcast_convert_type": "BITCAST_CONVERT (f32, i32, u32)",
+    "shift_left": "BINARY (integers)", "shift_right_logical": "BINARY (integers)",
+    "shift_right_arithmetic": "BINARY (integers)", "xor": "BINARY (integers)",
+    "nextafter": "BINARY nextafter", "erf_inv": "UNARY erf_inv (XLA's polynomial)",
+}
+
+
+def is_key_dtype(dtype):
+    try:
+        import jax
+
+        return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
+    except (ImportError, TypeError):  # pragma: no cover
+        return False
+
+
+def aval_of(aval):
+    """(shape, numpy dtype) of an abstract value as the cluster holds it: keys as their words."""
+    shape = tuple(getattr(aval, "shape", ()))
+    dtype = getattr(aval, "dtype", None)
+    if dtype is not None and is_key_dtype(dtype):
+        return shape + (2,), np.dtype(np.uint32)
+    return shape, (np.dtype(dtype) if dtype is not None else None)
+
+
+def _spec_entries(p, mesh):
+    sharding = p.get("sharding") or p.get("dst_sharding")
+    try:
+        return _sharding.normalize_spec(getattr(sharding, "spec", sharding), mesh)
+    except Exception:  # an invalid spec is reported where the constraint is converted
+        return None
+
+
+def backward_hints(jaxpr, out_hints, mesh):
+    """{var: spec entries} the layouts wanted for the vars of `jaxpr`, propagated backwards (as
+    GSPMD's propagation does) from `out_hints` (one per outvar, or None) and from sharding
+    constraints, through element-wise equations to their operands of the result's shape."""
+    hints = {}
+    for var, h in zip(jaxpr.outvars, out_hints or ()):
+        if h is not None and type(var).__name__ != "Literal":
+            hints.setdefault(var, h)
+    for eqn in reversed(jaxpr.eqns):
+        name = eqn.primitive.name
+        if name in ("sharding_constraint", "reshard"):
+            entries = _spec_entries(eqn.params, mesh)
+            if entries is not None and type(eqn.invars[0]).__name__ != "Literal":
+                hints.setdefault(eqn.invars[0], entries)
+            continue
+        if name in _CALLS and any(v in hints for v in eqn.outvars):
+            # Through a call (jnp.clip's, jax.random's nested jits) to its operands.
+            sub = next((eqn.params[k] for k in ("jaxpr", "call_jaxpr", "fun_jaxpr")
+                        if eqn.params.get(k) is not None), None)
+            body = getattr(sub, "jaxpr", sub)
+            if body is not None and len(body.invars) <= len(eqn.invars):
+                inner = backward_hints(body, [hints.get(v) for v in eqn.outvars], mesh)
+                for var, inner_var in zip(eqn.invars[len(eqn.invars) - len(body.invars):], body.invars):
+                    if type(var).__name__ != "Literal" and inner_var in inner:
+                        hints.setdefault(var, inner[inner_var])
+            continue
+        if name not in _ELEMENTWISE or not eqn.outvars or eqn.outvars[0] not in hints:
+            continue
+        want, shape = hints[eqn.outvars[0]], tuple(getattr(eqn.outvars[0].aval, "shape", ()))
+        for var in eqn.invars:
+            if type(var).__name__ != "Literal" and tuple(getattr(var.aval, "shape", ())) == shape:
+                hints.setdefault(var, want)
+    return hints
+
+
+def _divides(mesh, entries, shape):
+    if len(entries) > len(shape):
+        return False
+    return all(shape[d] % int(np.prod([mesh.shape[a] for a in e] or [1])) == 0 for d, e in enumerate(entries))
+
+
+class _Random:
+    """Converter's PRNG and integer bit primitives (a mixin: uses emit, const, _hints)."""
+
+    def int_scalar(self, value, dtype):
+        """A replicated 0-d integer constant stored as itself (not as f32), cached."""
+        key = (int(value), np.dtype(dtype).str)
+        if key not in self._int_scalars:
+            x = np.asarray(value, dtype=dtype)
+            self.consts.append(x)
+            vid = self.emit(G.INPUT, dtype=_sharding.dtype_to_proto(x.dtype), shape=[], spec=_sharding.spec_to_proto(()))
+            self._int_scalars[key] = _V(vid, (), x.dtype, _sharding.dtype_to_proto(x.dtype))
+        return self._int_scalars[key]
+
+    def as_int(self, v, var, dtype):
+        """v stored as the integer `dtype` (u32 or i32): a literal as an integer constant, an
+        f32-held integer converted."""
+        store = _sharding.dtype_to_proto(dtype)
+        if v.store == store:
+            return v
+        if type(var).__name__ == "Literal":
+            return self.int_scalar(var.val, dtype)
+        if v.store in (I32, U32):  # the other integer dtype: the same bits
+            return _V(self.emit(G.BITCAST_CONVERT, [v], dtype=store), v.shape, dtype, store)
+        return _V(self.emit(G.CONVERT, [v], dtype=store), v.shape, dtype, store)
+
+    def _random_equation(self, name, p, ins, out_dtype, out_shape, eqn):
+        """The outputs of a PRNG or integer-bit primitive; None for another primitive."""
+        if name in _KEY_IDENTITY:
+            return ins
+        if name in _INT_BINARY or (name == "not" and _is_int(out_dtype)):
+            if not _is_int(out_dtype):
+                return None  # bool and/or/not: meshrun._convert's
+            a = self.as_int(ins[0], eqn.invars[0], out_dtype)
+            if name == "not":  # ~x = x ^ all-ones
+                b = self.int_scalar(np.iinfo(out_dtype).max if out_dtype.kind == "u" else -1, out_dtype)
+                fn = "xor"
+            else:
+                b, fn = self.as_int(ins[1], eqn.invars[1], out_dtype), _INT_BINARY[name]
+            if a.shape != b.shape and a.shape and b.shape:
+                self._unsupported(name, eqn, f"operand shapes {a.shape} and {b.shape}")
+            return [_V(self.emit(G.BINARY, [a, b], fn=fn), a.shape or b.shape, out_dtype, a.store)]
+        if name == "bitcast_convert_type":
+            (x,) = ins
+            if out_dtype.itemsize != 4 or x.dtype.itemsize != 4:
+                self._unsupported(name, eqn, f"{x.dtype} -> {out_dtype} (only 32-bit f32/i32/u32)")
+            store = _sharding.dtype_to_proto(out_dtype)
+            if x.store not in (F32, I32, U32):
+                x = _V(self.emit(G.CONVERT, [x], dtype=F32), x.shape, np.float32, F32)
+            if x.store == F32 and _is_int(x.dtype):  # an integer held as f32: its integer bits
+                x = self.as_int(x, eqn.invars[0], x.dtype)
+            return [_V(self.emit(G.BITCAST_CONVERT, [x], dtype=store), x.shape, out_dtype, store)]
+        if name == "nextafter":
+            return [self.binary("nextafter", ins[0], ins[1], out_dtype)]
+        if name == "erf_inv":
+            x = ins[0] if ins[0].store == F32 else self.f32(ins[0])
+            return [_V(self.emit(G.UNARY, [x], fn="erf_inv"), x.shape, out_dtype, F32)]
+        if name == "random_seed":
+            return [self._random_seed(ins[0], eqn)]
+        if name in ("random_bits", "random_split"):
+            return [self._random_bits(name, p, ins[0], eqn)]
+        if name == "random_fold_in":
+            key, data = ins
+            if key.shape != (2,) or data.shape:
+                self._unsupported(name, eqn, f"a batch of keys ({key.shape[:-1]})")
+            # Exact words: flax folds in 32-bit hashes of names, which f32 would round.
+            data = self.as_int(data, eqn.invars[1], np.dtype(np.uint32) if data.dtype.kind != "i" else np.dtype(np.int32))
+            return [_V(self.emit(G.FOLD_IN, [key, data]), (2,), np.uint32, U32)]
+        return None
+
+    def _random_seed(self, seed, eqn):
+        """jax.random.key(seed) for a 32-bit integer seed: [0, seed's bits] (threefry_seed)."""
+        if seed.shape or seed.dtype.itemsize > 4:
+            self._unsupported("random_seed", eqn, f"a {seed.dtype}{list(seed.shape)} seed")
+        word = self.as_int(seed, eqn.invars[0], np.dtype(np.int32) if seed.dtype.kind == "i" else np.dtype(np.uint32))
+        if word.store != U32:
+            word = _V(self.emit(G.BITCAST_CONVERT, [word], dtype=U32), (), np.uint32, U32)
+        word = _V(self.emit(G.RESHAPE, [word], shape=[1]), (1,), np.uint32, U32)
+        self.consts.append(np.zeros(1, np.uint32))
+        zero = _V(self.emit(G.INPUT, dtype=U32, shape=[1], spec=_sharding.spec_to_proto(())), (1,), np.uint32, U32)
+        return _V(self.emit(G.CONCATENATE, [zero, word], index=0), (2,), np.uint32, U32)
+
+    def _random_bits(self, name, p, key, eqn):
+        import jax
+
+        if key.shape != (2,):
+            self._unsupported(name, eqn, f"a batch of keys {key.shape[:-1]} (vmap over keys)")
+        partitionable = bool(jax.config.jax_threefry_partitionable)
+        if name == "random_split":
+            shape = tuple(p["shape"]) + (2,)
+            fn = "split" if partitionable else "legacy"
+        else:
+            if int(p["bit_width"]) != 32:
+                self._unsupported(name, eqn, f"bit_width {p['bit_width']} (32 only: f32 draws)")
+            shape = tuple(p["shape"])
+            fn = "partitionable" if partitionable else "legacy"
+        entries = self._hints[-1].get(eqn.outvars[0]) if self._hints else None
+        if entries is None or not _divides(self.mesh, entries, shape):
+            entries = ()
+        vid = self.emit(G.RANDOM_BITS, [key], fn=fn, shape=list(shape), spec=_sharding.spec_to_proto(entries))
+        return _V(vid, shape, np.uint32, U32)

@@ -1,0 +1,159 @@
+"""JAX's PRNG on the cluster: draws equal JAX's (bits exactly, floats within 2 ulp), each worker
+draws only its block of a partitioned draw, and flax initialises and drops out on the cluster."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, PartitionSpec as P
+
+from meshrun import _sharding
+from meshrun.seeds import MLP, DotReluDot
+from meshrun.v1 import program_pb2
+
+
+def emulated_mesh():
+    return Mesh(mesh_utils.create_device_mesh((2, 4)), ("data", "model"))
+
+
+def assert_within_ulp(ours, ref, ulps=3):
+    """Integers equal; floats within `ulps` ulp of JAX's, or within 4 ulp of the array's largest
+    value: XLA contracts the uniform draw's u * (hi - lo) + lo into one FMA where meshrun rounds
+    twice, and a truncated normal's u near its bound cancels."""
+    ours, ref = np.asarray(ours), np.asarray(ref)
+    assert ours.dtype == ref.dtype and ours.shape == ref.shape, (ours.dtype, ours.shape, ref.dtype, ref.shape)
+    if ref.dtype.kind != "f":
+        np.testing.assert_array_equal(ours, ref)
+        return
+    a = ours.astype(np.float32).view(np.int32).astype(np.int64)
+    b = ref.astype(np.float32).view(np.int32).astype(np.int64)
+    a = np.where(a < 0, -(a & 0x7FFFFFFF), a)  # ordered as the floats are
+    b = np.where(b < 0, -(b & 0x7FFFFFFF), b)
+    far = np.abs(a - b) > ulps
+    scale = np.spacing(np.max(np.abs(ref)).astype(np.float32))
+    cancelled = np.abs(ours.astype(np.float64) - ref) <= 4 * scale
+    assert not np.any(far & ~cancelled), f"{ours[far & ~cancelled]} vs {ref[far & ~cancelled]}"
+
+
+def random_bits_specs(program):
+    """The layout each RANDOM_BITS op of a GlobalProgram draws in."""
+    return [_sharding.spec_from_proto(op.spec) for op in program.ops
+            if op.kind == program_pb2.GlobalOp.RANDOM_BITS]
+
+
+def draws(key):
+    k1, k2 = jax.random.split(key)
+    bits = jax.random.bits(k1, (8, 12))
+    normal = jax.random.normal(k1, (8, 12))
+    uniform = jax.random.uniform(jax.random.fold_in(k2, 3), (5,), minval=-2.0, maxval=3.0)
+    trunc = jax.nn.initializers.xavier_normal()(k2, (8, 4))
+    trunc = jax.lax.with_sharding_constraint(trunc, P("data", "model"))
+    seeded = jax.random.PRNGKey(7)
+    keys = jax.random.split(k2, 4)
+    bern = jax.random.bernoulli(keys[2], 0.3, (16,))
+    word = jnp.uint32(0xF0F0F0F0)
+    mixed = (bits >> 3) ^ (bits << 29) ^ ~bits & word | (bits & jnp.uint32(1))
+    return bits, normal, uniform, trunc, seeded, keys, bern, mixed
+
+
+def test_random_draws_and_bit_operations_equal_jaxs(cluster):
+    mesh = emulated_mesh()
+    key = np.asarray(jax.random.PRNGKey(0))
+    with jax.set_mesh(mesh):
+        ref = jax.jit(draws)(key)
+        out_specs = (P(), P("data", "model"), P(), P("data", "model"), P(), P(), P(), P("data"))
+        fn = cluster.jit(draws, in_shardings=P(), out_shardings=out_specs)
+        ours = fn(cluster.device_put(key, P()))
+    for o, r in zip(ours, ref):
+        assert_within_ulp(o, r)
+    # The partitioned draws are drawn in their layouts (normal's from its out_sharding, the
+    # initialiser's from its sharding constraint), not whole and sliced.
+    specs = random_bits_specs(fn.last_program)
+    assert (("data",), ("model",)) in specs, specs
+
+
+def test_seed_000_mlp_initialised_on_the_cluster_equals_jaxs_init(cluster):
+    mesh = emulated_mesh()
+    model = MLP(num_layers=2, depth=64)
+    x = np.ones((16, 32), np.float32)
+    key = np.asarray(jax.random.PRNGKey(0))
+    with jax.set_mesh(mesh):
+        abstract = jax.eval_shape(model.init, key, x)
+        spec = nn.get_partition_spec(abstract)
+        ref = jax.jit(model.init)(key, x)
+        init = cluster.jit(model.init, in_shardings=(P(), P("data")), out_shardings=spec)
+        ours = init(cluster.device_put(key, P()), cluster.device_put(x, P("data")))
+    ref_leaves = jax.tree_util.tree_leaves(nn.unbox(ref))
+    our_leaves = jax.tree_util.tree_leaves(ours)
+    assert len(ref_leaves) == len(our_leaves) == 2  # W1 and W2, stacked over the 2 layers
+    for o, r in zip(our_leaves, ref_leaves):
+        assert_within_ulp(o, np.asarray(r))
+    for o, s in zip(our_leaves, jax.tree_util.tree_leaves(spec, is_leaf=lambda v: isinstance(v, P))):
+        assert _sharding.normalize_spec(o.sharding.spec, cluster.mesh) == _sharding.normalize_spec(s, cluster.mesh)
+    # Each worker drew only its block: each layer's weights are drawn laid out as the weight.
+    specs = random_bits_specs(init.last_program)
+    assert specs.count(((), ("model",))) == 2 and specs.count((("model",),)) == 2, specs
+
+
+class Dropped(nn.Module):
+    """DotReluDot with dropout after the relu (a model beyond the seeds)."""
+
+    @nn.compact
+    def __call__(self, x, train: bool):
+        y = nn.Dense(64, kernel_init=nn.with_partitioning(nn.initializers.xavier_normal(), (None, "model")),
+                     use_bias=False)(x)
+        y = jax.lax.with_sharding_constraint(jax.nn.relu(y), P("data", "model"))
+        y = nn.Dropout(rate=0.25, deterministic=not train)(y)
+        return nn.Dense(x.shape[-1], kernel_init=nn.with_partitioning(nn.initializers.xavier_normal(), ("model", None)),
+                        use_bias=False)(y)
+
+
+def test_a_step_with_dropout_keyed_from_the_state_matches_jax(cluster):
+    mesh = emulated_mesh()
+    model, tx = Dropped(), optax.adam(1e-2)
+    rng = np.random.default_rng(1)
+    data = [(rng.normal(size=(16, 32)).astype(np.float32), rng.normal(size=(16, 32)).astype(np.float32))
+            for _ in range(5)]
+
+    def init(key, x):
+        params = model.init(key, x, train=False)["params"]
+        return params, tx.init(params), jax.random.fold_in(key, 1)
+
+    def step(state, x, y):
+        params, opt_state, key = state
+        key, dropout_key = jax.random.split(key)
+
+        def loss_fn(p):
+            z = model.apply({"params": p}, x, train=True, rngs={"dropout": dropout_key})
+            return jnp.mean(optax.l2_loss(z, y))
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return (optax.apply_updates(params, updates), opt_state, key), loss
+
+    key = np.asarray(jax.random.PRNGKey(0))
+    with jax.set_mesh(mesh):
+        abstract = jax.eval_shape(init, key, data[0][0])
+        spec = nn.get_partition_spec(abstract)
+        spec = jax.tree_util.tree_map(lambda s: s if isinstance(s, P) else P(), spec,
+                                      is_leaf=lambda s: isinstance(s, P) or s is None)
+        ref_state = nn.unbox(jax.jit(init)(key, data[0][0]))
+        ref_losses = []
+        plain = jax.jit(step)
+        for x, y in data:
+            ref_state, loss = plain(ref_state, x, y)
+            ref_losses.append(float(loss))
+        state = cluster.jit(init, in_shardings=(P(), P("data")), out_shardings=spec)(
+            cluster.device_put(key, P()), cluster.device_put(data[0][0], P("data")))
+        ours = cluster.jit(step, in_shardings=(spec, P("data"), P("data")), out_shardings=(spec, P()),
+                           donate_argnums=0)
+        losses = []
+        for x, y in data:
+            state, loss = ours(state, cluster.device_put(x, P("data")), cluster.device_put(y, P("data")))
+            losses.append(float(np.asarray(loss)))
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(state[2]), np.asarray(ref_state[2]))  # the key threaded
+    # The mask is drawn in the activations' layout.
+    assert (("data",), ("model",)) in random_bits_specs(ours.last_program)

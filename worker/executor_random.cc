@@ -1,0 +1,208 @@
+// Compiling JAX's PRNG ops (core/random/threefry.h): keys are u32[2] values, and a device draws
+// only its own block of a global array, with the values the whole array's draw has there.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/array_ops.h"
+#include "core/random/threefry.h"
+#include "core/sharding/named_sharding.h"
+#include "worker/executor.h"
+
+namespace meshrun {
+namespace {
+
+// Where a device's block lies in a global array.
+struct Block {
+  Dims global;
+  std::vector<int64_t> offsets;  // of the block's first element, per dim
+};
+
+// Calls fn(i, flat) for each element of `local` (the block at `b`): i its row-major index in
+// the block, flat its row-major index in the global array.
+template <typename Fn>
+void ForEachGlobalIndex(const Block& b, const Dims& local, Fn fn) {
+  const size_t rank = local.size();
+  std::vector<int64_t> idx(rank, 0);
+  const int64_t n = NumElements(local);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t flat = 0;
+    for (size_t d = 0; d < rank; ++d) flat = flat * b.global[d] + b.offsets[d] + idx[d];
+    fn(i, flat);
+    for (size_t d = rank; d-- > 0;) {
+      if (++idx[d] < local[d]) break;
+      idx[d] = 0;
+    }
+  }
+}
+
+absl::Status RequireKey(const v1::Op& op, const Tensor& key) {
+  if (key.dtype() == v1::DTYPE_U32 && key.num_elements() == 2) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), ": key is ",
+                                                 DTypeName(key.dtype()), DimsToString(key.dims()),
+                                                 "; expected u32[2]"));
+}
+
+PRNGKey KeyOf(const Tensor& key) { return {key.data<uint32_t>()[0], key.data<uint32_t>()[1]}; }
+
+// This device's block of the global array of op.dims() laid out as op.spec(), or the whole of
+// y when op.dims() is empty. Errors: InvalidArgument when y is not that block.
+absl::StatusOr<Block> BlockOf(const v1::Op& op, const Tensor& y, DType dtype, const Mesh* mesh,
+                              int rank) {
+  if (op.dims().empty()) return Block{y.dims(), std::vector<int64_t>(y.dims().size(), 0)};
+  Block b{Dims(op.dims().begin(), op.dims().end()), {}};
+  if (mesh == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(v1::OpKind_Name(op.kind()), " of a global array needs the mesh"));
+  }
+  const NamedSharding sharding(*mesh, PartitionSpec::FromProto(op.spec()));
+  if (absl::Status s = sharding.Validate(b.global); !s.ok()) return s;
+  if (y.dtype() != dtype || y.dims() != sharding.ShardDims(b.global)) {
+    return OpOutputMismatch(
+        op, y,
+        absl::StrCat(DTypeName(dtype), DimsToString(sharding.ShardDims(b.global)),
+                     " (the block of ", DimsToString(b.global), " under ",
+                     sharding.spec().ToString(), ")"));
+  }
+  b.offsets = sharding.ShardOffsets(b.global, rank);
+  return b;
+}
+
+}  // namespace
+
+absl::StatusOr<Executor::CompiledOp> Executor::CompileRandom(const v1::Op& op,
+                                                             const std::vector<Tensor*>& in,
+                                                             const std::vector<Tensor*>& out) {
+  switch (op.kind()) {
+    case v1::OP_RANDOM_INIT: {
+      if (absl::Status s = OpArity(op, 0, 1); !s.ok()) return s;
+      Tensor* y = out[0];
+      if (op.dims().empty() && y->num_elements() != 1) {
+        return absl::InvalidArgumentError("OP_RANDOM_INIT: dims (the global shape) unset");
+      }
+      absl::StatusOr<Block> block = BlockOf(op, *y, v1::DTYPE_F32, options_.mesh, options_.rank);
+      if (!block.ok()) return block.status();
+      const std::string fn = op.fn();
+      if (fn != "zeros" && fn != "ones" && fn != "normal" && fn != "truncated_normal") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("OP_RANDOM_INIT: unknown fn '", fn,
+                         "'; allowed: zeros, ones, normal, truncated_normal"));
+      }
+      if (op.key_size() != 2) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("OP_RANDOM_INIT: key has ", op.key_size(), " words; expected 2"));
+      }
+      const PRNGKey key{op.key(0), op.key(1)};
+      const float scale = op.scale();
+      const int kind = fn == "zeros" ? 0 : fn == "ones" ? 1 : fn == "normal" ? 2 : 3;
+      return CompiledOp([y, b = *block, key, kind, scale](const RunContext&) {
+        const int64_t n = NumElements(b.global);
+        float* o = y->data<float>();
+        ForEachGlobalIndex(b, y->dims(), [&](int64_t i, int64_t flat) {
+          switch (kind) {
+            case 0:
+              o[i] = 0.0f;
+              break;
+            case 1:
+              o[i] = 1.0f;
+              break;
+            case 2:
+              o[i] = NormalAt(key, n, flat, scale);
+              break;
+            default:
+              o[i] = TruncatedNormalAt(key, n, flat, scale);
+          }
+        });
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_RANDOM_BITS: {
+      if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;
+      const Tensor* key = in[0];
+      Tensor* y = out[0];
+      if (absl::Status s = RequireKey(op, *key); !s.ok()) return s;
+      absl::StatusOr<Block> block = BlockOf(op, *y, v1::DTYPE_U32, options_.mesh, options_.rank);
+      if (!block.ok()) return block.status();
+      const std::string fn = op.fn().empty() ? "legacy" : op.fn();
+      if (fn != "legacy" && fn != "partitionable" && fn != "split") {
+        return absl::InvalidArgumentError(absl::StrCat("OP_RANDOM_BITS: unknown fn '", fn,
+                                                       "'; allowed: legacy, partitionable, split"));
+      }
+      if (fn == "split" && (block->global.empty() || block->global.back() != 2)) {
+        return absl::InvalidArgumentError(absl::StrCat("OP_RANDOM_BITS split: global shape ",
+                                                       DimsToString(block->global),
+                                                       " does not end in 2 (a key's words)"));
+      }
+      const bool whole = block->global == y->dims();
+      return CompiledOp([key, y, b = *block, fn, whole](const RunContext&) {
+        const PRNGKey k = KeyOf(*key);
+        uint32_t* o = y->data<uint32_t>();
+        if (fn == "legacy" && whole) {
+          RandomBits(k, y->num_elements(), o);  // vectorised
+        } else if (fn == "legacy") {
+          const int64_t n = NumElements(b.global);
+          ForEachGlobalIndex(b, y->dims(),
+                             [&](int64_t i, int64_t flat) { o[i] = RandomBitsAt(k, n, flat); });
+        } else if (fn == "partitionable") {
+          ForEachGlobalIndex(b, y->dims(),
+                             [&](int64_t i, int64_t flat) { o[i] = PartitionableBitsAt(k, flat); });
+        } else {
+          ForEachGlobalIndex(b, y->dims(), [&](int64_t i, int64_t flat) {
+            o[i] = PartitionableSplitWordAt(k, flat / 2, static_cast<int>(flat % 2));
+          });
+        }
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_DROPOUT_MASK: {
+      if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;
+      const Tensor* key = in[0];
+      Tensor* y = out[0];
+      if (absl::Status s = RequireKey(op, *key); !s.ok()) return s;
+      if (y->dtype() != v1::DTYPE_F32) return OpOutputMismatch(op, *y, "f32");
+      const float rate = op.rate();
+      if (!(rate >= 0.0f && rate < 1.0f)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("dropout rate ", rate, ": expected 0 <= rate < 1"));
+      }
+      // The random words of a step are drawn into a buffer of the op's own, kept across steps.
+      auto bits = std::make_shared<std::vector<uint32_t>>(y->num_elements());
+      return CompiledOp([key, y, rate, bits](const RunContext&) {
+        RandomBits(KeyOf(*key), y->num_elements(), bits->data());
+        const float keep = 1.0f - rate, scale = 1.0f / keep;
+        float* m = y->data<float>();
+        for (int64_t i = 0; i < y->num_elements(); ++i)
+          m[i] = BitsToUnitFloat((*bits)[i]) < keep ? scale : 0.0f;
+        return absl::OkStatus();
+      });
+    }
+    case v1::OP_FOLD_IN: {
+      if (absl::Status s = OpArity(op, 2, 1); !s.ok()) return s;
+      const Tensor* key = in[0];
+      const Tensor* data = in[1];
+      Tensor* y = out[0];
+      if (absl::Status s = RequireKey(op, *key); !s.ok()) return s;
+      if (y->dtype() != v1::DTYPE_U32 || y->num_elements() != 2 || data->num_elements() != 1) {
+        return absl::InvalidArgumentError(
+            "fold_in takes a u32[2] key and a scalar, and returns a u32[2] key");
+      }
+      return CompiledOp([key, data, y](const RunContext&) {
+        // The data word: an integer's bits (jnp.uint32(data)); an f32 holding an integer.
+        const uint32_t d = data->dtype() == v1::DTYPE_F32
+                               ? static_cast<uint32_t>(static_cast<int64_t>(GetAsDouble(*data, 0)))
+                           : data->dtype() == v1::DTYPE_I32
+                               ? static_cast<uint32_t>(data->data<int32_t>()[0])
+                               : static_cast<uint32_t>(GetAsDouble(*data, 0));
+        const PRNGKey r = FoldIn(KeyOf(*key), d);
+        y->data<uint32_t>()[0] = r[0];
+        y->data<uint32_t>()[1] = r[1];
+        return absl::OkStatus();
+      });
+    }
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("not a random op: ", v1::OpKind_Name(op.kind())));
+  }
+}
+
+}  // namespace meshrun
