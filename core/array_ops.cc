@@ -136,6 +136,27 @@ void Slice(const Tensor& x, const std::vector<int64_t>& starts, Tensor& out) {
   Gather(x, xs, base, out);
 }
 
+void UpdateSlice(const Tensor& update, const std::vector<int64_t>& starts, Tensor& out) {
+  const size_t rank = out.dims().size();
+  const size_t elem = DTypeSize(out.dtype());
+  if (update.num_elements() == 0) return;
+  const char* src = static_cast<const char*>(update.raw());
+  char* dst = static_cast<char*>(out.raw());
+  if (rank == 0) {
+    std::memcpy(dst, src, elem);
+    return;
+  }
+  // Row by row along the last dim.
+  const std::vector<int64_t> os = Strides(out.dims());
+  const int64_t row = update.dims()[rank - 1];
+  const Dims lead(update.dims().begin(), update.dims().end() - 1);
+  ForEachIndex(lead, NumElements(lead), [&](int64_t i, const std::vector<int64_t>& idx) {
+    int64_t offset = starts[rank - 1];
+    for (size_t d = 0; d + 1 < rank; ++d) offset += (starts[d] + idx[d]) * os[d];
+    std::memcpy(dst + offset * elem, src + i * row * elem, row * elem);
+  });
+}
+
 double GetAsDouble(const Tensor& x, int64_t i) {
   switch (x.dtype()) {
     case v1::DTYPE_F32:

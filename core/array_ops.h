@@ -26,6 +26,10 @@ void Concatenate(const std::vector<const Tensor*>& inputs, int64_t dim, Tensor& 
 // out = the block of x starting at `starts` with out's dims (any dtype). REQUIRES: in range.
 void Slice(const Tensor& x, const std::vector<int64_t>& starts, Tensor& out);
 
+// The block of out starting at `starts` with update's dims = update (one dtype); the rest of out
+// is kept. REQUIRES: in range.
+void UpdateSlice(const Tensor& update, const std::vector<int64_t>& starts, Tensor& out);
+
 // out = x converted to out's dtype (f32, bf16 round-to-nearest-even, i32 and u32 truncating).
 void Convert(const Tensor& x, Tensor& out);
 

@@ -439,6 +439,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
     case v1::OP_FUSED_ELEMENTWISE:
     case v1::OP_SELECT:
     case v1::OP_BITCAST_CONVERT:
+    case v1::OP_DYNAMIC_SLICE_ND:
+    case v1::OP_DYNAMIC_UPDATE_SLICE:
       return CompileGeneral(op, in, out);
     default:
       if (op.kind() >= v1::OP_PSUM) return CompileCollective(op, in, out);

@@ -55,7 +55,61 @@ absl::StatusOr<int64_t> DynamicSliceBlock(const Tensor& x, const Tensor& index, 
   return i;
 }
 
+// The starts of a dynamic slice of `size` out of `dims`, read from `starts` (one scalar each)
+// and clamped to [0, dim - size] as XLA does.
+std::vector<int64_t> ClampedStarts(const std::vector<const Tensor*>& starts, const Dims& dims,
+                                   const Dims& size) {
+  std::vector<int64_t> out(dims.size());
+  for (size_t d = 0; d < dims.size(); ++d) {
+    const int64_t s = static_cast<int64_t>(GetAsDouble(*starts[d], 0));
+    out[d] = std::clamp<int64_t>(s, 0, dims[d] - size[d]);
+  }
+  return out;
+}
+
 }  // namespace
+
+absl::StatusOr<Executor::CompiledOp> Executor::CompileDynamicSlice(
+    const v1::Op& op, const std::vector<Tensor*>& in, const std::vector<Tensor*>& out) {
+  const bool update = op.kind() == v1::OP_DYNAMIC_UPDATE_SLICE;
+  const int first_start = update ? 2 : 1;
+  const Tensor* x = in.empty() ? nullptr : in[0];
+  if (x == nullptr || op.outputs_size() != 1 ||
+      op.inputs_size() != first_start + static_cast<int>(x->dims().size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        v1::OpKind_Name(op.kind()), " takes ", update ? "x, update" : "x",
+        " and one start per dim of x, and one output; got ", op.inputs_size(), " inputs"));
+  }
+  std::vector<const Tensor*> starts(in.begin() + first_start, in.end());
+  for (const Tensor* s : starts) {
+    if (s->num_elements() != 1)
+      return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), ": a start is ",
+                                                     DimsToString(s->dims()),
+                                                     "; expected a scalar"));
+  }
+  Tensor* y = out[0];
+  const Tensor* block = update ? in[1] : y;  // the block's dims
+  bool ok = block->dims().size() == x->dims().size() && block->dtype() == x->dtype();
+  for (size_t d = 0; ok && d < x->dims().size(); ++d) ok = block->dims()[d] <= x->dims()[d];
+  if (!ok || (update && (y->dims() != x->dims() || y->dtype() != x->dtype()))) {
+    return OpOutputMismatch(
+        op, *y,
+        absl::StrCat("a block of ", DTypeName(x->dtype()), DimsToString(x->dims()), " (",
+                     update ? "the update's dims" : "at most its dims", ")"));
+  }
+  if (!update) {
+    return CompiledOp([x, y, starts](const RunContext&) {
+      Slice(*x, ClampedStarts(starts, x->dims(), y->dims()), *y);
+      return absl::OkStatus();
+    });
+  }
+  return CompiledOp([x, block, y, starts](const RunContext&) {
+    const std::vector<int64_t> at = ClampedStarts(starts, x->dims(), block->dims());
+    if (x->raw() != y->raw()) std::memcpy(y->raw(), x->raw(), x->size_bytes());
+    UpdateSlice(*block, at, *y);
+    return absl::OkStatus();
+  });
+}
 
 std::optional<Executor::CompiledOp> Executor::CompileView(const v1::Op& op, const Tensor* x,
                                                           Tensor* y) {
@@ -358,6 +412,9 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
         return absl::OkStatus();
       });
     }
+    case v1::OP_DYNAMIC_SLICE_ND:
+    case v1::OP_DYNAMIC_UPDATE_SLICE:
+      return CompileDynamicSlice(op, in, out);
     case v1::OP_IOTA: {
       if (absl::Status s = OpArity(op, 0, 1); !s.ok()) return s;
       Tensor* y = out[0];

@@ -45,6 +45,10 @@ JitBuilder::Scope::Scope(JitBuilder* b, v1::GlobalOp::Kind kind) : b_(b) {
 }
 
 JitBuilder::Scope& JitBuilder::Scope::Operands(std::initializer_list<Value> values) {
+  return Operands(std::vector<Value>(values));
+}
+
+JitBuilder::Scope& JitBuilder::Scope::Operands(const std::vector<Value>& values) {
   if (op != nullptr)
     for (Value v : values) op->add_operands(v.id);
   return *this;

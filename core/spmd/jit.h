@@ -149,6 +149,14 @@ class JitBuilder {
   // jax.lax.slice(x, starts, limits) (unit strides): each dim cut to [starts[d], limits[d]). A
   // dim cut short is all_gathered first; whole dims keep their layout. Not differentiable.
   Value Slice(Value x, const std::vector<int64_t>& starts, const std::vector<int64_t>& limits);
+  // jax.lax.dynamic_slice(x, starts, sizes): one scalar start value per dim (an integer, or an
+  // f32 holding one), clamped to [0, dim - size] as XLA does. A dim cut short is gathered; whole
+  // dims keep their layout. Not differentiated by Grad (a jaxpr carries its transpose).
+  Value DynamicSlice(Value x, const std::vector<Value>& starts, const Dims& sizes);
+  // jax.lax.dynamic_update_slice(x, update, starts): x with the block at the (clamped) starts
+  // replaced by update (x's dtype and rank). Dims the update covers whole keep x's layout; the
+  // others are gathered. Not differentiated by Grad.
+  Value DynamicUpdateSlice(Value x, Value update, const std::vector<Value>& starts);
   // jnp.transpose(x, perm): the output's dim i is x's dim perm[i]; the layout is permuted alike.
   Value Transpose(Value x, const std::vector<int64_t>& perm);
   // x[index] along dim 0 (a static index; dim 0 is all_gathered first if it is sharded), as a
@@ -258,6 +266,7 @@ class JitBuilder {
     Scope& operator=(const Scope&) = delete;
     // Adds value operands (nested calls: nothing).
     Scope& Operands(std::initializer_list<Value> values);
+    Scope& Operands(const std::vector<Value>& values);
     v1::GlobalOp* op = nullptr;
 
    private:
@@ -321,6 +330,10 @@ class JitBuilder {
   State Resolve(const State& s, const PartitionSpec& target, const std::string& reason);
   // Completes pending partial results, keeping the layout.
   State Complete(const State& s, const std::string& reason) { return Resolve(s, s.spec, reason); }
+  // Scalar values (a dynamic slice's starts) replicated on every device; an error for a shaped
+  // one.
+  std::vector<ShardMapBuilder::Value> ReplicatedScalars(const std::vector<Value>& vs,
+                                                        const std::string& what);
   State ApplyReshards(State s, const std::vector<spmd::Reshard>& reshards,
                       const std::string& reason);
   // BroadcastInDim (`out_spec` set) and BroadcastInDimPropagated (null).

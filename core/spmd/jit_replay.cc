@@ -68,6 +68,16 @@ absl::StatusOr<std::unique_ptr<JitBuilder>> JitBuilder::FromGlobalProgram(
       case v1::GlobalOp::FOLD_IN:
         if (arity = need(2); arity.ok()) jit->FoldIn(in[0], in[1]);
         break;
+      case v1::GlobalOp::DYNAMIC_SLICE:
+        if (arity = need(1, false); arity.ok())
+          jit->DynamicSlice(in[0], std::vector<JitBuilder::Value>(in.begin() + 1, in.end()),
+                            Dims(op.shape().begin(), op.shape().end()));
+        break;
+      case v1::GlobalOp::DYNAMIC_UPDATE_SLICE:
+        if (arity = need(2, false); arity.ok())
+          jit->DynamicUpdateSlice(in[0], in[1],
+                                  std::vector<JitBuilder::Value>(in.begin() + 2, in.end()));
+        break;
       case v1::GlobalOp::BITCAST_CONVERT:
         if (arity = need(1); arity.ok()) jit->BitcastConvert(in[0], op.dtype());
         break;

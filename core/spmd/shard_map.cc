@@ -378,6 +378,42 @@ ShardMapBuilder::Value ShardMapBuilder::BitcastConvert(Value x, DType dtype) {
   return Add(MakeOp(v1::OP_BITCAST_CONVERT, {Name(x)}), dtype, shape(x));
 }
 
+ShardMapBuilder::Value ShardMapBuilder::DynamicSlice(Value x, const std::vector<Value>& starts,
+                                                     const Dims& sizes) {
+  if (!Valid(x)) return {};
+  for (Value s : starts)
+    if (!Valid(s)) return {};
+  const Dims dims = shape(x);
+  bool ok = starts.size() == dims.size() && sizes.size() == dims.size();
+  for (size_t d = 0; ok && d < dims.size(); ++d)
+    ok = sizes[d] >= 0 && sizes[d] <= dims[d] && NumElements(shape(starts[d])) == 1;
+  if (!Check(ok, absl::StrCat("dynamic_slice ", DimsToString(sizes), " of ", DimsToString(dims),
+                              " with ", starts.size(), " scalar starts")))
+    return {};
+  std::vector<std::string> inputs = {Name(x)};
+  for (Value s : starts) inputs.push_back(Name(s));
+  return Add(MakeOp(v1::OP_DYNAMIC_SLICE_ND, inputs), dtype(x), sizes);
+}
+
+ShardMapBuilder::Value ShardMapBuilder::DynamicUpdateSlice(Value x, Value update,
+                                                           const std::vector<Value>& starts) {
+  if (!Valid(x) || !Valid(update)) return {};
+  for (Value s : starts)
+    if (!Valid(s)) return {};
+  const Dims dims = shape(x), block = shape(update);
+  bool ok =
+      starts.size() == dims.size() && block.size() == dims.size() && dtype(x) == dtype(update);
+  for (size_t d = 0; ok && d < dims.size(); ++d)
+    ok = block[d] <= dims[d] && NumElements(shape(starts[d])) == 1;
+  if (!Check(ok, absl::StrCat("dynamic_update_slice of ", DTypeName(dtype(update)),
+                              DimsToString(block), " into ", DTypeName(dtype(x)),
+                              DimsToString(dims), " with ", starts.size(), " scalar starts")))
+    return {};
+  std::vector<std::string> inputs = {Name(x), Name(update)};
+  for (Value s : starts) inputs.push_back(Name(s));
+  return Add(MakeOp(v1::OP_DYNAMIC_UPDATE_SLICE, inputs), dtype(x), dims);
+}
+
 ShardMapBuilder::Value ShardMapBuilder::Slice(Value x, const std::vector<int64_t>& starts,
                                               const Dims& sizes) {
   if (!Valid(x)) return {};

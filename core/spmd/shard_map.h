@@ -93,6 +93,11 @@ class ShardMapBuilder {
   // lax.dynamic_slice_in_dim(x, index * size, size, axis=dim), index an i32 scalar value (e.g.
   // AxisIndex): the seed's shard_params keeps this device's slice this way.
   Value DynamicSliceInDim(Value x, Value index, int64_t size, int64_t dim);
+  // jax.lax.dynamic_slice(x, starts, sizes): one scalar start value per dim of x, clamped to
+  // [0, dim - size] where it runs.
+  Value DynamicSlice(Value x, const std::vector<Value>& starts, const Dims& sizes);
+  // jax.lax.dynamic_update_slice(x, update, starts), the starts clamped as DynamicSlice's.
+  Value DynamicUpdateSlice(Value x, Value update, const std::vector<Value>& starts);
   // lax.broadcasted_iota(dtype, dims, dim).
   Value Iota(DType dtype, const Dims& dims, int64_t dim);
   // jax.random.bits(key, dims) as u32, under jax_threefry_partitionable=False.

@@ -20,7 +20,6 @@ inline void SetAxes(v1::Op& op, const std::vector<std::string>& axes) {
   for (const auto& a : axes) op.add_axis_names(a);
 }
 
-
 }  // namespace meshrun::shard_map_internal
 
 #endif  // MESHRUN_CORE_SPMD_SHARD_MAP_INTERNAL_H_

@@ -252,8 +252,8 @@ int64_t ReductionBytesPerDevice(const Reduction& r, const std::vector<int64_t>& 
                                 const PartitionSpec& spec, const Mesh& mesh, int dtype_bytes) {
   const int64_t n = GroupSize(r.axes, mesh);
   // The ring moves one 1/n chunk per step: 2(n-1) steps for psum, n-1 for psum_scatter.
-  const int64_t total = (r.kind == Reduction::kPsum ? 2 : 1) * (n - 1) *
-                        LocalBytes(shape, spec, mesh, dtype_bytes);
+  const int64_t total =
+      (r.kind == Reduction::kPsum ? 2 : 1) * (n - 1) * LocalBytes(shape, spec, mesh, dtype_bytes);
   return (total + n - 1) / n;
 }
 

@@ -51,6 +51,8 @@ SUPPORTED = {
     "concatenate": "CONCATENATE (the dim unsharded)",
     "pad": "SLICE / CONCATENATE with the padding value (no interior padding)",
     "split": "SLICEs",
+    "dynamic_slice": "DYNAMIC_SLICE (starts clamped; a dim cut short is gathered)",
+    "dynamic_update_slice": "DYNAMIC_UPDATE_SLICE (starts clamped; dims not covered whole gathered)",
     "gather": "one-hot SELECT and REDUCE sum, or a one-hot DOT_GENERAL for rows (take_along_axis, "
               "jnp.take of rows, one index)",
     "scatter-add": "the transposes of those gathers",

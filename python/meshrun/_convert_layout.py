@@ -64,6 +64,18 @@ class _Layout:
                 return [x]
             vid = self.emit(G.SLICE, [x], dims=list(p["start_indices"]), shape=list(p["limit_indices"]))
             return [_V(vid, out_shape, x.dtype, x.store)]
+        if name == "dynamic_slice":
+            x, starts = ins[0], ins[1:]
+            if tuple(out_shape) == x.shape:
+                return [x]
+            vid = self.emit(G.DYNAMIC_SLICE, [x] + list(starts), shape=list(p["slice_sizes"]))
+            return [_V(vid, out_shape, x.dtype, x.store)]
+        if name == "dynamic_update_slice":
+            x, update, starts = ins[0], ins[1], ins[2:]
+            if update.store != x.store:
+                update = _V(self.emit(G.CONVERT, [update], dtype=x.store), update.shape, x.dtype, x.store)
+            vid = self.emit(G.DYNAMIC_UPDATE_SLICE, [x, update] + list(starts))
+            return [_V(vid, x.shape, x.dtype, x.store)]
         if name == "transpose":
             (x,) = ins
             perm = list(p["permutation"])

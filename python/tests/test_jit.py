@@ -340,3 +340,33 @@ def test_shard_map_data_parallel_and_fsdp_steps_match_jax(cluster):
                 np.testing.assert_allclose(float(np.asarray(got)), float(want), rtol=1e-5)
         for k in params:
             np.testing.assert_allclose(np.asarray(ours[k]), np.asarray(ref[k]), rtol=1e-5, atol=1e-6)
+
+
+def test_dynamic_slices_and_updates_with_traced_starts_and_their_gradients_match_jax(cluster):
+    """lax.dynamic_slice / dynamic_update_slice with starts computed in the step (clamped as XLA
+    clamps them), the seed's minibatch slicing in a scan, and their transposes under jax.grad."""
+
+    def fn(x, w, k):
+        def loss(w):
+            def body(acc, i):
+                mb = jax.lax.dynamic_slice_in_dim(x, i * 4, 4, axis=0)  # the seed's minibatches
+                return acc + jnp.sum(jnp.tanh(mb @ w) ** 2), None
+
+            total, _ = jax.lax.scan(body, 0.0, jnp.arange(4))
+            return total
+
+        g = jax.grad(loss)(w)
+        clamped = jax.lax.dynamic_slice(x, (k + 14, k - 3), (4, 3))  # both starts clamped
+        upd = jax.lax.dynamic_update_slice(w, jnp.ones((2, 8), jnp.float32) * k, (k, 0))
+        return loss(w), g, clamped, upd
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(16, 6)).astype(np.float32)
+    w = rng.normal(size=(6, 8)).astype(np.float32)
+    k = np.int32(2)
+    ref = jax.jit(fn)(x, w, k)
+    ours = cluster.jit(fn, in_shardings=(P("data"), P(None, "model"), P()),
+                       out_shardings=(P(), P(None, "model"), P(), P(None, "model")))(
+        cluster.device_put(x, P("data")), cluster.device_put(w, P(None, "model")), k)
+    for o, r in zip(ours, ref):
+        np.testing.assert_allclose(np.asarray(o), np.asarray(r), rtol=1e-5, atol=1e-5)  # sums reordered

@@ -54,6 +54,36 @@ TEST(ArrayOpsTest, TransposeMatchesTheReferenceForEveryPermutation) {
   }
 }
 
+// dynamic_update_slice's copy: the block at `starts` is the update's, the rest x's, in f32 and
+// bf16 (4- and 2-byte elements), and for a scalar.
+TEST(ArrayOpsTest, UpdateSliceWritesTheBlockAndKeepsTheRest) {
+  const Dims dims = {4, 6, 5};
+  for (DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
+    for (const auto& [starts, sizes] : std::vector<std::pair<std::vector<int64_t>, Dims>>{
+             {{1, 0, 0}, {1, 6, 5}}, {{0, 2, 1}, {4, 3, 3}}, {{3, 5, 4}, {1, 1, 1}}}) {
+      Tensor out = Iota(dtype, dims);
+      Tensor update(dtype, sizes);
+      for (int64_t i = 0; i < update.num_elements(); ++i) SetFromDouble(update, i, -1.0 - i);
+      UpdateSlice(update, starts, out);
+      for (int64_t i = 0; i < out.num_elements(); ++i) {
+        const std::vector<int64_t> c = Coords(i, dims);
+        bool inside = true;
+        std::vector<int64_t> in(c.size());
+        for (size_t d = 0; d < c.size(); ++d) {
+          in[d] = c[d] - starts[d];
+          inside = inside && in[d] >= 0 && in[d] < sizes[d];
+        }
+        const double want = inside ? -1.0 - Flat(in, sizes) : static_cast<double>(i % 251);
+        ASSERT_EQ(GetAsDouble(out, i), want) << "element " << i;
+      }
+    }
+  }
+  Tensor scalar(v1::DTYPE_F32, {}), one(v1::DTYPE_F32, {});
+  one.data<float>()[0] = 7.0f;
+  UpdateSlice(one, {}, scalar);
+  EXPECT_EQ(scalar.data<float>()[0], 7.0f);
+}
+
 TEST(ArrayOpsTest, SliceAndBroadcastMatchTheReference) {
   const Dims dims = {4, 6, 33};
   const Tensor x = Iota(v1::DTYPE_F32, dims);
