@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing (Debian packages), builds meshrun (Release) and runs
-# every test with CTest. .ci/run calls exactly this. Usage: bash scripts/test.sh
+# every test with CTest, then the Python SDK's pytest suite. .ci/run calls exactly this.
+# Usage: bash scripts/test.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -13,4 +14,6 @@ CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWit
 cmake --build build-fuzz -j "$(nproc)" --target worker_fuzz coordinator_fuzz
 ctest --test-dir build-fuzz --output-on-failure -R _fuzz -j 2
 bash scripts/python-env.sh build
-ctest --test-dir build --output-on-failure --timeout 600 -j 2
+# The Python SDK's pytest suite (CTest's e2e_python_sdk) runs after the rest, on its own.
+ctest --test-dir build --output-on-failure --timeout 600 -j 2 -E '^e2e_python_sdk$'
+bash scripts/python-sdk-test.sh build

@@ -81,6 +81,8 @@ class Converter(_Regions, _Layout, _Random):
         self._manual_depth = 0  # > 0 inside a shard_map body
         self._int_scalars = {}  # (value, dtype) -> integer constant (meshrun._convert_random)
         self._hints = []  # per jaxpr being run: {var: spec entries} wanted (backward_hints)
+        self._layouts = {}  # value id -> spec entries it is known to be laid out as
+        self.out_entries = []  # the results' layouts, after convert()
 
     def where(self, eqn):
         """The user's file:line of an equation; inside a library's nested jit (jnp.cumsum's), the
@@ -155,8 +157,13 @@ class Converter(_Regions, _Layout, _Random):
         for shape, dtype, entries in args:
             store = F32 if _is_bool(dtype) else _sharding.dtype_to_proto(dtype)
             vid = self.emit(G.INPUT, dtype=store, shape=list(shape), spec=_sharding.spec_to_proto(entries))
+            self._layouts[vid] = tuple(entries)
             ins.append(_V(vid, shape, dtype, store))
         outs = self.run(closed.jaxpr, list(closed.consts), ins, list(out_entries))
+        # An unspecified out_sharding: the layout the value is known to have (an argument's, a
+        # shard_map's out_specs, a sharding constraint's), as jax.jit keeps it; else replicated.
+        out_entries = [self._layouts.get(v.id, ()) if e is None else e for v, e in zip(outs, out_entries)]
+        self.out_entries = out_entries
         for v, entries in zip(outs, out_entries):
             want = _sharding.dtype_to_proto(v.dtype) if not _is_bool(v.dtype) else F32
             if v.store != want:
@@ -200,7 +207,9 @@ class Converter(_Regions, _Layout, _Random):
 
         def read(var):
             if type(var).__name__ == "Literal":
-                return self.const(var.val)
+                # Typed as the jaxpr types it (a Python 0 is a weak i32, not numpy's i64).
+                dtype = getattr(var.aval, "dtype", None)
+                return self.const(np.asarray(var.val, dtype=dtype) if dtype is not None else var.val)
             return env[var]
 
         for eqn in jaxpr.eqns:

@@ -113,6 +113,7 @@ class _Layout:
             spec = getattr(sharding, "spec", sharding)
             entries = _sharding.normalize_spec(spec, self.mesh)
             vid = self.emit(G.CONSTRAINT, [x], spec=_sharding.spec_to_proto(entries))
+            self._layouts[vid] = entries
             return [_V(vid, x.shape, x.dtype, x.store)]
         return None
 

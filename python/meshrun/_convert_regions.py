@@ -65,6 +65,7 @@ class _Regions:
         for v, spec, var in zip(outs, out_specs, eqn.outvars):
             entries = _sharding.normalize_spec(spec, self.mesh)
             vid = self.emit(G.SHARD_MAP_EXIT, [v], spec=_sharding.spec_to_proto(entries))
+            self._layouts[vid] = entries
             results.append(_V(vid, tuple(var.aval.shape), v.dtype, v.store))
         return results
 

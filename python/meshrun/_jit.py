@@ -6,7 +6,9 @@ On the first call for given argument shapes, dtypes and shardings, `fun` is trac
 jax.make_jaxpr on abstract values (nothing is computed locally) and converted (meshrun._convert);
 the coordinator partitions the program (sharding propagation, with_sharding_constraint, the
 collectives) and caches it by its bytes; later calls reuse both. Results are meshrun.Array pytrees
-that stay on the cluster.
+that stay on the cluster. A result with no out_sharding keeps the layout it is known to have (an
+argument's, a shard_map's out_specs, a with_sharding_constraint's), as jax.jit keeps a computed
+sharding; any other is replicated.
 """
 import time
 
@@ -117,12 +119,13 @@ class Jitted:
         out_avals = [jax.ShapeDtypeStruct(*_convert.aval_of(a)) for a in out_avals]
         mesh = self._cluster.mesh
         if self._out_shardings is None:
-            out_entries = [() for _ in out_avals]
+            out_entries = [None for _ in out_avals]  # the converter's known layouts, or replicated
         else:
             out_entries = [_sharding.normalize_spec(s, mesh)
                            for s in _tree.flat_specs(self._out_shardings, out_shape)]
         conv = _convert.Converter(mesh)
         program, consts = conv.convert(closed, [(a.shape, a.dtype, a._entries) for a in arrays], out_entries)
+        out_entries = conv.out_entries
         const_ids = [self._cluster._put(c, None).id for c in consts]
         return _Compiled(program, const_ids, out_treedef, out_avals, out_entries,
                          time.perf_counter() - start)
