@@ -35,9 +35,13 @@ def fashion_mnist(n):
     return images.astype(np.float32) / 255.0, labels.astype(np.int32)
 
 
-def test_seed_001_data_parallel_training_matches_jax(cluster8):
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_seed_001_data_parallel_training_matches_jax(cluster8, dtype):
+    """In f32, and in bf16 as the seed configures it (bf16 compute, f32 parameters and
+    optimizer state): bf16 products round differently from XLA's, so bf16 metrics agree to 2e-3."""
     steps, batch_size = 5, 128
-    model = DPClassifier(hidden_size=512, num_classes=10, dropout_rate=0.1, dtype=jnp.float32)
+    rtol = 1e-5 if dtype == jnp.float32 else 2e-3
+    model = DPClassifier(hidden_size=512, num_classes=10, dropout_rate=0.1, dtype=dtype)
     init_dp, train_step_dp = seed001_dp_functions(model, optax.adamw(learning_rate=1e-3), num_minibatches=4)
     mesh = Mesh(np.array(jax.devices()), ("data",))
     # The seed's two jitted shard_maps (jax.shard_map's check_vma is the seed's check_rep).
@@ -66,16 +70,21 @@ def test_seed_001_data_parallel_training_matches_jax(cluster8):
     for batch, ref in zip(batches, ref_metrics):
         state, m = step(state, zeros(), cluster8.device_put(batch, P("data")))
         m = jax.tree_util.tree_map(np.asarray, m)
+        np.testing.assert_allclose(m["loss"][0], ref["loss"][0], rtol=rtol)
+        assert abs(int(m["accuracy"][0]) - int(ref["accuracy"][0])) <= (0 if dtype == jnp.float32 else 2)
         for k in ("loss", "accuracy"):
-            np.testing.assert_allclose(m[k][0], ref[k][0], rtol=1e-5, err_msg=k)
             assert int(m[k][1]) == int(ref[k][1]) == batch_size
     # Dropout drew the same masks: the losses above would differ by far more otherwise. The
     # parameters, optimizer state and rng after the steps:
     np.testing.assert_array_equal(np.asarray(state.rng), np.asarray(ref_state.rng))
+    for ours, theirs in zip(jax.tree_util.tree_leaves(state), jax.tree_util.tree_leaves(ref_state)):
+        assert ours.dtype == theirs.dtype  # f32 masters and optimizer state under bf16 compute
     for ours, theirs in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)):
         # Within 5% of one AdamW step (lr 1e-3): where a gradient is near 0, Adam's m / sqrt(v)
-        # turns summation-order rounding into a visible part of a step.
-        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-4, atol=5e-5)
+        # turns summation-order rounding into a visible part of a step. In bf16 such a gradient's
+        # sign can flip: an element may then move a whole step (lr) the other way, each step.
+        atol = 5e-5 if dtype == jnp.float32 else 2 * 1e-3 * steps
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(theirs), rtol=1e-4, atol=atol)
 
 
 def test_seed_001_fsdp_training_matches_jax(cluster8):
