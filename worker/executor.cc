@@ -442,6 +442,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
     case v1::OP_DYNAMIC_SLICE_ND:
     case v1::OP_DYNAMIC_UPDATE_SLICE:
       return CompileGeneral(op, in, out);
+    case v1::OP_THREEFRY2X32:
+      return CompileRandom(op, in, out);
     default:
       if (op.kind() >= v1::OP_PSUM) return CompileCollective(op, in, out);
       if (op.kind() >= v1::OP_UNARY) return CompileGeneral(op, in, out);

@@ -116,8 +116,8 @@ class Executor {
   // OP_DYNAMIC_SLICE_ND and OP_DYNAMIC_UPDATE_SLICE (executor_general_ops.cc).
   absl::StatusOr<CompiledOp> CompileDynamicSlice(const v1::Op& op, const std::vector<Tensor*>& in,
                                                  const std::vector<Tensor*>& out);
-  // JAX's PRNG ops: OP_RANDOM_INIT, OP_RANDOM_BITS, OP_DROPOUT_MASK, OP_FOLD_IN
-  // (executor_random.cc).
+  // JAX's PRNG ops: OP_RANDOM_INIT, OP_RANDOM_BITS, OP_DROPOUT_MASK, OP_FOLD_IN,
+  // OP_THREEFRY2X32 (executor_random.cc).
   absl::StatusOr<CompiledOp> CompileRandom(const v1::Op& op, const std::vector<Tensor*>& in,
                                            const std::vector<Tensor*>& out);
   absl::StatusOr<CompiledOp> CompileAdamUpdate(const v1::Op& op, const std::vector<Tensor*>& in,

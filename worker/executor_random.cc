@@ -199,6 +199,37 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileRandom(const v1::Op& op,
         return absl::OkStatus();
       });
     }
+    case v1::OP_THREEFRY2X32: {
+      if (absl::Status s = OpArity(op, 4, 1); !s.ok()) return s;
+      Tensor* y = out[0];
+      const int64_t n = y->num_elements();
+      for (const Tensor* t : in) {
+        if (t->dtype() != v1::DTYPE_U32 || (t->num_elements() != n && t->num_elements() != 1) ||
+            y->dtype() != v1::DTYPE_U32) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("threefry2x32: operand ", DTypeName(t->dtype()), DimsToString(t->dims()),
+                           ", output ", DTypeName(y->dtype()), DimsToString(y->dims()),
+                           "; expected u32 operands of the output's shape or one element"));
+        }
+      }
+      if (op.dim() != 0 && op.dim() != 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("threefry2x32: word ", op.dim(), "; expected 0 or 1"));
+      }
+      const std::vector<const Tensor*> args(in.begin(), in.end());
+      const int word = static_cast<int>(op.dim());
+      return CompiledOp([args, y, word](const RunContext&) {
+        const auto at = [](const Tensor* t, int64_t i) {
+          return t->data<uint32_t>()[t->num_elements() == 1 ? 0 : i];
+        };
+        uint32_t* o = y->data<uint32_t>();
+        for (int64_t i = 0; i < y->num_elements(); ++i) {
+          o[i] = Threefry2x32(PRNGKey{at(args[0], i), at(args[1], i)}, at(args[2], i),
+                              at(args[3], i))[word];
+        }
+        return absl::OkStatus();
+      });
+    }
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("not a random op: ", v1::OpKind_Name(op.kind())));

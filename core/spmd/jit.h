@@ -93,6 +93,9 @@ class JitBuilder {
   // Laid out as `spec`: each device draws only its block, with the whole array's values.
   Value RandomBits(Value key, const Dims& global_dims, const std::string& fn,
                    const PartitionSpec& spec = PartitionSpec());
+  // Word `word` (0 or 1) of JAX's threefry2x32 primitive: k0, k1, x0, x1 u32 values of one
+  // shape or scalars (replicated), laid out as the first shaped one. Not differentiable.
+  Value Threefry2x32(Value k0, Value k1, Value x0, Value x1, int word);
   // jax.lax.broadcasted_iota(dtype, global_dims, dim), laid out as `spec` (each device counts
   // its own block). Not differentiable.
   Value Iota(DType dtype, const Dims& global_dims, int64_t dim,

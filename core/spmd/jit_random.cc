@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/spmd/jit.h"
 
 namespace meshrun {
@@ -64,6 +65,38 @@ JitBuilder::Value JitBuilder::RandomBits(Value key, const Dims& global_dims, con
   s.spec = spec;
   s.local = sm_.RandomBitsBlock(k.local, global_dims, spec, fn);
   return Push(std::move(s), Node(Node::kConstant));
+}
+
+JitBuilder::Value JitBuilder::Threefry2x32(Value k0, Value k1, Value x0, Value x1, int word) {
+  Scope rec(this, v1::GlobalOp::THREEFRY2X32);
+  rec.Operands({k0, k1, x0, x1});
+  if (rec.op != nullptr) rec.op->set_index(word);
+  const std::vector<Value> args = {k0, k1, x0, x1};
+  for (Value v : args)
+    if (!Valid(v)) return {};
+  const State* lead = nullptr;  // the first shaped operand: the others follow its layout
+  for (Value v : args) {
+    if (!values_[v.id].global.empty()) {
+      lead = &values_[v.id];
+      break;
+    }
+  }
+  std::vector<ShardMapBuilder::Value> local;
+  for (Value v : args) {
+    const State& s = values_[v.id];
+    if (!Check(s.global.empty() || s.global == lead->global,
+               absl::StrCat("threefry2x32: operand shapes (", absl::StrJoin(s.global, ", "),
+                            ") and (", absl::StrJoin(lead->global, ", "), ") differ")))
+      return {};
+    local.push_back(
+        Resolve(s, s.global.empty() ? PartitionSpec() : lead->spec, "threefry2x32").local);
+  }
+  State out;
+  out.dtype = v1::DTYPE_U32;
+  out.global = lead == nullptr ? Dims{} : lead->global;
+  out.spec = lead == nullptr ? PartitionSpec() : lead->spec;
+  out.local = sm_.Threefry2x32(local[0], local[1], local[2], local[3], word);
+  return Push(std::move(out), Node(Node::kConstant));
 }
 
 }  // namespace meshrun

@@ -106,6 +106,9 @@ class ShardMapBuilder {
   // "legacy", "partitionable" or "split" (OP_RANDOM_BITS).
   Value RandomBitsBlock(Value key, const Dims& global_dims, const PartitionSpec& spec,
                         const std::string& fn);
+  // Word `word` (0 or 1) of JAX's threefry2x32(k0, k1, x0, x1), element-wise: u32 operands of
+  // one shape or one element each.
+  Value Threefry2x32(Value k0, Value k1, Value x0, Value x1, int word);
   // flax's dropout mask (f32 `dims`): 1/(1-rate) where bernoulli(key, 1-rate) keeps, else 0.
   Value DropoutMask(Value key, const Dims& dims, float rate);
   Value Full(DType dtype, const Dims& dims, double value);

@@ -34,6 +34,29 @@ ShardMapBuilder::Value ShardMapBuilder::RandomBitsBlock(Value key, const Dims& g
   return Add(std::move(op), v1::DTYPE_U32, sharding.ShardDims(global_dims));
 }
 
+ShardMapBuilder::Value ShardMapBuilder::Threefry2x32(Value k0, Value k1, Value x0, Value x1,
+                                                     int word) {
+  const std::vector<Value> args = {k0, k1, x0, x1};
+  for (Value v : args)
+    if (!Valid(v)) return {};
+  Dims out = shape(x0);  // the first operand of more than one element's shape
+  for (Value v : args) {
+    if (NumElements(shape(v)) != 1) {
+      out = shape(v);
+      break;
+    }
+  }
+  for (Value v : args) {
+    if (!Check(dtype(v) == v1::DTYPE_U32 && (shape(v) == out || NumElements(shape(v)) == 1),
+               absl::StrCat("threefry2x32: operand ", DTypeName(dtype(v)), DimsToString(shape(v)),
+                            "; expected u32 of shape ", DimsToString(out), " or one element")))
+      return {};
+  }
+  v1::Op op = MakeOp(v1::OP_THREEFRY2X32, {Name(k0), Name(k1), Name(x0), Name(x1)});
+  op.set_dim(word);
+  return Add(std::move(op), v1::DTYPE_U32, out);
+}
+
 ShardMapBuilder::Value ShardMapBuilder::DropoutMask(Value key, const Dims& dims, float rate) {
   if (!Valid(key)) return {};
   if (!Check(dtype(key) == v1::DTYPE_U32 && NumElements(shape(key)) == 2,

@@ -33,6 +33,7 @@ SUPPORTED_RANDOM = {
     "random_unwrap": "none", "random_clone": "none",
     "random_bits": "RANDOM_BITS (32 bits; partitionable or legacy threefry; each device its block)",
     "random_split": "RANDOM_BITS split", "random_fold_in": "FOLD_IN",
+    "threefry2x32": "THREEFRY2X32 (one op per output word)",
     "bitcast_convert_type": "BITCAST_CONVERT (f32, i32, u32)",
     "shift_left": "BINARY (integers)", "shift_right_logical": "BINARY (integers)",
     "shift_right_arithmetic": "BINARY (integers)", "xor": "BINARY (integers)",
@@ -163,6 +164,12 @@ class _Random:
         if name == "erf_inv":
             x = ins[0] if ins[0].store == F32 else self.f32(ins[0])
             return [_V(self.emit(G.UNARY, [x], fn="erf_inv"), x.shape, out_dtype, F32)]
+        if name == "threefry2x32":
+            args = [self.as_int(v, var, np.dtype(np.uint32)) for v, var in zip(ins, eqn.invars)]
+            shape = tuple(out_shape)
+            if any(a.shape not in ((), shape) for a in args):
+                self._unsupported(name, eqn, f"operand shapes {[a.shape for a in args]}")
+            return [_V(self.emit(G.THREEFRY2X32, args, index=w), shape, np.uint32, U32) for w in (0, 1)]
         if name == "random_seed":
             return [self._random_seed(ins[0], eqn)]
         if name in ("random_bits", "random_split"):

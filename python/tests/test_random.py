@@ -74,6 +74,18 @@ def test_random_draws_and_bit_operations_equal_jaxs(cluster):
     assert (("data",), ("model",)) in specs, specs
 
 
+def test_threefry2x32_equals_jaxs(cluster):
+    import jax.extend as jex
+
+    key = np.array([7, 42], np.uint32)
+    counts = np.arange(40, dtype=np.uint32).reshape(8, 5) * np.uint32(2654435761)
+    fn = lambda k, c: jex.random.threefry_2x32(k, c.ravel()).reshape(c.shape)
+    ref = jax.jit(fn)(key, counts)
+    ours = cluster.jit(fn, in_shardings=(P(), P("data")))(cluster.device_put(key, P()),
+                                                           cluster.device_put(counts, P("data")))
+    np.testing.assert_array_equal(np.asarray(ours), np.asarray(ref))
+
+
 def test_seed_000_mlp_initialised_on_the_cluster_equals_jaxs_init(cluster):
     mesh = emulated_mesh()
     model = MLP(num_layers=2, depth=64)
