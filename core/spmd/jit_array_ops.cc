@@ -218,6 +218,29 @@ JitBuilder::Value JitBuilder::Slice(Value x, const std::vector<int64_t>& starts,
   return Push(std::move(s), Node(Node::kConstant));  // no gradient flows back (yet)
 }
 
+JitBuilder::Value JitBuilder::Cumulative(Value x, const std::string& fn, int64_t dim,
+                                         bool reverse) {
+  Scope rec(this, v1::GlobalOp::CUMULATIVE);
+  rec.Operands({x});
+  if (rec.op != nullptr) {
+    rec.op->set_fn(fn);
+    rec.op->set_index(dim);
+    rec.op->set_value(reverse ? 1.0f : 0.0f);
+  }
+  if (!Valid(x)) return {};
+  const State& sx = values_[x.id];
+  if (!Check(dim >= 0 && dim < static_cast<int64_t>(sx.global.size()),
+             absl::StrCat("cumulative ", fn, " along dim ", dim, " of (",
+                          absl::StrJoin(sx.global, ", "), ")")))
+    return {};
+  std::vector<PartitionSpec::Entry> entries = sx.spec.Padded(sx.global.size());
+  entries[dim].clear();  // the scanned dim whole on each device
+  State s = Resolve(sx, PartitionSpec(entries), "cumulative");
+  s.local = sm_.Cumulative(s.local, fn, dim, reverse);
+  s.spec = PartitionSpec(entries);
+  return Push(std::move(s), Node(Node::kConstant));
+}
+
 std::vector<ShardMapBuilder::Value> JitBuilder::ReplicatedScalars(const std::vector<Value>& vs,
                                                                   const std::string& what) {
   std::vector<ShardMapBuilder::Value> out;

@@ -78,6 +78,10 @@ absl::StatusOr<std::unique_ptr<JitBuilder>> JitBuilder::FromGlobalProgram(
           jit->DynamicUpdateSlice(in[0], in[1],
                                   std::vector<JitBuilder::Value>(in.begin() + 2, in.end()));
         break;
+      case v1::GlobalOp::CUMULATIVE:
+        if (arity = need(1); arity.ok())
+          jit->Cumulative(in[0], op.fn(), op.index(), op.value() != 0.0f);
+        break;
       case v1::GlobalOp::THREEFRY2X32:
         if (arity = need(4); arity.ok())
           jit->Threefry2x32(in[0], in[1], in[2], in[3], static_cast<int>(op.index()));

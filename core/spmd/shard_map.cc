@@ -369,6 +369,21 @@ ShardMapBuilder::Value ShardMapBuilder::Convert(Value x, DType dtype) {
   return Add(MakeOp(v1::OP_CONVERT, {Name(x)}), dtype, shape(x));
 }
 
+ShardMapBuilder::Value ShardMapBuilder::Cumulative(Value x, const std::string& fn, int64_t dim,
+                                                   bool reverse) {
+  if (!Valid(x)) return {};
+  if (!Check(dim >= 0 && dim < static_cast<int64_t>(shape(x).size()),
+             absl::StrCat("cumulative ", fn, " along dim ", dim, " of ", DimsToString(shape(x)))))
+    return {};
+  const DType original = dtype(x);
+  x = ToF32(x);
+  v1::Op op = MakeOp(v1::OP_CUMULATIVE, {Name(x)});
+  op.set_fn(fn);
+  op.set_dim(dim);
+  op.set_tiled(reverse);
+  return Restore(Add(std::move(op), dtype(x), shape(x)), original);
+}
+
 ShardMapBuilder::Value ShardMapBuilder::BitcastConvert(Value x, DType dtype) {
   if (!Valid(x)) return {};
   if (!Check(DTypeSize(dtype) == DTypeSize(this->dtype(x)) && DTypeSize(dtype) == 4,

@@ -98,6 +98,9 @@ class ShardMapBuilder {
   Value DynamicSlice(Value x, const std::vector<Value>& starts, const Dims& sizes);
   // jax.lax.dynamic_update_slice(x, update, starts), the starts clamped as DynamicSlice's.
   Value DynamicUpdateSlice(Value x, Value update, const std::vector<Value>& starts);
+  // jax.lax.cumsum / cumprod / cummax / cummin (fn sum prod max min) of x along `dim`, from its
+  // end when `reverse`; computed in f32.
+  Value Cumulative(Value x, const std::string& fn, int64_t dim, bool reverse);
   // lax.broadcasted_iota(dtype, dims, dim).
   Value Iota(DType dtype, const Dims& dims, int64_t dim);
   // jax.random.bits(key, dims) as u32, under jax_threefry_partitionable=False.

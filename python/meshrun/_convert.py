@@ -51,6 +51,9 @@ SUPPORTED = {
     "concatenate": "CONCATENATE (the dim unsharded)",
     "pad": "SLICE / CONCATENATE with the padding value (no interior padding)",
     "split": "SLICEs",
+    **{k: f"CUMULATIVE {k[3:]} (the dim gathered)" for k in ("cumsum", "cumprod", "cummax", "cummin")},
+    "cond": "every branch inlined, SELECTs by the index (lax.cond, lax.switch)",
+    "empty2": "CONSTANT 0 (a cond branch's placeholder residual)", "empty": "CONSTANT 0",
     "dynamic_slice": "DYNAMIC_SLICE (starts clamped; a dim cut short is gathered)",
     "dynamic_update_slice": "DYNAMIC_UPDATE_SLICE (starts clamped; dims not covered whole gathered)",
     "gather": "one-hot SELECT and REDUCE sum, or a one-hot DOT_GENERAL for rows (take_along_axis, "

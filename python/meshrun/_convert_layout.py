@@ -64,6 +64,12 @@ class _Layout:
                 return [x]
             vid = self.emit(G.SLICE, [x], dims=list(p["start_indices"]), shape=list(p["limit_indices"]))
             return [_V(vid, out_shape, x.dtype, x.store)]
+        if name in ("cumsum", "cumprod", "cummax", "cummin"):
+            (x,) = ins
+            if x.store not in (F32, BF16):
+                x = self.f32(x)
+            vid = self.emit(G.CUMULATIVE, [x], fn=name[3:], index=int(p["axis"]), value=1.0 if p.get("reverse") else 0.0)
+            return [_V(vid, x.shape, out_dtype, x.store)]
         if name == "dynamic_slice":
             x, starts = ins[0], ins[1:]
             if tuple(out_shape) == x.shape:

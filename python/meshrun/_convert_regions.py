@@ -31,6 +31,12 @@ class _Regions:
                 self._sites.pop()
         if name == "scan":
             return self._scan(eqn, p, ins)
+        if name == "cond":
+            return self._cond(eqn, p, ins)
+        if name in ("empty", "empty2"):  # a cond branch's placeholder for another's residual
+            shape = tuple(eqn.outvars[0].aval.shape)
+            vid = self.emit(G.CONSTANT, value=0.0, shape=list(shape))
+            return [_V(vid, shape, np.dtype(eqn.outvars[0].aval.dtype), F32)]
         if name == "shard_map":
             return self._shard_map(name, eqn, p, ins)
         if name in _MANUAL:
@@ -42,6 +48,27 @@ class _Regions:
             vid = self.emit(G.AXIS_INDEX, axes=list(axes))
             return [_V(vid, (), np.int32, I32)]
         return None
+
+    def _cond(self, eqn, p, ins):
+        """lax.cond / lax.switch: every branch runs (they are pure) and the index selects each
+        result (SELECT), as a vectorised cond does; the index is clamped as lax.switch clamps it."""
+        index, operands = ins[0], ins[1:]
+        self._sites.append(self.where(eqn))
+        try:
+            results = [self.run(getattr(b, "jaxpr", b), list(getattr(b, "consts", [])), list(operands))
+                       for b in p["branches"]]
+        finally:
+            self._sites.pop()
+        outs = list(results[0])
+        for i, branch in enumerate(results[1:], start=1):
+            # index >= i picks branch i over those before it (the last wins: the clamp).
+            pred = self.binary("ge", index, self.scalar(float(i)))
+            for k, v in enumerate(branch):
+                a = outs[k]
+                if a.store not in (F32, BF16) or v.store != a.store:
+                    self._unsupported("cond", eqn, f"a {a.dtype} result (f32 and bf16 only)")
+                outs[k] = _V(self.emit(G.SELECT, [pred, a, v]), a.shape, a.dtype, a.store)
+        return outs
 
     def _shard_map(self, name, eqn, p, ins):
         """jax.shard_map: operands laid out as in_specs enter the body as this device's blocks; the

@@ -387,5 +387,27 @@ TEST(BinaryKernelTest, NextafterStepsOneUlpTowardsTheOtherOperand) {
   EXPECT_EQ(out.data<float>()[2], -std::numeric_limits<float>::denorm_min());
 }
 
+// jax.lax.cumsum / cumprod / cummax / cummin along a middle dim, forwards and reversed.
+TEST(CumulativeKernelTest, ScansAlongItsDimInEitherDirection) {
+  Tensor x(v1::DTYPE_F32, {2, 3, 2}), y(v1::DTYPE_F32, {2, 3, 2});
+  const float xv[] = {1, -2, 3, 4, -5, 6, 2, 2, 0.5f, -1, 3, 1};
+  std::copy(xv, xv + 12, x.data<float>());
+  const auto run = [&](const std::string& fn, bool reverse) {
+    auto k = CreateCumulative(fn, 1, reverse, x, y);
+    EXPECT_TRUE(k.ok()) << k.status();
+    if (k.ok()) {
+      EXPECT_TRUE((*k)->Run().ok());
+    }
+    return std::vector<float>(y.data<float>(), y.data<float>() + 12);
+  };
+  EXPECT_EQ(run("sum", false), (std::vector<float>{1, -2, 4, 2, -1, 8, 2, 2, 2.5f, 1, 5.5f, 2}));
+  EXPECT_EQ(run("sum", true), (std::vector<float>{-1, 8, -2, 10, -5, 6, 5.5f, 2, 3.5f, 0, 3, 1}));
+  EXPECT_EQ(run("max", false), (std::vector<float>{1, -2, 3, 4, 3, 6, 2, 2, 2, 2, 3, 2}));
+  EXPECT_EQ(run("min", true), (std::vector<float>{-5, -2, -5, 4, -5, 6, 0.5f, -1, 0.5f, -1, 3, 1}));
+  EXPECT_EQ(run("prod", false), (std::vector<float>{1, -2, 3, -8, -15, -48, 2, 2, 1, -2, 3, -2}));
+  EXPECT_FALSE(CreateCumulative("logsumexp", 1, false, x, y).ok());
+  EXPECT_FALSE(CreateCumulative("sum", 3, false, x, y).ok());
+}
+
 }  // namespace
 }  // namespace meshrun

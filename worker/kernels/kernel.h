@@ -89,6 +89,12 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
 
 // out = fn of x over the dims where out has size 1 (oneDNN reduction), f32, same rank.
 // fn: sum mean max min.
+// y = the cumulative fn (sum, prod, max or min) of x along `dim`, from its end when `reverse`
+// (jax.lax.cumsum / cumprod / cummax / cummin), f32, one shape. A loop (oneDNN has no scan).
+// Errors: InvalidArgument naming an unknown fn, a dtype, shape or dim.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateCumulative(const std::string& fn, int64_t dim,
+                                                         bool reverse, const Tensor& x, Tensor& y);
+
 absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, const Tensor& x,
                                                      Tensor& out);
 
