@@ -415,6 +415,13 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
     case v1::OP_DYNAMIC_SLICE_ND:
     case v1::OP_DYNAMIC_UPDATE_SLICE:
       return CompileDynamicSlice(op, in, out);
+    case v1::OP_SORT: {
+      if (absl::Status s = OpArity(op, -1, 1); !s.ok()) return s;
+      auto k = CreateSort(std::vector<const Tensor*>(in.begin(), in.end()), op.dim(),
+                          op.sort_keys(), op.sort_result(), *out[0]);
+      if (!k.ok()) return k.status();
+      return FromKernel(std::move(k));
+    }
     case v1::OP_CUMULATIVE: {
       if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;
       auto k = CreateCumulative(op.fn(), op.dim(), op.tiled(), *in[0], *out[0]);

@@ -156,6 +156,10 @@ class JitBuilder {
   // end when `reverse`: `dim` is gathered, the others keep their layout. Not differentiated by
   // Grad (a jaxpr carries its transpose, a reverse cumsum).
   Value Cumulative(Value x, const std::string& fn, int64_t dim, bool reverse);
+  // Operand `result` of jax.lax.sort(operands, dimension=dim, is_stable=True, num_keys):
+  // operands of one global shape (f32, i32, u32), the sorted dim gathered, the others laid out
+  // as the first operand's. Not differentiable (a jaxpr carries its transpose).
+  Value Sort(const std::vector<Value>& operands, int64_t dim, int num_keys, int result);
   // jax.lax.dynamic_slice(x, starts, sizes): one scalar start value per dim (an integer, or an
   // f32 holding one), clamped to [0, dim - size] as XLA does. A dim cut short is gathered; whole
   // dims keep their layout. Not differentiated by Grad (a jaxpr carries its transpose).

@@ -241,6 +241,40 @@ JitBuilder::Value JitBuilder::Cumulative(Value x, const std::string& fn, int64_t
   return Push(std::move(s), Node(Node::kConstant));
 }
 
+JitBuilder::Value JitBuilder::Sort(const std::vector<Value>& operands, int64_t dim, int num_keys,
+                                   int result) {
+  Scope rec(this, v1::GlobalOp::SORT);
+  rec.Operands(operands);
+  if (rec.op != nullptr) {
+    rec.op->set_index(dim);
+    rec.op->add_dims(num_keys);
+    rec.op->add_dims(result);
+  }
+  for (Value v : operands)
+    if (!Valid(v)) return {};
+  if (!Check(!operands.empty() && result >= 0 && result < static_cast<int>(operands.size()),
+             absl::StrCat("sort: result ", result, " of ", operands.size(), " operands")))
+    return {};
+  const State& first = values_[operands[0].id];
+  bool ok = dim >= 0 && dim < static_cast<int64_t>(first.global.size());
+  for (Value v : operands) ok = ok && values_[v.id].global == first.global;
+  if (!Check(ok, absl::StrCat("sort along dim ", dim, " of (", absl::StrJoin(first.global, ", "),
+                              "): expected operands of that one shape")))
+    return {};
+  std::vector<PartitionSpec::Entry> entries = first.spec.Padded(first.global.size());
+  entries[dim].clear();  // the sorted dim whole on each device
+  std::vector<ShardMapBuilder::Value> local;
+  State s;
+  for (size_t i = 0; i < operands.size(); ++i) {
+    State r = Resolve(values_[operands[i].id], PartitionSpec(entries), "sort");
+    local.push_back(r.local);
+    if (static_cast<int>(i) == result) s = std::move(r);
+  }
+  s.local = sm_.Sort(local, dim, num_keys, result);
+  s.spec = PartitionSpec(entries);
+  return Push(std::move(s), Node(Node::kConstant));
+}
+
 std::vector<ShardMapBuilder::Value> JitBuilder::ReplicatedScalars(const std::vector<Value>& vs,
                                                                   const std::string& what) {
   std::vector<ShardMapBuilder::Value> out;

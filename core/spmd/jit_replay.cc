@@ -78,6 +78,13 @@ absl::StatusOr<std::unique_ptr<JitBuilder>> JitBuilder::FromGlobalProgram(
           jit->DynamicUpdateSlice(in[0], in[1],
                                   std::vector<JitBuilder::Value>(in.begin() + 2, in.end()));
         break;
+      case v1::GlobalOp::SORT:
+        if (arity = need(1, false); arity.ok() && op.dims_size() == 2)
+          jit->Sort(in, op.index(), static_cast<int>(op.dims(0)), static_cast<int>(op.dims(1)));
+        else if (arity.ok())
+          arity =
+              absl::InvalidArgumentError(absl::StrCat(where, ": dims (num_keys, result) unset"));
+        break;
       case v1::GlobalOp::CUMULATIVE:
         if (arity = need(1); arity.ok())
           jit->Cumulative(in[0], op.fn(), op.index(), op.value() != 0.0f);

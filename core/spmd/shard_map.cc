@@ -384,6 +384,27 @@ ShardMapBuilder::Value ShardMapBuilder::Cumulative(Value x, const std::string& f
   return Restore(Add(std::move(op), dtype(x), shape(x)), original);
 }
 
+ShardMapBuilder::Value ShardMapBuilder::Sort(const std::vector<Value>& operands, int64_t dim,
+                                             int num_keys, int result) {
+  for (Value v : operands)
+    if (!Valid(v)) return {};
+  bool ok = !operands.empty() && num_keys >= 1 && num_keys <= static_cast<int>(operands.size()) &&
+            result >= 0 && result < static_cast<int>(operands.size());
+  for (size_t i = 0; ok && i < operands.size(); ++i)
+    ok = shape(operands[i]) == shape(operands[0]) && DTypeSize(dtype(operands[i])) == 4;
+  ok = ok && dim >= 0 && dim < static_cast<int64_t>(shape(operands[0]).size());
+  if (!Check(ok, absl::StrCat("sort along dim ", dim, " of ", operands.size(), " operands, ",
+                              num_keys, " keys: expected 4-byte operands of one shape")))
+    return {};
+  std::vector<std::string> inputs;
+  for (Value v : operands) inputs.push_back(Name(v));
+  v1::Op op = MakeOp(v1::OP_SORT, inputs);
+  op.set_dim(dim);
+  op.set_sort_keys(num_keys);
+  op.set_sort_result(result);
+  return Add(std::move(op), dtype(operands[result]), shape(operands[0]));
+}
+
 ShardMapBuilder::Value ShardMapBuilder::BitcastConvert(Value x, DType dtype) {
   if (!Valid(x)) return {};
   if (!Check(DTypeSize(dtype) == DTypeSize(this->dtype(x)) && DTypeSize(dtype) == 4,

@@ -101,6 +101,9 @@ class ShardMapBuilder {
   // jax.lax.cumsum / cumprod / cummax / cummin (fn sum prod max min) of x along `dim`, from its
   // end when `reverse`; computed in f32.
   Value Cumulative(Value x, const std::string& fn, int64_t dim, bool reverse);
+  // Operand `result` of jax.lax.sort(operands, dimension=dim, num_keys) (stable): operands of
+  // one shape, f32, i32 or u32.
+  Value Sort(const std::vector<Value>& operands, int64_t dim, int num_keys, int result);
   // lax.broadcasted_iota(dtype, dims, dim).
   Value Iota(DType dtype, const Dims& dims, int64_t dim);
   // jax.random.bits(key, dims) as u32, under jax_threefry_partitionable=False.

@@ -4,7 +4,7 @@ scatter-adds as one-hot selections."""
 import numpy as np
 
 from meshrun import _sharding
-from meshrun._ir import BF16, F32, G, I32, _V, _is_int
+from meshrun._ir import BF16, F32, G, I32, U32, _V, _is_int
 from meshrun.v1 import common_pb2
 
 
@@ -64,6 +64,12 @@ class _Layout:
                 return [x]
             vid = self.emit(G.SLICE, [x], dims=list(p["start_indices"]), shape=list(p["limit_indices"]))
             return [_V(vid, out_shape, x.dtype, x.store)]
+        if name == "sort":
+            keys = int(p["num_keys"])
+            if any(v.store not in (F32, I32, U32) for v in ins):
+                self._unsupported(name, eqn, "operands other than f32, i32, u32")
+            return [_V(self.emit(G.SORT, ins, index=int(p["dimension"]), dims=[keys, k]), v.shape, v.dtype, v.store)
+                    for k, v in enumerate(ins)]
         if name in ("cumsum", "cumprod", "cummax", "cummin"):
             (x,) = ins
             if x.store not in (F32, BF16):

@@ -95,6 +95,14 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
 absl::StatusOr<std::unique_ptr<Kernel>> CreateCumulative(const std::string& fn, int64_t dim,
                                                          bool reverse, const Tensor& x, Tensor& y);
 
+// y = operand `result` of `operands` (f32, i32 or u32, y's shape) permuted along `dim` as
+// jax.lax.sort(operands, dimension=dim, is_stable=True, num_keys) permutes it: a stable sort by
+// the first num_keys operands, lexicographically, floats in lax's total order (NaNs last).
+// Errors: InvalidArgument naming a dtype, shape, dim or key count.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateSort(const std::vector<const Tensor*>& operands,
+                                                   int64_t dim, int num_keys, int result,
+                                                   Tensor& y);
+
 absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, const Tensor& x,
                                                      Tensor& out);
 
