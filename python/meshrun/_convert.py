@@ -53,6 +53,7 @@ SUPPORTED = {
     "split": "SLICEs",
     **{k: f"CUMULATIVE {k[3:]} (the dim gathered)" for k in ("cumsum", "cumprod", "cummax", "cummin")},
     "sort": "SORT per result (stable; the sorted dim gathered)",
+    "top_k": "SORT of -x with an IOTA, SLICEd to k (the last axis)",
     "cond": "every branch inlined, SELECTs by the index (lax.cond, lax.switch)",
     "empty2": "CONSTANT 0 (a cond branch's placeholder residual)", "empty": "CONSTANT 0",
     "dynamic_slice": "DYNAMIC_SLICE (starts clamped; a dim cut short is gathered)",

@@ -70,6 +70,22 @@ class _Layout:
                 self._unsupported(name, eqn, "operands other than f32, i32, u32")
             return [_V(self.emit(G.SORT, ins, index=int(p["dimension"]), dims=[keys, k]), v.shape, v.dtype, v.store)
                     for k, v in enumerate(ins)]
+        if name == "top_k":  # a stable ascending sort of -x: the largest first, ties by index
+            (x,) = ins
+            k, dim = int(p["k"]), len(x.shape) - 1
+            if int(p.get("axis", dim)) % max(len(x.shape), 1) != dim:
+                self._unsupported(name, eqn, "an axis other than the last")
+            x = self.f32(x) if x.store not in (F32,) else x
+            neg = self.unary("neg", x)
+            iota = _V(self.emit(G.IOTA, dtype=I32, shape=list(x.shape), index=dim), x.shape, np.int32, I32)
+            starts, limits = [0] * len(x.shape), list(x.shape[:-1]) + [k]
+            outs = []
+            for r, (v, dtype) in enumerate(((neg, out_dtype), (iota, np.dtype(np.int32)))):
+                sorted_ = _V(self.emit(G.SORT, [neg, iota], index=dim, dims=[1, r]), x.shape, v.dtype, v.store)
+                part = _V(self.emit(G.SLICE, [sorted_], dims=starts, shape=limits), tuple(limits), dtype, v.store)
+                outs.append(part)
+            outs[0] = _V(self.unary("neg", outs[0]).id, outs[0].shape, out_dtype, F32)
+            return outs
         if name in ("cumsum", "cumprod", "cummax", "cummin"):
             (x,) = ins
             if x.store not in (F32, BF16):
