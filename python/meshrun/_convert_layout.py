@@ -58,11 +58,22 @@ class _Layout:
             return [self._pad(name, eqn, ins[0], ins[1], p["padding_config"], out_dtype)]
         if name == "slice":
             (x,) = ins
-            if p.get("strides") not in (None, ()) and any(st != 1 for st in p["strides"]):
-                self._unsupported(name, eqn, "strides other than 1")
+            strides = list(p.get("strides") or [1] * len(x.shape))
+            starts, limits = list(p["start_indices"]), list(p["limit_indices"])
             if tuple(out_shape) == x.shape:
                 return [x]
-            vid = self.emit(G.SLICE, [x], dims=list(p["start_indices"]), shape=list(p["limit_indices"]))
+            if any(st != 1 for st in strides):  # the unit-stride dims first, then each strided one
+                for d in range(len(strides)):
+                    if strides[d] != 1:
+                        starts[d], limits[d] = 0, x.shape[d]
+                if starts != [0] * len(starts) or limits != list(x.shape):
+                    shape = tuple(hi - lo for lo, hi in zip(starts, limits))
+                    x = _V(self.emit(G.SLICE, [x], dims=starts, shape=limits), shape, x.dtype, x.store)
+                for d, st in enumerate(strides):
+                    if st != 1:
+                        x = self._strided(x, d, int(p["start_indices"][d]), int(p["limit_indices"][d]), int(st))
+                return [_V(x.id, x.shape, out_dtype, x.store)]
+            vid = self.emit(G.SLICE, [x], dims=starts, shape=limits)
             return [_V(vid, out_shape, x.dtype, x.store)]
         if name == "sort":
             keys = int(p["num_keys"])
@@ -268,13 +279,64 @@ class _Layout:
         v = self.binary("add", self.f32(op), add)
         return _V(v.id, op.shape, out_dtype, F32)
 
+    def _reshaped(self, x, shape):
+        return _V(self.emit(G.RESHAPE, [x], shape=list(shape)), tuple(shape), x.dtype, x.store)
+
+    def _joined(self, parts, d):
+        """CONCATENATE along d (in f32 where the parts' stores differ)."""
+        if any(q.store != parts[0].store for q in parts):
+            parts = [self.f32(q) for q in parts]
+        shape = list(parts[0].shape)
+        shape[d] = sum(q.shape[d] for q in parts)
+        return _V(self.emit(G.CONCATENATE, parts, index=d), shape, parts[0].dtype, parts[0].store)
+
+    def _filled(self, value, like, shape):
+        """A block of `shape` filled with the scalar `value`, for `like`'s dim."""
+        fill = self.f32(value) if like.store == F32 else value
+        return _V(self.emit(G.BROADCAST_IN_DIM, [fill], shape=list(shape), dims=[]), tuple(shape), like.dtype,
+                  fill.store)
+
+    def _strided(self, x, d, start, limit, stride):
+        """x[start:limit:stride] along d: the range padded to a multiple of the stride, viewed as
+        [m, stride] (RESHAPE) and its first column kept."""
+        m = max(0, -(-(limit - start) // stride))
+        end = min(start + stride * m, x.shape[d])
+        starts, limits = [0] * len(x.shape), list(x.shape)
+        starts[d], limits[d] = start, end
+        shape = list(x.shape)
+        shape[d] = end - start
+        x = _V(self.emit(G.SLICE, [x], dims=starts, shape=limits), tuple(shape), x.dtype, x.store)
+        if shape[d] < stride * m:
+            tail = list(shape)
+            tail[d] = stride * m - shape[d]
+            x = self._joined([x, self._filled(self.scalar(0.0), x, tail)], d)
+        s = list(x.shape)
+        x = self._reshaped(x, s[:d] + [m, stride] + s[d + 1:])
+        first = s[:d] + [m, 1] + s[d + 1:]
+        x = _V(self.emit(G.SLICE, [x], dims=[0] * len(first), shape=first), tuple(first), x.dtype, x.store)
+        return self._reshaped(x, s[:d] + [m] + s[d + 1:])
+
+    def _interleaved(self, x, value, d, interior):
+        """x with `interior` copies of value between its elements along d (lax.pad's interior):
+        [n, 1] next to [n, interior] of the value, viewed as [n * (1 + interior)] and cut."""
+        s, n = list(x.shape), x.shape[d]
+        if n == 0:
+            return x
+        unit = self._reshaped(x, s[:d + 1] + [1] + s[d + 1:])
+        x = self._joined([unit, self._filled(value, x, s[:d + 1] + [interior] + s[d + 1:])], d + 1)
+        x = self._reshaped(x, s[:d] + [n * (1 + interior)] + s[d + 1:])
+        limits = list(x.shape)
+        limits[d] = n + (n - 1) * interior
+        return _V(self.emit(G.SLICE, [x], dims=[0] * len(s), shape=limits), tuple(limits), x.dtype, x.store)
+
     def _pad(self, name, eqn, x, value, config, out_dtype):
-        """lax.pad without interior padding: per dim, a slice for negative edges and a
+        """lax.pad: per dim, the interior padding interleaved, then a slice for negative edges and a
         concatenation with blocks of the padding value for positive ones."""
-        if any(interior != 0 for _, _, interior in config):
-            self._unsupported(name, eqn, "interior padding")
         if value.shape:
             self._unsupported(name, eqn, "a padding value that is not a scalar")
+        for d, (_, _, interior) in enumerate(config):
+            if interior:
+                x = self._interleaved(x, value, d, int(interior))
         for d, (lo, hi, _) in enumerate(config):
             if lo < 0 or hi < 0:
                 starts = [0] * len(x.shape)
@@ -292,14 +354,7 @@ class _Layout:
                 elif size > 0:
                     shape = list(x.shape)
                     shape[d] = size
-                    fill = self.f32(value) if x.store == F32 else value
-                    vid = self.emit(G.BROADCAST_IN_DIM, [fill], shape=shape, dims=[])
-                    parts.append(_V(vid, shape, x.dtype, F32))
+                    parts.append(self._filled(value, x, shape))
             if len(parts) > 1:
-                if any(q.store != x.store for q in parts):
-                    parts = [self.f32(q) for q in parts]
-                shape = list(x.shape)
-                shape[d] = sum(q.shape[d] for q in parts)
-                vid = self.emit(G.CONCATENATE, parts, index=d)
-                x = _V(vid, shape, x.dtype, parts[0].store)
+                x = self._joined(parts, d)
         return _V(x.id, x.shape, out_dtype, x.store)

@@ -448,25 +448,27 @@ def test_dynamic_slices_and_updates_with_traced_starts_and_their_gradients_match
 
 
 def test_cumulative_reductions_and_conds_with_their_gradients_match_jax(cluster):
-    """cumsum (its transpose a reverse cumsum) with its gradient, cumprod, cummax and cummin
-    along sharded dims (their JVPs take strided slices, which meshrun lacks); lax.cond on a
-    traced predicate and lax.switch (index clamped), with gradients through them."""
+    """cumsum (its transpose a reverse cumsum) with its gradient, cumprod, cummax and cummin along
+    sharded dims (their JVPs slice down to empty arrays, which meshrun lacks); lax.cond on a
+    traced predicate and lax.switch (index clamped), with gradients through them; strided slices
+    (x[1::3, ::2]) and a pad of one, with their transposes (interior padding) in the gradient."""
 
     def fn(x, p, i):
         def loss(x):
             c = jnp.cumsum(x, axis=0) + jax.lax.cumsum(x, axis=1, reverse=True)
+            c = c + jnp.pad(x[::2, 1::3], ((2, 2), (1, 7))) * 0.5  # back to [8, 12]
             c = jax.lax.cond(p > 0, lambda c: c * 2.0, lambda c: jnp.sin(c), c)
             return jnp.sum(jax.lax.switch(i, [lambda c: c, lambda c: c + 1.0, lambda c: jnp.tanh(c)], c) ** 2)
 
         return (loss(x), jax.grad(loss)(x), jnp.cumprod(x * 0.5, axis=1), jax.lax.cummin(x, axis=0, reverse=True),
-                jax.lax.cummax(x, axis=1))
+                jax.lax.cummax(x, axis=1), x[1::3, ::2] * 2.0)
 
     rng = np.random.default_rng(5)
     x = rng.normal(size=(8, 12)).astype(np.float32)
     specs = (P("data", "model"), P(), P())
     for p, i in ((1.0, 1), (-1.0, 2), (1.0, 7)):
         ref = jax.jit(fn)(x, np.float32(p), np.int32(i))
-        ours = cluster.jit(fn, in_shardings=specs, out_shardings=(P(), P("data", "model"), P("data"), P(), P()))(
+        ours = cluster.jit(fn, in_shardings=specs, out_shardings=(P(), P("data", "model"), P("data"), P(), P(), P()))(
             cluster.device_put(x, P("data", "model")), np.float32(p), np.int32(i))
         for o, r in zip(ours, ref):
             np.testing.assert_allclose(np.asarray(o), np.asarray(r), rtol=1e-5, atol=1e-5)
