@@ -45,6 +45,9 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address) {
 }
 
 void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
+  // A port is bound exclusively (gRPC sets SO_REUSEPORT by default on Linux, which would let a
+  // second worker bind a live worker's port and take its traffic).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kMaxFrameBytes);

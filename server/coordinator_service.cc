@@ -11,7 +11,8 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
     return grpc::Status(grpc::INVALID_ARGUMENT, "register: empty worker address");
   const absl::Time deadline =
       std::min(absl::FromChrono(ctx->deadline()), absl::Now() + absl::Seconds(120));
-  absl::StatusOr<v1::RegisterResponse> r = registry_->Register(*req, deadline);
+  absl::StatusOr<v1::RegisterResponse> r =
+      registry_->Register(*req, deadline, [ctx] { return ctx->IsCancelled(); });
   if (!r.ok()) return ToGrpcStatus(r.status());
   LOG(INFO) << "worker " << req->address() << " (pid " << req->pid() << ", " << req->hostname()
             << ") is rank " << r->rank();

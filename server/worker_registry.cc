@@ -27,8 +27,14 @@ int WorkerRegistry::RegisteredCountLocked() const {
   return n;
 }
 
-absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(const v1::RegisterRequest& req,
-                                                              absl::Time deadline) {
+void WorkerRegistry::ReleaseIfWaitingLocked(int rank, const std::string& address) {
+  if (RegisteredCountLocked() == expected()) return;  // the mesh formed: the rank is kept
+  if (workers_[rank].registered && workers_[rank].peer.address() == address)
+    workers_[rank] = Entry();
+}
+
+absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(
+    const v1::RegisterRequest& req, absl::Time deadline, const std::function<bool()>& cancelled) {
   absl::MutexLock lock(&mu_);
   int rank = -1;
   for (int r = 0; r < expected(); ++r) {
@@ -69,10 +75,16 @@ absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(const v1::Register
   }
   auto all = [this]()
                  ABSL_SHARED_LOCKS_REQUIRED(mu_) { return RegisteredCountLocked() == expected(); };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&all), deadline)) {
-    return absl::DeadlineExceededError(absl::StrCat("registered as rank ", rank, " but only ",
-                                                    RegisteredCountLocked(), " of ", expected(),
-                                                    " workers have joined"));
+  while (!mu_.AwaitWithDeadline(absl::Condition(&all),
+                                std::min(deadline, absl::Now() + absl::Milliseconds(100)))) {
+    const bool left = cancelled && cancelled();
+    if (!left && absl::Now() < deadline) continue;
+    const int joined = RegisteredCountLocked();
+    ReleaseIfWaitingLocked(rank, req.address());
+    const std::string why = absl::StrCat("registered as rank ", rank, " but only ", joined, " of ",
+                                         expected(), " workers have joined");
+    if (left) return absl::CancelledError(absl::StrCat(why, "; the worker left, its rank is free"));
+    return absl::DeadlineExceededError(why);
   }
   v1::RegisterResponse resp;
   resp.set_rank(rank);

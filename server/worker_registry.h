@@ -2,6 +2,7 @@
 #ifndef MESHRUN_SERVER_WORKER_REGISTRY_H_
 #define MESHRUN_SERVER_WORKER_REGISTRY_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,12 +25,16 @@ class WorkerRegistry {
   const std::string& cluster_id() const { return cluster_id_; }
   int expected() const { return mesh_.size(); }
 
-  // Registers a worker and blocks until every expected worker has registered or `deadline`
-  // passes. A worker that registers again from the same address keeps its rank.
-  // Errors: DeadlineExceeded saying how many workers are still missing; FailedPrecondition when
-  // the cluster is full or the requested rank is taken or out of range.
+  // Registers a worker and blocks until every expected worker has registered, `deadline` passes
+  // or `cancelled` (polled every 100 ms; the worker's call was cancelled: it left) returns true.
+  // A worker that registers again from the same address keeps its rank. A worker that gives up
+  // (deadline or cancellation) before the mesh is complete frees its rank, so a fresh worker can
+  // take it. Errors: DeadlineExceeded saying how many workers are still missing; Cancelled;
+  // FailedPrecondition when the cluster is full or the requested rank is taken (naming its
+  // holder) or out of range.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
-                                                absl::Time deadline);
+                                                absl::Time deadline,
+                                                const std::function<bool()>& cancelled = nullptr);
 
   // Records a heartbeat. Errors: NotFound for an unknown rank or another cluster's id.
   absl::Status Heartbeat(int rank, const std::string& cluster_id);
@@ -65,6 +70,9 @@ class WorkerRegistry {
     absl::Time last_heartbeat;
   };
   int RegisteredCountLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Frees `rank` if `address` still holds it and the mesh is incomplete (a worker that left).
+  void ReleaseIfWaitingLocked(int rank, const std::string& address)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Mesh mesh_;
   const std::string cluster_id_;

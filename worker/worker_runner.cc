@@ -106,7 +106,9 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   builder.RegisterService(&ring);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.host, ":", o.port));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", o.host, ":", o.port,
+        ": the port is held by another process (a live worker?) or the address is not local"));
   }
   const std::string address = absl::StrCat(advertise, ":", port);
   LOG(INFO) << "worker serving on " << address << ", joining coordinator " << o.coordinator;

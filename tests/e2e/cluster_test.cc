@@ -144,6 +144,34 @@ TEST(ClusterE2ETest, WorkerGivesUpOnAnAbsentCoordinatorWithAClearError) {
   EXPECT_LT(r.seconds, 10);
 }
 
+// Ports are bound exclusively: a second worker started on a live worker's port cannot take its
+// traffic (or, through re-registration from that address, its rank); it exits naming the port,
+// and the cluster still trains.
+TEST(ClusterE2ETest, ASecondWorkerOnALiveWorkersPortIsRefused) {
+  auto cluster = StartCluster("data=2");
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<v1::GetStatusResponse> status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->workers_size(), 2);
+  const std::string live = status->workers(1).peer().address();
+  const std::string port = live.substr(live.rfind(':') + 1);
+  auto r = RunCommand({ExecutableDir() + "/meshrun-worker",
+                       "--coordinator=" + cluster->coordinator_address(), "--host=127.0.0.1",
+                       "--port=" + port, "--join_timeout=5s", "--insecure", "--metrics_port=-1"},
+                      30);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, HasSubstr("cannot listen on 127.0.0.1:" + port));
+  EXPECT_THAT(r.output, HasSubstr("held by another process"));
+  JobConfig config;
+  config.train.max_steps = 3;
+  config.train.evaluate = false;
+  auto result = (*client)->Train(config);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->reports.back().step(), 3);
+}
+
 TEST(ClusterE2ETest, AWorkerDyingMidJobIsReportedByRankAndNothingHangs) {
   auto cluster = StartCluster("data=4");
   ASSERT_NE(cluster, nullptr);

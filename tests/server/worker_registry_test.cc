@@ -1,5 +1,6 @@
 #include "server/worker_registry.h"
 
+#include <atomic>
 #include <set>
 #include <thread>
 
@@ -53,6 +54,47 @@ TEST(WorkerRegistryTest, TimesOutSayingHowManyAreMissing) {
   // Registering again from the same address keeps the rank.
   r = reg.Register(Req("w0"), absl::Now() + absl::Milliseconds(10));
   EXPECT_THAT(r.status().message(), HasSubstr("registered as rank 0"));
+}
+
+// 3 of 4 workers join and leave (one by its deadline, two cancelled), then 4 fresh ones form the
+// mesh: a worker that gives up before the mesh is complete frees its rank.
+TEST(WorkerRegistryTest, WorkersThatLeaveAnIncompleteMeshFreeTheirRanks) {
+  WorkerRegistry reg(*Mesh::Parse("data=4"), "c1");
+  std::atomic<bool> leave{false};
+  std::vector<absl::StatusOr<v1::RegisterResponse>> early(3, absl::UnknownError("unset"));
+  std::vector<std::thread> threads;
+  threads.emplace_back(
+      [&] { early[0] = reg.Register(Req("gone0", 2), absl::Now() + absl::Milliseconds(200)); });
+  for (int i = 1; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      early[i] = reg.Register(Req("gone" + std::to_string(i)), absl::Now() + absl::Seconds(30),
+                              [&] { return leave.load(); });
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  leave = true;
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(early[0].status().code(), absl::StatusCode::kDeadlineExceeded) << early[0].status();
+  for (int i = 1; i < 3; ++i) {
+    EXPECT_EQ(early[i].status().code(), absl::StatusCode::kCancelled) << early[i].status();
+    EXPECT_THAT(early[i].status().message(), HasSubstr("its rank is free"));
+  }
+  threads.clear();
+  std::vector<absl::StatusOr<v1::RegisterResponse>> fresh(4, absl::UnknownError("unset"));
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      fresh[i] = reg.Register(Req("fresh" + std::to_string(i), i == 0 ? 2 : -1),
+                              absl::Now() + absl::Seconds(5));
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::set<int> ranks;
+  for (const auto& r : fresh) {
+    ASSERT_TRUE(r.ok()) << r.status();
+    ranks.insert(r->rank());
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(fresh[0]->rank(), 2) << "the rank the first leaver asked for is free again";
 }
 
 TEST(WorkerRegistryTest, RejectsAFullClusterAndTakenRanks) {
