@@ -130,13 +130,14 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   if (!credential_flag.ok()) return credential_flag.status();
   const std::string port_file = c->log_dir_ + "/coordinator.port";
   std::remove(port_file.c_str());
+  c->coordinator_binary_ = bin + "/meshrun-coordinator";
+  c->coordinator_args_ = {
+      absl::StrCat("--port=", o.port), absl::StrCat("--mesh=", o.mesh),
+      absl::StrCat("--port_file=", port_file),
+      absl::StrCat("--heartbeat_timeout=", absl::FormatDuration(o.heartbeat_timeout)),
+      *credential_flag};
   absl::StatusOr<pid_t> coord =
-      Spawn(bin + "/meshrun-coordinator",
-            {absl::StrCat("--mesh=", o.mesh), absl::StrCat("--port=", o.port),
-             absl::StrCat("--port_file=", port_file),
-             absl::StrCat("--heartbeat_timeout=", absl::FormatDuration(o.heartbeat_timeout)),
-             *credential_flag},
-            c->log_dir_ + "/coordinator.log");
+      Spawn(c->coordinator_binary_, c->coordinator_args_, c->log_dir_ + "/coordinator.log");
   if (!coord.ok()) return coord.status();
   c->coordinator_pid_ = *coord;
   const absl::Time deadline = absl::Now() + o.start_timeout;
@@ -158,6 +159,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     absl::SleepFor(absl::Milliseconds(20));
   }
   c->address_ = absl::StrCat("127.0.0.1:", port);
+  c->coordinator_args_[0] = absl::StrCat("--port=", port);  // a restart binds the same one
   const int workers = mesh->size();
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = o.compute_threads > 0 ? o.compute_threads : std::max(1, cores / workers);
@@ -189,6 +191,23 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
 }
 
 LocalCluster::~LocalCluster() { Stop().IgnoreError(); }
+
+absl::Status LocalCluster::RestartCoordinator() {
+  if (coordinator_pid_ > 0) {
+    kill(coordinator_pid_, SIGKILL);
+    WaitExit(coordinator_pid_, absl::Seconds(5));
+  }
+  absl::StatusOr<pid_t> coord =
+      Spawn(coordinator_binary_, coordinator_args_, log_dir_ + "/coordinator-restarted.log");
+  if (!coord.ok()) return coord.status();
+  coordinator_pid_ = *coord;
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(address_, absl::Seconds(30));
+  if (!client.ok()) {
+    return absl::UnavailableError(absl::StrCat("the restarted coordinator does not serve on ",
+                                               address_, ": ", client.status().message()));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status LocalCluster::Stop(absl::Duration grace) {
   if (stopped_) return absl::OkStatus();

@@ -15,7 +15,11 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, const Mesh& mesh
                      .Name("meshrun_worker_last_heartbeat_timestamp_seconds")
                      .Help("Unix time of each worker's last heartbeat.")
                      .Register(r)),
-      steps_(prometheus::BuildCounter().Name("meshrun_train_steps_total").Help("Global train steps run.").Register(r).Add({})),
+      steps_(prometheus::BuildCounter()
+                 .Name("meshrun_train_steps_total")
+                 .Help("Global train steps run.")
+                 .Register(r)
+                 .Add({})),
       samples_(prometheus::BuildCounter()
                    .Name("meshrun_train_samples_total")
                    .Help("Training examples processed, over all workers.")
@@ -41,7 +45,10 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, const Mesh& mesh
                               .Help("Time of one train step spent in collectives on one worker.")
                               .Register(r)
                               .Add({}, LatencyBuckets())),
-      jobs_(prometheus::BuildCounter().Name("meshrun_jobs_total").Help("Train jobs ended, by state.").Register(r)) {
+      jobs_(prometheus::BuildCounter()
+                .Name("meshrun_jobs_total")
+                .Help("Train jobs ended, by state.")
+                .Register(r)) {
   prometheus::BuildGauge()
       .Name("meshrun_mesh_devices")
       .Help("Devices (workers) in the coordinator's mesh.")
@@ -52,19 +59,24 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, const Mesh& mesh
                         .Name("meshrun_mesh_axis_size")
                         .Help("Size of each mesh axis: the group size of a collective over it.")
                         .Register(r);
-  for (int a = 0; a < mesh.num_axes(); ++a) axis_size.Add({{"axis", mesh.axis_name(a)}}).Set(mesh.axis_size(a));
+  for (int a = 0; a < mesh.num_axes(); ++a)
+    axis_size.Add({{"axis", mesh.axis_name(a)}}).Set(mesh.axis_size(a));
   jobs_.Add({{"state", "done"}});
   jobs_.Add({{"state", "failed"}});
 }
 
-void CoordinatorMetrics::OnRegistered(int registered_workers) { registered_.Set(registered_workers); }
+void CoordinatorMetrics::OnRegistered(int registered_workers) {
+  registered_.Set(registered_workers);
+}
 
 void CoordinatorMetrics::OnHeartbeat(int rank, absl::Time when) {
-  heartbeat_.Add({{"rank", absl::StrCat(rank)}}).Set(absl::ToDoubleSeconds(when - absl::UnixEpoch()));
+  heartbeat_.Add({{"rank", absl::StrCat(rank)}})
+      .Set(absl::ToDoubleSeconds(when - absl::UnixEpoch()));
 }
 
 void CoordinatorMetrics::OnSteps(int64_t steps, int64_t batch, double loss, double accuracy,
-                                 const std::vector<double>& step_seconds, const std::vector<double>& collective_seconds) {
+                                 const std::vector<double>& step_seconds,
+                                 const std::vector<double>& collective_seconds) {
   steps_.Increment(static_cast<double>(steps));
   samples_.Increment(static_cast<double>(steps * batch));
   loss_.Set(loss);
@@ -73,6 +85,8 @@ void CoordinatorMetrics::OnSteps(int64_t steps, int64_t batch, double loss, doub
   for (double s : collective_seconds) collective_seconds_.Observe(s);
 }
 
-void CoordinatorMetrics::OnJobEnded(bool ok) { jobs_.Add({{"state", ok ? "done" : "failed"}}).Increment(); }
+void CoordinatorMetrics::OnJobEnded(bool ok) {
+  jobs_.Add({{"state", ok ? "done" : "failed"}}).Increment();
+}
 
 }  // namespace meshrun

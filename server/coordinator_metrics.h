@@ -15,12 +15,12 @@ namespace meshrun {
 
 // Thread-safe (prometheus-cpp metrics are atomic). Families:
 //   meshrun_registered_workers, meshrun_mesh_devices                          gauges
-//   meshrun_mesh_axis_size{axis}                                               gauge (for busbw factors)
-//   meshrun_worker_last_heartbeat_timestamp_seconds{rank}                      gauge
+//   meshrun_mesh_axis_size{axis}                                               gauge (for busbw
+//   factors) meshrun_worker_last_heartbeat_timestamp_seconds{rank}                      gauge
 //   meshrun_train_steps_total, meshrun_train_samples_total                     counters
-//   meshrun_train_loss, meshrun_train_accuracy                                 gauges (last interval)
-//   meshrun_step_duration_seconds                                              histogram (per worker-step)
-//   meshrun_step_collective_seconds                                            histogram (its all-reduce part)
+//   meshrun_train_loss, meshrun_train_accuracy                                 gauges (last
+//   interval) meshrun_step_duration_seconds                                              histogram
+//   (per worker-step) meshrun_step_collective_seconds histogram (its all-reduce part)
 //   meshrun_jobs_total{state="done"|"failed"}                                  counter
 class CoordinatorMetrics {
  public:
@@ -29,7 +29,8 @@ class CoordinatorMetrics {
   void OnRegistered(int registered_workers);
   void OnHeartbeat(int rank, absl::Time when);
   // One report interval: `steps` global steps of `batch` examples; per worker-step durations.
-  void OnSteps(int64_t steps, int64_t batch, double loss, double accuracy, const std::vector<double>& step_seconds,
+  void OnSteps(int64_t steps, int64_t batch, double loss, double accuracy,
+               const std::vector<double>& step_seconds,
                const std::vector<double>& collective_seconds);
   void OnJobEnded(bool ok);
 

@@ -43,7 +43,8 @@ absl::Status RunCoordinator(const CoordinatorOptions& o) {
     metrics_address = absl::StrCat(o.host, ":", metrics_server->port());
     LOG(INFO) << "metrics on http://" << metrics_address << "/metrics";
   }
-  WorkerRegistry registry(*mesh, cluster_id);
+  // An id the operator did not choose is adopted from workers rejoining after a restart.
+  WorkerRegistry registry(*mesh, cluster_id, /*adopt_cluster_id=*/o.cluster_id.empty());
   ArrayRegistry arrays(&registry, absl::Seconds(60), o.heartbeat_timeout);
   JobDriver::Options jo;
   jo.metrics = metrics.get();

@@ -12,11 +12,11 @@ namespace meshrun {
 struct CoordinatorOptions {
   std::string mesh = "data=8";  // "data=2,model=4"
   std::string host = "127.0.0.1";
-  int port = 50051;             // 0: any free port
-  std::string port_file;        // if set, the bound port is written here once serving
-  std::string cluster_id;       // empty: random
+  int port = 50051;        // 0: any free port
+  std::string port_file;   // if set, the bound port is written here once serving
+  std::string cluster_id;  // empty: random
   absl::Duration heartbeat_timeout = absl::Seconds(3);
-  int metrics_port = 0;          // Prometheus /metrics; 0: any free port; -1: off
+  int metrics_port = 0;  // Prometheus /metrics; 0: any free port; -1: off
 };
 
 // Errors: InvalidArgument for a bad mesh; Unavailable if the port cannot be bound.

@@ -5,11 +5,17 @@
 
 namespace meshrun {
 
-WorkerRegistry::WorkerRegistry(Mesh mesh, std::string cluster_id)
+WorkerRegistry::WorkerRegistry(Mesh mesh, std::string cluster_id, bool adopt_cluster_id)
     : mesh_(std::move(mesh)),
       cluster_id_(std::move(cluster_id)),
+      adopt_cluster_id_(adopt_cluster_id),
       workers_(mesh_.size()),
       collective_epoch_(static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()))) {}
+
+std::string WorkerRegistry::cluster_id() {
+  absl::MutexLock lock(&mu_);
+  return cluster_id_;
+}
 
 uint64_t WorkerRegistry::collective_epoch() {
   absl::MutexLock lock(&mu_);
@@ -36,6 +42,15 @@ void WorkerRegistry::ReleaseIfWaitingLocked(int rank, const std::string& address
 absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(
     const v1::RegisterRequest& req, absl::Time deadline, const std::function<bool()>& cancelled) {
   absl::MutexLock lock(&mu_);
+  if (!req.cluster_id().empty() && req.cluster_id() != cluster_id_) {
+    if (!adopt_cluster_id_ || RegisteredCountLocked() > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker ", req.address(), " belongs to cluster '", req.cluster_id(),
+                       "'; this coordinator serves cluster '", cluster_id_, "'"));
+    }
+    cluster_id_ = req.cluster_id();  // a restarted coordinator resumes its workers' cluster
+  }
+  adopt_cluster_id_ = false;
   int rank = -1;
   for (int r = 0; r < expected(); ++r) {
     if (workers_[r].registered && workers_[r].peer.address() == req.address()) rank = r;

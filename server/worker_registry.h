@@ -19,10 +19,12 @@ namespace meshrun {
 // they ask for), laid out on the mesh row-major. Thread-safe; no gRPC in here.
 class WorkerRegistry {
  public:
-  WorkerRegistry(Mesh mesh, std::string cluster_id);
+  // `adopt_cluster_id`: the id was not chosen by the operator, so a restarted coordinator takes
+  // the id its re-registering workers present (RegisterRequest.cluster_id) while none has joined.
+  WorkerRegistry(Mesh mesh, std::string cluster_id, bool adopt_cluster_id = false);
 
   const Mesh& mesh() const { return mesh_; }
-  const std::string& cluster_id() const { return cluster_id_; }
+  std::string cluster_id();
   int expected() const { return mesh_.size(); }
 
   // Registers a worker and blocks until every expected worker has registered, `deadline` passes
@@ -75,8 +77,9 @@ class WorkerRegistry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Mesh mesh_;
-  const std::string cluster_id_;
   absl::Mutex mu_;
+  std::string cluster_id_ ABSL_GUARDED_BY(mu_);
+  bool adopt_cluster_id_ ABSL_GUARDED_BY(mu_);
   std::vector<Entry> workers_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t collective_epoch_ ABSL_GUARDED_BY(mu_);

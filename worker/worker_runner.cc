@@ -62,6 +62,31 @@ absl::StatusOr<v1::RegisterResponse> RegisterWithRetry(v1::Coordinator::Stub& st
                    ": ", last.error_message()));
 }
 
+// Joins a restarted coordinator as the same rank of the same cluster (its heartbeat answered
+// NotFound: it does not know this worker). Errors: the registration's, or FailedPrecondition when
+// the coordinator's mesh, rank or peers differ from `m` (this worker's transports are built for
+// those; it exits and its process manager starts a fresh one).
+absl::Status Rejoin(v1::Coordinator::Stub& stub, v1::RegisterRequest req, const Membership& m,
+                    const WorkerRunnerOptions& o) {
+  req.set_requested_rank(m.rank);
+  req.set_cluster_id(m.cluster_id);
+  absl::StatusOr<v1::RegisterResponse> reg = RegisterWithRetry(stub, req, o);
+  if (!reg.ok()) return reg.status();
+  bool same = reg->rank() == m.rank && reg->cluster_id() == m.cluster_id &&
+              reg->peers_size() == static_cast<int>(m.addresses.size());
+  for (int r = 0; same && r < reg->peers_size(); ++r)
+    same = reg->peers(r).address() == m.addresses[r];
+  absl::StatusOr<Mesh> mesh = Mesh::FromProto(reg->mesh());
+  if (!same || !mesh.ok() || mesh->ToString() != m.mesh.ToString()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the coordinator at ", o.coordinator, " restarted with another cluster (rank ",
+                     reg->rank(), " of cluster '", reg->cluster_id(), "'); this worker was rank ",
+                     m.rank, " of '", m.cluster_id, "'"));
+  }
+  LOG(INFO) << "rejoined the restarted coordinator at " << o.coordinator << " as rank " << m.rank;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int CurrentWorkerRank() { return g_rank.load(); }
@@ -160,6 +185,15 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
         LOG(INFO) << "coordinator asked this worker to stop";
         break;
       }
+    } else if (s.error_code() == grpc::NOT_FOUND) {
+      // A restarted coordinator: it does not know this worker yet.
+      LOG(WARNING) << "coordinator at " << o.coordinator << " does not know rank " << m.rank << " ("
+                   << s.error_message() << "); registering again";
+      if (absl::Status r = Rejoin(*stub, req, m, o); !r.ok()) {
+        result = r;
+        break;
+      }
+      last_ok = absl::Now();
     } else if (absl::Now() - last_ok > o.orphan_timeout) {
       result = absl::UnavailableError(
           absl::StrCat("coordinator at ", o.coordinator, " unreachable for ",

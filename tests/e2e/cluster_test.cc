@@ -172,6 +172,34 @@ TEST(ClusterE2ETest, ASecondWorkerOnALiveWorkersPortIsRefused) {
   EXPECT_EQ(result->reports.back().step(), 3);
 }
 
+// kill -9 the coordinator and start it again on its address: the same worker processes rejoin it
+// as their ranks (within 10 s) and the cluster trains again.
+TEST(ClusterE2ETest, WorkersRejoinARestartedCoordinatorAsTheirRanks) {
+  auto cluster = StartCluster("data=2");
+  ASSERT_NE(cluster, nullptr);
+  const std::vector<pid_t> workers = cluster->worker_pids();
+  ASSERT_TRUE(cluster->RestartCoordinator().ok());
+  const absl::Time start = absl::Now();
+  auto client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE((*client)->WaitForWorkers(absl::Seconds(10)).ok()) << "the workers did not rejoin";
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  absl::StatusOr<v1::GetStatusResponse> status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->workers_size(), 2);
+  for (const auto& w : status->workers()) {
+    EXPECT_TRUE(w.alive());
+    EXPECT_EQ(static_cast<pid_t>(w.peer().pid()), workers[w.peer().rank()])
+        << "rank " << w.peer().rank() << " is the same process";
+  }
+  JobConfig config;
+  config.train.max_steps = 3;
+  config.train.evaluate = false;
+  auto result = (*client)->Train(config);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->reports.back().step(), 3);
+}
+
 TEST(ClusterE2ETest, AWorkerDyingMidJobIsReportedByRankAndNothingHangs) {
   auto cluster = StartCluster("data=4");
   ASSERT_NE(cluster, nullptr);

@@ -86,6 +86,9 @@ TEST(WorkerRegistryTest, WorkersThatLeaveAnIncompleteMeshFreeTheirRanks) {
       fresh[i] = reg.Register(Req("fresh" + std::to_string(i), i == 0 ? 2 : -1),
                               absl::Now() + absl::Seconds(5));
     });
+    // fresh0 holds rank 2 before the others ask (they take the free ranks left).
+    while (i == 0 && reg.Describe(2).find("fresh0") == std::string::npos)
+      absl::SleepFor(absl::Milliseconds(5));
   }
   for (auto& t : threads) t.join();
   std::set<int> ranks;

@@ -59,6 +59,11 @@ class LocalCluster {
   // The credentials directory the processes use (empty when insecure).
   const std::string& tls_dir() const { return tls_dir_; }
 
+  // Kills the coordinator (SIGKILL) and starts a new one on the same address, as a process
+  // manager would; the workers rejoin it (worker/worker_runner.cc). Returns once it serves.
+  // Errors: Unavailable when it does not start within 30 s.
+  absl::Status RestartCoordinator();
+
   // Asks the coordinator to shut everything down, waits up to `grace`, then SIGTERM and SIGKILL.
   // Returns OK once every child has been reaped.
   absl::Status Stop(absl::Duration grace = absl::Seconds(5));
@@ -69,6 +74,8 @@ class LocalCluster {
   std::string log_dir_;
   std::string tls_dir_;
   pid_t coordinator_pid_ = -1;
+  std::string coordinator_binary_;
+  std::vector<std::string> coordinator_args_;  // with --port set to the bound port once known
   std::vector<pid_t> worker_pids_;
   bool stopped_ = false;
 };
