@@ -122,6 +122,16 @@ absl::StatusOr<TrainResult> Client::Train(const v1::JobSpec& job,
     if (on_event) on_event(e);
   }
   grpc::Status s = reader->Finish();
+  if (s.error_code() == grpc::UNAVAILABLE) {
+    // The coordinator went away mid-job (killed or restarted): say where the job was.
+    const std::string when =
+        result.reports.empty()
+            ? std::string("before the first step")
+            : absl::StrCat("during step ", result.reports.back().step() + 1, " (step ",
+                           result.reports.back().step(), " was the last reported)");
+    return FromGrpcStatus(s,
+                          absl::StrCat("coordinator ", address_, " closed the connection ", when));
+  }
   if (!s.ok()) return FromGrpcStatus(s);
   return result;
 }

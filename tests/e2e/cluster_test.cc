@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "meshrun/client.h"
@@ -172,13 +173,34 @@ TEST(ClusterE2ETest, ASecondWorkerOnALiveWorkersPortIsRefused) {
   EXPECT_EQ(result->reports.back().step(), 3);
 }
 
-// kill -9 the coordinator and start it again on its address: the same worker processes rejoin it
-// as their ranks (within 10 s) and the cluster trains again.
+// kill -9 the coordinator mid-job and start it again on its address: the job's client is told
+// the coordinator closed the connection and at which step; the same worker processes rejoin the
+// new one as their ranks (within 10 s) and the cluster trains again.
 TEST(ClusterE2ETest, WorkersRejoinARestartedCoordinatorAsTheirRanks) {
   auto cluster = StartCluster("data=2");
   ASSERT_NE(cluster, nullptr);
   const std::vector<pid_t> workers = cluster->worker_pids();
+  // A job in flight when the coordinator dies: its client is told where the job was.
+  auto job_client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(job_client.ok()) << job_client.status();
+  absl::Notification stepping;
+  absl::StatusOr<TrainResult> interrupted;
+  std::thread job([&] {
+    JobConfig config;
+    config.train.max_steps = 100000;
+    config.train.evaluate = false;
+    interrupted = (*job_client)->Train(config, [&](const v1::JobEvent& e) {
+      if (e.has_step() && !stepping.HasBeenNotified()) stepping.Notify();
+    });
+    if (!stepping.HasBeenNotified()) stepping.Notify();  // failed before its first step
+  });
+  stepping.WaitForNotification();
   ASSERT_TRUE(cluster->RestartCoordinator().ok());
+  job.join();
+  EXPECT_EQ(interrupted.status().code(), absl::StatusCode::kUnavailable) << interrupted.status();
+  EXPECT_THAT(
+      interrupted.status().message(),
+      HasSubstr("coordinator " + cluster->coordinator_address() + " closed the connection"));
   const absl::Time start = absl::Now();
   auto client = Client::Connect(cluster->coordinator_address());
   ASSERT_TRUE(client.ok()) << client.status();
