@@ -266,6 +266,10 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   *run.mutable_more_runs() = request.more_runs();
   *run.mutable_feed() = request.feed();
   run.set_train_steps(request.train_steps());
+  // One run on the workers at a time, whichever client or job it comes from: each worker runs
+  // programs in the order they arrive, so two runs sent at once could reach the ranks in
+  // different orders and wait on each other's collectives. Later runs queue here.
+  absl::MutexLock run_lock(&run_mu_);
   const uint64_t epoch = workers_->collective_epoch();
   run.set_epoch(epoch);
   std::vector<int> ranks(workers_->expected());

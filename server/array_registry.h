@@ -96,6 +96,7 @@ class ArrayRegistry {
   WorkerRegistry* workers_;
   const absl::Duration rpc_timeout_;
   const absl::Duration heartbeat_timeout_;
+  absl::Mutex run_mu_;  // held while a program runs on the workers (ShardMap); before mu_
   absl::Mutex mu_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::ArrayInfo> arrays_ ABSL_GUARDED_BY(mu_);

@@ -224,5 +224,59 @@ INSTANTIATE_TEST_SUITE_P(Transports, CollectiveEpochTimeoutTest,
                            return info.param.name;
                          });
 
+// Two clients running programs with collectives at the same time: the coordinator runs one at a
+// time, so every rank runs them in the same order and each psum sums its own program's values.
+TEST(ConcurrentClientsTest, TwoClientsRunningCollectivesAtOnceGetTheirOwnSums) {
+  auto cluster = testing::StartCluster("i=4", "concurrent_clients", /*shm=*/true);
+  ASSERT_NE(cluster, nullptr);
+  const Mesh mesh = *Mesh::Parse("i=4");
+  auto setup = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(setup.ok()) << setup.status();
+  Tensor x(v1::DTYPE_F32, {kRanks * 4});
+  for (int64_t k = 0; k < x.num_elements(); ++k) x.data<float>()[k] = static_cast<float>(k + 1);
+  ASSERT_TRUE((*setup)->Put(x, PartitionSpec::Of({"i"}), "x").ok());
+  constexpr int kRuns = 12;
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 2; ++c) {
+    clients.emplace_back([&, c] {
+      auto client = Client::Connect(cluster->coordinator_address());
+      if (!client.ok()) {
+        errors[c] = std::string(client.status().message());
+        return;
+      }
+      for (int run = 0; run < kRuns && errors[c].empty(); ++run) {
+        const float offset = 1000.0f * (c + 1) + run;  // this client's and run's own values
+        ShardMapBuilder sm(mesh);
+        auto v = sm.Input(v1::DTYPE_F32, {kRanks * 4}, PartitionSpec::Of({"i"}));
+        sm.Output(sm.Psum(sm.Add(v, sm.Full(v1::DTYPE_F32, {4}, offset)), {"i"}), PartitionSpec());
+        auto outs = (*client)->ShardMap(*sm.Build(), {"x"}, {}, absl::Seconds(10));
+        if (!outs.ok()) {
+          errors[c] = absl::StrCat("run ", run, ": ", outs.status().message());
+          break;
+        }
+        auto got = (*client)->Get((*outs)[0].id());
+        (*client)->Delete((*outs)[0].id()).IgnoreError();
+        if (!got.ok()) {
+          errors[c] = absl::StrCat("run ", run, ": ", got.status().message());
+          break;
+        }
+        for (int k = 0; k < 4; ++k) {
+          float want = kRanks * offset;  // sum over ranks of x[r * 4 + k] + offset
+          for (int r = 0; r < kRanks; ++r) want += static_cast<float>(r * 4 + k + 1);
+          if (got->data<float>()[k] != want) {
+            errors[c] = absl::StrCat("run ", run, " element ", k, ": got ", got->data<float>()[k],
+                                     ", want ", want);
+            break;
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1], "");
+}
+
 }  // namespace
 }  // namespace meshrun
