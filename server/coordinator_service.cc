@@ -1,5 +1,6 @@
 #include "server/coordinator_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "net/grpc_util.h"
 
@@ -34,8 +35,12 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx,
                                            const v1::SubmitJobRequest* req,
                                            grpc::ServerWriter<v1::JobEvent>* writer) {
   if (!job_mu_.TryLock()) {
+    std::string state, error;
+    int64_t step = 0;
+    driver_->Status(&state, &step, &error);
     return grpc::Status(grpc::FAILED_PRECONDITION,
-                        "a job is already running on this cluster; try again when it ends");
+                        absl::StrCat("a job is already running on this cluster (", state,
+                                     ", at step ", step, "); try again when it ends"));
   }
   absl::Status s = driver_->Run(req->job(), [&](const v1::JobEvent& e) {
     if (ctx->IsCancelled()) return false;

@@ -222,6 +222,37 @@ TEST(ClusterE2ETest, WorkersRejoinARestartedCoordinatorAsTheirRanks) {
   EXPECT_EQ(result->reports.back().step(), 3);
 }
 
+// One job at a time: a second job submitted while one runs is refused at once, naming where the
+// running one is; the first finishes undisturbed.
+TEST(ClusterE2ETest, ASecondJobIsRefusedNamingTheRunningOne) {
+  auto cluster = StartCluster("data=2");
+  ASSERT_NE(cluster, nullptr);
+  auto first = Client::Connect(cluster->coordinator_address());
+  auto second = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(first.ok() && second.ok());
+  absl::Notification stepping;
+  absl::StatusOr<TrainResult> running;
+  std::thread job([&] {
+    JobConfig config;
+    config.train.max_steps = 300;
+    config.train.evaluate = false;
+    running = (*first)->Train(config, [&](const v1::JobEvent& e) {
+      if (e.has_step() && !stepping.HasBeenNotified()) stepping.Notify();
+    });
+    if (!stepping.HasBeenNotified()) stepping.Notify();
+  });
+  stepping.WaitForNotification();
+  JobConfig config;
+  config.train.max_steps = 3;
+  auto refused = (*second)->Train(config);
+  job.join();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("a job is already running on this cluster ("));
+  EXPECT_THAT(refused.status().message(), HasSubstr("at step "));
+  ASSERT_TRUE(running.ok()) << running.status();
+  EXPECT_EQ(running->reports.back().step(), 300);
+}
+
 TEST(ClusterE2ETest, AWorkerDyingMidJobIsReportedByRankAndNothingHangs) {
   auto cluster = StartCluster("data=4");
   ASSERT_NE(cluster, nullptr);
