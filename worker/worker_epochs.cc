@@ -52,4 +52,11 @@ grpc::Status WorkerService::Abort(grpc::ServerContext*, const v1::AbortRequest* 
   return grpc::Status::OK;
 }
 
+void WorkerService::AbortRuns(const std::string& reason) {
+  v1::AbortRequest req;  // epoch 0: this worker's current one
+  req.set_reason(reason);
+  v1::AbortResponse resp;
+  Abort(nullptr, &req, &resp);
+}
+
 }  // namespace meshrun

@@ -189,6 +189,8 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
       // A restarted coordinator: it does not know this worker yet.
       LOG(WARNING) << "coordinator at " << o.coordinator << " does not know rank " << m.rank << " ("
                    << s.error_message() << "); registering again";
+      // A run the old coordinator started never finishes: free this worker for the new one.
+      worker.AbortRuns(absl::StrCat("the coordinator at ", o.coordinator, " restarted"));
       if (absl::Status r = Rejoin(*stub, req, m, o); !r.ok()) {
         result = r;
         break;

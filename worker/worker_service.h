@@ -56,6 +56,9 @@ class WorkerService final : public v1::Worker::Service {
   void Join(Membership membership, RingService* ring);
 
   grpc::Status Abort(grpc::ServerContext*, const v1::AbortRequest*, v1::AbortResponse*) override;
+  // Fails the collectives of the run in flight, as an Abort of the current epoch does: used when
+  // the coordinator that sent it is gone (a restarted one never finishes it).
+  void AbortRuns(const std::string& reason);
   grpc::Status RunShardMap(grpc::ServerContext*, const v1::RunShardMapRequest*,
                            v1::RunShardMapResponse*) override;
   grpc::Status SaveShards(grpc::ServerContext*, const v1::SaveShardsRequest*,

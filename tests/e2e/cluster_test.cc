@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <map>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -145,6 +146,47 @@ TEST(ClusterE2ETest, WorkerGivesUpOnAnAbsentCoordinatorWithAClearError) {
   EXPECT_LT(r.seconds, 10);
 }
 
+// Trains `steps` steps (no evaluation) and expects them all reported.
+void ExpectTrains(Client& client, int steps) {
+  JobConfig config;
+  config.train.max_steps = steps;
+  config.train.evaluate = false;
+  auto result = client.Train(config);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->reports.back().step(), steps);
+}
+
+// A job of `max_steps` run by `client` on a thread of its own; Start returns once its first step
+// is reported (or it failed before one).
+class BackgroundJob {
+ public:
+  ~BackgroundJob() {
+    if (thread_.joinable()) thread_.join();  // a test that failed before Join
+  }
+  void Start(Client* client, int max_steps) {
+    thread_ = std::thread([this, client, max_steps] {
+      JobConfig config;
+      config.train.max_steps = max_steps;
+      config.train.evaluate = false;
+      result_ = client->Train(config, [this](const v1::JobEvent& e) {
+        if (e.has_step() && !stepping_.HasBeenNotified()) stepping_.Notify();
+      });
+      if (!stepping_.HasBeenNotified()) stepping_.Notify();
+    });
+    stepping_.WaitForNotification();
+  }
+  // Waits for the job to end.
+  const absl::StatusOr<TrainResult>& Join() {
+    thread_.join();
+    return result_;
+  }
+
+ private:
+  std::thread thread_;
+  absl::Notification stepping_;
+  absl::StatusOr<TrainResult> result_;
+};
+
 // Ports are bound exclusively: a second worker started on a live worker's port cannot take its
 // traffic (or, through re-registration from that address, its rank); it exits naming the port,
 // and the cluster still trains.
@@ -165,12 +207,7 @@ TEST(ClusterE2ETest, ASecondWorkerOnALiveWorkersPortIsRefused) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.output, HasSubstr("cannot listen on 127.0.0.1:" + port));
   EXPECT_THAT(r.output, HasSubstr("held by another process"));
-  JobConfig config;
-  config.train.max_steps = 3;
-  config.train.evaluate = false;
-  auto result = (*client)->Train(config);
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->reports.back().step(), 3);
+  ExpectTrains(**client, 3);
 }
 
 // kill -9 the coordinator mid-job and start it again on its address: the job's client is told
@@ -179,24 +216,23 @@ TEST(ClusterE2ETest, ASecondWorkerOnALiveWorkersPortIsRefused) {
 TEST(ClusterE2ETest, WorkersRejoinARestartedCoordinatorAsTheirRanks) {
   auto cluster = StartCluster("data=2");
   ASSERT_NE(cluster, nullptr);
-  const std::vector<pid_t> workers = cluster->worker_pids();
+  // Each rank's process before the restart (ranks follow arrival, not spawn order).
+  std::map<int, int64_t> pid_of_rank;
+  {
+    auto before = Client::Connect(cluster->coordinator_address());
+    ASSERT_TRUE(before.ok()) << before.status();
+    absl::StatusOr<v1::GetStatusResponse> status = (*before)->GetStatus();
+    ASSERT_TRUE(status.ok()) << status.status();
+    for (const auto& w : status->workers()) pid_of_rank[w.peer().rank()] = w.peer().pid();
+  }
+  ASSERT_EQ(pid_of_rank.size(), 2u);
   // A job in flight when the coordinator dies: its client is told where the job was.
   auto job_client = Client::Connect(cluster->coordinator_address());
   ASSERT_TRUE(job_client.ok()) << job_client.status();
-  absl::Notification stepping;
-  absl::StatusOr<TrainResult> interrupted;
-  std::thread job([&] {
-    JobConfig config;
-    config.train.max_steps = 100000;
-    config.train.evaluate = false;
-    interrupted = (*job_client)->Train(config, [&](const v1::JobEvent& e) {
-      if (e.has_step() && !stepping.HasBeenNotified()) stepping.Notify();
-    });
-    if (!stepping.HasBeenNotified()) stepping.Notify();  // failed before its first step
-  });
-  stepping.WaitForNotification();
+  BackgroundJob job;
+  job.Start(job_client->get(), 100000);
   ASSERT_TRUE(cluster->RestartCoordinator().ok());
-  job.join();
+  const absl::StatusOr<TrainResult>& interrupted = job.Join();
   EXPECT_EQ(interrupted.status().code(), absl::StatusCode::kUnavailable) << interrupted.status();
   EXPECT_THAT(
       interrupted.status().message(),
@@ -211,15 +247,10 @@ TEST(ClusterE2ETest, WorkersRejoinARestartedCoordinatorAsTheirRanks) {
   ASSERT_EQ(status->workers_size(), 2);
   for (const auto& w : status->workers()) {
     EXPECT_TRUE(w.alive());
-    EXPECT_EQ(static_cast<pid_t>(w.peer().pid()), workers[w.peer().rank()])
+    EXPECT_EQ(w.peer().pid(), pid_of_rank[w.peer().rank()])
         << "rank " << w.peer().rank() << " is the same process";
   }
-  JobConfig config;
-  config.train.max_steps = 3;
-  config.train.evaluate = false;
-  auto result = (*client)->Train(config);
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->reports.back().step(), 3);
+  ExpectTrains(**client, 3);
 }
 
 // One job at a time: a second job submitted while one runs is refused at once, naming where the
@@ -230,22 +261,12 @@ TEST(ClusterE2ETest, ASecondJobIsRefusedNamingTheRunningOne) {
   auto first = Client::Connect(cluster->coordinator_address());
   auto second = Client::Connect(cluster->coordinator_address());
   ASSERT_TRUE(first.ok() && second.ok());
-  absl::Notification stepping;
-  absl::StatusOr<TrainResult> running;
-  std::thread job([&] {
-    JobConfig config;
-    config.train.max_steps = 300;
-    config.train.evaluate = false;
-    running = (*first)->Train(config, [&](const v1::JobEvent& e) {
-      if (e.has_step() && !stepping.HasBeenNotified()) stepping.Notify();
-    });
-    if (!stepping.HasBeenNotified()) stepping.Notify();
-  });
-  stepping.WaitForNotification();
+  BackgroundJob job;
+  job.Start(first->get(), 300);
   JobConfig config;
   config.train.max_steps = 3;
   auto refused = (*second)->Train(config);
-  job.join();
+  const absl::StatusOr<TrainResult>& running = job.Join();
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_THAT(refused.status().message(), HasSubstr("a job is already running on this cluster ("));
   EXPECT_THAT(refused.status().message(), HasSubstr("at step "));
