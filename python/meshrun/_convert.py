@@ -186,10 +186,15 @@ class Converter(_Regions, _Layout, _Random):
             x = x.astype(np.float32)
         if x.dtype == np.bool_:
             x = x.astype(np.float32)
+        v = self.upload(x)
+        return _V(v.id, v.shape, value.dtype if hasattr(value, "dtype") else x.dtype, v.store)
+
+    def upload(self, x):
+        """The numpy array x as a program input, put on the cluster replicated (self.consts)."""
         store = _sharding.dtype_to_proto(x.dtype)
         self.consts.append(x)
         vid = self.emit(G.INPUT, dtype=store, shape=list(x.shape), spec=common_pb2.PartitionSpec())
-        return _V(vid, x.shape, value.dtype if hasattr(value, "dtype") else x.dtype, store)
+        return _V(vid, x.shape, x.dtype, store)
 
     def run(self, jaxpr, consts, ins, out_hints=None):
         """Converts `jaxpr`'s equations; out_hints: the layouts wanted for its results (or None),

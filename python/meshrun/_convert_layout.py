@@ -86,8 +86,7 @@ class _Layout:
             k, dim = int(p["k"]), len(x.shape) - 1
             if int(p.get("axis", dim)) % max(len(x.shape), 1) != dim:
                 self._unsupported(name, eqn, "an axis other than the last")
-            x = self.f32(x) if x.store not in (F32,) else x
-            neg = self.unary("neg", x)
+            neg = self.unary("neg", self.f32(x))
             iota = _V(self.emit(G.IOTA, dtype=I32, shape=list(x.shape), index=dim), x.shape, np.int32, I32)
             starts, limits = [0] * len(x.shape), list(x.shape[:-1]) + [k]
             outs = []

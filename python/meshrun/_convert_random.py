@@ -11,7 +11,7 @@ import numpy as np
 
 from meshrun import _sharding
 from meshrun._convert_regions import _CALLS
-from meshrun._ir import BF16, F32, G, I32, U32, _V, _is_int
+from meshrun._ir import F32, G, I32, U32, _V, _is_int
 
 # Integer (i32, u32) element-wise primitives -> the worker's integer binary fns.
 _INT_BINARY = {"and": "and", "or": "or", "xor": "xor", "shift_left": "shift_left",
@@ -109,16 +109,13 @@ def _divides(mesh, entries, shape):
 
 
 class _Random:
-    """Converter's PRNG and integer bit primitives (a mixin: uses emit, const, _hints)."""
+    """Converter's PRNG and integer bit primitives (a mixin: uses emit, upload, _hints)."""
 
     def int_scalar(self, value, dtype):
         """A replicated 0-d integer constant stored as itself (not as f32), cached."""
         key = (int(value), np.dtype(dtype).str)
         if key not in self._int_scalars:
-            x = np.asarray(value, dtype=dtype)
-            self.consts.append(x)
-            vid = self.emit(G.INPUT, dtype=_sharding.dtype_to_proto(x.dtype), shape=[], spec=_sharding.spec_to_proto(()))
-            self._int_scalars[key] = _V(vid, (), x.dtype, _sharding.dtype_to_proto(x.dtype))
+            self._int_scalars[key] = self.upload(np.asarray(value, dtype=dtype))
         return self._int_scalars[key]
 
     def as_int(self, v, var, dtype):
@@ -191,8 +188,7 @@ class _Random:
         if word.store != U32:
             word = _V(self.emit(G.BITCAST_CONVERT, [word], dtype=U32), (), np.uint32, U32)
         word = _V(self.emit(G.RESHAPE, [word], shape=[1]), (1,), np.uint32, U32)
-        self.consts.append(np.zeros(1, np.uint32))
-        zero = _V(self.emit(G.INPUT, dtype=U32, shape=[1], spec=_sharding.spec_to_proto(())), (1,), np.uint32, U32)
+        zero = self.upload(np.zeros(1, np.uint32))
         return _V(self.emit(G.CONCATENATE, [zero, word], index=0), (2,), np.uint32, U32)
 
     def _random_bits(self, name, p, key, eqn):

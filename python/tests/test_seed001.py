@@ -35,6 +35,40 @@ def fashion_mnist(n):
     return images.astype(np.float32) / 255.0, labels.astype(np.int32)
 
 
+def seed_batches(steps, batch_size=128):
+    """The seed's Batch of each step: consecutive Fashion-MNIST examples."""
+    images, labels = fashion_mnist(steps * batch_size)
+    return [Batch(inputs=images[i * batch_size:(i + 1) * batch_size],
+                  labels=labels[i * batch_size:(i + 1) * batch_size]) for i in range(steps)]
+
+
+def train_both(cluster, init_fn, step_fn, batches, check_init=None):
+    """The seed's init and steps (fresh zero metrics each step) under plain jax.jit on 8 emulated
+    devices (the reference), then the same code under cluster.jit; check_init(state) sees the
+    cluster's initial state. Returns (ref_state, ref_metrics, state, metrics), metrics as numpy."""
+    model_init_rng = np.asarray(jax.random.PRNGKey(42))
+    ref_state = jax.jit(init_fn)(model_init_rng, batches[0].inputs)
+    _, metric_shapes = jax.eval_shape(step_fn, ref_state, None, batches[0])
+    zeros = lambda: jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), metric_shapes)
+    ref_step = jax.jit(step_fn, donate_argnames=("state", "metrics"))
+    ref_metrics = []
+    for batch in batches:
+        ref_state, m = ref_step(ref_state, zeros(), batch)
+        ref_metrics.append(jax.tree_util.tree_map(np.asarray, m))
+
+    # The same code on the cluster: jax.jit -> cluster.jit.
+    state = cluster.jit(init_fn)(cluster.device_put(model_init_rng, P()),
+                                 cluster.device_put(batches[0].inputs, P("data")))
+    if check_init is not None:
+        check_init(state)
+    step = cluster.jit(step_fn, donate_argnums=(0, 1))
+    metrics = []
+    for batch in batches:
+        state, m = step(state, zeros(), cluster.device_put(batch, P("data")))
+        metrics.append(jax.tree_util.tree_map(np.asarray, m))
+    return ref_state, ref_metrics, state, metrics
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_seed_001_data_parallel_training_matches_jax(cluster8, dtype):
     """In f32, and in bf16 as the seed configures it (bf16 compute, f32 parameters and
@@ -48,28 +82,9 @@ def test_seed_001_data_parallel_training_matches_jax(cluster8, dtype):
     init_dp_fn = jax.shard_map(init_dp, mesh=mesh, in_specs=(P(), P("data")), out_specs=P(), check_vma=False)
     train_step_dp_fn = jax.shard_map(train_step_dp, mesh=mesh, in_specs=(P(), P(), P("data")),
                                      out_specs=(P(), P()), check_vma=False)
-    images, labels = fashion_mnist(steps * batch_size)
-    batches = [Batch(inputs=images[i * batch_size:(i + 1) * batch_size],
-                     labels=labels[i * batch_size:(i + 1) * batch_size]) for i in range(steps)]
-    model_init_rng = np.asarray(jax.random.PRNGKey(42))
-
-    # Plain jax.jit on 8 emulated devices: the reference.
-    ref_state = jax.jit(init_dp_fn)(model_init_rng, batches[0].inputs)
-    _, metric_shapes = jax.eval_shape(train_step_dp_fn, ref_state, None, batches[0])
-    zeros = lambda: jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), metric_shapes)
-    ref_step = jax.jit(train_step_dp_fn, donate_argnames=("state", "metrics"))
-    ref_metrics = []
-    for batch in batches:
-        ref_state, m = ref_step(ref_state, zeros(), batch)
-        ref_metrics.append(jax.tree_util.tree_map(np.asarray, m))
-
-    # The same code on the cluster: jax.jit -> cluster.jit.
-    state = cluster8.jit(init_dp_fn)(cluster8.device_put(model_init_rng, P()),
-                                     cluster8.device_put(batches[0].inputs, P("data")))
-    step = cluster8.jit(train_step_dp_fn, donate_argnums=(0, 1))
-    for batch, ref in zip(batches, ref_metrics):
-        state, m = step(state, zeros(), cluster8.device_put(batch, P("data")))
-        m = jax.tree_util.tree_map(np.asarray, m)
+    ref_state, ref_metrics, state, metrics = train_both(cluster8, init_dp_fn, train_step_dp_fn,
+                                                        seed_batches(steps, batch_size))
+    for m, ref in zip(metrics, ref_metrics):
         np.testing.assert_allclose(m["loss"][0], ref["loss"][0], rtol=rtol)
         assert abs(int(m["accuracy"][0]) - int(ref["accuracy"][0])) <= (0 if dtype == jnp.float32 else 2)
         for k in ("loss", "accuracy"):
@@ -98,9 +113,7 @@ def test_seed_001_fsdp_training_matches_jax(cluster8):
     init_fsdp, train_step_fsdp = seed001_dp_functions(model, optax.adamw(learning_rate=1e-3), num_minibatches=4,
                                                       sync=sync_gradients)
     mesh = Mesh(np.array(jax.devices()), ("data",))
-    images, labels = fashion_mnist(steps * batch_size)
-    batches = [Batch(inputs=images[i * batch_size:(i + 1) * batch_size],
-                     labels=labels[i * batch_size:(i + 1) * batch_size]) for i in range(steps)]
+    batches = seed_batches(steps, batch_size)
     model_init_rng = np.asarray(jax.random.PRNGKey(42))
     shapes = jax.eval_shape(jax.shard_map(init_fsdp, mesh=mesh, in_specs=(P(), P("data")), out_specs=P(),
                                           check_vma=False), model_init_rng, batches[0].inputs)
@@ -110,23 +123,12 @@ def test_seed_001_fsdp_training_matches_jax(cluster8):
     step_fn = jax.shard_map(train_step_fsdp, mesh=mesh, in_specs=(specs, P(), P("data")), out_specs=(specs, P()),
                             check_vma=False)
 
-    ref_state = jax.jit(init_fn)(model_init_rng, batches[0].inputs)
-    _, metric_shapes = jax.eval_shape(step_fn, ref_state, None, batches[0])
-    zeros = lambda: jax.tree_util.tree_map(lambda x: np.zeros(x.shape, x.dtype), metric_shapes)
-    ref_step = jax.jit(step_fn, donate_argnames=("state", "metrics"))
-    ref_metrics = []
-    for batch in batches:
-        ref_state, m = ref_step(ref_state, zeros(), batch)
-        ref_metrics.append(jax.tree_util.tree_map(np.asarray, m))
+    def check_init(state):  # laid out as the shard_map's out_specs, with no out_shardings given
+        kernel = state.params["input_dense"]["kernel"]
+        assert kernel.value.sharding.spec == P("data") and kernel.value.shape == (784, 512)
 
-    state = cluster8.jit(init_fn)(cluster8.device_put(model_init_rng, P()),
-                                  cluster8.device_put(batches[0].inputs, P("data")))
-    kernel = state.params["input_dense"]["kernel"]
-    assert kernel.value.sharding.spec == P("data") and kernel.value.shape == (784, 512)
-    step = cluster8.jit(step_fn, donate_argnums=(0, 1))
-    for batch, ref in zip(batches, ref_metrics):
-        state, m = step(state, zeros(), cluster8.device_put(batch, P("data")))
-        m = jax.tree_util.tree_map(np.asarray, m)
+    ref_state, ref_metrics, state, metrics = train_both(cluster8, init_fn, step_fn, batches, check_init)
+    for m, ref in zip(metrics, ref_metrics):
         for k in ("loss", "accuracy"):
             np.testing.assert_allclose(m[k][0], ref[k][0], rtol=1e-5, err_msg=k)
     for ours, theirs in zip(jax.tree_util.tree_leaves(state.params), jax.tree_util.tree_leaves(ref_state.params)):

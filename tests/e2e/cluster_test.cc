@@ -36,6 +36,47 @@ void ExpectAllReaped(const LocalCluster& c) {
   for (pid_t p : c.worker_pids()) EXPECT_FALSE(ProcessExists(p)) << "worker pid " << p;
 }
 
+// Trains `steps` steps (no evaluation) and expects them all reported.
+void ExpectTrains(Client& client, int steps) {
+  JobConfig config;
+  config.train.max_steps = steps;
+  config.train.evaluate = false;
+  auto result = client.Train(config);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->reports.back().step(), steps);
+}
+
+// A job of `max_steps` run by `client` on a thread of its own; Start returns once its first step
+// is reported (or it failed before one).
+class BackgroundJob {
+ public:
+  ~BackgroundJob() {
+    if (thread_.joinable()) thread_.join();  // a test that failed before Join
+  }
+  void Start(Client* client, int max_steps) {
+    thread_ = std::thread([this, client, max_steps] {
+      JobConfig config;
+      config.train.max_steps = max_steps;
+      config.train.evaluate = false;
+      result_ = client->Train(config, [this](const v1::JobEvent& e) {
+        if (e.has_step() && !stepping_.HasBeenNotified()) stepping_.Notify();
+      });
+      if (!stepping_.HasBeenNotified()) stepping_.Notify();
+    });
+    stepping_.WaitForNotification();
+  }
+  // Waits for the job to end.
+  const absl::StatusOr<TrainResult>& Join() {
+    thread_.join();
+    return result_;
+  }
+
+ private:
+  std::thread thread_;
+  absl::Notification stepping_;
+  absl::StatusOr<TrainResult> result_;
+};
+
 TEST(ClusterE2ETest, EightWorkersTrainOneHundredStepsAndShutDownCleanly) {
   auto cluster = StartCluster("data=8");
   ASSERT_NE(cluster, nullptr);
@@ -127,12 +168,7 @@ TEST(ClusterE2ETest, BadInputIsRejectedAndTheClusterKeepsServing) {
   EXPECT_THAT(result.status().message(), HasSubstr("does not match the cluster's Mesh('data': 2)"));
 
   // The cluster still trains.
-  config = JobConfig();
-  config.train.max_steps = 5;
-  config.train.evaluate = false;
-  result = (*client)->Train(config);
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->reports.back().step(), 5);
+  ExpectTrains(**client, 5);
 }
 
 TEST(ClusterE2ETest, WorkerGivesUpOnAnAbsentCoordinatorWithAClearError) {
@@ -145,47 +181,6 @@ TEST(ClusterE2ETest, WorkerGivesUpOnAnAbsentCoordinatorWithAClearError) {
   EXPECT_THAT(r.output, HasSubstr("retrying"));  // it backed off and retried
   EXPECT_LT(r.seconds, 10);
 }
-
-// Trains `steps` steps (no evaluation) and expects them all reported.
-void ExpectTrains(Client& client, int steps) {
-  JobConfig config;
-  config.train.max_steps = steps;
-  config.train.evaluate = false;
-  auto result = client.Train(config);
-  ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(result->reports.back().step(), steps);
-}
-
-// A job of `max_steps` run by `client` on a thread of its own; Start returns once its first step
-// is reported (or it failed before one).
-class BackgroundJob {
- public:
-  ~BackgroundJob() {
-    if (thread_.joinable()) thread_.join();  // a test that failed before Join
-  }
-  void Start(Client* client, int max_steps) {
-    thread_ = std::thread([this, client, max_steps] {
-      JobConfig config;
-      config.train.max_steps = max_steps;
-      config.train.evaluate = false;
-      result_ = client->Train(config, [this](const v1::JobEvent& e) {
-        if (e.has_step() && !stepping_.HasBeenNotified()) stepping_.Notify();
-      });
-      if (!stepping_.HasBeenNotified()) stepping_.Notify();
-    });
-    stepping_.WaitForNotification();
-  }
-  // Waits for the job to end.
-  const absl::StatusOr<TrainResult>& Join() {
-    thread_.join();
-    return result_;
-  }
-
- private:
-  std::thread thread_;
-  absl::Notification stepping_;
-  absl::StatusOr<TrainResult> result_;
-};
 
 // Ports are bound exclusively: a second worker started on a live worker's port cannot take its
 // traffic (or, through re-registration from that address, its rank); it exits naming the port,
