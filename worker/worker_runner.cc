@@ -77,7 +77,7 @@ absl::Status Rejoin(v1::Coordinator::Stub& stub, v1::RegisterRequest req, const 
   for (int r = 0; same && r < reg->peers_size(); ++r)
     same = reg->peers(r).address() == m.addresses[r];
   absl::StatusOr<Mesh> mesh = Mesh::FromProto(reg->mesh());
-  if (!same || !mesh.ok() || mesh->ToString() != m.mesh.ToString()) {
+  if (!same || !mesh.ok() || !(*mesh == m.mesh)) {
     return absl::FailedPreconditionError(
         absl::StrCat("the coordinator at ", o.coordinator, " restarted with another cluster (rank ",
                      reg->rank(), " of cluster '", reg->cluster_id(), "'); this worker was rank ",
