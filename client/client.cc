@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -31,9 +33,50 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
   return std::unique_ptr<Client>(new Client(address, v1::Coordinator::NewStub(channel)));
 }
 
+namespace {
+std::string NewSessionId() {
+  std::random_device rd;
+  return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+}
+}  // namespace
+
+Client::Client(std::string address, std::unique_ptr<v1::Coordinator::Stub> stub)
+    : address_(std::move(address)), stub_(std::move(stub)), session_(NewSessionId()) {
+  keepalive_ = std::thread([this] { KeepAliveLoop(); });
+}
+
+Client::~Client() {
+  {
+    absl::MutexLock lock(&mu_);
+    closing_ = true;
+  }
+  keepalive_.join();
+}
+
+void Client::Prepare(grpc::ClientContext& ctx, absl::Duration timeout) const {
+  SetTimeout(ctx, timeout);
+  ctx.AddMetadata(kSessionMetadataKey, session_);
+}
+
+void Client::KeepAliveLoop() {
+  absl::Duration every = absl::ZeroDuration();  // the first at once: it tells the lease
+  absl::MutexLock lock(&mu_);
+  while (!mu_.AwaitWithTimeout(absl::Condition(&closing_), every)) {
+    every = absl::Seconds(5);  // until the coordinator says its lease
+    mu_.Unlock();
+    grpc::ClientContext ctx;
+    Prepare(ctx, absl::Seconds(5));
+    v1::KeepAliveResponse resp;
+    const grpc::Status s = stub_->KeepAlive(&ctx, v1::KeepAliveRequest(), &resp);
+    mu_.Lock();
+    if (s.ok() && resp.lease_seconds() > 0)
+      every = std::max(absl::Milliseconds(100), absl::Seconds(resp.lease_seconds()) / 3);
+  }
+}
+
 absl::StatusOr<v1::GetStatusResponse> Client::GetStatus(absl::Duration timeout) {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, timeout);
+  Prepare(ctx, timeout);
   v1::GetStatusResponse resp;
   grpc::Status s = stub_->GetStatus(&ctx, v1::GetStatusRequest(), &resp);
   if (!s.ok()) return FromGrpcStatus(s, absl::StrCat("coordinator at ", address_));
@@ -105,7 +148,7 @@ absl::StatusOr<TrainResult> Client::Train(const v1::JobSpec& job,
                                           const std::function<void(const v1::JobEvent&)>& on_event,
                                           absl::Duration timeout) {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, timeout);
+  Prepare(ctx, timeout);
   v1::SubmitJobRequest req;
   *req.mutable_job() = job;
   auto reader = stub_->SubmitJob(&ctx, req);
@@ -113,6 +156,8 @@ absl::StatusOr<TrainResult> Client::Train(const v1::JobSpec& job,
   v1::JobEvent e;
   while (reader->Read(&e)) {
     if (e.has_step()) result.reports.push_back(e.step());
+    if (e.has_worker_lost()) result.lost.push_back(e.worker_lost());
+    if (e.has_recovered()) result.recoveries.push_back(e.recovered());
     if (e.has_eval()) {
       result.evaluated = true;
       result.test_loss = e.eval().loss();
@@ -139,7 +184,7 @@ absl::StatusOr<TrainResult> Client::Train(const v1::JobSpec& job,
 absl::StatusOr<v1::ArrayInfo> Client::Put(const Tensor& host, const PartitionSpec& spec,
                                           const std::string& id) {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, absl::Seconds(120));
+  Prepare(ctx, absl::Seconds(120));
   v1::PutArrayRequest req;
   *req.mutable_array() = host.ToProto();
   *req.mutable_spec() = spec.ToProto();
@@ -172,7 +217,7 @@ absl::StatusOr<Tensor> Assemble(const v1::GetArrayResponse& resp) {
 
 absl::StatusOr<Tensor> Client::Get(const std::string& id) {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, absl::Seconds(120));
+  Prepare(ctx, absl::Seconds(120));
   v1::GetArrayRequest req;
   req.set_id(id);
   v1::GetArrayResponse resp;
@@ -182,7 +227,7 @@ absl::StatusOr<Tensor> Client::Get(const std::string& id) {
 
 absl::Status Client::Delete(const std::string& id) {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, absl::Seconds(30));
+  Prepare(ctx, absl::Seconds(30));
   v1::DeleteArrayRequest req;
   req.set_id(id);
   v1::DeleteArrayResponse resp;
@@ -191,7 +236,7 @@ absl::Status Client::Delete(const std::string& id) {
 
 absl::StatusOr<v1::InputInfo> Client::OpenInput(const v1::InputSpec& spec, const std::string& id) {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, absl::Seconds(120));
+  Prepare(ctx, absl::Seconds(120));
   v1::OpenInputRequest req;
   *req.mutable_spec() = spec;
   req.set_id(id);
@@ -202,7 +247,7 @@ absl::StatusOr<v1::InputInfo> Client::OpenInput(const v1::InputSpec& spec, const
 
 absl::Status Client::CloseInput(const std::string& id) {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, absl::Seconds(30));
+  Prepare(ctx, absl::Seconds(30));
   v1::CloseInputRequest req;
   req.set_id(id);
   v1::CloseInputResponse resp;
@@ -211,7 +256,7 @@ absl::Status Client::CloseInput(const std::string& id) {
 
 absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ListArrays() {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, absl::Seconds(10));
+  Prepare(ctx, absl::Seconds(10));
   v1::ListArraysResponse resp;
   if (grpc::Status s = stub_->ListArrays(&ctx, v1::ListArraysRequest(), &resp); !s.ok())
     return FromGrpcStatus(s);
@@ -251,7 +296,7 @@ absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ShardMap(
     const std::vector<std::string>& output_ids, absl::Duration collective_timeout,
     const std::vector<int>& donate_argnums) {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, collective_timeout * 4 + absl::Seconds(60));
+  Prepare(ctx, collective_timeout * 4 + absl::Seconds(60));
   v1::ShardMapRequest req;
   *req.mutable_program() = program;
   SetCall(input_ids, output_ids, collective_timeout, donate_argnums, req);
@@ -266,8 +311,8 @@ absl::StatusOr<Client::JitResult> Client::Jit(
     const std::vector<int>& donate_argnums, const std::vector<int>& fetch_outputs,
     const std::vector<std::vector<std::string>>& more_runs) {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, (collective_timeout * 4 + absl::Seconds(60)) *
-                      static_cast<int64_t>(1 + more_runs.size()));
+  Prepare(ctx, (collective_timeout * 4 + absl::Seconds(60)) *
+                   static_cast<int64_t>(1 + more_runs.size()));
   v1::JitRequest req;
   *req.mutable_program() = program;
   SetCall(input_ids, output_ids, collective_timeout, donate_argnums, req);
@@ -293,7 +338,7 @@ absl::StatusOr<Client::JitResult> Client::Jit(
 absl::StatusOr<v1::SaveCheckpointResponse> Client::SaveCheckpoint(
     const v1::SaveCheckpointRequest& request, absl::Duration timeout) {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, timeout);
+  Prepare(ctx, timeout);
   v1::SaveCheckpointResponse resp;
   if (grpc::Status s = stub_->SaveCheckpoint(&ctx, request, &resp); !s.ok())
     return FromGrpcStatus(s);
@@ -303,7 +348,7 @@ absl::StatusOr<v1::SaveCheckpointResponse> Client::SaveCheckpoint(
 absl::StatusOr<v1::RestoreCheckpointResponse> Client::RestoreCheckpoint(
     const v1::RestoreCheckpointRequest& request, absl::Duration timeout) {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, timeout);
+  Prepare(ctx, timeout);
   v1::RestoreCheckpointResponse resp;
   if (grpc::Status s = stub_->RestoreCheckpoint(&ctx, request, &resp); !s.ok())
     return FromGrpcStatus(s);
@@ -312,10 +357,26 @@ absl::StatusOr<v1::RestoreCheckpointResponse> Client::RestoreCheckpoint(
 
 absl::Status Client::Shutdown() {
   grpc::ClientContext ctx;
-  SetTimeout(ctx, absl::Seconds(5));
+  Prepare(ctx, absl::Seconds(5));
   v1::ShutdownResponse resp;
   return FromGrpcStatus(stub_->Shutdown(&ctx, v1::ShutdownRequest(), &resp),
                         absl::StrCat("coordinator at ", address_));
+}
+
+std::string FormatRecoveryEvent(const v1::JobEvent& e) {
+  if (e.has_worker_lost()) {
+    const v1::WorkerLost& w = e.worker_lost();
+    return absl::StrCat("worker rank ", w.rank(), " (", w.address(), ", pid ", w.pid(), " on ",
+                        w.host(), ") lost after step ", w.step(), ": ", w.cause(), "; ", w.error());
+  }
+  if (e.has_recovered()) {
+    const v1::Recovered& r = e.recovered();
+    return absl::StrFormat(
+        "recovered at step %d from %s in %.2f s (re-forming the cluster %.2f s), restart %d",
+        r.step(), r.checkpoint().empty() ? "the initial state" : r.checkpoint(), r.seconds(),
+        r.reform_seconds(), r.restarts());
+  }
+  return "";
 }
 
 std::string FormatProgress(const v1::StepReport& r) {

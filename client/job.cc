@@ -166,6 +166,9 @@ absl::StatusOr<PlannedJob> PlanJob(const JobConfig& c, const Mesh& mesh) {
   ck->set_async(c.checkpoint.async);
   ck->set_resume(c.checkpoint.resume);
   ck->set_init_from(c.checkpoint.init_from);
+  spec.mutable_recovery()->set_max_restarts(c.recovery.max_restarts);
+  spec.mutable_recovery()->set_timeout_seconds(c.recovery.timeout_seconds);
+  spec.mutable_recovery()->set_min_workers(c.recovery.min_workers);
   return job;
 }
 

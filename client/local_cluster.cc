@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <thread>
@@ -24,7 +25,8 @@ namespace {
 // fork + exec with stdout/stderr to `log_path`; the child dies with its parent.
 absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::string>& args,
                             const std::string& log_path,
-                            const std::vector<std::pair<std::string, std::string>>& env = {}) {
+                            const std::vector<std::pair<std::string, std::string>>& env = {},
+                            bool append_log = false) {
   if (access(binary.c_str(), X_OK) != 0) {
     return absl::NotFoundError(
         absl::StrCat("executable ", binary, " not found (build meshrun first)"));
@@ -40,7 +42,7 @@ absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::st
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);
-    int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | (append_log ? O_APPEND : O_TRUNC), 0644);
     if (fd >= 0) {
       dup2(fd, 1);
       dup2(fd, 2);
@@ -132,9 +134,12 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   std::remove(port_file.c_str());
   c->coordinator_binary_ = bin + "/meshrun-coordinator";
   c->coordinator_args_ = {
-      absl::StrCat("--port=", o.port), absl::StrCat("--mesh=", o.mesh),
+      absl::StrCat("--port=", o.port),
+      absl::StrCat("--mesh=", o.mesh),
       absl::StrCat("--port_file=", port_file),
       absl::StrCat("--heartbeat_timeout=", absl::FormatDuration(o.heartbeat_timeout)),
+      absl::StrCat("--client_lease=", absl::FormatDuration(o.client_lease)),
+      absl::StrCat("--state_file=", c->log_dir_, "/coordinator-state.json"),
       *credential_flag};
   absl::StatusOr<pid_t> coord =
       Spawn(c->coordinator_binary_, c->coordinator_args_, c->log_dir_ + "/coordinator.log");
@@ -169,17 +174,25 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   std::vector<std::pair<std::string, std::string>> env;
   if (threads > 1 && threads * workers <= cores)
     env = {{"OMP_WAIT_POLICY", "ACTIVE"}, {"GOMP_SPINCOUNT", "20000000"}};
+  c->worker_binary_ = bin + "/meshrun-worker";
+  c->worker_env_ = env;
   for (int r = 0; r < workers; ++r) {
-    absl::StatusOr<pid_t> w = Spawn(
-        bin + "/meshrun-worker",
+    c->worker_args_.push_back(
         {absl::StrCat("--coordinator=", c->address_), absl::StrCat("--compute_threads=", threads),
          absl::StrCat("--join_timeout=", absl::FormatDuration(o.start_timeout)),
          absl::StrCat("--shm_transport=", o.shm_transport ? "true" : "false"),
          absl::StrCat("--memory_budget_bytes=", o.worker_memory_budget_bytes),
-         absl::StrCat("--checkpoint_root=", o.worker_checkpoint_root), *credential_flag},
-        absl::StrCat(c->log_dir_, "/worker", r, ".log"), env);
+         absl::StrCat("--checkpoint_root=", o.worker_checkpoint_root), *credential_flag});
+    absl::StatusOr<pid_t> w = Spawn(c->worker_binary_, c->worker_args_.back(),
+                                    absl::StrCat(c->log_dir_, "/worker", r, ".log"), env);
     if (!w.ok()) return w.status();
+    absl::MutexLock lock(&c->mu_);
     c->worker_pids_.push_back(*w);
+  }
+  if (o.respawn_workers) {
+    absl::MutexLock lock(&c->mu_);
+    c->supervising_ = true;
+    c->supervisor_ = std::thread([cluster = c.get()] { cluster->Supervise(); });
   }
   absl::StatusOr<std::unique_ptr<Client>> client =
       Client::Connect(c->address_, deadline - absl::Now());
@@ -191,6 +204,51 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
 }
 
 LocalCluster::~LocalCluster() { Stop().IgnoreError(); }
+
+std::vector<pid_t> LocalCluster::worker_pids() const {
+  absl::MutexLock lock(&mu_);
+  return worker_pids_;
+}
+
+int LocalCluster::respawns() const {
+  absl::MutexLock lock(&mu_);
+  return respawns_;
+}
+
+void LocalCluster::Supervise() {
+  std::vector<absl::Time> last_start(worker_args_.size(), absl::Now());
+  std::vector<bool> finished(worker_args_.size(), false);  // exited 0: asked to stop
+  absl::MutexLock lock(&mu_);
+  while (supervising_) {
+    for (size_t i = 0; i < worker_pids_.size(); ++i) {
+      int status = 0;
+      if (finished[i] || waitpid(worker_pids_[i], &status, WNOHANG) != worker_pids_[i]) continue;
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+        finished[i] = true;  // asked to stop: not a failure
+        continue;
+      }
+      // At most one start per 500 ms: a worker that cannot start does not spin.
+      mu_.Unlock();
+      absl::SleepFor(
+          std::max(absl::ZeroDuration(), last_start[i] + absl::Milliseconds(500) - absl::Now()));
+      mu_.Lock();
+      if (!supervising_) break;
+      last_start[i] = absl::Now();
+      absl::StatusOr<pid_t> w =
+          Spawn(worker_binary_, worker_args_[i], absl::StrCat(log_dir_, "/worker", i, ".log"),
+                worker_env_, /*append_log=*/true);
+      if (!w.ok()) {
+        finished[i] = true;  // the binary is gone: nothing to respawn
+        continue;
+      }
+      worker_pids_[i] = *w;
+      ++respawns_;
+    }
+    mu_.AwaitWithTimeout(absl::Condition(
+                             +[](bool* supervising) { return !*supervising; }, &supervising_),
+                         absl::Milliseconds(50));
+  }
+}
 
 absl::Status LocalCluster::RestartCoordinator() {
   if (coordinator_pid_ > 0) {
@@ -212,11 +270,16 @@ absl::Status LocalCluster::RestartCoordinator() {
 absl::Status LocalCluster::Stop(absl::Duration grace) {
   if (stopped_) return absl::OkStatus();
   stopped_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    supervising_ = false;
+  }
+  if (supervisor_.joinable()) supervisor_.join();
   if (!address_.empty()) {
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(address_, absl::Seconds(1));
     if (client.ok()) (*client)->Shutdown().IgnoreError();
   }
-  std::vector<pid_t> all = worker_pids_;
+  std::vector<pid_t> all = worker_pids();
   if (coordinator_pid_ > 0) all.push_back(coordinator_pid_);
   const absl::Time deadline = absl::Now() + grace;
   std::vector<pid_t> left;

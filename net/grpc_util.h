@@ -21,6 +21,9 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what)
 // credentials (net/credentials.h: TLS to a node, the node certificate and the bearer token when
 // held; plaintext when they are insecure).
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address);
+// The gRPC metadata key of a client's session (server/client_leases.h): the arrays its calls
+// create belong to it, and are freed when it stops calling and sending KeepAlive.
+inline constexpr char kSessionMetadataKey[] = "meshrun-session";
 // Server builder options matching CreateChannel's message size limit.
 void ConfigureServerBuilder(grpc::ServerBuilder& builder);
 

@@ -5,19 +5,33 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/sharding/shard_layout.h"
+#include "glog/logging.h"
 #include "net/grpc_util.h"
+#include "server/straggler_ledger.h"
 
 namespace meshrun {
 
 absl::Status ArrayRegistry::EnsureStubs() {
   absl::MutexLock lock(&mu_);
-  if (!stubs_.empty()) return absl::OkStatus();
+  const uint64_t generation = workers_->generation();
+  if (!stubs_.empty() && generation == stubs_generation_) return absl::OkStatus();
+  if (!stubs_.empty()) {
+    // The cluster re-formed (WorkerRegistry::BeginRecovery): its workers started afresh, so the
+    // arrays and inputs they held are gone, and they may listen elsewhere.
+    LOG(WARNING) << "the cluster re-formed: " << arrays_.size() << " arrays and " << inputs_.size()
+                 << " inputs of the previous workers are gone";
+    stubs_.clear();
+    arrays_.clear();
+    inputs_.clear();
+  }
   if (absl::Status s = workers_->WaitUntilReady(absl::Now() + absl::Seconds(10)); !s.ok()) return s;
   for (const auto& p : workers_->Peers())
     stubs_.push_back(v1::Worker::NewStub(CreateChannel(p.address())));
+  stubs_generation_ = workers_->generation();
   return absl::OkStatus();
 }
 
@@ -134,7 +148,8 @@ absl::Status ArrayRegistry::Delete(const std::string& id) {
   return s;
 }
 
-absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapRequest& request) {
+absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapRequest& request,
+                                                             const std::atomic<bool>* cancel) {
   const v1::ShardMapProgram& p = request.program();
   const Mesh& mesh = workers_->mesh();
   if (p.inputs_size() != request.input_ids_size() || p.in_specs_size() != p.inputs_size()) {
@@ -302,6 +317,11 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   int first_failed = -1;  // the rank whose failure aborts the others
   int dead_rank = -1;     // a rank that missed heartbeats
   bool aborted = false;
+  bool cancelled = false;  // `cancel` was set while the run was in flight
+  // A collective deadline: the others' deadlines follow within their arrival skew, so the abort
+  // waits a little for them, and the ranks that then have not timed out are the ones that had not
+  // arrived (the straggler ledger's view of a deadline).
+  absl::Time abort_after = absl::InfinitePast();
   for (int r : ranks) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
     SetTimeout(*contexts.back(), rpc_timeout_ * (1 + request.more_runs_size()));
@@ -313,6 +333,8 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
           if (!results[r].ok() && results[r].error_code() != grpc::ABORTED && !aborted &&
               first_failed < 0) {
             first_failed = r;
+            if (results[r].error_code() == grpc::DEADLINE_EXCEEDED)
+              abort_after = absl::Now() + absl::Milliseconds(500);
           }
           --pending;
         });
@@ -320,11 +342,15 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   {
     absl::MutexLock lock(&done_mu);
     auto settled_or_failed = [&]() ABSL_SHARED_LOCKS_REQUIRED(done_mu) {
-      return pending == 0 || (first_failed >= 0 && !aborted);
+      return pending == 0 || (first_failed >= 0 && !aborted && absl::Now() >= abort_after);
     };
     // Watching heartbeats: a dead or stopped worker fails the run within heartbeat_timeout.
     while (
         !done_mu.AwaitWithTimeout(absl::Condition(&settled_or_failed), absl::Milliseconds(100))) {
+      if (cancel != nullptr && cancel->load()) {
+        cancelled = true;
+        break;
+      }
       const std::vector<int> dead = workers_->DeadRanks(heartbeat_timeout_);
       if (dead.empty()) continue;
       dead_rank = dead.front();
@@ -341,9 +367,10 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
         grpc::ClientContext actx;
         SetTimeout(actx, absl::Seconds(2));
         v1::AbortRequest areq;
-        areq.set_reason(dead_rank >= 0 ? absl::StrCat("worker ", workers_->Describe(dead_rank),
-                                                      " missed heartbeats (died or hung)")
-                                       : absl::StrCat("shard_map failed on rank ", failed_rank));
+        areq.set_reason(cancelled        ? std::string("the run was cancelled: its client left")
+                        : dead_rank >= 0 ? absl::StrCat("worker ", workers_->Describe(dead_rank),
+                                                        " missed heartbeats (died or hung)")
+                                         : absl::StrCat("shard_map failed on rank ", failed_rank));
         areq.set_epoch(epoch);
         v1::AbortResponse aresp;
         stubs_[q]->Abort(&actx, areq, &aresp);
@@ -391,16 +418,29 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
                                   ": ", first.error_message()));
   } else if (!timed_out.empty()) {
     // Each message names the rank its collective waited for (a hung or unreachable worker).
-    s = absl::DeadlineExceededError(
-        absl::StrCat("shard_map timed out: ranks ", absl::StrJoin(timed_out, ", "),
-                     " waited in a collective; rank ", timed_out.front(), ": ",
-                     results[timed_out.front()].error_message()));
+    // The straggler ledger's view of a deadline: who never arrived, and how long the others
+    // waited for them.
+    std::vector<int> absent;
+    for (int r : ranks) {
+      if (after_abort[r] && results[r].error_code() != grpc::DEADLINE_EXCEEDED) absent.push_back(r);
+    }
+    const double waited = request.collective_timeout_seconds() > 0
+                              ? request.collective_timeout_seconds()
+                              : 30.0;  // the workers' default
+    s = absl::DeadlineExceededError(absl::StrCat(
+        "shard_map timed out: ranks ", absl::StrJoin(timed_out, ", "), " waited ", waited,
+        " s in a collective",
+        absent.empty()
+            ? ""
+            : absl::StrCat(" for ranks ", absl::StrJoin(absent, ", "), ", which had not arrived"),
+        "; rank ", timed_out.front(), ": ", results[timed_out.front()].error_message()));
   } else {
     for (int r : ranks) {
       if (!results[r].ok())
         s = FromGrpcStatus(results[r], absl::StrCat("worker ", workers_->Describe(r)));
     }
   }
+  if (cancelled) s = absl::CancelledError("the run was cancelled: its client left");
   if (!s.ok()) {
     // What the failed run's collectives left in flight is dropped by every worker before its
     // next one.
@@ -414,6 +454,10 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
                                               absl::StrJoin(donated, ", "), ") are consumed"));
     }
     return s;
+  }
+  if (metrics_ != nullptr) {
+    for (const CollectiveSkew& k : ArrivalSkews(workers_->mesh(), responses))
+      metrics_->OnCollectiveSkew(k.op, k.axes, k.seconds, k.late_rank);
   }
   v1::ShardMapResponse response;
   const int num_runs = 1 + request.more_runs_size();

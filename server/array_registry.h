@@ -3,6 +3,7 @@
 #ifndef MESHRUN_SERVER_ARRAY_REGISTRY_H_
 #define MESHRUN_SERVER_ARRAY_REGISTRY_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -17,6 +18,7 @@
 #include "meshrun/v1/input.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "server/checkpoint_ops.h"
+#include "server/coordinator_metrics.h"
 #include "server/worker_registry.h"
 
 namespace meshrun {
@@ -27,9 +29,15 @@ class ArrayRegistry {
  public:
   // A run (ShardMap) fails as soon as a worker misses heartbeats for `heartbeat_timeout` (dead
   // or hung), naming it, rather than when the others' collectives time out.
+  // `metrics` (optional, must outlive the registry) gets the straggler ledger: every collective's
+  // arrival skew across its group (server/straggler_ledger.h), from each successful run.
   explicit ArrayRegistry(WorkerRegistry* workers, absl::Duration rpc_timeout = absl::Seconds(60),
-                         absl::Duration heartbeat_timeout = absl::Seconds(3))
-      : workers_(workers), rpc_timeout_(rpc_timeout), heartbeat_timeout_(heartbeat_timeout) {}
+                         absl::Duration heartbeat_timeout = absl::Seconds(3),
+                         CoordinatorMetrics* metrics = nullptr)
+      : workers_(workers),
+        rpc_timeout_(rpc_timeout),
+        heartbeat_timeout_(heartbeat_timeout),
+        metrics_(metrics) {}
 
   // Errors: InvalidArgument for a spec that does not fit the array on the mesh (naming the spec,
   // shape and dim), an unsupported dtype, or an id in use; worker errors.
@@ -50,7 +58,10 @@ class ArrayRegistry {
   // request.more_runs: further runs in the same call, back to back on the workers (Keras's
   // steps_per_execution; coordinator.proto); InvalidArgument names the run, argument and array
   // that do not fit, or a kept result that takes no donated argument's id.
-  absl::StatusOr<v1::ShardMapResponse> ShardMap(const v1::ShardMapRequest& request);
+  // `cancel` (optional): when it turns true while the run is in flight, the workers are aborted
+  // within 100 ms and the call fails with Cancelled.
+  absl::StatusOr<v1::ShardMapResponse> ShardMap(const v1::ShardMapRequest& request,
+                                                const std::atomic<bool>* cancel = nullptr);
 
   // Sharded checkpoints (core/checkpoint/checkpoint.h). Save: every worker writes the blocks it
   // owns of the named arrays in parallel into <root>/step_<N>.tmp-*, then the manifest is written
@@ -81,6 +92,8 @@ class ArrayRegistry {
   absl::Status CloseInput(const std::string& id);
 
  private:
+  // Stubs for the current membership; after the cluster re-formed (a new generation), the arrays
+  // and inputs the old workers held are forgotten. Waits up to 10 s for the workers.
   absl::Status EnsureStubs();
   // A request's feed fits its program: an open input, one argument per field, each with the
   // field's in_spec, dtype and block shape, none donated nor given an array id; the runs' steps
@@ -96,9 +109,11 @@ class ArrayRegistry {
   WorkerRegistry* workers_;
   const absl::Duration rpc_timeout_;
   const absl::Duration heartbeat_timeout_;
+  CoordinatorMetrics* const metrics_;
   absl::Mutex run_mu_;  // held while a program runs on the workers (ShardMap); before mu_
   absl::Mutex mu_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  uint64_t stubs_generation_ ABSL_GUARDED_BY(mu_) = 0;  // the membership the stubs reach
   std::map<std::string, v1::ArrayInfo> arrays_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::InputInfo> inputs_ ABSL_GUARDED_BY(mu_);
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;

@@ -48,21 +48,57 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, const Mesh& mesh
       jobs_(prometheus::BuildCounter()
                 .Name("meshrun_jobs_total")
                 .Help("Train jobs ended, by state.")
-                .Register(r)) {
-  prometheus::BuildGauge()
-      .Name("meshrun_mesh_devices")
-      .Help("Devices (workers) in the coordinator's mesh.")
-      .Register(r)
-      .Add({})
-      .Set(mesh.size());
-  auto& axis_size = prometheus::BuildGauge()
-                        .Name("meshrun_mesh_axis_size")
-                        .Help("Size of each mesh axis: the group size of a collective over it.")
-                        .Register(r);
-  for (int a = 0; a < mesh.num_axes(); ++a)
-    axis_size.Add({{"axis", mesh.axis_name(a)}}).Set(mesh.axis_size(a));
+                .Register(r)),
+      workers_lost_(prometheus::BuildCounter()
+                        .Name("meshrun_workers_lost_total")
+                        .Help("Workers a job lost (and recovered from, with a recovery policy).")
+                        .Register(r)),
+      recovery_seconds_(prometheus::BuildHistogram()
+                            .Name("meshrun_recovery_seconds")
+                            .Help("From a job's failure on a lost worker to its restored state.")
+                            .Register(r)
+                            .Add({}, prometheus::Histogram::BucketBoundaries{0.5, 1, 2, 3, 5, 10,
+                                                                             20, 30, 60, 120})),
+      skew_seconds_(
+          prometheus::BuildHistogram()
+              .Name("meshrun_collective_arrival_skew_seconds")
+              .Help("Per collective and group: the last rank's arrival minus the first's.")
+              .Register(r)),
+      late_rank_(prometheus::BuildGauge()
+                     .Name("meshrun_collective_last_late_rank")
+                     .Help("The rank that arrived last at the latest collective over the axis.")
+                     .Register(r)),
+      devices_(prometheus::BuildGauge()
+                   .Name("meshrun_mesh_devices")
+                   .Help("Devices (workers) in the coordinator's mesh.")
+                   .Register(r)
+                   .Add({})),
+      axis_size_(prometheus::BuildGauge()
+                     .Name("meshrun_mesh_axis_size")
+                     .Help("Size of each mesh axis: the group size of a collective over it.")
+                     .Register(r)) {
+  OnMeshChanged(mesh);
   jobs_.Add({{"state", "done"}});
   jobs_.Add({{"state", "failed"}});
+  for (const char* cause : {"killed", "hung", "unreachable"}) workers_lost_.Add({{"cause", cause}});
+}
+
+void CoordinatorMetrics::OnWorkerLost(const std::string& cause) {
+  workers_lost_.Add({{"cause", cause}}).Increment();
+}
+
+void CoordinatorMetrics::OnMeshChanged(const Mesh& mesh) {
+  devices_.Set(mesh.size());
+  for (int a = 0; a < mesh.num_axes(); ++a)
+    axis_size_.Add({{"axis", mesh.axis_name(a)}}).Set(mesh.axis_size(a));
+}
+
+void CoordinatorMetrics::OnRecovered(double seconds) { recovery_seconds_.Observe(seconds); }
+
+void CoordinatorMetrics::OnCollectiveSkew(const std::string& op, const std::string& axes,
+                                          double seconds, int late_rank) {
+  skew_seconds_.Add({{"op", op}, {"axis", axes}}, LatencyBuckets()).Observe(seconds);
+  late_rank_.Add({{"axis", axes}}).Set(late_rank);
 }
 
 void CoordinatorMetrics::OnRegistered(int registered_workers) {

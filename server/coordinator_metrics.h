@@ -2,6 +2,7 @@
 #ifndef MESHRUN_SERVER_COORDINATOR_METRICS_H_
 #define MESHRUN_SERVER_COORDINATOR_METRICS_H_
 
+#include <string>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -22,6 +23,12 @@ namespace meshrun {
 //   interval) meshrun_step_duration_seconds                                              histogram
 //   (per worker-step) meshrun_step_collective_seconds histogram (its all-reduce part)
 //   meshrun_jobs_total{state="done"|"failed"}                                  counter
+//   meshrun_workers_lost_total{cause="killed"|"hung"|"unreachable"}            counter
+//   meshrun_recovery_seconds (failure to restored state, per recovery)         histogram
+//   meshrun_collective_arrival_skew_seconds{op, axis}: per collective and group, the last
+//   rank's arrival minus the first's (the straggler ledger)                    histogram
+//   meshrun_collective_last_late_rank{axis}: the rank that arrived last at the latest
+//   collective over the axis                                                   gauge
 class CoordinatorMetrics {
  public:
   CoordinatorMetrics(prometheus::Registry& registry, const Mesh& mesh);
@@ -33,6 +40,12 @@ class CoordinatorMetrics {
                const std::vector<double>& step_seconds,
                const std::vector<double>& collective_seconds);
   void OnJobEnded(bool ok);
+  void OnWorkerLost(const std::string& cause);
+  void OnRecovered(double seconds);
+  // The mesh shrank (recovery.min_workers): the device and axis-size gauges follow it.
+  void OnMeshChanged(const Mesh& mesh);
+  void OnCollectiveSkew(const std::string& op, const std::string& axes, double seconds,
+                        int late_rank);
 
  private:
   prometheus::Gauge& registered_;
@@ -44,6 +57,12 @@ class CoordinatorMetrics {
   prometheus::Histogram& step_seconds_;
   prometheus::Histogram& collective_seconds_;
   prometheus::Family<prometheus::Counter>& jobs_;
+  prometheus::Family<prometheus::Counter>& workers_lost_;
+  prometheus::Histogram& recovery_seconds_;
+  prometheus::Family<prometheus::Histogram>& skew_seconds_;
+  prometheus::Family<prometheus::Gauge>& late_rank_;
+  prometheus::Gauge& devices_;
+  prometheus::Family<prometheus::Gauge>& axis_size_;
 };
 
 }  // namespace meshrun

@@ -44,13 +44,16 @@ absl::Status RunCoordinator(const CoordinatorOptions& o) {
     LOG(INFO) << "metrics on http://" << metrics_address << "/metrics";
   }
   // An id the operator did not choose is adopted from workers rejoining after a restart.
-  WorkerRegistry registry(*mesh, cluster_id, /*adopt_cluster_id=*/o.cluster_id.empty());
-  ArrayRegistry arrays(&registry, absl::Seconds(60), o.heartbeat_timeout);
+  WorkerRegistry registry(*mesh, cluster_id, /*adopt_cluster_id=*/o.cluster_id.empty(),
+                          o.heartbeat_timeout);
+  ArrayRegistry arrays(&registry, absl::Seconds(60), o.heartbeat_timeout, metrics.get());
   JobDriver::Options jo;
   jo.metrics = metrics.get();
+  jo.state_file = o.state_file;
   JobDriver driver(&registry, &arrays, jo);
-  CoordinatorService service(&registry, &driver, &arrays, o.heartbeat_timeout, metrics.get(),
-                             metrics_address);
+  ClientLeases leases(o.client_lease);
+  CoordinatorService service(&registry, &driver, &arrays, &leases, o.heartbeat_timeout,
+                             metrics.get(), metrics_address);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -73,6 +76,13 @@ absl::Status RunCoordinator(const CoordinatorOptions& o) {
   }
   while (!g_stop.load() &&
          !service.shutdown().WaitForNotificationWithTimeout(absl::Milliseconds(200))) {
+    for (const ClientLeases::Expired& e : leases.Expire(absl::Now())) {
+      int freed = 0;
+      for (const std::string& id : e.arrays) freed += arrays.Delete(id).ok();
+      LOG(WARNING) << "client session " << e.session << " was silent for the lease ("
+                   << absl::FormatDuration(o.client_lease) << "): freed " << freed << " of its "
+                   << e.arrays.size() << " arrays";
+    }
   }
   // Let workers see shutdown=true in a heartbeat before the server goes away.
   registry.RequestShutdown();

@@ -16,6 +16,10 @@ struct CoordinatorOptions {
   std::string port_file;   // if set, the bound port is written here once serving
   std::string cluster_id;  // empty: random
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // A client session silent this long is expired and its arrays freed (server/client_leases.h).
+  absl::Duration client_lease = absl::Seconds(60);
+  // The job's state across restarts (JobDriver::Options::state_file); empty: not kept.
+  std::string state_file;
   int metrics_port = 0;  // Prometheus /metrics; 0: any free port; -1: off
 };
 

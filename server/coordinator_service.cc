@@ -1,5 +1,7 @@
 #include "server/coordinator_service.h"
 
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "net/grpc_util.h"
@@ -12,6 +14,7 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
     return grpc::Status(grpc::INVALID_ARGUMENT, "register: empty worker address");
   const absl::Time deadline =
       std::min(absl::FromChrono(ctx->deadline()), absl::Now() + absl::Seconds(120));
+  VLOG(1) << "worker " << req->address() << " (pid " << req->pid() << ") registers";
   absl::StatusOr<v1::RegisterResponse> r =
       registry_->Register(*req, deadline, [ctx] { return ctx->IsCancelled(); });
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -24,10 +27,12 @@ grpc::Status CoordinatorService::Register(grpc::ServerContext* ctx, const v1::Re
 
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* req,
                                            v1::HeartbeatResponse* resp) {
-  if (absl::Status s = registry_->Heartbeat(req->rank(), req->cluster_id()); !s.ok())
-    return ToGrpcStatus(s);
-  if (metrics_ != nullptr) metrics_->OnHeartbeat(req->rank(), absl::Now());
+  absl::StatusOr<bool> restart =
+      registry_->Heartbeat(req->rank(), req->cluster_id(), req->generation(), req->incarnation());
+  if (!restart.ok()) return ToGrpcStatus(restart.status());
   resp->set_shutdown(registry_->shutdown_requested());
+  resp->set_restart(*restart);
+  if (metrics_ != nullptr && !*restart) metrics_->OnHeartbeat(req->rank(), absl::Now());
   return grpc::Status::OK;
 }
 
@@ -42,10 +47,24 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx,
                         absl::StrCat("a job is already running on this cluster (", state,
                                      ", at step ", step, "); try again when it ends"));
   }
+  // A client that goes away cancels its job at once, not at the job's next report; while its call
+  // is open, its session is alive.
+  const std::string session = SessionOf(*ctx);
+  absl::Notification finished;
+  std::thread watcher([&] {
+    do {
+      leases_->Touch(session);
+    } while (!finished.WaitForNotificationWithTimeout(absl::Milliseconds(100)) &&
+             !ctx->IsCancelled());
+    if (!finished.HasBeenNotified()) driver_->Cancel();
+  });
+
   absl::Status s = driver_->Run(req->job(), [&](const v1::JobEvent& e) {
     if (ctx->IsCancelled()) return false;
     return writer->Write(e);
   });
+  finished.Notify();
+  watcher.join();
   job_mu_.Unlock();
   return ToGrpcStatus(s);
 }
@@ -73,38 +92,50 @@ grpc::Status CoordinatorService::GetStatus(grpc::ServerContext*, const v1::GetSt
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::PutArray(grpc::ServerContext*, const v1::PutArrayRequest* req,
+grpc::Status CoordinatorService::PutArray(grpc::ServerContext* ctx, const v1::PutArrayRequest* req,
                                           v1::PutArrayResponse* resp) {
+  const std::string session = SessionOf(*ctx);
+  leases_->Touch(session);
   absl::StatusOr<Tensor> array = Tensor::FromProto(req->array());
   if (!array.ok()) return ToGrpcStatus(array.status());
   absl::StatusOr<v1::ArrayInfo> info =
       arrays_->Put(*array, PartitionSpec::FromProto(req->spec()), req->id());
   if (!info.ok()) return ToGrpcStatus(info.status());
+  leases_->Own(session, info->id());
   *resp->mutable_info() = *std::move(info);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::GetArray(grpc::ServerContext*, const v1::GetArrayRequest* req,
+grpc::Status CoordinatorService::GetArray(grpc::ServerContext* ctx, const v1::GetArrayRequest* req,
                                           v1::GetArrayResponse* resp) {
+  leases_->Touch(SessionOf(*ctx));
   return ToGrpcStatus(arrays_->GetBlocks(req->id(), resp));
 }
 
-grpc::Status CoordinatorService::DeleteArray(grpc::ServerContext*,
+grpc::Status CoordinatorService::DeleteArray(grpc::ServerContext* ctx,
                                              const v1::DeleteArrayRequest* req,
                                              v1::DeleteArrayResponse*) {
-  return ToGrpcStatus(arrays_->Delete(req->id()));
+  leases_->Touch(SessionOf(*ctx));
+  absl::Status s = arrays_->Delete(req->id());
+  if (s.ok()) leases_->Disown(req->id());
+  return ToGrpcStatus(s);
 }
 
-grpc::Status CoordinatorService::ShardMap(grpc::ServerContext*, const v1::ShardMapRequest* req,
+grpc::Status CoordinatorService::ShardMap(grpc::ServerContext* ctx, const v1::ShardMapRequest* req,
                                           v1::ShardMapResponse* resp) {
+  const std::string session = SessionOf(*ctx);
+  leases_->Touch(session);
   absl::StatusOr<v1::ShardMapResponse> result = arrays_->ShardMap(*req);
   if (!result.ok()) return ToGrpcStatus(result.status());
+  for (const v1::ArrayInfo& out : result->outputs()) leases_->Own(session, out.id());
   *resp = *std::move(result);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::Jit(grpc::ServerContext*, const v1::JitRequest* req,
+grpc::Status CoordinatorService::Jit(grpc::ServerContext* ctx, const v1::JitRequest* req,
                                      v1::JitResponse* resp) {
+  const std::string session = SessionOf(*ctx);
+  leases_->Touch(session);
   bool cache_hit = false;
   absl::StatusOr<std::shared_ptr<const Partitioner::Partitioned>> partitioned =
       partitioner_.Partition(req->program(), &cache_hit);
@@ -120,6 +151,7 @@ grpc::Status CoordinatorService::Jit(grpc::ServerContext*, const v1::JitRequest*
   *call.mutable_feed() = req->feed();
   absl::StatusOr<v1::ShardMapResponse> result = arrays_->ShardMap(call);
   if (!result.ok()) return ToGrpcStatus(result.status());
+  for (const v1::ArrayInfo& out : result->outputs()) leases_->Own(session, out.id());
   *resp->mutable_outputs() = std::move(*result->mutable_outputs());
   *resp->mutable_fetched() = std::move(*result->mutable_fetched());
   for (const std::string& c : (*partitioned)->collectives) resp->add_collectives(c);
@@ -149,18 +181,34 @@ grpc::Status CoordinatorService::SaveCheckpoint(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::RestoreCheckpoint(grpc::ServerContext*,
+grpc::Status CoordinatorService::RestoreCheckpoint(grpc::ServerContext* ctx,
                                                    const v1::RestoreCheckpointRequest* req,
                                                    v1::RestoreCheckpointResponse* resp) {
+  const std::string session = SessionOf(*ctx);
+  leases_->Touch(session);
   absl::StatusOr<v1::RestoreCheckpointResponse> r = arrays_->RestoreCheckpoint(*req);
   if (!r.ok()) return ToGrpcStatus(r.status());
+  for (const v1::ArrayInfo& out : r->arrays()) leases_->Own(session, out.id());
   *resp = *std::move(r);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::ListArrays(grpc::ServerContext*, const v1::ListArraysRequest*,
+grpc::Status CoordinatorService::ListArrays(grpc::ServerContext* ctx, const v1::ListArraysRequest*,
                                             v1::ListArraysResponse* resp) {
-  for (auto& info : arrays_->List()) *resp->add_arrays() = std::move(info);
+  leases_->Touch(SessionOf(*ctx));
+  for (auto& info : arrays_->List()) {
+    info.set_owner(leases_->Owner(info.id()));
+    *resp->add_arrays() = std::move(info);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::KeepAlive(grpc::ServerContext* ctx, const v1::KeepAliveRequest*,
+                                           v1::KeepAliveResponse* resp) {
+  const std::string session = SessionOf(*ctx);
+  leases_->Touch(session);
+  resp->set_lease_seconds(absl::ToDoubleSeconds(leases_->lease()));
+  resp->set_owned_arrays(leases_->OwnedCount(session));
   return grpc::Status::OK;
 }
 

@@ -6,6 +6,7 @@
 #include "absl/synchronization/notification.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "server/array_registry.h"
+#include "server/client_leases.h"
 #include "server/coordinator_metrics.h"
 #include "server/job_driver.h"
 #include "server/partitioner.h"
@@ -13,20 +14,23 @@
 
 namespace meshrun {
 
-// Thread-safe. One job runs at a time; a second SubmitJob fails with FailedPrecondition.
+// Thread-safe. One job runs at a time; a second SubmitJob fails with FailedPrecondition. Every
+// call carrying a client session keeps it alive; arrays a call creates belong to its session.
 class CoordinatorService final : public v1::Coordinator::Service {
  public:
   // `metrics` may be null.
+  // `leases` records which client session owns which array (server/client_leases.h).
   CoordinatorService(WorkerRegistry* registry, JobDriver* driver, ArrayRegistry* arrays,
-                     absl::Duration heartbeat_timeout, CoordinatorMetrics* metrics = nullptr,
-                     std::string metrics_address = "")
+                     ClientLeases* leases, absl::Duration heartbeat_timeout,
+                     CoordinatorMetrics* metrics = nullptr, std::string metrics_address = "")
       : registry_(registry),
         driver_(driver),
         arrays_(arrays),
+        leases_(leases),
         heartbeat_timeout_(heartbeat_timeout),
         metrics_(metrics),
         metrics_address_(std::move(metrics_address)),
-        partitioner_(registry->mesh()) {}
+        partitioner_([registry] { return registry->mesh(); }) {}
 
   grpc::Status Register(grpc::ServerContext*, const v1::RegisterRequest*,
                         v1::RegisterResponse*) override;
@@ -59,6 +63,8 @@ class CoordinatorService final : public v1::Coordinator::Service {
                           v1::ListArraysResponse*) override;
   grpc::Status Shutdown(grpc::ServerContext*, const v1::ShutdownRequest*,
                         v1::ShutdownResponse*) override;
+  grpc::Status KeepAlive(grpc::ServerContext*, const v1::KeepAliveRequest*,
+                         v1::KeepAliveResponse*) override;
 
   // Notified when a client asked for Shutdown.
   absl::Notification& shutdown() { return shutdown_; }
@@ -67,6 +73,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   WorkerRegistry* registry_;
   JobDriver* driver_;
   ArrayRegistry* arrays_;
+  ClientLeases* leases_;
   const absl::Duration heartbeat_timeout_;
   CoordinatorMetrics* metrics_;
   const std::string metrics_address_;

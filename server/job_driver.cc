@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <limits>
 #include <thread>
 
@@ -13,6 +15,7 @@
 #include "core/random/threefry.h"
 #include "core/spmd/shard_map.h"
 #include "glog/logging.h"
+#include "nlohmann/json.hpp"
 
 namespace meshrun {
 
@@ -28,6 +31,18 @@ class JobDriver::Runner {
   absl::Status Loop();
   absl::Status Evaluate();
   int64_t step() const { return step_; }
+  // The checkpoint InitState restored ("" when it initialised the state).
+  const std::string& restored_from() const { return restored_from_; }
+  bool cancelled() const { return cancelled_; }
+  // Forgets the job's arrays and inputs instead of deleting them: the workers that held them are
+  // restarting (the cluster re-forms), and a hung one would hold up every delete to its deadline.
+  void Abandon() {
+    if (save_thread_.joinable()) save_thread_.join();
+    live_ids_.clear();
+    train_input_.clear();
+    eval_input_.clear();
+    abandoned_ = true;
+  }
 
  private:
   bool Info(const std::string& text) {
@@ -74,6 +89,8 @@ class JobDriver::Runner {
   absl::StatusOr<v1::SaveCheckpointResponse> save_result_;
   absl::Duration save_time_;
   bool cancelled_ = false;  // the sink stopped listening
+  bool abandoned_ = false;
+  std::string restored_from_;
 };
 
 std::vector<v1::CheckpointArray> JobDriver::Runner::StateArrays(const std::string& id_prefix,
@@ -181,6 +198,7 @@ absl::Status JobDriver::Runner::InitState() {
       if (!r.ok()) return r.status();
       step_ = first_step_ = r->step();
       resumed_ = true;
+      restored_from_ = *latest;
       Info(absl::StrCat("resumed from ", *latest, " at step ", r->step(), ": ", r->arrays_size(),
                         " arrays, ", r->bytes_read(), " bytes read by the workers"));
       return absl::OkStatus();
@@ -194,7 +212,7 @@ absl::Status JobDriver::Runner::InitState() {
   *init.mutable_program() = job_.init();
   for (const v1::StateArraySpec& a : job_.state())
     if (a.name() != "rng") init.add_output_ids(Id(a.name()));
-  if (absl::StatusOr<v1::ShardMapResponse> r = d_->arrays_->ShardMap(init); !r.ok())
+  if (absl::StatusOr<v1::ShardMapResponse> r = d_->arrays_->ShardMap(init, &d_->cancel_); !r.ok())
     return r.status();
   const PRNGKey key = MakePRNGKey(job_.seed());
   Tensor rng(v1::DTYPE_U32, {2});
@@ -246,7 +264,7 @@ absl::Status JobDriver::Runner::RunSteps(int n, std::vector<std::vector<double>>
   }
   req.set_collective_timeout_seconds(job_.schedule().collective_timeout_seconds());
   req.set_train_steps(true);
-  absl::StatusOr<v1::ShardMapResponse> r = d_->arrays_->ShardMap(req);
+  absl::StatusOr<v1::ShardMapResponse> r = d_->arrays_->ShardMap(req, &d_->cancel_);
   if (!r.ok()) {
     for (int i = 0; i < state; ++i) {  // consumed by the failed call
       live_ids_.erase(std::remove(live_ids_.begin(), live_ids_.end(), Id(job_.state(i).name())),
@@ -286,6 +304,7 @@ absl::Status JobDriver::Runner::FinishSave() {
   if (!save_thread_.joinable()) return absl::OkStatus();
   save_thread_.join();
   if (!save_result_.ok()) return save_result_.status();
+  d_->NoteCheckpoint(save_result_->path());
   Info(absl::StrCat("checkpoint saved: ", save_result_->path(), " (", save_result_->bytes_written(),
                     " bytes in ", absl::FormatDuration(save_time_), ")"));
   return absl::OkStatus();
@@ -313,7 +332,7 @@ absl::Status JobDriver::Runner::SaveAt(int64_t at) {
     absl::StatusOr<v1::ShardMapProgram> program = copy.Build();
     if (!program.ok()) return program.status();
     *req.mutable_program() = *std::move(program);
-    if (absl::StatusOr<v1::ShardMapResponse> r = d_->arrays_->ShardMap(req); !r.ok())
+    if (absl::StatusOr<v1::ShardMapResponse> r = d_->arrays_->ShardMap(req, &d_->cancel_); !r.ok())
       return r.status();
   }
   v1::SaveCheckpointRequest req;
@@ -400,7 +419,8 @@ absl::Status JobDriver::Runner::Loop() {
     if (step_ % log_every != 0 && step_ != total_) continue;
     const absl::Time now = absl::Now();
     Report(step_ - interval_first, values, seconds, collective, now - interval_start);
-    if (cancelled_) return absl::CancelledError("job cancelled: the client went away");
+    if (cancelled_ || d_->cancel_)
+      return absl::CancelledError("job cancelled: the client went away");
     values.clear();
     seconds.clear();
     collective.clear();
@@ -436,7 +456,7 @@ absl::Status JobDriver::Runner::Evaluate() {
   req.mutable_feed()->set_input_id(eval_input_);
   req.mutable_feed()->set_step(0);
   req.set_collective_timeout_seconds(job_.schedule().collective_timeout_seconds());
-  absl::StatusOr<v1::ShardMapResponse> r = d_->arrays_->ShardMap(req);
+  absl::StatusOr<v1::ShardMapResponse> r = d_->arrays_->ShardMap(req, &d_->cancel_);
   if (!r.ok())
     return absl::Status(r.status().code(), absl::StrCat("evaluation: ", r.status().message()));
   const int correct_at = CorrectIndex();
@@ -461,6 +481,7 @@ absl::Status JobDriver::Runner::Evaluate() {
 
 void JobDriver::Runner::Release() {
   if (save_thread_.joinable()) save_thread_.join();
+  if (abandoned_) return;
   for (const std::string& id : live_ids_) d_->arrays_->Delete(id).IgnoreError();
   for (const v1::StateArraySpec& a : job_.state())
     d_->arrays_->Delete(Id("snapshot/" + a.name())).IgnoreError();
@@ -474,6 +495,57 @@ void JobDriver::SetState(const std::string& state, int64_t step, const std::stri
   state_ = state;
   step_ = step;
   error_ = error;
+  WriteStateFileLocked();
+}
+
+void JobDriver::NoteCheckpoint(const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  last_checkpoint_ = path;
+  WriteStateFileLocked();
+}
+
+void JobDriver::WriteStateFileLocked() {
+  if (options_.state_file.empty()) return;
+  const nlohmann::json j = {{"job", job_name_},
+                            {"state", state_},
+                            {"step", step_},
+                            {"error", error_},
+                            {"checkpoint_dir", checkpoint_dir_},
+                            {"last_checkpoint", last_checkpoint_}};
+  const std::string tmp = options_.state_file + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << j.dump() << "\n";
+    if (!out) {
+      LOG(WARNING) << "cannot write the job state file " << tmp;
+      return;
+    }
+  }
+  std::rename(tmp.c_str(), options_.state_file.c_str());
+}
+
+void JobDriver::LoadStateFile() {
+  if (options_.state_file.empty()) return;
+  std::ifstream in(options_.state_file);
+  if (!in) return;
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || j.value("state", "") != "running") return;
+  absl::MutexLock lock(&mu_);
+  job_name_ = j.value("job", "");
+  checkpoint_dir_ = j.value("checkpoint_dir", "");
+  last_checkpoint_ = j.value("last_checkpoint", "");
+  step_ = j.value("step", int64_t{0});
+  state_ = "interrupted";
+  error_ = absl::StrCat(
+      "the coordinator restarted while job '", job_name_, "' ran (last reported step ", step_,
+      "); ",
+      last_checkpoint_.empty()
+          ? std::string("it had committed no checkpoint")
+          : absl::StrCat("its last checkpoint is ", last_checkpoint_,
+                         ": resume it with meshrun train --resume (checkpoint.resume) and ",
+                         "checkpoint.dir ", checkpoint_dir_));
+  LOG(WARNING) << error_;
+  WriteStateFileLocked();
 }
 
 void JobDriver::Status(std::string* state, int64_t* step, std::string* error) {
@@ -483,17 +555,62 @@ void JobDriver::Status(std::string* state, int64_t* step, std::string* error) {
   *error = error_;
 }
 
+void JobDriver::Cancel() { cancel_ = true; }
+
 absl::Status JobDriver::Run(const v1::JobSpec& job, const EventSink& emit) {
+  {
+    absl::MutexLock lock(&mu_);
+    job_name_ = job.name();
+    checkpoint_dir_ = job.checkpoint().dir();
+    last_checkpoint_.clear();
+  }
   SetState("running", 0, "");
+  cancel_ = false;
+  v1::JobSpec attempt = job;
   absl::Status s;
   int64_t step = 0;
-  {
-    Runner run(this, job, emit, absl::StrCat("job-", ++jobs_started_, "/"));
-    s = run.Prepare();
-    if (s.ok()) s = run.InitState();
-    if (s.ok()) s = run.Loop();
-    if (s.ok()) s = run.Evaluate();
-    step = run.step();
+  int restarts = 0;
+  absl::Time failed_at;
+  absl::Duration reform_time;
+  while (true) {
+    const uint64_t generation = registry_->generation();
+    auto run =
+        std::make_unique<Runner>(this, attempt, emit, absl::StrCat("job-", ++jobs_started_, "/"));
+    s = run->Prepare();
+    if (s.ok()) s = run->InitState();
+    if (s.ok() && restarts > 0) {
+      v1::JobEvent e;
+      v1::Recovered* r = e.mutable_recovered();
+      r->set_step(run->step());
+      r->set_checkpoint(run->restored_from());
+      r->set_seconds(absl::ToDoubleSeconds(absl::Now() - failed_at));
+      r->set_reform_seconds(absl::ToDoubleSeconds(reform_time));
+      r->set_restarts(restarts);
+      *r->mutable_mesh() = registry_->mesh().ToProto();
+      LOG(INFO) << "job recovered: " << r->ShortDebugString();
+      if (options_.metrics != nullptr) options_.metrics->OnRecovered(r->seconds());
+      if (!emit(e)) s = absl::CancelledError("job cancelled: the client went away");
+    }
+    if (s.ok()) s = run->Loop();
+    if (s.ok()) s = run->Evaluate();
+    step = run->step();
+    if (s.ok() || restarts >= job.recovery().max_restarts() || run->cancelled() ||
+        absl::IsCancelled(s))
+      break;
+    failed_at = absl::Now();
+    std::vector<v1::WorkerLost> lost = FindLostWorkers(s, step, generation);
+    if (lost.empty()) break;  // not a lost worker: the job's own error
+    run->Abandon();           // its arrays went with the old workers
+    run.reset();
+    ++restarts;
+    absl::Status reformed = Reform(job, lost, s, generation, emit);
+    reform_time = absl::Now() - failed_at;
+    if (!reformed.ok()) {
+      s = reformed;
+      break;
+    }
+    if (!attempt.checkpoint().dir().empty()) attempt.mutable_checkpoint()->set_resume(true);
+    if (attempt.mesh().axes_size() > 0) *attempt.mutable_mesh() = registry_->mesh().ToProto();
   }
   if (!s.ok()) {
     SetState("failed", step, std::string(s.message()));

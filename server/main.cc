@@ -21,6 +21,11 @@ ABSL_FLAG(std::string, tls_dir, "",
 ABSL_FLAG(bool, insecure, false,
           "no TLS and no authentication: any process that reaches the port controls the cluster");
 ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(3), "a worker silent this long is dead");
+ABSL_FLAG(std::string, state_file, "",
+          "keep the job's state here (JSON), so a restarted coordinator reports an interrupted "
+          "job and its last checkpoint");
+ABSL_FLAG(absl::Duration, client_lease, absl::Seconds(60),
+          "a client silent this long (it sends KeepAlive every third of it) loses its arrays");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("meshrun coordinator: mesh topology, sharding plans, job driver");
@@ -37,11 +42,14 @@ int main(int argc, char** argv) {
   o.port_file = absl::GetFlag(FLAGS_port_file);
   o.cluster_id = absl::GetFlag(FLAGS_cluster_id);
   o.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
+  o.client_lease = absl::GetFlag(FLAGS_client_lease);
+  o.state_file = absl::GetFlag(FLAGS_state_file);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   const absl::Status flags =
       meshrun::FirstFailed({meshrun::CheckFlagRange("port", o.port, 0, 65535),
                             meshrun::CheckFlagRange("metrics_port", o.metrics_port, -1, 65535),
-                            meshrun::CheckFlagPositive("heartbeat_timeout", o.heartbeat_timeout)});
+                            meshrun::CheckFlagPositive("heartbeat_timeout", o.heartbeat_timeout),
+                            meshrun::CheckFlagPositive("client_lease", o.client_lease)});
   absl::StatusOr<meshrun::Credentials> creds =
       flags.ok()
           ? meshrun::NodeCredentials(absl::GetFlag(FLAGS_tls_dir), absl::GetFlag(FLAGS_insecure))

@@ -6,9 +6,11 @@ namespace meshrun {
 
 absl::StatusOr<std::shared_ptr<const Partitioner::Partitioned>> Partitioner::Partition(
     const v1::GlobalProgram& program, bool* cache_hit) {
+  const Mesh mesh = mesh_();
   std::string key;
   if (!program.SerializeToString(&key))
     return absl::InvalidArgumentError("unserialisable global program");
+  key += "|" + mesh.ToString();
   {
     absl::MutexLock lock(&mu_);
     for (auto it = cache_.begin(); it != cache_.end(); ++it) {
@@ -19,7 +21,7 @@ absl::StatusOr<std::shared_ptr<const Partitioner::Partitioned>> Partitioner::Par
     }
   }
   if (cache_hit != nullptr) *cache_hit = false;
-  absl::StatusOr<std::unique_ptr<JitBuilder>> jit = JitBuilder::FromGlobalProgram(mesh_, program);
+  absl::StatusOr<std::unique_ptr<JitBuilder>> jit = JitBuilder::FromGlobalProgram(mesh, program);
   if (!jit.ok()) return jit.status();
   absl::StatusOr<v1::ShardMapProgram> built = (*jit)->Build();
   if (!built.ok()) return built.status();

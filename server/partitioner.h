@@ -7,6 +7,7 @@
 #ifndef MESHRUN_SERVER_PARTITIONER_H_
 #define MESHRUN_SERVER_PARTITIONER_H_
 
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
@@ -29,17 +30,21 @@ class Partitioner {
     std::vector<std::string>
         collectives;  // inserted, in order: "psum(model)", "all_gather(data)@1"
   };
-  explicit Partitioner(Mesh mesh, size_t capacity = 8)
+  // Partitions for the mesh `mesh` returns at each call (the cluster's, which recovery may shrink;
+  // the cache is keyed by the mesh and the program).
+  explicit Partitioner(std::function<Mesh()> mesh, size_t capacity = 8)
       : mesh_(std::move(mesh)), capacity_(capacity) {}
+  explicit Partitioner(const Mesh& mesh, size_t capacity = 8)
+      : Partitioner([mesh] { return mesh; }, capacity) {}
 
   // Errors: InvalidArgument naming the op (its index and kind) for a malformed program, or the
-  // op and dim whose shape or layout does not partition on this mesh. `cache_hit` (optional) says
-  // whether an earlier call partitioned the same program.
+  // op and dim whose shape or layout does not partition on the mesh. `cache_hit` (optional) says
+  // whether an earlier call partitioned the same program for the same mesh.
   absl::StatusOr<std::shared_ptr<const Partitioned>> Partition(const v1::GlobalProgram& program,
                                                                bool* cache_hit = nullptr);
 
  private:
-  const Mesh mesh_;
+  const std::function<Mesh()> mesh_;
   const size_t capacity_;
   absl::Mutex mu_;
   // Most recently used first.

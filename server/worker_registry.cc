@@ -1,16 +1,93 @@
 #include "server/worker_registry.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "glog/logging.h"
 
 namespace meshrun {
 
-WorkerRegistry::WorkerRegistry(Mesh mesh, std::string cluster_id, bool adopt_cluster_id)
-    : mesh_(std::move(mesh)),
+WorkerRegistry::WorkerRegistry(Mesh mesh, std::string cluster_id, bool adopt_cluster_id,
+                               absl::Duration heartbeat_timeout)
+    : heartbeat_timeout_(heartbeat_timeout),
+      mesh_(std::move(mesh)),
+      generation_(static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()))),
+      first_generation_(generation_),
       cluster_id_(std::move(cluster_id)),
       adopt_cluster_id_(adopt_cluster_id),
       workers_(mesh_.size()),
-      collective_epoch_(static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()))) {}
+      collective_epoch_(generation_) {}
+
+Mesh WorkerRegistry::mesh() {
+  absl::MutexLock lock(&mu_);
+  return mesh_;
+}
+
+int WorkerRegistry::expected() {
+  absl::MutexLock lock(&mu_);
+  return mesh_.size();
+}
+
+int WorkerRegistry::RegisteredCount() {
+  absl::MutexLock lock(&mu_);
+  return RegisteredCountLocked();
+}
+
+absl::Status WorkerRegistry::Shrink(const Mesh& smaller) {
+  absl::MutexLock lock(&mu_);
+  std::vector<Entry> kept;
+  for (const Entry& e : workers_) {
+    if (e.registered && static_cast<int>(kept.size()) < smaller.size()) kept.push_back(e);
+  }
+  if (static_cast<int>(kept.size()) < smaller.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        kept.size(), " workers are registered; ", smaller.ToString(), " needs ", smaller.size()));
+  }
+  LOG(WARNING) << "continuing on " << smaller.ToString() << " (was " << mesh_.ToString()
+               << ") with the workers that rejoined";
+  mesh_ = smaller;
+  for (int r = 0; r < static_cast<int>(kept.size()); ++r) kept[r].peer.set_rank(r);
+  workers_ = std::move(kept);
+  formed_at_ = absl::Now();
+  ++generation_;
+  ++collective_epoch_;
+  return absl::OkStatus();
+}
+
+uint64_t WorkerRegistry::generation() {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+std::vector<v1::PeerInfo> WorkerRegistry::last_lost() {
+  absl::MutexLock lock(&mu_);
+  return last_lost_;
+}
+
+uint64_t WorkerRegistry::BeginRecovery(const std::vector<int>& lost, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  return BeginRecoveryLocked(lost, reason);
+}
+
+uint64_t WorkerRegistry::BeginRecoveryLocked(const std::vector<int>& lost,
+                                             const std::string& reason) {
+  ++generation_;
+  ++collective_epoch_;  // nothing of the old generation's collectives is read again
+  survivor_grace_end_ = absl::Now() + kSurvivorGrace;
+  last_lost_.clear();
+  for (int r = 0; r < ExpectedLocked(); ++r) {
+    Entry& e = workers_[r];
+    const bool is_lost = std::find(lost.begin(), lost.end(), r) != lost.end();
+    if (is_lost) last_lost_.push_back(e.peer);
+    e.kept_for_survivor = e.registered && !is_lost;
+    e.registered = false;
+    e.ready = false;
+  }
+  LOG(WARNING) << "re-forming the cluster (generation " << generation_ << ") without ranks ["
+               << absl::StrJoin(lost, ", ") << "]: " << reason;
+  return generation_;
+}
 
 std::string WorkerRegistry::cluster_id() {
   absl::MutexLock lock(&mu_);
@@ -34,7 +111,7 @@ int WorkerRegistry::RegisteredCountLocked() const {
 }
 
 void WorkerRegistry::ReleaseIfWaitingLocked(int rank, const std::string& address) {
-  if (RegisteredCountLocked() == expected()) return;  // the mesh formed: the rank is kept
+  if (RegisteredCountLocked() == ExpectedLocked()) return;  // the mesh formed: the rank is kept
   if (workers_[rank].registered && workers_[rank].peer.address() == address)
     workers_[rank] = Entry();
 }
@@ -52,34 +129,41 @@ absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(
   }
   adopt_cluster_id_ = false;
   int rank = -1;
-  for (int r = 0; r < expected(); ++r) {
-    if (workers_[r].registered && workers_[r].peer.address() == req.address()) rank = r;
+  for (int r = 0; r < ExpectedLocked(); ++r) {
+    const Entry& e = workers_[r];
+    if (!e.registered || e.peer.address() != req.address()) continue;
+    if (e.incarnation == req.incarnation()) {
+      rank = r;  // the same process again (a retried call, or a rejoin)
+    } else if (RegisteredCountLocked() < ExpectedLocked()) {
+      workers_[r] = Entry();  // still forming: the new process simply takes the place
+    } else {
+      BeginRecoveryLocked({r},
+                          absl::StrCat("a new process (pid ", req.pid(), ") serves ", req.address(),
+                                       " in place of rank ", r, " (pid ", e.peer.pid(), ")"));
+    }
   }
   if (rank < 0) {
-    if (req.requested_rank() >= 0) {
-      if (req.requested_rank() >= expected()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "requested rank ", req.requested_rank(), " is out of range for ", mesh_.ToString()));
-      }
-      if (workers_[req.requested_rank()].registered) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("requested rank ", req.requested_rank(), " is taken by ",
-                         workers_[req.requested_rank()].peer.address()));
-      }
-      rank = req.requested_rank();
-    } else {
-      for (int r = 0; r < expected() && rank < 0; ++r) {
-        if (!workers_[r].registered) rank = r;
-      }
+    bool full = false;
+    absl::StatusOr<int> assigned = AssignRankLocked(req, &full);
+    // A full mesh: a replacement often starts (respawned) before its predecessor's loss is known.
+    // Wait until a rank frees or a holder has been silent past the heartbeat timeout, then refuse.
+    const absl::Time full_until =
+        std::min(deadline, absl::Now() + heartbeat_timeout_ + absl::Milliseconds(200));
+    while (!assigned.ok() && full && absl::Now() < full_until && !(cancelled && cancelled())) {
+      auto not_full = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+        return RegisteredCountLocked() < ExpectedLocked();
+      };
+      mu_.AwaitWithDeadline(absl::Condition(&not_full),
+                            std::min(full_until, absl::Now() + absl::Milliseconds(100)));
+      assigned = AssignRankLocked(req, &full);
     }
-    if (rank < 0) {
-      return absl::FailedPreconditionError(absl::StrCat("cluster is full: ", expected(), " of ",
-                                                        expected(), " workers registered for ",
-                                                        mesh_.ToString()));
-    }
+    if (!assigned.ok()) return assigned.status();
+    rank = *assigned;
     Entry& e = workers_[rank];
     e.registered = true;
     e.ready = false;
+    e.kept_for_survivor = false;
+    e.incarnation = req.incarnation();
     e.peer.set_rank(rank);
     e.peer.set_address(req.address());
     e.peer.set_pid(req.pid());
@@ -87,40 +171,125 @@ absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(
     e.peer.set_metrics_address(req.metrics_address());
     e.peer.set_shm_host_id(req.shm_host_id());
     e.last_heartbeat = absl::Now();
+    if (RegisteredCountLocked() == ExpectedLocked()) formed_at_ = absl::Now();
   }
-  auto all = [this]()
-                 ABSL_SHARED_LOCKS_REQUIRED(mu_) { return RegisteredCountLocked() == expected(); };
+  // The rank this registration holds: the one assigned above, unless the mesh shrank (ranks
+  // renumbered) or re-formed meanwhile (-1: not in the mesh).
+  const auto held = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    for (int r = 0; r < ExpectedLocked(); ++r) {
+      const Entry& e = workers_[r];
+      if (e.registered && e.peer.address() == req.address() && e.incarnation == req.incarnation())
+        return r;
+    }
+    return -1;
+  };
+  auto all = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return RegisteredCountLocked() == ExpectedLocked() && held() >= 0;
+  };
   while (!mu_.AwaitWithDeadline(absl::Condition(&all),
                                 std::min(deadline, absl::Now() + absl::Milliseconds(100)))) {
     const bool left = cancelled && cancelled();
     if (!left && absl::Now() < deadline) continue;
     const int joined = RegisteredCountLocked();
-    ReleaseIfWaitingLocked(rank, req.address());
-    const std::string why = absl::StrCat("registered as rank ", rank, " but only ", joined, " of ",
-                                         expected(), " workers have joined");
+    const int now_rank = held();
+    if (now_rank < 0) {
+      return absl::DeadlineExceededError(absl::StrCat("the cluster re-formed as ", mesh_.ToString(),
+                                                      " without this worker (", req.address(),
+                                                      "); register again to join it"));
+    }
+    ReleaseIfWaitingLocked(now_rank, req.address());
+    const std::string why = absl::StrCat("registered as rank ", now_rank, " but only ", joined,
+                                         " of ", ExpectedLocked(), " workers have joined");
     if (left) return absl::CancelledError(absl::StrCat(why, "; the worker left, its rank is free"));
     return absl::DeadlineExceededError(why);
   }
+  rank = held();
   v1::RegisterResponse resp;
   resp.set_rank(rank);
   *resp.mutable_mesh() = mesh_.ToProto();
   for (int c : mesh_.Coords(rank)) resp.add_coords(c);
   for (const auto& w : workers_) *resp.add_peers() = w.peer;
-  resp.set_ring_prev((rank + expected() - 1) % expected());
-  resp.set_ring_next((rank + 1) % expected());
+  resp.set_ring_prev((rank + ExpectedLocked() - 1) % ExpectedLocked());
+  resp.set_ring_next((rank + 1) % ExpectedLocked());
   resp.set_cluster_id(cluster_id_);
+  resp.set_generation(generation_);
   return resp;
 }
 
-absl::Status WorkerRegistry::Heartbeat(int rank, const std::string& cluster_id) {
+absl::StatusOr<int> WorkerRegistry::AssignRankLocked(const v1::RegisterRequest& req, bool* full) {
+  *full = false;
+  // Silent past the heartbeat timeout since its last heartbeat or the mesh's forming, whichever
+  // is later (while the mesh forms, registered workers wait in Register and send none).
+  const auto dead = [&](int r) ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return workers_[r].registered && RegisteredCountLocked() == ExpectedLocked() &&
+           absl::Now() - std::max(workers_[r].last_heartbeat, formed_at_) > heartbeat_timeout_;
+  };
+  const int want = req.requested_rank();
+  if (want >= ExpectedLocked()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("requested rank ", want, " is out of range for ", mesh_.ToString()));
+  }
+  if (want >= 0) {
+    if (dead(want)) {
+      BeginRecoveryLocked({want}, absl::StrCat("rank ", want, " (", workers_[want].peer.address(),
+                                               ") is silent and ", req.address(), " asks for it"));
+    }
+    if (workers_[want].registered) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("requested rank ", want, " is taken by ", workers_[want].peer.address()));
+    }
+    return want;
+  }
+  const auto free_rank = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool in_grace = absl::Now() < survivor_grace_end_;
+    for (int r = 0; r < ExpectedLocked(); ++r) {
+      if (!workers_[r].registered && !(in_grace && workers_[r].kept_for_survivor)) return r;
+    }
+    return -1;
+  };
+  int rank = free_rank();
+  if (rank < 0 && RegisteredCountLocked() == ExpectedLocked()) {
+    std::vector<int> silent;
+    for (int r = 0; r < ExpectedLocked(); ++r) {
+      if (dead(r)) silent.push_back(r);
+    }
+    if (!silent.empty()) {
+      BeginRecoveryLocked(silent,
+                          absl::StrCat("ranks [", absl::StrJoin(silent, ", "), "] are silent and ",
+                                       req.address(), " joins in their place"));
+      rank = free_rank();
+    }
+  }
+  if (rank >= 0) return rank;
+  if (RegisteredCountLocked() < ExpectedLocked()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the cluster is re-forming and its free ranks are kept for the surviving workers for ",
+        absl::FormatDuration(survivor_grace_end_ - absl::Now()), "; try again"));
+  }
+  *full = true;
+  return absl::FailedPreconditionError(absl::StrCat("cluster is full: ", ExpectedLocked(), " of ",
+                                                    ExpectedLocked(), " workers registered for ",
+                                                    mesh_.ToString()));
+}
+
+absl::StatusOr<bool> WorkerRegistry::Heartbeat(int rank, const std::string& cluster_id,
+                                               uint64_t generation, uint64_t incarnation) {
   absl::MutexLock lock(&mu_);
-  if (cluster_id != cluster_id_ || rank < 0 || rank >= expected() || !workers_[rank].registered) {
+  if (cluster_id == cluster_id_ && generation >= first_generation_ && generation < generation_)
+    return true;  // a worker of an earlier generation: the cluster re-formed without it
+  if (cluster_id != cluster_id_ || rank < 0 || rank >= ExpectedLocked() ||
+      !workers_[rank].registered) {
     return absl::NotFoundError(absl::StrCat("no rank ", rank, " in cluster '", cluster_id,
                                             "' (this is '", cluster_id_, "')"));
   }
+  if (workers_[rank].incarnation != incarnation) {
+    return absl::NotFoundError(absl::StrCat("rank ", rank, " is held by another process (",
+                                            workers_[rank].peer.address(), ", pid ",
+                                            workers_[rank].peer.pid(), ")"));
+  }
   workers_[rank].last_heartbeat = absl::Now();
   workers_[rank].ready = true;
-  return absl::OkStatus();
+  return false;
 }
 
 absl::Status WorkerRegistry::WaitUntilReady(absl::Time deadline) {
@@ -133,10 +302,10 @@ absl::Status WorkerRegistry::WaitUntilReady(absl::Time deadline) {
   };
   if (mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) return absl::OkStatus();
   std::vector<int> missing;
-  for (int r = 0; r < expected(); ++r) {
+  for (int r = 0; r < ExpectedLocked(); ++r) {
     if (!workers_[r].ready) missing.push_back(r);
   }
-  return absl::DeadlineExceededError(absl::StrCat(RegisteredCountLocked(), " of ", expected(),
+  return absl::DeadlineExceededError(absl::StrCat(RegisteredCountLocked(), " of ", ExpectedLocked(),
                                                   " workers registered; not ready: ranks ",
                                                   absl::StrJoin(missing, ", ")));
 }
@@ -145,10 +314,15 @@ std::vector<int> WorkerRegistry::DeadRanks(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   std::vector<int> dead;
   const absl::Time now = absl::Now();
-  for (int r = 0; r < expected(); ++r) {
+  for (int r = 0; r < ExpectedLocked(); ++r) {
     if (workers_[r].registered && now - workers_[r].last_heartbeat > timeout) dead.push_back(r);
   }
   return dead;
+}
+
+v1::PeerInfo WorkerRegistry::Peer(int rank) {
+  absl::MutexLock lock(&mu_);
+  return rank >= 0 && rank < ExpectedLocked() ? workers_[rank].peer : v1::PeerInfo();
 }
 
 std::vector<v1::PeerInfo> WorkerRegistry::Peers() {
@@ -175,7 +349,7 @@ std::vector<v1::WorkerStatus> WorkerRegistry::Snapshot(absl::Duration heartbeat_
 
 std::string WorkerRegistry::Describe(int rank) {
   absl::MutexLock lock(&mu_);
-  if (rank < 0 || rank >= expected()) return absl::StrCat("rank ", rank);
+  if (rank < 0 || rank >= ExpectedLocked()) return absl::StrCat("rank ", rank);
   const auto& p = workers_[rank].peer;
   return absl::StrCat("rank ", rank, " (", p.address(), ", pid ", p.pid(), ")");
 }

@@ -21,25 +21,61 @@ class WorkerRegistry {
  public:
   // `adopt_cluster_id`: the id was not chosen by the operator, so a restarted coordinator takes
   // the id its re-registering workers present (RegisterRequest.cluster_id) while none has joined.
-  WorkerRegistry(Mesh mesh, std::string cluster_id, bool adopt_cluster_id = false);
+  // `heartbeat_timeout`: a registered worker silent this long is dead, and a fresh worker that
+  // registers while one is re-forms the cluster in its place (BeginRecovery).
+  WorkerRegistry(Mesh mesh, std::string cluster_id, bool adopt_cluster_id = false,
+                 absl::Duration heartbeat_timeout = absl::Seconds(3));
 
-  const Mesh& mesh() const { return mesh_; }
+  // The mesh (a copy: Shrink may replace it).
+  Mesh mesh();
   std::string cluster_id();
-  int expected() const { return mesh_.size(); }
+  int expected();
+  absl::Duration heartbeat_timeout() const { return heartbeat_timeout_; }
 
   // Registers a worker and blocks until every expected worker has registered, `deadline` passes
   // or `cancelled` (polled every 100 ms; the worker's call was cancelled: it left) returns true.
-  // A worker that registers again from the same address keeps its rank. A worker that gives up
+  // A worker that registers again from the same address keeps its rank; another process from that
+  // address (another incarnation) replaces it at once (BeginRecovery). A worker that gives up
   // (deadline or cancellation) before the mesh is complete frees its rank, so a fresh worker can
-  // take it. Errors: DeadlineExceeded saying how many workers are still missing; Cancelled;
+  // take it. A worker that finds the mesh whole waits up to the heartbeat timeout for a holder to
+  // fall silent (a respawned replacement often starts before its predecessor's loss is known)
+  // before it is refused. While the cluster re-forms (BeginRecovery), the survivors' ranks are kept
+  // for them (they ask for them) until `kSurvivorGrace` has passed; a fresh worker takes a lost
+  // rank. Errors: DeadlineExceeded saying how many workers are still missing; Cancelled;
   // FailedPrecondition when the cluster is full or the requested rank is taken (naming its
   // holder) or out of range.
   absl::StatusOr<v1::RegisterResponse> Register(const v1::RegisterRequest& request,
                                                 absl::Time deadline,
                                                 const std::function<bool()>& cancelled = nullptr);
 
-  // Records a heartbeat. Errors: NotFound for an unknown rank or another cluster's id.
-  absl::Status Heartbeat(int rank, const std::string& cluster_id);
+  // Records a heartbeat of `generation` (RegisterResponse.generation; 0: unknown). Returns true
+  // when the worker must restart: it belongs to an earlier generation of this coordinator's
+  // cluster, which is re-forming. Errors: NotFound for an unknown rank or another cluster's id.
+  // `incarnation` must be the registered process's (RegisterRequest.incarnation): another
+  // process cannot keep a rank alive. Errors: NotFound also for another incarnation.
+  absl::StatusOr<bool> Heartbeat(int rank, const std::string& cluster_id, uint64_t generation = 0,
+                                 uint64_t incarnation = 0);
+
+  // Re-forms the cluster after the loss of `lost` (ranks; elastic recovery, as torchrun's agent
+  // does on a worker failure): a new generation begins, every rank is unregistered, the
+  // survivors are told to restart by their next heartbeat (and rejoin, asking for their ranks,
+  // which are kept for them for kSurvivorGrace), and a fresh worker takes a lost rank. The mesh is
+  // whole again once every rank has registered (WaitUntilReady). Returns the new generation.
+  uint64_t BeginRecovery(const std::vector<int>& lost, const std::string& reason);
+  // Changes on every BeginRecovery; a coordinator's first one is its start time in microseconds,
+  // so a restarted coordinator's never equals its predecessor's.
+  uint64_t generation();
+  // The workers the latest BeginRecovery re-formed the cluster without, as they were registered.
+  std::vector<v1::PeerInfo> last_lost();
+  static constexpr absl::Duration kSurvivorGrace = absl::Seconds(15);
+  // Continues on `smaller` (recovery.min_workers, as Horovod elastic does) when the mesh did not
+  // re-form: the workers registered in the current generation take ranks 0..smaller.size()-1 in
+  // their rank order (their pending registrations then answer with the new mesh), the others
+  // stay out (their registrations time out), and a new generation begins. Errors:
+  // FailedPrecondition when fewer than smaller.size() workers are registered.
+  absl::Status Shrink(const Mesh& smaller);
+  // Workers registered in the current generation.
+  int RegisteredCount();
 
   // Blocks until every worker has registered and sent a heartbeat since (so its services are
   // set up). Errors: DeadlineExceeded naming the ranks (or count) still missing.
@@ -47,6 +83,9 @@ class WorkerRegistry {
 
   // Ranks whose last heartbeat is older than `timeout`.
   std::vector<int> DeadRanks(absl::Duration timeout);
+  // The worker that held `rank` (registered now or before the cluster last re-formed); a
+  // default PeerInfo for a rank never held.
+  v1::PeerInfo Peer(int rank);
   // Every registered worker, by rank.
   std::vector<v1::PeerInfo> Peers();
   std::vector<v1::WorkerStatus> Snapshot(absl::Duration heartbeat_timeout);
@@ -66,18 +105,35 @@ class WorkerRegistry {
 
  private:
   struct Entry {
-    v1::PeerInfo peer;
+    v1::PeerInfo peer;  // kept after the cluster re-forms, until the rank is taken again
     bool registered = false;
     bool ready = false;  // heartbeated after registering
     absl::Time last_heartbeat;
+    bool kept_for_survivor = false;  // re-forming: a fresh worker does not take this rank
+    uint64_t incarnation = 0;        // RegisterRequest.incarnation
   };
   int RegisteredCountLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  uint64_t BeginRecoveryLocked(const std::vector<int>& lost, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rank a fresh registration gets: the requested one, else the first free one (a survivor's
+  // rank only after its grace), re-forming the cluster in place of a dead worker when none is
+  // free. Errors: FailedPrecondition as Register's; `*full` says the mesh is whole and alive.
+  absl::StatusOr<int> AssignRankLocked(const v1::RegisterRequest& req, bool* full)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees `rank` if `address` still holds it and the mesh is incomplete (a worker that left).
   void ReleaseIfWaitingLocked(int rank, const std::string& address)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const Mesh mesh_;
+  int ExpectedLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return mesh_.size(); }
+
+  const absl::Duration heartbeat_timeout_;
   absl::Mutex mu_;
+  Mesh mesh_ ABSL_GUARDED_BY(mu_);
+  uint64_t generation_ ABSL_GUARDED_BY(mu_);
+  const uint64_t first_generation_;
+  absl::Time survivor_grace_end_ ABSL_GUARDED_BY(mu_);
+  absl::Time formed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the mesh last became whole
+  std::vector<v1::PeerInfo> last_lost_ ABSL_GUARDED_BY(mu_);
   std::string cluster_id_ ABSL_GUARDED_BY(mu_);
   bool adopt_cluster_id_ ABSL_GUARDED_BY(mu_);
   std::vector<Entry> workers_ ABSL_GUARDED_BY(mu_);

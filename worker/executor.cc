@@ -71,7 +71,7 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
   }
   ex->AnalyzeBuffers();
   for (const v1::Function& f : ex->program_.functions()) {
-    CompiledFunction cf{&f, {}, {}};
+    CompiledFunction cf{&f, {}, {}, {}};
     for (int i = 0; i < f.ops_size(); ++i) {
       absl::StatusOr<CompiledOp> op = ex->Compile(f.ops(i));
       if (!op.ok()) {
@@ -81,6 +81,8 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
       }
       cf.ops.push_back(*std::move(op));
       if (ex->options_.observer != nullptr) cf.recorders.push_back(ex->RecorderFor(f.ops(i)));
+      cf.collectives.emplace_back(CollectiveName(f.ops(i)),
+                                  absl::StrJoin(f.ops(i).axis_names(), ","));
     }
     ex->functions_[f.name()] = std::move(cf);
   }
@@ -359,8 +361,15 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
   for (const Placement& p : placements_)
     buffers_.at(p.part).ShareMemory(buffers_.at(p.whole), p.byte_offset);
   const bool record = !cf.recorders.empty();
+  int collective_index = 0;
   for (size_t i = 0; i < cf.ops.size(); ++i) {
-    const absl::Time start = record ? absl::Now() : absl::InfinitePast();
+    const bool collective = !cf.collectives[i].first.empty();
+    const absl::Time start = record || collective ? absl::Now() : absl::InfinitePast();
+    if (collective && arrivals_.size() < kMaxArrivals) {
+      arrivals_.push_back(
+          {collective_index, &cf.collectives[i].first, &cf.collectives[i].second, start});
+    }
+    collective_index += collective;
     absl::Status s = cf.ops[i](ctx);
     if (record) cf.recorders[i](absl::Now() - start);
     if (!s.ok()) {
@@ -372,8 +381,7 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
   return absl::OkStatus();
 }
 
-OpObserver::Recorder Executor::RecorderFor(const v1::Op& op) {
-  std::string collective;
+std::string Executor::CollectiveName(const v1::Op& op) {
   static const std::map<v1::OpKind, std::string> kCollectives = {
       {v1::OP_PSUM, "psum"},
       {v1::OP_PMEAN, "pmean"},
@@ -383,27 +391,31 @@ OpObserver::Recorder Executor::RecorderFor(const v1::Op& op) {
       {v1::OP_PPERMUTE, "ppermute"},
       {v1::OP_ALL_TO_ALL, "all_to_all"}};
   auto it = kCollectives.find(op.kind());
-  if (it != kCollectives.end()) {
-    collective = it->second;
-  } else if (op.kind() == v1::OP_ADAM_UPDATE && op.axis_names_size() > 0) {
+  if (it != kCollectives.end()) return it->second;
+  if (op.kind() == v1::OP_ADAM_UPDATE && op.axis_names_size() > 0)
+    return absl::StartsWith(op.fn(), "mean") ? "pmean" : "psum";
+  return "";
+}
+
+OpObserver::Recorder Executor::RecorderFor(const v1::Op& op) {
+  const std::string collective = CollectiveName(op);
+  if (collective.empty()) {
+    return options_.observer->ForKernel(
+        absl::AsciiStrToLower(v1::OpKind_Name(op.kind()).substr(3)));  // matmul
+  }
+  int64_t bytes = 0;
+  if (op.kind() == v1::OP_ADAM_UPDATE) {
     // The gradient's all-reduce fused with the update: counted as the collective it replaces
     // (its time includes the update), its bytes the gradient's and its joined reductions'.
-    collective = absl::StartsWith(op.fn(), "mean") ? "pmean" : "psum";
-    int64_t bytes = 0;
     for (int i = 1; i < op.inputs_size(); i += i == 1 ? 4 : 1) {
       if (const Tensor* t = buffer(op.inputs(i))) bytes += static_cast<int64_t>(t->size_bytes());
     }
-    return options_.observer->ForCollective(collective, absl::StrJoin(op.axis_names(), ","), bytes);
-  }
-  if (!collective.empty()) {
-    int64_t bytes = 0;
+  } else {
     for (const auto& name : op.inputs()) {
       if (const Tensor* t = buffer(name)) bytes += static_cast<int64_t>(t->size_bytes());
     }
-    return options_.observer->ForCollective(collective, absl::StrJoin(op.axis_names(), ","), bytes);
   }
-  return options_.observer->ForKernel(
-      absl::AsciiStrToLower(v1::OpKind_Name(op.kind()).substr(3)));  // matmul
+  return options_.observer->ForCollective(collective, absl::StrJoin(op.axis_names(), ","), bytes);
 }
 
 absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {

@@ -88,6 +88,17 @@ class Executor {
   const Options& options() const { return options_; }
   // Time spent in collective ops since creation (waiting for peers included).
   absl::Duration collective_time() const { return collective_time_; }
+  // When this rank arrived at each collective op (the straggler ledger: the coordinator compares
+  // ranks' arrivals at the same collective). `index` counts the collectives of one Run from 0.
+  struct Arrival {
+    int index;
+    const std::string* op;    // jax.lax name: "psum", "all_gather", ...
+    const std::string* axes;  // "data", "i,j"
+    absl::Time when;
+  };
+  // The arrivals since the last call (at most kMaxArrivals are kept; later ones are dropped).
+  std::vector<Arrival> TakeArrivals() { return std::move(arrivals_); }
+  static constexpr size_t kMaxArrivals = 4096;
   // Bytes held by buffers of `role` (all roles when BUFFER_ROLE_UNSPECIFIED).
   int64_t ResidentBytes(v1::BufferRole role) const;
 
@@ -98,7 +109,12 @@ class Executor {
     const v1::Function* function;
     std::vector<CompiledOp> ops;
     std::vector<OpObserver::Recorder> recorders;  // empty without an observer
+    // Per op: its jax.lax collective name and axes ("" for other ops).
+    std::vector<std::pair<std::string, std::string>> collectives;
   };
+  // The jax.lax name of `op` if it is a collective (a fused all-reduce + Adam update counts as
+  // the psum or pmean it replaces), else "".
+  static std::string CollectiveName(const v1::Op& op);
   // The observer's recorder for `op`. REQUIRES: options_.observer != nullptr.
   OpObserver::Recorder RecorderFor(const v1::Op& op);
   Executor(const v1::StepProgram& program, const Options& options);
@@ -163,6 +179,7 @@ class Executor {
   std::map<std::string, CompiledFunction> functions_;
   std::map<std::string, std::unique_ptr<Communicator>> communicators_;
   absl::Duration collective_time_;
+  std::vector<Arrival> arrivals_;
 };
 
 // Shared by the op compilers (executor_*.cc): InvalidArgument naming the op when it has other

@@ -2,6 +2,7 @@
 #include <malloc.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -37,9 +38,11 @@ ABSL_FLAG(absl::Duration, orphan_timeout, absl::Seconds(10),
 
 namespace {
 void RankPrefix(std::ostream& s, const google::LogMessageInfo& l, void*) {
-  s << l.severity[0] << ' ' << l.time.hour() << ':' << l.time.min() << ':' << l.time.sec()
-    << " worker rank " << meshrun::CurrentWorkerRank() << " " << l.filename << ':' << l.line_number
-    << "]";
+  char clock[32];
+  std::snprintf(clock, sizeof(clock), "%d:%02d:%02d.%03ld", l.time.hour(), l.time.min(),
+                l.time.sec(), static_cast<long>(l.time.usec() / 1000));
+  s << l.severity[0] << ' ' << clock << " worker rank " << meshrun::CurrentWorkerRank() << " "
+    << l.filename << ':' << l.line_number << "]";
 }
 }  // namespace
 
@@ -72,6 +75,10 @@ int main(int argc, char** argv) {
   o.port = absl::GetFlag(FLAGS_port);
   o.advertise_host = absl::GetFlag(FLAGS_advertise_host);
   o.requested_rank = absl::GetFlag(FLAGS_rank);
+  if (const char* rejoin = std::getenv(meshrun::kRejoinRankEnv); rejoin != nullptr) {
+    if (o.requested_rank < 0) o.requested_rank = std::atoi(rejoin);  // restarted (below)
+    unsetenv(meshrun::kRejoinRankEnv);
+  }
   o.compute_threads = absl::GetFlag(FLAGS_compute_threads);
   o.join_timeout = absl::GetFlag(FLAGS_join_timeout);
   o.orphan_timeout = absl::GetFlag(FLAGS_orphan_timeout);

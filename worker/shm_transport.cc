@@ -1,5 +1,7 @@
 #include "worker/shm_transport.h"
 
+#include <dirent.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -7,6 +9,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/port/process.h"
 #include "glog/logging.h"
@@ -41,6 +44,22 @@ std::string SegmentName(const std::string& cluster_id, int src, int dst) {
 }
 
 }  // namespace
+
+void UnlinkOwnShmSegments() {
+  // SegmentName: "meshrun-<id>-<src>to<dst>-<pid>-<counter>".
+  const std::string pid = absl::StrCat("-", getpid(), "-");
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  while (const dirent* e = readdir(dir)) {
+    const std::string name = e->d_name;
+    if (!absl::StartsWith(name, "meshrun-")) continue;
+    const size_t last = name.rfind('-');
+    if (last == std::string::npos || last < pid.size() - 1) continue;
+    if (name.compare(last - (pid.size() - 1), pid.size(), pid) != 0) continue;
+    shm_unlink(("/" + name).c_str());
+  }
+  closedir(dir);
+}
 
 std::string ShmHostId() {
   const std::string boot = ReadFirstLine("/proc/sys/kernel/random/boot_id");

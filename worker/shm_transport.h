@@ -46,6 +46,11 @@ namespace meshrun {
 // namespaces get different ids (and talk over gRPC). Empty if any part cannot be read.
 std::string ShmHostId();
 
+// Unlinks the /dev/shm ring segments named with this process's pid that are still there: an
+// earlier image of this process (a worker restarts by re-executing itself, keeping its pid) made
+// them and no receiver mapped them (a dead process's, if its pid was reused: garbage too).
+void UnlinkOwnShmSegments();
+
 // Where rank r runs, as its worker registered it.
 struct ShmPeer {
   std::string host_id;  // ShmHostId() of that worker; empty: never shared memory

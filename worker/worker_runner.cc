@@ -3,11 +3,16 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/tensor.h"
 #include "glog/logging.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -66,8 +71,9 @@ absl::StatusOr<v1::RegisterResponse> RegisterWithRetry(v1::Coordinator::Stub& st
 // NotFound: it does not know this worker). Errors: the registration's, or FailedPrecondition when
 // the coordinator's mesh, rank or peers differ from `m` (this worker's transports are built for
 // those; it exits and its process manager starts a fresh one).
-absl::Status Rejoin(v1::Coordinator::Stub& stub, v1::RegisterRequest req, const Membership& m,
+absl::Status Rejoin(v1::Coordinator::Stub& stub, v1::RegisterRequest req, Membership* membership,
                     const WorkerRunnerOptions& o) {
+  const Membership& m = *membership;
   req.set_requested_rank(m.rank);
   req.set_cluster_id(m.cluster_id);
   absl::StatusOr<v1::RegisterResponse> reg = RegisterWithRetry(stub, req, o);
@@ -84,7 +90,27 @@ absl::Status Rejoin(v1::Coordinator::Stub& stub, v1::RegisterRequest req, const 
                      m.rank, " of '", m.cluster_id, "'"));
   }
   LOG(INFO) << "rejoined the restarted coordinator at " << o.coordinator << " as rank " << m.rank;
+  membership->generation = reg->generation();
   return absl::OkStatus();
+}
+
+// Starts this program afresh (execv of /proc/self/exe with the same arguments, from
+// /proc/self/cmdline), asking for `rank` through kRejoinRankEnv. Returns only on failure.
+absl::Status RestartProcess(int rank) {
+  std::string cmdline;
+  {
+    std::ifstream in("/proc/self/cmdline", std::ios::binary);  // closed before the exec
+    cmdline.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  std::vector<std::string> args = absl::StrSplit(cmdline, '\0', absl::SkipEmpty());
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  setenv(kRejoinRankEnv, std::to_string(rank).c_str(), 1);
+  google::FlushLogFiles(google::GLOG_INFO);
+  execv("/proc/self/exe", argv.data());
+  return absl::InternalError(
+      absl::StrCat("cannot restart: execv(/proc/self/exe): ", std::strerror(errno)));
 }
 
 }  // namespace
@@ -96,6 +122,7 @@ int CurrentWorkerRank() { return g_rank.load(); }
 constexpr size_t kSharedTensorMinBytes = 256 * 1024;
 
 absl::Status RunWorker(const WorkerRunnerOptions& o) {
+  if (o.shm_transport) UnlinkOwnShmSegments();  // an earlier image of this process left them
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
   const std::string advertise = o.advertise_host.empty() ? o.host : o.advertise_host;
@@ -146,6 +173,7 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   gethostname(hostname, sizeof(hostname) - 1);
   req.set_hostname(hostname);
   req.set_requested_rank(o.requested_rank);
+  req.set_incarnation((uint64_t{std::random_device()()} << 32) | std::random_device()());
   if (o.shm_transport) req.set_shm_host_id(ShmHostId());
   if (metrics_server != nullptr)
     req.set_metrics_address(absl::StrCat(advertise, ":", metrics_server->port()));
@@ -164,6 +192,7 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
     m.shm_peers.push_back(ShmPeer{p.shm_host_id(), p.pid()});
   }
   m.cluster_id = reg->cluster_id();
+  m.generation = reg->generation();
   g_rank.store(m.rank);
   worker.Join(m, &ring);
   LOG(INFO) << "joined " << m.mesh.ToString() << " as rank " << m.rank << "; ring prev "
@@ -177,6 +206,8 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
     v1::HeartbeatRequest hb;
     hb.set_rank(m.rank);
     hb.set_cluster_id(m.cluster_id);
+    hb.set_generation(m.generation);
+    hb.set_incarnation(req.incarnation());
     v1::HeartbeatResponse hr;
     grpc::Status s = stub->Heartbeat(&ctx, hb, &hr);
     if (s.ok()) {
@@ -185,13 +216,24 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
         LOG(INFO) << "coordinator asked this worker to stop";
         break;
       }
+      if (hr.restart()) {
+        LOG(WARNING) << "the cluster is re-forming after a lost worker: restarting as rank "
+                     << m.rank;
+        worker.AbortRuns("the cluster is re-forming after a lost worker");
+        // The peers' ring streams into this worker never end by themselves and the re-formed
+        // cluster waits for it: no graceful teardown (closing links to dead peers waits out
+        // their deadlines); the kernel closes every descriptor (all close-on-exec) and memory.
+        server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(50)));
+        result = RestartProcess(m.rank);  // returns only if exec failed
+        break;
+      }
     } else if (s.error_code() == grpc::NOT_FOUND) {
       // A restarted coordinator: it does not know this worker yet.
       LOG(WARNING) << "coordinator at " << o.coordinator << " does not know rank " << m.rank << " ("
                    << s.error_message() << "); registering again";
       // A run the old coordinator started never finishes: free this worker for the new one.
       worker.AbortRuns(absl::StrCat("the coordinator at ", o.coordinator, " restarted"));
-      if (absl::Status r = Rejoin(*stub, req, m, o); !r.ok()) {
+      if (absl::Status r = Rejoin(*stub, req, &m, o); !r.ok()) {
         result = r;
         break;
       }

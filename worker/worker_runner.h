@@ -32,8 +32,14 @@ struct WorkerRunnerOptions {
 
 // Runs until the coordinator asks the worker to stop (returns OK), the process gets SIGINT or
 // SIGTERM (OK), or the coordinator cannot be reached: Unavailable / DeadlineExceeded naming the
-// coordinator address, the number of attempts and the time spent.
+// coordinator address, the number of attempts and the time spent. When the cluster re-forms
+// after a lost worker (HeartbeatResponse.restart), the process starts afresh: it re-executes
+// itself with the same arguments and asks for its rank again (kRejoinRankEnv), as torchrun's
+// agent restarts the surviving workers; Internal if that exec fails.
 absl::Status RunWorker(const WorkerRunnerOptions& options);
+
+// The environment variable a re-executed worker finds its old rank in (when --rank is not set).
+inline constexpr char kRejoinRankEnv[] = "MESHRUN_REJOIN_RANK";
 
 // The rank this process got, for log prefixes (-1 before registration).
 int CurrentWorkerRank();

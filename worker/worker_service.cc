@@ -181,6 +181,15 @@ grpc::Status WorkerService::RunProgram(const v1::RunShardMapRequest* req,
     resp->add_run_seconds(absl::ToDoubleSeconds(absl::Now() - start));
     resp->add_collective_seconds(
         absl::ToDoubleSeconds((*executor)->collective_time() - collective_before));
+    for (const Executor::Arrival& a : (*executor)->TakeArrivals()) {
+      if (resp->arrivals_size() >= static_cast<int>(Executor::kMaxArrivals)) break;
+      v1::CollectiveArrival* out = resp->add_arrivals();
+      out->set_run(k);
+      out->set_index(a.index);
+      out->set_op(*a.op);
+      out->set_axes(*a.axes);
+      out->set_unix_micros(absl::ToUnixMicros(a.when));
+    }
     if (req->train_steps() && metrics_ != nullptr) metrics_->OnStep();
     for (int i : req->return_outputs()) {
       absl::StatusOr<Tensor> result = (*executor)->TakeOutput(p.outputs(i));

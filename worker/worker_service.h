@@ -32,6 +32,7 @@ struct Membership {
   // By rank, where each worker runs; peers on this worker's host (same non-empty host id) get
   // shared-memory links. Empty: gRPC to everyone.
   std::vector<ShmPeer> shm_peers;
+  uint64_t generation = 0;  // RegisterResponse.generation
 };
 
 // Thread-safe. RPCs that run programs (RunShardMap, BenchmarkCollective) run one at a time; Abort

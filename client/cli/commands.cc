@@ -73,6 +73,7 @@ int Up(const UpArgs& args) {
   o.port = args.port;
   o.log_dir = args.log_dir;
   o.shm_transport = !args.no_shm;
+  o.respawn_workers = !args.no_respawn;  // a lost worker is replaced (elastic recovery)
   auto cluster = LocalCluster::Start(o);
   if (!cluster.ok()) return Fail(cluster.status());
   std::printf(
@@ -122,6 +123,8 @@ int Train(const TrainArgs& args) {
   const bool tty = isatty(fileno(stdout));
   auto result = (*client)->Train(*config, [&](const v1::JobEvent& e) {
     if (e.has_info()) std::printf("%s\n", e.info().c_str());
+    if (e.has_worker_lost() || e.has_recovered())
+      std::printf("%s\n", FormatRecoveryEvent(e).c_str());
     if (e.has_step()) {
       std::printf(tty ? "\r%s" : "%s\n", FormatProgress(e.step()).c_str());
     }
@@ -168,18 +171,33 @@ int Status(const std::string& coordinator) {
   return 0;
 }
 
-int Arrays(const std::string& coordinator) {
+int Arrays(const std::string& coordinator, const std::vector<std::string>& to_delete) {
   auto client = Client::Connect(coordinator, absl::Seconds(3));
   if (!client.ok()) return Fail(client.status());
   auto arrays = (*client)->ListArrays();
   if (!arrays.ok()) return Fail(arrays.status());
-  std::printf("%-16s %-6s %-16s %-36s %16s\n", "id", "dtype", "shape", "spec", "bytes/worker");
+  if (!to_delete.empty()) {
+    const bool all = std::find(to_delete.begin(), to_delete.end(), "all") != to_delete.end();
+    std::vector<std::string> ids = to_delete;
+    if (all) {
+      ids.clear();
+      for (const auto& a : *arrays) ids.push_back(a.id());
+    }
+    for (const std::string& id : ids) {
+      if (absl::Status s = (*client)->Delete(id); !s.ok()) return Fail(s);
+      std::printf("deleted %s\n", id.c_str());
+    }
+    return 0;
+  }
+  std::printf("%-16s %-6s %-16s %-36s %16s  %s\n", "id", "dtype", "shape", "spec", "bytes/worker",
+              "owner (client session)");
   for (const auto& a : *arrays) {
     const Dims dims(a.shape().dims().begin(), a.shape().dims().end());
-    std::printf("%-16s %-6s %-16s %-36s %16lld\n", a.id().c_str(), DTypeName(a.dtype()).c_str(),
+    std::printf("%-16s %-6s %-16s %-36s %16lld  %s\n", a.id().c_str(), DTypeName(a.dtype()).c_str(),
                 DimsToString(dims).c_str(),
                 PartitionSpec::FromProto(a.sharding().spec()).ToString().c_str(),
-                static_cast<long long>(a.bytes_per_worker()));
+                static_cast<long long>(a.bytes_per_worker()),
+                a.owner().empty() ? "-" : a.owner().c_str());
   }
   return 0;
 }

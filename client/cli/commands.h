@@ -27,7 +27,8 @@ struct UpArgs {
   std::string mesh = "data=8";
   int port = 50051;
   std::string log_dir;
-  bool no_shm = false;  // collectives over gRPC only
+  bool no_shm = false;      // collectives over gRPC only
+  bool no_respawn = false;  // a worker that dies stays dead (default: started again)
   // The cluster's credentials (net/credentials.h); empty: ~/.meshrun/tls, made there if absent,
   // where the CLI's other commands find them.
   std::string tls_dir;
@@ -54,7 +55,9 @@ int Train(const TrainArgs& args);
 // Prints the mesh, every worker (rank, address, pid, heartbeat age) and the job state.
 int Status(const std::string& coordinator);
 // Lists the cluster's sharded arrays: id, dtype, shape, PartitionSpec, bytes per worker.
-int Arrays(const std::string& coordinator);
+// Lists the arrays (with their owning client session), or deletes `to_delete` ("all": every
+// array) instead.
+int Arrays(const std::string& coordinator, const std::vector<std::string>& to_delete = {});
 // Prints an array's sharding grid (visualize_array_sharding).
 int Show(const std::string& coordinator, const std::string& id);
 // grpc.health.v1 Check against `address`: prints the serving status; exit 0 only on SERVING.

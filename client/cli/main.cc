@@ -50,6 +50,9 @@ int main(int argc, char** argv) {
       "make DIR/{ca.pem,ca-key.pem,node.pem,node-key.pem,token}; nodes take --tls_dir DIR, clients "
       "MESHRUN_TLS_DIR=DIR");
   certs_init_cmd->add_option("dir", certs_dir, "directory to create")->required();
+  up_cmd->add_flag("--no-respawn", up.no_respawn,
+                   "do not start a worker again when it dies (default: respawn it, so a job with "
+                   "recovery.max_restarts continues)");
   up_cmd->add_flag("--no-shm", up.no_shm,
                    "workers exchange collective data over the gRPC ring only (default: shared "
                    "memory on this host)");
@@ -125,6 +128,9 @@ int main(int argc, char** argv) {
   auto* arrays_cmd =
       app.add_subcommand("arrays", "list the cluster's sharded arrays with bytes per worker");
   arrays_cmd->add_option("--coordinator", coordinator)->capture_default_str();
+  std::vector<std::string> delete_ids;
+  arrays_cmd->add_option("--delete", delete_ids,
+                         "delete these arrays (all: every array) instead of listing them");
   std::string array_id;
   auto* show_cmd =
       app.add_subcommand("show", "print an array's sharding grid (visualize_array_sharding)");
@@ -258,7 +264,7 @@ int main(int argc, char** argv) {
     if (shutdown_cmd->parsed()) return meshrun::cli::Shutdown(coordinator);
     if (health_cmd->parsed())
       return meshrun::cli::Health(health_addr, health_service, health_timeout);
-    if (arrays_cmd->parsed()) return meshrun::cli::Arrays(coordinator);
+    if (arrays_cmd->parsed()) return meshrun::cli::Arrays(coordinator, delete_ids);
     if (show_cmd->parsed()) return meshrun::cli::Show(coordinator, array_id);
     if (ar_cmd->parsed()) {
       ar.workers = ParseInts(ar_workers);

@@ -112,6 +112,8 @@ int TrainWorkload(const WorkloadTrainArgs& args) {
   // The coordinator's JobDriver runs the job; each report carries its steps' losses.
   absl::StatusOr<TrainResult> result = running->Train(*std::move(job), [](const v1::JobEvent& e) {
     if (e.has_info()) std::printf("%s\n", e.info().c_str());
+    if (e.has_worker_lost() || e.has_recovered())
+      std::printf("%s\n", FormatRecoveryEvent(e).c_str());
     if (e.has_step()) {
       const int64_t first = e.step().step() - e.step().losses_size() + 1;
       for (int k = 0; k < e.step().losses_size(); ++k) {

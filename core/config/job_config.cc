@@ -176,6 +176,10 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
         {"fsdp_axis", Str(&c.sharding.fsdp_axis)},
         {"min_weight_size", Int(&c.sharding.min_weight_size, 0, int64_t{1} << 40)}}},
       {"precision", {{"compute", Enum(&c.precision.compute, {"f32", "bf16"})}}},
+      {"recovery",
+       {{"max_restarts", Int(&c.recovery.max_restarts, 0, 1000)},
+        {"timeout_seconds", Num(&c.recovery.timeout_seconds, 0.0, 86400.0, true)},
+        {"min_workers", Int(&c.recovery.min_workers, 0, 1 << 20)}}},
       {"checkpoint",
        {{"dir", Str(&c.checkpoint.dir)},
         {"save_every", Int(&c.checkpoint.save_every, 0, 1 << 30)},
@@ -200,8 +204,8 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
     if (it == schema.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown key '", key,
-                       "'; allowed: checkpoint, data, mesh, model, optimizer, precision, sharding, "
-                       "train"));
+                       "'; allowed: checkpoint, data, mesh, model, optimizer, precision, recovery, "
+                       "sharding, train"));
     }
     if (absl::Status s = ApplySection(key, value, it->second); !s.ok()) return s;
   }
@@ -307,6 +311,9 @@ std::string JobConfigToJson(const JobConfig& c) {
                    {"collective_timeout_seconds", c.train.collective_timeout_seconds},
                    {"on_nonfinite", c.train.on_nonfinite}};
   root["precision"] = {{"compute", c.precision.compute}};
+  root["recovery"] = {{"max_restarts", c.recovery.max_restarts},
+                      {"timeout_seconds", c.recovery.timeout_seconds},
+                      {"min_workers", c.recovery.min_workers}};
   root["checkpoint"] = {{"save_every", c.checkpoint.save_every},
                         {"keep", c.checkpoint.keep},
                         {"async", c.checkpoint.async},

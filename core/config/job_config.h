@@ -29,7 +29,8 @@ namespace meshrun {
 //                 "collective_timeout_seconds": 30, "on_nonfinite": "stop"},
 //   "checkpoint": {"dir": "", "save_every": 0, "keep": 0, "async": false, "resume": false,
 //                  "init_from": ""},
-//   "precision": {"compute": "f32" | "bf16"}
+//   "precision": {"compute": "f32" | "bf16"},
+//   "recovery":  {"max_restarts": 0, "timeout_seconds": 60, "min_workers": 0}
 // }
 // Every model is a train step derived from the model by autodiff (client/include/meshrun/
 // train_step.h), partitioned by the coordinator and looped by its JobDriver. model.name
@@ -60,6 +61,13 @@ namespace meshrun {
 // continues from the newest committed checkpoint in `dir` (none there: from the start).
 // `init_from` starts from a safetensors file of parameters under their names
 // (params/input_dense/kernel ...), e.g. one written by `meshrun export` or by Python.
+// Recovery (torchrun's --max-restarts): with `max_restarts` > 0, a worker lost mid-job (killed,
+// hung or unreachable) is reported and the job continues on the re-formed cluster (the
+// survivors restart; a replacement takes the lost rank: `meshrun up` respawns it, compose's
+// restart policy restarts its container) from the newest committed checkpoint, waiting up to
+// `timeout_seconds` for the whole mesh; with `min_workers` > 0, when it does not re-form in time
+// the job goes on with a smaller `data` axis that the workers that rejoined fill (at least
+// `min_workers` devices; the checkpoint is resharded onto it), as Horovod elastic's min_np.
 // `on_nonfinite` "stop": a NaN or infinite loss stops the job with an error naming the step, and
 // no checkpoint of that state or later is committed (CheckLossFinite). "skip_step" (optax's
 // apply_if_finite): a step whose loss or updated parameters are not finite leaves the parameters
@@ -108,6 +116,11 @@ struct JobConfig {
   struct Precision {
     std::string compute = "f32";  // | "bf16"
   } precision;
+  struct Recovery {
+    int max_restarts = 0;
+    double timeout_seconds = 60;
+    int min_workers = 0;
+  } recovery;
   struct Checkpoint {
     std::string dir;  // empty: no checkpoints
     int save_every = 0;

@@ -3,10 +3,12 @@ import contextlib
 import os
 import pathlib
 import re
+import secrets
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 
 import grpc
@@ -43,7 +45,13 @@ def _credentials(tls_dir, token, insecure):
 
 class Cluster:
     """A connection to a running cluster's coordinator. Thread-safe for concurrent calls (gRPC
-    channels are); the jit caches are not (one thread per Cluster object for jit)."""
+    channels are); the jit caches are not (one thread per Cluster object for jit).
+
+    Each Cluster is a client session (the ``meshrun-session`` metadata of its calls): the arrays
+    it creates belong to it, and if the process dies or loses its connection without deleting
+    them, the coordinator frees them once the session has been silent for its ``--client_lease``
+    (60 s by default). A daemon thread sends ``KeepAlive`` every third of the lease until
+    ``close()``."""
 
     def __init__(self, address, *, tls_dir=None, token=None, insecure=None, timeout=60.0):
         self.address = address
@@ -57,6 +65,8 @@ class Cluster:
             options.append(("grpc.ssl_target_name_override", NODE_NAME))
             self._channel = grpc.secure_channel(address, creds, options=options)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+        self._metadata = (("meshrun-session", secrets.token_hex(16)),)
+        self._closed = threading.Event()
         try:
             grpc.channel_ready_future(self._channel).result(timeout=self.timeout)
         except grpc.FutureTimeoutError:
@@ -65,14 +75,32 @@ class Cluster:
                 f"cannot reach the meshrun coordinator at {address} within {self.timeout:g} s") from None
         status = self._call("GetStatus", coordinator_pb2.GetStatusRequest())
         self.mesh = _sharding.Mesh.from_proto(status.mesh)
+        self._keepalive = threading.Thread(target=self._keep_alive, daemon=True,
+                                           name="meshrun-keepalive")
+        self._keepalive.start()
+
+    def _keep_alive(self):
+        every = 5.0  # seconds, until the coordinator says its lease
+        while not self._closed.wait(every):
+            try:
+                resp = self._stub.KeepAlive(coordinator_pb2.KeepAliveRequest(), timeout=5.0,
+                                            metadata=self._metadata)
+                if resp.lease_seconds > 0:
+                    every = max(0.1, resp.lease_seconds / 3)
+            except grpc.RpcError:
+                pass  # the coordinator is away; the next call says so
+            except ValueError:
+                return  # the channel was closed
 
     def _call(self, method, request, timeout=None):
         try:
-            return getattr(self._stub, method)(request, timeout=timeout or self.timeout)
+            return getattr(self._stub, method)(request, timeout=timeout or self.timeout,
+                                               metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e, method) from None
 
     def close(self):
+        self._closed.set()
         self._channel.close()
 
     def __enter__(self):

@@ -1,5 +1,6 @@
 """device_put / fetch / delete / visualize, and the errors a user meets first."""
 import io
+import os
 import time
 
 import jax
@@ -78,3 +79,26 @@ def test_a_dead_cluster_is_a_connection_error_not_a_hang():
     with pytest.raises(ConnectionError):
         meshrun.connect("127.0.0.1:1", insecure=True, timeout=2)
     assert time.monotonic() - start < 10
+
+
+def test_arrays_belong_to_the_clients_session(cluster):
+    """Each Cluster is a session: what it puts is listed with it as owner (a second connection
+    has another), so the coordinator frees it if the process dies (--client_lease)."""
+    from meshrun.v1 import coordinator_pb2
+    mine = cluster.device_put(np.ones((8, 8), np.float32), P("data"))
+    tls_dir = os.path.join(os.path.dirname(cluster.log_dir), "tls")  # local_cluster's
+    other = meshrun.connect(cluster.address, tls_dir=tls_dir)
+    try:
+        theirs = other.device_put(np.zeros((8, 8), np.float32), P())
+        listed = {a.id: a.owner for a in
+                  other._call("ListArrays", coordinator_pb2.ListArraysRequest()).arrays}
+        assert listed[mine.id] == dict(cluster._metadata)["meshrun-session"]
+        assert listed[theirs.id] == dict(other._metadata)["meshrun-session"]
+        assert listed[mine.id] != listed[theirs.id]
+        lease = other._stub.KeepAlive(coordinator_pb2.KeepAliveRequest(),
+                                      metadata=other._metadata)
+        assert lease.lease_seconds > 0 and lease.owned_arrays == 1
+        theirs.delete()
+    finally:
+        other.close()
+        mine.delete()

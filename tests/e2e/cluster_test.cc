@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <thread>
 
@@ -37,6 +38,19 @@ void ExpectAllReaped(const LocalCluster& c) {
 }
 
 // Trains `steps` steps (no evaluation) and expects them all reported.
+// Connects to a restarted coordinator and waits for every worker to rejoin it, within 10 s. Null
+// (the failure recorded) if they do not.
+std::unique_ptr<Client> AfterRejoin(const LocalCluster& cluster) {
+  const absl::Time start = absl::Now();
+  auto client = Client::Connect(cluster.coordinator_address());
+  EXPECT_TRUE(client.ok()) << client.status();
+  if (!client.ok()) return nullptr;
+  const absl::Status joined = (*client)->WaitForWorkers(absl::Seconds(10));
+  EXPECT_TRUE(joined.ok()) << "the workers did not rejoin: " << joined;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  return joined.ok() ? *std::move(client) : nullptr;
+}
+
 void ExpectTrains(Client& client, int steps) {
   JobConfig config;
   config.train.max_steps = steps;
@@ -232,12 +246,9 @@ TEST(ClusterE2ETest, WorkersRejoinARestartedCoordinatorAsTheirRanks) {
   EXPECT_THAT(
       interrupted.status().message(),
       HasSubstr("coordinator " + cluster->coordinator_address() + " closed the connection"));
-  const absl::Time start = absl::Now();
-  auto client = Client::Connect(cluster->coordinator_address());
-  ASSERT_TRUE(client.ok()) << client.status();
-  ASSERT_TRUE((*client)->WaitForWorkers(absl::Seconds(10)).ok()) << "the workers did not rejoin";
-  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-  absl::StatusOr<v1::GetStatusResponse> status = (*client)->GetStatus();
+  std::unique_ptr<Client> client = AfterRejoin(*cluster);
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<v1::GetStatusResponse> status = client->GetStatus();
   ASSERT_TRUE(status.ok()) << status.status();
   ASSERT_EQ(status->workers_size(), 2);
   for (const auto& w : status->workers()) {
@@ -245,7 +256,49 @@ TEST(ClusterE2ETest, WorkersRejoinARestartedCoordinatorAsTheirRanks) {
     EXPECT_EQ(w.peer().pid(), pid_of_rank[w.peer().rank()])
         << "rank " << w.peer().rank() << " is the same process";
   }
-  ExpectTrains(**client, 3);
+  ExpectTrains(*client, 3);
+}
+
+// kill -9 the coordinator mid-job and start it again: the 8 workers rejoin within 10 s, the new
+// coordinator reports the job interrupted with its last checkpoint (its state file), and the
+// job resumed from that checkpoint finishes.
+TEST(ClusterE2ETest, AJobInterruptedByACoordinatorRestartIsReportedAndResumes) {
+  auto cluster = StartCluster("data=8");
+  ASSERT_NE(cluster, nullptr);
+  auto job_client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(job_client.ok()) << job_client.status();
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/interrupted-", getpid());
+  std::filesystem::remove_all(dir);
+  JobConfig config;
+  config.train.max_steps = 60;
+  config.train.log_every = 1;
+  config.train.evaluate = false;
+  config.checkpoint.dir = dir;
+  config.checkpoint.save_every = 10;
+  bool restarted = false;
+  auto interrupted = (*job_client)->Train(config, [&](const v1::JobEvent& e) {
+    if (e.has_step() && e.step().step() == 25 && !restarted) {
+      restarted = true;
+      ASSERT_TRUE(cluster->RestartCoordinator().ok());
+    }
+  });
+  ASSERT_TRUE(restarted);
+  EXPECT_EQ(interrupted.status().code(), absl::StatusCode::kUnavailable) << interrupted.status();
+  std::unique_ptr<Client> client = AfterRejoin(*cluster);
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<v1::GetStatusResponse> status = client->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->job_state(), "interrupted");
+  EXPECT_GE(status->job_step(), 25);
+  EXPECT_THAT(status->last_error(), HasSubstr("its last checkpoint is " + dir + "/step_00000020"));
+  EXPECT_THAT(status->last_error(), HasSubstr("meshrun train --resume"));
+  config.checkpoint.resume = true;
+  auto resumed = client->Train(config);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  ASSERT_FALSE(resumed->reports.empty());
+  EXPECT_EQ(resumed->reports.front().step(), 21);
+  EXPECT_EQ(resumed->reports.back().step(), 60);
+  std::filesystem::remove_all(dir);
 }
 
 // One job at a time: a second job submitted while one runs is refused at once, naming where the

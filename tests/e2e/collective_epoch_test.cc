@@ -195,6 +195,17 @@ TEST_P(CollectiveEpochTimeoutTest, AfterAStoppedRankTimesOutTheNextCollectiveIsR
   call.join();
   ASSERT_FALSE(late.ok());
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
+  // The straggler ledger names who never arrived and how long the others waited.
+  auto status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  int stopped_rank = -1;
+  for (const auto& w : status->workers()) {
+    if (w.peer().pid() == stopped) stopped_rank = w.peer().rank();
+  }
+  EXPECT_THAT(late.status().message(),
+              HasSubstr(absl::StrCat("waited 1 s in a collective for ranks ", stopped_rank,
+                                     ", which had not arrived")))
+      << std::string(late.status().message());
 
   for (int round = 0; round < 3; ++round) {
     auto outs = (*client)->ShardMap(psum_program(0), {"x"});

@@ -48,25 +48,9 @@ bool AnyContains(const std::vector<std::string>& lines, const std::string& part)
   return false;
 }
 
-JobConfig PerStepConfig(int64_t max_steps) {
-  JobConfig c;  // the main job: dropout on, so the rng is part of what must come back
-  c.train.max_steps = max_steps;
-  c.train.log_every = 1;
-  c.train.evaluate = false;
-  return c;
-}
-
-class JobCheckpointTest : public ::testing::Test {
+class JobCheckpointTest : public testing::TempRootTest {
  protected:
-  void SetUp() override {
-    root_ = fs::temp_directory_path() /
-            absl::StrCat("meshrun-job-ckpt-", getpid(), "-",
-                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(root_);
-    fs::create_directories(root_);
-  }
-  void TearDown() override { fs::remove_all(root_); }
-  fs::path root_;
+  JobCheckpointTest() : TempRootTest("meshrun-job-ckpt-") {}
 };
 
 TEST_F(JobCheckpointTest, StoppedAtFortyAndResumedToEightyMatchesAnUninterruptedRunBitForBit) {
@@ -75,13 +59,13 @@ TEST_F(JobCheckpointTest, StoppedAtFortyAndResumedToEightyMatchesAnUninterrupted
   auto client = Client::Connect(cluster->coordinator_address());
   ASSERT_TRUE(client.ok()) << client.status();
 
-  const JobRun straight = RunJob(**client, PerStepConfig(100));
+  const JobRun straight = RunJob(**client, testing::PerStepJobConfig(100));
   ASSERT_TRUE(straight.status.ok()) << straight.status;
   ASSERT_EQ(straight.loss.size(), 100u);
 
   // Stopped at 40: saves at 20 and 40 (async: from the workers' snapshot), keeping the newest.
   const std::string dir = (root_ / "ck").string();
-  JobConfig first = PerStepConfig(40);
+  JobConfig first = testing::PerStepJobConfig(40);
   first.checkpoint.dir = dir;
   first.checkpoint.save_every = 20;
   first.checkpoint.keep = 1;
@@ -96,7 +80,7 @@ TEST_F(JobCheckpointTest, StoppedAtFortyAndResumedToEightyMatchesAnUninterrupted
   EXPECT_EQ(checkpoint::ListCheckpoints(dir)[0].first, 40);
 
   // Resumed to 80 (synchronous saves): steps 41..80 as the uninterrupted run's, exactly.
-  JobConfig second = PerStepConfig(80);
+  JobConfig second = testing::PerStepJobConfig(80);
   second.checkpoint.dir = dir;
   second.checkpoint.save_every = 20;
   second.checkpoint.resume = true;
@@ -117,7 +101,7 @@ TEST_F(JobCheckpointTest, StoppedAtFortyAndResumedToEightyMatchesAnUninterrupted
   // checkpoint, up to the reduction order.
   const std::string copy = (root_ / "ck8").string();
   fs::copy(dir, copy, fs::copy_options::recursive);
-  JobConfig third = PerStepConfig(100);
+  JobConfig third = testing::PerStepJobConfig(100);
   third.model.dropout_rate = 0;
   third.checkpoint.dir = copy;
   third.checkpoint.resume = true;
@@ -165,13 +149,13 @@ TEST_F(JobCheckpointTest, InitFromASafetensorsFileAndMismatchesNamedBeforeTraini
     EXPECT_TRUE(checkpoint::WriteSafetensors(path, tensors).ok());
     return path;
   };
-  JobConfig config = PerStepConfig(3);
+  JobConfig config = testing::PerStepJobConfig(3);
   config.checkpoint.init_from = write_params("zeros.safetensors", 512, true);
   const JobRun zeros = RunJob(**client, config);
   ASSERT_TRUE(zeros.status.ok()) << zeros.status;
   EXPECT_TRUE(AnyContains(zeros.info, "initialised from " + config.checkpoint.init_from));
   EXPECT_NEAR(zeros.loss.at(1), std::log(10.0), 1e-5);  // f32 sums over 128 examples
-  const JobRun own = RunJob(**client, PerStepConfig(3));
+  const JobRun own = RunJob(**client, testing::PerStepJobConfig(3));
   ASSERT_TRUE(own.status.ok()) << own.status;
   EXPECT_GT(std::abs(own.loss.at(1) - std::log(10.0)), 1e-3);
 
@@ -189,18 +173,18 @@ TEST_F(JobCheckpointTest, InitFromASafetensorsFileAndMismatchesNamedBeforeTraini
   EXPECT_THAT(std::string(bad.status.message()), HasSubstr("params/output_dense/bias"));
 
   // A checkpoint of a narrower model cannot resume this job; the cluster keeps serving.
-  JobConfig narrow = PerStepConfig(2);
+  JobConfig narrow = testing::PerStepJobConfig(2);
   narrow.model.hidden_size = 256;
   narrow.checkpoint.dir = (root_ / "narrow").string();
   ASSERT_TRUE(RunJob(**client, narrow).status.ok());
-  JobConfig wide = PerStepConfig(4);
+  JobConfig wide = testing::PerStepJobConfig(4);
   wide.checkpoint.dir = narrow.checkpoint.dir;
   wide.checkpoint.resume = true;
   bad = RunJob(**client, wide);
   EXPECT_EQ(bad.status.code(), absl::StatusCode::kInvalidArgument) << bad.status;
   EXPECT_THAT(std::string(bad.status.message()), HasSubstr("step_00000002"));
   EXPECT_THAT(std::string(bad.status.message()), HasSubstr("f32[784, 256]"));
-  EXPECT_TRUE(RunJob(**client, PerStepConfig(2)).status.ok());
+  EXPECT_TRUE(RunJob(**client, testing::PerStepJobConfig(2)).status.ok());
   ASSERT_TRUE(cluster->Stop().ok());
 }
 

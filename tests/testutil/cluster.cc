@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -9,14 +10,34 @@
 
 namespace meshrun::testing {
 
-std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::string& tag, bool shm_transport) {
+std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::string& tag,
+                                           bool shm_transport) {
   LocalClusterOptions o;
   o.mesh = mesh;
   o.shm_transport = shm_transport;
-  o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-", tag, "-", mesh, shm_transport ? "" : "-grpc", "-", getpid());
+  o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-", tag, "-", mesh,
+                           shm_transport ? "" : "-grpc", "-", getpid());
   auto c = LocalCluster::Start(o);
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? *std::move(c) : nullptr;
+}
+
+TempRootTest::TempRootTest(const std::string& prefix)
+    : root_((std::filesystem::temp_directory_path() /
+             absl::StrCat(prefix, getpid(), "-",
+                          ::testing::UnitTest::GetInstance()->current_test_info()->name()))) {
+  std::filesystem::remove_all(root_);
+  std::filesystem::create_directories(root_);
+}
+
+TempRootTest::~TempRootTest() { std::filesystem::remove_all(root_); }
+
+JobConfig PerStepJobConfig(int64_t max_steps) {
+  JobConfig c;
+  c.train.max_steps = max_steps;
+  c.train.log_every = 1;
+  c.train.evaluate = false;
+  return c;
 }
 
 Tensor NormalTensor(Dims dims, uint32_t seed) {
@@ -27,7 +48,8 @@ Tensor NormalTensor(Dims dims, uint32_t seed) {
   return t;
 }
 
-std::vector<Tensor> RunShardMapAll(Client& client, const absl::StatusOr<v1::ShardMapProgram>& program,
+std::vector<Tensor> RunShardMapAll(Client& client,
+                                   const absl::StatusOr<v1::ShardMapProgram>& program,
                                    const std::vector<const Tensor*>& inputs) {
   EXPECT_TRUE(program.ok()) << program.status();
   if (!program.ok()) return {};

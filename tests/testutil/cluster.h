@@ -2,6 +2,7 @@
 #ifndef MESHRUN_TESTS_TESTUTIL_CLUSTER_H_
 #define MESHRUN_TESTS_TESTUTIL_CLUSTER_H_
 
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -22,6 +23,20 @@ namespace meshrun::testing {
 // `shm_transport`: as LocalClusterOptions (false: collectives over the gRPC ring only).
 std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::string& tag,
                                            bool shm_transport = true);
+
+// The main job (seed 001's classifier on Fashion-MNIST, dropout on: the rng is part of what a
+// resumed or recovered run must bring back) for `max_steps` steps, a report every step, no
+// evaluation.
+JobConfig PerStepJobConfig(int64_t max_steps);
+
+// A test with a fresh directory of its own, root_ ($TMPDIR/<prefix><pid>-<test name>), removed
+// when the test ends.
+class TempRootTest : public ::testing::Test {
+ protected:
+  explicit TempRootTest(const std::string& prefix);
+  ~TempRootTest() override;
+  const std::filesystem::path root_;
+};
 
 // f32 standard normal samples from std::mt19937(seed).
 Tensor NormalTensor(Dims dims, uint32_t seed);

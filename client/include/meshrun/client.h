@@ -5,9 +5,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/config/job_config.h"
 #include "core/sharding/partition_spec.h"
@@ -25,12 +27,21 @@ struct TrainResult {
   double test_loss = 0;
   double test_accuracy = 0;
   int64_t test_examples = 0;
+  // With JobSpec.recovery: the workers the job lost and its recoveries, in order (reports after a
+  // recovery continue from the restored step, so steps after it appear twice in `reports`).
+  std::vector<v1::WorkerLost> lost;
+  std::vector<v1::Recovered> recoveries;
 };
 
 // A connection to one coordinator. Thread-safe (gRPC stubs are); Train blocks its caller.
+// Each Client is a session: the arrays it creates belong to it and, if it goes away without
+// deleting them (killed, disconnected), are freed once it has been silent for the coordinator's
+// --client_lease; a background thread sends KeepAlive meanwhile. A job it submitted is
+// cancelled as soon as its call is gone.
 class Client {
  public:
   // Errors: Unavailable naming the address if no coordinator answers within `timeout`.
+  ~Client();
   static absl::StatusOr<std::unique_ptr<Client>> Connect(
       const std::string& address, absl::Duration timeout = absl::Seconds(10));
 
@@ -138,14 +149,25 @@ class Client {
   absl::Status Shutdown();
 
  private:
-  Client(std::string address, std::unique_ptr<v1::Coordinator::Stub> stub)
-      : address_(std::move(address)), stub_(std::move(stub)) {}
+  Client(std::string address, std::unique_ptr<v1::Coordinator::Stub> stub);
+  // Sets the call's deadline and this client's session (its arrays' owner).
+  void Prepare(grpc::ClientContext& ctx, absl::Duration timeout) const;
+  // Sends KeepAlive every third of the coordinator's lease until the client is destroyed.
+  void KeepAliveLoop();
   std::string address_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  const std::string session_;  // random, one per Client
+  absl::Mutex mu_;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread keepalive_;
 };
 
 // "step 100/468 | epoch 0.21 | 8512 samples/s | loss 0.6123 | acc 0.781 | ETA 0:12"
 std::string FormatProgress(const v1::StepReport& report);
+// "worker rank 3 (127.0.0.1:4567, pid 1234 on host h) lost after step 50: killed; ..." and
+// "recovered at step 40 from /ckpt/step_40 in 2.1 s (re-forming 1.6 s), restart 1"; "" for
+// other events.
+std::string FormatRecoveryEvent(const v1::JobEvent& event);
 
 }  // namespace meshrun
 

@@ -7,9 +7,13 @@
 
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace meshrun {
@@ -24,6 +28,8 @@ struct LocalClusterOptions {
       0;  // per worker; 0: max(1, cores / workers), so workers do not oversubscribe
   absl::Duration start_timeout = absl::Seconds(60);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // The coordinator's --client_lease: a client silent this long loses its arrays.
+  absl::Duration client_lease = absl::Seconds(60);
   // Workers exchange collective data through shared memory (they all run on this host); false:
   // through the gRPC ring transport, as workers on different hosts do.
   bool shm_transport = true;
@@ -39,11 +45,17 @@ struct LocalClusterOptions {
   // --insecure).
   std::string tls_dir;
   bool insecure = false;
+  // As a process manager does (compose's `restart: on-failure`, systemd's Restart=on-failure): a
+  // worker that dies (killed, or exits with an error) before Stop is started again with the same
+  // flags, at most once per 500 ms per worker; it then joins in place of the lost one
+  // (WorkerRegistry). Its output is appended to the same log.
+  bool respawn_workers = false;
 };
 
 // Owns the child processes. Children get PR_SET_PDEATHSIG, so they die with this process even
 // if it is killed; Stop() (also run by the destructor) shuts them down and reaps them, so no
-// orphans or zombies remain. Not thread-safe.
+// orphans or zombies remain. Not thread-safe, except worker_pids() and respawns(), which may be
+// called while the respawn thread runs.
 class LocalCluster {
  public:
   // Spawns the processes and waits until every worker has joined. Errors: NotFound for a missing
@@ -54,7 +66,10 @@ class LocalCluster {
 
   const std::string& coordinator_address() const { return address_; }
   pid_t coordinator_pid() const { return coordinator_pid_; }
-  const std::vector<pid_t>& worker_pids() const { return worker_pids_; }
+  // By spawn order (not rank); a respawned worker's new pid replaces the old one.
+  std::vector<pid_t> worker_pids() const;
+  // Workers respawned so far (respawn_workers).
+  int respawns() const;
   const std::string& log_dir() const { return log_dir_; }
   // The credentials directory the processes use (empty when insecure).
   const std::string& tls_dir() const { return tls_dir_; }
@@ -70,13 +85,22 @@ class LocalCluster {
 
  private:
   LocalCluster() = default;
+  // The respawn thread's loop: reaps dead workers and starts them again until Stop.
+  void Supervise();
   std::string address_;
   std::string log_dir_;
   std::string tls_dir_;
   pid_t coordinator_pid_ = -1;
   std::string coordinator_binary_;
   std::vector<std::string> coordinator_args_;  // with --port set to the bound port once known
-  std::vector<pid_t> worker_pids_;
+  std::string worker_binary_;
+  std::vector<std::vector<std::string>> worker_args_;
+  std::vector<std::pair<std::string, std::string>> worker_env_;
+  mutable absl::Mutex mu_;
+  std::vector<pid_t> worker_pids_ ABSL_GUARDED_BY(mu_);
+  int respawns_ ABSL_GUARDED_BY(mu_) = 0;
+  bool supervising_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread supervisor_;
   bool stopped_ = false;
 };
 
