@@ -158,6 +158,7 @@ absl::StatusOr<PlannedJob> PlanJob(const JobConfig& c, const Mesh& mesh) {
   sched->set_log_every(c.train.log_every);
   sched->set_collective_timeout_seconds(c.train.collective_timeout_seconds);
   sched->set_on_nonfinite(c.train.on_nonfinite);
+  sched->set_when_busy(c.train.when_busy);
   sched->set_evaluate(spec.has_eval_input());
   v1::CheckpointPolicy* ck = spec.mutable_checkpoint();
   ck->set_dir(c.checkpoint.dir);

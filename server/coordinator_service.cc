@@ -39,17 +39,39 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const v1::Heart
 grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx,
                                            const v1::SubmitJobRequest* req,
                                            grpc::ServerWriter<v1::JobEvent>* writer) {
-  if (!job_mu_.TryLock()) {
+  const std::string session = SessionOf(*ctx);
+  int ahead = 0;
+  const uint64_t ticket = jobs_.Join(&ahead);
+  if (ahead > 0) {
     std::string state, error;
     int64_t step = 0;
     driver_->Status(&state, &step, &error);
-    return grpc::Status(grpc::FAILED_PRECONDITION,
-                        absl::StrCat("a job is already running on this cluster (", state,
-                                     ", at step ", step, "); try again when it ends"));
+    const std::string running =
+        absl::StrCat("a job is already running on this cluster (", state, ", at step ", step, ")");
+    if (req->job().schedule().when_busy() == "refuse") {
+      jobs_.Leave(ticket);
+      return grpc::Status(
+          grpc::FAILED_PRECONDITION,
+          absl::StrCat(running, "; try again when it ends (train.when_busy: refuse)"));
+    }
+    v1::JobEvent queued;
+    queued.set_info(absl::StrCat("queued: ", running,
+                                 ahead > 1 ? absl::StrCat(" and ", ahead - 1, " more wait") : "",
+                                 "; this job starts when ", ahead > 1 ? "they end" : "it ends"));
+    writer->Write(queued);
+    // A client that goes away (or whose deadline passes) while waiting gives up its place.
+    while (!jobs_.WaitTurn(ticket, absl::Milliseconds(100))) {
+      leases_->Touch(session);
+      if (ctx->IsCancelled()) {
+        jobs_.Leave(ticket);
+        return grpc::Status(grpc::CANCELLED, "the client left the job queue");
+      }
+    }
+  } else {
+    jobs_.WaitTurn(ticket, absl::InfiniteDuration());
   }
   // A client that goes away cancels its job at once, not at the job's next report; while its call
   // is open, its session is alive.
-  const std::string session = SessionOf(*ctx);
   absl::Notification finished;
   std::thread watcher([&] {
     do {
@@ -65,7 +87,7 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx,
   });
   finished.Notify();
   watcher.join();
-  job_mu_.Unlock();
+  jobs_.Done(ticket);
   return ToGrpcStatus(s);
 }
 

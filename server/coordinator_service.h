@@ -9,6 +9,7 @@
 #include "server/client_leases.h"
 #include "server/coordinator_metrics.h"
 #include "server/job_driver.h"
+#include "server/job_queue.h"
 #include "server/partitioner.h"
 #include "server/worker_registry.h"
 
@@ -77,7 +78,7 @@ class CoordinatorService final : public v1::Coordinator::Service {
   const absl::Duration heartbeat_timeout_;
   CoordinatorMetrics* metrics_;
   const std::string metrics_address_;
-  absl::Mutex job_mu_;
+  JobQueue jobs_;  // SubmitJob's, one job at a time
   absl::Notification shutdown_;
   Partitioner partitioner_;
 };

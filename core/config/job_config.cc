@@ -169,7 +169,8 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
         {"log_every", Int(&c.train.log_every, 1, 1000000)},
         {"evaluate", Bool(&c.train.evaluate)},
         {"collective_timeout_seconds", Num(&c.train.collective_timeout_seconds, 0.0, 3600.0, true)},
-        {"on_nonfinite", Enum(&c.train.on_nonfinite, {"stop", "skip_step"})}}},
+        {"on_nonfinite", Enum(&c.train.on_nonfinite, {"stop", "skip_step"})},
+        {"when_busy", Enum(&c.train.when_busy, {"queue", "refuse"})}}},
       {"sharding",
        {{"layout", Str(&c.sharding.layout)},
         {"rules", Rules(&c.sharding.rules)},
@@ -309,7 +310,8 @@ std::string JobConfigToJson(const JobConfig& c) {
                    {"log_every", c.train.log_every},
                    {"evaluate", c.train.evaluate},
                    {"collective_timeout_seconds", c.train.collective_timeout_seconds},
-                   {"on_nonfinite", c.train.on_nonfinite}};
+                   {"on_nonfinite", c.train.on_nonfinite},
+                   {"when_busy", c.train.when_busy}};
   root["precision"] = {{"compute", c.precision.compute}};
   root["recovery"] = {{"max_restarts", c.recovery.max_restarts},
                       {"timeout_seconds", c.recovery.timeout_seconds},

@@ -112,6 +112,7 @@ struct JobConfig {
     bool evaluate = true;
     double collective_timeout_seconds = 30;
     std::string on_nonfinite = "stop";
+    std::string when_busy = "queue";  // | "refuse": while another job runs on the cluster
   } train;
   struct Precision {
     std::string compute = "f32";  // | "bf16"

@@ -75,6 +75,7 @@ class BackgroundJob {
       result_ = client->Train(config, [this](const v1::JobEvent& e) {
         if (e.has_step() && !stepping_.HasBeenNotified()) stepping_.Notify();
       });
+      ended_ = absl::Now();
       if (!stepping_.HasBeenNotified()) stepping_.Notify();
     });
     stepping_.WaitForNotification();
@@ -84,9 +85,12 @@ class BackgroundJob {
     thread_.join();
     return result_;
   }
+  // When Train returned (valid after Join).
+  absl::Time ended() const { return ended_; }
 
  private:
   std::thread thread_;
+  absl::Time ended_ = absl::InfiniteFuture();
   absl::Notification stepping_;
   absl::StatusOr<TrainResult> result_;
 };
@@ -301,8 +305,56 @@ TEST(ClusterE2ETest, AJobInterruptedByACoordinatorRestartIsReportedAndResumes) {
   std::filesystem::remove_all(dir);
 }
 
-// One job at a time: a second job submitted while one runs is refused at once, naming where the
-// running one is; the first finishes undisturbed.
+// One job at a time: a job submitted while one runs waits its turn (first come, first served)
+// and is told so; one that gives up while waiting leaves its place to the next.
+TEST(ClusterE2ETest, ASecondJobWaitsItsTurnAndOneThatGivesUpLeavesTheQueue) {
+  auto cluster = StartCluster("data=2");
+  ASSERT_NE(cluster, nullptr);
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < 3; ++i) {
+    auto c = Client::Connect(cluster->coordinator_address());
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(*std::move(c));
+  }
+  BackgroundJob first;
+  first.Start(clients[0].get(), 3000);  // ~10 s: it outlasts the leaver's 3 s
+  JobConfig config;
+  config.train.max_steps = 3;
+  config.train.evaluate = false;
+  // A job queued behind the first that gives up (its deadline passes) before its turn.
+  absl::Notification leaver_queued;
+  absl::StatusOr<TrainResult> left;
+  std::thread leaver([&] {
+    left = clients[2]->Train(
+        config,
+        [&](const v1::JobEvent& e) {
+          if (e.has_info() && !leaver_queued.HasBeenNotified()) leaver_queued.Notify();
+        },
+        absl::Seconds(3));
+    if (!leaver_queued.HasBeenNotified()) leaver_queued.Notify();
+  });
+  leaver_queued.WaitForNotification();
+  std::string queued_info;
+  absl::Time first_step = absl::InfinitePast();
+  auto second = clients[1]->Train(config, [&](const v1::JobEvent& e) {
+    if (e.has_info() && queued_info.empty()) queued_info = e.info();
+    if (e.has_step() && first_step == absl::InfinitePast()) first_step = absl::Now();
+  });
+  leaver.join();
+  const absl::StatusOr<TrainResult>& running = first.Join();
+  EXPECT_EQ(left.status().code(), absl::StatusCode::kDeadlineExceeded) << left.status();
+  ASSERT_TRUE(running.ok()) << running.status();
+  EXPECT_EQ(running->reports.back().step(), 3000) << "the first ran undisturbed";
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->reports.back().step(), 3);
+  EXPECT_THAT(queued_info, HasSubstr("queued: a job is already running on this cluster ("));
+  EXPECT_THAT(queued_info, HasSubstr(" and 1 more wait; this job starts when they end"));
+  EXPECT_GT(first_step, first.ended() - absl::Milliseconds(500))
+      << "the second job stepped only once the first had ended";
+}
+
+// With train.when_busy: refuse, a job submitted while one runs is refused at once, naming where
+// the running one is; the first finishes undisturbed.
 TEST(ClusterE2ETest, ASecondJobIsRefusedNamingTheRunningOne) {
   auto cluster = StartCluster("data=2");
   ASSERT_NE(cluster, nullptr);
@@ -313,11 +365,13 @@ TEST(ClusterE2ETest, ASecondJobIsRefusedNamingTheRunningOne) {
   job.Start(first->get(), 300);
   JobConfig config;
   config.train.max_steps = 3;
+  config.train.when_busy = "refuse";
   auto refused = (*second)->Train(config);
   const absl::StatusOr<TrainResult>& running = job.Join();
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
   EXPECT_THAT(refused.status().message(), HasSubstr("a job is already running on this cluster ("));
   EXPECT_THAT(refused.status().message(), HasSubstr("at step "));
+  EXPECT_THAT(refused.status().message(), HasSubstr("(train.when_busy: refuse)"));
   ASSERT_TRUE(running.ok()) << running.status();
   EXPECT_EQ(running->reports.back().step(), 300);
 }
