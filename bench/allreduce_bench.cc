@@ -13,9 +13,10 @@ int RunAllReduceBench(const AllReduceBenchOptions& o) {
   if (sizes.empty()) {
     for (int64_t s = 4 << 10; s <= (int64_t{64} << 20); s *= 4) sizes.push_back(s);
   }
-  std::printf("# ring all-reduce (f32 psum) over gRPC on loopback; one worker process per rank\n");
-  std::printf("%8s %10s %8s %12s %12s %12s\n", "workers", "size", "iters", "p50 time(us)",
-              "algbw(GB/s)", "busbw(GB/s)");
+  std::printf("# all-reduce (f32 psum) over %s; one worker process per rank\n",
+              o.shm_transport ? "shared memory" : "gRPC on loopback");
+  std::printf("%8s %10s %18s %8s %12s %12s %12s\n", "workers", "size", "algorithm", "iters",
+              "p50 time(us)", "algbw(GB/s)", "busbw(GB/s)");
   for (int n : o.workers) {
     auto cluster =
         StartBenchCluster(absl::StrCat("data=", n), o.bin_dir, 1, o.shm_transport, o.insecure);
@@ -26,14 +27,17 @@ int RunAllReduceBench(const AllReduceBenchOptions& o) {
       const int iters =
           o.iters > 0 ? o.iters
                       : static_cast<int>(std::clamp<int64_t>((int64_t{256} << 20) / size, 5, 200));
-      auto t = TimeCollective(*stubs, "psum", {}, size, iters);
-      if (!t.ok()) {
-        std::fprintf(stderr, "meshrun bench: %s\n", std::string(t.status().message()).c_str());
-        return 1;
+      for (const std::string& algorithm : o.algorithms) {
+        auto t = TimeCollective(*stubs, "psum", {}, size, iters, algorithm);
+        if (!t.ok()) {
+          std::fprintf(stderr, "meshrun bench: %s\n", std::string(t.status().message()).c_str());
+          return 1;
+        }
+        std::printf("%8d %10s %18s %8d %12.1f %12.3f %12.3f\n", n, HumanBytes(size).c_str(),
+                    algorithm.empty() ? "by size" : algorithm.c_str(), iters, t->p50_seconds * 1e6,
+                    t->algbw_gbps, t->busbw_gbps);
+        std::fflush(stdout);
       }
-      std::printf("%8d %10s %8d %12.1f %12.3f %12.3f\n", n, HumanBytes(size).c_str(), iters,
-                  t->p50_seconds * 1e6, t->algbw_gbps, t->busbw_gbps);
-      std::fflush(stdout);
     }
     cluster->Stop().IgnoreError();
   }

@@ -16,9 +16,11 @@ struct AllReduceBenchOptions {
   int iters = 0;                     // 0: scaled to the size
   bool shm_transport = true;
   bool insecure = false;  // no TLS between the processes (to measure what TLS costs)
+  // Each run for every size: "" (by size, as programs run), "ring", "recursive_doubling".
+  std::vector<std::string> algorithms = {""};
   std::string bin_dir;
 };
-// Prints, per worker count and message size: p50 time per all-reduce, algbw and busbw
+// Prints, per worker count, message size and algorithm: p50 time per all-reduce, algbw and busbw
 // (nccl-tests: busbw = algbw * 2(n-1)/n). Returns a process exit code.
 int RunAllReduceBench(const AllReduceBenchOptions& options);
 

@@ -47,7 +47,8 @@ absl::StatusOr<std::vector<std::unique_ptr<v1::Worker::Stub>>> WorkerStubs(
 
 absl::StatusOr<CollectiveTiming> TimeCollective(
     std::vector<std::unique_ptr<v1::Worker::Stub>>& stubs, const std::string& op,
-    const std::vector<std::string>& axes, int64_t num_bytes, int iters) {
+    const std::vector<std::string>& axes, int64_t num_bytes, int iters,
+    const std::string& algorithm) {
   const int n = static_cast<int>(stubs.size());
   std::vector<v1::BenchmarkCollectiveResponse> resp(n);
   std::vector<grpc::Status> st(n);
@@ -62,6 +63,7 @@ absl::StatusOr<CollectiveTiming> TimeCollective(
       req.set_num_bytes(num_bytes);
       req.set_warmup_iters(std::min(iters, 5));
       req.set_iters(iters);
+      req.set_algorithm(algorithm);
       st[r] = stubs[r]->BenchmarkCollective(&ctx, req, &resp[r]);
     });
   }

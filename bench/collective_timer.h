@@ -33,10 +33,12 @@ std::unique_ptr<LocalCluster> StartBenchCluster(const std::string& mesh, const s
 absl::StatusOr<std::vector<std::unique_ptr<v1::Worker::Stub>>> WorkerStubs(
     const std::string& coordinator);
 
-// Errors: the first worker's error, naming its rank.
+// `algorithm`: BenchmarkCollectiveRequest.algorithm ("": by size). Errors: the first worker's
+// error, naming its rank.
 absl::StatusOr<CollectiveTiming> TimeCollective(
     std::vector<std::unique_ptr<v1::Worker::Stub>>& stubs, const std::string& op,
-    const std::vector<std::string>& axes, int64_t num_bytes, int iters);
+    const std::vector<std::string>& axes, int64_t num_bytes, int iters,
+    const std::string& algorithm = "");
 
 std::string HumanBytes(int64_t bytes);
 

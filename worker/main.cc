@@ -27,6 +27,9 @@ ABSL_FLAG(bool, shm_transport, true,
 ABSL_FLAG(
     int64_t, memory_budget_bytes, 0,
     "bytes this worker's shards and program buffers may take (0: the host's physical memory)");
+ABSL_FLAG(int64_t, recursive_doubling_max_bytes, 256 << 10,
+          "all-reduces up to this many bytes (and one 512 KiB message) run as recursive doubling, "
+          "larger ones as the ring; 0: always the ring (thresholds: README, Collectives)");
 ABSL_FLAG(std::string, tls_dir, "",
           "the cluster's credentials (meshrun certs init DIR); default: $MESHRUN_TLS_DIR");
 ABSL_FLAG(bool, insecure, false,
@@ -86,12 +89,15 @@ int main(int argc, char** argv) {
   o.shm_transport = absl::GetFlag(FLAGS_shm_transport);
   o.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   o.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  o.recursive_doubling_max_bytes = absl::GetFlag(FLAGS_recursive_doubling_max_bytes);
   const absl::Status flags = meshrun::FirstFailed(
       {meshrun::CheckFlagRange("port", o.port, 0, 65535),
        meshrun::CheckFlagRange("rank", o.requested_rank, -1, 1 << 20),
        meshrun::CheckFlagRange("compute_threads", o.compute_threads, 0, 4096),
        meshrun::CheckFlagRange("metrics_port", o.metrics_port, -1, 65535),
        meshrun::CheckFlagRange("memory_budget_bytes", o.memory_budget_bytes, 0, int64_t{1} << 50),
+       meshrun::CheckFlagRange("recursive_doubling_max_bytes", o.recursive_doubling_max_bytes, 0,
+                               int64_t{1} << 40),
        meshrun::CheckFlagPositive("join_timeout", o.join_timeout),
        meshrun::CheckFlagPositive("orphan_timeout", o.orphan_timeout)});
   absl::StatusOr<meshrun::Credentials> creds =

@@ -146,6 +146,9 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   }
   WorkerService worker(o.compute_threads, metrics.get(), arena, o.memory_budget_bytes,
                        o.checkpoint_root);
+  CollectiveOptions collectives;
+  collectives.small_message_bytes = static_cast<size_t>(o.recursive_doubling_max_bytes);
+  worker.set_collective_defaults(collectives);
   RingService ring;
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);

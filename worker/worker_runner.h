@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "core/collectives/communicator.h"
 
 namespace meshrun {
 
@@ -28,6 +29,9 @@ struct WorkerRunnerOptions {
   int64_t memory_budget_bytes = 0;
   // SaveShards / LoadShards touch files under this directory only.
   std::string checkpoint_root = "/";
+  // All-reduces up to this many bytes run as recursive doubling, larger ones as the ring
+  // (CollectiveOptions::small_message_bytes).
+  int64_t recursive_doubling_max_bytes = CollectiveOptions().small_message_bytes;
 };
 
 // Runs until the coordinator asks the worker to stop (returns OK), the process gets SIGINT or

@@ -95,6 +95,7 @@ grpc::Status WorkerService::RunProgram(const v1::RunShardMapRequest* req,
   eo.mesh = &membership_.mesh;
   eo.rank = membership_.rank;
   eo.transport = transport_.get();
+  eo.collectives = collective_defaults_;
   eo.collectives.timeout =
       absl::Seconds(req->collective_timeout_seconds() > 0 ? req->collective_timeout_seconds() : 30);
   eo.observer = metrics_;
@@ -273,8 +274,17 @@ grpc::Status WorkerService::BenchmarkCollective(grpc::ServerContext*,
   if (!axes.ok()) return Error(axes.status());
   std::vector<int> world(mesh.size());
   std::iota(world.begin(), world.end(), 0);
-  Communicator everyone(transport_.get(), world);
-  Communicator comm(transport_.get(), mesh.AxesGroup(membership_.rank, *axes));
+  CollectiveOptions options = collective_defaults_;
+  if (req->algorithm() == "ring") {
+    options.small_message_bytes = 0;
+  } else if (req->algorithm() == "recursive_doubling") {
+    options.small_message_bytes = options.chunk_bytes;
+  } else if (!req->algorithm().empty()) {
+    return Error(absl::InvalidArgumentError(absl::StrCat(
+        "algorithm '", req->algorithm(), "'; expected ring, recursive_doubling or empty")));
+  }
+  Communicator everyone(transport_.get(), world, options);
+  Communicator comm(transport_.get(), mesh.AxesGroup(membership_.rank, *axes), options);
   const int64_t n = comm.size();
   const int64_t count = req->num_bytes() / 4 / n * n;  // divisible by the group for the scatters
   if (absl::Status s = CheckMemoryBudget("the benchmark's two buffers", 2 * count * 4); !s.ok()) {

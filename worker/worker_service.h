@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "core/collectives/communicator.h"
 #include "core/collectives/mailbox.h"
 #include "core/data/input_pipeline.h"
 #include "core/sharding/mesh.h"
@@ -52,6 +53,10 @@ class WorkerService final : public v1::Worker::Service {
                          ShmArena* arena = nullptr, int64_t memory_budget_bytes = 0,
                          std::string checkpoint_root = "/");
   ~WorkerService() override;
+
+  // The collective options every program and benchmark starts from (their timeouts are the
+  // request's). Call before serving; not thread-safe.
+  void set_collective_defaults(const CollectiveOptions& options) { collective_defaults_ = options; }
 
   // Sets up the transport once the coordinator has assigned the rank; attaches `ring` to it.
   void Join(Membership membership, RingService* ring);
@@ -101,6 +106,7 @@ class WorkerService final : public v1::Worker::Service {
   absl::StatusOr<Membership> JoinedMembership();
 
   const int compute_threads_;
+  CollectiveOptions collective_defaults_;
   const int64_t memory_budget_bytes_;
   const std::string checkpoint_root_;  // resolved
   WorkerMetrics* const metrics_;

@@ -174,6 +174,12 @@ int main(int argc, char** argv) {
   ar_cmd->add_flag("--no-shm", ar_no_shm, kNoShm);
   ar_cmd->add_flag("--insecure", ar.insecure,
                    "no TLS between the processes (default: mutual TLS, as deployed)");
+  std::vector<std::string> ar_algorithms;
+  ar_cmd
+      ->add_option("--algorithm", ar_algorithms,
+                   "auto (by size, as programs run), ring, recursive_doubling; several: each in "
+                   "turn (default: auto)")
+      ->check(CLI::IsMember({"auto", "ring", "recursive_doubling"}));
   meshrun::CollectivesBenchOptions cb;
   auto* cb_cmd = bench_cmd->add_subcommand(
       "collectives", "psum, all_gather, psum_scatter, ppermute over each mesh axis");
@@ -269,6 +275,8 @@ int main(int argc, char** argv) {
     if (ar_cmd->parsed()) {
       ar.workers = ParseInts(ar_workers);
       ar.shm_transport = !ar_no_shm;
+      if (!ar_algorithms.empty()) ar.algorithms.clear();
+      for (const std::string& a : ar_algorithms) ar.algorithms.push_back(a == "auto" ? "" : a);
       return meshrun::RunAllReduceBench(ar);
     }
     if (cb_cmd->parsed()) {

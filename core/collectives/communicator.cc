@@ -26,10 +26,11 @@ Communicator::Communicator(Transport* transport, std::vector<int> group, Collect
 }
 
 absl::Status Communicator::AllReduce(void* data, int64_t count, DType dtype, ReduceOp op) {
-  // Small messages are latency-bound: the butterfly's log2(P) steps beat the ring's 2(P-1).
+  // Small messages are latency-bound: the butterfly's log2(P) (+ 2 when P is not a power of two)
+  // steps beat the ring's 2(P-1).
   const int n = size();
   const int64_t bytes = count * static_cast<int64_t>(DTypeSize(dtype));
-  if (n > 1 && (n & (n - 1)) == 0 && bytes <= static_cast<int64_t>(options_.small_message_bytes) &&
+  if (n > 1 && bytes <= static_cast<int64_t>(options_.small_message_bytes) &&
       bytes <= static_cast<int64_t>(options_.chunk_bytes)) {
     return RecursiveDoublingAllReduce(*this, data, count, dtype, op);
   }

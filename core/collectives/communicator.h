@@ -23,8 +23,9 @@ struct CollectiveOptions {
   absl::Duration timeout = absl::Seconds(30);
   // Messages are at most this large; a ring step is pipelined chunk by chunk.
   size_t chunk_bytes = 512 * 1024;
-  // All-reduces of at most this many bytes over a power-of-two group use recursive doubling
-  // (log2(P) latency-bound steps) instead of the ring (ring_all_reduce.h); 0: always the ring.
+  // All-reduces of at most this many bytes (and at most chunk_bytes) use recursive doubling
+  // (log2(P) latency-bound steps, 2 more when P is not a power of two) instead of the ring
+  // (ring_all_reduce.h); 0: always the ring.
   size_t small_message_bytes = 256 * 1024;
   // All-reduces, reduce-scatters and all-gathers of at least this many bytes (the whole buffer:
   // the reduce-scatter's input, the all-gather's output) among ranks that reach each other's
@@ -53,7 +54,7 @@ class Communicator {
 
   // In-place all-reduce of `count` elements of `dtype` (f32, bf16, i32) at `data`, as
   // jax.lax.psum / pmean over the group's axis. Ring algorithm, or recursive doubling for small
-  // messages over power-of-two groups (ring_all_reduce.h); single-copy through peers' memory for
+  // messages (ring_all_reduce.h); single-copy through peers' memory for
   // large ones among co-located ranks (direct_collectives.h).
   // Errors: those of Transport (naming the rank that failed or timed out); InvalidArgument for an
   // unsupported dtype or pmean over integers.

@@ -1,6 +1,7 @@
 #include "core/collectives/ring_all_reduce.h"
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -12,7 +13,8 @@ using ring::Mod;
 using ring::Segment;
 using ring::SplitEvenly;
 
-absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType dtype, ReduceOp op) {
+absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType dtype,
+                           ReduceOp op) {
   if (absl::Status s = CheckReducible(dtype, op); !s.ok()) return s;
   const int n = comm.size();
   const int p = comm.index();
@@ -24,8 +26,8 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
   char* bytes = static_cast<char*>(data);
 
   const int total_steps = 2 * (n - 1);
-  if (absl::Status st = ring::SendChunks(t, next, tag_base, 0, bytes + segments[p].offset * elem, segments[p].count,
-                                         elem, chunk_elems, deadline);
+  if (absl::Status st = ring::SendChunks(t, next, tag_base, 0, bytes + segments[p].offset * elem,
+                                         segments[p].count, elem, chunk_elems, deadline);
       !st.ok()) {
     return ring::Annotate(st, "all_reduce", n);
   }
@@ -39,24 +41,25 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
       const int64_t len = std::min(chunk_elems, s.count - c);
       char* dst = bytes + (s.offset + c) * elem;
       // Received in place: reduced (or, in the all-gather phase, copied) straight into dst.
-      absl::Status received = t->RecvInto(
-          prev, tag_base + (uint64_t(step) << 16) + i, len * elem, deadline,
-          [&](size_t offset, const char* piece, size_t piece_bytes) {
-            if (reducing) {
-              Reduce(dtype, op, dst + offset, piece, piece_bytes / elem);
-            } else {
-              std::memcpy(dst + offset, piece, piece_bytes);
-            }
-          });
+      absl::Status received =
+          t->RecvInto(prev, tag_base + (uint64_t(step) << 16) + i, len * elem, deadline,
+                      [&](size_t offset, const char* piece, size_t piece_bytes) {
+                        if (reducing) {
+                          Reduce(dtype, op, dst + offset, piece, piece_bytes / elem);
+                        } else {
+                          std::memcpy(dst + offset, piece, piece_bytes);
+                        }
+                      });
       if (!received.ok()) {
-        return absl::Status(received.code(), absl::StrCat("all_reduce over ranks of size ", n,
-                                                          " at ring step ", step, ": ",
-                                                          received.message()));
+        return absl::Status(received.code(),
+                            absl::StrCat("all_reduce over ranks of size ", n, " at ring step ",
+                                         step, ": ", received.message()));
       }
       if (last_reduce && op == ReduceOp::kMean) Scale(dtype, dst, len, 1.0f / n);
       if (forward) {
         absl::string_view payload(dst, len * elem);
-        if (absl::Status st = t->Send(next, tag_base + (uint64_t(step + 1) << 16) + i, payload, deadline);
+        if (absl::Status st =
+                t->Send(next, tag_base + (uint64_t(step + 1) << 16) + i, payload, deadline);
             !st.ok()) {
           return st;
         }
@@ -66,40 +69,91 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
   return absl::OkStatus();
 }
 
+namespace {
+
+// The butterfly's largest power of two not above `n`.
+int FloorPowerOfTwo(int n) {
+  int pof2 = 1;
+  while (pof2 * 2 <= n) pof2 *= 2;
+  return pof2;
+}
+
+}  // namespace
+
 absl::Status RecursiveDoublingAllReduce(Communicator& comm, void* data, int64_t count, DType dtype,
                                         ReduceOp op) {
   if (absl::Status s = CheckReducible(dtype, op); !s.ok()) return s;
   const int n = comm.size();
   const int p = comm.index();
   if (n == 1 || count == 0) return absl::OkStatus();
-  if ((n & (n - 1)) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("recursive doubling all_reduce needs a power-of-two group; got ", n, " ranks"));
-  }
   const size_t elem = DTypeSize(dtype);
   const int64_t bytes = count * static_cast<int64_t>(elem);
   Transport* t = comm.transport();
   const uint64_t tag_base = comm.NextTagBase();
   const absl::Time deadline = absl::Now() + comm.options().timeout;
   char* buf = static_cast<char*>(data);
-  for (int step = 0, distance = 1; distance < n; ++step, distance <<= 1) {
-    const int partner = comm.group()[p ^ distance];
-    const uint64_t tag = tag_base + (uint64_t(step) << 16);
-    if (absl::Status st = t->Send(partner, tag, absl::string_view(buf, bytes), deadline); !st.ok()) {
-      return ring::Annotate(st, "all_reduce", n);
-    }
-    // The send copied buf out already: the partner's values reduce into it where they lie.
+  const int pof2 = FloorPowerOfTwo(n);
+  const int rem = n - pof2;
+  // Step tags: 0 folds the first 2 * rem positions in pairs, 1..log2(pof2) are the butterfly's,
+  // the last hands the result back to the folded-out positions.
+  auto tag = [tag_base](int step) { return tag_base + (uint64_t(step) << 16); };
+  auto fail = [n](const absl::Status& s, const std::string& where) {
+    return absl::Status(s.code(), absl::StrCat("all_reduce over ranks of size ", n, " at ", where,
+                                               ": ", s.message()));
+  };
+  auto reduce_from = [&](int peer, int step, const std::string& where) {
     absl::Status received =
-        t->RecvInto(partner, tag, bytes, deadline,
+        t->RecvInto(peer, tag(step), bytes, deadline,
                     [&](size_t offset, const char* piece, size_t piece_bytes) {
                       Reduce(dtype, op, buf + offset, piece, piece_bytes / elem);
                     });
-    if (!received.ok()) {
-      return absl::Status(received.code(),
-                          absl::StrCat("all_reduce over ranks of size ", n, " at butterfly step ",
-                                       step, ": ", received.message()));
+    return received.ok() ? received : fail(received, where);
+  };
+  const bool folded = p < 2 * rem;
+  int steps = 0;
+  for (int d = 1; d < pof2; d <<= 1) ++steps;
+  if (folded && p % 2 == 0) {
+    // Folded out: hand this value to the odd neighbour, take the result back from it.
+    const int keeper = comm.group()[p + 1];
+    if (absl::Status st = t->Send(keeper, tag(0), absl::string_view(buf, bytes), deadline);
+        !st.ok()) {
+      return ring::Annotate(st, "all_reduce", n);
+    }
+    absl::Status received = t->RecvInto(keeper, tag(steps + 1), bytes, deadline,
+                                        [&](size_t offset, const char* piece, size_t piece_bytes) {
+                                          std::memcpy(buf + offset, piece, piece_bytes);
+                                        });
+    if (!received.ok()) return fail(received, "the result of the folded pair");
+  } else {
+    if (folded) {
+      if (absl::Status st = reduce_from(comm.group()[p - 1], 0, "the fold of its pair"); !st.ok()) {
+        return st;
+      }
+    }
+    // Position among the butterfly's pof2 members, and back.
+    const int v = folded ? p / 2 : p - rem;
+    auto position = [rem](int w) { return w < rem ? 2 * w + 1 : w + rem; };
+    for (int step = 1, distance = 1; distance < pof2; ++step, distance <<= 1) {
+      const int partner = comm.group()[position(v ^ distance)];
+      if (absl::Status st = t->Send(partner, tag(step), absl::string_view(buf, bytes), deadline);
+          !st.ok()) {
+        return ring::Annotate(st, "all_reduce", n);
+      }
+      // The send copied buf out already: the partner's values reduce into it where they lie.
+      if (absl::Status st = reduce_from(partner, step, absl::StrCat("butterfly step ", step - 1));
+          !st.ok()) {
+        return st;
+      }
+    }
+    if (folded) {
+      if (absl::Status st =
+              t->Send(comm.group()[p - 1], tag(steps + 1), absl::string_view(buf, bytes), deadline);
+          !st.ok()) {
+        return ring::Annotate(st, "all_reduce", n);
+      }
     }
   }
+  // Every position scales the same bits the same way, so all end equal.
   if (op == ReduceOp::kMean) Scale(dtype, buf, count, 1.0f / n);
   return absl::OkStatus();
 }

@@ -4,8 +4,8 @@
 // element; a segment may be empty when count < P), and each segment into chunks of at most
 // chunk_bytes. Rank at ring position p sends to p+1 and receives from p-1 (mod P).
 //
-//   Reduce-scatter, steps t = 0 .. P-2: send segment (p - t), receive segment (p - t - 1) and add it
-//   into the local copy. After step P-2, position p holds the full reduction of segment (p + 1);
+//   Reduce-scatter, steps t = 0 .. P-2: send segment (p - t), receive segment (p - t - 1) and add
+//   it into the local copy. After step P-2, position p holds the full reduction of segment (p + 1);
 //   for pmean that segment is divided by P right away.
 //   All-gather, steps u = 0 .. P-2: send segment (p + 1 - u), receive segment (p - u) and copy it.
 //
@@ -27,7 +27,11 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
 // small messages: for a group of P = 2^k ranks, k steps; at step s position p exchanges its whole
 // partial result with position p XOR 2^s and both add the two. log2(P) message latencies instead
 // of the ring's 2(P-1), at log2(P) times the buffer sent instead of 2(P-1)/P. Both partners add
-// the same two operands, so every rank ends with the same bits. REQUIRES: P a power of two.
+// the same two operands, so every rank ends with the same bits.
+// Any other P = 2^k + r (0 < r < 2^k) runs as MPICH's MPIR_Allreduce_intra_recursive_doubling:
+// positions 2i and 2i+1 for i < r fold first (2i sends its value to 2i+1, which adds it), the
+// 2^k odd-or-remaining positions run the butterfly, and each 2i+1 hands the result back to 2i:
+// floor(log2(P)) + 2 latencies.
 absl::Status RecursiveDoublingAllReduce(Communicator& comm, void* data, int64_t count, DType dtype,
                                         ReduceOp op);
 

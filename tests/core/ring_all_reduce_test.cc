@@ -103,6 +103,7 @@ TEST(RingAllReduceTest, MissingPeerTimesOutNamingTheRank) {
   auto transports = CreateInProcessTransports(3);
   CollectiveOptions opts;
   opts.timeout = absl::Milliseconds(200);
+  opts.small_message_bytes = 0;  // the ring, not the butterfly
   // Rank 2 never joins: ranks 0 and 1 must fail with a deadline naming the rank they waited on.
   std::vector<absl::Status> status(2);
   RunRanks(2, [&](int r) {
@@ -143,52 +144,58 @@ namespace meshrun {
 namespace {
 
 // The butterfly for small messages: every rank ends with the same bits (f32 sums in another
-// order than the ring's), equal to the plain sum, on 2, 4 and 8 ranks; max and integer sums
-// exactly; a group that is not a power of two is refused.
+// order than the ring's), equal to the plain sum, on 2 to 8 ranks (3, 5, 6 and 7 fold pairs
+// first); max, mean and integer sums exactly; one element as well as many.
 TEST(RecursiveDoublingAllReduceTest, EveryRankGetsTheSameSum) {
-  for (int world : {2, 4, 8}) {
-    auto transports = CreateInProcessTransports(world);
-    CollectiveOptions opts;
-    opts.timeout = absl::Seconds(10);
-    const int64_t count = 1000;
-    std::vector<std::vector<float>> f(world), m(world);
-    std::vector<std::vector<int32_t>> ints(world);
-    for (int r = 0; r < world; ++r) {
-      for (int64_t i = 0; i < count; ++i) {
-        f[r].push_back(0.1f * static_cast<float>(r + 1) + 1e-3f * static_cast<float>(i));
-        ints[r].push_back(static_cast<int32_t>(r * 7 + i));
-      }
-      m[r] = f[r];
-    }
-    std::vector<absl::Status> status(world);
-    RunRanks(world, [&](int r) {
-      Communicator comm(transports[r].get(), Iota(world), opts);
-      absl::Status s = RecursiveDoublingAllReduce(comm, f[r].data(), count, v1::DTYPE_F32, ReduceOp::kSum);
-      if (s.ok()) s = RecursiveDoublingAllReduce(comm, m[r].data(), count, v1::DTYPE_F32, ReduceOp::kMax);
-      if (s.ok()) s = RecursiveDoublingAllReduce(comm, ints[r].data(), count, v1::DTYPE_I32, ReduceOp::kSum);
-      status[r] = s;
-    });
-    for (int r = 0; r < world; ++r) {
-      ASSERT_TRUE(status[r].ok()) << "world " << world << " rank " << r << ": " << status[r];
-      EXPECT_EQ(f[r], f[0]) << "world " << world << " rank " << r << " differs from rank 0";
-      for (int64_t i = 0; i < count; ++i) {
-        double want = 0;
-        int64_t want_int = 0;
-        for (int q = 0; q < world; ++q) {
-          want += 0.1 * (q + 1) + 1e-3 * static_cast<double>(i);
-          want_int += q * 7 + i;
+  for (int world = 2; world <= 8; ++world) {
+    for (const int64_t count : {int64_t{1}, int64_t{1000}}) {
+      auto transports = CreateInProcessTransports(world);
+      CollectiveOptions opts;
+      opts.timeout = absl::Seconds(10);
+      std::vector<std::vector<float>> f(world), m(world);
+      std::vector<std::vector<float>> mean(world);
+      std::vector<std::vector<int32_t>> ints(world);
+      for (int r = 0; r < world; ++r) {
+        for (int64_t i = 0; i < count; ++i) {
+          f[r].push_back(0.1f * static_cast<float>(r + 1) + 1e-3f * static_cast<float>(i));
+          ints[r].push_back(static_cast<int32_t>(r * 7 + i));
+          mean[r].push_back(static_cast<float>(world * (r + 1)));  // mean (world + 1) * world / 2
         }
-        ASSERT_NEAR(f[r][i], want, 1e-4 * want) << "world " << world << " element " << i;
-        ASSERT_EQ(m[r][i], 0.1f * static_cast<float>(world) + 1e-3f * static_cast<float>(i));
-        ASSERT_EQ(ints[r][i], want_int);
+        m[r] = f[r];
+      }
+      std::vector<absl::Status> status(world);
+      RunRanks(world, [&](int r) {
+        Communicator comm(transports[r].get(), Iota(world), opts);
+        absl::Status s =
+            RecursiveDoublingAllReduce(comm, f[r].data(), count, v1::DTYPE_F32, ReduceOp::kSum);
+        if (s.ok())
+          s = RecursiveDoublingAllReduce(comm, m[r].data(), count, v1::DTYPE_F32, ReduceOp::kMax);
+        if (s.ok())
+          s = RecursiveDoublingAllReduce(comm, ints[r].data(), count, v1::DTYPE_I32,
+                                         ReduceOp::kSum);
+        if (s.ok())
+          s = RecursiveDoublingAllReduce(comm, mean[r].data(), count, v1::DTYPE_F32,
+                                         ReduceOp::kMean);
+        status[r] = s;
+      });
+      for (int r = 0; r < world; ++r) {
+        ASSERT_TRUE(status[r].ok()) << "world " << world << " rank " << r << ": " << status[r];
+        EXPECT_EQ(f[r], f[0]) << "world " << world << " rank " << r << " differs from rank 0";
+        for (int64_t i = 0; i < count; ++i) {
+          double want = 0;
+          int64_t want_int = 0;
+          for (int q = 0; q < world; ++q) {
+            want += 0.1 * (q + 1) + 1e-3 * static_cast<double>(i);
+            want_int += q * 7 + i;
+          }
+          ASSERT_NEAR(f[r][i], want, 1e-4 * want) << "world " << world << " element " << i;
+          ASSERT_EQ(m[r][i], 0.1f * static_cast<float>(world) + 1e-3f * static_cast<float>(i));
+          ASSERT_EQ(ints[r][i], want_int);
+          ASSERT_FLOAT_EQ(mean[r][i], static_cast<float>((world + 1) * world / 2));
+        }
       }
     }
   }
-  auto three = CreateInProcessTransports(3);
-  Communicator comm(three[0].get(), Iota(3));
-  float x = 1;
-  EXPECT_THAT(std::string(RecursiveDoublingAllReduce(comm, &x, 1, v1::DTYPE_F32, ReduceOp::kSum).message()),
-              HasSubstr("power-of-two group; got 3 ranks"));
 }
 
 // StreamCopy copies exactly the bytes asked, whatever the alignment of either end (a head up to
