@@ -13,6 +13,17 @@
 #include "worker/kernels/kernel.h"
 
 namespace meshrun {
+namespace {
+
+// Whether the two arrays' bytes overlap (one aliases the other's storage, or a part of it).
+bool SharesMemory(const Tensor& a, const Tensor& b) {
+  const char* pa = static_cast<const char*>(a.raw());
+  const char* pb = static_cast<const char*>(b.raw());
+  if (pa == nullptr || pb == nullptr || a.size_bytes() == 0 || b.size_bytes() == 0) return false;
+  return pa < pb + b.size_bytes() && pb < pa + a.size_bytes();
+}
+
+}  // namespace
 
 WorkerService::WorkerService(int compute_threads, WorkerMetrics* metrics, ShmArena* arena,
                              int64_t memory_budget_bytes, std::string checkpoint_root)
@@ -146,6 +157,9 @@ grpc::Status WorkerService::RunProgram(const v1::RunShardMapRequest* req,
                                                      " arguments; got ", ids.size(), " array ids"));
     }
     std::vector<Tensor> blocks;  // bound below: alive until the run ends
+    // Arguments that stay in the store: a result sharing their memory (one returned as is, or a
+    // view of one) is stored as a copy, so that donating either later never writes over the other.
+    std::vector<std::shared_ptr<const Tensor>> kept;
     if (req->feed().argnums_size() > 0) {
       absl::StatusOr<std::vector<Tensor>> b = FeedBlocks(req->feed(), k);
       if (!b.ok()) return b.status();
@@ -167,6 +181,7 @@ grpc::Status WorkerService::RunProgram(const v1::RunShardMapRequest* req,
           donate ? shards_.Take(ids[i]) : shards_.Get(ids[i]);
       if (!shard.ok()) return shard.status();
       const bool sole_owner = shard->use_count() == 1;
+      if (!(donate && sole_owner)) kept.push_back(*shard);
       if (absl::Status s = (*executor)->BindInput(p.inputs(i), **shard, donate && sole_owner);
           !s.ok()) {
         return absl::Status(s.code(),
@@ -201,7 +216,9 @@ grpc::Status WorkerService::RunProgram(const v1::RunShardMapRequest* req,
       if (returned.count(i)) continue;
       absl::StatusOr<Tensor> result = (*executor)->TakeOutput(p.outputs(i));
       if (!result.ok()) return result.status();
-      shards_.Put(req->output_ids(i), *std::move(result));
+      const bool shares = std::any_of(kept.begin(), kept.end(),
+                                      [&](const auto& arg) { return SharesMemory(*arg, *result); });
+      shards_.Put(req->output_ids(i), shares ? Tensor(*result) : *std::move(result));
     }
     return absl::OkStatus();
   };

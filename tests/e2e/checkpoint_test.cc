@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
+#include "meshrun/shard_map.h"
 #include "meshrun/train_step.h"
 #include "meshrun/workloads.h"
 #include "tests/testutil/cluster.h"
@@ -214,7 +215,8 @@ TEST_F(CheckpointE2ETest, ResumedRunEqualsUninterruptedRunBitForBit) {
     EXPECT_EQ(std::memcmp(&got[i], &want[i], sizeof(float)), 0)
         << "step " << i << ": " << got[i] << " vs " << want[i];
   }
-  EXPECT_TRUE(resumed->Delete().ok());
+  const absl::Status deleted = resumed->Delete();
+  EXPECT_TRUE(deleted.ok()) << deleted;
 }
 
 TEST_F(CheckpointE2ETest, AsyncSaveWritesTheStateOfTheCallWhileStepsGoOn) {
@@ -238,6 +240,46 @@ TEST_F(CheckpointE2ETest, AsyncSaveWritesTheStateOfTheCallWhileStepsGoOn) {
   ASSERT_EQ(replay.size(), after.size());
   for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(replay[i], after[i]) << "step " << 6 + i;
   EXPECT_TRUE(resumed->Delete().ok());
+  EXPECT_TRUE(state->Delete().ok());
+}
+
+// An array a program returns as is (SaveAsync's snapshot is such an identity shard_map) is a
+// copy: the next step, which donates the state and writes Adam's results over it in place, leaves
+// it as it was.
+TEST_F(CheckpointE2ETest, AnArrayReturnedAsIsIsNotOverwrittenByADonatingStep) {
+  const std::string mesh = "data=2,model=4";
+  const TrainStep step = Step("fsdp", mesh);
+  auto state = TrainState::Init(&client(mesh), &step, "returned");
+  ASSERT_TRUE(state.ok()) << state.status();
+  Steps(client(mesh), step, *state, 2);
+  ShardMapBuilder copy(step.mesh);
+  std::vector<std::string> ids, copy_ids;
+  for (const PlannedArray& a : step.state) {
+    copy.Output(copy.Input(a.dtype, a.shape, a.spec), a.spec);
+    ids.push_back(state->Id(a.name));
+    copy_ids.push_back(state->Id("copy/" + a.name));
+  }
+  auto program = copy.Build();
+  ASSERT_TRUE(program.ok()) << program.status();
+  ASSERT_TRUE(client(mesh).ShardMap(*program, ids, copy_ids).ok());
+  std::vector<Tensor> before;
+  for (const std::string& id : ids) {
+    auto t = client(mesh).Get(id);
+    ASSERT_TRUE(t.ok()) << t.status();
+    before.push_back(*std::move(t));
+  }
+  Steps(client(mesh), step, *state, 1);
+  int changed = 0;
+  for (size_t k = 0; k < ids.size(); ++k) {
+    auto now = client(mesh).Get(ids[k]);
+    auto kept = client(mesh).Get(copy_ids[k]);
+    ASSERT_TRUE(now.ok() && kept.ok()) << now.status() << kept.status();
+    changed += std::memcmp(now->raw(), before[k].raw(), before[k].size_bytes()) != 0;
+    EXPECT_EQ(std::memcmp(kept->raw(), before[k].raw(), before[k].size_bytes()), 0)
+        << step.state[k].name << " changed under its copy";
+    ASSERT_TRUE(client(mesh).Delete(copy_ids[k]).ok());
+  }
+  EXPECT_GT(changed, 0) << "the step updated the state";
   EXPECT_TRUE(state->Delete().ok());
 }
 
