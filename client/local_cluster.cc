@@ -139,6 +139,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
       absl::StrCat("--port_file=", port_file),
       absl::StrCat("--heartbeat_timeout=", absl::FormatDuration(o.heartbeat_timeout)),
       absl::StrCat("--client_lease=", absl::FormatDuration(o.client_lease)),
+      absl::StrCat("--process_checks=", o.process_checks ? "true" : "false"),
       absl::StrCat("--state_file=", c->log_dir_, "/coordinator-state.json"),
       *credential_flag};
   absl::StatusOr<pid_t> coord =

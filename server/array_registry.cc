@@ -39,16 +39,45 @@ absl::Status ArrayRegistry::ForRanks(
     const std::vector<int>& ranks,
     const std::function<grpc::Status(int, grpc::ClientContext*)>& call) {
   std::vector<grpc::Status> status(ranks.size());
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::string> dead_why(ranks.size());
+  absl::Mutex mu;
+  std::vector<char> done(ranks.size(), 0);
+  size_t pending = ranks.size();
   std::vector<std::thread> threads;
   for (size_t i = 0; i < ranks.size(); ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    SetTimeout(*contexts.back(), rpc_timeout_);
+  }
+  for (size_t i = 0; i < ranks.size(); ++i) {
     threads.emplace_back([&, i] {
-      grpc::ClientContext ctx;
-      SetTimeout(ctx, rpc_timeout_);
-      status[i] = call(ranks[i], &ctx);
+      grpc::Status s = call(ranks[i], contexts[i].get());
+      absl::MutexLock lock(&mu);
+      status[i] = std::move(s);
+      done[i] = 1;
+      --pending;
     });
+  }
+  {
+    // A worker that dies or stops meanwhile fails its call at once, not at the RPC deadline.
+    absl::MutexLock lock(&mu);
+    auto settled = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return pending == 0; };
+    while (!mu.AwaitWithTimeout(absl::Condition(&settled), absl::Milliseconds(100))) {
+      for (const auto& [rank, why] : workers_->DeadRanks(heartbeat_timeout_)) {
+        for (size_t i = 0; i < ranks.size(); ++i) {
+          if (ranks[i] != rank || done[i] || !dead_why[i].empty()) continue;
+          dead_why[i] = why;
+          contexts[i]->TryCancel();
+        }
+      }
+    }
   }
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < ranks.size(); ++i) {
+    if (!dead_why[i].empty() && !status[i].ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("worker ", workers_->Describe(ranks[i]), " ", dead_why[i]));
+    }
     if (!status[i].ok())
       return FromGrpcStatus(status[i], absl::StrCat("worker ", workers_->Describe(ranks[i])));
   }
@@ -315,7 +344,8 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   absl::Mutex done_mu;
   size_t pending = ranks.size();
   int first_failed = -1;  // the rank whose failure aborts the others
-  int dead_rank = -1;     // a rank that missed heartbeats
+  int dead_rank = -1;     // a rank that missed heartbeats, exited or stopped ...
+  std::string dead_why;   // ... as WorkerRegistry::DeadRanks says
   bool aborted = false;
   bool cancelled = false;  // `cancel` was set while the run was in flight
   // A collective deadline: the others' deadlines follow within their arrival skew, so the abort
@@ -351,9 +381,10 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
         cancelled = true;
         break;
       }
-      const std::vector<int> dead = workers_->DeadRanks(heartbeat_timeout_);
+      const std::vector<std::pair<int, std::string>> dead = workers_->DeadRanks(heartbeat_timeout_);
       if (dead.empty()) continue;
-      dead_rank = dead.front();
+      dead_rank = dead.front().first;
+      dead_why = dead.front().second;
       first_failed = dead_rank;
       contexts[dead_rank]->TryCancel();
       break;
@@ -369,7 +400,7 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
         v1::AbortRequest areq;
         areq.set_reason(cancelled        ? std::string("the run was cancelled: its client left")
                         : dead_rank >= 0 ? absl::StrCat("worker ", workers_->Describe(dead_rank),
-                                                        " missed heartbeats (died or hung)")
+                                                        " ", dead_why, " (died or hung)")
                                          : absl::StrCat("shard_map failed on rank ", failed_rank));
         areq.set_epoch(epoch);
         v1::AbortResponse aresp;
@@ -399,9 +430,8 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   const auto dead_or_unreachable =
       std::find_if(failed.begin(), failed.end(), [&](int r) { return unreachable(r); });
   if (dead_rank >= 0) {
-    s = absl::UnavailableError(
-        absl::StrCat("worker ", workers_->Describe(dead_rank), " missed heartbeats for ",
-                     absl::FormatDuration(heartbeat_timeout_), " during the run (died or hung)"));
+    s = absl::UnavailableError(absl::StrCat("worker ", workers_->Describe(dead_rank), " ", dead_why,
+                                            " during the run (died or hung)"));
   } else if (dead_or_unreachable != failed.end()) {
     const int r = *dead_or_unreachable;
     s = absl::UnavailableError(

@@ -102,7 +102,9 @@ class ArrayRegistry {
   void CloseOnWorkers(const std::string& id);  // REQUIRES: EnsureStubs
   // ForRanks over every rank, as server/checkpoint_ops.h's ForEachWorker. REQUIRES: EnsureStubs.
   ForEachWorker EachWorker();
-  // Runs call(rank) for each rank in `ranks` in parallel; the first error, naming its rank.
+  // Runs call(rank) for each rank in `ranks` in parallel, each within the RPC timeout; the first
+  // error, naming its rank. A call to a worker that dies or stops meanwhile (WorkerRegistry::
+  // DeadRanks) is cancelled at once: Unavailable "worker rank R (...) is stopped (SIGSTOP)".
   absl::Status ForRanks(const std::vector<int>& ranks,
                         const std::function<grpc::Status(int rank, grpc::ClientContext*)>& call);
 

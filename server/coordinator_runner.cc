@@ -46,6 +46,7 @@ absl::Status RunCoordinator(const CoordinatorOptions& o) {
   // An id the operator did not choose is adopted from workers rejoining after a restart.
   WorkerRegistry registry(*mesh, cluster_id, /*adopt_cluster_id=*/o.cluster_id.empty(),
                           o.heartbeat_timeout);
+  registry.set_process_checks(o.process_checks);
   ArrayRegistry arrays(&registry, absl::Seconds(60), o.heartbeat_timeout, metrics.get());
   JobDriver::Options jo;
   jo.metrics = metrics.get();

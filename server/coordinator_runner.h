@@ -16,6 +16,9 @@ struct CoordinatorOptions {
   std::string port_file;   // if set, the bound port is written here once serving
   std::string cluster_id;  // empty: random
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // WorkerRegistry::set_process_checks: workers this coordinator sees exit or stop fail runs at
+  // once.
+  bool process_checks = true;
   // A client session silent this long is expired and its arrays freed (server/client_leases.h).
   absl::Duration client_lease = absl::Seconds(60);
   // The job's state across restarts (JobDriver::Options::state_file); empty: not kept.

@@ -9,31 +9,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/port/process.h"
 #include "glog/logging.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "net/grpc_util.h"
 #include "server/job_driver.h"
 
 namespace meshrun {
-namespace {
-
-// Whether process `pid` runs on this host (not gone, not a zombie waiting to be reaped).
-bool ProcessRuns(int64_t pid) {
-  if (pid <= 0 || (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)) return false;
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  const size_t paren = line.rfind(')');  // "pid (comm) S ..."
-  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
-}
-
-std::string ThisHost() {
-  char name[256] = {};
-  gethostname(name, sizeof(name) - 1);
-  return name;
-}
-
-}  // namespace
 
 std::vector<v1::WorkerLost> JobDriver::FindLostWorkers(const absl::Status& failure, int64_t step,
                                                        uint64_t generation) {
@@ -55,7 +37,9 @@ std::vector<v1::WorkerLost> JobDriver::FindLostWorkers(const absl::Status& failu
     return lost;
   }
   const std::vector<v1::PeerInfo> peers = registry_->Peers();
-  const std::vector<int> silent = registry_->DeadRanks(registry_->heartbeat_timeout());
+  std::vector<int> silent;
+  for (const auto& [rank, why] : registry_->DeadRanks(registry_->heartbeat_timeout()))
+    silent.push_back(rank);
   std::vector<grpc::Status> probes(peers.size());
   std::vector<std::thread> threads;
   for (size_t r = 0; r < peers.size(); ++r) {
@@ -69,14 +53,15 @@ std::vector<v1::WorkerLost> JobDriver::FindLostWorkers(const absl::Status& failu
     });
   }
   for (std::thread& t : threads) t.join();
-  const std::string host = ThisHost();
   for (size_t r = 0; r < peers.size(); ++r) {
     const bool is_silent = std::find(silent.begin(), silent.end(), r) != silent.end();
     if (probes[r].ok() && !is_silent) continue;
     std::string cause = "unreachable";
-    if (peers[r].hostname() == host && !ProcessRuns(peers[r].pid())) {
+    const ProcessState state = ObserveProcess(peers[r].process_identity());
+    if (state == ProcessState::kGone) {
       cause = "killed";
-    } else if (probes[r].error_code() == grpc::DEADLINE_EXCEEDED || is_silent) {
+    } else if (state == ProcessState::kStopped ||
+               probes[r].error_code() == grpc::DEADLINE_EXCEEDED || is_silent) {
       cause = "hung";
     }
     lost.push_back(describe(peers[r], cause));
@@ -93,8 +78,12 @@ absl::Status JobDriver::Reform(const v1::JobSpec& job, const std::vector<v1::Wor
     LOG(WARNING) << "job lost worker rank " << w.rank() << " (" << w.address() << ", pid "
                  << w.pid() << ", " << w.cause() << ") after step " << w.step();
     if (options_.metrics != nullptr) options_.metrics->OnWorkerLost(w.cause());
-    if (w.cause() == "hung" && w.host() == ThisHost() && w.pid() > 0) {
-      // As torchrun's agent does: end it, so that its process manager starts a fresh one.
+    const v1::PeerInfo peer = registry_->Peer(w.rank());
+    const ProcessState state = ObserveProcess(peer.process_identity());
+    if (w.cause() == "hung" && peer.pid() == w.pid() &&
+        (state == ProcessState::kRunning || state == ProcessState::kStopped)) {
+      // As torchrun's agent does: end it, so that its process manager starts a fresh one (only a
+      // process this coordinator sees, so never another that reused the pid).
       LOG(WARNING) << "killing hung worker rank " << w.rank() << " (pid " << w.pid() << ")";
       kill(static_cast<pid_t>(w.pid()), SIGKILL);
     }

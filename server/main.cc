@@ -24,6 +24,9 @@ ABSL_FLAG(absl::Duration, heartbeat_timeout, absl::Seconds(3), "a worker silent 
 ABSL_FLAG(std::string, state_file, "",
           "keep the job's state here (JSON), so a restarted coordinator reports an interrupted "
           "job and its last checkpoint");
+ABSL_FLAG(bool, process_checks, true,
+          "a worker whose process this coordinator sees (same host and pid namespace) fails the "
+          "run at once when it exits or is stopped (SIGSTOP); false: heartbeats only");
 ABSL_FLAG(absl::Duration, client_lease, absl::Seconds(60),
           "a client silent this long (it sends KeepAlive every third of it) loses its arrays");
 
@@ -43,6 +46,7 @@ int main(int argc, char** argv) {
   o.cluster_id = absl::GetFlag(FLAGS_cluster_id);
   o.heartbeat_timeout = absl::GetFlag(FLAGS_heartbeat_timeout);
   o.client_lease = absl::GetFlag(FLAGS_client_lease);
+  o.process_checks = absl::GetFlag(FLAGS_process_checks);
   o.state_file = absl::GetFlag(FLAGS_state_file);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   const absl::Status flags =

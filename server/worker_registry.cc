@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/port/process.h"
 #include "glog/logging.h"
 
 namespace meshrun {
@@ -170,6 +171,7 @@ absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(
     e.peer.set_hostname(req.hostname());
     e.peer.set_metrics_address(req.metrics_address());
     e.peer.set_shm_host_id(req.shm_host_id());
+    e.peer.set_process_identity(req.process_identity());
     e.last_heartbeat = absl::Now();
     if (RegisteredCountLocked() == ExpectedLocked()) formed_at_ = absl::Now();
   }
@@ -310,12 +312,29 @@ absl::Status WorkerRegistry::WaitUntilReady(absl::Time deadline) {
                                                   absl::StrJoin(missing, ", ")));
 }
 
-std::vector<int> WorkerRegistry::DeadRanks(absl::Duration timeout) {
+std::vector<std::pair<int, std::string>> WorkerRegistry::DeadRanks(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
-  std::vector<int> dead;
+  std::vector<std::pair<int, std::string>> dead;
   const absl::Time now = absl::Now();
   for (int r = 0; r < ExpectedLocked(); ++r) {
-    if (workers_[r].registered && now - workers_[r].last_heartbeat > timeout) dead.push_back(r);
+    const Entry& w = workers_[r];
+    if (!w.registered) continue;
+    if (now - w.last_heartbeat > timeout) {
+      dead.emplace_back(r, absl::StrCat("missed heartbeats for ", absl::FormatDuration(timeout)));
+      continue;
+    }
+    if (!process_checks_) continue;
+    switch (ObserveProcess(w.peer.process_identity())) {
+      case ProcessState::kGone:
+        dead.emplace_back(r, "has exited");
+        break;
+      case ProcessState::kStopped:
+        dead.emplace_back(r, "is stopped (SIGSTOP)");
+        break;
+      case ProcessState::kRunning:
+      case ProcessState::kUnknown:
+        break;
+    }
   }
   return dead;
 }

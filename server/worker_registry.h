@@ -2,8 +2,10 @@
 #ifndef MESHRUN_SERVER_WORKER_REGISTRY_H_
 #define MESHRUN_SERVER_WORKER_REGISTRY_H_
 
+#include <atomic>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -81,8 +83,13 @@ class WorkerRegistry {
   // set up). Errors: DeadlineExceeded naming the ranks (or count) still missing.
   absl::Status WaitUntilReady(absl::Time deadline);
 
-  // Ranks whose last heartbeat is older than `timeout`.
-  std::vector<int> DeadRanks(absl::Duration timeout);
+  // Registered ranks whose last heartbeat is older than `timeout`, and at once those whose process
+  // this coordinator sees (same host and pid namespace: core/port/process.h's ObserveProcess)
+  // has exited or is stopped, unless set_process_checks(false); each with why: "missed heartbeats
+  // for 3s", "has exited", "is stopped (SIGSTOP)".
+  std::vector<std::pair<int, std::string>> DeadRanks(absl::Duration timeout);
+  // Whether DeadRanks looks at the processes it can see (default true). Thread-safe.
+  void set_process_checks(bool on) { process_checks_.store(on); }
   // The worker that held `rank` (registered now or before the cluster last re-formed); a
   // default PeerInfo for a rank never held.
   v1::PeerInfo Peer(int rank);
@@ -127,6 +134,7 @@ class WorkerRegistry {
   int ExpectedLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) { return mesh_.size(); }
 
   const absl::Duration heartbeat_timeout_;
+  std::atomic<bool> process_checks_{true};
   absl::Mutex mu_;
   Mesh mesh_ ABSL_GUARDED_BY(mu_);
   uint64_t generation_ ABSL_GUARDED_BY(mu_);

@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "core/port/process.h"
 #include "core/tensor.h"
 #include "glog/logging.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -176,6 +177,7 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   gethostname(hostname, sizeof(hostname) - 1);
   req.set_hostname(hostname);
   req.set_requested_rank(o.requested_rank);
+  req.set_process_identity(ProcessIdentity(getpid()));
   req.set_incarnation((uint64_t{std::random_device()()} << 32) | std::random_device()());
   if (o.shm_transport) req.set_shm_host_id(ShmHostId());
   if (metrics_server != nullptr)

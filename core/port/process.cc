@@ -4,22 +4,94 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <fstream>
 #include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace meshrun {
+namespace {
+
+std::string ReadLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  std::getline(in, line);
+  return line;
+}
+
+// "/proc/self/ns/pid" -> "pid:[4026531836]"; "" if unreadable.
+std::string PidNamespace() {
+  char buf[PATH_MAX] = {};
+  const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : std::string();
+}
+
+// /proc/PID/stat's state letter and start time (field 22, clock ticks since boot); false if the
+// process does not exist. "PID (COMM) STATE ...": COMM may hold spaces and parentheses; the
+// fields after it follow the last ')'.
+bool ReadStat(int64_t pid, char* state, std::string* start_time) {
+  const std::string stat = ReadLine(absl::StrCat("/proc/", pid, "/stat"));
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= stat.size()) return false;
+  const std::vector<std::string> fields = absl::StrSplit(stat.substr(paren + 2), ' ');
+  *state = fields[0].empty() ? '?' : fields[0][0];
+  *start_time = fields.size() > 19 ? fields[19] : "";  // fields from STATE (3): 22 is index 19
+  return true;
+}
+
+// "<boot id>/<pid namespace>/": where a pid means the same process.
+std::string PidScope() {
+  static const std::string* const scope = [] {
+    const std::string boot = ReadLine("/proc/sys/kernel/random/boot_id");
+    const std::string ns = PidNamespace();
+    return new std::string(boot.empty() || ns.empty() ? "" : absl::StrCat(boot, "/", ns, "/"));
+  }();
+  return *scope;
+}
+
+}  // namespace
 
 bool ProcessAlive(int64_t pid) {
   if (pid <= 0) return true;
   if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) return false;
-  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-  std::string stat;
-  std::getline(in, stat);
-  // "PID (COMM) STATE ...": COMM may hold spaces and parentheses; the state follows the last ')'.
-  const size_t paren = stat.rfind(')');
-  if (paren == std::string::npos || paren + 2 >= stat.size()) return !stat.empty();
-  const char state = stat[paren + 2];
+  char state = '?';
+  std::string start;
+  if (!ReadStat(pid, &state, &start)) return false;
   return state != 'Z' && state != 'X';
+}
+
+std::string ProcessIdentity(int64_t pid) {
+  char state = '?';
+  std::string start;
+  if (PidScope().empty() || !ReadStat(pid, &state, &start) || start.empty()) return "";
+  return absl::StrCat(PidScope(), pid, "/", start);
+}
+
+ProcessState ObserveProcess(const std::string& identity) {
+  const std::string& scope = PidScope();
+  if (scope.empty() || identity.size() <= scope.size() || identity.compare(0, scope.size(), scope))
+    return ProcessState::kUnknown;
+  const std::vector<std::string> rest = absl::StrSplit(identity.substr(scope.size()), '/');
+  int64_t pid = 0;
+  if (rest.size() != 2 || !absl::SimpleAtoi(rest[0], &pid) || pid <= 0)
+    return ProcessState::kUnknown;
+  char state = '?';
+  std::string start;
+  // Another start time: the pid now names another process; the one identified has exited.
+  if (!ReadStat(pid, &state, &start) || start != rest[1]) return ProcessState::kGone;
+  switch (state) {
+    case 'Z':
+    case 'X':
+      return ProcessState::kGone;
+    case 'T':
+      return ProcessState::kStopped;
+    default:
+      return ProcessState::kRunning;
+  }
 }
 
 int64_t PhysicalMemoryBytes() {

@@ -4,6 +4,7 @@
 #define MESHRUN_CORE_PORT_PROCESS_H_
 
 #include <cstdint>
+#include <string>
 
 namespace meshrun {
 
@@ -11,6 +12,23 @@ namespace meshrun {
 // reaped by its parent) nor dead. A pid <= 0 (unknown) counts as alive, so callers fall back on
 // their deadlines. Thread-safe; reads /proc/PID/stat.
 bool ProcessAlive(int64_t pid);
+
+// Names process `pid` of this host beyond its pid: "<boot id>/<pid namespace>/<pid>/<start
+// time>", so that another process can tell with ObserveProcess whether it sees that very process
+// (not one that reused the pid, not one in another pid namespace or on another host). "" if /proc
+// cannot be read. Thread-safe.
+std::string ProcessIdentity(int64_t pid);
+
+enum class ProcessState {
+  kUnknown,  // not observable from here: another host or pid namespace, or no identity
+  kRunning,  // running or sleeping (a debugger's tracing stop included)
+  kStopped,  // stopped by a signal (SIGSTOP, SIGTSTP: 'T' in /proc/PID/stat)
+  kGone,     // exited (a zombie not yet reaped included), its pid free or reused
+};
+
+// The state of the process that `identity` (ProcessIdentity, taken by that process or another
+// in the same pid namespace) names, as this process sees it. Thread-safe; reads /proc.
+ProcessState ObserveProcess(const std::string& identity);
 
 // This host's physical memory in bytes (sysconf), or 2^46 if it cannot be read.
 int64_t PhysicalMemoryBytes();

@@ -34,5 +34,22 @@ TEST(ProcessAliveTest, LiveZombieReapedAndUnknown) {
   EXPECT_FALSE(ProcessAlive(child));
 }
 
+// ProcessIdentity names this very process: observed as running here; the same pid with another
+// start time (a reused pid) is gone; another host's or pid namespace's identity, or none, is
+// unknown (not observable from here).
+TEST(ProcessIdentityTest, ObservedOnlyWhereItMeansTheSameProcess) {
+  const std::string self = ProcessIdentity(getpid());
+  ASSERT_FALSE(self.empty());
+  EXPECT_EQ(ObserveProcess(self), ProcessState::kRunning);
+  const size_t last = self.rfind('/');
+  EXPECT_EQ(ObserveProcess(self.substr(0, last + 1) + "1"), ProcessState::kGone)
+      << "another start time: the pid now names another process";
+  EXPECT_EQ(ObserveProcess("00000000-0000-0000-0000-000000000000" + self.substr(self.find('/'))),
+            ProcessState::kUnknown)
+      << "another boot id";
+  EXPECT_EQ(ObserveProcess(""), ProcessState::kUnknown);
+  EXPECT_EQ(ObserveProcess("garbage"), ProcessState::kUnknown);
+}
+
 }  // namespace
 }  // namespace meshrun

@@ -421,6 +421,56 @@ TEST(ClusterE2ETest, AWorkerDyingMidJobIsReportedByRankAndNothingHangs) {
   ExpectAllReaped(*cluster);
 }
 
+// A worker stopped with SIGSTOP on the coordinator's host fails the run at once, named as
+// stopped (the coordinator sees its process state; no waiting for missed heartbeats), and every
+// other rank is told; after SIGCONT the cluster serves the next job.
+TEST(ClusterE2ETest, AStoppedWorkerIsNamedAtOnceAndAfterSigcontTheClusterServes) {
+  auto cluster = StartCluster("data=4");
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(client.ok());
+  const int victim = 1;
+  const pid_t victim_pid = cluster->worker_pids()[victim];
+  JobConfig config;
+  config.train.max_steps = 100000;
+  config.train.log_every = 5;
+  config.train.evaluate = false;
+  absl::Time stopped_at = absl::InfiniteFuture();
+  auto result = (*client)->Train(config, [&](const v1::JobEvent& e) {
+    if (e.has_step() && stopped_at == absl::InfiniteFuture()) {
+      stopped_at = absl::Now();
+      kill(victim_pid, SIGSTOP);
+    }
+  });
+  const absl::Duration to_error = absl::Now() - stopped_at;
+  ASSERT_NE(stopped_at, absl::InfiniteFuture());
+  ASSERT_FALSE(result.ok());
+  auto status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok());
+  int rank = -1;
+  for (const auto& w : status->workers()) {
+    if (w.peer().pid() == victim_pid) rank = w.peer().rank();
+  }
+  ASSERT_GE(rank, 0);
+  EXPECT_THAT(result.status().message(), HasSubstr(absl::StrCat("worker rank ", rank, " (")));
+  EXPECT_THAT(result.status().message(), HasSubstr("is stopped (SIGSTOP)"))
+      << "found by its process state, not by missed heartbeats";
+  std::printf("stopped worker reported after %s\n", absl::FormatDuration(to_error).c_str());
+  int told = 0;
+  for (int i = 0; i < 4; ++i) {
+    if (i == victim) continue;
+    told += ReadFile(absl::StrCat(cluster->log_dir(), "/worker", i, ".log"))
+                .find(absl::StrCat("rank ", rank)) != std::string::npos;
+  }
+  EXPECT_EQ(told, 3);
+  ASSERT_EQ(kill(victim_pid, SIGCONT), 0);
+  config.train.max_steps = 5;
+  auto next = (*client)->Train(config);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->reports.back().step(), 5);
+  ASSERT_TRUE(cluster->Stop().ok());
+}
+
 }  // namespace
 }  // namespace meshrun
 

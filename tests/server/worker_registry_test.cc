@@ -1,11 +1,16 @@
 #include "server/worker_registry.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <set>
 #include <thread>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "core/port/process.h"
 
 namespace meshrun {
 namespace {
@@ -131,8 +136,48 @@ TEST(WorkerRegistryTest, HeartbeatsDecideReadinessAndLiveness) {
   EXPECT_TRUE(reg.WaitUntilReady(absl::Now() + absl::Milliseconds(20)).ok());
   EXPECT_TRUE(reg.DeadRanks(absl::Seconds(5)).empty());
   absl::SleepFor(absl::Milliseconds(30));
-  EXPECT_EQ(reg.DeadRanks(absl::Milliseconds(10)), std::vector<int>{0});
+  using Dead = std::vector<std::pair<int, std::string>>;
+  EXPECT_EQ(reg.DeadRanks(absl::Milliseconds(10)), (Dead{{0, "missed heartbeats for 10ms"}}));
   EXPECT_EQ(reg.Describe(0), "rank 0 (w0, pid 100)");
+}
+
+// A worker on the coordinator's host that is stopped or has exited is dead at once, whatever its
+// last heartbeat; after SIGCONT it is alive again.
+TEST(WorkerRegistryTest, ALocalWorkerStoppedOrExitedIsDeadAtOnce) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (;;) pause();
+  }
+  const std::string identity = ProcessIdentity(child);
+  ASSERT_FALSE(identity.empty());
+  auto state_is = [&](ProcessState want) {
+    for (int i = 0; i < 200 && ObserveProcess(identity) != want; ++i)
+      absl::SleepFor(absl::Milliseconds(10));
+    return ObserveProcess(identity) == want;
+  };
+  WorkerRegistry reg(*Mesh::Parse("data=1"), "c1");
+  v1::RegisterRequest req = Req("w0");
+  req.set_pid(child);
+  req.set_process_identity(identity);
+  ASSERT_TRUE(reg.Register(req, absl::Now() + absl::Seconds(1)).ok());
+  ASSERT_TRUE(reg.Heartbeat(0, "c1").ok());
+  using Dead = std::vector<std::pair<int, std::string>>;
+  EXPECT_EQ(reg.DeadRanks(absl::Seconds(60)), Dead{});
+  ASSERT_EQ(kill(child, SIGSTOP), 0);
+  ASSERT_TRUE(state_is(ProcessState::kStopped));
+  EXPECT_EQ(reg.DeadRanks(absl::Seconds(60)), (Dead{{0, "is stopped (SIGSTOP)"}}));
+  ASSERT_EQ(kill(child, SIGCONT), 0);
+  ASSERT_TRUE(state_is(ProcessState::kRunning));
+  EXPECT_EQ(reg.DeadRanks(absl::Seconds(60)), Dead{});
+  ASSERT_EQ(kill(child, SIGKILL), 0);
+  ASSERT_TRUE(state_is(ProcessState::kGone)) << "a zombie not yet reaped counts as gone";
+  EXPECT_EQ(reg.DeadRanks(absl::Seconds(60)), (Dead{{0, "has exited"}}));
+  reg.set_process_checks(false);
+  EXPECT_EQ(reg.DeadRanks(absl::Seconds(60)), Dead{}) << "heartbeats only";
+  reg.set_process_checks(true);
+  ASSERT_EQ(waitpid(child, nullptr, 0), child);
+  EXPECT_EQ(reg.DeadRanks(absl::Seconds(60)), (Dead{{0, "has exited"}}));
 }
 
 // Registers `addresses` (asking for `ranks`, -1: any) in parallel; every call returns once the
@@ -208,7 +253,8 @@ TEST(WorkerRegistryTest, AFreshWorkerReplacesASilentRank) {
   EXPECT_THAT(full.status().message(), HasSubstr("cluster is full")) << "nobody is silent yet";
   absl::SleepFor(absl::Milliseconds(150));
   ASSERT_FALSE(*reg.Heartbeat(0, "c1", first[0]->generation()));
-  EXPECT_EQ(reg.DeadRanks(absl::Milliseconds(100)), std::vector<int>{1});
+  ASSERT_EQ(reg.DeadRanks(absl::Milliseconds(100)).size(), 1u);
+  EXPECT_EQ(reg.DeadRanks(absl::Milliseconds(100))[0].first, 1);
   absl::StatusOr<v1::RegisterResponse> replacement = absl::UnknownError("unset");
   std::thread joining(
       [&] { replacement = reg.Register(Req("replacement"), absl::Now() + absl::Seconds(5)); });

@@ -11,10 +11,11 @@
 namespace meshrun::testing {
 
 std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::string& tag,
-                                           bool shm_transport) {
+                                           bool shm_transport, bool process_checks) {
   LocalClusterOptions o;
   o.mesh = mesh;
   o.shm_transport = shm_transport;
+  o.process_checks = process_checks;
   o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-", tag, "-", mesh,
                            shm_transport ? "" : "-grpc", "-", getpid());
   auto c = LocalCluster::Start(o);

@@ -20,9 +20,10 @@ namespace meshrun::testing {
 
 // A cluster for `mesh` whose logs go under the test temp dir, named after `tag`; null (with a
 // test failure recorded) if it does not start.
-// `shm_transport`: as LocalClusterOptions (false: collectives over the gRPC ring only).
+// `shm_transport`, `process_checks`: as LocalClusterOptions (false: collectives over the gRPC
+// ring only; a stopped worker found by its heartbeats or the collectives' deadlines only).
 std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::string& tag,
-                                           bool shm_transport = true);
+                                           bool shm_transport = true, bool process_checks = true);
 
 // The main job (seed 001's classifier on Fashion-MNIST, dropout on: the rng is part of what a
 // resumed or recovered run must bring back) for `max_steps` steps, a report every step, no

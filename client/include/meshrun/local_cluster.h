@@ -28,6 +28,9 @@ struct LocalClusterOptions {
       0;  // per worker; 0: max(1, cores / workers), so workers do not oversubscribe
   absl::Duration start_timeout = absl::Seconds(60);
   absl::Duration heartbeat_timeout = absl::Seconds(3);
+  // The coordinator's --process_checks: a worker that exits or is stopped fails the run at once
+  // (false: only when it misses heartbeats for heartbeat_timeout).
+  bool process_checks = true;
   // The coordinator's --client_lease: a client silent this long loses its arrays.
   absl::Duration client_lease = absl::Seconds(60);
   // Workers exchange collective data through shared memory (they all run on this host); false:
