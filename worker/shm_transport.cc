@@ -5,8 +5,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <climits>
-#include <fstream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -17,19 +15,6 @@
 
 namespace meshrun {
 namespace {
-
-std::string ReadFirstLine(const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  std::getline(in, line);
-  return line;
-}
-
-std::string NamespaceId(const char* path) {
-  char buf[PATH_MAX] = {};
-  const ssize_t n = readlink(path, buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, n) : std::string();
-}
 
 // A /dev/shm name from the cluster id (only [A-Za-z0-9_-] kept, at most 64 of them).
 std::string SegmentName(const std::string& cluster_id, int src, int dst) {
@@ -62,10 +47,9 @@ void UnlinkOwnShmSegments() {
 }
 
 std::string ShmHostId() {
-  const std::string boot = ReadFirstLine("/proc/sys/kernel/random/boot_id");
+  const std::string boot = BootId();
   struct stat st;
-  const std::string pid_ns = NamespaceId("/proc/self/ns/pid"),
-                    net_ns = NamespaceId("/proc/self/ns/net");
+  const std::string pid_ns = OwnNamespace("pid"), net_ns = OwnNamespace("net");
   if (boot.empty() || stat("/dev/shm", &st) != 0 || pid_ns.empty() || net_ns.empty()) return "";
   return absl::StrCat(boot, "/shm-dev-", st.st_dev, "/", pid_ns, "/", net_ns);
 }

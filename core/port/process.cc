@@ -23,13 +23,6 @@ std::string ReadLine(const std::string& path) {
   return line;
 }
 
-// "/proc/self/ns/pid" -> "pid:[4026531836]"; "" if unreadable.
-std::string PidNamespace() {
-  char buf[PATH_MAX] = {};
-  const ssize_t n = readlink("/proc/self/ns/pid", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, n) : std::string();
-}
-
 // /proc/PID/stat's state letter and start time (field 22, clock ticks since boot); false if the
 // process does not exist. "PID (COMM) STATE ...": COMM may hold spaces and parentheses; the
 // fields after it follow the last ')'.
@@ -46,14 +39,22 @@ bool ReadStat(int64_t pid, char* state, std::string* start_time) {
 // "<boot id>/<pid namespace>/": where a pid means the same process.
 std::string PidScope() {
   static const std::string* const scope = [] {
-    const std::string boot = ReadLine("/proc/sys/kernel/random/boot_id");
-    const std::string ns = PidNamespace();
+    const std::string boot = BootId();
+    const std::string ns = OwnNamespace("pid");
     return new std::string(boot.empty() || ns.empty() ? "" : absl::StrCat(boot, "/", ns, "/"));
   }();
   return *scope;
 }
 
 }  // namespace
+
+std::string BootId() { return ReadLine("/proc/sys/kernel/random/boot_id"); }
+
+std::string OwnNamespace(const std::string& kind) {
+  char buf[PATH_MAX] = {};
+  const ssize_t n = readlink(("/proc/self/ns/" + kind).c_str(), buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, n) : std::string();
+}
 
 bool ProcessAlive(int64_t pid) {
   if (pid <= 0) return true;

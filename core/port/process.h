@@ -13,6 +13,12 @@ namespace meshrun {
 // their deadlines. Thread-safe; reads /proc/PID/stat.
 bool ProcessAlive(int64_t pid);
 
+// This boot of this host (/proc/sys/kernel/random/boot_id); "" if unreadable.
+std::string BootId();
+
+// This process's namespace of `kind` ("pid", "net"): "pid:[4026531836]"; "" if unreadable.
+std::string OwnNamespace(const std::string& kind);
+
 // Names process `pid` of this host beyond its pid: "<boot id>/<pid namespace>/<pid>/<start
 // time>", so that another process can tell with ObserveProcess whether it sees that very process
 // (not one that reused the pid, not one in another pid namespace or on another host). "" if /proc

@@ -376,6 +376,27 @@ TEST(ClusterE2ETest, ASecondJobIsRefusedNamingTheRunningOne) {
   EXPECT_EQ(running->reports.back().step(), 300);
 }
 
+// The rank the process `pid` holds (ranks follow registration order, not spawn order); -1 if none.
+int RankOf(Client& client, pid_t pid) {
+  auto status = client.GetStatus();
+  if (!status.ok()) return -1;
+  for (const auto& w : status->workers()) {
+    if (w.peer().pid() == pid) return w.peer().rank();
+  }
+  return -1;
+}
+
+// How many of the `n` workers but the one spawned `victim`-th name `rank` in their logs.
+int WorkersTold(const LocalCluster& cluster, int n, int victim, int rank) {
+  int told = 0;
+  for (int i = 0; i < n; ++i) {
+    if (i == victim) continue;
+    told += ReadFile(absl::StrCat(cluster.log_dir(), "/worker", i, ".log"))
+                .find(absl::StrCat("rank ", rank)) != std::string::npos;
+  }
+  return told;
+}
+
 TEST(ClusterE2ETest, AWorkerDyingMidJobIsReportedByRankAndNothingHangs) {
   auto cluster = StartCluster("data=4");
   ASSERT_NE(cluster, nullptr);
@@ -400,23 +421,13 @@ TEST(ClusterE2ETest, AWorkerDyingMidJobIsReportedByRankAndNothingHangs) {
   ASSERT_FALSE(result.ok());
   EXPECT_LT(to_error, absl::Seconds(10));
   // Which rank got the pid is up to registration order: find the rank of the killed process.
-  auto status = (*client)->GetStatus();
-  ASSERT_TRUE(status.ok());
-  int rank = -1;
-  for (const auto& w : status->workers()) {
-    if (w.peer().pid() == victim_pid) rank = w.peer().rank();
-  }
+  const int rank = RankOf(**client, victim_pid);
   ASSERT_GE(rank, 0);
   EXPECT_THAT(result.status().message(), HasSubstr(absl::StrCat("worker rank ", rank, " (")));
+  auto status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok());
   EXPECT_EQ(status->job_state(), "failed");
-  // The surviving workers were told which rank died.
-  int told = 0;
-  for (int i = 0; i < 4; ++i) {
-    if (i == victim) continue;
-    told += ReadFile(absl::StrCat(cluster->log_dir(), "/worker", i, ".log"))
-                .find(absl::StrCat("rank ", rank)) != std::string::npos;
-  }
-  EXPECT_EQ(told, 3);
+  EXPECT_EQ(WorkersTold(*cluster, 4, victim, rank), 3) << "the surviving workers were told";
   ASSERT_TRUE(cluster->Stop().ok());
   ExpectAllReaped(*cluster);
 }
@@ -445,24 +456,13 @@ TEST(ClusterE2ETest, AStoppedWorkerIsNamedAtOnceAndAfterSigcontTheClusterServes)
   const absl::Duration to_error = absl::Now() - stopped_at;
   ASSERT_NE(stopped_at, absl::InfiniteFuture());
   ASSERT_FALSE(result.ok());
-  auto status = (*client)->GetStatus();
-  ASSERT_TRUE(status.ok());
-  int rank = -1;
-  for (const auto& w : status->workers()) {
-    if (w.peer().pid() == victim_pid) rank = w.peer().rank();
-  }
+  const int rank = RankOf(**client, victim_pid);
   ASSERT_GE(rank, 0);
   EXPECT_THAT(result.status().message(), HasSubstr(absl::StrCat("worker rank ", rank, " (")));
   EXPECT_THAT(result.status().message(), HasSubstr("is stopped (SIGSTOP)"))
       << "found by its process state, not by missed heartbeats";
   std::printf("stopped worker reported after %s\n", absl::FormatDuration(to_error).c_str());
-  int told = 0;
-  for (int i = 0; i < 4; ++i) {
-    if (i == victim) continue;
-    told += ReadFile(absl::StrCat(cluster->log_dir(), "/worker", i, ".log"))
-                .find(absl::StrCat("rank ", rank)) != std::string::npos;
-  }
-  EXPECT_EQ(told, 3);
+  EXPECT_EQ(WorkersTold(*cluster, 4, victim, rank), 3) << "every other rank was told";
   ASSERT_EQ(kill(victim_pid, SIGCONT), 0);
   config.train.max_steps = 5;
   auto next = (*client)->Train(config);
