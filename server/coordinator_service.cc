@@ -59,16 +59,14 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx,
                                  ahead > 1 ? absl::StrCat(" and ", ahead - 1, " more wait") : "",
                                  "; this job starts when ", ahead > 1 ? "they end" : "it ends"));
     writer->Write(queued);
-    // A client that goes away (or whose deadline passes) while waiting gives up its place.
-    while (!jobs_.WaitTurn(ticket, absl::Milliseconds(100))) {
-      leases_->Touch(session);
-      if (ctx->IsCancelled()) {
-        jobs_.Leave(ticket);
-        return grpc::Status(grpc::CANCELLED, "the client left the job queue");
-      }
+  }
+  // A client that goes away (or whose deadline passes) while waiting gives up its place.
+  while (!jobs_.WaitTurn(ticket, absl::Milliseconds(100))) {
+    leases_->Touch(session);
+    if (ctx->IsCancelled()) {
+      jobs_.Leave(ticket);
+      return grpc::Status(grpc::CANCELLED, "the client left the job queue");
     }
-  } else {
-    jobs_.WaitTurn(ticket, absl::InfiniteDuration());
   }
   // A client that goes away cancels its job at once, not at the job's next report; while its call
   // is open, its session is alive.

@@ -397,6 +397,31 @@ int WorkersTold(const LocalCluster& cluster, int n, int victim, int rank) {
   return told;
 }
 
+// A long job during which the process `pid` gets `signal` at the first step report: the job's
+// result and the time from the signal to it.
+struct SignalledJob {
+  absl::StatusOr<TrainResult> result = absl::UnknownError("not run");
+  absl::Duration to_error;
+  bool signalled = false;
+};
+SignalledJob TrainAndSignalAtFirstStep(Client& client, pid_t pid, int signal) {
+  JobConfig config;
+  config.train.max_steps = 100000;
+  config.train.log_every = 5;
+  config.train.evaluate = false;
+  SignalledJob job;
+  absl::Time signalled_at = absl::InfiniteFuture();
+  job.result = client.Train(config, [&](const v1::JobEvent& e) {
+    if (e.has_step() && !job.signalled) {
+      job.signalled = true;
+      signalled_at = absl::Now();
+      kill(pid, signal);
+    }
+  });
+  job.to_error = absl::Now() - signalled_at;
+  return job;
+}
+
 TEST(ClusterE2ETest, AWorkerDyingMidJobIsReportedByRankAndNothingHangs) {
   auto cluster = StartCluster("data=4");
   ASSERT_NE(cluster, nullptr);
@@ -404,22 +429,11 @@ TEST(ClusterE2ETest, AWorkerDyingMidJobIsReportedByRankAndNothingHangs) {
   ASSERT_TRUE(client.ok());
   const int victim = 2;
   const pid_t victim_pid = cluster->worker_pids()[victim];
-  JobConfig config;
-  config.train.max_steps = 100000;
-  config.train.log_every = 5;
-  absl::Time killed_at = absl::InfiniteFuture();
-  bool killed = false;
-  auto result = (*client)->Train(config, [&](const v1::JobEvent& e) {
-    if (e.has_step() && !killed) {
-      killed = true;
-      killed_at = absl::Now();
-      kill(victim_pid, SIGKILL);
-    }
-  });
-  const absl::Duration to_error = absl::Now() - killed_at;
-  ASSERT_TRUE(killed);
+  const SignalledJob job = TrainAndSignalAtFirstStep(**client, victim_pid, SIGKILL);
+  ASSERT_TRUE(job.signalled);
+  const absl::StatusOr<TrainResult>& result = job.result;
   ASSERT_FALSE(result.ok());
-  EXPECT_LT(to_error, absl::Seconds(10));
+  EXPECT_LT(job.to_error, absl::Seconds(10));
   // Which rank got the pid is up to registration order: find the rank of the killed process.
   const int rank = RankOf(**client, victim_pid);
   ASSERT_GE(rank, 0);
@@ -442,29 +456,21 @@ TEST(ClusterE2ETest, AStoppedWorkerIsNamedAtOnceAndAfterSigcontTheClusterServes)
   ASSERT_TRUE(client.ok());
   const int victim = 1;
   const pid_t victim_pid = cluster->worker_pids()[victim];
-  JobConfig config;
-  config.train.max_steps = 100000;
-  config.train.log_every = 5;
-  config.train.evaluate = false;
-  absl::Time stopped_at = absl::InfiniteFuture();
-  auto result = (*client)->Train(config, [&](const v1::JobEvent& e) {
-    if (e.has_step() && stopped_at == absl::InfiniteFuture()) {
-      stopped_at = absl::Now();
-      kill(victim_pid, SIGSTOP);
-    }
-  });
-  const absl::Duration to_error = absl::Now() - stopped_at;
-  ASSERT_NE(stopped_at, absl::InfiniteFuture());
+  const SignalledJob job = TrainAndSignalAtFirstStep(**client, victim_pid, SIGSTOP);
+  ASSERT_TRUE(job.signalled);
+  const absl::StatusOr<TrainResult>& result = job.result;
   ASSERT_FALSE(result.ok());
   const int rank = RankOf(**client, victim_pid);
   ASSERT_GE(rank, 0);
   EXPECT_THAT(result.status().message(), HasSubstr(absl::StrCat("worker rank ", rank, " (")));
   EXPECT_THAT(result.status().message(), HasSubstr("is stopped (SIGSTOP)"))
       << "found by its process state, not by missed heartbeats";
-  std::printf("stopped worker reported after %s\n", absl::FormatDuration(to_error).c_str());
+  std::printf("stopped worker reported after %s\n", absl::FormatDuration(job.to_error).c_str());
   EXPECT_EQ(WorkersTold(*cluster, 4, victim, rank), 3) << "every other rank was told";
   ASSERT_EQ(kill(victim_pid, SIGCONT), 0);
+  JobConfig config;
   config.train.max_steps = 5;
+  config.train.evaluate = false;
   auto next = (*client)->Train(config);
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->reports.back().step(), 5);
