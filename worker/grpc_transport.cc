@@ -1,6 +1,8 @@
 #include "worker/grpc_transport.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -9,14 +11,140 @@
 namespace meshrun {
 
 // ---------------------------------------------------------------------------------------------
+// The frame: what one message of Ring.Transfer carries (raw bytes, not a protobuf message).
+
+namespace {
+
+// The method's full name, as the generated code names it ("/package.Service/Method").
+constexpr char kTransferMethod[] = "/meshrun.v1.Ring/Transfer";
+constexpr size_t kFrameHeaderBytes = 24;
+constexpr uint16_t kGoodbye = 1;  // the sender closes the stream on purpose; no payload
+
+void Put(char* out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
+}
+uint64_t Get(const char* in, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i)
+    v |= static_cast<uint64_t>(static_cast<uint8_t>(in[i])) << (8 * i);
+  return v;
+}
+
+// The header and cluster id of a frame; the payload is the rest of the message.
+struct FrameHeader {
+  int src_rank = 0;
+  uint16_t flags = 0;
+  uint64_t epoch = 0;
+  uint64_t tag = 0;
+  std::string cluster_id;  // only on a stream's first frame
+};
+
+std::string EncodeHeader(const FrameHeader& h) {
+  std::string out(kFrameHeaderBytes + h.cluster_id.size(), '\0');
+  Put(&out[0], static_cast<uint32_t>(h.src_rank), 4);
+  Put(&out[4], h.flags, 2);
+  Put(&out[6], h.cluster_id.size(), 2);
+  Put(&out[8], h.epoch, 8);
+  Put(&out[16], h.tag, 8);
+  std::copy(h.cluster_id.begin(), h.cluster_id.end(), out.begin() + kFrameHeaderBytes);
+  return out;
+}
+
+// Reads a received frame where gRPC's slices hold it: the header is copied out (it may straddle
+// slices), the payload is passed on piece by piece.
+class FrameReader {
+ public:
+  explicit FrameReader(std::vector<grpc::Slice> slices) : slices_(std::move(slices)) {
+    for (const grpc::Slice& s : slices_) remaining_ += s.size();
+  }
+  size_t remaining() const { return remaining_; }
+
+  absl::StatusOr<FrameHeader> ReadHeader() {
+    char fixed[kFrameHeaderBytes];
+    if (!Read(fixed, kFrameHeaderBytes)) {
+      return absl::InvalidArgumentError(absl::StrCat("ring frame of ", remaining_,
+                                                     " bytes is shorter than its ",
+                                                     kFrameHeaderBytes, "-byte header"));
+    }
+    FrameHeader h;
+    h.src_rank = static_cast<int32_t>(Get(&fixed[0], 4));
+    h.flags = static_cast<uint16_t>(Get(&fixed[4], 2));
+    const size_t id_bytes = Get(&fixed[6], 2);
+    h.epoch = Get(&fixed[8], 8);
+    h.tag = Get(&fixed[16], 8);
+    h.cluster_id.resize(id_bytes);
+    if (!Read(h.cluster_id.data(), id_bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ring frame declares a ", id_bytes, "-byte cluster id but ends first"));
+    }
+    return h;
+  }
+
+  // Passes the unread bytes to `sink` where gRPC's slices hold them, keeping RecvSink's promise
+  // that every piece but the last starts and ends at a multiple of 8 bytes: slices split the
+  // payload anywhere, so the few bytes that straddle two slices go through `carry` (an 8-byte
+  // piece of their own).
+  void ForEachPiece(RecvSink sink) {
+    size_t offset = 0, carried = 0;
+    char carry[8];
+    for (; slice_ < slices_.size(); ++slice_, pos_ = 0) {
+      const char* p = reinterpret_cast<const char*>(slices_[slice_].begin()) + pos_;
+      size_t n = slices_[slice_].size() - pos_;
+      if (carried > 0) {
+        const size_t take = std::min(sizeof(carry) - carried, n);
+        std::memcpy(carry + carried, p, take);
+        carried += take;
+        p += take;
+        n -= take;
+        if (carried < sizeof(carry)) continue;
+        sink(offset, carry, carried);
+        offset += carried;
+        carried = 0;
+      }
+      const size_t whole = n & ~size_t{7};
+      if (whole > 0) sink(offset, p, whole);
+      offset += whole;
+      carried = n - whole;
+      std::memcpy(carry, p + whole, carried);
+    }
+    if (carried > 0) sink(offset, carry, carried);
+    remaining_ = 0;
+  }
+
+ private:
+  bool Read(char* out, size_t n) {
+    if (n > remaining_) return false;
+    remaining_ -= n;
+    while (n > 0) {
+      const grpc::Slice& s = slices_[slice_];
+      const size_t take = std::min(n, s.size() - pos_);
+      std::memcpy(out, s.begin() + pos_, take);
+      out += take;
+      n -= take;
+      pos_ += take;
+      if (pos_ == s.size()) {
+        ++slice_;
+        pos_ = 0;
+      }
+    }
+    return true;
+  }
+
+  std::vector<grpc::Slice> slices_;
+  size_t slice_ = 0, pos_ = 0, remaining_ = 0;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
 // Receiving side: one reactor per incoming stream.
 
-class RingService::Reactor : public grpc::ServerReadReactor<v1::Chunk> {
+class RingService::Reactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   Reactor(grpc::CallbackServerContext* ctx, Mailbox* mailbox, int world_size,
           std::string cluster_id)
       : ctx_(ctx), mailbox_(mailbox), world_size_(world_size), cluster_id_(std::move(cluster_id)) {
-    StartRead(&chunk_);
+    StartRead(&frame_);
   }
 
   void OnReadDone(bool ok) override {
@@ -32,37 +160,62 @@ class RingService::Reactor : public grpc::ServerReadReactor<v1::Chunk> {
       Finish(grpc::Status::OK);
       return;
     }
-    if (src_ < 0) {
-      if (chunk_.src_rank() < 0 || chunk_.src_rank() >= world_size_) {
-        Finish(grpc::Status(grpc::INVALID_ARGUMENT,
-                            absl::StrCat("ring chunk from rank ", chunk_.src_rank(),
-                                         "; world size is ", world_size_)));
-        return;
-      }
-      if (chunk_.cluster_id() != cluster_id_) {
-        Finish(grpc::Status(grpc::FAILED_PRECONDITION,
-                            absl::StrCat("ring stream from cluster '", chunk_.cluster_id(),
-                                         "'; this is '", cluster_id_, "'")));
-        return;
-      }
-      src_ = chunk_.src_rank();
+    if (absl::Status s = Receive(); !s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
     }
-    if (chunk_.goodbye()) {
-      goodbye_ = true;
-    } else {
-      mailbox_->Deliver(src_, chunk_.epoch(), chunk_.tag(), std::move(*chunk_.mutable_data()));
-    }
-    StartRead(&chunk_);
+    StartRead(&frame_);
   }
 
   void OnDone() override { delete this; }
 
  private:
+  absl::Status Receive() {
+    std::vector<grpc::Slice> slices;
+    if (grpc::Status s = frame_.Dump(&slices); !s.ok()) return FromGrpcStatus(s);
+    frame_.Clear();
+    FrameReader reader(std::move(slices));
+    absl::StatusOr<FrameHeader> h = reader.ReadHeader();
+    if (!h.ok()) return h.status();
+    if (src_ < 0) {
+      if (h->src_rank < 0 || h->src_rank >= world_size_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ring frame from rank ", h->src_rank, "; world size is ", world_size_));
+      }
+      if (h->cluster_id != cluster_id_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "ring stream from cluster '", h->cluster_id, "'; this is '", cluster_id_, "'"));
+      }
+      src_ = h->src_rank;
+    } else if (h->src_rank != src_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ring frame from rank ", h->src_rank, " on rank ", src_, "'s stream"));
+    }
+    if (h->flags & kGoodbye) {
+      goodbye_ = true;
+      return absl::OkStatus();
+    }
+    // Zero copies when the collective has posted this receive: the sink reduces or copies
+    // straight out of gRPC's slices. Otherwise one copy, queued until it is taken.
+    const size_t size = reader.remaining();
+    if (const RecvSink* sink = mailbox_->BeginInPlace(src_, h->epoch, h->tag, size)) {
+      reader.ForEachPiece(*sink);
+      mailbox_->EndInPlace(src_);
+      return absl::OkStatus();
+    }
+    std::string payload;
+    payload.resize(size);
+    reader.ForEachPiece(
+        [&](size_t offset, const char* data, size_t n) { std::memcpy(&payload[offset], data, n); });
+    mailbox_->Deliver(src_, h->epoch, h->tag, std::move(payload));
+    return absl::OkStatus();
+  }
+
   grpc::CallbackServerContext* ctx_;
   Mailbox* mailbox_;
   const int world_size_;
   const std::string cluster_id_;
-  v1::Chunk chunk_;
+  grpc::ByteBuffer frame_;
   int src_ = -1;
   bool goodbye_ = false;
 };
@@ -74,11 +227,15 @@ void RingService::Attach(Mailbox* mailbox, int world_size, std::string cluster_i
   cluster_id_ = std::move(cluster_id);
 }
 
-grpc::ServerReadReactor<v1::Chunk>* RingService::Transfer(grpc::CallbackServerContext* context,
-                                                          v1::TransferResponse*) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* RingService::Transfer(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
+  // The empty response, as a valid (zero-length) message: gRPC refuses to send a ByteBuffer that
+  // holds no buffer at all.
+  grpc::Slice empty;
+  *response = grpc::ByteBuffer(&empty, 1);
   absl::MutexLock lock(&mu_);
   if (mailbox_ == nullptr) {
-    class Reject : public grpc::ServerReadReactor<v1::Chunk> {
+    class Reject : public grpc::ServerReadReactor<grpc::ByteBuffer> {
      public:
       Reject() {
         Finish(grpc::Status(grpc::FAILED_PRECONDITION, "this worker has not joined a cluster yet"));
@@ -100,7 +257,8 @@ class GrpcTransport::PeerLink {
         peer_(peer),
         address_(address),
         cluster_id_(cluster_id),
-        stub_(v1::Ring::NewStub(CreateChannel(address))) {}
+        channel_(CreateChannel(address)),
+        method_(kTransferMethod, grpc::internal::RpcMethod::CLIENT_STREAMING, channel_) {}
 
   // Sends goodbye (so the peer knows the close is deliberate) and ends the stream. Each write is
   // bounded by a 2 s deadline that the transport's watchdog enforces.
@@ -109,10 +267,12 @@ class GrpcTransport::PeerLink {
     if (writer_ == nullptr) return;
     if (failed_.ok()) {
       SetWriteDeadline(absl::Now() + absl::Seconds(2));
-      v1::Chunk bye;
-      bye.set_src_rank(self_);
-      bye.set_goodbye(true);
-      if (writer_->Write(bye)) writer_->WritesDone();
+      FrameHeader bye;
+      bye.src_rank = self_;
+      bye.flags = kGoodbye;
+      grpc::Slice header(EncodeHeader(bye));
+      grpc::ByteBuffer frame(&header, 1);
+      if (writer_->Write(frame)) writer_->WritesDone();
     }
     SetWriteDeadline(absl::Now() + absl::Seconds(2));
     writer_->Finish();
@@ -130,17 +290,22 @@ class GrpcTransport::PeerLink {
     if (first) {
       ctx_.set_wait_for_ready(
           true);  // the peer may still be starting; the deadline bounds the wait
-      writer_ = stub_->Transfer(&ctx_, &response_);
+      // What the generated stub's Transfer does, with raw frames for messages.
+      writer_.reset(grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+          channel_.get(), method_, &ctx_, &response_));
     }
-    chunk_.set_src_rank(self_);
-    chunk_.set_epoch(epoch);
-    chunk_.set_tag(tag);
-    chunk_.set_data(data.data(), data.size());
-    if (first) chunk_.set_cluster_id(cluster_id_);
-    const bool ok = writer_->Write(chunk_);
+    FrameHeader h;
+    h.src_rank = self_;
+    h.epoch = epoch;
+    h.tag = tag;
+    if (first) h.cluster_id = cluster_id_;
+    // The payload's one copy on this side (see the header for why it is not a slice that points
+    // at the caller's memory).
+    grpc::Slice slices[2] = {grpc::Slice(EncodeHeader(h)), grpc::Slice(data.data(), data.size())};
+    grpc::ByteBuffer frame(slices, data.empty() ? 1 : 2);
+    const bool ok = writer_->Write(frame);
     in_write_.store(false);
     SetWriteDeadline(absl::InfiniteFuture());
-    if (first) chunk_.clear_cluster_id();
     if (!ok) {
       failed_ =
           cancelled_for_deadline_
@@ -186,12 +351,12 @@ class GrpcTransport::PeerLink {
 
   const int self_, peer_;
   const std::string address_, cluster_id_;
-  std::unique_ptr<v1::Ring::Stub> stub_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const grpc::internal::RpcMethod method_;
   absl::Mutex mu_;  // one writer at a time
   grpc::ClientContext ctx_;
-  v1::TransferResponse response_;
-  std::unique_ptr<grpc::ClientWriter<v1::Chunk>> writer_ ABSL_GUARDED_BY(mu_);
-  v1::Chunk chunk_ ABSL_GUARDED_BY(mu_);
+  grpc::ByteBuffer response_;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer_ ABSL_GUARDED_BY(mu_);
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
   absl::Mutex deadline_mu_;
   absl::Time write_deadline_ ABSL_GUARDED_BY(deadline_mu_) = absl::InfiniteFuture();

@@ -1,6 +1,24 @@
 // The gRPC ring transport: each worker serves Ring.Transfer, and opens one long-lived client
 // stream to each peer it sends to (its ring neighbour; other peers only when an algorithm needs
 // them). Chunks on one stream arrive in order, which is all Transport promises.
+//
+// No protobuf on the data path: Ring.Transfer is served and called raw (gRPC's ByteBuffer), each
+// message a frame of a 24-byte little-endian header {u32 sender's rank, u16 flags (1: goodbye),
+// u16 cluster id bytes, u64 collective epoch, u64 tag}, the cluster id (a stream's first frame
+// only), then the payload. ring.proto's Chunk documents the same layout.
+//
+// Copies per payload byte in user space, besides the kernel's socket copies (and TLS's
+// encryption, which writes a new buffer anyway):
+//   - before (a protobuf Chunk): 3. The sender copied the chunk into the message's bytes field,
+//     serialisation copied it into gRPC's slices, and parsing copied it out of them again.
+//   - now: 1, or 2 when the receive is not yet posted. The sender copies the chunk into one
+//     gRPC-owned slice. The receiver hands gRPC's received slices, piece by piece, to the posted
+//     RecvInto's sink, which reduces or copies straight out of them; a frame that arrives before
+//     its receive is posted is copied once into the mailbox's queue.
+//   The sender's copy stays because a slice that pointed at the caller's memory could still be
+//   read by gRPC after Send returns: a write cancelled by Abort or the watchdog (a stopped peer
+//   whose socket is full) leaves its bytes queued in the connection until it drains or closes,
+//   while the collective frees the buffer as soon as it returns its error.
 #ifndef MESHRUN_WORKER_GRPC_TRANSPORT_H_
 #define MESHRUN_WORKER_GRPC_TRANSPORT_H_
 
@@ -22,13 +40,15 @@ namespace meshrun {
 // thread in between). Until Attach() is called, Transfer fails with FailedPrecondition. When a
 // peer's stream ends without its goodbye chunk (the process died or the connection broke), later
 // receives from that rank fail with Unavailable naming it. Thread-safe.
-class RingService final : public v1::Ring::CallbackService {
+class RingService final : public v1::Ring::WithRawCallbackMethod_Transfer<v1::Ring::Service> {
  public:
   // REQUIRES: `mailbox` outlives this service.
   void Attach(Mailbox* mailbox, int world_size, std::string cluster_id);
 
-  grpc::ServerReadReactor<v1::Chunk>* Transfer(grpc::CallbackServerContext* context,
-                                               v1::TransferResponse* response) override;
+  // Frames that are too short, or a first frame naming a rank outside the world or another
+  // cluster, end the stream with InvalidArgument / FailedPrecondition.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* Transfer(grpc::CallbackServerContext* context,
+                                                      grpc::ByteBuffer* response) override;
 
  private:
   class Reactor;

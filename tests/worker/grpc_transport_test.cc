@@ -2,6 +2,8 @@
 // as ranks (the e2e tests cover separate processes).
 #include "worker/grpc_transport.h"
 
+#include <atomic>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -10,6 +12,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "net/credentials.h"
 #include "net/grpc_util.h"
 #include "tests/testutil/transport_set.h"
 
@@ -130,6 +133,139 @@ TEST(GrpcTransportTest, AbortFailsPendingRecv) {
   t.join();
   EXPECT_EQ(m.status().code(), absl::StatusCode::kAborted);
   EXPECT_THAT(m.status().message(), HasSubstr("rank 0"));
+}
+
+TEST(GrpcTransportTest, LargeMessagesArriveWholeWhetherTheReceiveIsPostedOrNot) {
+  // 3 MiB spans many of gRPC's received slices: a posted RecvInto takes them piece by piece
+  // where they lie; a message that comes first is queued as one copy.
+  GrpcRing ring(2);
+  std::string message((3 << 20) + 5, '\0');
+  for (size_t i = 0; i < message.size(); ++i) message[i] = static_cast<char>(i * 131 + i / 4099);
+  std::string posted(message.size(), '\0');
+  std::atomic<int64_t> pieces{0};
+  size_t next = 0;
+  absl::Status recv;
+  std::thread receiver([&] {
+    recv = ring.transport(1)->RecvInto(0, 1, message.size(), absl::Now() + absl::Seconds(20),
+                                       [&](size_t offset, const char* data, size_t n) {
+                                         // RecvSink's promise: in order, whole 8-byte
+                                         // words but for the last piece.
+                                         ASSERT_EQ(offset, next);
+                                         ASSERT_LE(offset + n, posted.size());
+                                         if (offset + n < posted.size()) {
+                                           ASSERT_EQ(n % 8, 0u);
+                                         }
+                                         std::memcpy(&posted[offset], data, n);
+                                         next += n;
+                                         ++pieces;
+                                       });
+  });
+  absl::SleepFor(absl::Milliseconds(100));  // posted first, usually
+  ASSERT_TRUE(ring.transport(0)->Send(1, 1, message, absl::Now() + absl::Seconds(20)).ok());
+  receiver.join();
+  ASSERT_TRUE(recv.ok()) << recv;
+  EXPECT_TRUE(posted == message);
+  EXPECT_GE(pieces.load(), 1);
+
+  ASSERT_TRUE(ring.transport(0)->Send(1, 2, message, absl::Now() + absl::Seconds(20)).ok());
+  absl::SleepFor(absl::Milliseconds(100));  // queued first
+  absl::StatusOr<std::string> queued =
+      ring.transport(1)->Recv(0, 2, absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  EXPECT_TRUE(*queued == message);
+}
+
+// One rank's RingService on loopback, for streams written by hand.
+class RawRing {
+ public:
+  RawRing() : mailbox_(2) {
+    SetProcessCredentials(Credentials::Insecure());
+    grpc::ServerBuilder b;
+    ConfigureServerBuilder(b);
+    int port = 0;
+    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    b.RegisterService(&ring_);
+    server_ = b.BuildAndStart();
+    address_ = absl::StrCat("127.0.0.1:", port);
+    ring_.Attach(&mailbox_, 2, "c");
+  }
+  ~RawRing() { server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1))); }
+  const std::string& address() const { return address_; }
+  Mailbox& mailbox() { return mailbox_; }
+
+  // Writes `frames` as Ring.Transfer's raw messages on one stream and returns how it ended.
+  grpc::Status WriteFrames(const std::vector<std::string>& frames) {
+    auto channel = CreateChannel(address_);
+    grpc::internal::RpcMethod method("/meshrun.v1.Ring/Transfer",
+                                     grpc::internal::RpcMethod::CLIENT_STREAMING, channel);
+    grpc::ClientContext ctx;
+    SetTimeout(ctx, absl::Seconds(10));
+    grpc::ByteBuffer response;
+    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer(
+        grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(channel.get(), method, &ctx,
+                                                                      &response));
+    for (const std::string& f : frames) {
+      grpc::Slice slice(f);
+      if (!writer->Write(grpc::ByteBuffer(&slice, 1))) break;
+    }
+    writer->WritesDone();
+    return writer->Finish();
+  }
+
+ private:
+  Mailbox mailbox_;
+  RingService ring_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+};
+
+// A frame as ring.proto's Chunk comment lays it out.
+std::string Frame(uint32_t rank, uint16_t flags, const std::string& cluster, uint64_t epoch,
+                  uint64_t tag, const std::string& payload) {
+  std::string f;
+  auto put = [&f](uint64_t v, int bytes) {
+    for (int i = 0; i < bytes; ++i) f.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  };
+  put(rank, 4);
+  put(flags, 2);
+  put(cluster.size(), 2);
+  put(epoch, 8);
+  put(tag, 8);
+  return f + cluster + payload;
+}
+
+TEST(GrpcTransportTest, MalformedFramesEndTheirStreamWithAnErrorAndTheServiceGoesOn) {
+  RawRing ring;
+  grpc::Status s = ring.WriteFrames({"short"});
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("shorter than its 24-byte header"));
+  s = ring.WriteFrames({Frame(1, 0, "c", 0, 1, "").substr(0, 24)});  // cluster id cut off
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("1-byte cluster id"));
+  s = ring.WriteFrames({Frame(7, 0, "c", 0, 1, "x")});
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("rank 7; world size is 2"));
+  s = ring.WriteFrames({Frame(1, 0, "other", 0, 1, "x")});
+  EXPECT_EQ(s.error_code(), grpc::FAILED_PRECONDITION);
+  EXPECT_THAT(s.error_message(), HasSubstr("cluster 'other'"));
+  s = ring.WriteFrames({Frame(1, 0, "c", 0, 1, "x"), Frame(0, 0, "", 0, 2, "y")});
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("from rank 0 on rank 1's stream"));
+
+  // None of those left a message behind but the first valid frame; a well-formed stream
+  // (with its goodbye) is delivered.
+  absl::StatusOr<std::string> first = ring.mailbox().Take(1, 1, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(*first, "x");
+  s = ring.WriteFrames(
+      {Frame(1, 0, "c", 0, 3, "hello"), Frame(1, 0, "", 0, 4, ""), Frame(1, 1, "", 0, 0, "")});
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  absl::StatusOr<std::string> m = ring.mailbox().Take(1, 3, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(*m, "hello");
+  m = ring.mailbox().Take(1, 4, absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(*m, "");
 }
 
 }  // namespace
