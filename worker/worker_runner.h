@@ -32,6 +32,7 @@ struct WorkerRunnerOptions {
   // All-reduces up to this many bytes run as recursive doubling, larger ones as the ring
   // (CollectiveOptions::small_message_bytes).
   int64_t recursive_doubling_max_bytes = CollectiveOptions().small_message_bytes;
+  absl::Duration receive_spin = CollectiveOptions().receive_spin;
 };
 
 // Runs until the coordinator asks the worker to stop (returns OK), the process gets SIGINT or

@@ -50,7 +50,8 @@ WorkerService::~WorkerService() {
 void WorkerService::Join(Membership membership, RingService* ring) {
   absl::MutexLock lock(&join_mu_);
   membership_ = std::move(membership);
-  mailbox_ = std::make_unique<Mailbox>(membership_.mesh.size());
+  mailbox_ = std::make_unique<Mailbox>(membership_.mesh.size(), absl::Seconds(2),
+                                       collective_defaults_.receive_spin);
   transport_ = std::make_unique<GrpcTransport>(membership_.rank, membership_.addresses,
                                                membership_.cluster_id, mailbox_.get());
   if (membership_.shm_peers.size() == membership_.addresses.size()) {

@@ -36,6 +36,9 @@ struct CollectiveOptions {
   // gradient reductions of fewer bytes (that are not single-copy), run as one all-reduce of them
   // side by side (worker/combine_reductions.h); 0: each on its own.
   size_t combine_max_bytes = 256 * 1024;
+  // A receive over shared memory polls the ring this long before it sleeps (Mailbox's `spin`);
+  // zero: it sleeps at once. Set once per worker (its Mailbox), not per collective.
+  absl::Duration receive_spin = absl::Microseconds(50);
 };
 
 // The ranks of `group` (global ranks, in axis-index order) that include transport->rank().

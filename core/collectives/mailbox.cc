@@ -1,5 +1,7 @@
 #include "core/collectives/mailbox.h"
 
+#include <sched.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -15,8 +17,9 @@ absl::Status WrongTag(int src, uint64_t tag, uint64_t expected_tag) {
 
 }  // namespace
 
-Mailbox::Mailbox(int world_size, absl::Duration failure_grace)
+Mailbox::Mailbox(int world_size, absl::Duration failure_grace, absl::Duration spin)
     : failure_grace_(failure_grace),
+      spin_(spin),
       queues_(world_size),
       peer_failed_(world_size),
       failed_at_(world_size),
@@ -126,6 +129,7 @@ absl::Status Mailbox::AwaitMessage(int src, uint64_t expected_tag, absl::Time de
   auto done = [posted]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return posted != nullptr && posted->state == PostedRecv::State::kDone;
   };
+  bool spun = false;
   for (;;) {
     if (!aborted_.ok()) return aborted_;
     if (!queues_[src].empty() || done()) return absl::OkStatus();
@@ -143,8 +147,33 @@ absl::Status Mailbox::AwaitMessage(int src, uint64_t expected_tag, absl::Time de
     auto changed = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
       return !aborted_.ok() || !queues_[src].empty() || failure_marks_[src] != marks || done();
     };
+    if (!spun && spin_ > absl::ZeroDuration()) {
+      spun = true;
+      if (Spin(src, std::min(wake, absl::Now() + spin_), changed)) continue;
+    }
     mu_.AwaitWithDeadline(absl::Condition(&changed), wake);
   }
+}
+
+template <typename Changed>
+bool Mailbox::Spin(int src, absl::Time until, Changed& changed) {
+  do {
+    mu_.Unlock();  // the listener may call back into this Mailbox
+    bool polled = false;
+    {
+      // The listener hands over what the transport holds (a shared-memory ring) on this thread.
+      absl::MutexLock lock(&listener_mu_);
+      if (listener_) {
+        listener_(src);
+        polled = true;
+      }
+    }
+    if (polled) sched_yield();  // a core shared with the sender lets it run
+    mu_.Lock();
+    if (!polled) return false;  // messages come from other threads: nothing to poll
+    if (changed()) return true;
+  } while (absl::Now() < until);
+  return false;
 }
 
 absl::StatusOr<std::string> Mailbox::Take(int src, uint64_t expected_tag, absl::Time deadline) {

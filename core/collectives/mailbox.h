@@ -30,8 +30,14 @@ namespace meshrun {
 class Mailbox {
  public:
   // `failure_grace`: how long a peer marked failed may still prove itself alive by sending
-  // (see MarkPeerFailed) before Take reports the failure.
-  explicit Mailbox(int world_size, absl::Duration failure_grace = absl::Seconds(2));
+  // (see MarkPeerFailed) before Take reports the failure. `spin`: when a wait listener is set (a
+  // transport that holds messages in its own memory), a Take or TakeInto that finds nothing
+  // polls through the listener for this long, yielding the core between polls, before it
+  // sleeps: a message that comes meanwhile goes into the receive on this thread, with no wake-up
+  // of a drain thread and then of this one (spin-then-block, as MPI's shared-memory transports
+  // poll).
+  explicit Mailbox(int world_size, absl::Duration failure_grace = absl::Seconds(2),
+                   absl::Duration spin = absl::ZeroDuration());
 
   // Queues `payload`, sent by `src` in `epoch`, for Take(src), or hands it to the control handler
   // of `tag` if one is set (control messages belong to no epoch). Drops it if `epoch` is earlier
@@ -107,7 +113,12 @@ class Mailbox {
   // that ends the wait; `posted`, when set, also ends the wait once done (OK).
   absl::Status AwaitMessage(int src, uint64_t expected_tag, absl::Time deadline,
                             const PostedRecv* posted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Polls for up to `until` (calling the wait listener, yielding the core between polls) and
+  // returns whether `changed` came true meanwhile; mu_ is released while polling.
+  template <typename Changed>
+  bool Spin(int src, absl::Time until, Changed& changed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const absl::Duration failure_grace_;
+  const absl::Duration spin_;
   absl::Mutex control_mu_;  // held while a control handler runs
   uint64_t control_tag_ ABSL_GUARDED_BY(control_mu_) = 0;
   ControlHandler control_ ABSL_GUARDED_BY(control_mu_);

@@ -16,6 +16,14 @@ absl::Status CheckFlagPositive(absl::string_view flag, absl::Duration value) {
       absl::StrCat("--", flag, " ", absl::FormatDuration(value), " must be positive"));
 }
 
+absl::Status CheckFlagRange(absl::string_view flag, absl::Duration value, absl::Duration lo,
+                            absl::Duration hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("--", flag, " ", absl::FormatDuration(value), " is out of range; expected ",
+                   absl::FormatDuration(lo), "..", absl::FormatDuration(hi)));
+}
+
 absl::Status FirstFailed(std::initializer_list<absl::Status> checks) {
   for (const absl::Status& s : checks) {
     if (!s.ok()) return s;

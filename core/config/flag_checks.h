@@ -15,6 +15,9 @@ namespace meshrun {
 
 // InvalidArgument "--port 70000 is out of range; expected 0..65535" unless lo <= value <= hi.
 absl::Status CheckFlagRange(absl::string_view flag, int64_t value, int64_t lo, int64_t hi);
+// The same for a duration flag ("--shm_receive_spin 2s is out of range; expected 0..1s").
+absl::Status CheckFlagRange(absl::string_view flag, absl::Duration value, absl::Duration lo,
+                            absl::Duration hi);
 // InvalidArgument "--heartbeat_timeout -1s must be positive" unless value > 0.
 absl::Status CheckFlagPositive(absl::string_view flag, absl::Duration value);
 // The first of `checks` that failed, or OK.

@@ -117,6 +117,43 @@ TEST(MailboxTest, APostedReceiveIsFilledInPlaceOnlyByTheMessageItWaitsFor) {
   EXPECT_EQ(woken, std::vector<int>({1}));
 }
 
+// A transport whose message turns up in its memory only on the listener's `arrives_at`-th poll.
+// Returns the TakeInto's result, what it received and how many polls it made.
+struct SpinOutcome {
+  absl::Status status;
+  std::string got;
+  int polls = 0;
+};
+SpinOutcome ReceiveWithSpin(absl::Duration spin, int arrives_at) {
+  Mailbox box(2, kGrace, spin);
+  SpinOutcome out;
+  box.SetWaitListener([&](int src) {
+    if (++out.polls != arrives_at) return;
+    const RecvSink* sink = box.BeginInPlace(src, /*epoch=*/0, 7, 4);
+    ASSERT_NE(sink, nullptr);
+    (*sink)(0, "spun", 4);
+    box.EndInPlace(src);
+  });
+  out.status = box.TakeInto(1, 7, 4, absl::Now() + absl::Milliseconds(300),
+                            [&](size_t, const char* data, size_t n) { out.got.append(data, n); });
+  box.SetWaitListener(nullptr);
+  return out;
+}
+
+TEST(MailboxTest, ASpinningReceivePollsTheTransportOnItsOwnThreadBeforeItSleeps) {
+  // No other thread delivers anything: only the receive's own polls can find the message.
+  SpinOutcome spun = ReceiveWithSpin(absl::Seconds(5), /*arrives_at=*/3);
+  EXPECT_TRUE(spun.status.ok()) << spun.status;
+  EXPECT_EQ(spun.got, "spun");
+  EXPECT_EQ(spun.polls, 3);
+
+  // Without spinning the listener is asked once, when the wait starts, and the receive sleeps.
+  SpinOutcome slept = ReceiveWithSpin(absl::ZeroDuration(), /*arrives_at=*/3);
+  EXPECT_EQ(slept.status.code(), absl::StatusCode::kDeadlineExceeded) << slept.status;
+  EXPECT_EQ(slept.polls, 1);
+  EXPECT_EQ(slept.got, "");
+}
+
 TEST(MailboxTest, AQueuedMessageGoesFirstAndAWrongOneIsReportedAsBefore) {
   Mailbox box(2, kGrace);
   int woken = 0;
