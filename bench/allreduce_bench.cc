@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "bench/bench.h"
 #include "bench/collective_timer.h"
+#include "bench/netns_hosts.h"
 #include "meshrun/local_cluster.h"
 
 namespace meshrun {
@@ -13,13 +14,28 @@ int RunAllReduceBench(const AllReduceBenchOptions& o) {
   if (sizes.empty()) {
     for (int64_t s = 4 << 10; s <= (int64_t{64} << 20); s *= 4) sizes.push_back(s);
   }
-  std::printf("# all-reduce (f32 psum) over %s; one worker process per rank\n",
-              o.shm_transport ? "shared memory" : "gRPC on loopback");
+  const bool shm = o.shm_transport && !o.netns;
+  const std::string over =
+      o.netns ? absl::StrCat("gRPC between network namespaces on a bridge, netem delay ",
+                             o.netem_delay_us, " us")
+              : (shm ? "shared memory" : "gRPC on loopback");
+  std::printf("# all-reduce (f32 psum) over %s; %s; one worker process per rank\n", over.c_str(),
+              o.insecure ? "no TLS" : "mutual TLS");
   std::printf("%8s %10s %18s %8s %12s %12s %12s\n", "workers", "size", "algorithm", "iters",
               "p50 time(us)", "algbw(GB/s)", "busbw(GB/s)");
   for (int n : o.workers) {
+    std::unique_ptr<NetnsHosts> hosts;
+    if (o.netns) {
+      auto made = NetnsHosts::Create(n, absl::Microseconds(o.netem_delay_us));
+      if (!made.ok()) {
+        std::fprintf(stderr, "meshrun bench: --netns: %s\n",
+                     std::string(made.status().message()).c_str());
+        return 1;
+      }
+      hosts = *std::move(made);
+    }
     auto cluster =
-        StartBenchCluster(absl::StrCat("data=", n), o.bin_dir, 1, o.shm_transport, o.insecure);
+        StartBenchCluster(absl::StrCat("data=", n), o.bin_dir, 1, shm, o.insecure, hosts.get());
     if (cluster == nullptr) return 1;
     auto stubs = WorkerStubs(cluster->coordinator_address());
     if (!stubs.ok()) return 1;

@@ -1,5 +1,6 @@
 // Whole-cluster benchmarks run by `meshrun bench ...`: real coordinator and worker processes on
-// this host, timed from the outside. Collectives go through shared memory (worker/shm_transport.h)
+// this host (or, for `bench allreduce --netns`, in network namespaces of it), timed from the
+// outside. Collectives go through shared memory (worker/shm_transport.h)
 // unless `shm_transport` is false, when they take the loopback gRPC ring as between hosts.
 #ifndef MESHRUN_BENCH_BENCH_H_
 #define MESHRUN_BENCH_BENCH_H_
@@ -18,6 +19,11 @@ struct AllReduceBenchOptions {
   bool insecure = false;  // no TLS between the processes (to measure what TLS costs)
   // Each run for every size: "" (by size, as programs run), "ring", "recursive_doubling".
   std::vector<std::string> algorithms = {""};
+  // Each worker on a host of its own (bench/netns_hosts.h: a network namespace on a bridge; the
+  // gRPC transport, as between hosts; needs root), with this one-way delay added to every packet
+  // a worker sends (tc netem; 0: none).
+  bool netns = false;
+  int64_t netem_delay_us = 0;
   std::string bin_dir;
 };
 // Prints, per worker count, message size and algorithm: p50 time per all-reduce, algbw and busbw

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "bench/netns_hosts.h"
 #include "meshrun/client.h"
 #include "net/grpc_util.h"
 
@@ -18,8 +19,13 @@ std::string HumanBytes(int64_t b) {
 
 std::unique_ptr<LocalCluster> StartBenchCluster(const std::string& mesh, const std::string& bin_dir,
                                                 int compute_threads, bool shm_transport,
-                                                bool insecure) {
+                                                bool insecure, const NetnsHosts* hosts) {
   LocalClusterOptions lo;
+  if (hosts != nullptr) {
+    lo.worker_netns = hosts->namespaces();
+    lo.worker_hosts = hosts->addresses();
+    lo.coordinator_host = hosts->bridge_address();
+  }
   lo.shm_transport = shm_transport;
   lo.insecure = insecure;
   lo.mesh = mesh;

@@ -14,6 +14,8 @@
 
 namespace meshrun {
 
+class NetnsHosts;  // bench/netns_hosts.h
+
 struct CollectiveTiming {
   double p50_seconds = 0;
   int group_size = 0;
@@ -23,11 +25,13 @@ struct CollectiveTiming {
 };
 
 // A local cluster for a benchmark (compute_threads 0: LocalCluster's default; shm_transport and
-// insecure as LocalClusterOptions: TLS on unless `insecure`); prints the error and returns null if
-// it does not start.
+// insecure as LocalClusterOptions: TLS on unless `insecure`; `hosts`, when set: worker r in
+// namespace r, the coordinator on the bridge); prints the error and returns null if it does not
+// start.
 std::unique_ptr<LocalCluster> StartBenchCluster(const std::string& mesh, const std::string& bin_dir,
                                                 int compute_threads, bool shm_transport = true,
-                                                bool insecure = false);
+                                                bool insecure = false,
+                                                const NetnsHosts* hosts = nullptr);
 
 // The stubs of every worker of the cluster (by rank), from its coordinator.
 absl::StatusOr<std::vector<std::unique_ptr<v1::Worker::Stub>>> WorkerStubs(

@@ -1,6 +1,7 @@
 #include "meshrun/local_cluster.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -8,7 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <thread>
 #include <utility>
@@ -22,14 +25,24 @@
 namespace meshrun {
 namespace {
 
-// fork + exec with stdout/stderr to `log_path`; the child dies with its parent.
+// fork + exec with stdout/stderr to `log_path`; the child dies with its parent. With `netns`
+// set, the child joins that network namespace (/run/netns/NAME) first, as `ip netns exec` does.
 absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::string>& args,
                             const std::string& log_path,
                             const std::vector<std::pair<std::string, std::string>>& env = {},
-                            bool append_log = false) {
+                            bool append_log = false, const std::string& netns = "") {
   if (access(binary.c_str(), X_OK) != 0) {
     return absl::NotFoundError(
         absl::StrCat("executable ", binary, " not found (build meshrun first)"));
+  }
+  int netns_fd = -1;
+  if (!netns.empty()) {
+    const std::string path = "/run/netns/" + netns;
+    netns_fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (netns_fd < 0) {
+      return absl::NotFoundError(
+          absl::StrCat("network namespace ", netns, ": cannot open ", path, ": ", strerror(errno)));
+    }
   }
   std::vector<std::string> argv_storage = {binary};
   argv_storage.insert(argv_storage.end(), args.begin(), args.end());
@@ -38,10 +51,14 @@ absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::st
   argv.push_back(nullptr);
   const pid_t parent = getpid();
   pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork failed for ", binary));
+  if (pid < 0) {
+    if (netns_fd >= 0) close(netns_fd);
+    return absl::InternalError(absl::StrCat("fork failed for ", binary));
+  }
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(1);
+    if (netns_fd >= 0 && setns(netns_fd, CLONE_NEWNET) != 0) _exit(126);
     int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | (append_log ? O_APPEND : O_TRUNC), 0644);
     if (fd >= 0) {
       dup2(fd, 1);
@@ -52,6 +69,7 @@ absl::StatusOr<pid_t> Spawn(const std::string& binary, const std::vector<std::st
     execv(binary.c_str(), argv.data());
     _exit(127);
   }
+  if (netns_fd >= 0) close(netns_fd);
   return pid;
 }
 
@@ -133,7 +151,17 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   const std::string port_file = c->log_dir_ + "/coordinator.port";
   std::remove(port_file.c_str());
   c->coordinator_binary_ = bin + "/meshrun-coordinator";
+  const int workers = mesh->size();
+  const bool own_hosts = !o.worker_netns.empty();
+  if (own_hosts && (static_cast<int>(o.worker_netns.size()) != workers ||
+                    o.worker_hosts.size() != o.worker_netns.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        o.worker_netns.size(), " network namespaces and ", o.worker_hosts.size(),
+        " worker hosts for a mesh of ", workers, " devices; expected one of each per worker"));
+  }
+  c->worker_netns_ = o.worker_netns;
   c->coordinator_args_ = {
+      absl::StrCat("--host=", o.coordinator_host),
       absl::StrCat("--port=", o.port),
       absl::StrCat("--mesh=", o.mesh),
       absl::StrCat("--port_file=", port_file),
@@ -164,9 +192,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
-  c->address_ = absl::StrCat("127.0.0.1:", port);
-  c->coordinator_args_[0] = absl::StrCat("--port=", port);  // a restart binds the same one
-  const int workers = mesh->size();
+  c->address_ = absl::StrCat(o.coordinator_host, ":", port);
+  c->coordinator_args_[1] = absl::StrCat("--port=", port);  // a restart binds the same one
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = o.compute_threads > 0 ? o.compute_threads : std::max(1, cores / workers);
   // When each worker's compute threads have cores to themselves, let OpenMP threads spin between
@@ -184,8 +211,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
          absl::StrCat("--shm_transport=", o.shm_transport ? "true" : "false"),
          absl::StrCat("--memory_budget_bytes=", o.worker_memory_budget_bytes),
          absl::StrCat("--checkpoint_root=", o.worker_checkpoint_root), *credential_flag});
-    absl::StatusOr<pid_t> w = Spawn(c->worker_binary_, c->worker_args_.back(),
-                                    absl::StrCat(c->log_dir_, "/worker", r, ".log"), env);
+    if (own_hosts) c->worker_args_.back().push_back(absl::StrCat("--host=", o.worker_hosts[r]));
+    absl::StatusOr<pid_t> w =
+        Spawn(c->worker_binary_, c->worker_args_.back(),
+              absl::StrCat(c->log_dir_, "/worker", r, ".log"), env, false, c->WorkerNetns(r));
     if (!w.ok()) return w.status();
     absl::MutexLock lock(&c->mu_);
     c->worker_pids_.push_back(*w);
@@ -237,7 +266,7 @@ void LocalCluster::Supervise() {
       last_start[i] = absl::Now();
       absl::StatusOr<pid_t> w =
           Spawn(worker_binary_, worker_args_[i], absl::StrCat(log_dir_, "/worker", i, ".log"),
-                worker_env_, /*append_log=*/true);
+                worker_env_, /*append_log=*/true, WorkerNetns(static_cast<int>(i)));
       if (!w.ok()) {
         finished[i] = true;  // the binary is gone: nothing to respawn
         continue;

@@ -174,6 +174,14 @@ int main(int argc, char** argv) {
   ar_cmd->add_flag("--no-shm", ar_no_shm, kNoShm);
   ar_cmd->add_flag("--insecure", ar.insecure,
                    "no TLS between the processes (default: mutual TLS, as deployed)");
+  auto* ar_netns = ar_cmd->add_flag("--netns", ar.netns,
+                   "each worker on a host of its own: a network namespace joined to a bridge, "
+                   "over gRPC (needs root and iproute2)");
+  ar_cmd
+      ->add_option("--netem-delay-us", ar.netem_delay_us,
+                   "with --netns: one-way delay tc netem adds to each packet a worker sends")
+      ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}))
+      ->needs(ar_netns);
   std::vector<std::string> ar_algorithms;
   ar_cmd
       ->add_option("--algorithm", ar_algorithms,

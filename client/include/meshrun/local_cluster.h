@@ -53,6 +53,14 @@ struct LocalClusterOptions {
   // flags, at most once per 500 ms per worker; it then joins in place of the lost one
   // (WorkerRegistry). Its output is appended to the same log.
   bool respawn_workers = false;
+  // Hosts of their own, as on a network: when set, worker r runs in the network namespace
+  // `worker_netns[r]` (a name under /run/netns, as `ip netns add` makes; one per worker) and
+  // listens on `worker_hosts[r]`, an address of that namespace; the coordinator listens on
+  // `coordinator_host`, which every namespace must reach (a bridge's address). Joining a
+  // namespace needs CAP_SYS_ADMIN (root). Empty: every process on this host's loopback.
+  std::vector<std::string> worker_netns;
+  std::vector<std::string> worker_hosts;
+  std::string coordinator_host = "127.0.0.1";
 };
 
 // Owns the child processes. Children get PR_SET_PDEATHSIG, so they die with this process even
@@ -90,6 +98,8 @@ class LocalCluster {
   LocalCluster() = default;
   // The respawn thread's loop: reaps dead workers and starts them again until Stop.
   void Supervise();
+  // Worker r's network namespace; empty: this process's.
+  std::string WorkerNetns(int r) const { return worker_netns_.empty() ? "" : worker_netns_[r]; }
   std::string address_;
   std::string log_dir_;
   std::string tls_dir_;
@@ -99,6 +109,7 @@ class LocalCluster {
   std::string worker_binary_;
   std::vector<std::vector<std::string>> worker_args_;
   std::vector<std::pair<std::string, std::string>> worker_env_;
+  std::vector<std::string> worker_netns_;
   mutable absl::Mutex mu_;
   std::vector<pid_t> worker_pids_ ABSL_GUARDED_BY(mu_);
   int respawns_ ABSL_GUARDED_BY(mu_) = 0;
