@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "net/grpc_util.h"
@@ -80,35 +81,30 @@ class FrameReader {
     return h;
   }
 
-  // Passes the unread bytes to `sink` where gRPC's slices hold them, keeping RecvSink's promise
-  // that every piece but the last starts and ends at a multiple of 8 bytes: slices split the
-  // payload anywhere, so the few bytes that straddle two slices go through `carry` (an 8-byte
-  // piece of their own).
+  // Passes the unread bytes to `sink` where gRPC's slices hold them (SinkStitcher keeps
+  // RecvSink's promise of whole 8-byte words across slice boundaries).
   void ForEachPiece(RecvSink sink) {
-    size_t offset = 0, carried = 0;
-    char carry[8];
+    SinkStitcher stitcher(sink);
     for (; slice_ < slices_.size(); ++slice_, pos_ = 0) {
-      const char* p = reinterpret_cast<const char*>(slices_[slice_].begin()) + pos_;
-      size_t n = slices_[slice_].size() - pos_;
-      if (carried > 0) {
-        const size_t take = std::min(sizeof(carry) - carried, n);
-        std::memcpy(carry + carried, p, take);
-        carried += take;
-        p += take;
-        n -= take;
-        if (carried < sizeof(carry)) continue;
-        sink(offset, carry, carried);
-        offset += carried;
-        carried = 0;
-      }
-      const size_t whole = n & ~size_t{7};
-      if (whole > 0) sink(offset, p, whole);
-      offset += whole;
-      carried = n - whole;
-      std::memcpy(carry, p + whole, carried);
+      const grpc::Slice& s = slices_[slice_];
+      stitcher.Add(reinterpret_cast<const char*>(s.begin()) + pos_, s.size() - pos_);
     }
-    if (carried > 0) sink(offset, carry, carried);
+    stitcher.Finish();
     remaining_ = 0;
+  }
+
+  // The unread bytes as a Cord over gRPC's slices (each holds a reference to its slice): no copy.
+  absl::Cord Rest() {
+    absl::Cord rest;
+    for (; slice_ < slices_.size(); ++slice_, pos_ = 0) {
+      const grpc::Slice& s = slices_[slice_];
+      if (s.size() == pos_) continue;
+      const absl::string_view piece(reinterpret_cast<const char*>(s.begin()) + pos_,
+                                    s.size() - pos_);
+      rest.Append(absl::MakeCordFromExternal(piece, [keep = s](absl::string_view) {}));
+    }
+    remaining_ = 0;
+    return rest;
   }
 
  private:
@@ -195,19 +191,15 @@ class RingService::Reactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
       goodbye_ = true;
       return absl::OkStatus();
     }
-    // Zero copies when the collective has posted this receive: the sink reduces or copies
-    // straight out of gRPC's slices. Otherwise one copy, queued until it is taken.
+    // No copy either way: the sink reduces or copies straight out of gRPC's slices, now if the
+    // collective has posted this receive, or when it takes the queued slices.
     const size_t size = reader.remaining();
     if (const RecvSink* sink = mailbox_->BeginInPlace(src_, h->epoch, h->tag, size)) {
       reader.ForEachPiece(*sink);
       mailbox_->EndInPlace(src_);
       return absl::OkStatus();
     }
-    std::string payload;
-    payload.resize(size);
-    reader.ForEachPiece(
-        [&](size_t offset, const char* data, size_t n) { std::memcpy(&payload[offset], data, n); });
-    mailbox_->Deliver(src_, h->epoch, h->tag, std::move(payload));
+    mailbox_->Deliver(src_, h->epoch, h->tag, reader.Rest());
     return absl::OkStatus();
   }
 

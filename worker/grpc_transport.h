@@ -11,10 +11,10 @@
 // encryption, which writes a new buffer anyway):
 //   - before (a protobuf Chunk): 3. The sender copied the chunk into the message's bytes field,
 //     serialisation copied it into gRPC's slices, and parsing copied it out of them again.
-//   - now: 1, or 2 when the receive is not yet posted. The sender copies the chunk into one
-//     gRPC-owned slice. The receiver hands gRPC's received slices, piece by piece, to the posted
-//     RecvInto's sink, which reduces or copies straight out of them; a frame that arrives before
-//     its receive is posted is copied once into the mailbox's queue.
+//   - now: 1. The sender copies the chunk into one gRPC-owned slice. The receiver copies
+//     nothing: RecvInto's sink reduces or copies straight out of gRPC's received slices, handed
+//     over piece by piece when the receive is posted, or, for a frame that comes first, kept in
+//     the mailbox's queue as they are (an absl::Cord holding references to them).
 //   The sender's copy stays because a slice that pointed at the caller's memory could still be
 //   read by gRPC after Send returns: a write cancelled by Abort or the watchdog (a stopped peer
 //   whose socket is full) leaves its bytes queued in the connection until it drains or closes,

@@ -33,7 +33,7 @@ void Mailbox::SetControlHandler(uint64_t tag, ControlHandler handler) {
   control_ = std::move(handler);
 }
 
-void Mailbox::Deliver(int src, uint64_t epoch, uint64_t tag, std::string payload) {
+void Mailbox::Deliver(int src, uint64_t epoch, uint64_t tag, absl::Cord payload) {
   // Whatever src sends proves it alive: a failure mark left by one of its old streams (one it
   // cancelled in an abort, seen ending after this side's Reset) no longer counts.
   {
@@ -43,7 +43,7 @@ void Mailbox::Deliver(int src, uint64_t epoch, uint64_t tag, std::string payload
         absl::MutexLock alive(&mu_);
         peer_failed_[src] = absl::OkStatus();
       }
-      control_(src, payload);
+      control_(src, std::string(payload));
       return;
     }
   }
@@ -192,7 +192,7 @@ absl::StatusOr<std::string> Mailbox::Take(int src, uint64_t expected_tag, absl::
     m = *std::move(front);
   }
   if (m.tag != expected_tag) return WrongTag(src, m.tag, expected_tag);
-  return std::move(m.payload);
+  return std::string(m.payload);
 }
 
 absl::Status Mailbox::TakeInto(int src, uint64_t expected_tag, size_t size, absl::Time deadline,
@@ -227,7 +227,9 @@ absl::Status Mailbox::TakeInto(int src, uint64_t expected_tag, size_t size, absl
   }
   if (m.tag != expected_tag) return WrongTag(src, m.tag, expected_tag);
   if (m.payload.size() != size) return WrongMessageSize(src, m.tag, m.payload.size(), size);
-  if (size > 0) sink(0, m.payload.data(), size);
+  SinkStitcher stitcher(sink);
+  for (absl::string_view chunk : m.payload.Chunks()) stitcher.Add(chunk.data(), chunk.size());
+  stitcher.Finish();
   return absl::OkStatus();
 }
 

@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/cord.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "core/collectives/transport.h"
@@ -42,7 +43,12 @@ class Mailbox {
   // Queues `payload`, sent by `src` in `epoch`, for Take(src), or hands it to the control handler
   // of `tag` if one is set (control messages belong to no epoch). Drops it if `epoch` is earlier
   // than this Mailbox's.
-  void Deliver(int src, uint64_t epoch, uint64_t tag, std::string payload);
+  // The payload may be a Cord over the transport's own buffers (gRPC's received slices): it is
+  // queued as is, and TakeInto passes its chunks to the sink with no copy.
+  void Deliver(int src, uint64_t epoch, uint64_t tag, absl::Cord payload);
+  void Deliver(int src, uint64_t epoch, uint64_t tag, std::string payload) {
+    Deliver(src, epoch, tag, absl::Cord(std::move(payload)));
+  }
   // Messages tagged `tag` go to `handler` on the delivering thread instead of the queues (a
   // transport's own control messages, e.g. ShmTransport's ring announcements). One tag at a time;
   // a null handler removes it, waiting for a call in progress to return. `handler` must not call
@@ -65,7 +71,8 @@ class Mailbox {
   // Messages dropped because they came from an earlier epoch, since construction.
   int64_t stale_dropped();
 
-  // Next message from `src`; see Transport::Recv for the errors.
+  // Next message from `src` (flattened: a copy when it came in pieces); see Transport::Recv for
+  // the errors.
   absl::StatusOr<std::string> Take(int src, uint64_t expected_tag, absl::Time deadline);
 
   // Next message from `src`, `size` bytes, passed to `sink` (Transport::RecvInto). A message
@@ -98,7 +105,7 @@ class Mailbox {
   struct Message {
     uint64_t epoch;
     uint64_t tag;
-    std::string payload;
+    absl::Cord payload;
   };
   // A TakeInto waiting for its message (it lives on that call's stack).
   struct PostedRecv {

@@ -1,8 +1,36 @@
 #include "core/collectives/transport.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 
 namespace meshrun {
+
+void SinkStitcher::Add(const char* data, size_t n) {
+  if (carried_ > 0) {
+    const size_t take = std::min(sizeof(carry_) - carried_, n);
+    std::memcpy(carry_ + carried_, data, take);
+    carried_ += take;
+    data += take;
+    n -= take;
+    if (carried_ < sizeof(carry_)) return;
+    sink_(offset_, carry_, carried_);
+    offset_ += carried_;
+    carried_ = 0;
+  }
+  const size_t whole = n & ~size_t{7};
+  if (whole > 0) sink_(offset_, data, whole);
+  offset_ += whole;
+  carried_ = n - whole;
+  std::memcpy(carry_, data + whole, carried_);
+}
+
+void SinkStitcher::Finish() {
+  if (carried_ > 0) sink_(offset_, carry_, carried_);
+  offset_ += carried_;
+  carried_ = 0;
+}
 
 absl::Status WrongMessageSize(int peer, uint64_t tag, size_t got, size_t expected) {
   return absl::InternalError(absl::StrCat("rank ", peer, " sent ", got, " bytes (tag ", tag,
@@ -12,7 +40,8 @@ absl::Status WrongMessageSize(int peer, uint64_t tag, size_t got, size_t expecte
 
 absl::Status Transport::CheckPeer(absl::string_view what, int peer) const {
   if (peer >= 0 && peer < world_size()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(what, " rank ", peer, "; world size is ", world_size()));
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " rank ", peer, "; world size is ", world_size()));
 }
 
 absl::Status Transport::RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,

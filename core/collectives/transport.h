@@ -23,6 +23,24 @@ namespace meshrun {
 // RecvInto is blocked: every call returns before RecvInto does.
 using RecvSink = absl::FunctionRef<void(size_t offset, const char* data, size_t n)>;
 
+// Passes a message that comes in pieces split anywhere (gRPC's received slices, a Cord's chunks)
+// on to a RecvSink in pieces that keep its promise: the few bytes that straddle two pieces go
+// through a carry of their own (one 8-byte piece); everything else is passed where it lies. Call
+// Add for each piece in order, then Finish. Not thread-safe. Like any FunctionRef, `sink` only
+// refers to its callable, which must outlive the stitcher (a named lambda, not a temporary).
+class SinkStitcher {
+ public:
+  explicit SinkStitcher(RecvSink sink) : sink_(sink) {}
+  void Add(const char* data, size_t n);
+  void Finish();
+
+ private:
+  RecvSink sink_;
+  size_t offset_ = 0;  // message bytes passed to the sink so far
+  size_t carried_ = 0;
+  char carry_[8];
+};
+
 // Load/store access to the memory of peers on the same host, for single-copy collectives
 // (direct_collectives.h): a rank reads its peers' buffers and writes results into them directly
 // instead of sending bytes through a ring (NCCL's P2P transport reads and writes a peer GPU's

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -152,6 +153,69 @@ TEST(MailboxTest, ASpinningReceivePollsTheTransportOnItsOwnThreadBeforeItSleeps)
   EXPECT_EQ(slept.status.code(), absl::StatusCode::kDeadlineExceeded) << slept.status;
   EXPECT_EQ(slept.polls, 1);
   EXPECT_EQ(slept.got, "");
+}
+
+// RecvSink's promise, checked piece by piece: in order, contiguous, every piece but the last
+// whole 8-byte words. Returns the bytes received.
+class CheckedSink {
+ public:
+  explicit CheckedSink(size_t size) : size_(size) {}
+  void operator()(size_t offset, const char* data, size_t n) {
+    EXPECT_EQ(offset, got_.size());
+    EXPECT_EQ(offset % 8, 0u) << "a piece starts inside a word";
+    if (offset + n < size_) {
+      EXPECT_EQ(n % 8, 0u) << "a piece before the last ends inside a word";
+    }
+    got_.append(data, n);
+  }
+  const std::string& got() const { return got_; }
+
+ private:
+  size_t size_;
+  std::string got_;
+};
+
+std::string Pattern(size_t n) {
+  std::string s(n, '\0');
+  for (size_t i = 0; i < n; ++i) s[i] = static_cast<char>('a' + i % 23);
+  return s;
+}
+
+TEST(SinkStitcherTest, PiecesSplitAnywhereReachTheSinkAsWholeWords) {
+  const std::vector<size_t> splits = {3, 5, 13, 1, 0, 16, 2, 7, 1, 9};
+  size_t total = 0;
+  for (size_t n : splits) total += n;
+  const std::string message = Pattern(total);
+  CheckedSink checked(total);
+  auto sink = [&](size_t o, const char* d, size_t n) { checked(o, d, n); };
+  SinkStitcher stitcher(sink);
+  size_t at = 0;
+  for (size_t n : splits) {
+    stitcher.Add(message.data() + at, n);
+    at += n;
+  }
+  stitcher.Finish();
+  EXPECT_EQ(checked.got(), message);
+}
+
+TEST(MailboxTest, AMessageQueuedInPiecesIsTakenWithoutFlatteningAndWholeWords) {
+  Mailbox box(2, kGrace);
+  const std::string message = Pattern(1000);
+  absl::Cord pieces;  // as a transport's buffers: chunks of odd sizes
+  for (size_t at = 0, n = 1; at < message.size(); at += n, n = n * 3 % 97 + 1) {
+    pieces.Append(absl::MakeCordFromExternal(absl::string_view(message).substr(at, n),
+                                             [](absl::string_view) {}));
+  }
+  box.Deliver(1, /*epoch=*/0, 7, pieces);
+  box.Deliver(1, /*epoch=*/0, 8, pieces);
+  CheckedSink checked(message.size());
+  ASSERT_TRUE(box.TakeInto(1, 7, message.size(), absl::Now() + absl::Seconds(1),
+                           [&](size_t o, const char* d, size_t n) { checked(o, d, n); })
+                  .ok());
+  EXPECT_EQ(checked.got(), message);
+  absl::StatusOr<std::string> flat = box.Take(1, 8, absl::Now() + absl::Seconds(1));
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  EXPECT_EQ(*flat, message);
 }
 
 TEST(MailboxTest, AQueuedMessageGoesFirstAndAWrongOneIsReportedAsBefore) {
