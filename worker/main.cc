@@ -30,6 +30,9 @@ ABSL_FLAG(
 ABSL_FLAG(int64_t, recursive_doubling_max_bytes, 256 << 10,
           "all-reduces up to this many bytes (and one 512 KiB message) run as recursive doubling, "
           "larger ones as the ring; 0: always the ring (thresholds: README, Collectives)");
+ABSL_FLAG(int64_t, one_shot_max_bytes, 0,
+          "all-reduces up to this many bytes are one-shot (one latency, P-1 sends; pays where "
+          "latency dwarfs a send's cost); 0: never, as measured on 2 cores (README, Collectives)");
 ABSL_FLAG(absl::Duration, shm_receive_spin, absl::Microseconds(50),
           "a receive over shared memory polls this long before it sleeps (0: sleep at once; "
           "README, Collectives)");
@@ -94,6 +97,7 @@ int main(int argc, char** argv) {
   o.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   o.recursive_doubling_max_bytes = absl::GetFlag(FLAGS_recursive_doubling_max_bytes);
   o.receive_spin = absl::GetFlag(FLAGS_shm_receive_spin);
+  o.one_shot_max_bytes = absl::GetFlag(FLAGS_one_shot_max_bytes);
   const absl::Status flags = meshrun::FirstFailed(
       {meshrun::CheckFlagRange("port", o.port, 0, 65535),
        meshrun::CheckFlagRange("rank", o.requested_rank, -1, 1 << 20),
@@ -102,6 +106,7 @@ int main(int argc, char** argv) {
        meshrun::CheckFlagRange("memory_budget_bytes", o.memory_budget_bytes, 0, int64_t{1} << 50),
        meshrun::CheckFlagRange("recursive_doubling_max_bytes", o.recursive_doubling_max_bytes, 0,
                                int64_t{1} << 40),
+       meshrun::CheckFlagRange("one_shot_max_bytes", o.one_shot_max_bytes, 0, int64_t{1} << 40),
        meshrun::CheckFlagRange("shm_receive_spin", o.receive_spin, absl::ZeroDuration(),
                                absl::Seconds(1)),
        meshrun::CheckFlagPositive("join_timeout", o.join_timeout),

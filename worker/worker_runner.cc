@@ -149,6 +149,7 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
                        o.checkpoint_root);
   CollectiveOptions collectives;
   collectives.small_message_bytes = static_cast<size_t>(o.recursive_doubling_max_bytes);
+  collectives.one_shot_max_bytes = static_cast<size_t>(o.one_shot_max_bytes);
   collectives.receive_spin = o.receive_spin;
   worker.set_collective_defaults(collectives);
   RingService ring;

@@ -32,6 +32,7 @@ struct WorkerRunnerOptions {
   // All-reduces up to this many bytes run as recursive doubling, larger ones as the ring
   // (CollectiveOptions::small_message_bytes).
   int64_t recursive_doubling_max_bytes = CollectiveOptions().small_message_bytes;
+  int64_t one_shot_max_bytes = CollectiveOptions().one_shot_max_bytes;
   absl::Duration receive_spin = CollectiveOptions().receive_spin;
 };
 

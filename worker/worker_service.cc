@@ -295,11 +295,16 @@ grpc::Status WorkerService::BenchmarkCollective(grpc::ServerContext*,
   CollectiveOptions options = collective_defaults_;
   if (req->algorithm() == "ring") {
     options.small_message_bytes = 0;
+    options.one_shot_max_bytes = 0;
   } else if (req->algorithm() == "recursive_doubling") {
     options.small_message_bytes = options.chunk_bytes;
+    options.one_shot_max_bytes = 0;
+  } else if (req->algorithm() == "one_shot") {
+    options.one_shot_max_bytes = options.chunk_bytes;
   } else if (!req->algorithm().empty()) {
-    return Error(absl::InvalidArgumentError(absl::StrCat(
-        "algorithm '", req->algorithm(), "'; expected ring, recursive_doubling or empty")));
+    return Error(absl::InvalidArgumentError(
+        absl::StrCat("algorithm '", req->algorithm(),
+                     "'; expected ring, recursive_doubling, one_shot or empty")));
   }
   Communicator everyone(transport_.get(), world, options);
   Communicator comm(transport_.get(), mesh.AxesGroup(membership_.rank, *axes), options);

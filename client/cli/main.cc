@@ -185,9 +185,9 @@ int main(int argc, char** argv) {
   std::vector<std::string> ar_algorithms;
   ar_cmd
       ->add_option("--algorithm", ar_algorithms,
-                   "auto (by size, as programs run), ring, recursive_doubling; several: each in "
-                   "turn (default: auto)")
-      ->check(CLI::IsMember({"auto", "ring", "recursive_doubling"}));
+                   "auto (by size, as programs run), ring, recursive_doubling, one_shot; "
+                   "several: each in turn (default: auto)")
+      ->check(CLI::IsMember({"auto", "ring", "recursive_doubling", "one_shot"}));
   meshrun::CollectivesBenchOptions cb;
   auto* cb_cmd = bench_cmd->add_subcommand(
       "collectives", "psum, all_gather, psum_scatter, ppermute over each mesh axis");

@@ -30,6 +30,10 @@ absl::Status Communicator::AllReduce(void* data, int64_t count, DType dtype, Red
   // steps beat the ring's 2(P-1).
   const int n = size();
   const int64_t bytes = count * static_cast<int64_t>(DTypeSize(dtype));
+  if (n > 1 && bytes <= static_cast<int64_t>(options_.one_shot_max_bytes) &&
+      bytes <= static_cast<int64_t>(options_.chunk_bytes)) {
+    return OneShotAllReduce(*this, data, count, dtype, op);
+  }
   if (n > 1 && bytes <= static_cast<int64_t>(options_.small_message_bytes) &&
       bytes <= static_cast<int64_t>(options_.chunk_bytes)) {
     return RecursiveDoublingAllReduce(*this, data, count, dtype, op);

@@ -27,6 +27,9 @@ struct CollectiveOptions {
   // (log2(P) latency-bound steps, 2 more when P is not a power of two) instead of the ring
   // (ring_all_reduce.h); 0: always the ring.
   size_t small_message_bytes = 256 * 1024;
+  // All-reduces of at most this many bytes (and at most chunk_bytes) are one-shot
+  // (ring_all_reduce.h: one latency, P-1 sends); 0: never.
+  size_t one_shot_max_bytes = 0;
   // All-reduces, reduce-scatters and all-gathers of at least this many bytes (the whole buffer:
   // the reduce-scatter's input, the all-gather's output) among ranks that reach each other's
   // memory (Transport::peer_memory) are single-copy (direct_collectives.h) when every member's

@@ -158,4 +158,51 @@ absl::Status RecursiveDoublingAllReduce(Communicator& comm, void* data, int64_t 
   return absl::OkStatus();
 }
 
+absl::Status OneShotAllReduce(Communicator& comm, void* data, int64_t count, DType dtype,
+                              ReduceOp op) {
+  if (absl::Status s = CheckReducible(dtype, op); !s.ok()) return s;
+  const int n = comm.size();
+  const int p = comm.index();
+  if (n == 1 || count == 0) return absl::OkStatus();
+  const size_t elem = DTypeSize(dtype);
+  const size_t bytes = static_cast<size_t>(count) * elem;
+  Transport* t = comm.transport();
+  const uint64_t tag = comm.NextTagBase();
+  const absl::Time deadline = absl::Now() + comm.options().timeout;
+  char* buf = static_cast<char*>(data);
+  // Sent to the positions after this one first, so that not every rank starts with position 0.
+  for (int k = 1; k < n; ++k) {
+    if (absl::Status st =
+            t->Send(comm.group()[(p + k) % n], tag, absl::string_view(buf, bytes), deadline);
+        !st.ok()) {
+      return ring::Annotate(st, "all_reduce", n);
+    }
+  }
+  const std::string mine(buf, bytes);
+  for (int q = 0; q < n; ++q) {
+    // Position 0's values first, then each next position's reduced in: the same order on every
+    // rank.
+    if (q == p) {
+      if (q == 0) continue;  // already in buf
+      Reduce(dtype, op, buf, mine.data(), count);
+      continue;
+    }
+    absl::Status received =
+        t->RecvInto(comm.group()[q], tag, bytes, deadline,
+                    [&](size_t offset, const char* piece, size_t piece_bytes) {
+                      if (q == 0) {
+                        std::memcpy(buf + offset, piece, piece_bytes);
+                      } else {
+                        Reduce(dtype, op, buf + offset, piece, piece_bytes / elem);
+                      }
+                    });
+    if (!received.ok()) {
+      return absl::Status(received.code(), absl::StrCat("one-shot all_reduce over ranks of size ",
+                                                        n, ": ", received.message()));
+    }
+  }
+  if (op == ReduceOp::kMean) Scale(dtype, buf, count, 1.0f / n);
+  return absl::OkStatus();
+}
+
 }  // namespace meshrun

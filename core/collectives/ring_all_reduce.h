@@ -35,6 +35,13 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
 absl::Status RecursiveDoublingAllReduce(Communicator& comm, void* data, int64_t count, DType dtype,
                                         ReduceOp op);
 
+// One-shot all-reduce, for tiny messages (as NCCL's and oneCCL's one-shot / "direct" algorithms):
+// every position sends its whole buffer to every other and reduces all P buffers itself, in
+// position order, so every rank ends with the same bits. One message latency, at the price of
+// P-1 sends and P-1 times the buffer received per rank.
+absl::Status OneShotAllReduce(Communicator& comm, void* data, int64_t count, DType dtype,
+                              ReduceOp op);
+
 }  // namespace meshrun
 
 #endif  // MESHRUN_CORE_COLLECTIVES_RING_ALL_REDUCE_H_

@@ -143,10 +143,15 @@ TEST(RingAllReduceTest, PmeanOfIntegersIsRejected) {
 namespace meshrun {
 namespace {
 
-// The butterfly for small messages: every rank ends with the same bits (f32 sums in another
-// order than the ring's), equal to the plain sum, on 2 to 8 ranks (3, 5, 6 and 7 fold pairs
-// first); max, mean and integer sums exactly; one element as well as many.
-TEST(RecursiveDoublingAllReduceTest, EveryRankGetsTheSameSum) {
+// The small-message algorithms: the butterfly and one-shot.
+using AllReduceFn = absl::Status (*)(Communicator&, void*, int64_t, DType, ReduceOp);
+class SmallMessageAllReduceTest : public ::testing::TestWithParam<AllReduceFn> {};
+
+// Every rank ends with the same bits (f32 sums in another order than the ring's), equal to the
+// plain sum, on 2 to 8 ranks (for the butterfly, 3, 5, 6 and 7 fold pairs first); max, mean and
+// integer sums exactly; one element as well as many.
+TEST_P(SmallMessageAllReduceTest, EveryRankGetsTheSameSum) {
+  const AllReduceFn all_reduce = GetParam();
   for (int world = 2; world <= 8; ++world) {
     for (const int64_t count : {int64_t{1}, int64_t{1000}}) {
       auto transports = CreateInProcessTransports(world);
@@ -166,16 +171,10 @@ TEST(RecursiveDoublingAllReduceTest, EveryRankGetsTheSameSum) {
       std::vector<absl::Status> status(world);
       RunRanks(world, [&](int r) {
         Communicator comm(transports[r].get(), Iota(world), opts);
-        absl::Status s =
-            RecursiveDoublingAllReduce(comm, f[r].data(), count, v1::DTYPE_F32, ReduceOp::kSum);
-        if (s.ok())
-          s = RecursiveDoublingAllReduce(comm, m[r].data(), count, v1::DTYPE_F32, ReduceOp::kMax);
-        if (s.ok())
-          s = RecursiveDoublingAllReduce(comm, ints[r].data(), count, v1::DTYPE_I32,
-                                         ReduceOp::kSum);
-        if (s.ok())
-          s = RecursiveDoublingAllReduce(comm, mean[r].data(), count, v1::DTYPE_F32,
-                                         ReduceOp::kMean);
+        absl::Status s = all_reduce(comm, f[r].data(), count, v1::DTYPE_F32, ReduceOp::kSum);
+        if (s.ok()) s = all_reduce(comm, m[r].data(), count, v1::DTYPE_F32, ReduceOp::kMax);
+        if (s.ok()) s = all_reduce(comm, ints[r].data(), count, v1::DTYPE_I32, ReduceOp::kSum);
+        if (s.ok()) s = all_reduce(comm, mean[r].data(), count, v1::DTYPE_F32, ReduceOp::kMean);
         status[r] = s;
       });
       for (int r = 0; r < world; ++r) {
@@ -197,6 +196,10 @@ TEST(RecursiveDoublingAllReduceTest, EveryRankGetsTheSameSum) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(RecursiveDoubling, SmallMessageAllReduceTest,
+                         ::testing::Values(&RecursiveDoublingAllReduce));
+INSTANTIATE_TEST_SUITE_P(OneShot, SmallMessageAllReduceTest, ::testing::Values(&OneShotAllReduce));
 
 // StreamCopy copies exactly the bytes asked, whatever the alignment of either end (a head up to
 // the first 16-byte aligned destination, non-temporal stores, a tail), and nothing past them.

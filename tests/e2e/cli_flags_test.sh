@@ -26,5 +26,6 @@ expect_refused "--port 70000 is out of range; expected 0..65535" "$bin/meshrun-c
 expect_refused "--heartbeat_timeout -1s must be positive" "$bin/meshrun-coordinator" --heartbeat_timeout=-1s
 expect_refused "--compute_threads -3 is out of range" "$bin/meshrun-worker" --compute_threads=-3
 expect_refused "--memory_budget_bytes -1 is out of range" "$bin/meshrun-worker" --memory_budget_bytes=-1
+expect_refused "--one_shot_max_bytes -1 is out of range" "$bin/meshrun-worker" --one_shot_max_bytes=-1
 expect_refused "--shm_receive_spin 2s is out of range; expected 0..1s" "$bin/meshrun-worker" --shm_receive_spin=2s
 exit $fail

@@ -86,6 +86,34 @@ INSTANTIATE_TEST_SUITE_P(OverMutualTls, GrpcAllReduceTest,
                                             ::testing::Values<int64_t>(13, 5000),
                                             ::testing::Values(true)));
 
+TEST(GrpcTransportTest, OneShotAllReduceGivesEveryRankTheSameSum) {
+  constexpr int kWorld = 5;
+  GrpcRing ring(kWorld);
+  CollectiveOptions opts;
+  opts.one_shot_max_bytes = opts.chunk_bytes;  // chosen by size, as a worker's flag makes it
+  opts.timeout = absl::Seconds(20);
+  std::vector<std::vector<float>> data(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    for (int i = 0; i < 333; ++i) data[r].push_back(0.1f * static_cast<float>(r + 1) + 1e-3f * i);
+  }
+  std::vector<absl::Status> status(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      Communicator comm(ring.transport(r), Iota(kWorld), opts);
+      status[r] = comm.AllReduce(data[r].data(), 333, v1::DTYPE_F32, ReduceOp::kSum);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    EXPECT_EQ(data[r], data[0]) << "rank " << r << " has other bits than rank 0";
+  }
+  for (int i = 0; i < 333; ++i) {
+    EXPECT_NEAR(data[0][i], 1.5 + 5e-3 * i, 1e-4) << "element " << i;
+  }
+}
+
 TEST(GrpcTransportTest, SilentPeerTimesOutNamingIt) {
   GrpcRing ring(2);
   absl::StatusOr<std::string> m =
