@@ -114,6 +114,43 @@ TEST(GrpcTransportTest, OneShotAllReduceGivesEveryRankTheSameSum) {
   }
 }
 
+// Counts on each side of the algorithm thresholds (one-shot up to 32 bytes, recursive doubling
+// up to 64, the ring above): the sum is right and every rank holds the same bits.
+TEST(GrpcTransportTest, EachAlgorithmAtItsThresholdEdgesGivesTheSum) {
+  for (const int world : {3, 4}) {
+    GrpcRing ring(world);
+    CollectiveOptions opts;
+    opts.one_shot_max_bytes = 32;
+    opts.small_message_bytes = 64;
+    opts.chunk_bytes = 1024;
+    opts.timeout = absl::Seconds(20);
+    for (const int count : {8, 9, 16, 17}) {
+      std::vector<std::vector<float>> data(world);
+      for (int r = 0; r < world; ++r) {
+        for (int i = 0; i < count; ++i) data[r].push_back(0.25f * static_cast<float>(r + i));
+      }
+      std::vector<absl::Status> status(world);
+      std::vector<std::thread> threads;
+      for (int r = 0; r < world; ++r) {
+        threads.emplace_back([&, r] {
+          Communicator comm(ring.transport(r), Iota(world), opts);
+          status[r] = comm.AllReduce(data[r].data(), count, v1::DTYPE_F32, ReduceOp::kSum);
+        });
+      }
+      for (auto& t : threads) t.join();
+      for (int r = 0; r < world; ++r) {
+        ASSERT_TRUE(status[r].ok()) << "world " << world << " count " << count << ": " << status[r];
+        EXPECT_EQ(data[r], data[0]) << "world " << world << " count " << count << " rank " << r;
+      }
+      for (int i = 0; i < count; ++i) {
+        double want = 0;
+        for (int q = 0; q < world; ++q) want += 0.25 * (q + i);
+        EXPECT_FLOAT_EQ(data[0][i], static_cast<float>(want)) << "count " << count << " at " << i;
+      }
+    }
+  }
+}
+
 TEST(GrpcTransportTest, SilentPeerTimesOutNamingIt) {
   GrpcRing ring(2);
   absl::StatusOr<std::string> m =
