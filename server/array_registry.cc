@@ -62,15 +62,16 @@ absl::Status ArrayRegistry::ForRanks(
     // A worker that dies or stops meanwhile fails its call at once, not at the RPC deadline.
     absl::MutexLock lock(&mu);
     auto settled = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return pending == 0; };
-    while (!mu.AwaitWithTimeout(absl::Condition(&settled), absl::Milliseconds(100))) {
-      for (const auto& [rank, why] : workers_->DeadRanks(heartbeat_timeout_)) {
+    AwaitWatchingWorkers(mu, settled, [&](const DeadWorkers& dead) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      for (const auto& [rank, why] : dead) {
         for (size_t i = 0; i < ranks.size(); ++i) {
           if (ranks[i] != rank || done[i] || !dead_why[i].empty()) continue;
           dead_why[i] = why;
           contexts[i]->TryCancel();
         }
       }
-    }
+      return false;
+    });
   }
   for (auto& t : threads) t.join();
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -82,6 +83,14 @@ absl::Status ArrayRegistry::ForRanks(
       return FromGrpcStatus(status[i], absl::StrCat("worker ", workers_->Describe(ranks[i])));
   }
   return absl::OkStatus();
+}
+
+void ArrayRegistry::AwaitWatchingWorkers(absl::Mutex& mu, const std::function<bool()>& settled,
+                                         const std::function<bool(const DeadWorkers&)>& on_poll) {
+  auto done = [&settled]() { return settled(); };
+  while (!mu.AwaitWithTimeout(absl::Condition(&done), absl::Milliseconds(100))) {
+    if (on_poll(workers_->DeadRanks(heartbeat_timeout_))) return;
+  }
 }
 
 absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const PartitionSpec& spec,
@@ -375,20 +384,19 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
       return pending == 0 || (first_failed >= 0 && !aborted && absl::Now() >= abort_after);
     };
     // Watching heartbeats: a dead or stopped worker fails the run within heartbeat_timeout.
-    while (
-        !done_mu.AwaitWithTimeout(absl::Condition(&settled_or_failed), absl::Milliseconds(100))) {
-      if (cancel != nullptr && cancel->load()) {
-        cancelled = true;
-        break;
-      }
-      const std::vector<std::pair<int, std::string>> dead = workers_->DeadRanks(heartbeat_timeout_);
-      if (dead.empty()) continue;
-      dead_rank = dead.front().first;
-      dead_why = dead.front().second;
-      first_failed = dead_rank;
-      contexts[dead_rank]->TryCancel();
-      break;
-    }
+    AwaitWatchingWorkers(done_mu, settled_or_failed,
+                         [&](const DeadWorkers& dead) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+                           if (cancel != nullptr && cancel->load()) {
+                             cancelled = true;
+                             return true;
+                           }
+                           if (dead.empty()) return false;
+                           dead_rank = dead.front().first;
+                           dead_why = dead.front().second;
+                           first_failed = dead_rank;
+                           contexts[dead_rank]->TryCancel();
+                           return true;
+                         });
     if (pending > 0) {
       aborted = true;
       const int failed_rank = first_failed;

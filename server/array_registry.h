@@ -107,6 +107,14 @@ class ArrayRegistry {
   // DeadRanks) is cancelled at once: Unavailable "worker rank R (...) is stopped (SIGSTOP)".
   absl::Status ForRanks(const std::vector<int>& ranks,
                         const std::function<grpc::Status(int rank, grpc::ClientContext*)>& call);
+  // The one liveness watch of calls in flight on workers: with `mu` held, waits until
+  // `settled()` holds, and every 100 ms meanwhile asks WorkerRegistry::DeadRanks which workers
+  // died, exited or stopped and passes them to `on_poll` (with `mu` held; empty when none);
+  // `on_poll` returning true ends the wait early.
+  using DeadWorkers = std::vector<std::pair<int, std::string>>;  // (rank, why)
+  void AwaitWatchingWorkers(absl::Mutex& mu, const std::function<bool()>& settled,
+                            const std::function<bool(const DeadWorkers& dead)>& on_poll)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   WorkerRegistry* workers_;
   const absl::Duration rpc_timeout_;
