@@ -11,7 +11,7 @@ cmake --build build -j "$(nproc)"
 # each runs 2M inputs (MESHRUN_FUZZ_RUNS) with a fixed seed from its seed corpus.
 CC=clang CXX=clang++ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMESHRUN_FUZZ=ON \
   -DMESHRUN_WERROR=OFF -DMESHRUN_FUZZ_RUNS="${MESHRUN_FUZZ_RUNS:-2000000}" > /dev/null
-cmake --build build-fuzz -j "$(nproc)" --target worker_fuzz coordinator_fuzz
+cmake --build build-fuzz -j "$(nproc)" --target worker_fuzz coordinator_fuzz ring_fuzz
 ctest --test-dir build-fuzz --output-on-failure -R _fuzz -j 2
 bash scripts/python-env.sh build
 # The Python SDK's pytest suite (CTest's e2e_python_sdk) runs after the rest, on its own.

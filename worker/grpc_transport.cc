@@ -1,134 +1,17 @@
 #include "worker/grpc_transport.h"
 
-#include <algorithm>
 #include <atomic>
-#include <cstring>
 
-#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "net/grpc_util.h"
+#include "worker/ring_frame.h"
 
 namespace meshrun {
-
-// ---------------------------------------------------------------------------------------------
-// The frame: what one message of Ring.Transfer carries (raw bytes, not a protobuf message).
-
 namespace {
 
 // The method's full name, as the generated code names it ("/package.Service/Method").
 constexpr char kTransferMethod[] = "/meshrun.v1.Ring/Transfer";
-constexpr size_t kFrameHeaderBytes = 24;
-constexpr uint16_t kGoodbye = 1;  // the sender closes the stream on purpose; no payload
-
-void Put(char* out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out[i] = static_cast<char>((v >> (8 * i)) & 0xff);
-}
-uint64_t Get(const char* in, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i)
-    v |= static_cast<uint64_t>(static_cast<uint8_t>(in[i])) << (8 * i);
-  return v;
-}
-
-// The header and cluster id of a frame; the payload is the rest of the message.
-struct FrameHeader {
-  int src_rank = 0;
-  uint16_t flags = 0;
-  uint64_t epoch = 0;
-  uint64_t tag = 0;
-  std::string cluster_id;  // only on a stream's first frame
-};
-
-std::string EncodeHeader(const FrameHeader& h) {
-  std::string out(kFrameHeaderBytes + h.cluster_id.size(), '\0');
-  Put(&out[0], static_cast<uint32_t>(h.src_rank), 4);
-  Put(&out[4], h.flags, 2);
-  Put(&out[6], h.cluster_id.size(), 2);
-  Put(&out[8], h.epoch, 8);
-  Put(&out[16], h.tag, 8);
-  std::copy(h.cluster_id.begin(), h.cluster_id.end(), out.begin() + kFrameHeaderBytes);
-  return out;
-}
-
-// Reads a received frame where gRPC's slices hold it: the header is copied out (it may straddle
-// slices), the payload is passed on piece by piece.
-class FrameReader {
- public:
-  explicit FrameReader(std::vector<grpc::Slice> slices) : slices_(std::move(slices)) {
-    for (const grpc::Slice& s : slices_) remaining_ += s.size();
-  }
-  size_t remaining() const { return remaining_; }
-
-  absl::StatusOr<FrameHeader> ReadHeader() {
-    char fixed[kFrameHeaderBytes];
-    if (!Read(fixed, kFrameHeaderBytes)) {
-      return absl::InvalidArgumentError(absl::StrCat("ring frame of ", remaining_,
-                                                     " bytes is shorter than its ",
-                                                     kFrameHeaderBytes, "-byte header"));
-    }
-    FrameHeader h;
-    h.src_rank = static_cast<int32_t>(Get(&fixed[0], 4));
-    h.flags = static_cast<uint16_t>(Get(&fixed[4], 2));
-    const size_t id_bytes = Get(&fixed[6], 2);
-    h.epoch = Get(&fixed[8], 8);
-    h.tag = Get(&fixed[16], 8);
-    h.cluster_id.resize(id_bytes);
-    if (!Read(h.cluster_id.data(), id_bytes)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ring frame declares a ", id_bytes, "-byte cluster id but ends first"));
-    }
-    return h;
-  }
-
-  // Passes the unread bytes to `sink` where gRPC's slices hold them (SinkStitcher keeps
-  // RecvSink's promise of whole 8-byte words across slice boundaries).
-  void ForEachPiece(RecvSink sink) {
-    SinkStitcher stitcher(sink);
-    for (; slice_ < slices_.size(); ++slice_, pos_ = 0) {
-      const grpc::Slice& s = slices_[slice_];
-      stitcher.Add(reinterpret_cast<const char*>(s.begin()) + pos_, s.size() - pos_);
-    }
-    stitcher.Finish();
-    remaining_ = 0;
-  }
-
-  // The unread bytes as a Cord over gRPC's slices (each holds a reference to its slice): no copy.
-  absl::Cord Rest() {
-    absl::Cord rest;
-    for (; slice_ < slices_.size(); ++slice_, pos_ = 0) {
-      const grpc::Slice& s = slices_[slice_];
-      if (s.size() == pos_) continue;
-      const absl::string_view piece(reinterpret_cast<const char*>(s.begin()) + pos_,
-                                    s.size() - pos_);
-      rest.Append(absl::MakeCordFromExternal(piece, [keep = s](absl::string_view) {}));
-    }
-    remaining_ = 0;
-    return rest;
-  }
-
- private:
-  bool Read(char* out, size_t n) {
-    if (n > remaining_) return false;
-    remaining_ -= n;
-    while (n > 0) {
-      const grpc::Slice& s = slices_[slice_];
-      const size_t take = std::min(n, s.size() - pos_);
-      std::memcpy(out, s.begin() + pos_, take);
-      out += take;
-      n -= take;
-      pos_ += take;
-      if (pos_ == s.size()) {
-        ++slice_;
-        pos_ = 0;
-      }
-    }
-    return true;
-  }
-
-  std::vector<grpc::Slice> slices_;
-  size_t slice_ = 0, pos_ = 0, remaining_ = 0;
-};
 
 }  // namespace
 
@@ -139,24 +22,29 @@ class RingService::Reactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   Reactor(grpc::CallbackServerContext* ctx, Mailbox* mailbox, int world_size,
           std::string cluster_id)
-      : ctx_(ctx), mailbox_(mailbox), world_size_(world_size), cluster_id_(std::move(cluster_id)) {
+      : ctx_(ctx), mailbox_(mailbox), stream_(mailbox, world_size, std::move(cluster_id)) {
     StartRead(&frame_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
-      if (src_ >= 0 && !goodbye_) {
-        LOG(WARNING) << "ring stream from rank " << src_ << " ended without goodbye ("
+      if (stream_.src() >= 0 && !stream_.goodbye()) {
+        LOG(WARNING) << "ring stream from rank " << stream_.src() << " ended without goodbye ("
                      << ctx_->peer() << ")";
         mailbox_->MarkPeerFailed(
-            src_, absl::UnavailableError(absl::StrCat(
-                      "rank ", src_,
-                      " disconnected: its ring stream ended unexpectedly (process died?)")));
+            stream_.src(),
+            absl::UnavailableError(
+                absl::StrCat("rank ", stream_.src(),
+                             " disconnected: its ring stream ended unexpectedly (process died?)")));
       }
       Finish(grpc::Status::OK);
       return;
     }
-    if (absl::Status s = Receive(); !s.ok()) {
+    std::vector<grpc::Slice> slices;
+    absl::Status s = FromGrpcStatus(frame_.Dump(&slices));
+    frame_.Clear();
+    if (s.ok()) s = stream_.Receive(std::move(slices));
+    if (!s.ok()) {
       Finish(ToGrpcStatus(s));
       return;
     }
@@ -166,50 +54,10 @@ class RingService::Reactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 
  private:
-  absl::Status Receive() {
-    std::vector<grpc::Slice> slices;
-    if (grpc::Status s = frame_.Dump(&slices); !s.ok()) return FromGrpcStatus(s);
-    frame_.Clear();
-    FrameReader reader(std::move(slices));
-    absl::StatusOr<FrameHeader> h = reader.ReadHeader();
-    if (!h.ok()) return h.status();
-    if (src_ < 0) {
-      if (h->src_rank < 0 || h->src_rank >= world_size_) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("ring frame from rank ", h->src_rank, "; world size is ", world_size_));
-      }
-      if (h->cluster_id != cluster_id_) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "ring stream from cluster '", h->cluster_id, "'; this is '", cluster_id_, "'"));
-      }
-      src_ = h->src_rank;
-    } else if (h->src_rank != src_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ring frame from rank ", h->src_rank, " on rank ", src_, "'s stream"));
-    }
-    if (h->flags & kGoodbye) {
-      goodbye_ = true;
-      return absl::OkStatus();
-    }
-    // No copy either way: the sink reduces or copies straight out of gRPC's slices, now if the
-    // collective has posted this receive, or when it takes the queued slices.
-    const size_t size = reader.remaining();
-    if (const RecvSink* sink = mailbox_->BeginInPlace(src_, h->epoch, h->tag, size)) {
-      reader.ForEachPiece(*sink);
-      mailbox_->EndInPlace(src_);
-      return absl::OkStatus();
-    }
-    mailbox_->Deliver(src_, h->epoch, h->tag, reader.Rest());
-    return absl::OkStatus();
-  }
-
   grpc::CallbackServerContext* ctx_;
   Mailbox* mailbox_;
-  const int world_size_;
-  const std::string cluster_id_;
+  RingStreamReceiver stream_;
   grpc::ByteBuffer frame_;
-  int src_ = -1;
-  bool goodbye_ = false;
 };
 
 void RingService::Attach(Mailbox* mailbox, int world_size, std::string cluster_id) {
@@ -262,7 +110,7 @@ class GrpcTransport::PeerLink {
       FrameHeader bye;
       bye.src_rank = self_;
       bye.flags = kGoodbye;
-      grpc::Slice header(EncodeHeader(bye));
+      grpc::Slice header(EncodeFrameHeader(bye));
       grpc::ByteBuffer frame(&header, 1);
       if (writer_->Write(frame)) writer_->WritesDone();
     }
@@ -293,7 +141,8 @@ class GrpcTransport::PeerLink {
     if (first) h.cluster_id = cluster_id_;
     // The payload's one copy on this side (see the header for why it is not a slice that points
     // at the caller's memory).
-    grpc::Slice slices[2] = {grpc::Slice(EncodeHeader(h)), grpc::Slice(data.data(), data.size())};
+    grpc::Slice slices[2] = {grpc::Slice(EncodeFrameHeader(h)),
+                             grpc::Slice(data.data(), data.size())};
     grpc::ByteBuffer frame(slices, data.empty() ? 1 : 2);
     const bool ok = writer_->Write(frame);
     in_write_.store(false);
