@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstdlib>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -26,9 +25,7 @@ absl::Status Run(const std::string& command) {
       "`", command, "` failed (status ", rc, "): ", absl::StripTrailingAsciiWhitespace(printed)));
 }
 
-bool Have(const std::string& tool) {
-  return std::system(absl::StrCat("command -v ", tool, " > /dev/null 2>&1").c_str()) == 0;
-}
+bool Have(const std::string& tool) { return Run("command -v " + tool).ok(); }
 
 }  // namespace
 

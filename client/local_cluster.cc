@@ -161,7 +161,6 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
   }
   c->worker_netns_ = o.worker_netns;
   c->coordinator_args_ = {
-      absl::StrCat("--host=", o.coordinator_host),
       absl::StrCat("--port=", o.port),
       absl::StrCat("--mesh=", o.mesh),
       absl::StrCat("--port_file=", port_file),
@@ -169,6 +168,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
       absl::StrCat("--client_lease=", absl::FormatDuration(o.client_lease)),
       absl::StrCat("--process_checks=", o.process_checks ? "true" : "false"),
       absl::StrCat("--state_file=", c->log_dir_, "/coordinator-state.json"),
+      absl::StrCat("--host=", o.coordinator_host),
       *credential_flag};
   absl::StatusOr<pid_t> coord =
       Spawn(c->coordinator_binary_, c->coordinator_args_, c->log_dir_ + "/coordinator.log");
@@ -193,7 +193,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
     absl::SleepFor(absl::Milliseconds(20));
   }
   c->address_ = absl::StrCat(o.coordinator_host, ":", port);
-  c->coordinator_args_[1] = absl::StrCat("--port=", port);  // a restart binds the same one
+  c->coordinator_args_[0] = absl::StrCat("--port=", port);  // a restart binds the same one
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = o.compute_threads > 0 ? o.compute_threads : std::max(1, cores / workers);
   // When each worker's compute threads have cores to themselves, let OpenMP threads spin between

@@ -14,7 +14,8 @@
 //   - now: 1. The sender copies the chunk into one gRPC-owned slice. The receiver copies
 //     nothing: RecvInto's sink reduces or copies straight out of gRPC's received slices, handed
 //     over piece by piece when the receive is posted, or, for a frame that comes first, kept in
-//     the mailbox's queue as they are (an absl::Cord holding references to them).
+//     the mailbox's queue as they are (an absl::Cord holding references to them; pieces under
+//     256 bytes, inlined ones among them, are copied: worker/ring_frame.h).
 //   The sender's copy stays because a slice that pointed at the caller's memory could still be
 //   read by gRPC after Send returns: a write cancelled by Abort or the watchdog (a stopped peer
 //   whose socket is full) leaves its bytes queued in the connection until it drains or closes,
