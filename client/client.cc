@@ -373,8 +373,11 @@ std::string FormatRecoveryEvent(const v1::JobEvent& e) {
     const v1::Recovered& r = e.recovered();
     return absl::StrFormat(
         "recovered at step %d from %s in %.2f s (re-forming the cluster %.2f s), restart %d",
-        r.step(), r.checkpoint().empty() ? "the initial state" : r.checkpoint(), r.seconds(),
-        r.reform_seconds(), r.restarts());
+        r.step(),
+        r.source() == "peers"    ? std::string("the peers' memory")
+        : r.checkpoint().empty() ? std::string("the initial state")
+                                 : r.checkpoint(),
+        r.seconds(), r.reform_seconds(), r.restarts());
   }
   return "";
 }

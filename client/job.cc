@@ -170,6 +170,7 @@ absl::StatusOr<PlannedJob> PlanJob(const JobConfig& c, const Mesh& mesh) {
   spec.mutable_recovery()->set_max_restarts(c.recovery.max_restarts);
   spec.mutable_recovery()->set_timeout_seconds(c.recovery.timeout_seconds);
   spec.mutable_recovery()->set_min_workers(c.recovery.min_workers);
+  spec.mutable_recovery()->set_peer_state_every(c.recovery.peer_state_every);
   return job;
 }
 

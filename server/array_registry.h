@@ -79,6 +79,28 @@ class ArrayRegistry {
   absl::StatusOr<v1::RestoreCheckpointResponse> RestoreCheckpoint(
       const v1::RestoreCheckpointRequest& request);
 
+  // Peers' in-memory TrainState (worker.proto's KeepPeerState; torchft's healing). Keep: every
+  // worker keeps its blocks of `arrays` (array_id, name) under the job run's token `job` at
+  // `step`, in its memory and on its ring successor; returns the bytes of all workers' blocks.
+  // Errors: the first worker's, naming its rank (a lost successor, an unknown array id).
+  absl::StatusOr<int64_t> KeepPeerState(const std::string& job, int64_t step,
+                                        const std::vector<CheckpointArray>& arrays);
+  // The newest step of `job` on the current mesh at which every rank's copy of `names` is held by
+  // the rank itself or by its successor (so one lost worker loses no block). Errors: NotFound
+  // naming the ranks without a copy; a worker's error naming its rank.
+  absl::StatusOr<int64_t> NewestPeerState(const std::string& job,
+                                          const std::vector<std::string>& names);
+  // Restores `arrays` (name, array_id, dtype, global shape, spec as kept) from the copies of
+  // `job` at `step`: each worker takes its blocks from its own copy or its successor's, and the
+  // arrays are registered as RestoreCheckpoint's are (bytes_read: the bytes restored). Errors:
+  // InvalidArgument for an id in use; the first worker's, naming its rank. Nothing is stored or
+  // registered on failure.
+  absl::StatusOr<v1::RestoreCheckpointResponse> RestorePeerState(
+      const std::string& job, int64_t step, const std::vector<CheckpointArray>& arrays);
+
+  // Frees every worker's copies of `job` (the job ended); best effort.
+  void DropPeerState(const std::string& job);
+
   // Errors: NotFound naming the id and the arrays that exist.
   absl::StatusOr<v1::ArrayInfo> Info(const std::string& id);
 

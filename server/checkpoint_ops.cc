@@ -199,6 +199,19 @@ absl::StatusOr<int64_t> LoadBlocks(const std::vector<v1::LoadShardsRequest>& loa
   return std::accumulate(bytes.begin(), bytes.end(), int64_t{0});
 }
 
+v1::ArrayInfo RestoredArrayInfo(const Mesh& mesh, const CheckpointArray& target) {
+  const NamedSharding sharding(mesh, target.spec);
+  v1::ArrayInfo info;
+  info.set_id(target.array_id);
+  info.set_dtype(target.dtype);
+  for (int64_t d : target.shape) info.mutable_shape()->add_dims(d);
+  *info.mutable_sharding() = sharding.ToProto();
+  if (sharding.Validate(target.shape).ok())
+    info.set_bytes_per_worker(NumElements(sharding.ShardDims(target.shape)) *
+                              DTypeSize(target.dtype));
+  return info;
+}
+
 ForEachWorker ArrayRegistry::EachWorker() {
   return [this](const WorkerCall& call) {
     std::vector<int> ranks(workers_->expected());
@@ -244,15 +257,7 @@ absl::StatusOr<v1::RestoreCheckpointResponse> ArrayRegistry::RestoreCheckpoint(
     // The array comes back with its saved shape and dtype, in the wanted layout.
     targets.push_back(
         {a->name, want.id(), a->dtype, a->shape, PartitionSpec::FromProto(want.spec())});
-    const NamedSharding sharding(mesh, targets.back().spec);
-    v1::ArrayInfo info;
-    info.set_id(want.id());
-    info.set_dtype(a->dtype);
-    for (int64_t d : a->shape) info.mutable_shape()->add_dims(d);
-    *info.mutable_sharding() = sharding.ToProto();
-    if (sharding.Validate(a->shape).ok())
-      info.set_bytes_per_worker(NumElements(sharding.ShardDims(a->shape)) * DTypeSize(a->dtype));
-    infos.push_back(std::move(info));
+    infos.push_back(RestoredArrayInfo(mesh, targets.back()));
   }
   absl::StatusOr<std::vector<v1::LoadShardsRequest>> loads =
       PlanLoad(*m, request.path(), mesh, targets);

@@ -58,6 +58,10 @@ absl::StatusOr<std::vector<v1::LoadShardsRequest>> PlanLoad(
     const checkpoint::Manifest& m, const std::string& path, const Mesh& mesh,
     const std::vector<CheckpointArray>& targets);
 
+// The registry's record of `target` restored on `mesh`: its id, dtype, shape and sharding, and
+// the bytes of each worker's block (0 when the layout cannot hold the shape).
+v1::ArrayInfo RestoredArrayInfo(const Mesh& mesh, const CheckpointArray& target);
+
 // Deletes the arrays' blocks (array_id) from every worker's store; best effort, errors ignored
 // (a worker that lacks one has nothing to drop).
 void DeleteOnWorkers(const std::vector<CheckpointArray>& arrays, const ForEachWorker& for_each);

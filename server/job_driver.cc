@@ -5,10 +5,12 @@
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <random>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/config/job_config.h"
@@ -27,12 +29,16 @@ class JobDriver::Runner {
   ~Runner() { Release(); }
 
   absl::Status Prepare();
-  absl::Status InitState();
+  // `recovering`: after a lost worker, the peers' in-memory copy (recovery.peer_state_every) is
+  // restored when it is at least as new as the newest checkpoint.
+  absl::Status InitState(bool recovering);
   absl::Status Loop();
   absl::Status Evaluate();
   int64_t step() const { return step_; }
-  // The checkpoint InitState restored ("" when it initialised the state).
+  // The checkpoint InitState restored ("" when it initialised the state or took the peers').
   const std::string& restored_from() const { return restored_from_; }
+  // Where InitState's state came from: "peers", "checkpoint" or "init".
+  const std::string& source() const { return source_; }
   bool cancelled() const { return cancelled_; }
   // Forgets the job's arrays and inputs instead of deleting them: the workers that held them are
   // restarting (the cluster re-forms), and a hung one would hold up every delete to its deadline.
@@ -68,6 +74,12 @@ class JobDriver::Runner {
   absl::Status CheckSaved(const std::string& path,
                           const std::vector<v1::CheckpointArray>& wanted) const;
   absl::Status SaveAt(int64_t at);  // sync or async per the policy
+  // After a lost worker: the state from the peers' in-memory copies when one of every rank at
+  // least as new as `newest_checkpoint` survived. Returns whether it restored; errors of a
+  // restore that started (nothing stays registered then).
+  absl::StatusOr<bool> RestoreFromPeers(int64_t newest_checkpoint);
+  // The state arrays as the workers keep and restore them.
+  std::vector<CheckpointArray> PeerStateArrays() const;
   absl::Status FinishSave();
   void Report(int64_t steps_done, const std::vector<std::vector<double>>& values,
               const std::vector<double>& seconds, const std::vector<double>& collective,
@@ -91,6 +103,7 @@ class JobDriver::Runner {
   bool cancelled_ = false;  // the sink stopped listening
   bool abandoned_ = false;
   std::string restored_from_;
+  std::string source_ = "init";
 };
 
 std::vector<v1::CheckpointArray> JobDriver::Runner::StateArrays(const std::string& id_prefix,
@@ -183,9 +196,52 @@ absl::Status JobDriver::Runner::Prepare() {
   return absl::OkStatus();
 }
 
-absl::Status JobDriver::Runner::InitState() {
+std::vector<CheckpointArray> JobDriver::Runner::PeerStateArrays() const {
+  std::vector<CheckpointArray> out;
+  for (const v1::StateArraySpec& a : job_.state()) {
+    out.push_back({a.name(), Id(a.name()), a.dtype(),
+                   Dims(a.shape().dims().begin(), a.shape().dims().end()),
+                   PartitionSpec::FromProto(a.spec())});
+  }
+  return out;
+}
+
+absl::StatusOr<bool> JobDriver::Runner::RestoreFromPeers(int64_t newest_checkpoint) {
+  std::vector<std::string> names;
+  for (const v1::StateArraySpec& a : job_.state()) names.push_back(a.name());
+  absl::StatusOr<int64_t> at = d_->arrays_->NewestPeerState(d_->run_token_, names);
+  if (!at.ok()) {
+    Info(absl::StrCat("no state in the peers' memory to restore: ", at.status().message()));
+    return false;
+  }
+  if (*at < newest_checkpoint) {
+    Info(absl::StrCat("the peers' memory holds step ", *at, "; checkpoint step ", newest_checkpoint,
+                      " is newer and is restored instead"));
+    return false;
+  }
+  const absl::Time t0 = absl::Now();
+  absl::StatusOr<v1::RestoreCheckpointResponse> r =
+      d_->arrays_->RestorePeerState(d_->run_token_, *at, PeerStateArrays());
+  if (!r.ok()) return r.status();
+  step_ = first_step_ = *at;
+  resumed_ = true;
+  source_ = "peers";
+  Info(absl::StrCat("restored step ", *at, " from the peers' memory: ", r->arrays_size(),
+                    " arrays, ", r->bytes_read(), " bytes in ",
+                    absl::FormatDuration(absl::Now() - t0)));
+  return true;
+}
+
+absl::Status JobDriver::Runner::InitState(bool recovering) {
   const v1::CheckpointPolicy& ck = job_.checkpoint();
   for (const v1::StateArraySpec& a : job_.state()) live_ids_.push_back(Id(a.name()));
+  if (recovering && job_.recovery().peer_state_every() > 0) {
+    const auto saved = ck.dir().empty() ? std::vector<std::pair<int64_t, std::string>>()
+                                        : checkpoint::ListCheckpoints(ck.dir());
+    absl::StatusOr<bool> restored = RestoreFromPeers(saved.empty() ? 0 : saved.back().first);
+    if (!restored.ok()) return restored.status();
+    if (*restored) return absl::OkStatus();
+  }
   if (ck.resume()) {
     absl::StatusOr<std::string> latest = checkpoint::LatestCheckpoint(ck.dir());
     if (latest.ok()) {
@@ -194,13 +250,16 @@ absl::Status JobDriver::Runner::InitState() {
       for (v1::CheckpointArray& a : StateArrays("")) *req.add_arrays() = std::move(a);
       if (absl::Status s = CheckSaved(*latest, {req.arrays().begin(), req.arrays().end()}); !s.ok())
         return s;
+      const absl::Time t0 = absl::Now();
       absl::StatusOr<v1::RestoreCheckpointResponse> r = d_->arrays_->RestoreCheckpoint(req);
       if (!r.ok()) return r.status();
       step_ = first_step_ = r->step();
       resumed_ = true;
       restored_from_ = *latest;
+      source_ = "checkpoint";
       Info(absl::StrCat("resumed from ", *latest, " at step ", r->step(), ": ", r->arrays_size(),
-                        " arrays, ", r->bytes_read(), " bytes read by the workers"));
+                        " arrays, ", r->bytes_read(), " bytes read by the workers in ",
+                        absl::FormatDuration(absl::Now() - t0)));
       return absl::OkStatus();
     }
     Info(absl::StrCat("resume: no committed checkpoint in ", ck.dir(), "; starting from step 0"));
@@ -396,6 +455,7 @@ absl::Status JobDriver::Runner::Loop() {
   auto is_save_step = [&](int64_t at) {
     return saving && (at == total_ || (ck.save_every() > 0 && at % ck.save_every() == 0));
   };
+  const int64_t keep_every = job_.recovery().peer_state_every();
   start_ = absl::Now();
   absl::Time interval_start = start_;
   int64_t interval_first = step_;
@@ -410,9 +470,15 @@ absl::Status JobDriver::Runner::Loop() {
     int64_t next = std::min<int64_t>(total_, (step_ / log_every + 1) * log_every);
     if (saving && ck.save_every() > 0)
       next = std::min<int64_t>(next, (step_ / ck.save_every() + 1) * ck.save_every());
+    if (keep_every > 0) next = std::min<int64_t>(next, (step_ / keep_every + 1) * keep_every);
     if (absl::Status s = RunSteps(static_cast<int>(next - step_), &values, &seconds, &collective);
         !s.ok())
       return s;
+    if (keep_every > 0 && step_ % keep_every == 0) {
+      absl::StatusOr<int64_t> kept =
+          d_->arrays_->KeepPeerState(d_->run_token_, step_, PeerStateArrays());
+      if (!kept.ok()) return kept.status();
+    }
     if (is_save_step(step_)) {
       if (absl::Status s = SaveAt(step_); !s.ok()) return s;
     }
@@ -566,6 +632,8 @@ absl::Status JobDriver::Run(const v1::JobSpec& job, const EventSink& emit) {
   }
   SetState("running", 0, "");
   cancel_ = false;
+  run_token_ = absl::StrFormat("%s#%016x", job.name(),
+                               std::random_device{}() * 4294967296ull ^ std::random_device{}());
   v1::JobSpec attempt = job;
   absl::Status s;
   int64_t step = 0;
@@ -577,12 +645,13 @@ absl::Status JobDriver::Run(const v1::JobSpec& job, const EventSink& emit) {
     auto run =
         std::make_unique<Runner>(this, attempt, emit, absl::StrCat("job-", ++jobs_started_, "/"));
     s = run->Prepare();
-    if (s.ok()) s = run->InitState();
+    if (s.ok()) s = run->InitState(restarts > 0);
     if (s.ok() && restarts > 0) {
       v1::JobEvent e;
       v1::Recovered* r = e.mutable_recovered();
       r->set_step(run->step());
       r->set_checkpoint(run->restored_from());
+      r->set_source(run->source());
       r->set_seconds(absl::ToDoubleSeconds(absl::Now() - failed_at));
       r->set_reform_seconds(absl::ToDoubleSeconds(reform_time));
       r->set_restarts(restarts);
@@ -612,6 +681,11 @@ absl::Status JobDriver::Run(const v1::JobSpec& job, const EventSink& emit) {
     if (!attempt.checkpoint().dir().empty()) attempt.mutable_checkpoint()->set_resume(true);
     if (attempt.mesh().axes_size() > 0) *attempt.mutable_mesh() = registry_->mesh().ToProto();
   }
+  // The copies in the workers' memory go with the job (after a failure, unless a worker is
+  // missing: the call would wait for it).
+  if (job.recovery().peer_state_every() > 0 &&
+      (s.ok() || registry_->RegisteredCount() == registry_->expected()))
+    arrays_->DropPeerState(run_token_);
   if (!s.ok()) {
     SetState("failed", step, std::string(s.message()));
     if (options_.metrics != nullptr) options_.metrics->OnJobEnded(false);

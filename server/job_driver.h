@@ -67,10 +67,13 @@ class JobDriver {
   // (WorkerRegistry::BeginRecovery: the survivors restart, a replacement takes the lost rank),
   // the newest committed checkpoint is restored (none: the initial state; the data order
   // continues as an uninterrupted run's) and a Recovered event says from which step and how long
-  // it took. Errors: InvalidArgument for a job that does not fit the cluster (mesh, program,
-  // input); the first worker failure (naming its rank); DeadlineExceeded when the mesh does not
-  // re-form within recovery.timeout_seconds (naming the ranks missing); Cancelled when the sink
-  // stops listening.
+  // it took. With job.recovery.peer_state_every > 0 every worker keeps its blocks of the state
+  // in memory and on its ring successor every that many steps, and a recovery on the same mesh
+  // restores from them (Recovered.source "peers") when they are at least as new as the newest
+  // checkpoint; they are freed when the job ends. Errors: InvalidArgument for a job that does not
+  // fit the cluster (mesh, program, input); the first worker failure (naming its rank);
+  // DeadlineExceeded when the mesh does not re-form within recovery.timeout_seconds (naming the
+  // ranks missing); Cancelled when the sink stops listening.
   absl::Status Run(const v1::JobSpec& job, const EventSink& emit);
 
   // Cancels the running job at once (its client went away): the run in flight on the workers is
@@ -110,6 +113,9 @@ class JobDriver {
   Options options_;
   Partitioner partitioner_;
   int64_t jobs_started_ = 0;  // names each job's arrays apart
+  // The running job's token (its name and 64 random bits): the peers' in-memory copies of its
+  // state are kept under it, so no other run's copies are ever restored. Set by Run.
+  std::string run_token_;
   std::atomic<bool> cancel_{false};
   absl::Mutex mu_;
   std::string state_ ABSL_GUARDED_BY(mu_) = "idle";

@@ -152,6 +152,13 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   collectives.one_shot_max_bytes = static_cast<size_t>(o.one_shot_max_bytes);
   collectives.receive_spin = o.receive_spin;
   worker.set_collective_defaults(collectives);
+  // A restart as the cluster re-formed: the state copies this process held before its exec.
+  if (absl::Status s = worker.peer_state().ImportAfterExec(); !s.ok()) {
+    LOG(WARNING) << "the peers' state copies were not kept over the restart: " << s;
+  } else if (worker.peer_state().bytes() > 0) {
+    LOG(INFO) << "kept " << worker.peer_state().bytes()
+              << " bytes of peers' state copies over the restart";
+  }
   RingService ring;
   grpc::ServerBuilder builder;
   ConfigureServerBuilder(builder);
@@ -231,6 +238,8 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
         // cluster waits for it: no graceful teardown (closing links to dead peers waits out
         // their deadlines); the kernel closes every descriptor (all close-on-exec) and memory.
         server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(50)));
+        if (absl::Status s = worker.peer_state().ExportForExec(); !s.ok())
+          LOG(WARNING) << "the peers' state copies are lost with this restart: " << s;
         result = RestartProcess(m.rank);  // returns only if exec failed
         break;
       }

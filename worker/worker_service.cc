@@ -34,12 +34,12 @@ WorkerService::WorkerService(int compute_threads, WorkerMetrics* metrics, ShmAre
       arena_(arena) {}
 
 absl::Status WorkerService::CheckMemoryBudget(const std::string& what, int64_t bytes) {
-  const int64_t held = shards_.TotalBytes();
+  const int64_t held = shards_.TotalBytes() + peer_state_.bytes();
   if (bytes <= memory_budget_bytes_ - held) return absl::OkStatus();
   return absl::ResourceExhaustedError(
       absl::StrCat(what, " needs ", bytes, " bytes; this worker holds ", held,
-                   " bytes of shards and its memory budget is ", memory_budget_bytes_,
-                   " bytes (--memory_budget_bytes)"));
+                   " bytes of shards and state copies and its memory budget is ",
+                   memory_budget_bytes_, " bytes (--memory_budget_bytes)"));
 }
 
 WorkerService::~WorkerService() {

@@ -18,6 +18,7 @@
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "worker/compute_thread.h"
 #include "worker/grpc_transport.h"
+#include "worker/peer_state.h"
 #include "worker/shard_store.h"
 #include "worker/shm_transport.h"
 #include "worker/worker_metrics.h"
@@ -83,11 +84,26 @@ class WorkerService final : public v1::Worker::Service {
                                  v1::OpenInputPipelineResponse*) override;
   grpc::Status CloseInputPipeline(grpc::ServerContext*, const v1::CloseInputPipelineRequest*,
                                   v1::CloseInputPipelineResponse*) override;
+  // peer_state_rpcs.cc: the peers' in-memory TrainState (worker.proto has their contracts).
+  grpc::Status KeepPeerState(grpc::ServerContext*, const v1::KeepPeerStateRequest*,
+                             v1::KeepPeerStateResponse*) override;
+  grpc::Status HoldPeerState(grpc::ServerContext*, const v1::HoldPeerStateRequest*,
+                             v1::HoldPeerStateResponse*) override;
+  grpc::Status PeerStateInfo(grpc::ServerContext*, const v1::PeerStateInfoRequest*,
+                             v1::PeerStateInfoResponse*) override;
+  grpc::Status FetchPeerState(grpc::ServerContext*, const v1::FetchPeerStateRequest*,
+                              v1::FetchPeerStateResponse*) override;
+  grpc::Status RestorePeerState(grpc::ServerContext*, const v1::RestorePeerStateRequest*,
+                                v1::RestorePeerStateResponse*) override;
+  grpc::Status DropPeerState(grpc::ServerContext*, const v1::DropPeerStateRequest*,
+                             v1::DropPeerStateResponse*) override;
+  // The copies this worker holds; the runner passes them over a restart of the process.
+  PeerStateStore& peer_state() { return peer_state_; }
 
  private:
   grpc::Status Error(const absl::Status& s) const;
   // ResourceExhausted naming `what` and its bytes unless `bytes` more fit in the memory budget
-  // beside the stored shards.
+  // beside the stored shards and the peers' state copies.
   absl::Status CheckMemoryBudget(const std::string& what, int64_t bytes);
   // PermissionDenied naming `path` unless it resolves (symbolic links followed) under the
   // checkpoint root.
@@ -118,6 +134,12 @@ class WorkerService final : public v1::Worker::Service {
   std::unique_ptr<Transport> transport_;  // ShmTransport over GrpcTransport, or GrpcTransport
 
   ShardStore shards_;
+  PeerStateStore peer_state_;
+  // The blocks `names` of the copy `key` (this worker's own) that its ring successor holds,
+  // fetched in one call by `deadline`.
+  absl::StatusOr<std::vector<v1::PeerStateBlock>> FetchFromSuccessor(
+      const Membership& m, const v1::PeerStateKey& key, const std::vector<std::string>& names,
+      absl::Time deadline);
 
   absl::Mutex epoch_mu_;                                   // orders Abort with EnterEpoch
   uint64_t aborted_epoch_ ABSL_GUARDED_BY(epoch_mu_) = 0;  // the latest epoch an Abort named

@@ -180,7 +180,8 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
       {"recovery",
        {{"max_restarts", Int(&c.recovery.max_restarts, 0, 1000)},
         {"timeout_seconds", Num(&c.recovery.timeout_seconds, 0.0, 86400.0, true)},
-        {"min_workers", Int(&c.recovery.min_workers, 0, 1 << 20)}}},
+        {"min_workers", Int(&c.recovery.min_workers, 0, 1 << 20)},
+        {"peer_state_every", Int(&c.recovery.peer_state_every, 0, 1 << 30)}}},
       {"checkpoint",
        {{"dir", Str(&c.checkpoint.dir)},
         {"save_every", Int(&c.checkpoint.save_every, 0, 1 << 30)},
@@ -315,7 +316,8 @@ std::string JobConfigToJson(const JobConfig& c) {
   root["precision"] = {{"compute", c.precision.compute}};
   root["recovery"] = {{"max_restarts", c.recovery.max_restarts},
                       {"timeout_seconds", c.recovery.timeout_seconds},
-                      {"min_workers", c.recovery.min_workers}};
+                      {"min_workers", c.recovery.min_workers},
+                      {"peer_state_every", c.recovery.peer_state_every}};
   root["checkpoint"] = {{"save_every", c.checkpoint.save_every},
                         {"keep", c.checkpoint.keep},
                         {"async", c.checkpoint.async},

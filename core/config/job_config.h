@@ -30,7 +30,8 @@ namespace meshrun {
 //   "checkpoint": {"dir": "", "save_every": 0, "keep": 0, "async": false, "resume": false,
 //                  "init_from": ""},
 //   "precision": {"compute": "f32" | "bf16"},
-//   "recovery":  {"max_restarts": 0, "timeout_seconds": 60, "min_workers": 0}
+//   "recovery":  {"max_restarts": 0, "timeout_seconds": 60, "min_workers": 0,
+//                 "peer_state_every": 0}
 // }
 // Every model is a train step derived from the model by autodiff (client/include/meshrun/
 // train_step.h), partitioned by the coordinator and looped by its JobDriver. model.name
@@ -68,6 +69,11 @@ namespace meshrun {
 // `timeout_seconds` for the whole mesh; with `min_workers` > 0, when it does not re-form in time
 // the job goes on with a smaller `data` axis that the workers that rejoined fill (at least
 // `min_workers` devices; the checkpoint is resharded onto it), as Horovod elastic's min_np.
+// With `peer_state_every` > 0, every that many steps each worker keeps its blocks of the
+// TrainState in memory and a copy on its ring successor; a recovery on the same mesh restores
+// from the live workers' memory (no disk read) when that copy is at least as new as the newest
+// checkpoint, as torchft heals from its peers. It costs two copies of a worker's state in
+// memory and one transfer of it to the successor per keep.
 // `on_nonfinite` "stop": a NaN or infinite loss stops the job with an error naming the step, and
 // no checkpoint of that state or later is committed (CheckLossFinite). "skip_step" (optax's
 // apply_if_finite): a step whose loss or updated parameters are not finite leaves the parameters
@@ -121,6 +127,7 @@ struct JobConfig {
     int max_restarts = 0;
     double timeout_seconds = 60;
     int min_workers = 0;
+    int peer_state_every = 0;  // steps; 0: no in-memory copies
   } recovery;
   struct Checkpoint {
     std::string dir;  // empty: no checkpoints

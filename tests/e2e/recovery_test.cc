@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/sharding/mesh.h"
 #include "gmock/gmock.h"
@@ -113,6 +114,79 @@ TEST_F(RecoveryTest, AKilledWorkerIsRespawnedAndTheJobContinuesFromItsCheckpoint
   // The re-formed cluster serves the next job.
   auto next = (*client)->Train(testing::PerStepJobConfig(3));
   EXPECT_TRUE(next.ok()) << next.status();
+  ASSERT_TRUE(cluster->Stop().ok());
+}
+
+// The lost worker's state is healed from its peers' memory (recovery.peer_state_every), with no
+// checkpoint on disk at all: the job goes on from the newest in-memory copy with an
+// uninterrupted run's losses. Under FSDP every rank holds other blocks, so each must come back
+// from its own copy (kept over its restart) or, for the lost rank, from its successor's.
+TEST_F(RecoveryTest, AKilledWorkersStateIsHealedFromItsPeersMemory) {
+  auto cluster = StartRespawningCluster("data=4", "recovery-peers", /*respawn=*/true);
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  JobConfig base = testing::PerStepJobConfig(60);
+  base.sharding.layout = "fsdp";
+  auto straight = (*client)->Train(base);
+  ASSERT_TRUE(straight.ok()) << straight.status();
+
+  // Killed after step 32: the peers hold step 30 (every 5), the disk run's checkpoint is step 30
+  // too (every 10); each recovery's time is printed for the record.
+  const auto run_and_kill = [&](const JobConfig& config, int victim_rank) {
+    const pid_t victim = cluster->worker_pids()[victim_rank];
+    bool killed = false;
+    auto result = (*client)->Train(config, [&](const v1::JobEvent& e) {
+      // For the record: how long the restore itself took.
+      if (e.has_info() && (absl::StartsWith(e.info(), "restored step") ||
+                           absl::StartsWith(e.info(), "resumed from")))
+        std::printf("%s\n", e.info().c_str());
+      if (e.has_step() && e.step().step() == 32 && !killed) {
+        killed = true;
+        ASSERT_EQ(kill(victim, SIGKILL), 0);
+      }
+    });
+    EXPECT_TRUE(killed);
+    return result;
+  };
+  JobConfig from_peers = base;
+  from_peers.recovery.max_restarts = 1;
+  from_peers.recovery.peer_state_every = 5;
+  auto healed = run_and_kill(from_peers, 2);
+  ASSERT_TRUE(healed.ok()) << healed.status();
+  ASSERT_EQ(healed->lost.size(), 1u);
+  ASSERT_EQ(healed->recoveries.size(), 1u);
+  const v1::Recovered& back = healed->recoveries[0];
+  EXPECT_EQ(back.source(), "peers");
+  EXPECT_EQ(back.checkpoint(), "");
+  EXPECT_EQ(back.step(), healed->lost[0].step() / 5 * 5) << "the newest copy before the loss";
+  EXPECT_GE(back.step(), 30);
+  const std::map<int64_t, double> want = Losses(*straight);
+  ASSERT_EQ(want.size(), 60u);
+  const std::map<int64_t, double> got = Losses(*healed);
+  ASSERT_EQ(got.size(), 60u);
+  for (int64_t step = 1; step <= 60; ++step)
+    EXPECT_EQ(got.at(step), want.at(step)) << "step " << step;
+
+  JobConfig from_disk = base;
+  from_disk.recovery.max_restarts = 1;
+  from_disk.checkpoint.dir = (root_ / "ck").string();
+  from_disk.checkpoint.save_every = 10;
+  auto restored = run_and_kill(from_disk, 1);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  ASSERT_EQ(restored->recoveries.size(), 1u);
+  const v1::Recovered& disk = restored->recoveries[0];
+  EXPECT_EQ(disk.source(), "checkpoint");
+  EXPECT_EQ(disk.step(), restored->lost[0].step() / 10 * 10);
+  const std::map<int64_t, double> got_disk = Losses(*restored);
+  ASSERT_EQ(got_disk.size(), 60u);
+  for (int64_t step = 1; step <= 60; ++step)
+    EXPECT_EQ(got_disk.at(step), want.at(step)) << "step " << step;
+  std::printf(
+      "recovery from the peers' memory: %.2f s (re-forming %.2f s); from disk: %.2f s "
+      "(re-forming %.2f s)\n",
+      back.seconds(), back.reform_seconds(), disk.seconds(), disk.reform_seconds());
+  EXPECT_EQ(cluster->respawns(), 2);
   ASSERT_TRUE(cluster->Stop().ok());
 }
 

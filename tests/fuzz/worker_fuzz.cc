@@ -85,7 +85,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static Worker* w = new Worker();
   if (size == 0) return 0;
   WorkerService& s = *w->service;
-  const uint8_t which = data[0] % 8;
+  const uint8_t which = data[0] % 14;
   ++data;
   --size;
   switch (which) {
@@ -126,6 +126,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       (void)s.OpenInputPipeline(&ctx, &req, &resp);
       break;
     }
+    case 7:
+      Call<v1::KeepPeerStateRequest, v1::KeepPeerStateResponse>(
+          data, size, [&](auto* c, auto* q, auto* r) { return s.KeepPeerState(c, q, r); });
+      break;
+    case 8:
+      Call<v1::HoldPeerStateRequest, v1::HoldPeerStateResponse>(
+          data, size, [&](auto* c, auto* q, auto* r) { return s.HoldPeerState(c, q, r); });
+      break;
+    case 9:
+      Call<v1::PeerStateInfoRequest, v1::PeerStateInfoResponse>(
+          data, size, [&](auto* c, auto* q, auto* r) { return s.PeerStateInfo(c, q, r); });
+      break;
+    case 10:
+      Call<v1::FetchPeerStateRequest, v1::FetchPeerStateResponse>(
+          data, size, [&](auto* c, auto* q, auto* r) { return s.FetchPeerState(c, q, r); });
+      break;
+    case 11:
+      Call<v1::RestorePeerStateRequest, v1::RestorePeerStateResponse>(
+          data, size, [&](auto* c, auto* q, auto* r) { return s.RestorePeerState(c, q, r); });
+      break;
+    case 12:
+      Call<v1::DropPeerStateRequest, v1::DropPeerStateResponse>(
+          data, size, [&](auto* c, auto* q, auto* r) { return s.DropPeerState(c, q, r); });
+      break;
     default:
       Call<v1::AbortRequest, v1::AbortResponse>(
           data, size, [&](auto* c, auto* q, auto* r) { return s.Abort(c, q, r); });
