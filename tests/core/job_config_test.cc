@@ -111,6 +111,20 @@ TEST(JobConfigTest, RejectsUnknownKeysNamingThem) {
               HasSubstr("unknown key 'modle'"));
 }
 
+TEST(JobConfigTest, ParsesTheRecoveryPolicy) {
+  absl::StatusOr<JobConfig> c = ParseJobConfig(
+      R"({"recovery": {"max_restarts": 2, "min_workers": 4, "peer_state_every": 25}})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->recovery.max_restarts, 2);
+  EXPECT_EQ(c->recovery.min_workers, 4);
+  EXPECT_EQ(c->recovery.peer_state_every, 25);
+  absl::StatusOr<JobConfig> again = ParseJobConfig(JobConfigToJson(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->recovery.peer_state_every, 25);
+  EXPECT_THAT(ParseJobConfig(R"({"recovery": {"peer_state_every": -5}})").status().message(),
+              HasSubstr("'recovery.peer_state_every' is -5"));
+}
+
 TEST(JobConfigTest, RejectsBadValuesNamingAllowedOnes) {
   EXPECT_EQ(ParseJobConfig(R"({"optimizer": {"name": "adamx"}})").status().message(),
             "'optimizer.name' is \"adamx\"; allowed: adamw, adam, sgd");
