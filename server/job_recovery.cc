@@ -33,7 +33,8 @@ std::vector<v1::WorkerLost> JobDriver::FindLostWorkers(const absl::Status& failu
   std::vector<v1::WorkerLost> lost;
   if (registry_->generation() != generation) {
     // Already re-forming: a new process registered at a lost worker's address (it had exited).
-    for (const v1::PeerInfo& p : registry_->last_lost()) lost.push_back(describe(p, "killed"));
+    for (const v1::PeerInfo& p : registry_->last_lost())
+      lost.push_back(describe(p, registry_->KilledByOom(p) ? "out of memory" : "killed"));
     return lost;
   }
   const std::vector<v1::PeerInfo> peers = registry_->Peers();
@@ -59,7 +60,7 @@ std::vector<v1::WorkerLost> JobDriver::FindLostWorkers(const absl::Status& failu
     std::string cause = "unreachable";
     const ProcessState state = ObserveProcess(peers[r].process_identity());
     if (state == ProcessState::kGone) {
-      cause = "killed";
+      cause = registry_->KilledByOom(peers[r]) ? "out of memory" : "killed";
     } else if (state == ProcessState::kStopped ||
                probes[r].error_code() == grpc::DEADLINE_EXCEEDED || is_silent) {
       cause = "hung";

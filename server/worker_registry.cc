@@ -66,6 +66,27 @@ std::vector<v1::PeerInfo> WorkerRegistry::last_lost() {
   return last_lost_;
 }
 
+void WorkerRegistry::WatchOomKillsLocked(const v1::PeerInfo& p) {
+  const ProcessState state = ObserveProcess(p.process_identity());
+  if (state != ProcessState::kRunning && state != ProcessState::kStopped) return;
+  if (oom_watches_.size() > 2 * workers_.size() + 16) {
+    for (auto it = oom_watches_.begin(); it != oom_watches_.end();) {
+      const bool gone = ObserveProcess(it->first) == ProcessState::kGone;
+      it = gone ? oom_watches_.erase(it) : std::next(it);
+    }
+  }
+  OomKillWatch now = WatchOomKills(p.pid());
+  OomKillWatch& held = oom_watches_[p.process_identity()];
+  // The count since registration, unless the worker moved to another memory cgroup meanwhile.
+  if (held.counter != now.counter || held.kills < 0) held = std::move(now);
+}
+
+bool WorkerRegistry::KilledByOom(const v1::PeerInfo& p) {
+  absl::MutexLock lock(&mu_);
+  auto it = oom_watches_.find(p.process_identity());
+  return it != oom_watches_.end() && OomKilledSince(it->second);
+}
+
 uint64_t WorkerRegistry::BeginRecovery(const std::vector<int>& lost, const std::string& reason) {
   absl::MutexLock lock(&mu_);
   return BeginRecoveryLocked(lost, reason);
@@ -173,6 +194,7 @@ absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(
     e.peer.set_shm_host_id(req.shm_host_id());
     e.peer.set_process_identity(req.process_identity());
     e.last_heartbeat = absl::Now();
+    WatchOomKillsLocked(e.peer);
     if (RegisteredCountLocked() == ExpectedLocked()) formed_at_ = absl::Now();
   }
   // The rank this registration holds: the one assigned above, unless the mesh shrank (ranks
@@ -291,6 +313,7 @@ absl::StatusOr<bool> WorkerRegistry::Heartbeat(int rank, const std::string& clus
   }
   workers_[rank].last_heartbeat = absl::Now();
   workers_[rank].ready = true;
+  WatchOomKillsLocked(workers_[rank].peer);
   return false;
 }
 

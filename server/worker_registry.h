@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "core/port/process.h"
 #include "core/sharding/mesh.h"
 #include "meshrun/v1/coordinator.pb.h"
 
@@ -95,6 +97,10 @@ class WorkerRegistry {
   v1::PeerInfo Peer(int rank);
   // Every registered worker, by rank.
   std::vector<v1::PeerInfo> Peers();
+  // Whether the OOM killer ran in the memory cgroup of worker `p` (its process identity) since it
+  // registered, as this coordinator sees it (core/port/process.h's WatchOomKills: only a worker
+  // on this host, in this pid namespace). Meant for a worker whose process is gone.
+  bool KilledByOom(const v1::PeerInfo& p);
   std::vector<v1::WorkerStatus> Snapshot(absl::Duration heartbeat_timeout);
   // "rank 3 (127.0.0.1:4567, pid 1234)".
   std::string Describe(int rank);
@@ -142,6 +148,11 @@ class WorkerRegistry {
   absl::Time survivor_grace_end_ ABSL_GUARDED_BY(mu_);
   absl::Time formed_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // the mesh last became whole
   std::vector<v1::PeerInfo> last_lost_ ABSL_GUARDED_BY(mu_);
+  // By process identity: the OOM kill counts of the workers this coordinator sees, taken at
+  // registration (again at a heartbeat when the worker moved to another memory cgroup); those
+  // of exited processes are pruned when the map outgrows the mesh.
+  std::map<std::string, OomKillWatch> oom_watches_ ABSL_GUARDED_BY(mu_);
+  void WatchOomKillsLocked(const v1::PeerInfo& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string cluster_id_ ABSL_GUARDED_BY(mu_);
   bool adopt_cluster_id_ ABSL_GUARDED_BY(mu_);
   std::vector<Entry> workers_ ABSL_GUARDED_BY(mu_);

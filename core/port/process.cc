@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <fstream>
@@ -93,6 +94,50 @@ ProcessState ObserveProcess(const std::string& identity) {
     default:
       return ProcessState::kRunning;
   }
+}
+
+namespace {
+
+// The N of the first "oom_kill N" line of `path`; -1 if there is none.
+int64_t ReadOomKillCount(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::vector<std::string> kv = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    int64_t n = 0;
+    if (kv.size() == 2 && kv[0] == "oom_kill" && absl::SimpleAtoi(kv[1], &n)) return n;
+  }
+  return -1;
+}
+
+}  // namespace
+
+OomKillWatch WatchOomKills(int64_t pid, const std::string& root) {
+  std::vector<std::string> candidates;
+  std::ifstream in(absl::StrCat(root, "/proc/", pid, "/cgroup"));
+  std::string line;
+  while (std::getline(in, line)) {
+    // "<id>:<controllers>:<path>"; v2 is "0::<path>".
+    std::vector<std::string> f = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (f.size() != 3) continue;
+    const std::vector<std::string> controllers = absl::StrSplit(f[1], ',');
+    if (std::find(controllers.begin(), controllers.end(), "memory") != controllers.end()) {
+      candidates.insert(candidates.begin(),
+                        absl::StrCat(root, "/sys/fs/cgroup/memory", f[2], "/memory.oom_control"));
+    } else if (f[0] == "0" && f[1].empty()) {
+      candidates.push_back(absl::StrCat(root, "/sys/fs/cgroup", f[2], "/memory.events"));
+    }
+  }
+  if (in.is_open()) candidates.push_back(absl::StrCat(root, "/proc/vmstat"));
+  for (std::string& c : candidates) {
+    const int64_t n = ReadOomKillCount(c);
+    if (n >= 0) return {std::move(c), n};
+  }
+  return {};
+}
+
+bool OomKilledSince(const OomKillWatch& watch) {
+  return watch.kills >= 0 && ReadOomKillCount(watch.counter) > watch.kills;
 }
 
 int64_t PhysicalMemoryBytes() {

@@ -36,6 +36,21 @@ enum class ProcessState {
 // in the same pid namespace) names, as this process sees it. Thread-safe; reads /proc.
 ProcessState ObserveProcess(const std::string& identity);
 
+// The kernel's count of OOM kills that a process would be among, read while it runs so that,
+// once it is gone, a count that grew says the OOM killer (any kind: a cgroup limit or the whole
+// host) ended it or a process beside it in its memory cgroup. `counter`: the file counting them,
+// as this process sees it: cgroup v2 /sys/fs/cgroup/<path>/memory.events, v1
+// /sys/fs/cgroup/memory/<path>/memory.oom_control (its "oom_kill N" line, Linux >= 4.13), else
+// the host's /proc/vmstat; `kills` -1 when none is readable.
+struct OomKillWatch {
+  std::string counter;
+  int64_t kills = -1;
+};
+// `root` (tests): where /proc and /sys are, "" for the real ones. Thread-safe.
+OomKillWatch WatchOomKills(int64_t pid, const std::string& root = "");
+// Whether the count of `watch` grew since it was taken (false when unreadable).
+bool OomKilledSince(const OomKillWatch& watch);
+
 // This host's physical memory in bytes (sysconf), or 2^46 if it cannot be read.
 int64_t PhysicalMemoryBytes();
 

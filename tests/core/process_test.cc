@@ -5,6 +5,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace meshrun {
@@ -49,6 +53,44 @@ TEST(ProcessIdentityTest, ObservedOnlyWhereItMeansTheSameProcess) {
       << "another boot id";
   EXPECT_EQ(ObserveProcess(""), ProcessState::kUnknown);
   EXPECT_EQ(ObserveProcess("garbage"), ProcessState::kUnknown);
+}
+
+// WatchOomKills finds the counter of the process's memory cgroup (v1, then v2, then the host's
+// /proc/vmstat) under a fake root, and OomKilledSince sees the count grow.
+TEST(OomKillWatchTest, FindsTheMemoryCgroupsCounterAndSeesItGrow) {
+  const std::filesystem::path root =
+      std::filesystem::path(::testing::TempDir()) / absl::StrCat("oom-root-", getpid());
+  std::filesystem::remove_all(root);
+  const auto write = [&](const std::string& rel, const std::string& text) {
+    std::filesystem::create_directories((root / rel).parent_path());
+    std::ofstream(root / rel) << text;
+  };
+  write("proc/7/cgroup", "4:memory:/jobs/w1\n1:cpu:/\n0::/\n");
+  write("sys/fs/cgroup/memory/jobs/w1/memory.oom_control",
+        "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n");
+  write("proc/vmstat", "nr_free_pages 5\noom_kill 9\n");
+  OomKillWatch v1 = WatchOomKills(7, root.string());
+  EXPECT_EQ(v1.counter, (root / "sys/fs/cgroup/memory/jobs/w1/memory.oom_control").string());
+  EXPECT_EQ(v1.kills, 2);
+  EXPECT_FALSE(OomKilledSince(v1));
+  write("sys/fs/cgroup/memory/jobs/w1/memory.oom_control", "oom_kill_disable 0\noom_kill 3\n");
+  EXPECT_TRUE(OomKilledSince(v1));
+
+  write("proc/8/cgroup", "0::/user.slice/w2\n");
+  write("sys/fs/cgroup/user.slice/w2/memory.events", "low 0\nhigh 0\nmax 4\noom 1\noom_kill 1\n");
+  OomKillWatch v2 = WatchOomKills(8, root.string());
+  EXPECT_EQ(v2.counter, (root / "sys/fs/cgroup/user.slice/w2/memory.events").string());
+  EXPECT_EQ(v2.kills, 1);
+
+  write("proc/9/cgroup", "0::/nowhere\n");  // no readable cgroup file: the host's count
+  OomKillWatch host = WatchOomKills(9, root.string());
+  EXPECT_EQ(host.counter, (root / "proc/vmstat").string());
+  EXPECT_EQ(host.kills, 9);
+
+  OomKillWatch none = WatchOomKills(10, root.string());  // no such process
+  EXPECT_EQ(none.kills, -1);
+  EXPECT_FALSE(OomKilledSince(none));
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -42,6 +43,44 @@ std::map<int64_t, double> Losses(const TrainResult& r) {
   std::map<int64_t, double> loss;
   for (const v1::StepReport& rep : r.reports) loss[rep.step()] = rep.loss();
   return loss;
+}
+
+bool WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.flush();
+  return out.good();
+}
+
+// A memory cgroup `name` limited to `limit_bytes` under this process's own (cgroup v1: v2 allows
+// no process beside child groups, so a test inside one cannot make one); "" with the reason in
+// `why` where none can be made (no permission, no v1 memory controller).
+std::string MakeMemoryCgroup(const std::string& name, int64_t limit_bytes, std::string* why) {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line, own;
+  while (std::getline(in, line)) {
+    const size_t a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(a + 1, b - a - 1) + ",";
+    if (controllers.find(",memory,") != std::string::npos) own = line.substr(b + 1);
+  }
+  if (own.empty()) {
+    *why = "no cgroup v1 memory controller in /proc/self/cgroup";
+    return "";
+  }
+  const std::string dir = absl::StrCat("/sys/fs/cgroup/memory", own == "/" ? "" : own, "/", name);
+  std::error_code ec;
+  if (!fs::create_directory(dir, ec) || ec) {
+    *why = absl::StrCat("cannot create ", dir, ": ", ec.message());
+    return "";
+  }
+  if (!WriteFile(dir + "/memory.limit_in_bytes", std::to_string(limit_bytes))) {
+    *why = absl::StrCat("cannot limit ", dir);
+    fs::remove(dir, ec);
+    return "";
+  }
+  WriteFile(dir + "/memory.memsw.limit_in_bytes", std::to_string(limit_bytes));  // with swap
+  return dir;
 }
 
 class RecoveryTest : public testing::TempRootTest {
@@ -188,6 +227,35 @@ TEST_F(RecoveryTest, AKilledWorkersStateIsHealedFromItsPeersMemory) {
       back.seconds(), back.reform_seconds(), disk.seconds(), disk.reform_seconds());
   EXPECT_EQ(cluster->respawns(), 2);
   ASSERT_TRUE(cluster->Stop().ok());
+}
+
+// A worker the OOM killer ends (its memory cgroup's limit is far below what opening the dataset
+// takes) is reported with the cause "out of memory", and the job goes on with its replacement.
+TEST_F(RecoveryTest, AWorkerTheOomKillerEndsIsReportedAsOutOfMemory) {
+  auto cluster = StartRespawningCluster("data=2", "recovery-oom", /*respawn=*/true);
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::string why;
+  const std::string cgroup =
+      MakeMemoryCgroup(absl::StrCat("meshrun-oom-", getpid()), int64_t{32} << 20, &why);
+  if (cgroup.empty()) GTEST_SKIP() << "no memory cgroup to limit a worker in: " << why;
+  const pid_t victim = cluster->worker_pids()[1];
+  ASSERT_TRUE(WriteFile(cgroup + "/cgroup.procs", std::to_string(victim)));
+  // A heartbeat (every 0.5 s) lets the coordinator see the worker's new memory cgroup.
+  absl::SleepFor(absl::Milliseconds(1500));
+  JobConfig config = testing::PerStepJobConfig(10);
+  config.recovery.max_restarts = 1;
+  auto result = (*client)->Train(config);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(result->lost.size(), 1u);
+  EXPECT_EQ(result->lost[0].pid(), victim);
+  EXPECT_EQ(result->lost[0].cause(), "out of memory") << result->lost[0].error();
+  EXPECT_EQ(Losses(*result).rbegin()->first, 10);
+  ASSERT_TRUE(cluster->Stop().ok());
+  std::error_code ec;
+  for (int i = 0; i < 50 && !fs::remove(cgroup, ec); ++i) absl::SleepFor(absl::Milliseconds(100));
+  EXPECT_FALSE(fs::exists(cgroup)) << ec.message();
 }
 
 // A stopped (SIGSTOP) worker is found by its heartbeats, reported as hung, ended by the
