@@ -80,7 +80,8 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& r, const Mesh& mesh
   OnMeshChanged(mesh);
   jobs_.Add({{"state", "done"}});
   jobs_.Add({{"state", "failed"}});
-  for (const char* cause : {"killed", "hung", "unreachable"}) workers_lost_.Add({{"cause", cause}});
+  for (const char* cause : {"killed", "out of memory", "hung", "unreachable"})
+    workers_lost_.Add({{"cause", cause}});
 }
 
 void CoordinatorMetrics::OnWorkerLost(const std::string& cause) {

@@ -23,7 +23,7 @@ namespace meshrun {
 //   interval) meshrun_step_duration_seconds                                              histogram
 //   (per worker-step) meshrun_step_collective_seconds histogram (its all-reduce part)
 //   meshrun_jobs_total{state="done"|"failed"}                                  counter
-//   meshrun_workers_lost_total{cause="killed"|"hung"|"unreachable"}            counter
+//   meshrun_workers_lost_total{cause="killed"|"out of memory"|"hung"|"unreachable"} counter
 //   meshrun_recovery_seconds (failure to restored state, per recovery)         histogram
 //   meshrun_collective_arrival_skew_seconds{op, axis}: per collective and group, the last
 //   rank's arrival minus the first's (the straggler ledger)                    histogram

@@ -57,12 +57,15 @@ std::vector<v1::WorkerLost> JobDriver::FindLostWorkers(const absl::Status& failu
   for (size_t r = 0; r < peers.size(); ++r) {
     const bool is_silent = std::find(silent.begin(), silent.end(), r) != silent.end();
     if (probes[r].ok() && !is_silent) continue;
+    // Only a process this coordinator sees is known to be gone or alive: one on another host (a
+    // container, another machine) that neither answers nor heartbeats may have died or hung.
     std::string cause = "unreachable";
     const ProcessState state = ObserveProcess(peers[r].process_identity());
     if (state == ProcessState::kGone) {
       cause = registry_->KilledByOom(peers[r]) ? "out of memory" : "killed";
     } else if (state == ProcessState::kStopped ||
-               probes[r].error_code() == grpc::DEADLINE_EXCEEDED || is_silent) {
+               (state == ProcessState::kRunning &&
+                (probes[r].error_code() == grpc::DEADLINE_EXCEEDED || is_silent))) {
       cause = "hung";
     }
     lost.push_back(describe(peers[r], cause));

@@ -4,7 +4,8 @@
 # `docker-compose up -d`, waits until the coordinator, the 8 workers and Prometheus are healthy,
 # trains 50 steps of the main job from the host with `meshrun train --coordinator localhost:PORT`,
 # checks the loss fell, asks Prometheus inside the compose network for the step counter and for
-# all 9 meshrun targets up, then `docker-compose down -v`.
+# all 9 meshrun targets up, runs a job through two losses of worker3 (a crash its restart policy
+# restarts, then `docker-compose kill` and `start`), then `docker-compose down -v`.
 #
 # Usage: compose_test.sh BIN_DIR    (BIN_DIR holds the host's `meshrun` CLI)
 # Exit 77 (CTest: skipped) only when this machine has no Docker engine or no docker-compose.
@@ -105,6 +106,57 @@ done
 up=$(query 'count(up{job=~"meshrun-.*"} == 1)')
 echo "meshrun_train_steps_total = $steps_total; targets up = $up"
 [ "$up" = "9" ] || { echo "FAIL: $up meshrun targets up, expected 9 (coordinator + 8 workers)"; exit 1; }
+
+# Recovery (JobSpec.recovery) inside compose, with the state healed from the workers' memory (no
+# checkpoint on disk). First worker3's process crashes (kill -9 from the host: its container's
+# restart policy restarts it); then `docker-compose kill worker3`, which Docker counts as a manual
+# stop (no restart policy applies after `docker kill`), so an operator starts it again.
+cat >"$work/recover.json" <<JOB
+{
+  "mesh": {"data": 8},
+  "model": {"name": "dp_classifier", "hidden_size": 512, "num_classes": 10, "dropout_rate": 0.1},
+  "optimizer": {"name": "adamw", "learning_rate": 0.001, "num_minibatches": 4},
+  "data": {"dataset": "fashion_mnist", "path": "/usr/share/datasets/fashion-mnist", "batch_size": 128},
+  "train": {"max_steps": 1500, "seed": 42, "log_every": 10, "evaluate": false},
+  "recovery": {"max_restarts": 2, "timeout_seconds": 120, "peer_state_every": 20}
+}
+JOB
+wait_for() {  # PATTERN N: waits up to 180 s until N lines of the train log match PATTERN
+  local deadline=$((SECONDS + 180))
+  until [ "$(grep -cE "$1" "$work/recover.log" || true)" -ge "$2" ]; do
+    if [ $SECONDS -ge $deadline ] || ! kill -0 "$train_pid" 2>/dev/null; then
+      cat "$work/recover.log"; echo "FAIL: fewer than $2 lines matching '$1' in the train log"; exit 1
+    fi
+    sleep 0.2
+  done
+}
+progress='^step [0-9]+/'
+step "recovery: kill -9 of worker3's process, then docker-compose kill worker3, during a job"
+restarts_before=$(docker inspect -f '{{.RestartCount}}' "$(compose ps -q worker3)")
+"$bin/meshrun" train --config "$work/recover.json" --coordinator "localhost:$MESHRUN_COORDINATOR_PORT" \
+  > "$work/recover.log" 2>&1 &
+train_pid=$!
+wait_for "$progress" 5  # step 50: the workers hold copies of step 40
+kill -9 "$(docker inspect -f '{{.State.Pid}}' "$(compose ps -q worker3)")"
+wait_for 'recovered at step' 1
+# (A manual start resets Docker's RestartCount: read it now.)
+restarts=$(( $(docker inspect -f '{{.RestartCount}}' "$(compose ps -q worker3)") - restarts_before ))
+n=$(grep -cE "$progress" "$work/recover.log" || true)
+wait_for "$progress" $((n + 3))
+compose kill worker3
+wait_for 'worker rank 3 .* lost after step' 2
+sleep 2
+compose start worker3
+rc=0
+wait "$train_pid" || rc=$?
+cat "$work/recover.log"
+[ "$rc" -eq 0 ] || { echo "FAIL: the job did not survive the two losses (exit $rc)"; exit 1; }
+lost=$(grep -c 'worker rank 3 .* lost after step' "$work/recover.log" || true)
+healed=$(grep -c "recovered at step [0-9]* from the peers' memory" "$work/recover.log" || true)
+echo "worker3 lost $lost times, healed from peers' memory $healed times, restarted by its policy $restarts times"
+[ "$lost" -eq 2 ] && [ "$healed" -eq 2 ] || { echo "FAIL: expected 2 losses of rank 3, each healed from the peers' memory"; exit 1; }
+[ "$restarts" -ge 1 ] || { echo "FAIL: the restart policy did not restart worker3 after its crash"; exit 1; }
+grep -q '^step 1500/1500' "$work/recover.log" || { echo "FAIL: the job did not reach step 1500"; exit 1; }
 
 step "docker-compose down -v"
 compose down -v --remove-orphans
