@@ -1,0 +1,139 @@
+// Cluster membership with real processes, started one by one (no LocalCluster): workers that give
+// up on a mesh that never fills, or die while they wait, leave no registration behind, so fresh
+// workers form the mesh (issue 21: "3 of 4 workers join and leave, then 4 fresh ones form the
+// mesh").
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "meshrun/client.h"
+#include "meshrun/local_cluster.h"
+#include "net/credentials.h"
+#include "tests/testutil/process_util.h"
+
+namespace meshrun {
+namespace {
+
+namespace fs = std::filesystem;
+using ::meshrun::testing::ProcessExists;
+using ::meshrun::testing::ReadFile;
+
+// Starts `argv` with its output appended to `log`; it dies with this process.
+pid_t Spawn(const std::vector<std::string>& argv, const std::string& log) {
+  const pid_t pid = fork();
+  if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+  dup2(fd, 1);
+  dup2(fd, 2);
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  _exit(127);
+}
+
+void KillAndReap(pid_t pid) {
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+class MembershipTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    SetProcessCredentials(Credentials::Insecure());
+    dir_ = fs::path(::testing::TempDir()) / absl::StrCat("meshrun-membership-", getpid());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    const std::string port_file = (dir_ / "port").string();
+    coordinator_ = Spawn({ExecutableDir() + "/meshrun-coordinator", "--mesh=data=4", "--port=0",
+                          "--port_file=" + port_file, "--insecure", "--metrics_port=-1"},
+                         (dir_ / "coordinator.log").string());
+    int port = 0;
+    for (int i = 0; i < 200 && port == 0; ++i) {
+      if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(port_file)), &port)) port = 0;
+      if (port == 0) usleep(50000);
+    }
+    ASSERT_NE(port, 0) << "the coordinator wrote no port: "
+                       << ReadFile((dir_ / "coordinator.log").string());
+    address_ = absl::StrCat("127.0.0.1:", port);
+  }
+  void TearDown() override {
+    for (pid_t p : workers_) KillAndReap(p);
+    if (coordinator_ > 0) KillAndReap(coordinator_);
+    fs::remove_all(dir_);
+  }
+  // A worker of this cluster that gives up joining after `join_timeout`.
+  pid_t StartWorker(const std::string& join_timeout, const std::string& tag) {
+    const pid_t pid =
+        Spawn({ExecutableDir() + "/meshrun-worker", "--coordinator=" + address_, "--port=0",
+               "--insecure", "--metrics_port=-1", "--join_timeout=" + join_timeout},
+              (dir_ / absl::StrCat("worker-", tag, ".log")).string());
+    workers_.push_back(pid);
+    return pid;
+  }
+
+  fs::path dir_;
+  pid_t coordinator_ = -1;
+  std::string address_;
+  std::vector<pid_t> workers_;
+};
+
+TEST_F(MembershipTest, WorkersThatLeaveAnIncompleteMeshFreeTheirRanksForFreshOnes) {
+  // 3 of 4: two give up at their join deadline, one is killed while it waits.
+  const pid_t gives_up_1 = StartWorker("3s", "a"), gives_up_2 = StartWorker("3s", "b");
+  const pid_t killed = StartWorker("60s", "c");
+  auto client = Client::Connect(address_);
+  ASSERT_TRUE(client.ok()) << client.status();
+  for (int i = 0; i < 100; ++i) {  // all three registered
+    absl::StatusOr<v1::GetStatusResponse> s = (*client)->GetStatus();
+    ASSERT_TRUE(s.ok()) << s.status();
+    if (s->workers_size() == 3) break;
+    usleep(50000);
+  }
+  absl::StatusOr<v1::GetStatusResponse> three = (*client)->GetStatus();
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->workers_size(), 3);
+  KillAndReap(killed);
+  for (pid_t p : {gives_up_1, gives_up_2}) {
+    int status = 0;
+    ASSERT_EQ(waitpid(p, &status, 0), p);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) != 0) << "pid " << p << " gave up";
+  }
+  workers_.clear();
+  EXPECT_THAT(ReadFile((dir_ / "worker-a.log").string()),
+              ::testing::HasSubstr("could not join the cluster"));
+
+  // 4 fresh workers form the mesh and it trains.
+  for (int i = 0; i < 4; ++i) StartWorker("60s", absl::StrCat("fresh", i));
+  const absl::Status formed = (*client)->WaitForWorkers(absl::Seconds(30));
+  ASSERT_TRUE(formed.ok()) << formed << "\n" << ReadFile((dir_ / "coordinator.log").string());
+  absl::StatusOr<v1::GetStatusResponse> four = (*client)->GetStatus();
+  ASSERT_TRUE(four.ok()) << four.status();
+  ASSERT_EQ(four->workers_size(), 4);
+  for (const auto& w : four->workers()) {
+    EXPECT_TRUE(w.alive());
+    EXPECT_NE(w.peer().pid(), killed);
+    EXPECT_TRUE(ProcessExists(static_cast<pid_t>(w.peer().pid())));
+  }
+  JobConfig config;
+  config.train.max_steps = 3;
+  config.train.evaluate = false;
+  auto result = (*client)->Train(config);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->reports.back().step(), 3);
+}
+
+}  // namespace
+}  // namespace meshrun
