@@ -1,7 +1,7 @@
 // Cluster membership with real processes, started one by one (no LocalCluster): workers that give
 // up on a mesh that never fills, or die while they wait, leave no registration behind, so fresh
 // workers form the mesh (issue 21: "3 of 4 workers join and leave, then 4 fresh ones form the
-// mesh").
+// mesh"), and a rank a live worker holds is refused naming it.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -133,6 +133,22 @@ TEST_F(MembershipTest, WorkersThatLeaveAnIncompleteMeshFreeTheirRanksForFreshOne
   auto result = (*client)->Train(config);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->reports.back().step(), 3);
+
+  // A worker asking for a rank a live worker holds is refused, naming the holder, and the
+  // cluster keeps its members and trains.
+  const std::string holder = four->workers(2).peer().address();
+  auto r = testing::RunCommand(
+      {ExecutableDir() + "/meshrun-worker", "--coordinator=" + address_, "--port=0", "--rank=2",
+       "--insecure", "--metrics_port=-1", "--join_timeout=3s"},
+      30);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.output, ::testing::HasSubstr("requested rank 2 is taken by " + holder));
+  result = (*client)->Train(config);
+  ASSERT_TRUE(result.ok()) << result.status();
+  absl::StatusOr<v1::GetStatusResponse> after = (*client)->GetStatus();
+  ASSERT_TRUE(after.ok()) << after.status();
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(after->workers(i).peer().pid(), four->workers(i).peer().pid()) << "rank " << i;
 }
 
 }  // namespace
