@@ -169,6 +169,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
       absl::StrCat("--process_checks=", o.process_checks ? "true" : "false"),
       absl::StrCat("--state_file=", c->log_dir_, "/coordinator-state.json"),
       absl::StrCat("--host=", o.coordinator_host),
+      absl::StrCat("--checkpoint_root=", o.checkpoint_root),
       *credential_flag};
   absl::StatusOr<pid_t> coord =
       Spawn(c->coordinator_binary_, c->coordinator_args_, c->log_dir_ + "/coordinator.log");
@@ -210,7 +211,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
          absl::StrCat("--join_timeout=", absl::FormatDuration(o.start_timeout)),
          absl::StrCat("--shm_transport=", o.shm_transport ? "true" : "false"),
          absl::StrCat("--memory_budget_bytes=", o.worker_memory_budget_bytes),
-         absl::StrCat("--checkpoint_root=", o.worker_checkpoint_root), *credential_flag});
+         absl::StrCat("--checkpoint_root=", o.checkpoint_root), *credential_flag});
     if (own_hosts) c->worker_args_.back().push_back(absl::StrCat("--host=", o.worker_hosts[r]));
     absl::StatusOr<pid_t> w =
         Spawn(c->worker_binary_, c->worker_args_.back(),

@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "core/checkpoint/checkpoint_root.h"
 #include "core/sharding/partition_spec.h"
 #include "core/tensor.h"
 #include "meshrun/v1/coordinator.pb.h"
@@ -31,13 +32,18 @@ class ArrayRegistry {
   // or hung), naming it, rather than when the others' collectives time out.
   // `metrics` (optional, must outlive the registry) gets the straggler ledger: every collective's
   // arrival skew across its group (server/straggler_ledger.h), from each successful run.
+  // `checkpoint_root`: the directory the coordinator's checkpoint calls may name paths under
+  // (its --checkpoint_root; "/": anywhere); others are refused with PermissionDenied before
+  // anything is created, written or read.
   explicit ArrayRegistry(WorkerRegistry* workers, absl::Duration rpc_timeout = absl::Seconds(60),
                          absl::Duration heartbeat_timeout = absl::Seconds(3),
-                         CoordinatorMetrics* metrics = nullptr)
+                         CoordinatorMetrics* metrics = nullptr,
+                         const std::string& checkpoint_root = "/")
       : workers_(workers),
         rpc_timeout_(rpc_timeout),
         heartbeat_timeout_(heartbeat_timeout),
-        metrics_(metrics) {}
+        metrics_(metrics),
+        checkpoint_root_(checkpoint_root, "the coordinator's") {}
 
   // Errors: InvalidArgument for a spec that does not fit the array on the mesh (naming the spec,
   // shape and dim), an unsupported dtype, or an id in use; worker errors.
@@ -78,6 +84,10 @@ class ArrayRegistry {
   // for a corrupt or truncated block. Nothing is registered on failure.
   absl::StatusOr<v1::RestoreCheckpointResponse> RestoreCheckpoint(
       const v1::RestoreCheckpointRequest& request);
+  // PermissionDenied naming `path` unless it lies under the coordinator's checkpoint root.
+  absl::Status CheckCheckpointPath(const std::string& path) const {
+    return checkpoint_root_.Check(path);
+  }
 
   // Peers' in-memory TrainState (worker.proto's KeepPeerState; torchft's healing). Keep: every
   // worker keeps its blocks of `arrays` (array_id, name) under the job run's token `job` at
@@ -142,6 +152,7 @@ class ArrayRegistry {
   const absl::Duration rpc_timeout_;
   const absl::Duration heartbeat_timeout_;
   CoordinatorMetrics* const metrics_;
+  const CheckpointRoot checkpoint_root_;
   absl::Mutex run_mu_;  // held while a program runs on the workers (ShardMap); before mu_
   absl::Mutex mu_;
   std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);

@@ -223,6 +223,7 @@ ForEachWorker ArrayRegistry::EachWorker() {
 
 absl::StatusOr<v1::SaveCheckpointResponse> ArrayRegistry::SaveCheckpoint(
     const v1::SaveCheckpointRequest& request) {
+  if (absl::Status s = checkpoint_root_.Check(request.root()); !s.ok()) return s;
   std::vector<CheckpointArray> arrays;
   for (const v1::CheckpointArray& a : request.arrays()) {
     absl::StatusOr<v1::ArrayInfo> info = Info(a.id());
@@ -238,6 +239,7 @@ absl::StatusOr<v1::SaveCheckpointResponse> ArrayRegistry::SaveCheckpoint(
 absl::StatusOr<v1::RestoreCheckpointResponse> ArrayRegistry::RestoreCheckpoint(
     const v1::RestoreCheckpointRequest& request) {
   // A committed checkpoint directory, or one safetensors file (an init_from of parameters).
+  if (absl::Status s = checkpoint_root_.Check(request.path()); !s.ok()) return s;
   absl::StatusOr<checkpoint::Manifest> m = checkpoint::ReadRestoreSource(request.path());
   if (!m.ok()) return m.status();
   const Mesh& mesh = workers_->mesh();

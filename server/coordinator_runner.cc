@@ -47,7 +47,8 @@ absl::Status RunCoordinator(const CoordinatorOptions& o) {
   WorkerRegistry registry(*mesh, cluster_id, /*adopt_cluster_id=*/o.cluster_id.empty(),
                           o.heartbeat_timeout);
   registry.set_process_checks(o.process_checks);
-  ArrayRegistry arrays(&registry, absl::Seconds(60), o.heartbeat_timeout, metrics.get());
+  ArrayRegistry arrays(&registry, absl::Seconds(60), o.heartbeat_timeout, metrics.get(),
+                       o.checkpoint_root);
   JobDriver::Options jo;
   jo.metrics = metrics.get();
   jo.state_file = o.state_file;

@@ -24,6 +24,8 @@ struct CoordinatorOptions {
   // The job's state across restarts (JobDriver::Options::state_file); empty: not kept.
   std::string state_file;
   int metrics_port = 0;  // Prometheus /metrics; 0: any free port; -1: off
+  // Checkpoints are saved and restored under this directory only (ArrayRegistry's).
+  std::string checkpoint_root = "/";
 };
 
 // Errors: InvalidArgument for a bad mesh; Unavailable if the port cannot be bound.

@@ -142,6 +142,11 @@ absl::Status JobDriver::Runner::CheckSaved(const std::string& path,
 
 absl::Status JobDriver::Runner::Prepare() {
   const Mesh& mesh = d_->registry_->mesh();
+  for (const std::string& path : {job_.checkpoint().dir(), job_.checkpoint().init_from()}) {
+    if (absl::Status s = path.empty() ? absl::OkStatus() : d_->arrays_->CheckCheckpointPath(path);
+        !s.ok())
+      return s;
+  }
   if (job_.mesh().axes_size() > 0) {
     absl::StatusOr<Mesh> want = Mesh::FromProto(job_.mesh());
     if (!want.ok()) return want.status();

@@ -27,6 +27,9 @@ ABSL_FLAG(std::string, state_file, "",
 ABSL_FLAG(bool, process_checks, true,
           "a worker whose process this coordinator sees (same host and pid namespace) fails the "
           "run at once when it exits or is stopped (SIGSTOP); false: heartbeats only");
+ABSL_FLAG(std::string, checkpoint_root, "/",
+          "checkpoints are saved and restored under this directory only (compose: "
+          "/var/lib/meshrun)");
 ABSL_FLAG(absl::Duration, client_lease, absl::Seconds(60),
           "a client silent this long (it sends KeepAlive every third of it) loses its arrays");
 
@@ -49,6 +52,7 @@ int main(int argc, char** argv) {
   o.process_checks = absl::GetFlag(FLAGS_process_checks);
   o.state_file = absl::GetFlag(FLAGS_state_file);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  o.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   const absl::Status flags =
       meshrun::FirstFailed({meshrun::CheckFlagRange("port", o.port, 0, 65535),
                             meshrun::CheckFlagRange("metrics_port", o.metrics_port, -1, 65535),

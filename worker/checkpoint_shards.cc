@@ -16,25 +16,6 @@ Dims ToDims(const v1::Shape& s) { return Dims(s.dims().begin(), s.dims().end());
 
 }  // namespace
 
-std::string WorkerService::ResolvePath(const std::string& path) {
-  std::error_code ec;
-  const std::filesystem::path abs = std::filesystem::absolute(path, ec);
-  if (ec || path.empty()) return "";
-  const std::filesystem::path p = std::filesystem::weakly_canonical(abs, ec);
-  return ec ? abs.lexically_normal().string() : p.string();
-}
-
-absl::Status WorkerService::CheckUnderCheckpointRoot(const std::string& path) const {
-  // A NUL would end the path the system sees before the one checked here.
-  const std::string resolved = path.find('\0') == std::string::npos ? ResolvePath(path) : "";
-  const std::filesystem::path rel =
-      std::filesystem::path(resolved).lexically_relative(checkpoint_root_);
-  if (!resolved.empty() && !rel.empty() && *rel.begin() != "..") return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat("path '", path,
-                                                  "' is outside this worker's checkpoint root ",
-                                                  checkpoint_root_, " (--checkpoint_root)"));
-}
-
 absl::StatusOr<Membership> WorkerService::JoinedMembership() {
   absl::MutexLock lock(&join_mu_);
   if (!joined_) return absl::FailedPreconditionError("worker has not joined a cluster yet");
@@ -77,7 +58,7 @@ grpc::Status WorkerService::SaveShards(grpc::ServerContext*, const v1::SaveShard
     blocks.push_back(std::move(b));
   }
   if (tensors.empty()) return grpc::Status::OK;
-  if (absl::Status s = CheckUnderCheckpointRoot(req->path()); !s.ok()) return Error(s);
+  if (absl::Status s = checkpoint_root_.Check(req->path()); !s.ok()) return Error(s);
   absl::StatusOr<std::vector<int64_t>> offsets = checkpoint::WriteSafetensors(
       req->path(), tensors, {{"format", "meshrun-checkpoint"}, {"rank", absl::StrCat(m.rank)}});
   if (!offsets.ok()) return Error(offsets.status());
@@ -112,7 +93,7 @@ grpc::Status WorkerService::LoadShards(grpc::ServerContext*, const v1::LoadShard
     for (const v1::BlockSource& src : item.sources()) {
       const Dims src_dims(src.shape().begin(), src.shape().end());
       const std::vector<int64_t> src_offsets(src.offsets().begin(), src.offsets().end());
-      if (absl::Status s = CheckUnderCheckpointRoot(src.file()); !s.ok()) return Error(s);
+      if (absl::Status s = checkpoint_root_.Check(src.file()); !s.ok()) return Error(s);
       absl::StatusOr<Tensor> saved =
           checkpoint::ReadBlockAt(src.file(), item.name(), item.dtype(), src_dims,
                                   src.data_offset(), src.nbytes(), src.crc32());

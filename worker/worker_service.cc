@@ -29,7 +29,7 @@ WorkerService::WorkerService(int compute_threads, WorkerMetrics* metrics, ShmAre
                              int64_t memory_budget_bytes, std::string checkpoint_root)
     : compute_threads_(compute_threads),
       memory_budget_bytes_(memory_budget_bytes > 0 ? memory_budget_bytes : PhysicalMemoryBytes()),
-      checkpoint_root_(ResolvePath(checkpoint_root.empty() ? "/" : checkpoint_root)),
+      checkpoint_root_(checkpoint_root, "this worker's"),
       metrics_(metrics),
       arena_(arena) {}
 

@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "core/checkpoint/checkpoint_root.h"
 #include "core/collectives/communicator.h"
 #include "core/collectives/mailbox.h"
 #include "core/data/input_pipeline.h"
@@ -105,12 +106,6 @@ class WorkerService final : public v1::Worker::Service {
   // ResourceExhausted naming `what` and its bytes unless `bytes` more fit in the memory budget
   // beside the stored shards and the peers' state copies.
   absl::Status CheckMemoryBudget(const std::string& what, int64_t bytes);
-  // PermissionDenied naming `path` unless it resolves (symbolic links followed) under the
-  // checkpoint root.
-  absl::Status CheckUnderCheckpointRoot(const std::string& path) const;
-  // `path` with every existing part's symbolic links resolved, normalised; "" if it cannot be
-  // made absolute (an empty path, say).
-  static std::string ResolvePath(const std::string& path);
   // Moves the transport to collective epoch `epoch` before a run (0: stays in the current one);
   // an epoch the coordinator already aborted is entered aborted. Errors: FailedPrecondition for
   // an epoch earlier than the current one (a stale request).
@@ -124,7 +119,7 @@ class WorkerService final : public v1::Worker::Service {
   const int compute_threads_;
   CollectiveOptions collective_defaults_;
   const int64_t memory_budget_bytes_;
-  const std::string checkpoint_root_;  // resolved
+  const CheckpointRoot checkpoint_root_;
   WorkerMetrics* const metrics_;
   ShmArena* const arena_;
   absl::Mutex join_mu_;

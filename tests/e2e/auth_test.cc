@@ -14,6 +14,7 @@
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "net/credentials.h"
+#include "net/grpc_util.h"
 #include "tests/testutil/cluster.h"
 
 namespace meshrun {
@@ -149,7 +150,8 @@ TEST_F(AuthTest, WorkersServeOnlyHoldersOfTheClustersCertificate) {
   EXPECT_EQ(status->workers_size(), 2);
 }
 
-// A worker reads and writes checkpoints under its --checkpoint_root only, whatever it is asked.
+// The coordinator and the workers read and write checkpoints under their --checkpoint_root only,
+// whatever they are asked: the coordinator refuses first, creating nothing outside.
 TEST(CheckpointRootTest, APathOutsideTheRootIsRefused) {
   const std::string root = ::testing::TempDir() + "/ckroot";
   std::filesystem::remove_all(root);
@@ -157,7 +159,7 @@ TEST(CheckpointRootTest, APathOutsideTheRootIsRefused) {
   LocalClusterOptions o;
   o.mesh = "data=2";
   o.log_dir = ::testing::TempDir() + "/ckroot-logs";
-  o.worker_checkpoint_root = root;
+  o.checkpoint_root = root;
   auto cluster = LocalCluster::Start(o);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   auto c = Client::Connect((*cluster)->coordinator_address());
@@ -171,13 +173,37 @@ TEST(CheckpointRootTest, APathOutsideTheRootIsRefused) {
   a->set_id("x");
   for (const std::string& outside :
        {::testing::TempDir() + "/ckroot-outside", root + "/inside/../../ckroot-escape"}) {
+    std::filesystem::remove_all(outside);  // an earlier run's
     req.set_root(outside);
     auto saved = (*c)->SaveCheckpoint(req);
     ASSERT_FALSE(saved.ok()) << outside;
     EXPECT_EQ(saved.status().code(), absl::StatusCode::kPermissionDenied) << saved.status();
     EXPECT_THAT(std::string(saved.status().message()),
-                HasSubstr("outside this worker's checkpoint root"));
+                HasSubstr("outside the coordinator's checkpoint root"));
+    EXPECT_FALSE(std::filesystem::exists(outside)) << outside << " was created";
   }
+  v1::RestoreCheckpointRequest restore;
+  restore.set_path("/etc");
+  auto restored = (*c)->RestoreCheckpoint(restore);
+  EXPECT_EQ(restored.status().code(), absl::StatusCode::kPermissionDenied) << restored.status();
+  // A worker asked directly (by a node of the cluster) checks its own root as well.
+  auto status = (*c)->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  auto stub = v1::Worker::NewStub(CreateChannel(status->workers(0).peer().address()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  v1::SaveShardsRequest shards;
+  shards.set_path(::testing::TempDir() + "/ckroot-worker-escape.safetensors");
+  v1::SaveItem* item = shards.add_items();
+  item->set_array_id("x");
+  item->set_name("x");
+  item->mutable_global_shape()->add_dims(4);
+  *item->mutable_spec() = PartitionSpec::Of({"data"}).ToProto();
+  v1::SaveShardsResponse shards_resp;
+  grpc::Status s = stub->SaveShards(&ctx, shards, &shards_resp);
+  EXPECT_EQ(s.error_code(), grpc::PERMISSION_DENIED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("outside this worker's checkpoint root"));
+  EXPECT_FALSE(std::filesystem::exists(shards.path()));
   req.set_root(root + "/inside");
   auto saved = (*c)->SaveCheckpoint(req);
   EXPECT_TRUE(saved.ok()) << saved.status();

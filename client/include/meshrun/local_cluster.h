@@ -38,8 +38,9 @@ struct LocalClusterOptions {
   bool shm_transport = true;
   // Each worker's --memory_budget_bytes (0: the host's physical memory).
   int64_t worker_memory_budget_bytes = 0;
-  // Each worker's --checkpoint_root: checkpoints are read and written under it only.
-  std::string worker_checkpoint_root = "/";
+  // The coordinator's and each worker's --checkpoint_root: checkpoints are read and written
+  // under it only.
+  std::string checkpoint_root = "/";
   // Credentials (net/credentials.h): the directory the processes use; empty: one made with new
   // certificates the first time this process starts a cluster, under $TMPDIR, and shared by
   // every cluster it starts. Start() makes them this process's credentials, so its clients reach
