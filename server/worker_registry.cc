@@ -75,10 +75,15 @@ void WorkerRegistry::WatchOomKillsLocked(const v1::PeerInfo& p) {
       it = gone ? oom_watches_.erase(it) : std::next(it);
     }
   }
+  oom_watches_[p.process_identity()] = WatchOomKills(p.pid());
+}
+
+void WorkerRegistry::RewatchOomKillsLocked(const v1::PeerInfo& p) {
+  auto it = oom_watches_.find(p.process_identity());
+  if (it == oom_watches_.end()) return;  // not a process this coordinator sees
   OomKillWatch now = WatchOomKills(p.pid());
-  OomKillWatch& held = oom_watches_[p.process_identity()];
   // The count since registration, unless the worker moved to another memory cgroup meanwhile.
-  if (held.counter != now.counter || held.kills < 0) held = std::move(now);
+  if (it->second.counter != now.counter || it->second.kills < 0) it->second = std::move(now);
 }
 
 bool WorkerRegistry::KilledByOom(const v1::PeerInfo& p) {
@@ -313,7 +318,7 @@ absl::StatusOr<bool> WorkerRegistry::Heartbeat(int rank, const std::string& clus
   }
   workers_[rank].last_heartbeat = absl::Now();
   workers_[rank].ready = true;
-  WatchOomKillsLocked(workers_[rank].peer);
+  RewatchOomKillsLocked(workers_[rank].peer);
   return false;
 }
 

@@ -152,7 +152,11 @@ class WorkerRegistry {
   // registration (again at a heartbeat when the worker moved to another memory cgroup); those
   // of exited processes are pruned when the map outgrows the mesh.
   std::map<std::string, OomKillWatch> oom_watches_ ABSL_GUARDED_BY(mu_);
+  // At registration: starts watching `p` if this coordinator sees its process.
   void WatchOomKillsLocked(const v1::PeerInfo& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At a heartbeat: a watched worker's new memory cgroup, if it moved (no /proc/PID/stat read
+  // nor pruning on this path).
+  void RewatchOomKillsLocked(const v1::PeerInfo& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string cluster_id_ ABSL_GUARDED_BY(mu_);
   bool adopt_cluster_id_ ABSL_GUARDED_BY(mu_);
   std::vector<Entry> workers_ ABSL_GUARDED_BY(mu_);

@@ -1,7 +1,5 @@
 // WorkerService's peers' in-memory TrainState RPCs (worker.proto's KeepPeerState and the rest;
 // worker/peer_state.h holds the copies).
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "core/sharding/named_sharding.h"
 #include "net/grpc_util.h"
@@ -159,6 +157,7 @@ grpc::Status WorkerService::RestorePeerState(grpc::ServerContext*,
   // This worker's own copy first (kept over its restart); what it lacks (it is the replacement
   // of a lost worker) from its successor's in one call.
   std::vector<v1::PeerStateBlock> blocks(req->items_size());
+  std::vector<bool> from_successor(req->items_size());
   std::vector<std::string> missing;
   std::vector<int> missing_at;
   for (int i = 0; i < req->items_size(); ++i) {
@@ -174,7 +173,10 @@ grpc::Status WorkerService::RestorePeerState(grpc::ServerContext*,
     absl::StatusOr<std::vector<v1::PeerStateBlock>> fetched = FetchFromSuccessor(
         m, req->key(), missing, absl::Now() + TimeoutOr60s(req->timeout_seconds()));
     if (!fetched.ok()) return Error(fetched.status());
-    for (size_t j = 0; j < missing.size(); ++j) blocks[missing_at[j]] = std::move((*fetched)[j]);
+    for (size_t j = 0; j < missing.size(); ++j) {
+      blocks[missing_at[j]] = std::move((*fetched)[j]);
+      from_successor[missing_at[j]] = true;
+    }
   }
   // Everything is checked before anything is stored: a failure stores nothing.
   std::vector<std::pair<std::string, Tensor>> restored;
@@ -201,7 +203,7 @@ grpc::Status WorkerService::RestorePeerState(grpc::ServerContext*,
   for (int i = 0; i < req->items_size(); ++i) {
     const auto bytes = static_cast<int64_t>(restored[i].second.size_bytes());
     total += bytes;
-    if (std::find(missing_at.begin(), missing_at.end(), i) != missing_at.end()) from_peer += bytes;
+    if (from_successor[i]) from_peer += bytes;
   }
   resp->set_bytes_local(total - from_peer);
   resp->set_bytes_from_peer(from_peer);

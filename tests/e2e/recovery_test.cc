@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/port/process.h"
 #include "core/sharding/mesh.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -56,19 +57,14 @@ bool WriteFile(const std::string& path, const std::string& text) {
 // no process beside child groups, so a test inside one cannot make one); "" with the reason in
 // `why` where none can be made (no permission, no v1 memory controller).
 std::string MakeMemoryCgroup(const std::string& name, int64_t limit_bytes, std::string* why) {
-  std::ifstream in("/proc/self/cgroup");
-  std::string line, own;
-  while (std::getline(in, line)) {
-    const size_t a = line.find(':'), b = line.find(':', a + 1);
-    if (a == std::string::npos || b == std::string::npos) continue;
-    const std::string controllers = "," + line.substr(a + 1, b - a - 1) + ",";
-    if (controllers.find(",memory,") != std::string::npos) own = line.substr(b + 1);
-  }
-  if (own.empty()) {
-    *why = "no cgroup v1 memory controller in /proc/self/cgroup";
+  // This process's memory cgroup, as the coordinator finds a worker's (core/port/process.h).
+  const fs::path counter = WatchOomKills(getpid()).counter;
+  if (counter.filename() != "memory.oom_control") {
+    *why = absl::StrCat("no cgroup v1 memory group counts this process's OOM kills (",
+                        counter.empty() ? std::string("none readable") : counter.string(), ")");
     return "";
   }
-  const std::string dir = absl::StrCat("/sys/fs/cgroup/memory", own == "/" ? "" : own, "/", name);
+  const std::string dir = (counter.parent_path() / name).string();
   std::error_code ec;
   if (!fs::create_directory(dir, ec) || ec) {
     *why = absl::StrCat("cannot create ", dir, ": ", ec.message());
