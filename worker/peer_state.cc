@@ -49,10 +49,12 @@ absl::Status PeerStateStore::Commit(const v1::PeerStateKey& key) {
     return absl::FailedPreconditionError(
         absl::StrCat("no copy of ", DescribePeerStateKey(key), " is pending to commit"));
   }
-  held_[key.owner_rank()] = std::move(it->second);
+  HoldLocked(std::move(it->second));
   pending_.erase(it);
-  for (auto h = held_.begin(); h != held_.end();) {
-    h = h->second.key().job() == key.job() ? std::next(h) : held_.erase(h);
+  for (auto* copies : {&held_, &previous_}) {
+    for (auto h = copies->begin(); h != copies->end();) {
+      h = h->second.key().job() == key.job() ? std::next(h) : copies->erase(h);
+    }
   }
   return absl::OkStatus();
 }
@@ -60,10 +62,12 @@ absl::Status PeerStateStore::Commit(const v1::PeerStateKey& key) {
 v1::PeerStateInfoResponse PeerStateStore::Info() {
   absl::MutexLock lock(&mu_);
   v1::PeerStateInfoResponse info;
-  for (const auto& [owner, copy] : held_) {
-    v1::PeerStateInfoResponse::Held* h = info.add_held();
-    *h->mutable_key() = copy.key();
-    for (const v1::PeerStateBlock& b : copy.blocks()) h->add_names(b.name());
+  for (const auto* copies : {&held_, &previous_}) {
+    for (const auto& [owner, copy] : *copies) {
+      v1::PeerStateInfoResponse::Held* h = info.add_held();
+      *h->mutable_key() = copy.key();
+      for (const v1::PeerStateBlock& b : copy.blocks()) h->add_names(b.name());
+    }
   }
   return info;
 }
@@ -72,6 +76,10 @@ absl::StatusOr<v1::PeerStateBlock> PeerStateStore::Find(const v1::PeerStateKey& 
                                                         const std::string& name) {
   absl::MutexLock lock(&mu_);
   auto it = held_.find(key.owner_rank());
+  if (it != held_.end() && !SamePeerStateKey(it->second.key(), key)) {
+    auto before = previous_.find(key.owner_rank());
+    if (before != previous_.end() && SamePeerStateKey(before->second.key(), key)) it = before;
+  }
   if (it == held_.end() || !SamePeerStateKey(it->second.key(), key)) {
     return absl::NotFoundError(absl::StrCat(
         "no copy of ", DescribePeerStateKey(key), " is held here",
@@ -85,10 +93,17 @@ absl::StatusOr<v1::PeerStateBlock> PeerStateStore::Find(const v1::PeerStateKey& 
       absl::StrCat("the copy of ", DescribePeerStateKey(key), " has no array ", name));
 }
 
+void PeerStateStore::HoldLocked(v1::PeerStateCopy copy) {
+  const int owner = copy.key().owner_rank();
+  auto it = held_.find(owner);
+  if (it != held_.end()) previous_[owner] = std::move(it->second);
+  held_[owner] = std::move(copy);
+}
+
 int64_t PeerStateStore::Drop(const std::string& job) {
   absl::MutexLock lock(&mu_);
   int64_t freed = 0;
-  for (auto* copies : {&held_, &pending_}) {
+  for (auto* copies : {&held_, &previous_, &pending_}) {
     for (auto it = copies->begin(); it != copies->end();) {
       if (it->second.key().job() != job) {
         ++it;
@@ -105,6 +120,7 @@ int64_t PeerStateStore::bytes() {
   absl::MutexLock lock(&mu_);
   int64_t n = 0;
   for (const auto& [owner, copy] : held_) n += CopyBytes(copy);
+  for (const auto& [owner, copy] : previous_) n += CopyBytes(copy);
   for (const auto& [owner, copy] : pending_) n += CopyBytes(copy);
   return n;
 }
@@ -114,6 +130,8 @@ absl::Status PeerStateStore::ExportForExec() {
   {
     absl::MutexLock lock(&mu_);
     if (held_.empty()) return absl::OkStatus();
+    // The previous copies first: ImportAfterExec holds them in this order.
+    for (const auto& [owner, copy] : previous_) *all.add_copies() = copy;
     for (const auto& [owner, copy] : held_) *all.add_copies() = copy;
   }
   const std::string bytes = all.SerializeAsString();
@@ -164,10 +182,7 @@ absl::Status PeerStateStore::ImportAfterExec() {
                                             bytes.size(), " bytes) do not parse"));
   }
   absl::MutexLock lock(&mu_);
-  for (v1::PeerStateCopy& c : *all.mutable_copies()) {
-    const int owner = c.key().owner_rank();
-    held_[owner] = std::move(c);
-  }
+  for (v1::PeerStateCopy& c : *all.mutable_copies()) HoldLocked(std::move(c));
   return absl::OkStatus();
 }
 

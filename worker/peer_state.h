@@ -49,8 +49,13 @@ class PeerStateStore {
 
  private:
   absl::Mutex mu_;
-  std::map<int, v1::PeerStateCopy> held_ ABSL_GUARDED_BY(mu_);     // by owner rank
-  std::map<int, v1::PeerStateCopy> pending_ ABSL_GUARDED_BY(mu_);  // by owner rank
+  // The owner's newest committed copy becomes held_, the one it replaces previous_: a keep that
+  // a lost worker cut short leaves some ranks with the new copy and others without it, and
+  // the previous step is then the newest one every rank still has.
+  void HoldLocked(v1::PeerStateCopy copy) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::map<int, v1::PeerStateCopy> held_ ABSL_GUARDED_BY(mu_);      // by owner rank
+  std::map<int, v1::PeerStateCopy> previous_ ABSL_GUARDED_BY(mu_);  // by owner rank
+  std::map<int, v1::PeerStateCopy> pending_ ABSL_GUARDED_BY(mu_);   // by owner rank
 };
 
 // Whether two keys name the same copy (job, step, owner and mesh).

@@ -73,8 +73,17 @@ TEST(PeerStateStoreTest, AnUnfinishedCopyLeavesThePreviousOneAndCannotBeCommitte
   ASSERT_TRUE(store.Commit(Key("j", 20, 0)).ok());
   EXPECT_FALSE(store.Find(Key("j", 20, 0), "w").ok());
   EXPECT_EQ(First(*store.Find(Key("j", 20, 0), "b")), 7);
-  ASSERT_EQ(store.Info().held_size(), 1);
+  // The copy it replaced stays as the previous one (a keep cut short on other ranks falls back
+  // to it); a third commit drops it.
+  EXPECT_EQ(First(*store.Find(Key("j", 10, 0), "w")), 1);
+  ASSERT_EQ(store.Info().held_size(), 2);
   EXPECT_EQ(store.Info().held(0).key().step(), 20);
+  EXPECT_EQ(store.Info().held(1).key().step(), 10);
+  store.Add(Key("j", 30, 0), Block("b", 8));
+  ASSERT_TRUE(store.Commit(Key("j", 30, 0)).ok());
+  EXPECT_FALSE(store.Find(Key("j", 10, 0), "w").ok());
+  EXPECT_EQ(First(*store.Find(Key("j", 20, 0), "b")), 7);
+  EXPECT_EQ(store.Info().held_size(), 2);
 }
 
 TEST(PeerStateStoreTest, OwnersAreKeptApartAndAnotherJobsCopiesAreDropped) {
