@@ -72,8 +72,9 @@ namespace meshrun {
 // With `peer_state_every` > 0, every that many steps each worker keeps its blocks of the
 // TrainState in memory and a copy on its ring successor; a recovery on the same mesh restores
 // from the live workers' memory (no disk read) when that copy is at least as new as the newest
-// checkpoint, as torchft heals from its peers. It costs two copies of a worker's state in
-// memory and one transfer of it to the successor per keep.
+// checkpoint, as torchft heals from its peers. It costs up to four copies of a worker's state
+// in memory (its own and its predecessor's, each with the previous keep's) and one transfer of it
+// to the successor per keep.
 // `on_nonfinite` "stop": a NaN or infinite loss stops the job with an error naming the step, and
 // no checkpoint of that state or later is committed (CheckLossFinite). "skip_step" (optax's
 // apply_if_finite): a step whose loss or updated parameters are not finite leaves the parameters
