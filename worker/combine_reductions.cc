@@ -29,10 +29,11 @@ bool Combinable(const v1::Op& op, const std::map<std::string, v1::BufferDecl>& d
          Bytes(it->second) < static_cast<int64_t>(max_bytes);
 }
 
-// Step 1: small fused Adam updates become a reduction and an update. The updates of a run of
-// consecutive Adam updates are independent of each other, so the run's reductions go first and
-// its updates after them, where step 2 finds the reductions side by side.
-void SplitSmallAdamUpdates(v1::StepProgram* program, size_t max_bytes, size_t direct_min_bytes) {
+// Step 1: small fused updates (Adam's, and element-wise ones over axes) become a reduction and
+// an update. The updates of a run of consecutive Adam updates are independent of each other, so
+// the run's reductions go first and its updates after them, where step 2 finds the reductions
+// side by side.
+void SplitSmallUpdates(v1::StepProgram* program, size_t max_bytes, size_t direct_min_bytes) {
   std::map<std::string, v1::BufferDecl> decls;
   for (const v1::BufferDecl& d : program->buffers()) decls[d.name()] = d;
   v1::Function* f = program->mutable_functions(0);
@@ -45,35 +46,49 @@ void SplitSmallAdamUpdates(v1::StepProgram* program, size_t max_bytes, size_t di
     fused.Clear();
     updates.Clear();
   };
+  // Whether the update `op` reduces its partial operand (input `p`) itself but should not.
+  auto small = [&](const v1::Op& op, int p) {
+    const auto partial = p < op.inputs_size() ? decls.find(op.inputs(p)) : decls.end();
+    return op.axis_names_size() > 0 && partial != decls.end() &&
+           (op.fn() == "sum" || op.fn() == "mean") &&
+           Bytes(partial->second) < static_cast<int64_t>(max_bytes) &&
+           (direct_min_bytes == 0 ||
+            Bytes(partial->second) < static_cast<int64_t>(direct_min_bytes));
+  };
+  // Emits the reduction of `update`'s input `p` into a new buffer, which the update then reads.
+  auto split = [&](v1::Op* update, int p) {
+    v1::BufferDecl reduced = decls.at(update->inputs(p));
+    reduced.set_name(absl::StrCat(update->inputs(p), "/reduced"));
+    *program->add_buffers() = reduced;
+    v1::Op* reduce = out.Add();
+    reduce->set_kind(update->fn() == "sum" ? v1::OP_PSUM : v1::OP_PMEAN);
+    reduce->add_inputs(update->inputs(p));
+    reduce->add_outputs(reduced.name());
+    *reduce->mutable_axis_names() = update->axis_names();
+    update->set_inputs(p, reduced.name());
+    update->clear_axis_names();
+    update->clear_fn();
+  };
   for (const v1::Op& op : f->ops()) {
+    if (op.kind() == v1::OP_FUSED_ELEMENTWISE && small(op, 0)) {
+      end_run();
+      v1::Op update = op;
+      split(&update, 0);
+      *out.Add() = std::move(update);
+      continue;
+    }
     if (op.kind() != v1::OP_ADAM_UPDATE) {
       end_run();
       *out.Add() = op;
       continue;
     }
-    const auto grad = op.inputs_size() == 5 ? decls.find(op.inputs(1)) : decls.end();
-    const bool split =
-        op.axis_names_size() > 0 && grad != decls.end() &&
-        (op.fn() == "sum" || op.fn() == "mean") &&
-        Bytes(grad->second) < static_cast<int64_t>(max_bytes) &&
-        (direct_min_bytes == 0 || Bytes(grad->second) < static_cast<int64_t>(direct_min_bytes));
-    if (!split) {
+    if (op.inputs_size() != 5 || !small(op, 1)) {
       *fused.Add() = op;
       continue;
     }
     v1::Op* update = updates.Add();
     *update = op;
-    v1::BufferDecl reduced = grad->second;
-    reduced.set_name(absl::StrCat(op.inputs(1), "/reduced"));
-    *program->add_buffers() = reduced;
-    v1::Op* reduce = out.Add();
-    reduce->set_kind(op.fn() == "sum" ? v1::OP_PSUM : v1::OP_PMEAN);
-    reduce->add_inputs(op.inputs(1));
-    reduce->add_outputs(reduced.name());
-    *reduce->mutable_axis_names() = op.axis_names();
-    update->set_inputs(1, reduced.name());
-    update->clear_axis_names();
-    update->clear_fn();
+    split(update, 1);
   }
   end_run();
   *f->mutable_ops() = std::move(out);
@@ -188,7 +203,7 @@ void AddMember(Group* g, const v1::Op& r) {
 
 void CombineReductions(v1::StepProgram* program, size_t max_bytes, size_t direct_min_bytes) {
   if (program->functions_size() != 1 || max_bytes == 0) return;
-  SplitSmallAdamUpdates(program, max_bytes, direct_min_bytes);
+  SplitSmallUpdates(program, max_bytes, direct_min_bytes);
   std::map<std::string, v1::BufferDecl> decls;
   for (const v1::BufferDecl& d : program->buffers()) decls[d.name()] = d;
   const auto& ops = program->functions(0).ops();

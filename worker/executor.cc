@@ -235,18 +235,22 @@ void Executor::AnalyzeBuffers() {
     for (int i = 0; i < fn.ops_size(); ++i) {
       const v1::Op& op = fn.ops(i);
       const v1::OpKind k = op.kind();
-      // An Adam update that all-reduces its partial gradient (input 1) may do so in its memory.
+      // An Adam update that all-reduces its partial gradient (input 1), or a fused update its
+      // input 0, may do so in its memory.
       const bool adam = k == v1::OP_ADAM_UPDATE && op.axis_names_size() > 0 &&
                         op.inputs_size() >= 5 && op.outputs_size() == op.inputs_size() - 2;
-      if (!adam && ((k != v1::OP_PSUM && k != v1::OP_PMEAN && k != v1::OP_PMAX) ||
-                    op.inputs_size() != 1 || op.outputs_size() != 1)) {
+      const bool fused =
+          k == v1::OP_FUSED_ELEMENTWISE && op.axis_names_size() > 0 && op.inputs_size() > 0;
+      const bool update = adam || fused;
+      if (!update && ((k != v1::OP_PSUM && k != v1::OP_PMEAN && k != v1::OP_PMAX) ||
+                      op.inputs_size() != 1 || op.outputs_size() != 1)) {
         continue;
       }
       const std::string& x = op.inputs(adam ? 1 : 0);
       bool ok = !results.count(x) && !placed.count(x) && !adam_targets.count(x) &&
                 !writers[x].empty() && readers[x] == std::vector<std::pair<int, int>>{{f, i}} &&
                 read_only_before(view_outputs[x], f, i);
-      for (int o = 0; !adam && o < op.outputs_size(); ++o) {
+      for (int o = 0; !update && o < op.outputs_size(); ++o) {
         const std::string& y = op.outputs(o);
         ok = ok && x != y && !placed.count(y) && !adam_targets.count(y) &&
              writers[y] == std::vector<std::pair<int, int>>{{f, i}};
@@ -392,7 +396,8 @@ std::string Executor::CollectiveName(const v1::Op& op) {
       {v1::OP_ALL_TO_ALL, "all_to_all"}};
   auto it = kCollectives.find(op.kind());
   if (it != kCollectives.end()) return it->second;
-  if (op.kind() == v1::OP_ADAM_UPDATE && op.axis_names_size() > 0)
+  if ((op.kind() == v1::OP_ADAM_UPDATE || op.kind() == v1::OP_FUSED_ELEMENTWISE) &&
+      op.axis_names_size() > 0)
     return absl::StartsWith(op.fn(), "mean") ? "pmean" : "psum";
   return "";
 }
@@ -410,6 +415,8 @@ OpObserver::Recorder Executor::RecorderFor(const v1::Op& op) {
     for (int i = 1; i < op.inputs_size(); i += i == 1 ? 4 : 1) {
       if (const Tensor* t = buffer(op.inputs(i))) bytes += static_cast<int64_t>(t->size_bytes());
     }
+  } else if (op.kind() == v1::OP_FUSED_ELEMENTWISE) {  // the all-reduce of input 0 fused with it
+    if (const Tensor* t = buffer(op.inputs(0))) bytes = static_cast<int64_t>(t->size_bytes());
   } else {
     for (const auto& name : op.inputs()) {
       if (const Tensor* t = buffer(name)) bytes += static_cast<int64_t>(t->size_bytes());

@@ -138,6 +138,11 @@ class Executor {
                                            const std::vector<Tensor*>& out);
   absl::StatusOr<CompiledOp> CompileAdamUpdate(const v1::Op& op, const std::vector<Tensor*>& in,
                                                const std::vector<Tensor*>& out);
+  // OP_FUSED_ELEMENTWISE with axis_names: input 0 all-reduced first, fused with the update as
+  // OP_ADAM_UPDATE's gradient is (executor_adam.cc).
+  absl::StatusOr<CompiledOp> CompileFusedReduceUpdate(const v1::Op& op,
+                                                      const std::vector<Tensor*>& in,
+                                                      const std::vector<Tensor*>& out);
   // An OP_PSUM / OP_PMEAN of several operands (worker/combine_reductions.h): one all-reduce of
   // them side by side.
   absl::StatusOr<CompiledOp> CompileBucketReduction(const v1::Op& op, Communicator* comm,

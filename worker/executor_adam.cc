@@ -1,6 +1,8 @@
-// Compiling OP_ADAM_UPDATE: optax.adamw's update of one parameter, fused with the all-reduce of
-// its partial gradient when the op names grad axes (XLA's weight-update sharding), and with the
-// small reductions that worker/combine_reductions.h joins to that all-reduce (its riders).
+// Compiling the updates fused with the all-reduce of their partial input (XLA's weight-update
+// sharding): OP_ADAM_UPDATE (optax.adamw's update of one parameter) when the op names grad axes,
+// with the small reductions that worker/combine_reductions.h joins to that all-reduce (its
+// riders); and OP_FUSED_ELEMENTWISE with axis_names (any element-wise update chain, e.g. optax's
+// traced by the Python SDK, core/spmd/fusion.h's FuseReductionsIntoUpdates).
 #include <cstring>
 #include <memory>
 #include <string>
@@ -10,6 +12,7 @@
 #include "core/collectives/direct_collectives.h"
 #include "core/optim/adamw.h"
 #include "worker/executor.h"
+#include "worker/kernels/kernel.h"
 #include "worker/reduction_bucket.h"
 
 namespace meshrun {
@@ -195,6 +198,84 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
     *timer += absl::Now() - start;
     update(g->data<float>(), 0, n);
     return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<Executor::CompiledOp> Executor::CompileFusedReduceUpdate(
+    const v1::Op& op, const std::vector<Tensor*>& in, const std::vector<Tensor*>& out) {
+  if (op.fn() != "sum" && op.fn() != "mean") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "OP_FUSED_ELEMENTWISE over axes: the reduction of input 0 (fn) must be sum or mean; got '",
+        op.fn(), "'"));
+  }
+  std::vector<FusedInstruction> instrs;
+  for (const v1::FusedInstr& f : op.fused())
+    instrs.push_back({f.fn(), std::vector<int>(f.args().begin(), f.args().end())});
+  absl::StatusOr<std::unique_ptr<RangeKernel>> k = CreateFusedElementwiseRange(
+      instrs, std::vector<const Tensor*>(in.begin(), in.end()),
+      std::vector<int>(op.fused_outputs().begin(), op.fused_outputs().end()), out);
+  if (!k.ok()) return k.status();
+  std::shared_ptr<RangeKernel> kernel = *std::move(k);
+  absl::StatusOr<Communicator*> c =
+      CommunicatorFor(std::vector<std::string>(op.axis_names().begin(), op.axis_names().end()));
+  if (!c.ok()) return c.status();
+  Communicator* replicas = *c;
+  Tensor* partial = in[0];
+  const int64_t n = partial->num_elements();
+  if (replicas->size() == 1 || n == 0) {  // a group of one: the sum (and mean) is the operand
+    return CompiledOp([kernel](const RunContext&) { return kernel->Run(); });
+  }
+  // As OP_ADAM_UPDATE: single-copy where the members reach each other's memory (each reduces
+  // and updates one segment and stores it into every member's outputs), else the all-reduce (in
+  // the partial's memory if nothing else reads it, else in a copy) and the whole update.
+  const ReduceOp reduce = op.fn() == "sum" ? ReduceOp::kSum : ReduceOp::kMean;
+  const bool direct = replicas->options().direct_min_bytes > 0 &&
+                      partial->size_bytes() >= replicas->options().direct_min_bytes &&
+                      replicas->ReachesAllMembers();
+  const bool in_place = reduce_in_place_.count(&op) > 0;
+  auto reduced = std::make_shared<Tensor>();
+  absl::Duration* timer = &collective_time_;
+  // Memory an output shares with the partial (a view of it) would be overwritten while it is
+  // still being reduced: such a run reduces a copy, on the ring.
+  auto overlaps_partial = [partial, out] {
+    const char* pb = static_cast<const char*>(partial->raw());
+    const char* pe = pb + partial->size_bytes();
+    for (const Tensor* t : out) {
+      const char* ob = static_cast<const char*>(t->raw());
+      if (ob < pe && pb < ob + t->size_bytes()) return true;
+    }
+    return false;
+  };
+  return CompiledOp([=](const RunContext&) -> absl::Status {
+    const absl::Time start = absl::Now();
+    const bool shared = overlaps_partial();
+    if (direct && !shared) {
+      std::vector<void*> outputs;
+      for (Tensor* t : out) outputs.push_back(t->raw());
+      absl::Status failed;
+      absl::StatusOr<DirectResult> done = DirectAllReduceUpdate(
+          *replicas, partial->raw(), n, v1::DTYPE_F32, reduce, outputs, sizeof(float),
+          [&](int64_t begin, int64_t len, const void* g) {
+            absl::Status s = kernel->RunRange(begin, len, static_cast<const float*>(g));
+            if (!s.ok() && failed.ok()) failed = s;
+          });
+      if (!done.ok()) return done.status();
+      if (!failed.ok()) return failed;
+      if (*done == DirectResult::kDone) {
+        *timer += absl::Now() - start;
+        return absl::OkStatus();
+      }
+    }
+    Tensor* g = partial;
+    if (!in_place || shared) {
+      if (reduced->num_elements() != n)
+        *reduced = Tensor::Uninitialized(v1::DTYPE_F32, partial->dims());
+      std::memcpy(reduced->raw(), partial->raw(), partial->size_bytes());
+      g = reduced.get();
+    }
+    if (absl::Status s = replicas->AllReduce(g->raw(), n, v1::DTYPE_F32, reduce); !s.ok()) return s;
+    *timer += absl::Now() - start;
+    return kernel->RunRange(0, n, g->data<float>());
   });
 }
 

@@ -204,6 +204,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
       return FromKernel(std::move(k));
     }
     case v1::OP_FUSED_ELEMENTWISE: {
+      if (op.axis_names_size() > 0) return CompileFusedReduceUpdate(op, in, out);
       std::vector<FusedInstruction> instrs;
       for (const v1::FusedInstr& f : op.fused())
         instrs.push_back({f.fn(), std::vector<int>(f.args().begin(), f.args().end())});

@@ -53,6 +53,19 @@ void EraseUnnamedBuffers(v1::ShardMapProgram* program);
 // infinite values (NaN payloads, and comparisons with NaN, may differ from oneDNN's).
 void FuseElementwise(v1::ShardMapProgram* program);
 
+// An all-reduce fused with the element-wise update that consumes it, as XLA's weight-update
+// sharding (and the C++ SDK's OP_ADAM_UPDATE) does: an f32 OP_PSUM / OP_PMEAN of one operand x
+// over axes A whose result is read only by one later OP_FUSED_ELEMENTWISE of its shape, every
+// other input of which is the same on every device of A (by shard_map's replication inference:
+// in_specs, collectives, axis_index, per-device draws), is deleted, and the update reads x as its
+// input 0 with axis_names A and fn "sum" / "mean" (program.proto). x must not be written between
+// the two, be an argument or result, or share memory with another buffer (a view or a
+// concatenation's part). A worker then reduces one segment of x per device, updates it and stores
+// it into every device's results, instead of every device updating all of it. The same results:
+// the worker reduces each element as the all-reduce did. Every device rewrites alike, so the
+// collectives keep one order.
+void FuseReductionsIntoUpdates(v1::ShardMapProgram* program);
+
 }  // namespace meshrun
 
 #endif  // MESHRUN_CORE_SPMD_FUSION_H_

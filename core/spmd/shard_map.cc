@@ -561,6 +561,7 @@ absl::StatusOr<v1::ShardMapProgram> ShardMapBuilder::Build() const {
   SimplifyProgram(&p);
   FuseGradientAccumulation(&p);
   FuseElementwise(&p);
+  FuseReductionsIntoUpdates(&p);
   return p;
 }
 

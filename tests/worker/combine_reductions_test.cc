@@ -261,12 +261,80 @@ TEST(CombineReductionsTest, AReductionOfAReductionsResultRunsAfterIt) {
   EXPECT_THAT(ops[1].inputs(), ElementsAre("s1"));
   CollectiveOptions collectives;
   collectives.combine_max_bytes = 256 << 10;
-  const std::vector<std::vector<float>> got =
-      RunOnTwoRanks(p, collectives, {"x", "y"},
-                    [](const std::string&, int r, int64_t i) { return 10.0f * r + i + 1; },
-                    {"s1", "s2", "s3"});
+  const std::vector<std::vector<float>> got = RunOnTwoRanks(
+      p, collectives, {"x", "y"},
+      [](const std::string&, int r, int64_t i) { return 10.0f * r + i + 1; }, {"s1", "s2", "s3"});
   // s1 = x0 + x1 = 12 + 2i, s2 likewise, s3 = 2 s1 (s1 is the same on both ranks).
   for (int r = 0; r < 2; ++r) EXPECT_THAT(got[r], ElementsAre(12, 14, 16, 12, 14, 24, 28, 32));
+}
+
+// An optimizer's element-wise update of a parameter replicated over "data" (37 elements: not a
+// multiple of the segments), w' = w - lr * sum(g) and v' = v * sum(g): written as the psum and
+// the update, or as the update that reduces its input 0 itself (core/spmd/fusion.h's
+// FuseReductionsIntoUpdates); `fn`: "sum" or "mean".
+std::string ElementwiseTail(bool fused, const std::string& fn) {
+  std::string buffers;
+  for (const char* name : {"w", "v", "g", "gs", "w2", "v2"}) {
+    buffers += absl::StrCat("buffers { name: '", name, "' dtype: DTYPE_F32 shape { dims: 37 } }");
+  }
+  buffers += "buffers { name: 'lr' dtype: DTYPE_F32 shape {} } ";
+  const std::string body =
+      "fused { fn: 'mul' args: 0 args: 3 } fused { fn: 'sub' args: 1 args: 4 } "
+      "fused { fn: 'mul' args: 2 args: 0 } fused_outputs: 1 fused_outputs: 2 "
+      "outputs: 'w2' outputs: 'v2' ";
+  if (fused) {
+    return absl::StrCat(buffers, "functions { name: 'main' ops { kind: OP_FUSED_ELEMENTWISE ",
+                        "inputs: 'g' inputs: 'w' inputs: 'v' inputs: 'lr' axis_names: 'data' ",
+                        "fn: '", fn, "' ", body, "} }");
+  }
+  return absl::StrCat(buffers,
+                      "functions { name: 'main' ops { kind: ", fn == "sum" ? "OP_PSUM" : "OP_PMEAN",
+                      " inputs: 'g' outputs: 'gs' axis_names: 'data' } ",
+                      "ops { kind: OP_FUSED_ELEMENTWISE inputs: 'gs' inputs: 'w' inputs: 'v' ",
+                      "inputs: 'lr' ", body, "} }");
+}
+
+std::vector<std::vector<float>> RunElementwiseTail(const std::string& text, size_t combine,
+                                                   size_t direct_min_bytes) {
+  CollectiveOptions collectives;
+  collectives.combine_max_bytes = combine;
+  collectives.direct_min_bytes = direct_min_bytes;
+  return RunOnTwoRanks(ParseText(text), collectives, {"w", "v", "g", "lr"},
+                       [](const std::string& name, int r, int64_t i) {
+                         if (name == "g") return (r + 1) * (2.5f - 0.3f * i) + 0.125f * r;
+                         return name == "lr" ? 0.1f : 0.25f * i - 1;
+                       },
+                       {"w2", "v2"});
+}
+
+// The update that reduces its input itself gives the bits of the psum then the update: reduced
+// and updated one segment per rank (single-copy), over the ring, and split back into a psum by
+// CombineReductions when the input is small (then bucketed with other small reductions).
+TEST(CombineReductionsTest, AnElementwiseUpdateThatReducesItsInputComputesWhatThePsumThenItDo) {
+  for (const std::string fn : {"sum", "mean"}) {
+    const std::vector<std::vector<float>> want =
+        RunElementwiseTail(ElementwiseTail(false, fn), 0, 0);
+    ASSERT_EQ(want[0].size(), 2 * 37);
+    EXPECT_EQ(want[0], want[1]);
+    const float g0 = 2.5f + (2 * 2.5f + 0.125f);  // element 0 of g over both ranks
+    EXPECT_FLOAT_EQ(want[0][0], -1 - 0.1f * (fn == "sum" ? g0 : g0 / 2)) << fn;
+    const struct {
+      const char* what;
+      size_t combine, direct_min_bytes;
+    } cases[] = {{"single-copy", 0, 64}, {"over the ring", 0, 0}, {"split, bucketed", 1 << 20, 0}};
+    for (const auto& c : cases) {
+      const std::vector<std::vector<float>> got =
+          RunElementwiseTail(ElementwiseTail(true, fn), c.combine, c.direct_min_bytes);
+      for (int r = 0; r < 2; ++r)
+        EXPECT_EQ(got[r], want[r]) << fn << ", " << c.what << ", rank " << r;
+    }
+  }
+  v1::StepProgram split = ParseText(ElementwiseTail(true, "sum"));
+  CombineReductions(&split, 1 << 20, 1 << 10);  // 148 bytes: below single-copy
+  ASSERT_EQ(split.functions(0).ops_size(), 2);
+  EXPECT_EQ(split.functions(0).ops(0).kind(), v1::OP_PSUM);
+  EXPECT_EQ(split.functions(0).ops(1).axis_names_size(), 0);
+  EXPECT_EQ(split.functions(0).ops(1).inputs(0), "g/reduced");
 }
 
 TEST(CombineReductionsTest, ARiderWithoutItsLetterIsRefused) {

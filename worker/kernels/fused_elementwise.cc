@@ -111,7 +111,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void Apply(
   }
 }
 
-class FusedElementwiseKernel : public Kernel {
+class FusedElementwiseKernel : public RangeKernel {
  public:
   FusedElementwiseKernel(std::vector<Instr> instrs, std::vector<const Tensor*> inputs,
                          std::vector<int> output_instrs, std::vector<Tensor*> outputs, int64_t n)
@@ -122,7 +122,22 @@ class FusedElementwiseKernel : public Kernel {
         n_(n) {}
 
   absl::Status Run() override {
-    const int64_t blocks = (n_ + kBlock - 1) / kBlock;
+    Sweep(0, n_, nullptr);
+    return absl::OkStatus();
+  }
+  absl::Status RunRange(int64_t begin, int64_t len, const float* input0) override {
+    if (begin < 0 || len < 0 || begin + len > n_ || input0 == nullptr || inputs_.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("fused_elementwise: range [", begin, ", ",
+                                                     begin + len, ") of ", n_, " elements"));
+    }
+    Sweep(begin, len, input0);
+    return absl::OkStatus();
+  }
+
+ private:
+  // Elements [begin, begin + len), input 0 from `input0` (element `begin` first) when given.
+  void Sweep(int64_t begin, int64_t len, const float* input0) {
+    const int64_t blocks = (len + kBlock - 1) / kBlock;
     const int n = static_cast<int>(inputs_.size());
     const int rows = n + static_cast<int>(instrs_.size());
     // An op whose result is an output writes it in place (no copy out of the scratch), unless an
@@ -134,7 +149,7 @@ class FusedElementwiseKernel : public Kernel {
           direct[output_instrs_[o]] = outputs_[o]->data<float>();
       }
     }
-#pragma omp parallel
+#pragma omp parallel if (blocks > 1)
     {
       std::vector<float> scratch(static_cast<size_t>(rows) * kBlock);
       // One-element inputs are broadcast once per thread.
@@ -144,8 +159,9 @@ class FusedElementwiseKernel : public Kernel {
       }
 #pragma omp for schedule(static)
       for (int64_t blk = 0; blk < blocks; ++blk) {
-        const int64_t start = blk * kBlock, m = std::min(kBlock, n_ - start);
+        const int64_t start = begin + blk * kBlock, m = std::min(kBlock, begin + len - start);
         auto row = [&](int r) -> float* {
+          if (r == 0 && input0 != nullptr) return const_cast<float*>(input0) + (start - begin);
           if (r < n && inputs_[r]->num_elements() != 1)
             return const_cast<float*>(inputs_[r]->data<float>()) + start;
           if (r >= n && direct[r - n] != nullptr) return direct[r - n] + start;
@@ -162,10 +178,8 @@ class FusedElementwiseKernel : public Kernel {
         }
       }
     }
-    return absl::OkStatus();
   }
 
- private:
   bool OutputsOverlapInputs() const {
     for (const Tensor* o : outputs_) {
       const char* ob = static_cast<const char*>(o->raw());
@@ -188,7 +202,10 @@ class FusedElementwiseKernel : public Kernel {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Kernel>> CreateFusedElementwise(
+namespace {
+
+// Checks and compiles the ops; the kernel over `outputs`, of any size.
+absl::StatusOr<std::unique_ptr<FusedElementwiseKernel>> Compile(
     const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
     const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs) {
   if (instrs.empty() || outputs.empty() || outputs.size() != output_instrs.size()) {
@@ -242,9 +259,35 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateFusedElementwise(
       return absl::InvalidArgumentError(
           absl::StrCat("fused_elementwise: output op ", o, " does not exist"));
   }
+  return std::make_unique<FusedElementwiseKernel>(std::move(compiled), inputs, output_instrs,
+                                                  outputs, outputs[0]->num_elements());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Kernel>> CreateFusedElementwise(
+    const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
+    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs) {
+  absl::StatusOr<std::unique_ptr<FusedElementwiseKernel>> k =
+      Compile(instrs, inputs, output_instrs, outputs);
+  if (!k.ok()) return k.status();
   if (outputs[0]->num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
-  return std::unique_ptr<Kernel>(std::make_unique<FusedElementwiseKernel>(
-      std::move(compiled), inputs, output_instrs, outputs, outputs[0]->num_elements()));
+  return std::unique_ptr<Kernel>(*std::move(k));
+}
+
+absl::StatusOr<std::unique_ptr<RangeKernel>> CreateFusedElementwiseRange(
+    const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
+    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs) {
+  absl::StatusOr<std::unique_ptr<FusedElementwiseKernel>> k =
+      Compile(instrs, inputs, output_instrs, outputs);
+  if (!k.ok()) return k.status();
+  if (inputs.empty() || inputs[0]->dims() != outputs[0]->dims()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("fused_elementwise over a range: input 0 is ",
+                     inputs.empty() ? std::string("missing") : DimsToString(inputs[0]->dims()),
+                     "; expected the outputs' shape ", DimsToString(outputs[0]->dims())));
+  }
+  return std::unique_ptr<RangeKernel>(*std::move(k));
 }
 
 }  // namespace meshrun

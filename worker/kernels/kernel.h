@@ -147,6 +147,21 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateFusedElementwise(
     const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
     const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs);
 
+// A fused element-wise kernel that also runs over part of its elements, reading input 0 from
+// other memory: what a single-copy all-reduce calls on each segment it reduces (program.proto's
+// OP_FUSED_ELEMENTWISE with axis_names). Same arguments and errors as CreateFusedElementwise, and
+// input 0 must have the outputs' shape. Never null (an empty output runs nothing).
+class RangeKernel : public Kernel {
+ public:
+  // Elements [begin, begin + len) of every output, input 0 read from `input0` (its element 0 is
+  // element `begin`), every other input from its own memory. REQUIRES: the range lies within the
+  // outputs; no output overlaps `input0`.
+  virtual absl::Status RunRange(int64_t begin, int64_t len, const float* input0) = 0;
+};
+absl::StatusOr<std::unique_ptr<RangeKernel>> CreateFusedElementwiseRange(
+    const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
+    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs);
+
 }  // namespace meshrun
 
 #endif  // MESHRUN_WORKER_KERNELS_KERNEL_H_
