@@ -88,7 +88,41 @@ JitBuilder::State JitBuilder::ApplyReshards(State s, const std::vector<spmd::Res
 
 JitBuilder::State JitBuilder::Resolve(const State& in, const PartitionSpec& target,
                                       const std::string& reason) {
+  if (!in.partial.empty() && target == in.spec) return Complete(in, reason);
+  return Reduce(in, target, reason);
+}
+
+JitBuilder::State JitBuilder::Complete(const State& in, const std::string& reason) {
+  if (in.partial.empty()) return Reduce(in, in.spec, reason);
+  if (in.scaled != nullptr && in.scaled->local_id == in.local.id) {
+    State s = Complete(in.scaled->base, reason);
+    for (const Scaled::Step& k : in.scaled->steps) {
+      s.local = k.scalar_first ? sm_.Binary(k.fn, k.scalar, s.local)
+                               : sm_.Binary(k.fn, s.local, k.scalar);
+    }
+    State out = in;
+    out.local = s.local;
+    out.spec = s.spec;
+    out.partial.clear();
+    out.scaled = nullptr;
+    return out;
+  }
+  const std::string key = absl::StrCat(in.local.id, "|", absl::StrJoin(in.partial, ","), "|",
+                                       in.partial_fn, "|", in.spec.ToString());
+  auto it = completed_.find(key);
+  if (it == completed_.end()) it = completed_.emplace(key, Reduce(in, in.spec, reason)).first;
+  State out = in;
+  out.local = it->second.local;
+  out.spec = it->second.spec;
+  out.partial.clear();
+  out.scaled = nullptr;
+  return out;
+}
+
+JitBuilder::State JitBuilder::Reduce(const State& in, const PartitionSpec& target,
+                                     const std::string& reason) {
   State s = in;
+  s.scaled = nullptr;
   if (!s.partial.empty() && s.partial_fn != "sum") {
     // mean / max of per-device results: pmean / pmax (an all-reduce, as psum), then reshard.
     const int64_t bytes =
@@ -194,6 +228,7 @@ JitBuilder::Value JitBuilder::Binary(const std::string& fn, Value a, Value b) {
     // gradients and losses.
     State out = sa;
     out.local = sm_.Binary(fn, sa.local, sb.local);
+    out.scaled = nullptr;
     return Push(std::move(out), std::move(node));
   }
   if (scalar && (fn == "mul" || fn == "div")) {
@@ -206,8 +241,16 @@ JitBuilder::Value JitBuilder::Binary(const std::string& fn, Value a, Value b) {
     const bool a_partial = linear(sa) && sb.partial.empty() && sb.global.empty();
     const bool b_partial = fn == "mul" && linear(sb) && sa.partial.empty() && sa.global.empty();
     if (a_partial || b_partial) {
-      State out = a_partial ? sa : sb;
+      const State& x = a_partial ? sa : sb;
+      State out = x;
       out.local = sm_.Binary(fn, sa.local, sb.local);
+      auto scaled = std::make_shared<Scaled>();
+      scaled->local_id = out.local.id;
+      const bool chained = x.scaled != nullptr && x.scaled->local_id == x.local.id;
+      scaled->base = chained ? x.scaled->base : x;
+      if (chained) scaled->steps = x.scaled->steps;
+      scaled->steps.push_back({fn, a_partial ? sb.local : sa.local, /*scalar_first=*/b_partial});
+      out.scaled = std::move(scaled);
       return Push(std::move(out), std::move(node));
     }
   }

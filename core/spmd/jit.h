@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <initializer_list>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -317,6 +318,7 @@ class JitBuilder {
     int64_t index = 0;                // kIndex
     PartitionSpec spec;               // kConstraint, kBroadcast
   };
+  struct Scaled;
   struct State {
     Node node;
     ShardMapBuilder::Value local;
@@ -325,6 +327,20 @@ class JitBuilder {
     PartitionSpec spec;
     std::vector<std::string> partial;  // pending reduction over these axes
     std::string partial_fn;            // sum, mean or max
+    // Set while `local` is a pending partial sum (or mean) scaled by replicated scalars (Binary's
+    // linear rule): completing it completes the unscaled value once (a gradient that optax both
+    // scales and squares is all-reduced once, as XLA reduces it before either) and rescales.
+    std::shared_ptr<const Scaled> scaled;
+  };
+  struct Scaled {
+    int local_id;  // the scaled local value this describes
+    State base;    // the unscaled partial value
+    struct Step {
+      std::string fn;  // mul or div
+      ShardMapBuilder::Value scalar;
+      bool scalar_first;  // scalar * x rather than x * scalar
+    };
+    std::vector<Step> steps;
   };
   // Appends a value computed by `node`.
   Value Push(State s, Node node);
@@ -339,8 +355,10 @@ class JitBuilder {
   }
   // Completes pending partial results and reshards to `target`; returns the local value.
   State Resolve(const State& s, const PartitionSpec& target, const std::string& reason);
-  // Completes pending partial results, keeping the layout.
-  State Complete(const State& s, const std::string& reason) { return Resolve(s, s.spec, reason); }
+  // Completes pending partial results, keeping the layout. A value completed before (the same
+  // local value, partial axes and layout) is not reduced again.
+  State Complete(const State& s, const std::string& reason);
+  State Reduce(const State& s, const PartitionSpec& target, const std::string& reason);
   // Scalar values (a dynamic slice's starts) replicated on every device; an error for a shaped
   // one.
   std::vector<ShardMapBuilder::Value> ReplicatedScalars(const std::vector<Value>& vs,
@@ -355,6 +373,7 @@ class JitBuilder {
   ShardMapBuilder sm_;
   std::vector<State> values_;
   std::vector<Collective> collectives_;
+  std::map<std::string, State> completed_;  // Complete's results, by CompletionKey
   absl::Status status_;
   v1::GlobalProgram global_;
   int depth_ = 0;  // nesting of the public calls in progress

@@ -371,6 +371,35 @@ TEST_F(JitE2ETest, WorkersFlushDenormalsToZeroAsJaxOnCpu) {
   }
 }
 
+TEST_F(JitE2ETest, AGradientScaledAndSquaredIsAllReducedOnce) {
+  // Adam's moments from a data-parallel gradient g = x^T dy (a partial sum over 'data'):
+  // 0.1 * g stays partial, but g * g needs g itself; both take the one psum of g, as XLA
+  // all-reduces a gradient before the optimizer reads it.
+  const Mesh mesh = *Mesh::Parse("data=2,model=4");
+  const Tensor x = testing::NormalTensor({kBatch, kDepth}, 5);
+  const Tensor dy = testing::NormalTensor({kBatch, kHidden}, 6);
+  JitBuilder jit(mesh);
+  auto xs = jit.Input(v1::DTYPE_F32, {kBatch, kDepth}, P({"data", ""}));
+  auto dys = jit.Input(v1::DTYPE_F32, {kBatch, kHidden}, P({"data", ""}));
+  auto g = jit.DotGeneral(xs, dys, {0}, {0});
+  auto mu = jit.Scale(g, 0.1f);
+  auto nu = jit.Scale(jit.Mul(g, g), 0.001f);
+  jit.Output(jit.Add(jit.Add(mu, nu), jit.Scale(g, 2.0f)), PartitionSpec());
+  EXPECT_EQ(Describe(jit.collectives()), (std::vector<std::string>{"psum(data)"}));
+  const Tensor got = Run(jit.Build(), {&x, &dy});
+  ASSERT_EQ(got.dims(), (Dims{kDepth, kHidden}));
+  for (int64_t i = 0; i < kDepth; ++i) {
+    for (int64_t j = 0; j < kHidden; ++j) {
+      double gij = 0;
+      for (int64_t b = 0; b < kBatch; ++b)
+        gij += double{x.data<float>()[b * kDepth + i]} * dy.data<float>()[b * kHidden + j];
+      const double want = 0.1 * gij + 0.001 * gij * gij + 2 * gij;
+      ASSERT_NEAR(got.data<float>()[i * kHidden + j], want, 1e-4 * (1 + std::abs(want)))
+          << i << ", " << j;
+    }
+  }
+}
+
 TEST_F(JitE2ETest, ShardingConstraintReshardsAnIntermediate) {
   // x ('data', None) -> constraint (None, 'model'): all_gather over 'data', then a free slice.
   const Mesh mesh = *Mesh::Parse("data=2,model=4");
