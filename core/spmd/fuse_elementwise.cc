@@ -55,6 +55,10 @@ class Fuser {
         run.push_back(i);
         continue;
       }
+      if (i < in.size() && Hoistable(in.Get(i), run)) {  // runs before the run: it goes on
+        *out.Add() = in.Get(i);
+        continue;
+      }
       EmitRun(run, &out);
       run.clear();
       if (i < in.size()) *out.Add() = in.Get(i);
@@ -108,6 +112,27 @@ class Fuser {
     for (const std::string& name : op.inputs()) {
       const v1::BufferDecl* x = Decl(name);
       if (x == nullptr || NumElements(*x) != 1 || name == op.outputs(0)) return false;
+    }
+    return true;
+  }
+
+  // An all-reduce that touches nothing the run's ops read or write: it may run before them, so
+  // that the element-wise ops on either side of it fuse (an optimizer's update of one parameter
+  // with its states', around the all-reduce of the next parameter's gradient).
+  bool Hoistable(const v1::Op& op, const std::vector<int>& run) const {
+    const v1::OpKind k = op.kind();
+    if ((k != v1::OP_PSUM && k != v1::OP_PMEAN && k != v1::OP_PMAX) || op.inputs_size() != 1 ||
+        op.outputs_size() != 1 || !WrittenOnce(op.outputs(0)) || run.empty()) {
+      return false;
+    }
+    for (int j : run) {
+      const v1::Op& r = ops().Get(j);
+      for (const std::string& o : r.outputs()) {
+        if (o == op.inputs(0) || o == op.outputs(0)) return false;
+      }
+      for (const std::string& name : r.inputs()) {
+        if (name == op.outputs(0)) return false;
+      }
     }
     return true;
   }

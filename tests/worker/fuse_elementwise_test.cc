@@ -239,6 +239,58 @@ TEST(FuseElementwiseTest, ResultsWrittenTwiceOrArgumentsAreLeftAlone) {
   EXPECT_EQ(writers_of_m1, 2);
 }
 
+// Inserts before op `at` of the chain a psum over "data" of `x` into `y` (new [3, 700] buffers
+// where not declared).
+void InsertPsum(v1::ShardMapProgram* p, int at, const std::string& x, const std::string& y) {
+  for (const std::string& name : {x, y}) {
+    bool declared = false;
+    for (const v1::BufferDecl& b : p->program().buffers()) declared |= b.name() == name;
+    if (declared) continue;
+    v1::BufferDecl* b = p->mutable_program()->add_buffers();
+    b->set_name(name);
+    b->set_dtype(v1::DTYPE_F32);
+    b->mutable_shape()->add_dims(3);
+    b->mutable_shape()->add_dims(700);
+  }
+  auto* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
+  v1::Op psum;
+  psum.set_kind(v1::OP_PSUM);
+  psum.add_inputs(x);
+  psum.add_outputs(y);
+  psum.add_axis_names("data");
+  *ops->Add() = psum;
+  for (int i = ops->size() - 1; i > at; --i) ops->SwapElements(i, i - 1);
+}
+
+TEST(FuseElementwiseTest, AnAllReduceInTheChainRunsBeforeItWhenIndependent) {
+  // The all-reduce of another parameter's gradient between mu's and nu's updates: it moves to
+  // the front and the chain is still one pass.
+  v1::ShardMapProgram p = Parse();
+  InsertPsum(&p, 5, "h", "hs");
+  FuseElementwise(&p);
+  const auto& ops = p.program().functions(0).ops();
+  ASSERT_EQ(ops.size(), 5) << p.DebugString();
+  EXPECT_EQ(ops[0].kind(), v1::OP_PSUM);
+  EXPECT_EQ(ops[4].kind(), v1::OP_FUSED_ELEMENTWISE);
+  EXPECT_EQ(ops[4].fused_size(), 13);
+
+  // One that reads a result of the chain so far (mu2), or that overwrites an argument the chain
+  // reads (g), stays where it is and splits the chain.
+  for (const auto& [x, y] : {std::pair<std::string, std::string>{"mu2", "hs"}, {"h", "g"}}) {
+    v1::ShardMapProgram q = Parse();
+    InsertPsum(&q, 5, x, y);
+    FuseElementwise(&q);
+    const auto& split = q.program().functions(0).ops();
+    int fused = 0, psum_at = -1;
+    for (int i = 0; i < split.size(); ++i) {
+      fused += split[i].kind() == v1::OP_FUSED_ELEMENTWISE;
+      if (split[i].kind() == v1::OP_PSUM) psum_at = i;
+    }
+    EXPECT_EQ(fused, 2) << x << " -> " << y << ": " << q.DebugString();
+    EXPECT_GT(psum_at, 0) << x << " -> " << y;
+  }
+}
+
 TEST(FusedElementwiseKernelTest, RefusesBadOpsArgsAndShapes) {
   Tensor a(v1::DTYPE_F32, {4, 3}), b(v1::DTYPE_F32, {4, 3}), c(v1::DTYPE_F32, {3, 4}),
       out(v1::DTYPE_F32, {4, 3});
