@@ -121,15 +121,18 @@ std::optional<std::string> RiderLetters(const v1::Op& op,
   return letters;
 }
 
-// An Adam update that reduces its gradient single-copy over its grad axes (the executor's test:
-// at least `direct_min_bytes`), with no riders yet.
+// An update that reduces its partial operand single-copy over its axes (the executor's test:
+// at least `direct_min_bytes`), with no riders yet: an Adam update (the gradient, input 1) or an
+// element-wise one (input 0).
 bool FusedDirectUpdate(const v1::Op& op, const std::map<std::string, v1::BufferDecl>& decls,
                        size_t direct_min_bytes) {
-  if (op.kind() != v1::OP_ADAM_UPDATE || op.axis_names_size() == 0 || op.inputs_size() != 5 ||
-      op.outputs_size() != 3 || (op.fn() != "sum" && op.fn() != "mean")) {
-    return false;
-  }
-  auto grad = decls.find(op.inputs(1));
+  if (op.axis_names_size() == 0 || (op.fn() != "sum" && op.fn() != "mean")) return false;
+  const bool adam =
+      op.kind() == v1::OP_ADAM_UPDATE && op.inputs_size() == 5 && op.outputs_size() == 3;
+  const bool elementwise = op.kind() == v1::OP_FUSED_ELEMENTWISE && op.inputs_size() > 0 &&
+                           op.outputs_size() == op.fused_outputs_size();
+  if (!adam && !elementwise) return false;
+  auto grad = decls.find(op.inputs(adam ? 1 : 0));
   return grad != decls.end() && Bytes(grad->second) >= static_cast<int64_t>(direct_min_bytes);
 }
 
@@ -148,7 +151,7 @@ bool Independent(const v1::Op& r, const v1::Op& update) {
   return true;
 }
 
-// Step 3: a small reduction right before or after a fused single-copy Adam update over the same
+// Step 3: a small reduction right before or after a fused single-copy update over the same
 // axes joins it (its operands and results appended, fn "<grad>:<letters>"), so both are one
 // meeting of the group instead of two: the executor sums them in the update's session.
 void JoinReductionsToDirectUpdates(v1::StepProgram* program, size_t max_bytes,

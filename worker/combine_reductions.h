@@ -22,10 +22,11 @@ namespace meshrun {
 //     which the executor reduces as one bucket. Larger ones stay where they are (reduced in
 //     place, single-copy). The updates of a run of consecutive Adam updates are reordered: those
 //     that reduce their own gradient first;
-//  3. a combined reduction (of fewer than `max_bytes` in all) right before or after an Adam update
-//     whose gradient is reduced single-copy over the same axes (at least `direct_min_bytes`;
-//     never with direct_min_bytes 0) joins that update as its riders: its operands and results
-//     appended to the update's, its letters to its fn ("mean:ssm"). The executor sums them in the
+//  3. a combined reduction (of fewer than `max_bytes` in all) right before or after an update
+//     (Adam's, or an element-wise one) whose partial operand is reduced single-copy over the same
+//     axes (at least `direct_min_bytes`; never with direct_min_bytes 0) joins that update as its
+//     riders: its operands and results appended to the update's (after the element-wise
+//     update's own), its letters to its fn ("mean:ssm"). The executor sums them in the
 //     same meeting of the group as the gradient, so a data-parallel step meets its peers once
 //     (the loss and the small gradients ride with the large gradient), as the one flat gradient
 //     buffer of DDP or Horovod does.

@@ -415,8 +415,17 @@ OpObserver::Recorder Executor::RecorderFor(const v1::Op& op) {
     for (int i = 1; i < op.inputs_size(); i += i == 1 ? 4 : 1) {
       if (const Tensor* t = buffer(op.inputs(i))) bytes += static_cast<int64_t>(t->size_bytes());
     }
-  } else if (op.kind() == v1::OP_FUSED_ELEMENTWISE) {  // the all-reduce of input 0 fused with it
-    if (const Tensor* t = buffer(op.inputs(0))) bytes = static_cast<int64_t>(t->size_bytes());
+  } else if (op.kind() == v1::OP_FUSED_ELEMENTWISE) {  // input 0's all-reduce, and any riders'
+    const size_t colon = op.fn().find(':');
+    const int riders =
+        colon == std::string::npos ? 0 : static_cast<int>(op.fn().size() - colon - 1);
+    std::vector<int> counted;
+    if (op.inputs_size() > 0) counted.push_back(0);
+    for (int i = std::max(1, op.inputs_size() - riders); i < op.inputs_size(); ++i)
+      counted.push_back(i);
+    for (int i : counted) {
+      if (const Tensor* t = buffer(op.inputs(i))) bytes += static_cast<int64_t>(t->size_bytes());
+    }
   } else {
     for (const auto& name : op.inputs()) {
       if (const Tensor* t = buffer(name)) bytes += static_cast<int64_t>(t->size_bytes());

@@ -4,6 +4,7 @@
 // riders); and OP_FUSED_ELEMENTWISE with axis_names (any element-wise update chain, e.g. optax's
 // traced by the Python SDK, core/spmd/fusion.h's FuseReductionsIntoUpdates).
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +68,100 @@ struct Riders {
   void Unpack(const float* sum, float inv) { UnpackBucket(sum, out, kinds, inv); }
 };
 
+// The riders of `what`: operands in[first_in...], results out[first_out...], one letter of
+// `kinds` each. Errors name a rider that is not f32 or whose result's shape differs.
+absl::StatusOr<std::shared_ptr<Riders>> MakeRiders(const char* what, const std::string& kinds,
+                                                   const std::vector<Tensor*>& in, size_t first_in,
+                                                   const std::vector<Tensor*>& out,
+                                                   size_t first_out) {
+  auto rider = std::make_shared<Riders>();
+  rider->kinds = kinds;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    Tensor* x = in[first_in + i];
+    Tensor* y = out[first_out + i];
+    if (x->dtype() != v1::DTYPE_F32 || y->dtype() != v1::DTYPE_F32 || x->dims() != y->dims()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": joined reduction ", i, " maps ", DTypeName(x->dtype()),
+                       DimsToString(x->dims()), " to ", DTypeName(y->dtype()),
+                       DimsToString(y->dims()), "; expected f32 of the same shape"));
+    }
+    rider->in.push_back(x);
+    rider->out.push_back(y);
+    rider->total += x->num_elements();
+  }
+  if (!kinds.empty()) {
+    rider->bucket = std::make_shared<Tensor>(Tensor::Shareable(v1::DTYPE_F32, {rider->total}));
+    rider->sums = std::make_shared<Tensor>(v1::DTYPE_F32, Dims{rider->total});
+  }
+  return rider;
+}
+
+// An update fused with the all-reduce of its partial operand (either kind), as compiled.
+struct FusedReduction {
+  Communicator* replicas;
+  Tensor* partial;
+  ReduceOp reduce;
+  bool direct;    // single-copy: the members reach each other's memory, the operand is large
+  bool in_place;  // nothing else reads the partial: the ring may reduce it in its own memory
+  std::shared_ptr<Riders> rider;
+  std::shared_ptr<Tensor> reduced;  // the ring's copy of the partial, allocated on first use
+  absl::Duration* timer;            // collective time: the all-reduces (and direct updates)
+};
+
+// One run: single-copy where `f.direct` and no output shares the partial's memory (`shared`:
+// an output would be overwritten while it is still read), each member reducing and updating
+// one segment (`update(begin, len, g)`, g's element 0 the segment's first) and storing it into
+// every member's `outputs`, the riders summed in the same session; otherwise the riders'
+// bucket and the partial all-reduced on the ring and the whole update.
+absl::Status RunFusedReduction(
+    const FusedReduction& f, const std::vector<void*>& outputs, bool shared,
+    const std::function<absl::Status(int64_t, int64_t, const float*)>& update) {
+  const absl::Time start = absl::Now();
+  const int64_t n = f.partial->num_elements();
+  Riders& rider = *f.rider;
+  const bool riders = !rider.kinds.empty();
+  const float inv = 1.0f / static_cast<float>(f.replicas->size());
+  if (riders) rider.Pack();
+  if (f.direct && !shared) {
+    const DirectExtraSum extra{riders ? rider.bucket->raw() : nullptr, rider.total,
+                               riders ? rider.sums->raw() : nullptr};
+    absl::Status failed;
+    absl::StatusOr<DirectResult> done = DirectAllReduceUpdate(
+        *f.replicas, f.partial->raw(), n, v1::DTYPE_F32, f.reduce, outputs, sizeof(float),
+        [&](int64_t begin, int64_t len, const void* g) {
+          absl::Status s = update(begin, len, static_cast<const float*>(g));
+          if (!s.ok() && failed.ok()) failed = s;
+        },
+        riders ? &extra : nullptr);
+    if (!done.ok()) return done.status();
+    if (!failed.ok()) return failed;
+    if (*done == DirectResult::kDone) {
+      if (riders) rider.Unpack(rider.sums->data<float>(), inv);
+      *f.timer += absl::Now() - start;
+      return absl::OkStatus();
+    }
+  }
+  if (riders) {
+    absl::Status s =
+        f.replicas->AllReduce(rider.bucket->raw(), rider.total, v1::DTYPE_F32, ReduceOp::kSum);
+    if (!s.ok()) return s;
+    rider.Unpack(rider.bucket->data<float>(), inv);
+  }
+  Tensor* g = f.partial;
+  if (!f.in_place || shared) {
+    if (f.reduced->num_elements() != n)
+      *f.reduced = Tensor::Uninitialized(v1::DTYPE_F32, f.partial->dims());
+    std::memcpy(f.reduced->raw(), f.partial->raw(), f.partial->size_bytes());
+    g = f.reduced.get();
+  }
+  if (n > 0) {  // (the same on every member: the shapes are)
+    absl::Status s = f.replicas->AllReduce(g->raw(), n, v1::DTYPE_F32, f.reduce);
+    if (!s.ok()) return s;
+  }
+  *f.timer += absl::Now() - start;
+  return update(0, n, g->data<float>());
+}
+
 }  // namespace
 
 absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& op,
@@ -95,25 +190,10 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
                                                    DTypeName(step->dtype()),
                                                    DimsToString(step->dims())));
   }
-  auto rider = std::make_shared<Riders>();
-  rider->kinds = reductions->riders;
-  for (int i = 0; i < riders; ++i) {
-    Tensor* x = in[5 + i];
-    Tensor* y = out[3 + i];
-    if (x->dtype() != v1::DTYPE_F32 || y->dtype() != v1::DTYPE_F32 || x->dims() != y->dims()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("OP_ADAM_UPDATE: joined reduction ", i, " maps ", DTypeName(x->dtype()),
-                       DimsToString(x->dims()), " to ", DTypeName(y->dtype()),
-                       DimsToString(y->dims()), "; expected f32 of the same shape"));
-    }
-    rider->in.push_back(x);
-    rider->out.push_back(y);
-    rider->total += x->num_elements();
-  }
-  if (riders > 0) {
-    rider->bucket = std::make_shared<Tensor>(Tensor::Shareable(v1::DTYPE_F32, {rider->total}));
-    rider->sums = std::make_shared<Tensor>(v1::DTYPE_F32, Dims{rider->total});
-  }
+  absl::StatusOr<std::shared_ptr<Riders>> made =
+      MakeRiders("OP_ADAM_UPDATE", reductions->riders, in, 5, out, 3);
+  if (!made.ok()) return made.status();
+  std::shared_ptr<Riders> rider = *std::move(made);
   AdamWHyperParams hp;
   hp.learning_rate = op.adamw().learning_rate();
   hp.b1 = op.adamw().b1();
@@ -147,73 +227,57 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
       return absl::OkStatus();
     });
   }
-  // The partial gradient over the grad axes: members that reach each other's memory reduce
-  // and update one segment each and store it into every member's results, summing the riders
-  // in the same session (DirectAllReduceUpdate); otherwise the riders are all-reduced as one
-  // bucket, the gradient (in its own memory if nothing else reads it, else in a copy allocated
-  // on first use), and each member updates all of it. Collective time counts the all-reduces,
-  // and on the direct path the 1/P of the update done inside it.
-  const bool direct = replicas->options().direct_min_bytes > 0 &&
-                      grad->size_bytes() >= replicas->options().direct_min_bytes &&
-                      replicas->ReachesAllMembers();
-  const bool in_place = reduce_in_place_.count(&op) > 0;
-  Tensor* partial = in[1];
-  auto reduced = std::make_shared<Tensor>();
-  absl::Duration* timer = &collective_time_;
-  const float inv = 1.0f / static_cast<float>(replicas->size());
-  return CompiledOp([=](const RunContext&) -> absl::Status {
-    const absl::Time start = absl::Now();
-    if (riders > 0) rider->Pack();
-    if (direct) {
-      const DirectExtraSum extra{rider->bucket ? rider->bucket->raw() : nullptr, rider->total,
-                                 rider->sums ? rider->sums->raw() : nullptr};
-      absl::StatusOr<DirectResult> done = DirectAllReduceUpdate(
-          *replicas, grad->raw(), n, v1::DTYPE_F32, reduce,
-          {p_out->raw(), mu_out->raw(), nu_out->raw()}, sizeof(float),
-          [&](int64_t begin, int64_t len, const void* g) {
-            update(static_cast<const float*>(g), begin, len);
-          },
-          riders > 0 ? &extra : nullptr);
-      if (!done.ok()) return done.status();
-      if (*done == DirectResult::kDone) {
-        if (riders > 0) rider->Unpack(rider->sums->data<float>(), inv);
-        *timer += absl::Now() - start;
-        return absl::OkStatus();
-      }
-    }
-    if (riders > 0) {
-      absl::Status s =
-          replicas->AllReduce(rider->bucket->raw(), rider->total, v1::DTYPE_F32, ReduceOp::kSum);
-      if (!s.ok()) return s;
-      rider->Unpack(rider->bucket->data<float>(), inv);
-    }
-    Tensor* g = partial;
-    if (!in_place) {
-      if (reduced->num_elements() != n)
-        *reduced = Tensor::Uninitialized(v1::DTYPE_F32, grad->dims());
-      std::memcpy(reduced->raw(), grad->raw(), grad->size_bytes());
-      g = reduced.get();
-    }
-    if (absl::Status s = replicas->AllReduce(g->raw(), n, v1::DTYPE_F32, reduce); !s.ok()) return s;
-    *timer += absl::Now() - start;
-    update(g->data<float>(), 0, n);
-    return absl::OkStatus();
+  // The partial gradient over the grad axes, reduced with the update (RunFusedReduction).
+  // Collective time counts the all-reduces, and on the direct path the 1/P of the update done
+  // inside it.
+  FusedReduction f;
+  f.replicas = replicas;
+  f.partial = in[1];
+  f.reduce = reduce;
+  f.direct = replicas->options().direct_min_bytes > 0 &&
+             grad->size_bytes() >= replicas->options().direct_min_bytes &&
+             replicas->ReachesAllMembers();
+  f.in_place = reduce_in_place_.count(&op) > 0;
+  f.rider = rider;
+  f.reduced = std::make_shared<Tensor>();
+  f.timer = &collective_time_;
+  return CompiledOp([=](const RunContext&) {
+    // (Read at each run: a step binds its arguments and results anew.)
+    const std::vector<void*> outputs = {p_out->raw(), mu_out->raw(), nu_out->raw()};
+    return RunFusedReduction(f, outputs, /*shared=*/false,
+                             [&](int64_t begin, int64_t len, const float* g) {
+                               update(g, begin, len);
+                               return absl::OkStatus();
+                             });
   });
 }
 
 absl::StatusOr<Executor::CompiledOp> Executor::CompileFusedReduceUpdate(
     const v1::Op& op, const std::vector<Tensor*>& in, const std::vector<Tensor*>& out) {
-  if (op.fn() != "sum" && op.fn() != "mean") {
+  const size_t colon = op.fn().find(':');
+  const std::string reduction = op.fn().substr(0, colon);
+  const std::string kinds = colon == std::string::npos ? "" : op.fn().substr(colon + 1);
+  if ((reduction != "sum" && reduction != "mean") ||
+      kinds.find_first_not_of("sm") != std::string::npos || kinds.size() >= in.size() ||
+      kinds.size() > out.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "OP_FUSED_ELEMENTWISE over axes: the reduction of input 0 (fn) must be sum or mean; got '",
-        op.fn(), "'"));
+        "OP_FUSED_ELEMENTWISE over axes: fn must be the reduction of input 0 (sum or mean), then "
+        "':' and one s or m per joined reduction (whose operands and results are the last inputs "
+        "and outputs); got '",
+        op.fn(), "' with ", in.size(), " inputs and ", out.size(), " outputs"));
   }
+  const std::vector<Tensor*> own_in(in.begin(), in.end() - kinds.size());
+  const std::vector<Tensor*> own_out(out.begin(), out.end() - kinds.size());
+  absl::StatusOr<std::shared_ptr<Riders>> made =
+      MakeRiders("OP_FUSED_ELEMENTWISE", kinds, in, own_in.size(), out, own_out.size());
+  if (!made.ok()) return made.status();
+  std::shared_ptr<Riders> rider = *std::move(made);
   std::vector<FusedInstruction> instrs;
   for (const v1::FusedInstr& f : op.fused())
     instrs.push_back({f.fn(), std::vector<int>(f.args().begin(), f.args().end())});
   absl::StatusOr<std::unique_ptr<RangeKernel>> k = CreateFusedElementwiseRange(
-      instrs, std::vector<const Tensor*>(in.begin(), in.end()),
-      std::vector<int>(op.fused_outputs().begin(), op.fused_outputs().end()), out);
+      instrs, std::vector<const Tensor*>(own_in.begin(), own_in.end()),
+      std::vector<int>(op.fused_outputs().begin(), op.fused_outputs().end()), own_out);
   if (!k.ok()) return k.status();
   std::shared_ptr<RangeKernel> kernel = *std::move(k);
   absl::StatusOr<Communicator*> c =
@@ -222,60 +286,40 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileFusedReduceUpdate(
   Communicator* replicas = *c;
   Tensor* partial = in[0];
   const int64_t n = partial->num_elements();
-  if (replicas->size() == 1 || n == 0) {  // a group of one: the sum (and mean) is the operand
-    return CompiledOp([kernel](const RunContext&) { return kernel->Run(); });
+  const int riders = static_cast<int>(kinds.size());
+  if (replicas->size() == 1) {  // a group of one: the sums (and means) are the operands
+    return CompiledOp([kernel, rider, riders](const RunContext&) {
+      for (int i = 0; i < riders; ++i)
+        std::memcpy(rider->out[i]->raw(), rider->in[i]->raw(), rider->in[i]->size_bytes());
+      return kernel->Run();
+    });
   }
-  // As OP_ADAM_UPDATE: single-copy where the members reach each other's memory (each reduces
-  // and updates one segment and stores it into every member's outputs), else the all-reduce (in
-  // the partial's memory if nothing else reads it, else in a copy) and the whole update.
-  const ReduceOp reduce = op.fn() == "sum" ? ReduceOp::kSum : ReduceOp::kMean;
-  const bool direct = replicas->options().direct_min_bytes > 0 &&
-                      partial->size_bytes() >= replicas->options().direct_min_bytes &&
-                      replicas->ReachesAllMembers();
-  const bool in_place = reduce_in_place_.count(&op) > 0;
-  auto reduced = std::make_shared<Tensor>();
-  absl::Duration* timer = &collective_time_;
-  // Memory an output shares with the partial (a view of it) would be overwritten while it is
-  // still being reduced: such a run reduces a copy, on the ring.
-  auto overlaps_partial = [partial, out] {
+  // As OP_ADAM_UPDATE's (RunFusedReduction); an output that is a view of the partial takes the
+  // ring, on a copy.
+  FusedReduction f;
+  f.replicas = replicas;
+  f.partial = partial;
+  f.reduce = reduction == "sum" ? ReduceOp::kSum : ReduceOp::kMean;
+  f.direct = replicas->options().direct_min_bytes > 0 && n > 0 &&
+             partial->size_bytes() >= replicas->options().direct_min_bytes &&
+             replicas->ReachesAllMembers();
+  f.in_place = reduce_in_place_.count(&op) > 0;
+  f.rider = rider;
+  f.reduced = std::make_shared<Tensor>();
+  f.timer = &collective_time_;
+  return CompiledOp([=](const RunContext&) {
     const char* pb = static_cast<const char*>(partial->raw());
     const char* pe = pb + partial->size_bytes();
-    for (const Tensor* t : out) {
+    bool shared = false;
+    std::vector<void*> outputs;
+    for (Tensor* t : own_out) {
       const char* ob = static_cast<const char*>(t->raw());
-      if (ob < pe && pb < ob + t->size_bytes()) return true;
+      shared = shared || (ob < pe && pb < ob + t->size_bytes());
+      outputs.push_back(t->raw());
     }
-    return false;
-  };
-  return CompiledOp([=](const RunContext&) -> absl::Status {
-    const absl::Time start = absl::Now();
-    const bool shared = overlaps_partial();
-    if (direct && !shared) {
-      std::vector<void*> outputs;
-      for (Tensor* t : out) outputs.push_back(t->raw());
-      absl::Status failed;
-      absl::StatusOr<DirectResult> done = DirectAllReduceUpdate(
-          *replicas, partial->raw(), n, v1::DTYPE_F32, reduce, outputs, sizeof(float),
-          [&](int64_t begin, int64_t len, const void* g) {
-            absl::Status s = kernel->RunRange(begin, len, static_cast<const float*>(g));
-            if (!s.ok() && failed.ok()) failed = s;
-          });
-      if (!done.ok()) return done.status();
-      if (!failed.ok()) return failed;
-      if (*done == DirectResult::kDone) {
-        *timer += absl::Now() - start;
-        return absl::OkStatus();
-      }
-    }
-    Tensor* g = partial;
-    if (!in_place || shared) {
-      if (reduced->num_elements() != n)
-        *reduced = Tensor::Uninitialized(v1::DTYPE_F32, partial->dims());
-      std::memcpy(reduced->raw(), partial->raw(), partial->size_bytes());
-      g = reduced.get();
-    }
-    if (absl::Status s = replicas->AllReduce(g->raw(), n, v1::DTYPE_F32, reduce); !s.ok()) return s;
-    *timer += absl::Now() - start;
-    return kernel->RunRange(0, n, g->data<float>());
+    return RunFusedReduction(f, outputs, shared, [&](int64_t begin, int64_t len, const float* g) {
+      return kernel->RunRange(begin, len, g);
+    });
   });
 }
 

@@ -337,6 +337,51 @@ TEST(CombineReductionsTest, AnElementwiseUpdateThatReducesItsInputComputesWhatTh
   EXPECT_EQ(split.functions(0).ops(1).inputs(0), "g/reduced");
 }
 
+// The loss's pmean next to a single-copy element-wise update rides with it (fn "sum:m"), and
+// gives what the separate pmean gives, single-copy and over the ring.
+TEST(CombineReductionsTest, SmallReductionsRideWithASingleCopyElementwiseUpdate) {
+  auto with_loss = [](std::string text) {
+    text.insert(text.find("functions {"),
+                "buffers { name: 'l' dtype: DTYPE_F32 shape {} } "
+                "buffers { name: 'lm' dtype: DTYPE_F32 shape {} } ");
+    const std::string main = "functions { name: 'main' ";
+    text.insert(text.find(main) + main.size(),
+                "ops { kind: OP_PMEAN inputs: 'l' outputs: 'lm' axis_names: 'data' } ");
+    return text;
+  };
+  v1::StepProgram p = ParseText(with_loss(ElementwiseTail(true, "sum")));
+  CombineReductions(&p, 256 << 10, 64);
+  const auto& ops = p.functions(0).ops();
+  ASSERT_EQ(ops.size(), 1) << p.DebugString();
+  EXPECT_EQ(ops[0].kind(), v1::OP_FUSED_ELEMENTWISE);
+  EXPECT_EQ(ops[0].fn(), "sum:m");
+  EXPECT_THAT(ops[0].inputs(), ElementsAre("g", "w", "v", "lr", "l"));
+  EXPECT_THAT(ops[0].outputs(), ElementsAre("w2", "v2", "lm"));
+
+  auto run = [](const std::string& text, size_t combine, size_t direct_min_bytes) {
+    CollectiveOptions collectives;
+    collectives.combine_max_bytes = combine;
+    collectives.direct_min_bytes = direct_min_bytes;
+    return RunOnTwoRanks(ParseText(text), collectives, {"w", "v", "g", "lr", "l"},
+                         [](const std::string& name, int r, int64_t i) {
+                           if (name == "g") return (r + 1) * (2.5f - 0.3f * i) + 0.125f * r;
+                           if (name == "l") return 3.0f + r;
+                           return name == "lr" ? 0.1f : 0.25f * i - 1;
+                         },
+                         {"w2", "v2", "lm"});
+  };
+  const std::vector<std::vector<float>> want = run(with_loss(ElementwiseTail(false, "sum")), 0, 0);
+  ASSERT_EQ(want[0].size(), 2 * 37 + 1);
+  EXPECT_FLOAT_EQ(want[0].back(), 3.5f);  // pmean(l)
+  std::string joined;
+  google::protobuf::TextFormat::PrintToString(p, &joined);
+  for (const size_t direct_min_bytes : {size_t{64}, size_t{0}}) {
+    const std::vector<std::vector<float>> got = run(joined, 0, direct_min_bytes);
+    for (int r = 0; r < 2; ++r)
+      EXPECT_EQ(got[r], want[r]) << "direct_min_bytes " << direct_min_bytes << ", rank " << r;
+  }
+}
+
 TEST(CombineReductionsTest, ARiderWithoutItsLetterIsRefused) {
   std::string text = AdamTail(true);
   text.replace(text.find("sum:ms"), 6, "sum:m");
