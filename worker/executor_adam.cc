@@ -5,6 +5,7 @@
 // traced by the Python SDK, core/spmd/fusion.h's FuseReductionsIntoUpdates).
 #include <cstring>
 #include <functional>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -107,6 +108,25 @@ struct FusedReduction {
   std::shared_ptr<Tensor> reduced;  // the ring's copy of the partial, allocated on first use
   absl::Duration* timer;            // collective time: the all-reduces (and direct updates)
 };
+
+// Single-copy (direct) when the members reach each other's memory and the partial is at least
+// the group's direct_min_bytes (never when that is 0).
+FusedReduction NewFusedReduction(Communicator* replicas, Tensor* partial, ReduceOp reduce,
+                                 bool in_place, std::shared_ptr<Riders> rider,
+                                 absl::Duration* timer) {
+  FusedReduction f;
+  f.replicas = replicas;
+  f.partial = partial;
+  f.reduce = reduce;
+  f.direct = replicas->options().direct_min_bytes > 0 &&
+             partial->size_bytes() >= replicas->options().direct_min_bytes &&
+             replicas->ReachesAllMembers();
+  f.in_place = in_place;
+  f.rider = std::move(rider);
+  f.reduced = std::make_shared<Tensor>();
+  f.timer = timer;
+  return f;
+}
 
 // One run: single-copy where `f.direct` and no output shares the partial's memory (`shared`:
 // an output would be overwritten while it is still read), each member reducing and updating
@@ -230,17 +250,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
   // The partial gradient over the grad axes, reduced with the update (RunFusedReduction).
   // Collective time counts the all-reduces, and on the direct path the 1/P of the update done
   // inside it.
-  FusedReduction f;
-  f.replicas = replicas;
-  f.partial = in[1];
-  f.reduce = reduce;
-  f.direct = replicas->options().direct_min_bytes > 0 &&
-             grad->size_bytes() >= replicas->options().direct_min_bytes &&
-             replicas->ReachesAllMembers();
-  f.in_place = reduce_in_place_.count(&op) > 0;
-  f.rider = rider;
-  f.reduced = std::make_shared<Tensor>();
-  f.timer = &collective_time_;
+  const FusedReduction f = NewFusedReduction(
+      replicas, in[1], reduce, reduce_in_place_.count(&op) > 0, rider, &collective_time_);
   return CompiledOp([=](const RunContext&) {
     // (Read at each run: a step binds its arguments and results anew.)
     const std::vector<void*> outputs = {p_out->raw(), mu_out->raw(), nu_out->raw()};
@@ -285,7 +296,6 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileFusedReduceUpdate(
   if (!c.ok()) return c.status();
   Communicator* replicas = *c;
   Tensor* partial = in[0];
-  const int64_t n = partial->num_elements();
   const int riders = static_cast<int>(kinds.size());
   if (replicas->size() == 1) {  // a group of one: the sums (and means) are the operands
     return CompiledOp([kernel, rider, riders](const RunContext&) {
@@ -296,17 +306,9 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileFusedReduceUpdate(
   }
   // As OP_ADAM_UPDATE's (RunFusedReduction); an output that is a view of the partial takes the
   // ring, on a copy.
-  FusedReduction f;
-  f.replicas = replicas;
-  f.partial = partial;
-  f.reduce = reduction == "sum" ? ReduceOp::kSum : ReduceOp::kMean;
-  f.direct = replicas->options().direct_min_bytes > 0 && n > 0 &&
-             partial->size_bytes() >= replicas->options().direct_min_bytes &&
-             replicas->ReachesAllMembers();
-  f.in_place = reduce_in_place_.count(&op) > 0;
-  f.rider = rider;
-  f.reduced = std::make_shared<Tensor>();
-  f.timer = &collective_time_;
+  const FusedReduction f =
+      NewFusedReduction(replicas, partial, reduction == "sum" ? ReduceOp::kSum : ReduceOp::kMean,
+                        reduce_in_place_.count(&op) > 0, rider, &collective_time_);
   return CompiledOp([=](const RunContext&) {
     const char* pb = static_cast<const char*>(partial->raw());
     const char* pe = pb + partial->size_bytes();
