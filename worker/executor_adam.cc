@@ -5,9 +5,9 @@
 // traced by the Python SDK, core/spmd/fusion.h's FuseReductionsIntoUpdates).
 #include <cstring>
 #include <functional>
-#include <utility>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
