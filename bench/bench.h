@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+
 namespace meshrun {
 
 struct AllReduceBenchOptions {
@@ -61,6 +63,9 @@ struct StepBenchOptions {
   // round trip from the client; more time the steps back to back on the workers.
   int steps_per_call = 1;
   bool shm_transport = true;
+  // The layers' compute dtype (meshrun/workloads.h's WorkloadOptions): f32, or bf16 for mixed
+  // precision (f32 parameters and optimizer state).
+  DType dtype = v1::DTYPE_F32;
   std::string bin_dir;
 };
 // Prints, per workload and layout: p50 step time (client-side: a call's time over its steps),

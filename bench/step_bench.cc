@@ -37,12 +37,12 @@ int Fail(const absl::Status& s, const std::string& what) {
 int RunStepBench(const StepBenchOptions& o) {
   std::printf(
       "# train steps derived by autodiff, partitioned per layout; mesh %s (single: 1 worker); "
-      "%d step(s) per call\n",
-      o.mesh.c_str(), o.steps_per_call);
+      "%d step(s) per call; %s compute\n",
+      o.mesh.c_str(), o.steps_per_call, DTypeName(o.dtype).c_str());
   std::printf("%-13s %-8s %7s %11s %11s %10s %10s %14s %14s\n", "workload", "layout", "workers",
               "step p50 ms", "samples/s", "loss[0]", "loss[-1]", "state MB/wkr", "peak RSS MB");
   for (const std::string& name : o.workloads) {
-    absl::StatusOr<Workload> w = SeedWorkload(name);
+    absl::StatusOr<Workload> w = SeedWorkload(name, {o.dtype});
     if (!w.ok()) return Fail(w.status(), name);
     absl::StatusOr<std::vector<Tensor>> batch = SeedWorkloadBatch(*w);
     if (!batch.ok()) return Fail(batch.status(), name);
@@ -83,7 +83,8 @@ int RunStepBench(const StepBenchOptions& o) {
         const auto t1 = std::chrono::steady_clock::now();
         if (!got.ok()) return Fail(got.status(), absl::StrCat(name, " ", layout, " call ", i));
         losses.insert(losses.end(), got->begin(), got->end());
-        if (i >= o.warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count() / n);
+        if (i >= o.warmup)
+          ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count() / n);
       }
       std::sort(ms.begin(), ms.end());
       const double p50 = ms.empty() ? 0 : ms[ms.size() / 2];

@@ -12,7 +12,8 @@ constexpr int64_t kFashionMnistTestExamples = 10000;
 
 // The model, optimizer and batch of the job's train step.
 absl::StatusOr<Workload> JobModel(const JobConfig& c) {
-  if (c.model.name != "dp_classifier") return SeedWorkload(c.model.name);
+  const DType dtype = c.precision.compute == "bf16" ? v1::DTYPE_BF16 : v1::DTYPE_F32;
+  if (c.model.name != "dp_classifier") return SeedWorkload(c.model.name, {dtype});
   Workload w;
   w.name = c.model.name;
   const int k = c.optimizer.num_minibatches;
@@ -21,7 +22,7 @@ absl::StatusOr<Workload> JobModel(const JobConfig& c) {
   model.hidden_size = c.model.hidden_size;
   model.num_classes = c.model.num_classes;
   model.dropout_rate = static_cast<float>(c.model.dropout_rate);
-  model.dtype = c.precision.compute == "bf16" ? v1::DTYPE_BF16 : v1::DTYPE_F32;
+  model.dtype = dtype;
   w.loss = ClassifierLoss(model);
   absl::StatusOr<OptimizerConfig::Kind> kind = ParseOptimizerKind(c.optimizer.name);
   if (!kind.ok()) return kind.status();

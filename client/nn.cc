@@ -208,27 +208,29 @@ Value Dense(Scope scope, Value x, int64_t features, const DenseOptions& options)
 
 namespace {
 
-// One DotReluDot block on given W1, W2 (unrolled or a scanned layer).
-Value DotReluDotBody(Scope& scope, Value x, Value w1, Value w2) {
+// One DotReluDot block on given W1, W2 (unrolled or a scanned layer), computed in `dtype`.
+Value DotReluDotBody(Scope& scope, Value x, Value w1, Value w2, DType dtype) {
   JitBuilder& jit = scope.jit();
-  Value y = scope.WithLogicalConstraint(jit.Unary("relu", jit.Dot(x, w1)), {"batch", "hidden"});
-  return scope.WithLogicalConstraint(jit.Dot(y, w2), {"batch", "embed"});
+  auto cast = [&](Value v) { return jit.dtype(v) == dtype ? v : jit.Convert(v, dtype); };
+  Value y = scope.WithLogicalConstraint(jit.Unary("relu", jit.Dot(cast(x), cast(w1))),
+                                        {"batch", "hidden"});
+  return scope.WithLogicalConstraint(jit.Dot(y, cast(w2)), {"batch", "embed"});
 }
 
 }  // namespace
 
-Value DotReluDot(Scope scope, Value x, int64_t depth) {
+Value DotReluDot(Scope scope, Value x, int64_t depth, DType dtype) {
   const Dims in = scope.jit().shape(x);
   const int64_t features = in.empty() ? 0 : in.back();
   Value w1 = scope.Param("W1", {features, depth}, {"embed", "hidden"}, XavierNormal());
   Value w2 = scope.Param("W2", {depth, features}, {"hidden", "embed"}, XavierNormal());
-  return DotReluDotBody(scope, x, w1, w2);
+  return DotReluDotBody(scope, x, w1, w2, dtype);
 }
 
-Value Mlp(Scope scope, Value x, int num_layers, int64_t depth, bool use_scan) {
+Value Mlp(Scope scope, Value x, int num_layers, int64_t depth, bool use_scan, DType dtype) {
   if (!use_scan) {
     for (int i = 0; i < num_layers; ++i)
-      x = DotReluDot(scope.Child(absl::StrCat("layers_", i)), x, depth);
+      x = DotReluDot(scope.Child(absl::StrCat("layers_", i)), x, depth, dtype);
     return x;
   }
   JitBuilder& jit = scope.jit();
@@ -240,7 +242,7 @@ Value Mlp(Scope scope, Value x, int num_layers, int64_t depth, bool use_scan) {
   Value w2 = layers.Param("W2", {num_layers, depth, features}, {"layer", "hidden", "embed"},
                           XavierNormal(), 1);
   for (int i = 0; i < num_layers; ++i)
-    x = DotReluDotBody(layers, x, jit.Index(w1, i), jit.Index(w2, i));
+    x = DotReluDotBody(layers, x, jit.Index(w1, i), jit.Index(w2, i), dtype);
   return x;
 }
 

@@ -22,37 +22,52 @@ constexpr int64_t kClassifierMinibatch = 32, kClassifierMinibatches = 2;
 
 std::vector<std::string> SeedWorkloadNames() { return {"mlp", "dot_relu_dot", "classifier"}; }
 
-absl::StatusOr<Workload> SeedWorkload(const std::string& name) {
+absl::StatusOr<Workload> SeedWorkload(const std::string& name, const WorkloadOptions& options) {
+  const DType dtype = options.dtype;
+  if (dtype != v1::DTYPE_F32 && dtype != v1::DTYPE_BF16) {
+    return absl::InvalidArgumentError(absl::StrCat("workload '", name, "': compute dtype ",
+                                                   DTypeName(dtype), "; expected f32 or bf16"));
+  }
+  // The model's output in f32 for the loss (a no-op in f32).
+  auto f32 = [](JitBuilder& jit, nn::Value v) {
+    return jit.dtype(v) == v1::DTYPE_F32 ? v : jit.Convert(v, v1::DTYPE_F32);
+  };
+  const std::string in_dtype = dtype == v1::DTYPE_BF16 ? ", bf16 compute" : "";
   Workload w;
   w.name = name;
   if (name == "mlp") {
-    w.description =
-        "seed 000: MLP, 4 scan-stacked DotReluDot(1024), batch 8, Adam 1e-3, loss y.sum()";
+    w.description = absl::StrCat(
+        "seed 000: MLP, 4 scan-stacked DotReluDot(1024), batch 8, Adam 1e-3, loss y.sum()",
+        in_dtype);
     w.batch = {{"x", {8, 1024}, {"batch", "embed"}}};
-    w.loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
-      nn::Value y = nn::Mlp(s.Child("mlp"), b[0], 4, 1024, /*use_scan=*/true);
-      return s.jit().Reduce("sum", y, {0, 1});
+    w.loss = [dtype, f32](nn::Scope& s, const std::vector<nn::Value>& b) {
+      nn::Value y = nn::Mlp(s.Child("mlp"), b[0], 4, 1024, /*use_scan=*/true, dtype);
+      return s.jit().Reduce("sum", f32(s.jit(), y), {0, 1});
     };
     w.examples_per_step = 8;
   } else if (name == "dot_relu_dot") {
-    w.description = "seed 003: DotReluDot(1024), MSE, Adam 1e-3, batch 8";
+    w.description = absl::StrCat("seed 003: DotReluDot(1024), MSE, Adam 1e-3, batch 8", in_dtype);
     w.batch = {{"input", {8, 1024}, {"batch", ""}}, {"label", {8, 1024}, {"batch", ""}}};
-    w.loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
+    w.loss = [dtype, f32](nn::Scope& s, const std::vector<nn::Value>& b) {
       JitBuilder& jit = s.jit();
       nn::DenseOptions dense;
       dense.use_bias = false;
+      dense.dtype = dtype;
       nn::Value y = jit.Unary("relu", nn::Dense(s.Child("dot1"), b[0], 1024, dense));
       y = s.WithLogicalConstraint(y, {"batch", "hidden"});
       nn::Value w2 = s.Param("w2", {1024, 1024}, {"hidden", "embed"}, nn::LecunNormal());
-      return nn::MseLoss(jit, jit.Dot(y, w2), b[1]);
+      if (dtype != v1::DTYPE_F32) w2 = jit.Convert(w2, dtype);
+      return nn::MseLoss(jit, f32(jit, jit.Dot(y, w2)), b[1]);
     };
     w.examples_per_step = 8;
   } else if (name == "classifier") {
-    w.description =
-        "seed classifier: Dense 784->512, SiLU, Dense 512->10, softmax CE, AdamW, 2 x 32 images";
+    w.description = absl::StrCat(
+        "seed classifier: Dense 784->512, SiLU, Dense 512->10, softmax CE, AdamW, 2 x 32 images",
+        in_dtype);
     w.batch = ClassifierBatch(kClassifierMinibatch);
     ClassifierOptions model;
     model.dropout_rate = 0.0f;
+    model.dtype = dtype;
     w.loss = ClassifierLoss(model);
     w.optimizer.kind = OptimizerConfig::kAdamW;
     w.num_minibatches = kClassifierMinibatches;

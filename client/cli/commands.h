@@ -95,8 +95,9 @@ struct WorkloadTrainArgs {
   int save_every = 0;
   int keep = 0;  // > 0: keep the newest `keep` checkpoints
   bool async_save = false;
-  bool resume = false;    // continue from the newest committed checkpoint in ckpt_dir
-  std::string init_from;  // a safetensors file of parameters
+  bool resume = false;            // continue from the newest committed checkpoint in ckpt_dir
+  std::string init_from;          // a safetensors file of parameters
+  std::string precision = "f32";  // the layers' compute dtype: f32 or bf16 (mixed precision)
 };
 // Trains a seed workload with a derived train step as a job (the coordinator's JobDriver, on
 // the workload's own batch), printing each step's loss (%.9g).

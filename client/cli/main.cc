@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
                    "workers exchange collective data over the gRPC ring only (default: shared "
                    "memory on this host)");
 
+  const std::string kPrecision =
+      "the layers' compute dtype: bf16 is mixed precision (bf16 GEMMs accumulating in f32; f32 "
+      "parameters, gradients and optimizer state)";
   meshrun::cli::TrainArgs train;
   auto* train_cmd = app.add_subcommand("train", "run a train job");
   meshrun::cli::WorkloadTrainArgs wtrain;
@@ -87,6 +90,9 @@ int main(int argc, char** argv) {
   train_cmd->add_flag(
       "--resume", wtrain.resume,
       "continue from the newest committed checkpoint (the config's checkpoint.dir or --ckpt-dir)");
+  train_cmd->add_option("--precision", wtrain.precision, kPrecision)
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
   train_cmd->add_option("--init-from", wtrain.init_from,
                         "workload: parameters from a safetensors file");
   train_cmd->add_option("--coordinator", train.coordinator,
@@ -174,9 +180,10 @@ int main(int argc, char** argv) {
   ar_cmd->add_flag("--no-shm", ar_no_shm, kNoShm);
   ar_cmd->add_flag("--insecure", ar.insecure,
                    "no TLS between the processes (default: mutual TLS, as deployed)");
-  auto* ar_netns = ar_cmd->add_flag("--netns", ar.netns,
-                   "each worker on a host of its own: a network namespace joined to a bridge, "
-                   "over gRPC (needs root and iproute2)");
+  auto* ar_netns =
+      ar_cmd->add_flag("--netns", ar.netns,
+                       "each worker on a host of its own: a network namespace joined to a bridge, "
+                       "over gRPC (needs root and iproute2)");
   ar_cmd
       ->add_option("--netem-delay-us", ar.netem_delay_us,
                    "with --netns: one-way delay tc netem adds to each packet a worker sends")
@@ -233,6 +240,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, INT_MAX))
       ->capture_default_str();
   sb_cmd->add_flag("--no-shm", sb_no_shm, kNoShm);
+  std::string sb_precision = "f32";
+  sb_cmd->add_option("--precision", sb_precision, kPrecision)
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
 
   meshrun::CkptBenchOptions kb;
   auto* kb_cmd = bench_cmd->add_subcommand(
@@ -304,6 +315,7 @@ int main(int argc, char** argv) {
       sb.workloads = absl::StrSplit(sb_workloads, ',', absl::SkipEmpty());
       sb.layouts = absl::StrSplit(sb_layouts, ',', absl::SkipEmpty());
       sb.shm_transport = !sb_no_shm;
+      sb.dtype = sb_precision == "bf16" ? meshrun::v1::DTYPE_BF16 : meshrun::v1::DTYPE_F32;
       return meshrun::RunStepBench(sb);
     }
     if (tb_cmd->parsed()) {

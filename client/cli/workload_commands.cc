@@ -35,6 +35,7 @@ absl::StatusOr<PlannedJob> PlanWorkload(const WorkloadTrainArgs& a) {
   c.train.seed = 0;
   c.train.log_every = std::max(1, a.steps_per_call);
   c.train.evaluate = false;
+  c.precision.compute = a.precision;
   for (const auto& [path, given] : {std::pair{&c.checkpoint.dir, a.ckpt_dir},
                                     std::pair{&c.checkpoint.init_from, a.init_from}}) {
     if (!given.empty()) *path = std::filesystem::absolute(given).lexically_normal().string();

@@ -215,11 +215,6 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
   if (!root.contains("data") && c.model.name != "dp_classifier") {
     c.data.dataset = "synthetic";  // a seed workload's own batch, every step
   }
-  if (c.precision.compute != "f32" && c.model.name != "dp_classifier") {
-    return absl::InvalidArgumentError(absl::StrCat("'precision.compute' ", c.precision.compute,
-                                                   " is supported for model 'dp_classifier'; '",
-                                                   c.model.name, "' computes in f32"));
-  }
   if (c.data.dataset == "npy" && !root["data"].contains("path")) {
     return absl::InvalidArgumentError(
         "'data.dataset' is npy but 'data.path' (the directory of .npy files) is not set");

@@ -50,11 +50,12 @@ namespace meshrun {
 // `eval_path` if set; "synthetic" (the default for the seed workloads) trains on the workload's
 // own batch every step. `max_steps` > 0 stops after that many steps (otherwise epochs * the
 // steps per epoch; synthetic: 20).
-// Mixed precision (dp_classifier): "compute": "bf16" is Flax's Dense(dtype=jnp.bfloat16,
+// Mixed precision (every model): "compute": "bf16" is Flax's Dense(dtype=jnp.bfloat16,
 // param_dtype=jnp.float32): each layer's input, kernel and bias are cast to bf16 and its GEMMs
 // (forward and backward) run as oneDNN bf16 matmuls accumulating in f32; the parameters,
 // gradients (cast back by the casts' VJP), their all-reduces and the optimizer state stay f32,
-// and the logits are cast to f32 before the loss.
+// and the model's output (the logits; mlp's and dot_relu_dot's prediction) is cast to f32 before
+// the loss.
 // Checkpoint policy (core/checkpoint/checkpoint.h has the format): with a `dir`, the TrainState
 // (params, opt_state, rng; the step in the manifest) is saved every `save_every` steps (0: only
 // at the end) and always at the end of the job, keeping the newest `keep` (0: all); `async`

@@ -2,7 +2,9 @@
 (batch over 'data', hidden over 'model'), trained through cluster.jit, beside the same workloads
 through the C++ SDK (`meshrun bench step --layouts 2d`, its own cluster of the same shape, same
 run) and plain jax.jit on 8 emulated CPU devices. Prints p50 step times in ms and the tracing
-plus conversion time of each program. A benchmark, not a test: nothing is asserted.
+plus conversion time of each program. The C++ SDK also runs the workloads in bf16 compute
+(`meshrun bench step --precision bf16`: bf16 GEMMs, f32 parameters and Adam state), printed
+beside jax.jit's f32 step as the speed-up over it. A benchmark, not a test: nothing is asserted.
 
 Usage: python -m meshrun.bench [--steps N] [--bin-dir DIR] [--workloads mlp,dot_relu_dot]
 """
@@ -86,9 +88,10 @@ def p50_ms(fn, steps, warmup=2):
     return 1e3 * statistics.median(times)
 
 
-def cpp_step_ms(binary, workloads, steps):
+def cpp_step_ms(binary, workloads, steps, precision="f32"):
     out = subprocess.run([binary, "bench", "step", "--workloads", ",".join(workloads), "--layouts", "2d",
-                          "--steps", str(steps)], capture_output=True, text=True, timeout=900)
+                          "--steps", str(steps), "--precision", precision],
+                         capture_output=True, text=True, timeout=900)
     found = {}
     for line in out.stdout.splitlines():
         m = re.match(r"(\S+)\s+2d\s+\d+\s+([\d.]+)", line)
@@ -145,6 +148,7 @@ def main():
     mesh = Mesh(mesh_utils.create_device_mesh((2, 4)), ("data", "model"))
     cases = {n: CASES[n](mesh) for n in names}
     cpp = cpp_step_ms(binary, names, args.steps)
+    cpp_bf16 = cpp_step_ms(binary, names, args.steps, "bf16")
     jax_ms = {n: jax_step_ms(cases[n], mesh, args.steps) for n in names}
     ours = {}
     with meshrun.local_cluster(mesh="data=2,model=4", bin_dir=os.path.dirname(binary)) as cluster:
@@ -152,12 +156,14 @@ def main():
             ours[n] = cluster_step_ms(cluster, cases[n], mesh, args.steps)
     print(f"# 2x4 mesh, layout 2d, batch {BATCH}, p50 of {args.steps} steps; one run on this machine")
     print(f"{'workload':<14}{'cluster.jit ms':>16}{'C++ SDK ms':>12}{'ratio':>8}{'jax.jit (8 emulated) ms':>26}"
-          f"{'trace+convert s':>17}")
+          f"{'trace+convert s':>17}{'C++ SDK bf16 ms':>17}{'jax f32 / C++ bf16':>20}")
     for n in names:
         ms, trace = ours[n]
-        c = cpp.get(n)
+        c, b = cpp.get(n), cpp_bf16.get(n)
         ratio = f"{ms / c:.2f}x" if c else "n/a"
-        print(f"{n:<14}{ms:>16.1f}{(f'{c:.1f}' if c else 'n/a'):>12}{ratio:>8}{jax_ms[n]:>26.1f}{trace:>17.2f}")
+        speedup = f"{jax_ms[n] / b:.2f}x" if b else "n/a"
+        print(f"{n:<14}{ms:>16.1f}{(f'{c:.1f}' if c else 'n/a'):>12}{ratio:>8}{jax_ms[n]:>26.1f}{trace:>17.2f}"
+              f"{(f'{b:.1f}' if b else 'n/a'):>17}{speedup:>20}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 #include "core/config/job_config.h"
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -137,7 +138,7 @@ TEST(JobConfigTest, RejectsBadValuesNamingAllowedOnes) {
               HasSubstr("/nonexistent/job.json"));
 }
 
-TEST(JobConfigTest, ParsesThePrecisionOfTheMainJob) {
+TEST(JobConfigTest, ParsesThePrecisionOfEveryModel) {
   absl::StatusOr<JobConfig> c = ParseJobConfig(R"({"precision": {"compute": "bf16"}})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->precision.compute, "bf16");
@@ -147,10 +148,12 @@ TEST(JobConfigTest, ParsesThePrecisionOfTheMainJob) {
   EXPECT_EQ(ParseJobConfig("{}")->precision.compute, "f32");
   EXPECT_EQ(ParseJobConfig(R"({"precision": {"compute": "fp16"}})").status().message(),
             "'precision.compute' is \"fp16\"; allowed: f32, bf16");
-  EXPECT_THAT(ParseJobConfig(R"({"model": {"name": "mlp"}, "precision": {"compute": "bf16"}})")
-                  .status()
-                  .message(),
-              HasSubstr("'precision.compute' bf16 is supported for model 'dp_classifier'; 'mlp'"));
+  for (const char* model : {"mlp", "dot_relu_dot", "classifier"}) {
+    absl::StatusOr<JobConfig> seed = ParseJobConfig(
+        absl::StrCat(R"({"model": {"name": ")", model, R"("}, "precision": {"compute": "bf16"}})"));
+    ASSERT_TRUE(seed.ok()) << model << ": " << seed.status();
+    EXPECT_EQ(seed->precision.compute, "bf16") << model;
+  }
 }
 
 }  // namespace

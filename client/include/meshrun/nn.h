@@ -162,13 +162,18 @@ Value Dense(Scope scope, Value x, int64_t features, const DenseOptions& options 
 // The seeds' DotReluDot (000, 002, 003): W1 [in, depth] ('embed', 'hidden'), y = relu(x @ W1)
 // constrained to ('batch', 'hidden'), W2 [depth, in] ('hidden', 'embed'), z = y @ W2 constrained
 // to ('batch', 'embed'); both xavier_normal. x: [batch, in].
-Value DotReluDot(Scope scope, Value x, int64_t depth);
+// `dtype` as DenseOptions::dtype (flax's dtype=, with param_dtype f32): bf16 casts x, W1 and W2
+// to bf16, so both GEMMs (and their gradients' GEMMs) are oneDNN bf16 matmuls accumulating in
+// f32; relu is computed in f32 and rounded to bf16 (as XLA's CPU backend does), and z is bf16.
+// W1 and W2 stay f32, and their gradients come back f32 through the casts' VJP.
+Value DotReluDot(Scope scope, Value x, int64_t depth, DType dtype = v1::DTYPE_F32);
 
 // The seed's MLP: num_layers DotReluDot blocks, unrolled (params layers_0/W1, ...) or
 // scan-stacked as nn.scan does (one W1 [num_layers, in, depth] with logical axes ('layer',
 // 'embed', 'hidden'); 'layer' is unpartitioned unless a rule maps it: metadata_params
-// {PARTITION_NAME: None}).
-Value Mlp(Scope scope, Value x, int num_layers, int64_t depth, bool use_scan);
+// {PARTITION_NAME: None}). `dtype`: every block's, as DotReluDot's (the result is in `dtype`).
+Value Mlp(Scope scope, Value x, int num_layers, int64_t depth, bool use_scan,
+          DType dtype = v1::DTYPE_F32);
 
 // flax.linen.Dropout(rate): identity when `deterministic` or the scope is; otherwise x * mask
 // with the key from scope.MakeRng() folded over the batch axes (shared/seeds/001's

@@ -56,8 +56,18 @@ LossFn ClassifierLoss(const ClassifierOptions& options);
 // The batch inputs of ClassifierLoss for a minibatch of `minibatch` examples of `image_size`.
 std::vector<BatchSpec> ClassifierBatch(int64_t minibatch, int64_t image_size = 784);
 
-// Errors: NotFound naming the workload and the known ones.
-absl::StatusOr<Workload> SeedWorkload(const std::string& name);
+// How a seed workload computes. `dtype` is its layers' computation dtype (flax's dtype=, with
+// param_dtype f32): bf16 runs every Dense / DotReluDot GEMM as a oneDNN bf16 matmul accumulating
+// in f32 (nn::DenseOptions::dtype), while the parameters, their gradients, the gradients'
+// all-reduces and the optimizer state stay f32; the model's output is cast to f32 before the loss
+// (the job config's "precision": {"compute": "bf16"}).
+struct WorkloadOptions {
+  DType dtype = v1::DTYPE_F32;
+};
+
+// Errors: NotFound naming the workload and the known ones; InvalidArgument for a dtype other
+// than f32 and bf16.
+absl::StatusOr<Workload> SeedWorkload(const std::string& name, const WorkloadOptions& options = {});
 std::vector<std::string> SeedWorkloadNames();
 
 // The host batch of a workload, in BatchSpec order (with the leading minibatch dim when
