@@ -45,7 +45,9 @@ int RunCollectivesBench(const CollectivesBenchOptions& options);
 struct TrainBenchOptions {
   std::vector<int> workers = {1, 2, 8};
   int steps = 600;
-  bool insecure = false;  // no TLS between the processes (to measure what TLS costs)
+  bool insecure = false;          // no TLS between the processes (to measure what TLS costs)
+  std::string precision = "f32";  // the job config's precision.compute: f32 or bf16
+  int num_minibatches = 4;        // the job config's optimizer.num_minibatches (of 128)
   std::string bin_dir;
 };
 // Prints steady-state samples/s of the main job (the seed's DPClassifier on Fashion-MNIST) for

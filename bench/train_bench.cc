@@ -10,7 +10,9 @@ namespace meshrun {
 
 int RunTrainBench(const TrainBenchOptions& o) {
   std::printf(
-      "# main job (DPClassifier, Fashion-MNIST, global batch 128, 4 minibatches, AdamW, f32)\n");
+      "# main job (DPClassifier, Fashion-MNIST, global batch 128, %d minibatch(es), AdamW, %s "
+      "compute)\n",
+      o.num_minibatches, o.precision.c_str());
   std::printf("%8s %8s %14s %10s %14s %16s\n", "workers", "steps", "samples/s", "loss", "step (ms)",
               "all-reduce (ms)");
   for (int n : o.workers) {
@@ -22,6 +24,8 @@ int RunTrainBench(const TrainBenchOptions& o) {
     config.train.max_steps = o.steps;
     config.train.log_every = std::max(1, o.steps / 5);
     config.train.evaluate = false;
+    config.precision.compute = o.precision;
+    config.optimizer.num_minibatches = o.num_minibatches;
     auto result = (*client)->Train(config);
     if (!result.ok()) {
       std::fprintf(stderr, "meshrun bench: %s\n", std::string(result.status().message()).c_str());

@@ -207,6 +207,14 @@ int main(int argc, char** argv) {
   tb_cmd->add_option("--workers", train_workers, "worker counts")->capture_default_str();
   tb_cmd->add_flag("--insecure", tb.insecure,
                    "no TLS between the processes (default: mutual TLS, as deployed)");
+  tb_cmd->add_option("--precision", tb.precision, kPrecision)
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  tb_cmd
+      ->add_option("--minibatches", tb.num_minibatches,
+                   "gradient accumulation: the global batch of 128 as this many minibatches")
+      ->check(CLI::IsMember({1, 2, 4, 8}))
+      ->capture_default_str();
   tb_cmd->add_option("--steps", tb.steps, "steps per run")
       ->check(CLI::Range(1, INT_MAX))
       ->capture_default_str();
