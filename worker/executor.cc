@@ -460,6 +460,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
       mo.transpose_b = op.transpose_b();
       mo.alpha = op.alpha() == 0.0f ? 1.0f : op.alpha();
       mo.accumulate = op.accumulate();
+      mo.activation = op.fn();
       return wrap(
           CreateMatmul(*in[0], *in[1], op.inputs_size() == 3 ? in[2] : nullptr, *out[0], mo));
     }

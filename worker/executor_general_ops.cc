@@ -192,7 +192,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
     }
     case v1::OP_UNARY_GRAD: {
       if (absl::Status s = OpArity(op, 2, 1); !s.ok()) return s;
-      auto k = CreateUnaryGrad(op.fn(), *in[0], *in[1], *out[0]);
+      auto k = CreateUnaryGrad(op.fn(), *in[0], *in[1], *out[0], op.grad_from_output());
       if (!k.ok()) return k.status();
       return FromKernel(std::move(k));
     }

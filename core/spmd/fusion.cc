@@ -59,7 +59,8 @@ void FuseGradientAccumulation(v1::ShardMapProgram* program) {
         const v1::Op& matmul = ops->Get(pw[0]);
         const v1::Op& first = ops->Get(aw[0]);
         if (matmul.kind() != v1::OP_MATMUL || matmul.inputs_size() != 2 || matmul.accumulate() ||
-            IsView(first.kind()) || first.outputs_size() != 1 || !AccumulatesInPlace(*ops, aw)) {
+            !matmul.fn().empty() || IsView(first.kind()) || first.outputs_size() != 1 ||
+            !AccumulatesInPlace(*ops, aw)) {
           continue;
         }
         const std::string sum = add.outputs(0);

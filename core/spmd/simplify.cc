@@ -154,6 +154,12 @@ void FoldBroadcasts(v1::ShardMapProgram* p) {
   }
 }
 
+// A matmul that only multiplies (and scales by 1): no accumulation, no activation yet.
+bool PlainMatmul(const v1::Op& op) {
+  return op.kind() == v1::OP_MATMUL && !op.accumulate() && op.fn().empty() &&
+         (op.alpha() == 0.0f || op.alpha() == 1.0f) && op.outputs_size() == 1;
+}
+
 // `c = add(matmul(a, b), bias)` with bias [1, N] or [N] over the matmul's [M, N] result becomes
 // one OP_MATMUL with a bias (the GEMM's epilogue) writing c, when nothing else reads the product.
 bool FuseMatmulBias(v1::ShardMapProgram* p) {
@@ -170,10 +176,7 @@ bool FuseMatmulBias(v1::ShardMapProgram* p) {
     const int m = uses.Writer(product);
     if (m < 0 || uses.boundary.count(product) || uses.NumReaders(product) != 1) continue;
     const v1::Op& matmul = ops->Get(m);
-    if (matmul.kind() != v1::OP_MATMUL || matmul.inputs_size() != 2 || matmul.accumulate() ||
-        (matmul.alpha() != 0.0f && matmul.alpha() != 1.0f)) {
-      continue;
-    }
+    if (!PlainMatmul(matmul) || matmul.inputs_size() != 2) continue;
     auto pd = decls.find(product), bd = decls.find(bias), sd = decls.find(sum);
     if (pd == decls.end() || bd == decls.end() || sd == decls.end()) continue;
     const std::vector<int64_t> pdims = DimsOf(pd->second), bdims = DimsOf(bd->second);
@@ -217,8 +220,8 @@ bool FoldConvertIntoMatmul(v1::ShardMapProgram* p) {
     if (m < 0 || uses.boundary.count(product) || uses.NumReaders(product) != 1) continue;
     const v1::Op& matmul = ops->Get(m);
     auto pd = decls.find(product), qd = decls.find(q);
-    if (matmul.kind() != v1::OP_MATMUL || matmul.accumulate() || pd == decls.end() ||
-        qd == decls.end() || pd->second->dtype() != v1::DTYPE_BF16 ||
+    if (matmul.kind() != v1::OP_MATMUL || matmul.accumulate() || !matmul.fn().empty() ||
+        pd == decls.end() || qd == decls.end() || pd->second->dtype() != v1::DTYPE_BF16 ||
         qd->second->dtype() != v1::DTYPE_F32 || DimsOf(pd->second) != DimsOf(qd->second) ||
         args.count(q) || !uses.Fixed(q)) {
       continue;
@@ -231,6 +234,76 @@ bool FoldConvertIntoMatmul(v1::ShardMapProgram* p) {
     }
     ops->Mutable(m)->set_outputs(0, q);
     ops->DeleteSubrange(i, 1);
+    return true;
+  }
+  return false;
+}
+
+// `dx = unary_grad(relu, x, dy)` where an earlier `y = unary(relu, x)` (y written once, not an
+// argument) exists reads y instead (grad_from_output): the same bits (but at a NaN x, see
+// program.proto), and the backward pass no
+// longer keeps x, so the matmul that writes x can take the relu next (FuseMatmulActivation).
+bool ReluGradFromOutput(v1::ShardMapProgram* p) {
+  const Uses uses(*p);
+  const std::set<std::string> args(p->inputs().begin(), p->inputs().end());
+  Ops* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
+  for (int i = 0; i < ops->size(); ++i) {
+    const v1::Op& grad = ops->Get(i);
+    if (grad.kind() != v1::OP_UNARY_GRAD || grad.fn() != "relu" || grad.grad_from_output() ||
+        grad.inputs_size() != 2 || !uses.Fixed(grad.inputs(0))) {
+      continue;
+    }
+    auto r = uses.readers.find(grad.inputs(0));
+    for (int k : r->second) {
+      const v1::Op& relu = ops->Get(k);
+      if (k >= i || relu.kind() != v1::OP_UNARY || relu.fn() != "relu" || relu.inputs_size() != 1 ||
+          relu.outputs_size() != 1 || !uses.Fixed(relu.outputs(0)) || args.count(relu.outputs(0))) {
+        continue;
+      }
+      v1::Op* g = ops->Mutable(i);
+      g->set_inputs(0, relu.outputs(0));
+      g->set_grad_from_output(true);
+      return true;
+    }
+  }
+  return false;
+}
+
+// `y = unary(fn, c)` of a matmul's f32 result c that nothing else reads becomes that matmul with
+// fn as its post-op, writing y (one pass over the result fewer; oneDNN applies fn to the
+// accumulator, which the f32 result holds unrounded, so the bits are the same). fn: OP_MATMUL's
+// activations (program.proto).
+bool FuseMatmulActivation(v1::ShardMapProgram* p) {
+  static const std::set<std::string> kActivations = {
+      "tanh", "exp", "log", "sqrt", "rsqrt", "neg", "abs", "square", "relu", "logistic", "silu"};
+  const Uses uses(*p);
+  const auto decls = Decls(p->program());
+  const std::set<std::string> args(p->inputs().begin(), p->inputs().end());
+  Ops* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
+  for (int i = 0; i < ops->size(); ++i) {
+    const v1::Op& unary = ops->Get(i);
+    if (unary.kind() != v1::OP_UNARY || !kActivations.count(unary.fn()) ||
+        unary.inputs_size() != 1 || unary.outputs_size() != 1) {
+      continue;
+    }
+    const std::string product = unary.inputs(0), y = unary.outputs(0);
+    const int m = uses.Writer(product);
+    if (m < 0 || uses.boundary.count(product) || uses.NumReaders(product) != 1) continue;
+    const v1::Op& matmul = ops->Get(m);
+    auto pd = decls.find(product);
+    if (!PlainMatmul(matmul) || pd == decls.end() || pd->second->dtype() != v1::DTYPE_F32 ||
+        !uses.Fixed(y) || args.count(y)) {
+      continue;
+    }
+    // The fused op runs where the unary ran: its operands must hold the values they had.
+    bool fixed = true;
+    for (const std::string& in : matmul.inputs()) fixed = fixed && uses.Fixed(in);
+    if (!fixed) continue;
+    v1::Op fused = matmul;
+    fused.set_fn(unary.fn());
+    fused.set_outputs(0, y);
+    *ops->Mutable(i) = std::move(fused);
+    ops->DeleteSubrange(m, 1);
     return true;
   }
   return false;
@@ -281,6 +354,10 @@ void SimplifyProgram(v1::ShardMapProgram* program) {
   }
   FoldBroadcasts(program);
   while (FuseMatmulBias(program)) {
+  }
+  while (ReluGradFromOutput(program)) {
+  }
+  while (FuseMatmulActivation(program)) {
   }
   EliminateDeadCode(program);
 }

@@ -278,9 +278,19 @@ TEST_F(SeedWorkloadsE2ETest, SeedClassifierUnderDataParallelAndFsdp) {
 // 0.1-3.2% on three draws); 5e-2 there.
 TEST_F(SeedWorkloadsE2ETest, Bf16ComputeTracksTheF32RunWithF32Masters) {
   for (const std::string workload : {"mlp", "dot_relu_dot"}) {
-    const RunResult f32 = Run(workload, "2d", kTwoByFour);
-    TrainStep step;
+    TrainStep f32_step, step;
+    const RunResult f32 = Run(workload, "2d", kTwoByFour, &f32_step);
     const RunResult bf16 = Run(workload, "2d", kTwoByFour, &step, v1::DTYPE_BF16);
+    // Every block's relu runs as its GEMM's post-op, in f32 and in bf16 (SimplifyProgram).
+    for (const TrainStep* s : {&f32_step, &step}) {
+      int relus = 0, fused = 0;
+      for (const v1::Op& op : s->step.program().functions(0).ops()) {
+        relus += op.kind() == v1::OP_UNARY && op.fn() == "relu";
+        fused += op.kind() == v1::OP_MATMUL && op.fn() == "relu";
+      }
+      EXPECT_EQ(relus, 0) << workload;
+      EXPECT_EQ(fused, workload == "mlp" ? 4 : 1) << workload;
+    }
     ASSERT_EQ(f32.losses.size(), 20u) << workload;
     ASSERT_EQ(bf16.losses.size(), 20u) << workload;
     for (const PlannedArray& a : step.state) {

@@ -24,6 +24,31 @@ std::optional<dnnl::memory::data_type> FloatType(DType dtype) {
   return std::nullopt;
 }
 
+const std::map<std::string, EltwiseAlg>& EltwiseAlgs() {
+  static const auto* algs =
+      new std::map<std::string, EltwiseAlg>{{"tanh", {dnnl::algorithm::eltwise_tanh, 0, 0}},
+                                            {"exp", {dnnl::algorithm::eltwise_exp, 0, 0}},
+                                            {"log", {dnnl::algorithm::eltwise_log, 0, 0}},
+                                            {"sqrt", {dnnl::algorithm::eltwise_sqrt, 0, 0}},
+                                            {"rsqrt", {dnnl::algorithm::eltwise_pow, 1, -0.5f}},
+                                            {"neg", {dnnl::algorithm::eltwise_linear, -1, 0}},
+                                            {"abs", {dnnl::algorithm::eltwise_abs, 0, 0}},
+                                            {"square", {dnnl::algorithm::eltwise_square, 0, 0}},
+                                            {"relu", {dnnl::algorithm::eltwise_relu, 0, 0}},
+                                            {"logistic", {dnnl::algorithm::eltwise_logistic, 0, 0}},
+                                            {"silu", {dnnl::algorithm::eltwise_swish, 1, 0}},
+                                            {"pow", {dnnl::algorithm::eltwise_pow, 1, 1}}};
+  return *algs;
+}
+
+std::optional<EltwiseAlg> EltwiseAlgOf(const std::string& fn, float exponent) {
+  auto it = EltwiseAlgs().find(fn);
+  if (it == EltwiseAlgs().end()) return std::nullopt;
+  EltwiseAlg a = it->second;
+  if (fn == "pow") a.beta = exponent;
+  return a;
+}
+
 dnnl::memory::desc RowMajorDesc(const Dims& dims) {
   dnnl::memory::dims d(dims.begin(), dims.end());
   if (d.empty()) d.push_back(1);

@@ -3,7 +3,9 @@
 #define MESHRUN_WORKER_KERNELS_ENGINE_H_
 
 #include <functional>
+#include <map>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -17,6 +19,18 @@ dnnl::engine& CpuEngine();
 
 // oneDNN's data type for f32 and bf16 Tensors; nullopt for any other dtype.
 std::optional<dnnl::memory::data_type> FloatType(DType dtype);
+
+// A unary fn as a oneDNN eltwise algorithm with its alpha and beta (CreateUnary's fns that oneDNN
+// computes, and matmul post-ops).
+struct EltwiseAlg {
+  dnnl::algorithm alg;
+  float alpha, beta;
+};
+// Every such fn: tanh exp log sqrt rsqrt neg abs square relu logistic silu, and pow (x **
+// exponent).
+const std::map<std::string, EltwiseAlg>& EltwiseAlgs();
+// The algorithm of `fn`, pow's beta being `exponent`; nullopt for a fn that is not in the table.
+std::optional<EltwiseAlg> EltwiseAlgOf(const std::string& fn, float exponent = 1.0f);
 
 // A row-major f32 memory descriptor for `dims` ({} becomes {1}).
 dnnl::memory::desc RowMajorDesc(const Dims& dims);

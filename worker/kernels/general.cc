@@ -36,41 +36,19 @@ std::string Keys(const std::map<std::string, V>& m) {
 
 }  // namespace
 
-namespace {
-
-struct EltwiseAlg {
-  dnnl::algorithm alg;
-  float alpha, beta;
-};
-
-// The oneDNN eltwise algorithm (and its alpha, beta) of each unary fn.
-std::map<std::string, EltwiseAlg> UnaryAlgs(float exponent) {
-  return {{"tanh", {dnnl::algorithm::eltwise_tanh, 0, 0}},
-          {"exp", {dnnl::algorithm::eltwise_exp, 0, 0}},
-          {"log", {dnnl::algorithm::eltwise_log, 0, 0}},
-          {"sqrt", {dnnl::algorithm::eltwise_sqrt, 0, 0}},
-          {"rsqrt", {dnnl::algorithm::eltwise_pow, 1, -0.5f}},
-          {"neg", {dnnl::algorithm::eltwise_linear, -1, 0}},
-          {"abs", {dnnl::algorithm::eltwise_abs, 0, 0}},
-          {"square", {dnnl::algorithm::eltwise_square, 0, 0}},
-          {"relu", {dnnl::algorithm::eltwise_relu, 0, 0}},
-          {"logistic", {dnnl::algorithm::eltwise_logistic, 0, 0}},
-          {"silu", {dnnl::algorithm::eltwise_swish, 1, 0}},
-          {"pow", {dnnl::algorithm::eltwise_pow, 1, exponent}}};
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, const Tensor& x,
-                                                        const Tensor& dy, Tensor& dx) {
-  std::map<std::string, EltwiseAlg> algs;
+                                                        const Tensor& dy, Tensor& dx,
+                                                        bool from_output) {
+  std::map<std::string, kernels::EltwiseAlg> algs;
   for (const char* name :
-       {"tanh", "exp", "log", "sqrt", "abs", "square", "relu", "logistic", "silu"})
-    algs[name] = UnaryAlgs(1.0f).at(name);
+       {"tanh", "exp", "log", "sqrt", "abs", "square", "relu", "logistic", "silu"}) {
+    if (!from_output || std::string(name) == "relu") algs[name] = *kernels::EltwiseAlgOf(name);
+  }
   auto it = algs.find(fn);
   if (it == algs.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("unknown unary_grad fn '", fn, "'; allowed: ", Keys(algs)));
+    return absl::InvalidArgumentError(absl::StrCat("unknown unary_grad fn '", fn, "'",
+                                                   from_output ? " from the output" : "",
+                                                   "; allowed: ", Keys(algs)));
   }
   if (absl::Status s = RequireF32("unary_grad", x); !s.ok()) return s;
   if (absl::Status s = RequireF32("unary_grad", dy); !s.ok()) return s;
@@ -83,16 +61,19 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, c
   std::unique_ptr<Kernel> kernel;
   absl::Status s = Guard("unary_grad", [&] {
     auto md = RowMajorDesc(x.dims());
-    const EltwiseAlg& a = it->second;
+    kernels::EltwiseAlg a = it->second;
+    // relu'(x) from y = relu(x): y > 0 exactly where x > 0, so dx is bitwise the same.
+    if (from_output) a.alg = dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
     dnnl::eltwise_forward::primitive_desc hint(
         dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, a.alg, md, a.alpha, a.beta),
         CpuEngine());
     dnnl::eltwise_backward::primitive_desc pd(
         dnnl::eltwise_backward::desc(a.alg, md, md, a.alpha, a.beta), CpuEngine(), hint);
-    kernel = std::make_unique<PrimitiveKernel>("unary_grad", dnnl::eltwise_backward(pd),
-                                               kernels::Args{{DNNL_ARG_SRC, Bind(md, x)},
-                                                             {DNNL_ARG_DIFF_DST, Bind(md, dy)},
-                                                             {DNNL_ARG_DIFF_SRC, Bind(md, dx)}});
+    kernel = std::make_unique<PrimitiveKernel>(
+        "unary_grad", dnnl::eltwise_backward(pd),
+        kernels::Args{{from_output ? DNNL_ARG_DST : DNNL_ARG_SRC, Bind(md, x)},
+                      {DNNL_ARG_DIFF_DST, Bind(md, dy)},
+                      {DNNL_ARG_DIFF_SRC, Bind(md, dx)}});
   });
   if (!s.ok()) return s;
   return kernel;
@@ -146,7 +127,8 @@ class LibmKernel : public Kernel {
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x,
                                                     Tensor& y, float exponent) {
-  const std::map<std::string, EltwiseAlg> algs = UnaryAlgs(exponent);
+  std::map<std::string, kernels::EltwiseAlg> algs = kernels::EltwiseAlgs();
+  algs["pow"] = *kernels::EltwiseAlgOf("pow", exponent);
   auto it = algs.find(fn);
   auto libm = LibmFns().find(fn);
   if (it == algs.end() && libm == LibmFns().end()) {

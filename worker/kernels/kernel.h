@@ -37,13 +37,18 @@ void SetComputeThreads(int num_threads);
 // CPU has them, chosen by oneDNN at run time; where oneDNN has no bf16 matmul, below AVX512 core,
 // the operands are widened to f32 first: the same products and f32 sums); c and bias are f32 or
 // bf16 either way.
-// REQUIRES: no bias when alpha != 1. Errors: InvalidArgument naming the mismatched dims or the
-// unsupported dtype.
+// With an `activation`, c = activation(the product + bias), applied to the f32 accumulator by
+// oneDNN's eltwise post-op before c is stored (one pass instead of a GEMM and an eltwise
+// primitive): one of CreateUnary's oneDNN fns but pow (tanh exp log sqrt rsqrt neg abs square relu
+// logistic silu); f32 results are bitwise those of the matmul then CreateUnary.
+// REQUIRES: no bias when alpha != 1. Errors: InvalidArgument naming the mismatched dims, the
+// unsupported dtype, or an unknown activation, or one with `accumulate` or alpha != 1.
 struct MatmulOptions {
   bool transpose_a = false;
   bool transpose_b = false;
   float alpha = 1.0f;
   bool accumulate = false;
+  std::string activation{};  // empty: none
 };
 absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tensor& b,
                                                      const Tensor* bias, Tensor& c,
@@ -65,9 +70,14 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const
 
 // dx = dy * fn'(x) element-wise, f32, all three the same shape: the VJP of CreateUnary's fn, as a
 // oneDNN eltwise backward primitive (from x, not from y). fn: tanh exp log sqrt abs square relu
-// logistic silu (relu'(0) = 0, as jax.nn.relu). Errors: InvalidArgument naming an unknown fn.
+// logistic silu (relu'(0) = 0, as jax.nn.relu). With `from_output`, `x` holds y = fn(x) instead
+// (oneDNN's *_use_dst_for_bwd), fn relu only: y > 0 exactly where x > 0, so dx is bitwise the
+// same for every x but NaN (oneDNN's relu(NaN) is 0, whose gradient is 0 where the one from x
+// passes dy), and x need not be kept for the backward pass. Errors: InvalidArgument naming an
+// unknown fn.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, const Tensor& x,
-                                                        const Tensor& dy, Tensor& dx);
+                                                        const Tensor& dy, Tensor& dx,
+                                                        bool from_output = false);
 
 // out = fn(a, b) element-wise, out shaped like a; b has a's rank with each dim equal or 1 (numpy
 // broadcasting). f32: add sub mul div max min and the comparisons eq ne lt le gt ge (1 or 0) on

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/array_ops.h"
 #include "worker/kernels/primitive_kernel.h"
 
@@ -40,15 +41,29 @@ absl::StatusOr<std::unique_ptr<Kernel>> BuildMatmul(const Desc& a_md, const Tens
   if (bias != nullptr && options.alpha != 1.0f) {
     return absl::InvalidArgumentError("matmul: a bias with alpha != 1 is not supported");
   }
+  std::optional<kernels::EltwiseAlg> activation;
+  if (!options.activation.empty()) {
+    activation = kernels::EltwiseAlgOf(options.activation);
+    if (!activation || options.activation == "pow") {
+      std::vector<std::string> fns;
+      for (const auto& [fn, _] : kernels::EltwiseAlgs())
+        if (fn != "pow") fns.push_back(fn);
+      return absl::InvalidArgumentError(absl::StrCat("matmul activation '", options.activation,
+                                                     "'; allowed: ", absl::StrJoin(fns, ", ")));
+    }
+    if (options.accumulate || options.alpha != 1.0f) {
+      return absl::InvalidArgumentError(absl::StrCat("matmul activation '", options.activation,
+                                                     "' with accumulate or alpha != 1"));
+    }
+  }
   std::unique_ptr<Kernel> kernel;
   absl::Status s = Guard("matmul", [&] {
     dnnl::primitive_attr attr;
     if (options.alpha != 1.0f) attr.set_output_scales(0, {options.alpha});
-    if (options.accumulate) {
-      dnnl::post_ops ops;
-      ops.append_sum(1.0f);
-      attr.set_post_ops(ops);
-    }
+    dnnl::post_ops ops;
+    if (options.accumulate) ops.append_sum(1.0f);
+    if (activation) ops.append_eltwise(1.0f, activation->alg, activation->alpha, activation->beta);
+    if (ops.len() > 0) attr.set_post_ops(ops);
     kernels::Args args = {{DNNL_ARG_SRC, Bind(a_md, a)},
                           {DNNL_ARG_WEIGHTS, Bind(b_md, b)},
                           {DNNL_ARG_DST, Bind(c_md, c)}};
