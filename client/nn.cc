@@ -80,7 +80,7 @@ absl::StatusOr<PartitionSpec> Scope::LogicalSpec(
 Value Scope::Param(const std::string& name, const Dims& shape,
                    const std::vector<std::string>& logical_axes, Initializer init, int batch_dims) {
   Shared& s = *shared_;
-  if (!s.status.ok()) return {};
+  if (!status().ok()) return {};
   const std::string full = absl::StrCat(path_, "/", name);
   auto it = s.index.find(full);
   if (it != s.index.end()) {

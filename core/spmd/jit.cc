@@ -735,8 +735,8 @@ void JitBuilder::Backprop(int id, Value g, std::vector<Cotangent>& cts) {
     }
     case Node::kBroadcast: {
       const int x = node.operands[0];
-      const Dims& in = values_[x].global;
-      std::vector<int64_t> added;  // new dims and unit dims that grew
+      const Dims in = values_[x].global;  // copied: Reduce below grows values_
+      std::vector<int64_t> added;         // new dims and unit dims that grew
       for (size_t d = 0; d < shape.size(); ++d) {
         auto it = std::find(node.dims.begin(), node.dims.end(), static_cast<int64_t>(d));
         if (it == node.dims.end() || in[it - node.dims.begin()] != shape[d])

@@ -254,6 +254,8 @@ class JitBuilder {
   const std::vector<Collective>& collectives() const { return collectives_; }
 
   absl::StatusOr<v1::ShardMapProgram> Build() const;
+  // The first error so far (Build() returns it), or OK: every value made after it is invalid.
+  absl::Status status() const { return status_.ok() ? sm_.status() : status_; }
 
   // The global program recorded so far: every call above made by the user (not the ones the
   // builder makes itself, e.g. Grad's backward ops), in order, with its value operands. It holds

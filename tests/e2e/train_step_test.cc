@@ -372,6 +372,22 @@ TEST(TrainStepPlanTest, RejectsBadAnnotationsBeforeAllocating) {
   EXPECT_THAT(plan, ::testing::HasSubstr("psum_scatter"));
 }
 
+// An op of the step that fails is the error BuildTrainStep reports, even when a layer of a later
+// minibatch then declares a parameter with an invalid value's empty shape: the cause, not the
+// parameter whose shape no longer matches. Here the first minibatch's backward pass fails (a max
+// has no gradient here), and the second minibatch's Dense sees an invalid input.
+TEST(TrainStepPlanTest, ReportsTheFailingOpNotTheLaterParameterItInvalidates) {
+  const Mesh mesh = *Mesh::Parse("data=2");
+  const LossFn loss = [](nn::Scope& s, const std::vector<nn::Value>& b) {
+    return s.jit().Reduce("max", nn::Dense(s.Child("dense"), b[0], 4), {0, 1});
+  };
+  auto step = BuildTrainStep(mesh, Sharding("batch=data", ""), OptimizerConfig{},
+                             {{"x", {8, 16}, {"batch", ""}}}, loss, 0, /*num_minibatches=*/2);
+  ASSERT_FALSE(step.ok());
+  EXPECT_THAT(std::string(step.status().message()),
+              ::testing::HasSubstr("grad: reduce max is not differentiable"));
+}
+
 // A gradient left as a per-device partial sum in its parameter's layout is all-reduced inside
 // the Adam update (fused on the workers); one the parameter is sharded over (FSDP) is
 // psum_scattered before it; SGD's gradients are reduced by the sharding constraint.

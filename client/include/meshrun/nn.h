@@ -121,8 +121,12 @@ class Scope {
   JitBuilder& jit() const { return *shared_->jit; }
   const std::vector<ParamInfo>& params() const { return shared_->params; }
   const std::vector<Value>& param_values() const { return shared_->values; }
-  // The first error; Param and the layers return invalid values after it.
-  const absl::Status& status() const { return shared_->status; }
+  // The first error, the scope's own or its JitBuilder's (an op the layers traced that failed:
+  // later values are invalid, so reporting the scope's own later error would hide the cause);
+  // Param and the layers return invalid values after it.
+  absl::Status status() const {
+    return shared_->status.ok() ? shared_->jit->status() : shared_->status;
+  }
   const ShardingConfig& sharding() const { return shared_->sharding; }
 
  private:
