@@ -75,6 +75,25 @@ struct StepBenchOptions {
 // (VmHWM). Returns a process exit code.
 int RunStepBench(const StepBenchOptions& options);
 
+struct KernelBenchOptions {
+  std::vector<std::string> workloads = {"classifier", "mlp",
+                                        "dot_relu_dot"};  // meshrun/workloads.h
+  // "single" runs on one worker with every core; the others on `mesh`, a worker per device (on
+  // this 2-core machine 8 workers share the cores, so their kernels wait for each other).
+  std::vector<std::string> layouts = {"single"};
+  std::string mesh = "data=2,model=4";
+  std::vector<std::string> precisions = {"f32", "bf16"};
+  double min_seconds = 0.1;  // each GEMM timed alone
+  int steps = 50;            // whole steps timed in the worker
+  std::string bin_dir;
+};
+// Prints, per workload, layout, precision and GEMM signature of its partitioned train step
+// (per-worker shapes, MatmulShapeLabel; runs per step), the GFLOP/s worker 0 reaches with it
+// while running whole steps (its kernel histogram, labelled by shape) beside the same oneDNN
+// primitive run alone in this process with the worker's threads, and their ratio; then every
+// GEMM of one step, in the worker and alone. TLS off. Returns a process exit code.
+int RunKernelBench(const KernelBenchOptions& options);
+
 struct CkptBenchOptions {
   std::string workload =
       "mlp";  // seed 000's TrainState: 4 x 2 x 1024 x 1024 params + Adam, ~100 MB

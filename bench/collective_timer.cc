@@ -19,7 +19,8 @@ std::string HumanBytes(int64_t b) {
 
 std::unique_ptr<LocalCluster> StartBenchCluster(const std::string& mesh, const std::string& bin_dir,
                                                 int compute_threads, bool shm_transport,
-                                                bool insecure, const NetnsHosts* hosts) {
+                                                bool insecure, const NetnsHosts* hosts,
+                                                const std::vector<std::string>& worker_flags) {
   LocalClusterOptions lo;
   if (hosts != nullptr) {
     lo.worker_netns = hosts->namespaces();
@@ -31,6 +32,7 @@ std::unique_ptr<LocalCluster> StartBenchCluster(const std::string& mesh, const s
   lo.mesh = mesh;
   lo.bin_dir = bin_dir;
   lo.compute_threads = compute_threads;
+  lo.worker_flags = worker_flags;
   auto cluster = LocalCluster::Start(lo);
   if (!cluster.ok()) {
     std::fprintf(stderr, "meshrun bench: %s\n", std::string(cluster.status().message()).c_str());

@@ -31,7 +31,8 @@ struct CollectiveTiming {
 std::unique_ptr<LocalCluster> StartBenchCluster(const std::string& mesh, const std::string& bin_dir,
                                                 int compute_threads, bool shm_transport = true,
                                                 bool insecure = false,
-                                                const NetnsHosts* hosts = nullptr);
+                                                const NetnsHosts* hosts = nullptr,
+                                                const std::vector<std::string>& worker_flags = {});
 
 // The stubs of every worker of the cluster (by rank), from its coordinator.
 absl::StatusOr<std::vector<std::unique_ptr<v1::Worker::Stub>>> WorkerStubs(

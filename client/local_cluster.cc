@@ -213,6 +213,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClu
          absl::StrCat("--memory_budget_bytes=", o.worker_memory_budget_bytes),
          absl::StrCat("--checkpoint_root=", o.checkpoint_root), *credential_flag});
     if (own_hosts) c->worker_args_.back().push_back(absl::StrCat("--host=", o.worker_hosts[r]));
+    for (const std::string& flag : o.worker_flags) c->worker_args_.back().push_back(flag);
     absl::StatusOr<pid_t> w =
         Spawn(c->worker_binary_, c->worker_args_.back(),
               absl::StrCat(c->log_dir_, "/worker", r, ".log"), env, false, c->WorkerNetns(r));

@@ -402,11 +402,27 @@ std::string Executor::CollectiveName(const v1::Op& op) {
   return "";
 }
 
+std::string MatmulShapeLabel(const v1::Op& op, const Dims& a, const Dims& b, DType operands,
+                             DType result) {
+  auto dims = [](const Dims& d) { return absl::StrCat("[", absl::StrJoin(d, ","), "]"); };
+  return absl::StrCat(dims(a), "x", dims(b), " ", DTypeName(operands), "->", DTypeName(result),
+                      op.transpose_a() ? " ta" : "", op.transpose_b() ? " tb" : "",
+                      op.inputs_size() == 3 ? " +bias" : "",
+                      op.fn().empty() ? "" : absl::StrCat(" ", op.fn()),
+                      op.accumulate() ? " acc" : "");
+}
+
 OpObserver::Recorder Executor::RecorderFor(const v1::Op& op) {
   const std::string collective = CollectiveName(op);
   if (collective.empty()) {
-    return options_.observer->ForKernel(
-        absl::AsciiStrToLower(v1::OpKind_Name(op.kind()).substr(3)));  // matmul
+    std::string shape;
+    if (op.kind() == v1::OP_MATMUL && op.inputs_size() >= 2 && op.outputs_size() == 1) {
+      const Tensor *a = buffer(op.inputs(0)), *b = buffer(op.inputs(1)), *c = buffer(op.outputs(0));
+      if (a != nullptr && b != nullptr && c != nullptr)
+        shape = MatmulShapeLabel(op, a->dims(), b->dims(), a->dtype(), c->dtype());
+    }
+    return options_.observer->ForKernel(absl::AsciiStrToLower(v1::OpKind_Name(op.kind()).substr(3)),
+                                        shape);  // matmul
   }
   int64_t bytes = 0;
   if (op.kind() == v1::OP_ADAM_UPDATE) {

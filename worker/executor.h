@@ -31,12 +31,20 @@ class OpObserver {
  public:
   using Recorder = std::function<void(absl::Duration)>;
   virtual ~OpObserver() = default;
-  // A compute or data-movement op: `kernel` is its kind in lower case without OP_ ("matmul").
-  virtual Recorder ForKernel(const std::string& kernel) = 0;
+  // A compute or data-movement op: `kernel` is its kind in lower case without OP_ ("matmul");
+  // `shape`, for a matmul, its operands as MatmulShapeLabel writes them ("" for other kernels).
+  virtual Recorder ForKernel(const std::string& kernel, const std::string& shape) = 0;
   // A collective: its jax.lax name ("psum", "all_gather", ...), its mesh axes ("data", "i,j"),
   // and the bytes of its input.
   virtual Recorder ForCollective(const std::string& op, const std::string& axes, int64_t bytes) = 0;
 };
+
+// A GEMM's operands as one label: "[32,784]x[784,512] f32->f32" (a's and b's stored dims, the
+// operands' dtype -> the result's), then " ta", " tb", " +bias", " <activation>", " acc" for
+// OP_MATMUL's attributes. `meshrun bench kernels` matches a worker's per-shape kernel times to its
+// own standalone runs by it.
+std::string MatmulShapeLabel(const v1::Op& op, const Dims& a, const Dims& b, DType operands,
+                             DType result);
 
 // Thread-compatible: one Run at a time. Collectives go through `transport`, which must outlive
 // the executor and be connected to every rank of `mesh`.

@@ -38,6 +38,9 @@ ABSL_FLAG(absl::Duration, shm_receive_spin, absl::Microseconds(50),
           "README, Collectives)");
 ABSL_FLAG(std::string, tls_dir, "",
           "the cluster's credentials (meshrun certs init DIR); default: $MESHRUN_TLS_DIR");
+ABSL_FLAG(bool, kernel_shape_labels, false,
+          "label each matmul's meshrun_kernel_duration_seconds by its shape too (one series per "
+          "GEMM signature; what meshrun bench kernels reads)");
 ABSL_FLAG(bool, insecure, false,
           "no TLS and no authentication: any process that reaches the port controls this worker");
 ABSL_FLAG(std::string, checkpoint_root, "/",
@@ -97,6 +100,7 @@ int main(int argc, char** argv) {
   o.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   o.recursive_doubling_max_bytes = absl::GetFlag(FLAGS_recursive_doubling_max_bytes);
   o.receive_spin = absl::GetFlag(FLAGS_shm_receive_spin);
+  o.kernel_shape_labels = absl::GetFlag(FLAGS_kernel_shape_labels);
   o.one_shot_max_bytes = absl::GetFlag(FLAGS_one_shot_max_bytes);
   const absl::Status flags = meshrun::FirstFailed(
       {meshrun::CheckFlagRange("port", o.port, 0, 65535),

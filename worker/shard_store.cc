@@ -13,14 +13,16 @@ void ShardStore::Put(const std::string& id, Tensor shard) {
 absl::StatusOr<std::shared_ptr<const Tensor>> ShardStore::Get(const std::string& id) {
   absl::MutexLock lock(&mu_);
   auto it = shards_.find(id);
-  if (it == shards_.end()) return absl::NotFoundError(absl::StrCat("no array '", id, "' on this worker"));
+  if (it == shards_.end())
+    return absl::NotFoundError(absl::StrCat("no array '", id, "' on this worker"));
   return it->second;
 }
 
 absl::StatusOr<std::shared_ptr<const Tensor>> ShardStore::Take(const std::string& id) {
   absl::MutexLock lock(&mu_);
   auto it = shards_.find(id);
-  if (it == shards_.end()) return absl::NotFoundError(absl::StrCat("no array '", id, "' on this worker"));
+  if (it == shards_.end())
+    return absl::NotFoundError(absl::StrCat("no array '", id, "' on this worker"));
   std::shared_ptr<const Tensor> shard = std::move(it->second);
   shards_.erase(it);
   return shard;
@@ -28,7 +30,8 @@ absl::StatusOr<std::shared_ptr<const Tensor>> ShardStore::Take(const std::string
 
 absl::Status ShardStore::Delete(const std::string& id) {
   absl::MutexLock lock(&mu_);
-  if (shards_.erase(id) == 0) return absl::NotFoundError(absl::StrCat("no array '", id, "' on this worker"));
+  if (shards_.erase(id) == 0)
+    return absl::NotFoundError(absl::StrCat("no array '", id, "' on this worker"));
   return absl::OkStatus();
 }
 

@@ -4,7 +4,7 @@
 
 namespace meshrun {
 
-WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
+WorkerMetrics::WorkerMetrics(prometheus::Registry& r, bool shape_labels)
     : kernel_seconds_(prometheus::BuildHistogram()
                           .Name("meshrun_kernel_duration_seconds")
                           .Help("Duration of one step-program op, by kernel.")
@@ -28,11 +28,15 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r)
               .Name("meshrun_worker_input_bytes_total")
               .Help("Dataset bytes this worker read into its blocks of the global batches.")
               .Register(r)
-              .Add({})) {}
+              .Add({})),
+      shape_labels_(shape_labels) {}
 
 // Label lookups happen here, once per op of a program; the recorders only observe.
-OpObserver::Recorder WorkerMetrics::ForKernel(const std::string& kernel) {
-  prometheus::Histogram* seconds = &kernel_seconds_.Add({{"kernel", kernel}}, LatencyBuckets());
+OpObserver::Recorder WorkerMetrics::ForKernel(const std::string& kernel, const std::string& shape) {
+  prometheus::Histogram* seconds =
+      shape_labels_ && !shape.empty()
+          ? &kernel_seconds_.Add({{"kernel", kernel}, {"shape", shape}}, LatencyBuckets())
+          : &kernel_seconds_.Add({{"kernel", kernel}}, LatencyBuckets());
   return [seconds](absl::Duration d) { seconds->Observe(absl::ToDoubleSeconds(d)); };
 }
 

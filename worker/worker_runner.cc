@@ -134,7 +134,7 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
         MetricsServer::Start(o.host, o.metrics_port, "worker");
     if (!m.ok()) return m.status();
     metrics_server = *std::move(m);
-    metrics = std::make_unique<WorkerMetrics>(metrics_server->registry());
+    metrics = std::make_unique<WorkerMetrics>(metrics_server->registry(), o.kernel_shape_labels);
   }
   grpc::EnableDefaultHealthCheckService(true);
   // With shared memory, large arrays live where co-located peers can map them (shm_arena.h), so

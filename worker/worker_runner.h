@@ -34,6 +34,8 @@ struct WorkerRunnerOptions {
   int64_t recursive_doubling_max_bytes = CollectiveOptions().small_message_bytes;
   int64_t one_shot_max_bytes = CollectiveOptions().one_shot_max_bytes;
   absl::Duration receive_spin = CollectiveOptions().receive_spin;
+  // Label each matmul's kernel histogram by its shape too (WorkerMetrics' shape_labels).
+  bool kernel_shape_labels = false;
 };
 
 // Runs until the coordinator asks the worker to stop (returns OK), the process gets SIGINT or

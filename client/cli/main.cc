@@ -253,6 +253,24 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
 
+  meshrun::KernelBenchOptions gb;
+  std::string gb_workloads = "classifier,mlp,dot_relu_dot", gb_layouts = "single",
+              gb_precisions = "f32,bf16";
+  auto* gb_cmd = bench_cmd->add_subcommand(
+      "kernels", "GFLOP/s of the seeds' GEMMs inside a worker beside the oneDNN primitive alone");
+  gb_cmd->add_option("--workloads", gb_workloads, "comma-separated")->capture_default_str();
+  gb_cmd->add_option("--layouts", gb_layouts, "comma-separated")->capture_default_str();
+  gb_cmd->add_option("--mesh", gb.mesh, "mesh whose per-worker shapes the layouts have")
+      ->capture_default_str();
+  gb_cmd->add_option("--precisions", gb_precisions, "comma-separated: f32, bf16")
+      ->capture_default_str();
+  gb_cmd->add_option("--min-seconds", gb.min_seconds, "time per GEMM alone")
+      ->check(CLI::Range(0.0, 60.0))
+      ->capture_default_str();
+  gb_cmd->add_option("--steps", gb.steps, "whole steps timed in the worker")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+
   meshrun::CkptBenchOptions kb;
   auto* kb_cmd = bench_cmd->add_subcommand(
       "ckpt", "save / restore GB/s of a TrainState and async-save blocking");
@@ -318,6 +336,19 @@ int main(int argc, char** argv) {
     if (ib_cmd->parsed()) {
       ib.workers = input_workers;
       return meshrun::RunInputBench(ib);
+    }
+    if (gb_cmd->parsed()) {
+      gb.workloads = absl::StrSplit(gb_workloads, ',', absl::SkipEmpty());
+      gb.layouts = absl::StrSplit(gb_layouts, ',', absl::SkipEmpty());
+      gb.precisions = absl::StrSplit(gb_precisions, ',', absl::SkipEmpty());
+      for (const std::string& p : gb.precisions) {
+        if (p != "f32" && p != "bf16") {
+          std::fprintf(stderr, "meshrun bench kernels: --precisions: '%s'; expected f32 or bf16\n",
+                       p.c_str());
+          return 2;
+        }
+      }
+      return meshrun::RunKernelBench(gb);
     }
     if (sb_cmd->parsed()) {
       sb.workloads = absl::StrSplit(sb_workloads, ',', absl::SkipEmpty());

@@ -22,6 +22,10 @@ expect_refused "--port: Value 70000 not in range 0 to 65535" "$bin/meshrun" up -
 expect_refused "--steps: Value -5 not in range 0" "$bin/meshrun" train --workload mlp --steps -5
 expect_refused "--steps-per-call: Value 0 not in range 1" "$bin/meshrun" train --workload mlp --steps-per-call 0
 expect_refused "--keep: Value -1 not in range 0" "$bin/meshrun" train --workload mlp --keep -1
+expect_refused "--precision: fp16 not in {f32,bf16}" "$bin/meshrun" train --workload mlp --precision fp16
+expect_refused "--precision: fp16 not in {f32,bf16}" "$bin/meshrun" bench step --precision fp16
+expect_refused "--minibatches: 3 not in {1,2,4,8}" "$bin/meshrun" bench train --minibatches 3
+expect_refused "--precisions: 'fp8'; expected f32 or bf16" "$bin/meshrun" bench kernels --precisions f32,fp8
 expect_refused "--port 70000 is out of range; expected 0..65535" "$bin/meshrun-coordinator" --port 70000
 expect_refused "--heartbeat_timeout -1s must be positive" "$bin/meshrun-coordinator" --heartbeat_timeout=-1s
 expect_refused "--compute_threads -3 is out of range" "$bin/meshrun-worker" --compute_threads=-3

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "core/port/http.h"
+
 namespace meshrun::testing {
 
 struct CommandResult {
@@ -24,7 +26,7 @@ bool ProcessExists(pid_t pid);
 
 std::string ReadFile(const std::string& path);
 // GET http://host:port/path over a plain socket; the body, or "" on failure.
-std::string HttpGet(const std::string& host_port, const std::string& path);
+using ::meshrun::HttpGet;
 std::string WriteTempFile(const std::string& name, const std::string& contents);
 
 }  // namespace meshrun::testing

@@ -41,6 +41,8 @@ struct LocalClusterOptions {
   // The coordinator's and each worker's --checkpoint_root: checkpoints are read and written
   // under it only.
   std::string checkpoint_root = "/";
+  // More flags for every worker, after the ones above (e.g. "--kernel_shape_labels").
+  std::vector<std::string> worker_flags;
   // Credentials (net/credentials.h): the directory the processes use; empty: one made with new
   // certificates the first time this process starts a cluster, under $TMPDIR, and shared by
   // every cluster it starts. Start() makes them this process's credentials, so its clients reach
