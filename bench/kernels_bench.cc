@@ -98,34 +98,48 @@ Tensor RandomTensor(const v1::BufferDecl& d, uint32_t seed) {
 struct Standalone {
   double hot = 0, l2_cold = 0, cold = 0;
 };
-absl::StatusOr<Standalone> StandaloneSeconds(const Gemm& g, double min_seconds, int64_t llc_bytes) {
+
+// The two cache flushes, made once per bench: each reads one buffer and writes the other.
+class Flushes {
+ public:
+  static absl::StatusOr<std::unique_ptr<Flushes>> Create(int64_t llc_bytes) {
+    const int64_t big = std::min(int64_t{1} << 29, std::max(int64_t{16} << 20, llc_bytes)) / 4;
+    auto f = std::unique_ptr<Flushes>(new Flushes(big));
+    absl::StatusOr<std::unique_ptr<Kernel>> l2 = CreateUnary("neg", f->l2_in_, f->l2_out_);
+    if (!l2.ok()) return l2.status();
+    absl::StatusOr<std::unique_ptr<Kernel>> all = CreateUnary("neg", f->all_in_, f->all_out_);
+    if (!all.ok()) return all.status();
+    f->l2 = *std::move(l2);
+    f->all = *std::move(all);
+    return f;
+  }
+  std::unique_ptr<Kernel> l2, all;  // 2 x 16 MiB; 2 x the LLC (at most 2 x 512 MiB)
+
+ private:
+  explicit Flushes(int64_t big)
+      : l2_in_(v1::DTYPE_F32, {int64_t{4} << 20}),
+        l2_out_(v1::DTYPE_F32, {int64_t{4} << 20}),
+        all_in_(v1::DTYPE_F32, {big}),
+        all_out_(v1::DTYPE_F32, {big}) {}
+  Tensor l2_in_, l2_out_, all_in_, all_out_;
+};
+
+absl::StatusOr<Standalone> StandaloneSeconds(const Gemm& g, double min_seconds,
+                                             const Flushes& flushes) {
   std::vector<Tensor> in;
   for (size_t i = 0; i + 1 < g.decls.size(); ++i) in.push_back(RandomTensor(g.decls[i], 7 + i));
   Tensor c = RandomTensor(g.decls.back(), 3);
-  MatmulOptions o;
-  o.transpose_a = g.op.transpose_a();
-  o.transpose_b = g.op.transpose_b();
-  o.alpha = g.op.alpha() == 0.0f ? 1.0f : g.op.alpha();
-  o.accumulate = g.op.accumulate();
-  o.activation = g.op.fn();
   absl::StatusOr<std::unique_ptr<Kernel>> k =
-      CreateMatmul(in[0], in[1], in.size() == 3 ? &in[2] : nullptr, c, o);
+      CreateMatmul(in[0], in[1], in.size() == 3 ? &in[2] : nullptr, c, MatmulOptionsOf(g.op));
   if (!k.ok()) return k.status();
-  // Each flush reads one buffer and writes the other: 2 x 16 MiB, or 2 x the LLC.
-  const int64_t big = std::min(int64_t{1} << 29, std::max(int64_t{16} << 20, llc_bytes)) / 4;
-  Tensor l2_in(v1::DTYPE_F32, {int64_t{4} << 20}), l2_out(v1::DTYPE_F32, {int64_t{4} << 20});
-  Tensor all_in(v1::DTYPE_F32, {big}), all_out(v1::DTYPE_F32, {big});
-  absl::StatusOr<std::unique_ptr<Kernel>> l2 = CreateUnary("neg", l2_in, l2_out);
-  absl::StatusOr<std::unique_ptr<Kernel>> all = CreateUnary("neg", all_in, all_out);
-  if (!l2.ok()) return l2.status();
-  if (!all.ok()) return all.status();
   for (int i = 0; i < 5; ++i) {
     if (absl::Status s = (*k)->Run(); !s.ok()) return s;
   }
   Standalone out;
-  for (Kernel* flush : {static_cast<Kernel*>(nullptr), l2->get(), all->get()}) {
+  Kernel* l2 = flushes.l2.get();
+  for (Kernel* flush : {static_cast<Kernel*>(nullptr), l2, flushes.all.get()}) {
     // Flushed runs: 10 to 200 behind an L2 flush, 10 behind a full one (each a pass over GiBs).
-    const int max_runs = flush == nullptr ? INT_MAX : flush == l2->get() ? 200 : 10;
+    const int max_runs = flush == nullptr ? INT_MAX : flush == l2 ? 200 : 10;
     int runs = 0;
     double elapsed = 0;
     while (runs < 10 || (elapsed < min_seconds && runs < max_runs)) {
@@ -137,7 +151,7 @@ absl::StatusOr<Standalone> StandaloneSeconds(const Gemm& g, double min_seconds, 
       elapsed += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       ++runs;
     }
-    (flush == nullptr ? out.hot : flush == l2->get() ? out.l2_cold : out.cold) = elapsed / runs;
+    (flush == nullptr ? out.hot : flush == l2 ? out.l2_cold : out.cold) = elapsed / runs;
   }
   return out;
 }
@@ -215,7 +229,9 @@ int Fail(const absl::Status& s, const std::string& what) {
 int RunKernelBench(const KernelBenchOptions& o) {
   FlushDenormalsToZero();  // as the workers do
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int64_t llc_bytes = 2 * std::max<int64_t>(sysconf(_SC_LEVEL3_CACHE_SIZE), 32 << 20);
+  absl::StatusOr<std::unique_ptr<Flushes>> flushes =
+      Flushes::Create(2 * std::max<int64_t>(sysconf(_SC_LEVEL3_CACHE_SIZE), 32 << 20));
+  if (!flushes.ok()) return Fail(flushes.status(), "cache flushes");
   // Every standalone time first, before any worker exists: a worker's OpenMP threads spin for a
   // while after each kernel and would take the cores from this process's.
   struct Case {
@@ -246,7 +262,7 @@ int RunKernelBench(const KernelBenchOptions& o) {
         SetComputeThreads(c.threads);
         c.gemms = StepGemms(c.step.step);
         for (const Gemm& g : c.gemms) {
-          absl::StatusOr<Standalone> alone = StandaloneSeconds(g, o.min_seconds, llc_bytes);
+          absl::StatusOr<Standalone> alone = StandaloneSeconds(g, o.min_seconds, **flushes);
           if (!alone.ok()) return Fail(alone.status(), g.shape);
           c.alone.push_back(*alone);
         }

@@ -402,6 +402,16 @@ std::string Executor::CollectiveName(const v1::Op& op) {
   return "";
 }
 
+MatmulOptions MatmulOptionsOf(const v1::Op& op) {
+  MatmulOptions mo;
+  mo.transpose_a = op.transpose_a();
+  mo.transpose_b = op.transpose_b();
+  mo.alpha = op.alpha() == 0.0f ? 1.0f : op.alpha();
+  mo.accumulate = op.accumulate();
+  mo.activation = op.fn();
+  return mo;
+}
+
 std::string MatmulShapeLabel(const v1::Op& op, const Dims& a, const Dims& b, DType operands,
                              DType result) {
   auto dims = [](const Dims& d) { return absl::StrCat("[", absl::StrJoin(d, ","), "]"); };
@@ -471,14 +481,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
       if (op.inputs_size() < 2 || op.inputs_size() > 3 || op.outputs_size() != 1) {
         return absl::InvalidArgumentError("OP_MATMUL takes a, b[, bias] and one output");
       }
-      MatmulOptions mo;
-      mo.transpose_a = op.transpose_a();
-      mo.transpose_b = op.transpose_b();
-      mo.alpha = op.alpha() == 0.0f ? 1.0f : op.alpha();
-      mo.accumulate = op.accumulate();
-      mo.activation = op.fn();
-      return wrap(
-          CreateMatmul(*in[0], *in[1], op.inputs_size() == 3 ? in[2] : nullptr, *out[0], mo));
+      return wrap(CreateMatmul(*in[0], *in[1], op.inputs_size() == 3 ? in[2] : nullptr, *out[0],
+                               MatmulOptionsOf(op)));
     }
     case v1::OP_SOFTMAX_CROSS_ENTROPY_GRAD:  // numbered below the general ops
     case v1::OP_FUSED_ELEMENTWISE:

@@ -17,6 +17,7 @@
 #include "core/sharding/mesh.h"
 #include "core/tensor.h"
 #include "meshrun/v1/program.pb.h"
+#include "worker/kernels/kernel.h"
 
 namespace meshrun {
 
@@ -45,6 +46,8 @@ class OpObserver {
 // own standalone runs by it.
 std::string MatmulShapeLabel(const v1::Op& op, const Dims& a, const Dims& b, DType operands,
                              DType result);
+// The kernel options of an OP_MATMUL: transposes, alpha (0, unset, is 1), accumulate, activation.
+MatmulOptions MatmulOptionsOf(const v1::Op& op);
 
 // Thread-compatible: one Run at a time. Collectives go through `transport`, which must outlive
 // the executor and be connected to every rank of `mesh`.

@@ -241,8 +241,8 @@ bool FoldConvertIntoMatmul(v1::ShardMapProgram* p) {
 
 // `dx = unary_grad(relu, x, dy)` where an earlier `y = unary(relu, x)` (y written once, not an
 // argument) exists reads y instead (grad_from_output): the same bits (but at a NaN x, see
-// program.proto), and the backward pass no
-// longer keeps x, so the matmul that writes x can take the relu next (FuseMatmulActivation).
+// program.proto), and the backward pass no longer keeps x, so the matmul that writes x can take
+// the relu next (FuseMatmulActivation).
 bool ReluGradFromOutput(v1::ShardMapProgram* p) {
   const Uses uses(*p);
   const std::set<std::string> args(p->inputs().begin(), p->inputs().end());
@@ -272,7 +272,7 @@ bool ReluGradFromOutput(v1::ShardMapProgram* p) {
 // `y = unary(fn, c)` of a matmul's f32 result c that nothing else reads becomes that matmul with
 // fn as its post-op, writing y (one pass over the result fewer; oneDNN applies fn to the
 // accumulator, which the f32 result holds unrounded, so the bits are the same). fn: OP_MATMUL's
-// activations (program.proto).
+// activations (program.proto; the worker's kernels::EltwiseAlgs but pow, which refuses others).
 bool FuseMatmulActivation(v1::ShardMapProgram* p) {
   static const std::set<std::string> kActivations = {
       "tanh", "exp", "log", "sqrt", "rsqrt", "neg", "abs", "square", "relu", "logistic", "silu"};
