@@ -47,7 +47,9 @@ struct TrainBenchOptions {
   int steps = 600;
   bool insecure = false;          // no TLS between the processes (to measure what TLS costs)
   std::string precision = "f32";  // the job config's precision.compute: f32 or bf16
+  std::string reduce = "f32";     // the job config's precision.reduce: f32 or bf16
   int num_minibatches = 4;        // the job config's optimizer.num_minibatches (of 128)
+  bool shm_transport = true;      // false: collectives over the loopback gRPC ring
   std::string bin_dir;
 };
 // Prints steady-state samples/s of the main job (the seed's DPClassifier on Fashion-MNIST) for

@@ -11,12 +11,14 @@ namespace meshrun {
 int RunTrainBench(const TrainBenchOptions& o) {
   std::printf(
       "# main job (DPClassifier, Fashion-MNIST, global batch 128, %d minibatch(es), AdamW, %s "
-      "compute)\n",
-      o.num_minibatches, o.precision.c_str());
+      "compute, gradients reduced in %s, %s)\n",
+      o.num_minibatches, o.precision.c_str(), o.reduce.c_str(),
+      o.shm_transport ? "shared memory" : "gRPC ring");
   std::printf("%8s %8s %14s %10s %14s %16s\n", "workers", "steps", "samples/s", "loss", "step (ms)",
               "all-reduce (ms)");
   for (int n : o.workers) {
-    auto cluster = StartBenchCluster(absl::StrCat("data=", n), o.bin_dir, 0, true, o.insecure);
+    auto cluster =
+        StartBenchCluster(absl::StrCat("data=", n), o.bin_dir, 0, o.shm_transport, o.insecure);
     if (cluster == nullptr) return 1;
     auto client = Client::Connect(cluster->coordinator_address());
     if (!client.ok()) return 1;
@@ -25,6 +27,7 @@ int RunTrainBench(const TrainBenchOptions& o) {
     config.train.log_every = std::max(1, o.steps / 5);
     config.train.evaluate = false;
     config.precision.compute = o.precision;
+    config.precision.reduce = o.reduce;
     config.optimizer.num_minibatches = o.num_minibatches;
     auto result = (*client)->Train(config);
     if (!result.ok()) {

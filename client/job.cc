@@ -13,7 +13,12 @@ constexpr int64_t kFashionMnistTestExamples = 10000;
 // The model, optimizer and batch of the job's train step.
 absl::StatusOr<Workload> JobModel(const JobConfig& c) {
   const DType dtype = c.precision.compute == "bf16" ? v1::DTYPE_BF16 : v1::DTYPE_F32;
-  if (c.model.name != "dp_classifier") return SeedWorkload(c.model.name, {dtype});
+  const DType reduce_dtype = c.precision.reduce == "bf16" ? v1::DTYPE_BF16 : v1::DTYPE_F32;
+  if (c.model.name != "dp_classifier") {
+    absl::StatusOr<Workload> seed = SeedWorkload(c.model.name, {dtype});
+    if (seed.ok()) seed->optimizer.reduce_dtype = reduce_dtype;
+    return seed;
+  }
   Workload w;
   w.name = c.model.name;
   const int k = c.optimizer.num_minibatches;
@@ -32,6 +37,7 @@ absl::StatusOr<Workload> JobModel(const JobConfig& c) {
   w.optimizer.b2 = static_cast<float>(c.optimizer.b2);
   w.optimizer.eps = static_cast<float>(c.optimizer.eps);
   w.optimizer.weight_decay = static_cast<float>(c.optimizer.weight_decay);
+  w.optimizer.reduce_dtype = reduce_dtype;
   w.num_minibatches = k;
   w.examples_per_step = c.data.batch_size;
   return w;

@@ -137,6 +137,13 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
     return absl::InvalidArgumentError(
         absl::StrCat("num_minibatches ", num_minibatches, ": expected >= 1"));
   }
+  if (optimizer.reduce_dtype != v1::DTYPE_F32 &&
+      (optimizer.reduce_dtype != v1::DTYPE_BF16 || optimizer.kind == OptimizerConfig::kSgd)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reduce dtype ", DTypeName(optimizer.reduce_dtype), " with optimizer ",
+        optimizer.kind == OptimizerConfig::kSgd ? "sgd" : "adam",
+        ": expected f32, or bf16 with adam or adamw (the update that reduces its gradient)"));
+  }
   TrainStep out;
   out.mesh = mesh;
   out.sharding = sharding;
@@ -212,6 +219,7 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
   hp.set_b2(optimizer.b2);
   hp.set_eps(optimizer.eps);
   hp.set_weight_decay(optimizer.kind == OptimizerConfig::kAdamW ? optimizer.weight_decay : 0.0f);
+  if (optimizer.reduce_dtype == v1::DTYPE_BF16) hp.set_reduce_dtype(v1::DTYPE_BF16);
   std::vector<nn::Value> new_params, new_mu, new_nu;
   for (size_t j = 0; j < params.size(); ++j) {
     if (adam) {

@@ -14,7 +14,8 @@ namespace meshrun {
 //  1. an update that all-reduces its partial operand itself (OP_ADAM_UPDATE with grad axes, or
 //     OP_FUSED_ELEMENTWISE with axis_names) over an operand of fewer than `max_bytes` that is not
 //     single-copy (fewer than direct_min_bytes, or direct_min_bytes 0) is split into the
-//     OP_PSUM / OP_PMEAN of the operand into a new buffer and the update of the reduced one;
+//     OP_PSUM / OP_PMEAN of the operand into a new buffer and the update of the reduced one
+//     (not an Adam update whose adamw.reduce_dtype is bf16: the buckets are f32);
 //  2. f32 OP_PSUM / OP_PMEAN ops over the same axes, each of fewer than `max_bytes`, are
 //     delayed until an op needs one of their results (or writes one of their operands), joined
 //     there by every later one whose operand is final by then, and run as one OP_PSUM with

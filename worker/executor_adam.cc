@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/collectives/direct_collectives.h"
+#include "core/collectives/reduce_kernels.h"
 #include "core/optim/adamw.h"
 #include "worker/executor.h"
 #include "worker/kernels/kernel.h"
@@ -102,37 +103,75 @@ struct FusedReduction {
   Communicator* replicas;
   Tensor* partial;
   ReduceOp reduce;
+  DType wire;     // the dtype reduced in: f32, or bf16 (the partial rounded first, FSDP2's
+                  // reduce_dtype)
   bool direct;    // single-copy: the members reach each other's memory, the operand is large
   bool in_place;  // nothing else reads the partial: the ring may reduce it in its own memory
   std::shared_ptr<Riders> rider;
   std::shared_ptr<Tensor> reduced;  // the ring's copy of the partial, allocated on first use
+  std::shared_ptr<Tensor> narrow;   // wire bf16: the partial rounded (shareable when direct)
   absl::Duration* timer;            // collective time: the all-reduces (and direct updates)
 };
 
-// Single-copy (direct) when the members reach each other's memory and the partial is at least
-// the group's direct_min_bytes (never when that is 0).
+// Single-copy (direct) when the members reach each other's memory and the bytes reduced are at
+// least the group's direct_min_bytes (never when that is 0).
 FusedReduction NewFusedReduction(Communicator* replicas, Tensor* partial, ReduceOp reduce,
-                                 bool in_place, std::shared_ptr<Riders> rider,
+                                 DType wire, bool in_place, std::shared_ptr<Riders> rider,
                                  absl::Duration* timer) {
   FusedReduction f;
   f.replicas = replicas;
   f.partial = partial;
   f.reduce = reduce;
+  f.wire = wire;
+  const size_t bytes = static_cast<size_t>(partial->num_elements()) * DTypeSize(wire);
   f.direct = replicas->options().direct_min_bytes > 0 &&
-             partial->size_bytes() >= replicas->options().direct_min_bytes &&
-             replicas->ReachesAllMembers();
+             bytes >= replicas->options().direct_min_bytes && replicas->ReachesAllMembers();
   f.in_place = in_place;
   f.rider = std::move(rider);
   f.reduced = std::make_shared<Tensor>();
+  f.narrow = std::make_shared<Tensor>();
+  if (wire == v1::DTYPE_BF16) {
+    *f.narrow = f.direct ? Tensor::Shareable(v1::DTYPE_BF16, partial->dims())
+                         : Tensor::Uninitialized(v1::DTYPE_BF16, partial->dims());
+  }
   f.timer = timer;
   return f;
+}
+
+// The ring's all-reduce of the partial, into memory of its own unless it may reduce the
+// partial in place: the reduced f32 values.
+absl::StatusOr<const float*> RingAllReduce(const FusedReduction& f, bool shared) {
+  const int64_t n = f.partial->num_elements();
+  if (f.wire == v1::DTYPE_BF16) {  // (the narrowed copy is ours to reduce in place)
+    if (n > 0) {
+      absl::Status s = f.replicas->AllReduce(f.narrow->raw(), n, v1::DTYPE_BF16, f.reduce);
+      if (!s.ok()) return s;
+    }
+    if (f.reduced->num_elements() != n)
+      *f.reduced = Tensor::Uninitialized(v1::DTYPE_F32, f.partial->dims());
+    Bf16ToF32(f.narrow->data<uint16_t>(), f.reduced->data<float>(), n);
+    return f.reduced->data<float>();
+  }
+  Tensor* g = f.partial;
+  if (!f.in_place || shared) {
+    if (f.reduced->num_elements() != n)
+      *f.reduced = Tensor::Uninitialized(v1::DTYPE_F32, f.partial->dims());
+    std::memcpy(f.reduced->raw(), f.partial->raw(), f.partial->size_bytes());
+    g = f.reduced.get();
+  }
+  if (n > 0) {  // (the same on every member: the shapes are)
+    absl::Status s = f.replicas->AllReduce(g->raw(), n, v1::DTYPE_F32, f.reduce);
+    if (!s.ok()) return s;
+  }
+  return g->data<float>();
 }
 
 // One run: single-copy where `f.direct` and no output shares the partial's memory (`shared`:
 // an output would be overwritten while it is still read), each member reducing and updating
 // one segment (`update(begin, len, g)`, g's element 0 the segment's first) and storing it into
 // every member's `outputs`, the riders summed in the same session; otherwise the riders'
-// bucket and the partial all-reduced on the ring and the whole update.
+// bucket and the partial all-reduced on the ring and the whole update. With a bf16 wire the
+// partial is rounded to bf16 first and each reduced segment widened to f32 for the update.
 absl::Status RunFusedReduction(
     const FusedReduction& f, const std::vector<void*>& outputs, bool shared,
     const std::function<absl::Status(int64_t, int64_t, const float*)>& update) {
@@ -140,16 +179,26 @@ absl::Status RunFusedReduction(
   const int64_t n = f.partial->num_elements();
   Riders& rider = *f.rider;
   const bool riders = !rider.kinds.empty();
+  const bool bf16 = f.wire == v1::DTYPE_BF16;
   const float inv = 1.0f / static_cast<float>(f.replicas->size());
   if (riders) rider.Pack();
+  if (bf16) F32ToBf16(f.partial->data<float>(), f.narrow->data<uint16_t>(), n);
   if (f.direct && !shared) {
     const DirectExtraSum extra{riders ? rider.bucket->raw() : nullptr, rider.total,
-                               riders ? rider.sums->raw() : nullptr};
+                               riders ? rider.sums->raw() : nullptr, v1::DTYPE_F32};
     absl::Status failed;
+    std::vector<float> wide;  // bf16: a reduced segment widened
     absl::StatusOr<DirectResult> done = DirectAllReduceUpdate(
-        *f.replicas, f.partial->raw(), n, v1::DTYPE_F32, f.reduce, outputs, sizeof(float),
+        *f.replicas, bf16 ? f.narrow->raw() : f.partial->raw(), n, f.wire, f.reduce, outputs,
+        sizeof(float),
         [&](int64_t begin, int64_t len, const void* g) {
-          absl::Status s = update(begin, len, static_cast<const float*>(g));
+          const float* reduced = static_cast<const float*>(g);
+          if (bf16) {
+            wide.resize(len);
+            Bf16ToF32(static_cast<const uint16_t*>(g), wide.data(), len);
+            reduced = wide.data();
+          }
+          absl::Status s = update(begin, len, reduced);
           if (!s.ok() && failed.ok()) failed = s;
         },
         riders ? &extra : nullptr);
@@ -167,19 +216,10 @@ absl::Status RunFusedReduction(
     if (!s.ok()) return s;
     rider.Unpack(rider.bucket->data<float>(), inv);
   }
-  Tensor* g = f.partial;
-  if (!f.in_place || shared) {
-    if (f.reduced->num_elements() != n)
-      *f.reduced = Tensor::Uninitialized(v1::DTYPE_F32, f.partial->dims());
-    std::memcpy(f.reduced->raw(), f.partial->raw(), f.partial->size_bytes());
-    g = f.reduced.get();
-  }
-  if (n > 0) {  // (the same on every member: the shapes are)
-    absl::Status s = f.replicas->AllReduce(g->raw(), n, v1::DTYPE_F32, f.reduce);
-    if (!s.ok()) return s;
-  }
+  absl::StatusOr<const float*> g = RingAllReduce(f, shared);
+  if (!g.ok()) return g.status();
   *f.timer += absl::Now() - start;
-  return update(0, n, g->data<float>());
+  return update(0, n, *g);
 }
 
 }  // namespace
@@ -209,6 +249,12 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
     return absl::InvalidArgumentError(absl::StrCat("OP_ADAM_UPDATE: step must be f32[]; got ",
                                                    DTypeName(step->dtype()),
                                                    DimsToString(step->dims())));
+  }
+  const DType wire = op.adamw().reduce_dtype() == v1::DTYPE_UNSPECIFIED ? v1::DTYPE_F32
+                                                                        : op.adamw().reduce_dtype();
+  if (wire != v1::DTYPE_F32 && wire != v1::DTYPE_BF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("OP_ADAM_UPDATE: reduce_dtype ", DTypeName(wire), "; expected f32 or bf16"));
   }
   absl::StatusOr<std::shared_ptr<Riders>> made =
       MakeRiders("OP_ADAM_UPDATE", reductions->riders, in, 5, out, 3);
@@ -251,7 +297,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
   // Collective time counts the all-reduces, and on the direct path the 1/P of the update done
   // inside it.
   const FusedReduction f = NewFusedReduction(
-      replicas, in[1], reduce, reduce_in_place_.count(&op) > 0, rider, &collective_time_);
+      replicas, in[1], reduce, wire, reduce_in_place_.count(&op) > 0, rider, &collective_time_);
   return CompiledOp([=](const RunContext&) {
     // (Read at each run: a step binds its arguments and results anew.)
     const std::vector<void*> outputs = {p_out->raw(), mu_out->raw(), nu_out->raw()};
@@ -308,7 +354,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileFusedReduceUpdate(
   // ring, on a copy.
   const FusedReduction f =
       NewFusedReduction(replicas, partial, reduction == "sum" ? ReduceOp::kSum : ReduceOp::kMean,
-                        reduce_in_place_.count(&op) > 0, rider, &collective_time_);
+                        v1::DTYPE_F32, reduce_in_place_.count(&op) > 0, rider, &collective_time_);
   return CompiledOp([=](const RunContext&) {
     const char* pb = static_cast<const char*>(partial->raw());
     const char* pe = pb + partial->size_bytes();

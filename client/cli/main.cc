@@ -176,7 +176,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t{4}, int64_t{1} << 32));
   const std::string kNoShm =
       "collectives over the loopback gRPC ring, as between hosts (default: shared memory)";
-  bool ar_no_shm = false, cb_no_shm = false, sb_no_shm = false;
+  bool ar_no_shm = false, cb_no_shm = false, sb_no_shm = false, tb_no_shm = false;
   ar_cmd->add_flag("--no-shm", ar_no_shm, kNoShm);
   ar_cmd->add_flag("--insecure", ar.insecure,
                    "no TLS between the processes (default: mutual TLS, as deployed)");
@@ -210,6 +210,13 @@ int main(int argc, char** argv) {
   tb_cmd->add_option("--precision", tb.precision, kPrecision)
       ->check(CLI::IsMember({"f32", "bf16"}))
       ->capture_default_str();
+  tb_cmd
+      ->add_option("--reduce-precision", tb.reduce,
+                   "the dtype gradients are all-reduced in: bf16 halves the bytes between workers "
+                   "(FSDP2's reduce_dtype)")
+      ->check(CLI::IsMember({"f32", "bf16"}))
+      ->capture_default_str();
+  tb_cmd->add_flag("--no-shm", tb_no_shm, kNoShm);
   tb_cmd
       ->add_option("--minibatches", tb.num_minibatches,
                    "gradient accumulation: the global batch of 128 as this many minibatches")
@@ -359,6 +366,7 @@ int main(int argc, char** argv) {
     }
     if (tb_cmd->parsed()) {
       tb.workers = ParseInts(train_workers);
+      tb.shm_transport = !tb_no_shm;
       return meshrun::RunTrainBench(tb);
     }
   } catch (const CLI::Error& e) {

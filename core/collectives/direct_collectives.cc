@@ -160,7 +160,10 @@ absl::StatusOr<DirectResult> DirectAllReduceUpdate(
   Session session(comm, "direct all_reduce + update");
   std::vector<std::pair<const void*, size_t>> mine = {{partial, count * elem}};
   for (void* out : outputs) mine.emplace_back(out, count * out_elem);
-  if (extra != nullptr) mine.emplace_back(extra->partial, extra->count * elem);
+  if (extra != nullptr) {
+    if (absl::Status s = CheckReducible(extra->dtype, ReduceOp::kSum); !s.ok()) return s;
+    mine.emplace_back(extra->partial, extra->count * DTypeSize(extra->dtype));
+  }
   absl::StatusOr<std::optional<std::vector<std::vector<char*>>>> buffers = session.Exchange(mine);
   if (!buffers.ok()) return buffers.status();
   if (!buffers->has_value()) return DirectResult::kFellBack;
@@ -172,7 +175,8 @@ absl::StatusOr<DirectResult> DirectAllReduceUpdate(
       extras.push_back(member.back());
       member.pop_back();
     }
-    ReduceAll(dtype, ReduceOp::kSum, static_cast<char*>(extra->out), extras, 0, extra->count);
+    ReduceAll(extra->dtype, ReduceOp::kSum, static_cast<char*>(extra->out), extras, 0,
+              extra->count);
   }
   std::vector<char*> partials;
   for (const std::vector<char*>& member : b) partials.push_back(member[0]);

@@ -77,11 +77,13 @@ absl::StatusOr<DirectResult> DirectAllGather(Communicator& comm, const void* in,
 // twice). Every rank sums all `count` elements of every member's `partial`, in group order, into
 // its own `out` (not shared), as a psum of them would: they are too small to be worth cutting
 // into segments. REQUIRES: `partial` is in memory the transport can export (else kFellBack for
-// the whole call), of `dtype`; `out` overlaps nothing else.
+// the whole call), of `dtype` (which may differ from the update's: f32 riders beside a gradient
+// reduced in bf16); `out` overlaps nothing else.
 struct DirectExtraSum {
   const void* partial;
   int64_t count;
   void* out;
+  DType dtype = v1::DTYPE_F32;
 };
 absl::StatusOr<DirectResult> DirectAllReduceUpdate(
     Communicator& comm, const void* partial, int64_t count, DType dtype, ReduceOp op,

@@ -25,6 +25,23 @@ uint16_t F32ToBf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
+void F32ToBf16(const float* src, uint16_t* dst, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &src[i], 4);
+    const bool nan = (bits & 0x7F800000u) == 0x7F800000u && (bits & 0x007FFFFFu) != 0;
+    const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+    dst[i] = nan ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
+  }
+}
+
+void Bf16ToF32(const uint16_t* src, float* dst, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) {
+    const uint32_t bits = uint32_t{src[i]} << 16;
+    std::memcpy(&dst[i], &bits, 4);
+  }
+}
+
 void StreamCopy(void* dst, const void* src, size_t bytes) {
 #if defined(__SSE2__)
   char* d = static_cast<char*>(dst);
@@ -77,7 +94,8 @@ void AddInto(DType dtype, void* dst, const void* src, int64_t count) {
     case v1::DTYPE_I32: {
       int32_t* d = static_cast<int32_t*>(dst);
       const int32_t* s = static_cast<const int32_t*>(src);
-      for (int64_t i = 0; i < count; ++i) d[i] = static_cast<int32_t>(uint32_t(d[i]) + uint32_t(s[i]));
+      for (int64_t i = 0; i < count; ++i)
+        d[i] = static_cast<int32_t>(uint32_t(d[i]) + uint32_t(s[i]));
       break;
     }
     case v1::DTYPE_U32: {
@@ -108,9 +126,15 @@ void Reduce(DType dtype, ReduceOp op, void* dst, const void* src, int64_t count)
     return;
   }
   switch (dtype) {
-    case v1::DTYPE_F32: MaxInto<float>(dst, src, count); break;
-    case v1::DTYPE_I32: MaxInto<int32_t>(dst, src, count); break;
-    case v1::DTYPE_U32: MaxInto<uint32_t>(dst, src, count); break;
+    case v1::DTYPE_F32:
+      MaxInto<float>(dst, src, count);
+      break;
+    case v1::DTYPE_I32:
+      MaxInto<int32_t>(dst, src, count);
+      break;
+    case v1::DTYPE_U32:
+      MaxInto<uint32_t>(dst, src, count);
+      break;
     case v1::DTYPE_BF16: {
       uint16_t* d = static_cast<uint16_t*>(dst);
       const uint16_t* s = static_cast<const uint16_t*>(src);
@@ -119,7 +143,8 @@ void Reduce(DType dtype, ReduceOp op, void* dst, const void* src, int64_t count)
       }
       break;
     }
-    default: break;
+    default:
+      break;
   }
 }
 

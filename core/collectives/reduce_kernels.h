@@ -29,6 +29,9 @@ void StreamCopy(void* dst, const void* src, size_t bytes);
 // bf16 <-> f32, round-to-nearest-even, as jnp.bfloat16.
 float Bf16ToF32(uint16_t v);
 uint16_t F32ToBf16(float f);
+// The same over `count` elements (vectorised by the compiler); dst and src do not overlap.
+void F32ToBf16(const float* src, uint16_t* dst, int64_t count);
+void Bf16ToF32(const uint16_t* src, float* dst, int64_t count);
 
 }  // namespace meshrun
 

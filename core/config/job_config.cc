@@ -176,7 +176,9 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
         {"rules", Rules(&c.sharding.rules)},
         {"fsdp_axis", Str(&c.sharding.fsdp_axis)},
         {"min_weight_size", Int(&c.sharding.min_weight_size, 0, int64_t{1} << 40)}}},
-      {"precision", {{"compute", Enum(&c.precision.compute, {"f32", "bf16"})}}},
+      {"precision",
+       {{"compute", Enum(&c.precision.compute, {"f32", "bf16"})},
+        {"reduce", Enum(&c.precision.reduce, {"f32", "bf16"})}}},
       {"recovery",
        {{"max_restarts", Int(&c.recovery.max_restarts, 0, 1000)},
         {"timeout_seconds", Num(&c.recovery.timeout_seconds, 0.0, 86400.0, true)},
@@ -308,7 +310,7 @@ std::string JobConfigToJson(const JobConfig& c) {
                    {"collective_timeout_seconds", c.train.collective_timeout_seconds},
                    {"on_nonfinite", c.train.on_nonfinite},
                    {"when_busy", c.train.when_busy}};
-  root["precision"] = {{"compute", c.precision.compute}};
+  root["precision"] = {{"compute", c.precision.compute}, {"reduce", c.precision.reduce}};
   root["recovery"] = {{"max_restarts", c.recovery.max_restarts},
                       {"timeout_seconds", c.recovery.timeout_seconds},
                       {"min_workers", c.recovery.min_workers},

@@ -29,7 +29,7 @@ namespace meshrun {
 //                 "collective_timeout_seconds": 30, "on_nonfinite": "stop"},
 //   "checkpoint": {"dir": "", "save_every": 0, "keep": 0, "async": false, "resume": false,
 //                  "init_from": ""},
-//   "precision": {"compute": "f32" | "bf16"},
+//   "precision": {"compute": "f32" | "bf16", "reduce": "f32" | "bf16"},
 //   "recovery":  {"max_restarts": 0, "timeout_seconds": 60, "min_workers": 0,
 //                 "peer_state_every": 0}
 // }
@@ -55,7 +55,9 @@ namespace meshrun {
 // (forward and backward) run as oneDNN bf16 matmuls accumulating in f32; the parameters,
 // gradients (cast back by the casts' VJP), their all-reduces and the optimizer state stay f32,
 // and the model's output (the logits; mlp's and dot_relu_dot's prediction) is cast to f32 before
-// the loss.
+// the loss. "reduce": "bf16" (FSDP2's reduce_dtype; adam and adamw only) all-reduces (or, under
+// FSDP, reduce-scatters) each gradient in bf16: half the bytes between workers, each partial sum
+// rounded to bf16 (v1::AdamWAttrs.reduce_dtype); the update still reads the sum widened to f32.
 // Checkpoint policy (core/checkpoint/checkpoint.h has the format): with a `dir`, the TrainState
 // (params, opt_state, rng; the step in the manifest) is saved every `save_every` steps (0: only
 // at the end) and always at the end of the job, keeping the newest `keep` (0: all); `async`
@@ -124,6 +126,7 @@ struct JobConfig {
   } train;
   struct Precision {
     std::string compute = "f32";  // | "bf16"
+    std::string reduce = "f32";   // | "bf16": the gradients' all-reduce dtype
   } precision;
   struct Recovery {
     int max_restarts = 0;

@@ -591,15 +591,35 @@ std::vector<JitBuilder::Value> JitBuilder::AdamUpdate(Value param, Value grad, V
                                             plan->reductions[0].kind == spmd::Reduction::kPsum &&
                                             plan->reductions[0].axes == g_in.partial);
   }
+  // reduce_dtype bf16 (FSDP2's): the partial is reduced in bf16, by the worker when fused, else
+  // narrowed here, resolved (psum_scatter, psum) in bf16 and widened back.
+  const bool bf16_reduce = hp.reduce_dtype() == v1::DTYPE_BF16;
+  if (!Check(hp.reduce_dtype() == v1::DTYPE_UNSPECIFIED || hp.reduce_dtype() == v1::DTYPE_F32 ||
+                 bf16_reduce,
+             absl::StrCat("adam update: reduce dtype ", DTypeName(hp.reduce_dtype()),
+                          "; expected f32 or bf16"))) {
+    return {};
+  }
   State g = g_in;
+  v1::AdamWAttrs local_hp = hp;  // the per-shard op's: no reduce dtype once the grad is whole
   if (fuse) {
-    const int64_t bytes =
-        spmd::ReductionBytesPerDevice({spmd::Reduction::kPsum, g.partial}, g.global, g.spec, mesh_,
-                                      static_cast<int>(DTypeSize(g.dtype)));
+    const int64_t bytes = spmd::ReductionBytesPerDevice(
+        {spmd::Reduction::kPsum, g.partial}, g.global, g.spec, mesh_,
+        static_cast<int>(DTypeSize(bf16_reduce ? v1::DTYPE_BF16 : g.dtype)));
     collectives_.push_back(
         {g.partial_fn == "mean" ? "pmean" : "psum", g.partial, -1, bytes, "adam update (fused)"});
+  } else if (bf16_reduce && !g_in.partial.empty() && g_in.dtype == v1::DTYPE_F32) {
+    State narrow = g_in;  // each device's part rounded to bf16; the sum stays pending
+    narrow.scaled = nullptr;
+    narrow.local = sm_.Convert(g_in.local, v1::DTYPE_BF16);
+    narrow.dtype = v1::DTYPE_BF16;
+    g = Resolve(narrow, p.spec, reason);
+    g.local = sm_.Convert(g.local, v1::DTYPE_F32);
+    g.dtype = v1::DTYPE_F32;
+    local_hp.clear_reduce_dtype();
   } else {
     g = Resolve(g_in, p.spec, reason);
+    local_hp.clear_reduce_dtype();
   }
   const State m = Resolve(values_[mu.id], p.spec, reason);
   const State v = Resolve(values_[nu.id], p.spec, reason);
@@ -607,7 +627,7 @@ std::vector<JitBuilder::Value> JitBuilder::AdamUpdate(Value param, Value grad, V
   std::vector<ShardMapBuilder::Value> locals =
       fuse
           ? sm_.AdamUpdate(p.local, g.local, m.local, v.local, t.local, hp, g.partial, g.partial_fn)
-          : sm_.AdamUpdate(p.local, g.local, m.local, v.local, t.local, hp);
+          : sm_.AdamUpdate(p.local, g.local, m.local, v.local, t.local, local_hp);
   std::vector<Value> out;
   for (ShardMapBuilder::Value local : locals) {
     State s = p;

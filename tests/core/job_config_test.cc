@@ -139,15 +139,21 @@ TEST(JobConfigTest, RejectsBadValuesNamingAllowedOnes) {
 }
 
 TEST(JobConfigTest, ParsesThePrecisionOfEveryModel) {
-  absl::StatusOr<JobConfig> c = ParseJobConfig(R"({"precision": {"compute": "bf16"}})");
+  absl::StatusOr<JobConfig> c =
+      ParseJobConfig(R"({"precision": {"compute": "bf16", "reduce": "bf16"}})");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->precision.compute, "bf16");
+  EXPECT_EQ(c->precision.reduce, "bf16");
   absl::StatusOr<JobConfig> again = ParseJobConfig(JobConfigToJson(*c));
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->precision.compute, "bf16");
+  EXPECT_EQ(again->precision.reduce, "bf16");
   EXPECT_EQ(ParseJobConfig("{}")->precision.compute, "f32");
+  EXPECT_EQ(ParseJobConfig("{}")->precision.reduce, "f32");
   EXPECT_EQ(ParseJobConfig(R"({"precision": {"compute": "fp16"}})").status().message(),
             "'precision.compute' is \"fp16\"; allowed: f32, bf16");
+  EXPECT_EQ(ParseJobConfig(R"({"precision": {"reduce": "f16"}})").status().message(),
+            "'precision.reduce' is \"f16\"; allowed: f32, bf16");
   for (const char* model : {"mlp", "dot_relu_dot", "classifier"}) {
     absl::StatusOr<JobConfig> seed = ParseJobConfig(
         absl::StrCat(R"({"model": {"name": ")", model, R"("}, "precision": {"compute": "bf16"}})"));

@@ -142,6 +142,27 @@ TEST(InputPipelineE2ETest, TheMainJobsLossesAgreeOnOneToEightWorkersUnderDpAndFs
 // step's GEMMs take bf16 operands while every state array (params, opt_state) stays f32; one
 // epoch reaches the main job's accuracy, and its losses track the f32 run's (the same batches,
 // dropout masks and initial parameters) within bf16 rounding.
+// "precision": {"reduce": "bf16"} reaches every Adam update that all-reduces its gradient in
+// the main job's planned step (the reduction itself: fused_reduction_test.cc and the seeds'
+// e2e test).
+TEST(InputPipelineE2ETest, TheJobsReduceDtypeReachesItsAdamUpdates) {
+  JobConfig config;
+  config.precision.reduce = "bf16";
+  absl::StatusOr<PlannedJob> planned = PlanJob(config, *Mesh::Parse("data=2"));
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  int fused = 0;
+  for (const v1::Op& op : planned->step.step.program().functions(0).ops()) {
+    if (op.kind() != v1::OP_ADAM_UPDATE) continue;
+    ++fused;
+    EXPECT_THAT(op.axis_names(), ::testing::ElementsAre("data"));
+    EXPECT_EQ(op.adamw().reduce_dtype(), v1::DTYPE_BF16);
+  }
+  EXPECT_EQ(fused, 4);  // both Dense layers' kernels and biases
+  config.optimizer.name = "sgd";
+  EXPECT_THAT(std::string(PlanJob(config, *Mesh::Parse("data=2")).status().message()),
+              ::testing::HasSubstr("reduce dtype bf16 with optimizer sgd"));
+}
+
 TEST(InputPipelineE2ETest, TheMainJobInBf16KeepsF32MastersAndTracksTheF32Run) {
   JobConfig config;
   config.train.log_every = 1;

@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "gtest/gtest.h"
+#include "tests/worker/two_ranks.h"
 #include "worker/executor.h"
 
 namespace meshrun {
@@ -67,44 +68,6 @@ v1::StepProgram Parse() {
   return p;
 }
 
-// Runs `program` on the two ranks of Mesh('data': 2) with `collectives`, element i of input
-// `name` on rank r set to value(name, r, i), and returns each rank's `results` side by side.
-std::vector<std::vector<float>> RunOnTwoRanks(
-    const v1::StepProgram& program, const CollectiveOptions& collectives,
-    const std::vector<std::string>& inputs,
-    const std::function<float(const std::string& name, int r, int64_t i)>& value,
-    const std::vector<std::string>& results) {
-  const Mesh mesh = *Mesh::Parse("data=2");
-  std::vector<std::unique_ptr<Transport>> transports = CreateInProcessTransports(2);
-  std::vector<std::vector<float>> got(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      Executor::Options o;
-      o.mesh = &mesh;
-      o.rank = r;
-      o.transport = transports[r].get();
-      o.collectives = collectives;
-      o.results = results;
-      auto ex = Executor::Create(program, o);
-      ASSERT_TRUE(ex.ok()) << ex.status();
-      for (const std::string& name : inputs) {
-        Tensor t(v1::DTYPE_F32, (*ex)->buffer(name)->dims());
-        for (int64_t i = 0; i < t.num_elements(); ++i) t.data<float>()[i] = value(name, r, i);
-        ASSERT_TRUE((*ex)->BindInput(name, t).ok());
-      }
-      absl::Status s = (*ex)->Run("main", RunContext{});
-      ASSERT_TRUE(s.ok()) << s;
-      for (const std::string& name : results) {
-        const Tensor* t = (*ex)->buffer(name);
-        got[r].insert(got[r].end(), t->data<float>(), t->data<float>() + t->num_elements());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  return got;
-}
-
 TEST(CombineReductionsTest, ReductionsOverOneAxisRunTogetherBeforeTheirFirstReader) {
   v1::StepProgram p = Parse();
   CombineReductions(&p, 256 << 10, 256 << 10);
@@ -140,103 +103,6 @@ TEST(CombineReductionsTest, TheCombinedProgramComputesWhatTheOriginalDoes) {
       EXPECT_THAT(got[r], ElementsAre(12, 14, 16, 6, 7, 12, 14, 16, 18, -12, -14, -16))
           << "combine_max_bytes " << combine << ", rank " << r;
     }
-  }
-}
-
-// A data-parallel step's tail: the loss's pmean, a small parameter's Adam update and a large one's
-// (w: 32 elements, 128 bytes: single-copy from 64 bytes on), all over "data".
-std::string AdamTail(bool riders) {
-  std::string buffers;
-  for (const char* name : {"w", "gw", "muw", "nuw", "w2", "muw2", "nuw2"}) {
-    buffers += absl::StrCat("buffers { name: '", name, "' dtype: DTYPE_F32 shape { dims: 32 } }");
-  }
-  for (const char* name : {"b", "gb", "mub", "nub", "b2", "mub2", "nub2", "gbr"}) {
-    buffers += absl::StrCat("buffers { name: '", name, "' dtype: DTYPE_F32 shape { dims: 3 } }");
-  }
-  for (const char* name : {"step", "l", "lm"}) {
-    buffers += absl::StrCat("buffers { name: '", name, "' dtype: DTYPE_F32 shape {} }");
-  }
-  const std::string adamw = "adamw { learning_rate: 0.1 b1: 0.9 b2: 0.999 eps: 1e-8 }";
-  const std::string w = absl::StrCat(
-      "kind: OP_ADAM_UPDATE inputs: 'w' inputs: 'gw' inputs: 'muw' inputs: 'nuw' inputs: 'step' ",
-      "outputs: 'w2' outputs: 'muw2' outputs: 'nuw2' axis_names: 'data' ", adamw);
-  if (riders) {  // as step 3 leaves it, written out
-    return absl::StrCat(buffers, "functions { name: 'main' ops { ", w,
-                        " inputs: 'l' inputs: 'gb' outputs: 'lm' outputs: 'gbr' fn: 'sum:ms' } ",
-                        "ops { kind: OP_ADAM_UPDATE inputs: 'b' inputs: 'gbr' inputs: 'mub' ",
-                        "inputs: 'nub' inputs: 'step' outputs: 'b2' outputs: 'mub2' ",
-                        "outputs: 'nub2' ", adamw, " } }");
-  }
-  return absl::StrCat(buffers, "functions { name: 'main' ",
-                      "ops { kind: OP_PMEAN inputs: 'l' outputs: 'lm' axis_names: 'data' } ",
-                      "ops { kind: OP_ADAM_UPDATE inputs: 'b' inputs: 'gb' inputs: 'mub' ",
-                      "inputs: 'nub' inputs: 'step' outputs: 'b2' outputs: 'mub2' ",
-                      "outputs: 'nub2' axis_names: 'data' fn: 'sum' ", adamw, " } ", "ops { ", w,
-                      " fn: 'sum' } }");
-}
-
-v1::StepProgram ParseText(const std::string& text) {
-  v1::StepProgram p;
-  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &p)) << text;
-  return p;
-}
-
-TEST(CombineReductionsTest, SmallReductionsRideWithASingleCopyAdamUpdate) {
-  v1::StepProgram p = ParseText(AdamTail(false));
-  CombineReductions(&p, 256 << 10, 64);
-  const auto& ops = p.functions(0).ops();
-  ASSERT_EQ(ops.size(), 2) << p.DebugString();
-  EXPECT_EQ(ops[0].kind(), v1::OP_ADAM_UPDATE);  // w's, with the loss and b's gradient
-  EXPECT_THAT(ops[0].inputs(), ElementsAre("w", "gw", "muw", "nuw", "step", "l", "gb"));
-  EXPECT_THAT(ops[0].outputs(), ElementsAre("w2", "muw2", "nuw2", "lm", "gb/reduced"));
-  EXPECT_EQ(ops[0].fn(), "sum:ms");
-  EXPECT_EQ(ops[1].kind(), v1::OP_ADAM_UPDATE);  // b's, on its reduced gradient, no axes
-  EXPECT_EQ(ops[1].inputs(1), "gb/reduced");
-  EXPECT_EQ(ops[1].axis_names_size(), 0);
-
-  // Without single-copy (direct_min_bytes 0), or with w below it, every reduction, w's gradient's
-  // too, goes into one bucket.
-  for (const size_t direct_min_bytes : {size_t{0}, size_t{256}}) {
-    v1::StepProgram q = ParseText(AdamTail(false));
-    CombineReductions(&q, 256 << 10, direct_min_bytes);
-    ASSERT_GE(q.functions(0).ops_size(), 3) << q.DebugString();
-    EXPECT_EQ(q.functions(0).ops(0).kind(), v1::OP_PSUM) << "direct_min_bytes " << direct_min_bytes;
-    EXPECT_EQ(q.functions(0).ops(0).fn(), "mss");
-  }
-}
-
-// Runs `text` on two ranks (element i of rank r's inputs set from r and i) and returns each
-// rank's w2, muw2, nuw2, b2, mub2, nub2 and lm side by side.
-std::vector<std::vector<float>> RunAdamTail(const std::string& text, size_t combine,
-                                            size_t direct_min_bytes) {
-  CollectiveOptions collectives;
-  collectives.combine_max_bytes = combine;
-  collectives.direct_min_bytes = direct_min_bytes;
-  return RunOnTwoRanks(ParseText(text), collectives, {"w", "gw", "b", "gb", "l", "muw", "mub"},
-                       [](const std::string& name, int r, int64_t i) {
-                         const bool replicated = name[0] != 'g' && name[0] != 'l';
-                         return replicated ? 0.25f * i - 1 : (r + 1) * (2.5f - i) + 0.125f * r;
-                       },
-                       {"w2", "muw2", "nuw2", "b2", "mub2", "nub2", "lm"});
-}
-
-// The riders' sums and means, and both updates, are what the separate collectives give, on the
-// single-copy path and on the ring (the riders then a bucket of their own).
-TEST(CombineReductionsTest, RidersComputeWhatSeparateReductionsDo) {
-  const std::vector<std::vector<float>> want = RunAdamTail(AdamTail(false), 0, 0);
-  ASSERT_EQ(want[0].size(), 3 * 32 + 3 * 3 + 1);
-  EXPECT_EQ(want[0], want[1]);
-  EXPECT_FLOAT_EQ(want[0].back(), (1 * 2.5f + 2 * 2.5f + 0.125f) / 2);  // pmean(l)
-  const struct {
-    const char* what;
-    std::string text;
-    size_t combine, direct_min_bytes;
-  } cases[] = {{"joined by CombineReductions, single-copy", AdamTail(false), 256 << 10, 64},
-               {"written out, single-copy", AdamTail(true), 0, 64},
-               {"written out, over the ring", AdamTail(true), 0, 0}};
-  for (const auto& c : cases) {
-    const std::vector<std::vector<float>> got = RunAdamTail(c.text, c.combine, c.direct_min_bytes);
-    for (int r = 0; r < 2; ++r) EXPECT_EQ(got[r], want[r]) << c.what << ", rank " << r;
   }
 }
 
@@ -380,19 +246,6 @@ TEST(CombineReductionsTest, SmallReductionsRideWithASingleCopyElementwiseUpdate)
     for (int r = 0; r < 2; ++r)
       EXPECT_EQ(got[r], want[r]) << "direct_min_bytes " << direct_min_bytes << ", rank " << r;
   }
-}
-
-TEST(CombineReductionsTest, ARiderWithoutItsLetterIsRefused) {
-  std::string text = AdamTail(true);
-  text.replace(text.find("sum:ms"), 6, "sum:m");
-  const Mesh mesh = *Mesh::Parse("data=2");
-  std::vector<std::unique_ptr<Transport>> transports = CreateInProcessTransports(2);
-  Executor::Options o;
-  o.mesh = &mesh;
-  o.transport = transports[0].get();
-  auto ex = Executor::Create(ParseText(text), o);
-  ASSERT_FALSE(ex.ok());
-  EXPECT_THAT(std::string(ex.status().message()), ::testing::HasSubstr("fn 'sum:m'"));
 }
 
 }  // namespace

@@ -51,6 +51,11 @@ struct OptimizerConfig {
   // with it Adam's bias correction, where optax keeps a count of its own). Costs a scalar check
   // per parameter and the in-place update (the old state is read after it).
   bool apply_if_finite = false;
+  // The dtype each gradient is all-reduced (or, under FSDP, reduce-scattered) in, as FSDP2's
+  // MixedPrecisionPolicy.reduce_dtype: f32, or bf16 (each device's partial rounded to bf16, the
+  // sum taken in bf16, then widened to f32 for the update; half the bytes between workers).
+  // adam and adamw only: BuildTrainStep refuses bf16 with sgd.
+  DType reduce_dtype = v1::DTYPE_F32;
 };
 // "sgd", "adam", "adamw". Errors: InvalidArgument naming the value.
 absl::StatusOr<OptimizerConfig::Kind> ParseOptimizerKind(const std::string& name);
