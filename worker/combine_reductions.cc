@@ -49,9 +49,8 @@ void SplitSmallUpdates(v1::StepProgram* program, size_t max_bytes, size_t direct
   // Whether the update `op` reduces its partial operand (input `p`) itself but should not.
   auto small = [&](const v1::Op& op, int p) {
     const auto partial = p < op.inputs_size() ? decls.find(op.inputs(p)) : decls.end();
-    // (A gradient reduced in bf16 stays with its update, which narrows it: the buckets are f32.)
     return op.axis_names_size() > 0 && partial != decls.end() &&
-           (op.fn() == "sum" || op.fn() == "mean") && op.adamw().reduce_dtype() != v1::DTYPE_BF16 &&
+           (op.fn() == "sum" || op.fn() == "mean") &&
            Bytes(partial->second) < static_cast<int64_t>(max_bytes) &&
            (direct_min_bytes == 0 ||
             Bytes(partial->second) < static_cast<int64_t>(direct_min_bytes));

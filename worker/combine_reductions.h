@@ -15,7 +15,9 @@ namespace meshrun {
 //     OP_FUSED_ELEMENTWISE with axis_names) over an operand of fewer than `max_bytes` that is not
 //     single-copy (fewer than direct_min_bytes, or direct_min_bytes 0) is split into the
 //     OP_PSUM / OP_PMEAN of the operand into a new buffer and the update of the reduced one
-//     (not an Adam update whose adamw.reduce_dtype is bf16: the buckets are f32);
+//     (an Adam update's reduce_dtype bf16 included: a bucketed gradient is summed in f32 with
+//     the step's other small reductions, one meeting of the group for all of them, where bf16
+//     would save bytes that cost nothing);
 //  2. f32 OP_PSUM / OP_PMEAN ops over the same axes, each of fewer than `max_bytes`, are
 //     delayed until an op needs one of their results (or writes one of their operands), joined
 //     there by every later one whose operand is final by then, and run as one OP_PSUM with

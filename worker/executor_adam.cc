@@ -113,8 +113,9 @@ struct FusedReduction {
   absl::Duration* timer;            // collective time: the all-reduces (and direct updates)
 };
 
-// Single-copy (direct) when the members reach each other's memory and the bytes reduced are at
-// least the group's direct_min_bytes (never when that is 0).
+// Single-copy (direct) when the members reach each other's memory and the partial is at least
+// the group's direct_min_bytes (never when that is 0; as CombineReductions decides, whatever
+// the wire dtype).
 FusedReduction NewFusedReduction(Communicator* replicas, Tensor* partial, ReduceOp reduce,
                                  DType wire, bool in_place, std::shared_ptr<Riders> rider,
                                  absl::Duration* timer) {
@@ -123,9 +124,9 @@ FusedReduction NewFusedReduction(Communicator* replicas, Tensor* partial, Reduce
   f.partial = partial;
   f.reduce = reduce;
   f.wire = wire;
-  const size_t bytes = static_cast<size_t>(partial->num_elements()) * DTypeSize(wire);
   f.direct = replicas->options().direct_min_bytes > 0 &&
-             bytes >= replicas->options().direct_min_bytes && replicas->ReachesAllMembers();
+             partial->size_bytes() >= replicas->options().direct_min_bytes &&
+             replicas->ReachesAllMembers();
   f.in_place = in_place;
   f.rider = std::move(rider);
   f.reduced = std::make_shared<Tensor>();

@@ -58,6 +58,7 @@ namespace meshrun {
 // the loss. "reduce": "bf16" (FSDP2's reduce_dtype; adam and adamw only) all-reduces (or, under
 // FSDP, reduce-scatters) each gradient in bf16: half the bytes between workers, each partial sum
 // rounded to bf16 (v1::AdamWAttrs.reduce_dtype); the update still reads the sum widened to f32.
+// Gradients under 256 KiB (CollectiveOptions::combine_max_bytes) stay in the f32 bucket.
 // Checkpoint policy (core/checkpoint/checkpoint.h has the format): with a `dir`, the TrainState
 // (params, opt_state, rng; the step in the manifest) is saved every `save_every` steps (0: only
 // at the end) and always at the end of the job, keeping the newest `keep` (0: all); `async`

@@ -54,6 +54,8 @@ struct OptimizerConfig {
   // The dtype each gradient is all-reduced (or, under FSDP, reduce-scattered) in, as FSDP2's
   // MixedPrecisionPolicy.reduce_dtype: f32, or bf16 (each device's partial rounded to bf16, the
   // sum taken in bf16, then widened to f32 for the update; half the bytes between workers).
+  // Gradients small enough to be bucketed (CollectiveOptions::combine_max_bytes, 256 KiB) are
+  // summed in f32 with the step's other small reductions, in one meeting of the group.
   // adam and adamw only: BuildTrainStep refuses bf16 with sgd.
   DType reduce_dtype = v1::DTYPE_F32;
 };
