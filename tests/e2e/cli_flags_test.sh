@@ -25,6 +25,7 @@ expect_refused "--keep: Value -1 not in range 0" "$bin/meshrun" train --workload
 expect_refused "--precision: fp16 not in {f32,bf16}" "$bin/meshrun" train --workload mlp --precision fp16
 expect_refused "--precision: fp16 not in {f32,bf16}" "$bin/meshrun" bench step --precision fp16
 expect_refused "--minibatches: 3 not in {1,2,4,8}" "$bin/meshrun" bench train --minibatches 3
+expect_refused "--reduce-precision: f16 not in {f32,bf16}" "$bin/meshrun" bench train --reduce-precision f16
 expect_refused "--precisions: 'fp8'; expected f32 or bf16" "$bin/meshrun" bench kernels --precisions f32,fp8
 expect_refused "--port 70000 is out of range; expected 0..65535" "$bin/meshrun-coordinator" --port 70000
 expect_refused "--heartbeat_timeout -1s must be positive" "$bin/meshrun-coordinator" --heartbeat_timeout=-1s
