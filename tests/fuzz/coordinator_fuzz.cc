@@ -38,24 +38,11 @@
 #include "net/credentials.h"
 #include "server/coordinator_runner.h"
 #include "server/partitioner.h"
+#include "tests/fuzz/npy.h"
 #include "worker/worker_runner.h"
 
 namespace meshrun {
 namespace {
-
-void WriteNpy(const std::string& path, const std::string& descr, const std::string& shape,
-              const std::string& bytes) {
-  std::string header =
-      absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': ", shape, ", }");
-  while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-  header += '\n';
-  std::string file = "\x93NUMPY";
-  file += '\x01';
-  file += '\x00';
-  file += static_cast<char>(header.size() & 0xff);
-  file += static_cast<char>(header.size() >> 8);
-  std::ofstream(path, std::ios::binary) << file << header << bytes;
-}
 
 // A coordinator and one worker, started once; they run until the process exits.
 class Cluster {

@@ -38,9 +38,8 @@ void TakeAsACollective(Mailbox& mailbox, int src, const uint8_t* frame, size_t s
   absl::Status s = mailbox.TakeInto(src, tag, payload, absl::Now(), sink);
   // Taken: every payload byte reached the sink, as sent. (Frames of a later epoch stay queued:
   // Aborted; a frame left behind by an earlier error is reported as the wrong tag or size.)
-  if (s.ok() &&
-      std::string(reinterpret_cast<const char*>(frame) + kFrameHeaderBytes + id_bytes, payload) !=
-          got) {
+  if (s.ok() && std::string(reinterpret_cast<const char*>(frame) + kFrameHeaderBytes + id_bytes,
+                            payload) != got) {
     abort();
   }
 }

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/sharding/mesh.h"
 #include "net/credentials.h"
+#include "tests/fuzz/npy.h"
 #include "worker/grpc_transport.h"
 #include "worker/worker_service.h"
 
@@ -49,19 +50,6 @@ struct Worker {
       v1::PutShardResponse resp;
       service->PutShard(nullptr, &put, &resp);
     }
-  }
-  static void WriteNpy(const std::string& path, const std::string& descr, const std::string& shape,
-                       const std::string& bytes) {
-    std::string header =
-        absl::StrCat("{'descr': '", descr, "', 'fortran_order': False, 'shape': ", shape, ", }");
-    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
-    header += '\n';
-    std::string file = "\x93NUMPY";
-    file += '\x01';
-    file += '\x00';
-    file += static_cast<char>(header.size() & 0xff);
-    file += static_cast<char>(header.size() >> 8);
-    std::ofstream(path, std::ios::binary) << file << header << bytes;
   }
   std::string root, data;
   RingService ring;
