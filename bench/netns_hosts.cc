@@ -64,6 +64,7 @@ absl::StatusOr<std::unique_ptr<NetnsHosts>> NetnsHosts::Create(int n, absl::Dura
     const std::string address = absl::StrCat(net, 10 + i);
     if (absl::Status s = Run("ip netns add " + ns); !s.ok()) return s;
     h->namespaces_.push_back(ns);
+    h->host_links_.push_back(host_end);
     h->addresses_.push_back(address);
     const std::string in_ns = "ip netns exec " + ns + " ";
     std::vector<std::string> commands = {
@@ -85,7 +86,9 @@ absl::StatusOr<std::unique_ptr<NetnsHosts>> NetnsHosts::Create(int n, absl::Dura
 }
 
 NetnsHosts::~NetnsHosts() {
-  // Deleting a namespace deletes its veth end, and with it the pair.
+  // Each pair goes first, by its host end: deleting a namespace deletes its veth end, and with it
+  // the pair, only when the kernel's namespace clean-up gets to it (later, under load).
+  for (const std::string& link : host_links_) Run("ip link del " + link).IgnoreError();
   for (const std::string& ns : namespaces_) Run("ip netns del " + ns).IgnoreError();
   if (bridge_.empty()) return;
   Run("ip link del " + bridge_).IgnoreError();

@@ -38,6 +38,7 @@ class NetnsHosts {
   std::string bridge_address_;
   bool forward_rule_ = false;
   std::vector<std::string> namespaces_;
+  std::vector<std::string> host_links_;  // the host ends of the namespaces' veth pairs
   std::vector<std::string> addresses_;
 };
 

@@ -29,7 +29,7 @@ if ip netns list | grep -q "^mrbn$tag-"; then
   echo "FAIL: the bench left network namespaces behind"
   exit 1
 fi
-if ip link | grep -Eq "mrb(b$tag|h$tag-)"; then
+if ip link | grep -Eq "mrbb$tag[:@]|mrbh$tag-"; then  # (not another bench's longer tag)
   echo "FAIL: the bench left links behind"
   exit 1
 fi
