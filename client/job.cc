@@ -10,15 +10,8 @@ namespace {
 // Fashion-MNIST's test split, evaluated in batches that divide it.
 constexpr int64_t kFashionMnistTestExamples = 10000;
 
-// The model, optimizer and batch of the job's train step.
-absl::StatusOr<Workload> JobModel(const JobConfig& c) {
-  const DType dtype = c.precision.compute == "bf16" ? v1::DTYPE_BF16 : v1::DTYPE_F32;
-  const DType reduce_dtype = c.precision.reduce == "bf16" ? v1::DTYPE_BF16 : v1::DTYPE_F32;
-  if (c.model.name != "dp_classifier") {
-    absl::StatusOr<Workload> seed = SeedWorkload(c.model.name, {dtype});
-    if (seed.ok()) seed->optimizer.reduce_dtype = reduce_dtype;
-    return seed;
-  }
+// The main job's (dp_classifier's) model, optimizer and batch, from the config's keys.
+absl::StatusOr<Workload> MainJobModel(const JobConfig& c, DType dtype) {
   Workload w;
   w.name = c.model.name;
   const int k = c.optimizer.num_minibatches;
@@ -37,9 +30,18 @@ absl::StatusOr<Workload> JobModel(const JobConfig& c) {
   w.optimizer.b2 = static_cast<float>(c.optimizer.b2);
   w.optimizer.eps = static_cast<float>(c.optimizer.eps);
   w.optimizer.weight_decay = static_cast<float>(c.optimizer.weight_decay);
-  w.optimizer.reduce_dtype = reduce_dtype;
   w.num_minibatches = k;
   w.examples_per_step = c.data.batch_size;
+  return w;
+}
+
+// The model, optimizer and batch of the job's train step.
+absl::StatusOr<Workload> JobModel(const JobConfig& c) {
+  const DType dtype = c.precision.compute == "bf16" ? v1::DTYPE_BF16 : v1::DTYPE_F32;
+  absl::StatusOr<Workload> w = c.model.name == "dp_classifier"
+                                   ? MainJobModel(c, dtype)
+                                   : SeedWorkload(c.model.name, {dtype});
+  if (w.ok() && c.precision.reduce == "bf16") w->optimizer.reduce_dtype = v1::DTYPE_BF16;
   return w;
 }
 

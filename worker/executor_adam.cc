@@ -143,21 +143,23 @@ FusedReduction NewFusedReduction(Communicator* replicas, Tensor* partial, Reduce
 // partial in place: the reduced f32 values.
 absl::StatusOr<const float*> RingAllReduce(const FusedReduction& f, bool shared) {
   const int64_t n = f.partial->num_elements();
+  auto reduced = [&] {  // the copy, allocated on first use
+    if (f.reduced->num_elements() != n)
+      *f.reduced = Tensor::Uninitialized(v1::DTYPE_F32, f.partial->dims());
+    return f.reduced->data<float>();
+  };
   if (f.wire == v1::DTYPE_BF16) {  // (the narrowed copy is ours to reduce in place)
     if (n > 0) {
       absl::Status s = f.replicas->AllReduce(f.narrow->raw(), n, v1::DTYPE_BF16, f.reduce);
       if (!s.ok()) return s;
     }
-    if (f.reduced->num_elements() != n)
-      *f.reduced = Tensor::Uninitialized(v1::DTYPE_F32, f.partial->dims());
-    Bf16ToF32(f.narrow->data<uint16_t>(), f.reduced->data<float>(), n);
-    return f.reduced->data<float>();
+    float* wide = reduced();
+    Bf16ToF32(f.narrow->data<uint16_t>(), wide, n);
+    return wide;
   }
   Tensor* g = f.partial;
   if (!f.in_place || shared) {
-    if (f.reduced->num_elements() != n)
-      *f.reduced = Tensor::Uninitialized(v1::DTYPE_F32, f.partial->dims());
-    std::memcpy(f.reduced->raw(), f.partial->raw(), f.partial->size_bytes());
+    std::memcpy(reduced(), f.partial->raw(), f.partial->size_bytes());
     g = f.reduced.get();
   }
   if (n > 0) {  // (the same on every member: the shapes are)

@@ -601,7 +601,8 @@ std::vector<JitBuilder::Value> JitBuilder::AdamUpdate(Value param, Value grad, V
     return {};
   }
   State g = g_in;
-  v1::AdamWAttrs local_hp = hp;  // the per-shard op's: no reduce dtype once the grad is whole
+  v1::AdamWAttrs whole_hp = hp;  // an update of a whole gradient reduces nothing
+  whole_hp.clear_reduce_dtype();
   if (fuse) {
     const int64_t bytes = spmd::ReductionBytesPerDevice(
         {spmd::Reduction::kPsum, g.partial}, g.global, g.spec, mesh_,
@@ -616,10 +617,8 @@ std::vector<JitBuilder::Value> JitBuilder::AdamUpdate(Value param, Value grad, V
     g = Resolve(narrow, p.spec, reason);
     g.local = sm_.Convert(g.local, v1::DTYPE_F32);
     g.dtype = v1::DTYPE_F32;
-    local_hp.clear_reduce_dtype();
   } else {
     g = Resolve(g_in, p.spec, reason);
-    local_hp.clear_reduce_dtype();
   }
   const State m = Resolve(values_[mu.id], p.spec, reason);
   const State v = Resolve(values_[nu.id], p.spec, reason);
@@ -627,7 +626,7 @@ std::vector<JitBuilder::Value> JitBuilder::AdamUpdate(Value param, Value grad, V
   std::vector<ShardMapBuilder::Value> locals =
       fuse
           ? sm_.AdamUpdate(p.local, g.local, m.local, v.local, t.local, hp, g.partial, g.partial_fn)
-          : sm_.AdamUpdate(p.local, g.local, m.local, v.local, t.local, local_hp);
+          : sm_.AdamUpdate(p.local, g.local, m.local, v.local, t.local, whole_hp);
   std::vector<Value> out;
   for (ShardMapBuilder::Value local : locals) {
     State s = p;
