@@ -1,6 +1,7 @@
 #include "net/grpc_util.h"
 
 #include "absl/strings/str_cat.h"
+#include "grpc/grpc.h"
 #include "net/credentials.h"
 
 namespace meshrun {
@@ -57,6 +58,17 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder) {
 
 void SetTimeout(grpc::ClientContext& ctx, absl::Duration timeout) {
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+GrpcLifetime::GrpcLifetime() { grpc_init(); }
+
+GrpcLifetime::~GrpcLifetime() {
+  // Blocking: the clean-up runs on this thread, not on a detached one that exit() would race.
+  grpc_shutdown_blocking();
+  // A channel still closing holds the library; its last release, on one of gRPC's threads, runs
+  // the clean-up on a detached thread. Waited for, boundedly: a leaked object must not hang exit.
+  const absl::Time give_up = absl::Now() + absl::Seconds(2);
+  while (grpc_is_initialized() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
 }
 
 }  // namespace meshrun

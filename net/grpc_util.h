@@ -30,6 +30,20 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder);
 // Sets `ctx`'s deadline to now + timeout.
 void SetTimeout(grpc::ClientContext& ctx, absl::Duration timeout);
 
+// Holds the gRPC library initialised for a program's whole main(), and shuts it down, joining
+// its threads, when main's objects are gone. Without it the last grpc_shutdown can come from a
+// static destructor during exit(), or not at all, and gRPC's threads (timers, executor, TLS
+// handshakes) then run while exit() tears down what they use (OpenSSL's and glog's state): a
+// rare SIGSEGV as the process ends (grpc/grpc#22479, #23604). Declare one first in main(), so
+// that it is destroyed last. Not copyable; one per process.
+class GrpcLifetime {
+ public:
+  GrpcLifetime();
+  ~GrpcLifetime();
+  GrpcLifetime(const GrpcLifetime&) = delete;
+  GrpcLifetime& operator=(const GrpcLifetime&) = delete;
+};
+
 }  // namespace meshrun
 
 #endif  // MESHRUN_NET_GRPC_UTIL_H_

@@ -8,6 +8,7 @@
 #include "core/config/flag_checks.h"
 #include "glog/logging.h"
 #include "net/credentials.h"
+#include "net/grpc_util.h"
 #include "server/coordinator_runner.h"
 
 ABSL_FLAG(std::string, mesh, "data=8", "mesh axes and sizes, e.g. data=2,model=4");
@@ -34,6 +35,7 @@ ABSL_FLAG(absl::Duration, client_lease, absl::Seconds(60),
           "a client silent this long (it sends KeepAlive every third of it) loses its arrays");
 
 int main(int argc, char** argv) {
+  meshrun::GrpcLifetime grpc_lifetime;  // first: destroyed after everything that uses gRPC
   absl::SetProgramUsageMessage("meshrun coordinator: mesh topology, sharding plans, job driver");
   absl::ParseCommandLine(argc, argv);
   // Debian's Abseil checks every Mutex acquisition for lock-order cycles (a debugging aid); off,

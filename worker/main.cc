@@ -13,6 +13,7 @@
 #include "core/port/denormal.h"
 #include "glog/logging.h"
 #include "net/credentials.h"
+#include "net/grpc_util.h"
 #include "worker/worker_runner.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "coordinator address host:port");
@@ -90,6 +91,9 @@ int main(int argc, char** argv) {
   meshrun::FlushDenormalsToZero();  // first: every thread (gRPC, oneDNN's) inherits it
   KeepFreedMemory();
   NoMutexCycleChecks();
+  // Before any object that uses gRPC (destroyed after them), after the settings its threads
+  // inherit.
+  meshrun::GrpcLifetime grpc_lifetime;
   absl::SetProgramUsageMessage(
       "meshrun worker: hosts array shards, runs step programs and collectives");
   absl::ParseCommandLine(argc, argv);

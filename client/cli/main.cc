@@ -6,6 +6,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
 #include "client/cli/commands.h"
+#include "net/grpc_util.h"
 
 namespace {
 
@@ -23,6 +24,7 @@ std::vector<int> ParseInts(const std::string& csv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  meshrun::GrpcLifetime grpc_lifetime;  // first: destroyed after everything that uses gRPC
   CLI::App app{"meshrun: train neural networks sharded over a mesh of worker processes"};
   app.require_subcommand(1);
 
