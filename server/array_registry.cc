@@ -471,7 +471,12 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
         absent.empty()
             ? ""
             : absl::StrCat(" for ranks ", absl::StrJoin(absent, ", "), ", which had not arrived"),
-        "; rank ", timed_out.front(), ": ", results[timed_out.front()].error_message()));
+        "; rank ", timed_out.front(), ": ", results[timed_out.front()].error_message(),
+        // Where the first absent rank was when the abort reached it (a collective of its own,
+        // a send, or not yet in the run).
+        absent.empty() ? ""
+                       : absl::StrCat("; rank ", absent.front(),
+                                      " when aborted: ", results[absent.front()].error_message())));
   } else {
     for (int r : ranks) {
       if (!results[r].ok())

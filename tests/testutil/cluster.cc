@@ -2,13 +2,83 @@
 
 #include <unistd.h>
 
+#include <deque>
 #include <filesystem>
+#include <fstream>
+#include <iostream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 
 namespace meshrun::testing {
+
+namespace {
+
+// Prints the end of every process log of the clusters a failed test used (those it started, and
+// its suite's), so that a failure on a machine that is gone afterwards (CI) shows what the
+// coordinator and the workers said. Appended to gtest's listeners (which own it) on first use.
+class ClusterLogsOnFailure : public ::testing::EmptyTestEventListener {
+ public:
+  static ClusterLogsOnFailure& Get() {
+    static ClusterLogsOnFailure* listener = [] {
+      auto* l = new ClusterLogsOnFailure;
+      ::testing::UnitTest::GetInstance()->listeners().Append(l);
+      return l;
+    }();
+    return *listener;
+  }
+
+  void Watch(const std::string& dir) {
+    absl::MutexLock lock(&mu_);
+    (in_test_ ? test_dirs_ : suite_dirs_).push_back(dir);
+  }
+
+  void OnTestStart(const ::testing::TestInfo&) override {
+    absl::MutexLock lock(&mu_);
+    in_test_ = true;
+  }
+
+  void OnTestEnd(const ::testing::TestInfo& info) override {
+    absl::MutexLock lock(&mu_);
+    in_test_ = false;
+    if (info.result()->Failed()) {
+      for (const auto* dirs : {&suite_dirs_, &test_dirs_})
+        for (const std::string& dir : *dirs) PrintLogTails(dir);
+    }
+    test_dirs_.clear();
+  }
+
+  void OnTestSuiteEnd(const ::testing::TestSuite&) override {
+    absl::MutexLock lock(&mu_);
+    suite_dirs_.clear();
+  }
+
+ private:
+  static void PrintLogTails(const std::string& dir) {
+    constexpr size_t kLines = 25;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+      if (entry.path().extension() != ".log") continue;
+      std::ifstream in(entry.path());
+      std::deque<std::string> tail;
+      for (std::string line; std::getline(in, line);) {
+        tail.push_back(std::move(line));
+        if (tail.size() > kLines) tail.pop_front();
+      }
+      std::cerr << "---- last " << tail.size() << " lines of " << entry.path().string() << "\n";
+      for (const std::string& line : tail) std::cerr << line << "\n";
+    }
+  }
+
+  absl::Mutex mu_;
+  bool in_test_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::string> suite_dirs_ ABSL_GUARDED_BY(mu_);  // started outside a test
+  std::vector<std::string> test_dirs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
 
 std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::string& tag,
                                            bool shm_transport, bool process_checks) {
@@ -18,6 +88,7 @@ std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::s
   o.process_checks = process_checks;
   o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-", tag, "-", mesh,
                            shm_transport ? "" : "-grpc", "-", getpid());
+  ClusterLogsOnFailure::Get().Watch(o.log_dir);
   auto c = LocalCluster::Start(o);
   EXPECT_TRUE(c.ok()) << c.status();
   return c.ok() ? *std::move(c) : nullptr;
