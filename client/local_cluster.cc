@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "core/port/process.h"
 #include "core/sharding/mesh.h"
 #include "meshrun/client.h"
 #include "net/credentials.h"
@@ -307,7 +308,8 @@ absl::Status LocalCluster::Stop(absl::Duration grace) {
     supervising_ = false;
   }
   if (supervisor_.joinable()) supervisor_.join();
-  if (!address_.empty()) {
+  // A coordinator already gone (a `meshrun shutdown`) is not waited for in a connect.
+  if (!address_.empty() && ProcessAlive(coordinator_pid_)) {
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(address_, absl::Seconds(1));
     if (client.ok()) (*client)->Shutdown().IgnoreError();
   }

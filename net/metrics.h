@@ -23,7 +23,14 @@ class MetricsServer {
   // version} and the standard process_cpu_seconds_total, process_resident_memory_bytes and
   // process_start_time_seconds. Errors: Unavailable naming the address if it cannot listen.
   static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(const std::string& host, int port,
-                                                               const std::string& component);
+                                                              const std::string& component);
+
+  // Stops serving. civetweb checks for a stop only between polls of its listening socket, each
+  // up to 2 s; the destructor connects to that socket meanwhile so that the stop takes
+  // milliseconds, not up to 2 s (a process's exit waits for it).
+  ~MetricsServer();
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
 
   prometheus::Registry& registry() { return *registry_; }
   int port() const { return port_; }
@@ -37,6 +44,7 @@ class MetricsServer {
   std::shared_ptr<prometheus::Registry> registry_;
   std::shared_ptr<prometheus::Collectable> process_;  // process_cpu_seconds_total, ...
   std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string host_;  // as listened on
   int port_ = 0;
 };
 

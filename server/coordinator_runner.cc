@@ -86,10 +86,13 @@ absl::Status RunCoordinator(const CoordinatorOptions& o) {
                    << e.arrays.size() << " arrays";
     }
   }
-  // Let workers see shutdown=true in a heartbeat before the server goes away.
+  // Let workers see shutdown=true in a heartbeat before the server goes away (each asks every
+  // 500 ms; a dead one never does).
   registry.RequestShutdown();
-  if (service.shutdown().HasBeenNotified()) absl::SleepFor(absl::Seconds(1));
-  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  if (service.shutdown().HasBeenNotified())
+    registry.AwaitShutdownTold(absl::Now() + absl::Seconds(1));
+  // What is still in flight after the workers left (a client's call) has half a second.
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(500)));
   LOG(INFO) << "coordinator stopped";
   return absl::OkStatus();
 }

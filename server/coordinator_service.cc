@@ -30,7 +30,7 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const v1::Heart
   absl::StatusOr<bool> restart =
       registry_->Heartbeat(req->rank(), req->cluster_id(), req->generation(), req->incarnation());
   if (!restart.ok()) return ToGrpcStatus(restart.status());
-  resp->set_shutdown(registry_->shutdown_requested());
+  resp->set_shutdown(registry_->TellShutdown(req->rank()));
   resp->set_restart(*restart);
   if (metrics_ != nullptr && !*restart) metrics_->OnHeartbeat(req->rank(), absl::Now());
   return grpc::Status::OK;

@@ -411,4 +411,22 @@ bool WorkerRegistry::shutdown_requested() {
   return shutdown_;
 }
 
+bool WorkerRegistry::TellShutdown(int rank) {
+  absl::MutexLock lock(&mu_);
+  if (shutdown_ && rank >= 0 && rank < static_cast<int>(workers_.size()))
+    workers_[rank].told_to_stop = true;
+  return shutdown_;
+}
+
+bool WorkerRegistry::AwaitShutdownTold(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto told = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    for (const auto& w : workers_) {
+      if (w.registered && !w.told_to_stop) return false;
+    }
+    return true;
+  };
+  return mu_.AwaitWithDeadline(absl::Condition(&told), deadline);
+}
+
 }  // namespace meshrun

@@ -115,6 +115,11 @@ class WorkerRegistry {
   // After this, heartbeats answer shutdown=true.
   void RequestShutdown();
   bool shutdown_requested();
+  // A heartbeat's answer for `rank`: whether shutdown was requested, which `rank` now knows.
+  bool TellShutdown(int rank);
+  // Waits until every registered worker has been told to stop by a heartbeat's answer, or until
+  // `deadline` (a dead worker never asks); false at the deadline.
+  bool AwaitShutdownTold(absl::Time deadline);
 
  private:
   struct Entry {
@@ -124,6 +129,7 @@ class WorkerRegistry {
     absl::Time last_heartbeat;
     bool kept_for_survivor = false;  // re-forming: a fresh worker does not take this rank
     uint64_t incarnation = 0;        // RegisterRequest.incarnation
+    bool told_to_stop = false;       // a heartbeat's answer said shutdown
   };
   int RegisteredCountLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   uint64_t BeginRecoveryLocked(const std::vector<int>& lost, const std::string& reason)

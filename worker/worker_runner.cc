@@ -262,7 +262,10 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
     }
     absl::SleepFor(o.heartbeat_interval);
   }
-  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  // The peers' ring streams into this server end only when the peers, stopping too, close their
+  // transports, which they do after their own servers stop: waiting longer for them would only
+  // delay every worker's exit. Calls still in flight are cancelled after this grace.
+  server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(250)));
   return result;
 }
 
