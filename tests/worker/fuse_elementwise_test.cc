@@ -329,5 +329,74 @@ TEST(FusedElementwiseKernelTest, SelectTakesEitherOperandExactlyWhateverTheOther
   }
 }
 
+// Every two-operand fn with a one-element operand on the left, on the right, on both or neither,
+// over sizes around the kernel's 256-element block, whole (Run) and over a range whose input 0
+// comes from elsewhere (RunRange): the same bits as the fn applied element by element, NaN, inf
+// and signed zeros included.
+TEST(FusedElementwiseKernelTest, OneElementOperandsGiveTheElementwiseBits) {
+  const std::map<std::string, float (*)(float, float)> fns = {
+      {"add", [](float a, float b) { return a + b; }},
+      {"sub", [](float a, float b) { return a - b; }},
+      {"mul", [](float a, float b) { return a * b; }},
+      {"div", [](float a, float b) { return a / b; }},
+      {"max", [](float a, float b) { return a > b ? a : b; }},
+      {"min", [](float a, float b) { return a < b ? a : b; }},
+      {"eq", [](float a, float b) { return a == b ? 1.0f : 0.0f; }},
+      {"ne", [](float a, float b) { return a != b ? 1.0f : 0.0f; }},
+      {"lt", [](float a, float b) { return a < b ? 1.0f : 0.0f; }},
+      {"le", [](float a, float b) { return a <= b ? 1.0f : 0.0f; }},
+      {"gt", [](float a, float b) { return a > b ? 1.0f : 0.0f; }},
+      {"ge", [](float a, float b) { return a >= b ? 1.0f : 0.0f; }}};
+  const float kSpecial[] = {0.0f,
+                            -0.0f,
+                            1.0f,
+                            -3.5f,
+                            1e-40f,
+                            3e38f,
+                            std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()};
+  auto value = [&](int i, int salt) {
+    return i % 7 == 0 ? kSpecial[(i / 7 + salt) % 8] : 0.37f * (i - 50 * salt) + 0.01f * salt;
+  };
+  auto same = [](float a, float b) { return std::memcmp(&a, &b, sizeof(float)) == 0; };
+  for (const int n : {1, 7, 255, 256, 257, 1000}) {
+    for (const auto& [fn, ref] : fns) {
+      for (int scalars = 0; scalars < 4; ++scalars) {  // bit 0: x has one element; bit 1: y
+        SCOPED_TRACE(::testing::Message() << fn << " n=" << n << " scalars=" << scalars);
+        Tensor x(v1::DTYPE_F32, {(scalars & 1) ? 1 : n}), y(v1::DTYPE_F32, {(scalars & 2) ? 1 : n});
+        for (int64_t i = 0; i < x.num_elements(); ++i) x.data<float>()[i] = value(i + 3, 1);
+        for (int64_t i = 0; i < y.num_elements(); ++i) y.data<float>()[i] = value(i, 2);
+        // The fn, then the fn of its result and y again: a result row as operand.
+        Tensor out(v1::DTYPE_F32, {n}), again(v1::DTYPE_F32, {n});
+        if (n != 1 && scalars == 3) continue;  // no operand of the outputs' shape
+        auto k =
+            CreateFusedElementwise({{fn, {0, 1}}, {fn, {2, 1}}}, {&x, &y}, {0, 1}, {&out, &again});
+        ASSERT_TRUE(k.ok()) << k.status();
+        ASSERT_TRUE((*k)->Run().ok());
+        int wrong = 0;
+        for (int i = 0; i < n; ++i) {
+          const float xi = x.data<float>()[(scalars & 1) ? 0 : i];
+          const float yi = y.data<float>()[(scalars & 2) ? 0 : i];
+          wrong += !same(out.data<float>()[i], ref(xi, yi));
+          wrong += !same(again.data<float>()[i], ref(ref(xi, yi), yi));
+        }
+        EXPECT_EQ(wrong, 0);
+        if ((scalars & 1) || n < 3) continue;  // RunRange takes input 0 of the outputs' shape
+        std::vector<float> elsewhere(n);
+        for (int i = 0; i < n; ++i) elsewhere[i] = value(i, 5);
+        auto range = CreateFusedElementwiseRange({{fn, {0, 1}}}, {&x, &y}, {0}, {&out});
+        ASSERT_TRUE(range.ok()) << range.status();
+        const int64_t begin = n / 3, len = n - n / 3 - 1;
+        ASSERT_TRUE((*range)->RunRange(begin, len, elsewhere.data()).ok());
+        for (int64_t i = begin; i < begin + len; ++i) {
+          const float yi = y.data<float>()[(scalars & 2) ? 0 : i];
+          wrong += !same(out.data<float>()[i], ref(elsewhere[i - begin], yi));
+        }
+        EXPECT_EQ(wrong, 0);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace meshrun

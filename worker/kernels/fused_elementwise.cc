@@ -46,52 +46,81 @@ const std::map<std::string, std::pair<Fn, int>>& Fns() {
 
 constexpr int64_t kBlock = 256;  // elements per block: every op's scratch row stays in L1
 
+// Which operand of a two-operand op is one value for every element (a one-element input):
+// its loop then reads it once, not a broadcast row per element.
+enum Scalar : int { kNoScalar = 0, kScalarX = 1, kScalarY = 2 };
+
 struct Instr {
   Fn fn;
-  int a = 0, b = 0, c = 0;  // rows of the block scratch (inputs first, then results)
+  int a = 0, b = 0, c = 0;    // rows of the block scratch (inputs first, then results)
+  Scalar scalar = kNoScalar;  // a two-operand fn's one-element input, if exactly one is
 };
 
+// r[j] = EXPR(a, b) for j < m, with a = x[j] (or x[0]) and b = y[j] (or y[0]) by `scalar`.
+#define MESHRUN_BINARY_LOOP(EXPR)       \
+  do {                                  \
+    if (scalar == kScalarX) {           \
+      const float a = x[0];             \
+      for (int64_t j = 0; j < m; ++j) { \
+        const float b = y[j];           \
+        r[j] = (EXPR);                  \
+      }                                 \
+    } else if (scalar == kScalarY) {    \
+      const float b = y[0];             \
+      for (int64_t j = 0; j < m; ++j) { \
+        const float a = x[j];           \
+        r[j] = (EXPR);                  \
+      }                                 \
+    } else {                            \
+      for (int64_t j = 0; j < m; ++j) { \
+        const float a = x[j], b = y[j]; \
+        r[j] = (EXPR);                  \
+      }                                 \
+    }                                   \
+  } while (0)
+
 // One block: r = fn(x, y[, z]) over m elements, in clones for AVX-512, AVX2 and the baseline
-// chosen at load time (the same IEEE operations in each, so the same bits).
+// chosen at load time (the same IEEE operations in each, so the same bits). `scalar` says which
+// operand of a two-operand fn is a single value (x[0] or y[0]).
 __attribute__((target_clones("avx512f", "avx2", "default"))) void Apply(
-    Fn fn, const float* __restrict x, const float* __restrict y, const float* __restrict z,
-    float* __restrict r, int64_t m) {
+    Fn fn, Scalar scalar, const float* __restrict x, const float* __restrict y,
+    const float* __restrict z, float* __restrict r, int64_t m) {
   switch (fn) {
     case Fn::kAdd:
-      for (int64_t j = 0; j < m; ++j) r[j] = x[j] + y[j];
+      MESHRUN_BINARY_LOOP(a + b);
       break;
     case Fn::kSub:
-      for (int64_t j = 0; j < m; ++j) r[j] = x[j] - y[j];
+      MESHRUN_BINARY_LOOP(a - b);
       break;
     case Fn::kMul:
-      for (int64_t j = 0; j < m; ++j) r[j] = x[j] * y[j];
+      MESHRUN_BINARY_LOOP(a * b);
       break;
     case Fn::kDiv:
-      for (int64_t j = 0; j < m; ++j) r[j] = x[j] / y[j];
+      MESHRUN_BINARY_LOOP(a / b);
       break;
     case Fn::kMax:
-      for (int64_t j = 0; j < m; ++j) r[j] = x[j] > y[j] ? x[j] : y[j];
+      MESHRUN_BINARY_LOOP(a > b ? a : b);
       break;
     case Fn::kMin:
-      for (int64_t j = 0; j < m; ++j) r[j] = x[j] < y[j] ? x[j] : y[j];
+      MESHRUN_BINARY_LOOP(a < b ? a : b);
       break;
     case Fn::kEq:
-      for (int64_t j = 0; j < m; ++j) r[j] = x[j] == y[j] ? 1.0f : 0.0f;
+      MESHRUN_BINARY_LOOP(a == b ? 1.0f : 0.0f);
       break;
     case Fn::kNe:
-      for (int64_t j = 0; j < m; ++j) r[j] = x[j] != y[j] ? 1.0f : 0.0f;
+      MESHRUN_BINARY_LOOP(a != b ? 1.0f : 0.0f);
       break;
     case Fn::kLt:
-      for (int64_t j = 0; j < m; ++j) r[j] = x[j] < y[j] ? 1.0f : 0.0f;
+      MESHRUN_BINARY_LOOP(a < b ? 1.0f : 0.0f);
       break;
     case Fn::kLe:
-      for (int64_t j = 0; j < m; ++j) r[j] = x[j] <= y[j] ? 1.0f : 0.0f;
+      MESHRUN_BINARY_LOOP(a <= b ? 1.0f : 0.0f);
       break;
     case Fn::kGt:
-      for (int64_t j = 0; j < m; ++j) r[j] = x[j] > y[j] ? 1.0f : 0.0f;
+      MESHRUN_BINARY_LOOP(a > b ? 1.0f : 0.0f);
       break;
     case Fn::kGe:
-      for (int64_t j = 0; j < m; ++j) r[j] = x[j] >= y[j] ? 1.0f : 0.0f;
+      MESHRUN_BINARY_LOOP(a >= b ? 1.0f : 0.0f);
       break;
     case Fn::kNeg:
       for (int64_t j = 0; j < m; ++j) r[j] = -x[j];
@@ -110,6 +139,8 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void Apply(
       break;
   }
 }
+
+#undef MESHRUN_BINARY_LOOP
 
 class FusedElementwiseKernel : public RangeKernel {
  public:
@@ -140,6 +171,7 @@ class FusedElementwiseKernel : public RangeKernel {
     const int64_t blocks = (len + kBlock - 1) / kBlock;
     const int n = static_cast<int>(inputs_.size());
     const int rows = n + static_cast<int>(instrs_.size());
+    if (blocks == 0) return;
     // An op whose result is an output writes it in place (no copy out of the scratch), unless an
     // output shares memory with an input (a view), which a later op of the block may still read.
     std::vector<float*> direct(instrs_.size(), nullptr);
@@ -151,28 +183,41 @@ class FusedElementwiseKernel : public RangeKernel {
     }
 #pragma omp parallel if (blocks > 1)
     {
-      std::vector<float> scratch(static_cast<size_t>(rows) * kBlock);
-      // One-element inputs are broadcast once per thread.
-      for (int i = 0; i < n; ++i) {
-        if (inputs_[i]->num_elements() == 1)
-          std::fill_n(&scratch[i * kBlock], kBlock, inputs_[i]->data<float>()[0]);
+      // Kept by the thread between calls: a reduce-update calls RunRange chunk by chunk.
+      thread_local std::vector<float> scratch;
+      if (scratch.size() < static_cast<size_t>(rows) * kBlock)
+        scratch.resize(static_cast<size_t>(rows) * kBlock);
+      // Each row's element `begin`: an input's, a direct output's, or a scratch row (results,
+      // and one-element inputs broadcast once per call).
+      std::vector<float*> base(rows, nullptr);
+      std::vector<bool> moves(rows, true);  // advances with the block (else a scratch row)
+      for (int r = 0; r < rows; ++r) {
+        float* own = &scratch[static_cast<size_t>(r) * kBlock];
+        if (r == 0 && input0 != nullptr) {
+          base[r] = const_cast<float*>(input0);
+        } else if (r < n && inputs_[r]->num_elements() != 1) {
+          base[r] = const_cast<float*>(inputs_[r]->data<float>()) + begin;
+        } else if (r < n) {
+          std::fill_n(own, kBlock, inputs_[r]->data<float>()[0]);
+          base[r] = own;
+          moves[r] = false;
+        } else if (direct[r - n] != nullptr) {
+          base[r] = direct[r - n] + begin;
+        } else {
+          base[r] = own;
+          moves[r] = false;
+        }
       }
 #pragma omp for schedule(static)
       for (int64_t blk = 0; blk < blocks; ++blk) {
-        const int64_t start = begin + blk * kBlock, m = std::min(kBlock, begin + len - start);
-        auto row = [&](int r) -> float* {
-          if (r == 0 && input0 != nullptr) return const_cast<float*>(input0) + (start - begin);
-          if (r < n && inputs_[r]->num_elements() != 1)
-            return const_cast<float*>(inputs_[r]->data<float>()) + start;
-          if (r >= n && direct[r - n] != nullptr) return direct[r - n] + start;
-          return &scratch[static_cast<size_t>(r) * kBlock];
-        };
+        const int64_t at = blk * kBlock, m = std::min(kBlock, len - at);
+        auto row = [&](int r) -> float* { return moves[r] ? base[r] + at : base[r]; };
         for (size_t k = 0; k < instrs_.size(); ++k) {
           const Instr& in = instrs_[k];
-          Apply(in.fn, row(in.a), row(in.b), row(in.c), row(n + static_cast<int>(k)), m);
+          Apply(in.fn, in.scalar, row(in.a), row(in.b), row(in.c), row(n + static_cast<int>(k)), m);
         }
         for (size_t o = 0; o < outputs_.size(); ++o) {
-          float* to = outputs_[o]->data<float>() + start;
+          float* to = outputs_[o]->data<float>() + begin + at;
           const float* from = row(n + output_instrs_[o]);
           if (from != to) std::copy_n(from, m, to);
         }
@@ -252,6 +297,11 @@ absl::StatusOr<std::unique_ptr<FusedElementwiseKernel>> Compile(
     in.a = instrs[k].args[0];
     in.b = instrs[k].args.size() > 1 ? instrs[k].args[1] : in.a;
     in.c = instrs[k].args.size() > 2 ? instrs[k].args[2] : in.a;
+    if (it->second.second == 2) {
+      auto one_value = [&](int arg) { return arg < n && inputs[arg]->num_elements() == 1; };
+      if (one_value(in.a) && !one_value(in.b)) in.scalar = kScalarX;
+      if (one_value(in.b) && !one_value(in.a)) in.scalar = kScalarY;
+    }
     compiled.push_back(in);
   }
   for (int o : output_instrs) {
