@@ -8,9 +8,9 @@
 #include <set>
 #include <thread>
 
+#include "core/port/process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "core/port/process.h"
 
 namespace meshrun {
 namespace {
@@ -33,7 +33,8 @@ TEST(WorkerRegistryTest, AssignsRanksCoordsAndRingNeighboursOnceAllJoined) {
   for (int i = 0; i < 4; ++i) {
     threads.emplace_back([&, i] {
       // Worker 0 (first to arrive) asks for rank 3; the others take free ranks in arrival order.
-      out[i] = reg.Register(Req("w" + std::to_string(i), i == 0 ? 3 : -1), absl::Now() + absl::Seconds(5));
+      out[i] = reg.Register(Req("w" + std::to_string(i), i == 0 ? 3 : -1),
+                            absl::Now() + absl::Seconds(5));
     });
     if (i == 0) absl::SleepFor(absl::Milliseconds(50));
   }
@@ -48,7 +49,8 @@ TEST(WorkerRegistryTest, AssignsRanksCoordsAndRingNeighboursOnceAllJoined) {
   }
   EXPECT_EQ(ranks.size(), 4u);
   EXPECT_EQ(out[0]->rank(), 3);
-  EXPECT_EQ(std::vector<int>(out[0]->coords().begin(), out[0]->coords().end()), (std::vector<int>{1, 1}));
+  EXPECT_EQ(std::vector<int>(out[0]->coords().begin(), out[0]->coords().end()),
+            (std::vector<int>{1, 1}));
 }
 
 TEST(WorkerRegistryTest, TimesOutSayingHowManyAreMissing) {
@@ -130,7 +132,8 @@ TEST(WorkerRegistryTest, RejectsAFullClusterAndTakenRanks) {
 TEST(WorkerRegistryTest, HeartbeatsDecideReadinessAndLiveness) {
   WorkerRegistry reg(*Mesh::Parse("data=1"), "c1");
   ASSERT_TRUE(reg.Register(Req("w0"), absl::Now() + absl::Seconds(1)).ok());
-  EXPECT_EQ(reg.WaitUntilReady(absl::Now() + absl::Milliseconds(20)).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(reg.WaitUntilReady(absl::Now() + absl::Milliseconds(20)).code(),
+            absl::StatusCode::kDeadlineExceeded);
   EXPECT_EQ(reg.Heartbeat(0, "other-cluster").status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(reg.Heartbeat(0, "c1").ok());
   EXPECT_TRUE(reg.WaitUntilReady(absl::Now() + absl::Milliseconds(20)).ok());
@@ -139,6 +142,32 @@ TEST(WorkerRegistryTest, HeartbeatsDecideReadinessAndLiveness) {
   using Dead = std::vector<std::pair<int, std::string>>;
   EXPECT_EQ(reg.DeadRanks(absl::Milliseconds(10)), (Dead{{0, "missed heartbeats for 10ms"}}));
   EXPECT_EQ(reg.Describe(0), "rank 0 (w0, pid 100)");
+}
+
+// Shutdown waits for every registered worker to have been told by a heartbeat's answer, and no
+// longer than its deadline for one that never asks.
+TEST(WorkerRegistryTest, ShutdownWaitsUntilEveryWorkerWasTold) {
+  WorkerRegistry reg(*Mesh::Parse("data=2"), "c1");
+  std::vector<std::thread> joins;
+  for (int i = 0; i < 2; ++i) {
+    joins.emplace_back([&, i] {
+      ASSERT_TRUE(reg.Register(Req("w" + std::to_string(i)), absl::Now() + absl::Seconds(5)).ok());
+    });
+  }
+  for (auto& t : joins) t.join();
+  EXPECT_FALSE(reg.TellShutdown(0));  // nothing to tell yet, and nothing recorded
+  reg.RequestShutdown();
+  EXPECT_FALSE(reg.AwaitShutdownTold(absl::Now() + absl::Milliseconds(20)));
+  EXPECT_TRUE(reg.TellShutdown(0));
+  EXPECT_FALSE(reg.AwaitShutdownTold(absl::Now() + absl::Milliseconds(20)));  // rank 1 not yet
+  std::thread heartbeat([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    reg.TellShutdown(1);
+  });
+  const absl::Time start = absl::Now();
+  EXPECT_TRUE(reg.AwaitShutdownTold(absl::Now() + absl::Seconds(10)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // woken by the answer, not the deadline
+  heartbeat.join();
 }
 
 // A worker on the coordinator's host that is stopped or has exited is dead at once, whatever its
