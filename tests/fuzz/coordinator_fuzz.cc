@@ -13,8 +13,8 @@
 //    the target bounds it first (a job's steps, a call's runs, its collective timeout) and points
 //    data paths at a small .npy dataset; Register, Heartbeat and Shutdown (a node's and an
 //    operator's RPCs) are left out, as they would end the cluster the next inputs need.
-// A crash, a sanitizer report, a leak or a hang (libFuzzer's -timeout) is a bug; an error Status is
-// not.
+// A crash, a sanitizer report or a hang (libFuzzer's -timeout) is a bug; an error Status is not.
+// The suite runs it without LeakSanitizer (tests/fuzz/CMakeLists.txt says why).
 #include <unistd.h>
 
 #include <cstdint>
