@@ -406,11 +406,6 @@ void WorkerRegistry::RequestShutdown() {
   shutdown_ = true;
 }
 
-bool WorkerRegistry::shutdown_requested() {
-  absl::MutexLock lock(&mu_);
-  return shutdown_;
-}
-
 bool WorkerRegistry::TellShutdown(int rank) {
   absl::MutexLock lock(&mu_);
   if (shutdown_ && rank >= 0 && rank < static_cast<int>(workers_.size()))

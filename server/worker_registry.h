@@ -114,7 +114,6 @@ class WorkerRegistry {
 
   // After this, heartbeats answer shutdown=true.
   void RequestShutdown();
-  bool shutdown_requested();
   // A heartbeat's answer for `rank`: whether shutdown was requested, which `rank` now knows.
   bool TellShutdown(int rank);
   // Waits until every registered worker has been told to stop by a heartbeat's answer, or until
