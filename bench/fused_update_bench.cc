@@ -7,7 +7,11 @@
 //     takes (the C++ SDK's optimizer).
 // Both read the gradient, parameter and moments and write the parameter and moments; the
 // difference is the interpreter's passes through its scratch rows, one per op.
-// Run: build/bin/fused_update_bench   (items_per_second: elements per second; one thread)
+//   BM_AdamWEachParam / BM_AdamWSweep: the main job's model (784-512-10: four parameters, 407,050
+//     elements) updated one AdamWUpdate per parameter, as before the executor joined them, and
+//     as one AdamWSweep over all four on the OpenMP team (OMP_NUM_THREADS; all cores by default).
+// Run: build/bin/fused_update_bench   (items_per_second: elements per second; one thread but
+// BM_AdamWSweep)
 #include <vector>
 
 #include "benchmark/benchmark.h"
@@ -89,6 +93,49 @@ void BM_AdamWKernel(benchmark::State& bench) {
   }
   bench.SetItemsProcessed(bench.iterations() * n);
 }
+
+// The main job's parameters: w1 784x512, b1 512, w2 512x10, b2 10.
+const std::vector<int64_t> kModelSizes = {784 * 512, 512, 5120, 10};
+
+struct ModelState {
+  ModelState() {
+    for (int64_t n : kModelSizes) params.emplace_back(n);
+  }
+  std::vector<State> params;
+  int64_t elements() const {
+    int64_t total = 0;
+    for (int64_t n : kModelSizes) total += n;
+    return total;
+  }
+};
+
+void BM_AdamWEachParam(benchmark::State& bench) {
+  ModelState m;
+  AdamWHyperParams hp;
+  for (auto _ : bench) {
+    for (State& s : m.params) {
+      const int64_t n = s.p.num_elements();
+      AdamWUpdate(hp, 1, s.p.data<float>(), s.g.data<float>(), s.mu.data<float>(),
+                  s.nu.data<float>(), n);
+    }
+  }
+  bench.SetItemsProcessed(bench.iterations() * m.elements());
+}
+
+void BM_AdamWSweep(benchmark::State& bench) {
+  ModelState m;
+  AdamWHyperParams hp;
+  std::vector<AdamWSegment> segments;
+  for (State& s : m.params) {
+    float *p = s.p.data<float>(), *mu = s.mu.data<float>(), *nu = s.nu.data<float>();
+    segments.push_back({p, s.g.data<float>(), mu, nu, p, mu, nu, s.p.num_elements()});
+  }
+  for (auto _ : bench) AdamWSweep(hp, 1, segments);
+  bench.SetItemsProcessed(bench.iterations() * m.elements());
+}
+
+BENCHMARK(BM_AdamWEachParam)->UseRealTime();
+BENCHMARK(BM_AdamWSweep)->UseRealTime();
 
 // 256 Ki elements stay in L2; 4 Mi elements (64 MiB of state) stream from memory.
 BENCHMARK(BM_FusedElementwiseAdam)->Arg(1 << 18)->Arg(1 << 22);

@@ -84,6 +84,9 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
       cf.collectives.emplace_back(CollectiveName(f.ops(i)),
                                   absl::StrJoin(f.ops(i).axis_names(), ","));
     }
+    if (absl::Status s = ex->JoinAdamUpdates(f, cf.ops); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("function '", f.name(), "': ", s.message()));
+    }
     ex->functions_[f.name()] = std::move(cf);
   }
   // Views and placed parts use another buffer's memory, never their own.

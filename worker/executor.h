@@ -110,6 +110,9 @@ class Executor {
   // The arrivals since the last call (at most kMaxArrivals are kept; later ones are dropped).
   std::vector<Arrival> TakeArrivals() { return std::move(arrivals_); }
   static constexpr size_t kMaxArrivals = 4096;
+  // How many runs of consecutive Adam updates run as one sweep over their parameters
+  // (JoinAdamUpdates), over all functions; each such run counts once.
+  int adam_sweeps() const { return adam_sweeps_; }
   // Bytes held by buffers of `role` (all roles when BUFFER_ROLE_UNSPECIFIED).
   int64_t ResidentBytes(v1::BufferRole role) const;
 
@@ -149,6 +152,17 @@ class Executor {
                                            const std::vector<Tensor*>& out);
   absl::StatusOr<CompiledOp> CompileAdamUpdate(const v1::Op& op, const std::vector<Tensor*>& in,
                                                const std::vector<Tensor*>& out);
+  // Runs of consecutive local Adam updates (IsLocalAdamUpdate) of one step and the same
+  // hyperparameters whose arrays share no memory (SharesNoMemory): the first op of each run
+  // becomes one AdamWSweep over all of their parameters, the others do nothing. `ops` holds f's
+  // ops compiled one by one, each already checked (executor_adam_sweep.cc).
+  absl::Status JoinAdamUpdates(const v1::Function& f, std::vector<CompiledOp>& ops);
+  // An OP_ADAM_UPDATE that reduces nothing: no joined reductions, and no grad axes or a group of
+  // one.
+  bool IsLocalAdamUpdate(const v1::Op& op);
+  // Whether no two of the run's arrays are one buffer and none is memory of another buffer's.
+  bool SharesNoMemory(const std::vector<const v1::Op*>& run);
+  absl::StatusOr<CompiledOp> CompileAdamSweep(const std::vector<const v1::Op*>& run);
   // OP_FUSED_ELEMENTWISE with axis_names: input 0 all-reduced first, fused with the update as
   // OP_ADAM_UPDATE's gradient is (executor_adam.cc).
   absl::StatusOr<CompiledOp> CompileFusedReduceUpdate(const v1::Op& op,
@@ -196,6 +210,7 @@ class Executor {
   std::map<std::string, std::unique_ptr<Communicator>> communicators_;
   absl::Duration collective_time_;
   std::vector<Arrival> arrivals_;
+  int adam_sweeps_ = 0;
 };
 
 // Shared by the op compilers (executor_*.cc): InvalidArgument naming the op when it has other

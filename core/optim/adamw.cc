@@ -1,6 +1,8 @@
 #include "core/optim/adamw.h"
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 namespace meshrun {
 
@@ -30,6 +32,30 @@ __attribute__((target_clones("avx2", "default"))) void AdamWUpdate(
 void AdamWUpdate(const AdamWHyperParams& hp, int64_t count, float* param, const float* grad,
                  float* mu, float* nu, int64_t n) {
   AdamWUpdate(hp, count, param, grad, mu, nu, param, mu, nu, n);
+}
+
+void AdamWSweep(const AdamWHyperParams& hp, int64_t count,
+                absl::Span<const AdamWSegment> segments) {
+  struct Block {
+    const AdamWSegment* segment;
+    int64_t begin;
+    int64_t len;
+  };
+  std::vector<Block> blocks;
+  int64_t total = 0;
+  for (const AdamWSegment& s : segments) {
+    for (int64_t at = 0; at < s.n; at += kAdamWSweepBlock)
+      blocks.push_back({&s, at, std::min(kAdamWSweepBlock, s.n - at)});
+    total += s.n;
+  }
+  const int64_t num_blocks = static_cast<int64_t>(blocks.size());
+#pragma omp parallel for schedule(static) if (total >= kAdamWSweepParallelMin)
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const AdamWSegment& s = *blocks[b].segment;
+    const int64_t i = blocks[b].begin;
+    AdamWUpdate(hp, count, s.param_in + i, s.grad + i, s.mu_in + i, s.nu_in + i, s.param_out + i,
+                s.mu_out + i, s.nu_out + i, blocks[b].len);
+  }
 }
 
 }  // namespace meshrun

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "absl/types/span.h"
+
 namespace meshrun {
 
 struct AdamWHyperParams {
@@ -25,6 +27,32 @@ void AdamWUpdate(const AdamWHyperParams& hp, int64_t count, float* param, const 
 void AdamWUpdate(const AdamWHyperParams& hp, int64_t count, const float* param_in,
                  const float* grad, const float* mu_in, const float* nu_in, float* param_out,
                  float* mu_out, float* nu_out, int64_t n);
+
+// One parameter's part of an AdamWSweep: n elements, read from the *_in arrays and grad and
+// written to the *_out ones, with AdamWUpdate's out-of-place rules (an output may be its own
+// input, nothing else may alias).
+struct AdamWSegment {
+  const float* param_in;
+  const float* grad;
+  const float* mu_in;
+  const float* nu_in;
+  float* param_out;
+  float* mu_out;
+  float* nu_out;
+  int64_t n;
+};
+
+// One optax.adamw step over every segment (a model's parameters) in one sweep, as PyTorch's
+// fused Adam applies itself to a list of tensors (multi_tensor_apply) and XLA fuses optax's
+// update over a pytree: the segments' elements are cut into blocks of kAdamWSweepBlock and the
+// blocks shared out statically over the calling thread's OpenMP team, so a worker's compute
+// threads all take part however the elements are split among parameters. Under
+// kAdamWSweepParallelMin elements in all it runs on the calling thread alone (waking the team
+// would cost more than it saves). Each element's bits are AdamWUpdate's. No segment's output
+// may alias another segment's arrays. Calls on disjoint arrays may run concurrently.
+inline constexpr int64_t kAdamWSweepBlock = 8192;
+inline constexpr int64_t kAdamWSweepParallelMin = 65536;
+void AdamWSweep(const AdamWHyperParams& hp, int64_t count, absl::Span<const AdamWSegment> segments);
 
 }  // namespace meshrun
 

@@ -1,0 +1,121 @@
+// Joining a model's Adam updates into one sweep over all its parameters (the optimizer "one
+// sweep" of PyTorch's fused Adam and of XLA's fusion of optax over a pytree): consecutive
+// OP_ADAM_UPDATEs with nothing to reduce run as one core/optim AdamWSweep, so every compute
+// thread works on the update whatever the parameters' sizes.
+#include <algorithm>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/optim/adamw.h"
+#include "worker/executor.h"
+
+namespace meshrun {
+namespace {
+
+bool SameHyperParams(const v1::AdamWAttrs& a, const v1::AdamWAttrs& b) {
+  return a.learning_rate() == b.learning_rate() && a.b1() == b.b1() && a.b2() == b.b2() &&
+         a.eps() == b.eps() && a.weight_decay() == b.weight_decay();
+}
+
+}  // namespace
+
+bool Executor::IsLocalAdamUpdate(const v1::Op& op) {
+  if (op.kind() != v1::OP_ADAM_UPDATE || op.inputs_size() != 5 || op.outputs_size() != 3)
+    return false;
+  if (op.axis_names_size() == 0) return true;
+  absl::StatusOr<Communicator*> c =
+      CommunicatorFor(std::vector<std::string>(op.axis_names().begin(), op.axis_names().end()));
+  return c.ok() && (*c)->size() == 1;
+}
+
+bool Executor::SharesNoMemory(const std::vector<const v1::Op*>& run) {
+  std::set<std::string> names;
+  std::set<std::string> placed;
+  for (const Placement& p : placements_) {
+    placed.insert(p.part);
+    placed.insert(p.whole);
+  }
+  for (const v1::Op* op : run) {
+    std::vector<std::string> own = {op->inputs(0),  op->inputs(1),  op->inputs(2), op->inputs(3),
+                                    op->outputs(0), op->outputs(1), op->outputs(2)};
+    std::sort(own.begin(), own.end());
+    own.erase(std::unique(own.begin(), own.end()), own.end());
+    for (const std::string& name : own) {
+      // Another op's array by name, or memory that is another buffer's (a view or a placed
+      // part, or a whole holding parts).
+      if (!names.insert(name).second || views_.count(name) || placed.count(name)) return false;
+    }
+  }
+  return true;
+}
+
+absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamSweep(
+    const std::vector<const v1::Op*>& run) {
+  struct Arrays {
+    const Tensor *param, *grad, *mu, *nu;
+    Tensor *p_out, *mu_out, *nu_out;
+  };
+  std::vector<Arrays> arrays;
+  for (const v1::Op* op : run) {
+    std::vector<Tensor*> t;
+    for (const std::string& name : {op->inputs(0), op->inputs(1), op->inputs(2), op->inputs(3),
+                                    op->outputs(0), op->outputs(1), op->outputs(2)}) {
+      absl::StatusOr<Tensor*> b = Buffer(*op, name);
+      if (!b.ok()) return b.status();
+      t.push_back(*b);
+    }
+    arrays.push_back({t[0], t[1], t[2], t[3], t[4], t[5], t[6]});
+  }
+  absl::StatusOr<Tensor*> step = Buffer(*run[0], run[0]->inputs(4));
+  if (!step.ok()) return step.status();
+  AdamWHyperParams hp;
+  hp.learning_rate = run[0]->adamw().learning_rate();
+  hp.b1 = run[0]->adamw().b1();
+  hp.b2 = run[0]->adamw().b2();
+  hp.eps = run[0]->adamw().eps();
+  hp.weight_decay = run[0]->adamw().weight_decay();
+  const Tensor* t = *step;
+  return CompiledOp([arrays, hp, t](const RunContext&) {
+    // (Read at each run: a step binds its arguments and results anew.)
+    std::vector<AdamWSegment> segments;
+    segments.reserve(arrays.size());
+    for (const Arrays& a : arrays) {
+      segments.push_back({a.param->data<float>(), a.grad->data<float>(), a.mu->data<float>(),
+                          a.nu->data<float>(), a.p_out->data<float>(), a.mu_out->data<float>(),
+                          a.nu_out->data<float>(), a.param->num_elements()});
+    }
+    AdamWSweep(hp, static_cast<int64_t>(t->data<float>()[0]) + 1, segments);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status Executor::JoinAdamUpdates(const v1::Function& f, std::vector<CompiledOp>& ops) {
+  int i = 0;
+  while (i < f.ops_size()) {
+    if (!IsLocalAdamUpdate(f.ops(i))) {
+      ++i;
+      continue;
+    }
+    std::vector<const v1::Op*> run = {&f.ops(i)};
+    int end = i + 1;
+    while (end < f.ops_size() && IsLocalAdamUpdate(f.ops(end)) &&
+           f.ops(end).inputs(4) == f.ops(i).inputs(4) &&
+           SameHyperParams(f.ops(end).adamw(), f.ops(i).adamw())) {
+      run.push_back(&f.ops(end));
+      ++end;
+    }
+    if (run.size() > 1 && SharesNoMemory(run)) {
+      absl::StatusOr<CompiledOp> sweep = CompileAdamSweep(run);
+      if (!sweep.ok()) return sweep.status();
+      ops[i] = *std::move(sweep);
+      for (int k = i + 1; k < end; ++k)
+        ops[k] = [](const RunContext&) { return absl::OkStatus(); };  // done by op i's sweep
+      ++adam_sweeps_;
+    }
+    i = end;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace meshrun
