@@ -157,10 +157,12 @@ class Executor {
   // becomes one AdamWSweep over all of their parameters, the others do nothing. `ops` holds f's
   // ops compiled one by one, each already checked (executor_adam_sweep.cc).
   absl::Status JoinAdamUpdates(const v1::Function& f, std::vector<CompiledOp>& ops);
-  // An OP_ADAM_UPDATE that reduces nothing: no joined reductions, and no grad axes or a group of
-  // one.
+  // An OP_ADAM_UPDATE that reduces nothing: no grad axes (and no joined reductions), or grad
+  // axes whose group is of one (its joined reductions' sums are their operands).
   bool IsLocalAdamUpdate(const v1::Op& op);
-  // Whether no two of the run's arrays are one buffer and none is memory of another buffer's.
+  // Whether no two of the run's arrays (its riders' included) are one buffer and none is memory
+  // of another buffer's, but for a gradient that an earlier update's rider sums (the riders are
+  // copied before the sweep).
   bool SharesNoMemory(const std::vector<const v1::Op*>& run);
   absl::StatusOr<CompiledOp> CompileAdamSweep(const std::vector<const v1::Op*>& run);
   // OP_FUSED_ELEMENTWISE with axis_names: input 0 all-reduced first, fused with the update as

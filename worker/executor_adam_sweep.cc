@@ -3,8 +3,10 @@
 // OP_ADAM_UPDATEs with nothing to reduce run as one core/optim AdamWSweep, so every compute
 // thread works on the update whatever the parameters' sizes.
 #include <algorithm>
+#include <cstring>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/optim/adamw.h"
@@ -21,30 +23,40 @@ bool SameHyperParams(const v1::AdamWAttrs& a, const v1::AdamWAttrs& b) {
 }  // namespace
 
 bool Executor::IsLocalAdamUpdate(const v1::Op& op) {
-  if (op.kind() != v1::OP_ADAM_UPDATE || op.inputs_size() != 5 || op.outputs_size() != 3)
+  if (op.kind() != v1::OP_ADAM_UPDATE || op.inputs_size() < 5 ||
+      op.outputs_size() != op.inputs_size() - 2) {
     return false;
-  if (op.axis_names_size() == 0) return true;
+  }
+  if (op.axis_names_size() == 0) return op.inputs_size() == 5;
   absl::StatusOr<Communicator*> c =
       CommunicatorFor(std::vector<std::string>(op.axis_names().begin(), op.axis_names().end()));
   return c.ok() && (*c)->size() == 1;
 }
 
 bool Executor::SharesNoMemory(const std::vector<const v1::Op*>& run) {
-  std::set<std::string> names;
   std::set<std::string> placed;
   for (const Placement& p : placements_) {
     placed.insert(p.part);
     placed.insert(p.whole);
   }
+  std::set<std::string> seen;           // every array of the ops so far
+  std::set<std::string> rider_results;  // their riders' results
+  auto own = [&](const std::string& name) {
+    // Not another array of the run, nor memory that is another buffer's (a view, a placed part,
+    // or a whole holding parts).
+    return seen.insert(name).second && !views_.count(name) && !placed.count(name);
+  };
   for (const v1::Op* op : run) {
-    std::vector<std::string> own = {op->inputs(0),  op->inputs(1),  op->inputs(2), op->inputs(3),
-                                    op->outputs(0), op->outputs(1), op->outputs(2)};
-    std::sort(own.begin(), own.end());
-    own.erase(std::unique(own.begin(), own.end()), own.end());
-    for (const std::string& name : own) {
-      // Another op's array by name, or memory that is another buffer's (a view or a placed
-      // part, or a whole holding parts).
-      if (!names.insert(name).second || views_.count(name) || placed.count(name)) return false;
+    for (int k = 0; k < op->inputs_size(); ++k) {
+      if (k == 4) continue;  // the step, read by all
+      // A gradient that an earlier update's riders summed (the small gradients' bucket riding
+      // with a large one): the riders are copied before the sweep starts.
+      if (k == 1 && rider_results.count(op->inputs(k))) continue;
+      if (!own(op->inputs(k))) return false;
+    }
+    for (int k = 0; k < op->outputs_size(); ++k) {
+      if (!own(op->outputs(k))) return false;
+      if (k >= 3) rider_results.insert(op->outputs(k));
     }
   }
   return true;
@@ -57,7 +69,16 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamSweep(
     Tensor *p_out, *mu_out, *nu_out;
   };
   std::vector<Arrays> arrays;
+  // Joined reductions over a group of one: their sums are their operands.
+  std::vector<std::pair<const Tensor*, Tensor*>> riders;
   for (const v1::Op* op : run) {
+    for (int k = 5; k < op->inputs_size(); ++k) {
+      absl::StatusOr<Tensor*> x = Buffer(*op, op->inputs(k));
+      if (!x.ok()) return x.status();
+      absl::StatusOr<Tensor*> y = Buffer(*op, op->outputs(k - 2));
+      if (!y.ok()) return y.status();
+      riders.emplace_back(*x, *y);
+    }
     std::vector<Tensor*> t;
     for (const std::string& name : {op->inputs(0), op->inputs(1), op->inputs(2), op->inputs(3),
                                     op->outputs(0), op->outputs(1), op->outputs(2)}) {
@@ -76,7 +97,8 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamSweep(
   hp.eps = run[0]->adamw().eps();
   hp.weight_decay = run[0]->adamw().weight_decay();
   const Tensor* t = *step;
-  return CompiledOp([arrays, hp, t](const RunContext&) {
+  return CompiledOp([arrays, riders, hp, t](const RunContext&) {
+    for (const auto& [x, y] : riders) std::memcpy(y->raw(), x->raw(), x->size_bytes());
     // (Read at each run: a step binds its arguments and results anew.)
     std::vector<AdamWSegment> segments;
     segments.reserve(arrays.size());

@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/collectives/in_process_transport.h"
 #include "core/optim/adamw.h"
+#include "core/sharding/mesh.h"
 #include "gtest/gtest.h"
 #include "worker/executor.h"
 
@@ -80,8 +82,9 @@ bool SameBits(const float* a, const std::vector<float>& b) {
 // parameter's results against core/optim's AdamWUpdate, bit for bit. Returns the executor's
 // adam_sweeps().
 int RunAndCheck(const v1::StepProgram& program, const std::vector<Param>& params, bool donate,
-                const std::string& dependent = "") {
-  absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(program, Executor::Options{});
+                const std::string& dependent = "",
+                const Executor::Options& options = Executor::Options{}) {
+  absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(program, options);
   EXPECT_TRUE(ex.ok()) << ex.status();
   if (!ex.ok()) return -1;
   Tensor step(v1::DTYPE_F32, {});
@@ -99,9 +102,21 @@ int RunAndCheck(const v1::StepProgram& program, const std::vector<Param>& params
       Tensor t(v1::DTYPE_F32, {p.size});
       std::copy(values[j].begin(), values[j].end(), t.data<float>());
       ++j;
-      EXPECT_TRUE((*ex)->BindInput(absl::StrCat(prefix, p.name), t, donate).ok());
+      std::string name = absl::StrCat(prefix, p.name);
+      if (name == "g_" + p.name && (*ex)->buffer("partial_" + p.name) != nullptr) {
+        // The gradient is a rider's sum of partial_<name> (over a group of one): zeros until
+        // the rider writes it.
+        EXPECT_TRUE((*ex)->BindInput(name, Tensor(v1::DTYPE_F32, {p.size})).ok());
+        name = "partial_" + p.name;
+      }
+      EXPECT_TRUE((*ex)->BindInput(name, t, donate).ok());
       bound.push_back(std::move(t));
     }
+  }
+  Tensor loss(v1::DTYPE_F32, {3});
+  for (int k = 0; k < 3; ++k) loss.data<float>()[k] = 0.25f * static_cast<float>(k + 1);
+  if ((*ex)->buffer("loss") != nullptr) {
+    EXPECT_TRUE((*ex)->BindInput("loss", loss).ok());
   }
   absl::Status ran = (*ex)->Run("main", RunContext{});
   EXPECT_TRUE(ran.ok()) << ran;
@@ -124,6 +139,11 @@ int RunAndCheck(const v1::StepProgram& program, const std::vector<Param>& params
     EXPECT_TRUE(SameBits((*ex)->buffer("new_p_" + p.name)->data<float>(), param)) << p.name;
     EXPECT_TRUE(SameBits((*ex)->buffer("new_mu_" + p.name)->data<float>(), mu)) << p.name;
     EXPECT_TRUE(SameBits((*ex)->buffer("new_nu_" + p.name)->data<float>(), nu)) << p.name;
+  }
+  if (const Tensor* summed = (*ex)->buffer("loss_sum")) {
+    EXPECT_EQ(std::vector<float>(summed->data<float>(), summed->data<float>() + 3),
+              std::vector<float>({0.25f, 0.5f, 0.75f}))
+        << "a rider's sum over a group of one is its operand";
   }
   return (*ex)->adam_sweeps();
 }
@@ -148,6 +168,31 @@ TEST(AdamSweepTest, AnOpBetweenOrOtherHyperParametersSplitTheSweep) {
   two_rates[2].learning_rate = 1e-2f;
   two_rates[3].learning_rate = 1e-2f;
   EXPECT_EQ(RunAndCheck(AdamProgram(two_rates), two_rates, false), 3) << "w1+b1, w2+b2 and odd+one";
+}
+
+// As in the main job's step on one worker: the first update sums its gradient over "data" (a
+// group of one) with the loss and the second's gradient riding along (fn "sum:ss"); the second
+// reduces nothing and reads that rider's sum. Both are one sweep.
+TEST(AdamSweepTest, AnUpdateOverAGroupOfOneWithRidersJoinsTheSweep) {
+  const std::vector<Param> params(kModel.begin(), kModel.begin() + 2);
+  v1::StepProgram program = AdamProgram(params);
+  Declare(&program, "loss", 3);
+  Declare(&program, "loss_sum", 3);
+  v1::Op* first = program.mutable_functions(0)->mutable_ops(0);
+  first->add_axis_names("data");
+  first->set_fn("sum:ss");
+  first->add_inputs("loss");
+  first->add_inputs("partial_b1");
+  first->add_outputs("loss_sum");
+  first->add_outputs("g_b1");
+  Declare(&program, "partial_b1", 512);
+  absl::StatusOr<Mesh> mesh = Mesh::Parse("data=1");
+  ASSERT_TRUE(mesh.ok()) << mesh.status();
+  std::vector<std::unique_ptr<Transport>> transports = CreateInProcessTransports(1);
+  Executor::Options options;
+  options.mesh = &*mesh;
+  options.transport = transports[0].get();
+  EXPECT_EQ(RunAndCheck(program, params, false, "", options), 1);
 }
 
 TEST(AdamSweepTest, AnUpdateReadingAnEarlierUpdatesResultIsLeftAfterIt) {
