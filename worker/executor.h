@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "core/collectives/communicator.h"
+#include "core/optim/adamw.h"
 #include "core/random/threefry.h"
 #include "core/sharding/mesh.h"
 #include "core/tensor.h"
@@ -220,6 +221,8 @@ class Executor {
 absl::Status OpArity(const v1::Op& op, int inputs, int outputs);
 // InvalidArgument naming the op, its output's dtype and dims, and what was `expected`.
 absl::Status OpOutputMismatch(const v1::Op& op, const Tensor& got, const std::string& expected);
+// An OP_ADAM_UPDATE's hyperparameters (its reduce_dtype aside) as core/optim takes them.
+AdamWHyperParams AdamWHyperParamsOf(const v1::AdamWAttrs& attrs);
 
 }  // namespace meshrun
 

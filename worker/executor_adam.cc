@@ -227,6 +227,16 @@ absl::Status RunFusedReduction(
 
 }  // namespace
 
+AdamWHyperParams AdamWHyperParamsOf(const v1::AdamWAttrs& attrs) {
+  AdamWHyperParams hp;
+  hp.learning_rate = attrs.learning_rate();
+  hp.b1 = attrs.b1();
+  hp.b2 = attrs.b2();
+  hp.eps = attrs.eps();
+  hp.weight_decay = attrs.weight_decay();
+  return hp;
+}
+
 absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& op,
                                                                  const std::vector<Tensor*>& in,
                                                                  const std::vector<Tensor*>& out) {
@@ -263,12 +273,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
       MakeRiders("OP_ADAM_UPDATE", reductions->riders, in, 5, out, 3);
   if (!made.ok()) return made.status();
   std::shared_ptr<Riders> rider = *std::move(made);
-  AdamWHyperParams hp;
-  hp.learning_rate = op.adamw().learning_rate();
-  hp.b1 = op.adamw().b1();
-  hp.b2 = op.adamw().b2();
-  hp.eps = op.adamw().eps();
-  hp.weight_decay = op.adamw().weight_decay();
+  const AdamWHyperParams hp = AdamWHyperParamsOf(op.adamw());
   Tensor *p_out = out[0], *mu_out = out[1], *nu_out = out[2];
   // Elements [begin, begin + len) of the update, from the gradient `g` (its element 0 is
   // element `begin`).

@@ -15,9 +15,11 @@
 namespace meshrun {
 namespace {
 
+// Whether two updates step alike (what AdamWHyperParamsOf reads of them).
 bool SameHyperParams(const v1::AdamWAttrs& a, const v1::AdamWAttrs& b) {
-  return a.learning_rate() == b.learning_rate() && a.b1() == b.b1() && a.b2() == b.b2() &&
-         a.eps() == b.eps() && a.weight_decay() == b.weight_decay();
+  const AdamWHyperParams x = AdamWHyperParamsOf(a), y = AdamWHyperParamsOf(b);
+  return x.learning_rate == y.learning_rate && x.b1 == y.b1 && x.b2 == y.b2 && x.eps == y.eps &&
+         x.weight_decay == y.weight_decay;
 }
 
 }  // namespace
@@ -90,12 +92,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamSweep(
   }
   absl::StatusOr<Tensor*> step = Buffer(*run[0], run[0]->inputs(4));
   if (!step.ok()) return step.status();
-  AdamWHyperParams hp;
-  hp.learning_rate = run[0]->adamw().learning_rate();
-  hp.b1 = run[0]->adamw().b1();
-  hp.b2 = run[0]->adamw().b2();
-  hp.eps = run[0]->adamw().eps();
-  hp.weight_decay = run[0]->adamw().weight_decay();
+  const AdamWHyperParams hp = AdamWHyperParamsOf(run[0]->adamw());
   const Tensor* t = *step;
   return CompiledOp([arrays, riders, hp, t](const RunContext&) {
     for (const auto& [x, y] : riders) std::memcpy(y->raw(), x->raw(), x->size_bytes());
