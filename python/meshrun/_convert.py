@@ -235,6 +235,8 @@ class Converter(_Regions, _Layout, _Random):
         p = eqn.params
         out_shape, out_dtype = aval_of(eqn.outvars[0].aval) if eqn.outvars else ((), None)
         try:
+            if not name.startswith("random_") and name not in _CALLS:
+                p, ins = self.key_words(name, p, ins, eqn)
             return self._equation(name, p, ins, out_dtype, out_shape, eqn)
         except errors.MeshrunError as e:
             if isinstance(e, errors.UnsupportedPrimitiveError) or "(at " in str(e):

@@ -130,6 +130,33 @@ class _Random:
             return _V(self.emit(G.BITCAST_CONVERT, [v], dtype=store), v.shape, dtype, store)
         return _V(self.emit(G.CONVERT, [v], dtype=store), v.shape, dtype, store)
 
+    def key_words(self, name, p, ins, eqn):
+        """(params, ins) of a layout primitive over typed keys (a split key unpacked, a key array
+        reshaped or broadcast) made to act on the keys' words, whose trailing 2 the key's shape
+        lacks: the indices and sizes gain that dim, whole. Other primitives are left as they are
+        (element-wise ones and gathers over keys are not supported)."""
+        if not any(is_key_dtype(getattr(v.aval, "dtype", None)) for v in list(eqn.invars) + list(eqn.outvars)):
+            return p, ins
+        if name == "slice":
+            strides = p.get("strides")
+            p = dict(p, start_indices=tuple(p["start_indices"]) + (0,),
+                     limit_indices=tuple(p["limit_indices"]) + (2,),
+                     strides=None if strides is None else tuple(strides) + (1,))
+        elif name == "broadcast_in_dim":
+            dims = tuple(p["broadcast_dimensions"])
+            p = dict(p, broadcast_dimensions=dims + (len(p["shape"]),), shape=tuple(p["shape"]) + (2,))
+        elif name == "transpose":
+            perm = tuple(p["permutation"])
+            p = dict(p, permutation=perm + (len(perm),))
+        elif name == "dynamic_slice":
+            p = dict(p, slice_sizes=tuple(p["slice_sizes"]) + (2,))
+            ins = list(ins) + [self.int_scalar(0, np.int32)]
+        elif name == "dynamic_update_slice":
+            ins = list(ins) + [self.int_scalar(0, np.int32)]
+        elif name in ("gather", "scatter-add", "select_n") or name in _ELEMENTWISE:
+            self._unsupported(name, eqn, "over typed PRNG keys (pass their jax.random.key_data words)")
+        return p, ins
+
     def _random_equation(self, name, p, ins, out_dtype, out_shape, eqn):
         """The outputs of a PRNG or integer-bit primitive; None for another primitive."""
         if name in _KEY_IDENTITY:

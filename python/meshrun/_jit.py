@@ -15,6 +15,7 @@ import time
 import numpy as np
 
 from meshrun import _array, _sharding, _tree, errors
+from meshrun._convert_random import is_key_dtype
 from meshrun.v1 import coordinator_pb2
 
 
@@ -36,7 +37,8 @@ class _Compiled:
 
 class Jitted:
     """The callable cluster.jit returns. Arguments: pytrees of meshrun.Array (laid out as
-    in_shardings when given; numpy arrays and scalars are put on the cluster first, laid out so).
+    in_shardings when given; numpy arrays, scalars and typed PRNG keys (jax.random.key, sent as
+    their jax.random.key_data words) are put on the cluster first, laid out so).
     Returns a pytree of meshrun.Array. `donate_argnums`: those arguments are consumed; a result
     of the same shape, dtype and sharding takes the first unused donated array's place on the
     cluster (a TrainState updated in place). Errors: UnsupportedPrimitiveError naming the primitive
@@ -78,7 +80,9 @@ class Jitted:
             n = len(jax.tree_util.tree_leaves(arg))
             donated += [pos in self._donate] * n
         mesh = self._cluster.mesh
+        key_dtypes = []  # per leaf: a typed PRNG key's dtype (jax.random.key), else None
         for leaf, spec in zip(leaves, specs):
+            key_dtypes.append(None)
             if isinstance(leaf, _array.Array):
                 leaf._check_live()
                 if spec is not None and _sharding.normalize_spec(spec, mesh) != leaf._entries:
@@ -86,17 +90,23 @@ class Jitted:
                         f"argument array '{leaf.id}' is laid out as {leaf.sharding.spec} but its "
                         f"in_sharding is {spec}: device_put it with that sharding first")
                 arrays.append(leaf)
+            elif is_key_dtype(getattr(leaf, "dtype", None)):
+                # A typed key travels as its u32 words (jax.random.key_data: shape + (2,)), and the
+                # function is traced with the key itself, as jax.jit traces it.
+                key_dtypes[-1] = leaf.dtype
+                arrays.append(self._cluster._put(np.asarray(jax.random.key_data(leaf)), spec))
             else:
                 arrays.append(self._cluster._put(np.asarray(leaf), spec))
         key = (static_vals, treedef,
-               tuple((a.shape, str(a.dtype), a._entries) for a in arrays), tuple(donated))
+               tuple((a.shape, str(a.dtype), a._entries) for a in arrays), tuple(donated),
+               tuple(str(k) for k in key_dtypes))
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = self._compile(static_vals, dyn_pos, treedef, arrays, len(args))
+            compiled = self._compile(static_vals, dyn_pos, treedef, arrays, key_dtypes, len(args))
             self._cache[key] = compiled
         return self._run(compiled, arrays, donated)
 
-    def _compile(self, static_vals, dyn_pos, treedef, arrays, nargs):
+    def _compile(self, static_vals, dyn_pos, treedef, arrays, key_dtypes, nargs):
         import jax
 
         from meshrun import _convert
@@ -111,7 +121,8 @@ class Jitted:
                 full[i] = v
             return self._fun(*full)
 
-        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in arrays]
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) if k is None else jax.ShapeDtypeStruct(a.shape[:-1], k)
+                 for a, k in zip(arrays, key_dtypes)]
         dyn_avals = jax.tree_util.tree_unflatten(treedef, avals)
         closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*dyn_avals)
         out_avals, out_treedef = jax.tree_util.tree_flatten(out_shape)

@@ -169,3 +169,31 @@ def test_a_step_with_dropout_keyed_from_the_state_matches_jax(cluster):
     np.testing.assert_array_equal(np.asarray(state[2]), np.asarray(ref_state[2]))  # the key threaded
     # The mask is drawn in the activations' layout.
     assert (("data",), ("model",)) in random_bits_specs(ours.last_program)
+
+
+def test_a_typed_key_argument_is_traced_as_a_key(cluster):
+    # jax.jit takes a new-style key (jax.random.key) as an argument, as a dropout key passed to
+    # each step is; cluster.jit sends its words and traces the function with the key itself.
+    # Layout primitives over key arrays act on whole keys: unpacking a split (slice, squeeze),
+    # reshape, transpose, indexing with a traced index (dynamic_slice), broadcast.
+    def draw(key, x, i):
+        k1, k2 = jax.random.split(key)
+        keys = jax.random.split(k2, 4).reshape(2, 2).T
+        picked = jax.lax.dynamic_index_in_dim(keys.reshape(4), i, keepdims=False)
+        many = jnp.broadcast_to(picked, (3,))
+        return (x + jax.random.normal(k1, x.shape), jax.random.key_data(keys), jax.random.uniform(picked, (5,)),
+                jax.random.key_data(many), jax.random.fold_in(key, 3))
+
+    x = np.arange(16 * 4, dtype=np.float32).reshape(16, 4)
+    ours = cluster.jit(draw, in_shardings=(P(), P("data"), P()))
+    with jax.set_mesh(emulated_mesh()):
+        for seed, i in ((0, 1), (1, 2)):
+            key, index = jax.random.key(seed), np.int32(i)
+            got = ours(key, x, index)
+            want = jax.jit(draw)(key, x, index)
+            assert_within_ulp(got[0], want[0])
+            assert_within_ulp(got[2], want[2])
+            for k in (1, 3):
+                np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]))
+            # A key result comes back as its words, as jax.random.key_data gives them.
+            np.testing.assert_array_equal(np.asarray(got[4]), np.asarray(jax.random.key_data(want[4])))
