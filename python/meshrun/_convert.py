@@ -60,7 +60,7 @@ SUPPORTED = {
     "dynamic_slice": "DYNAMIC_SLICE (starts clamped; a dim cut short is gathered)",
     "dynamic_update_slice": "DYNAMIC_UPDATE_SLICE (starts clamped; dims not covered whole gathered)",
     "gather": "one-hot SELECT and REDUCE sum, or a one-hot DOT_GENERAL for rows (take_along_axis, "
-              "jnp.take of rows, one index)",
+              "jnp.take of rows for ids of any shape as nn.Embed, one index)",
     "scatter-add": "the transposes of those gathers",
     "shard_map": "SHARD_MAP_ENTER, the body per device, SHARD_MAP_EXIT",
     **{k: f"MANUAL_COLLECTIVE {v} (in a shard_map body)" for k, v in _MANUAL.items()},

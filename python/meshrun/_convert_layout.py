@@ -179,7 +179,7 @@ class _Layout:
     # Gathers and their transposes along one indexed axis, as one-hot selections (exact; an index
     # out of range selects nothing, where JAX's FILL_OR_DROP mode fills NaN):
     #   take_along_axis  operand [B, C], indices [B, J, 1], batching dim 0 -> [B, J]
-    #   jnp.take rows    operand [V, D], indices [N, 1] -> [N, D] (a one-hot matmul)
+    #   jnp.take rows    operand [V, D], indices [..., 1] -> [..., D] (a one-hot matmul; nn.Embed)
     #   one index        operand [..], indices [1] -> the operand without the indexed axis
 
     def _index_form(self, name, eqn, operand_shape, idx, indexed, batch_op, batch_ix, window):
@@ -189,7 +189,8 @@ class _Layout:
             self._unsupported(name, eqn, "indices whose last dim is not 1")
         if batch_op == (0,) and batch_ix == (0,) and r == 2 and k == 1 and len(idx.shape) == 3:
             return "along"
-        if not batch_op and not batch_ix and r == 2 and k == 0 and len(idx.shape) == 2 and window == (1,):
+        if not batch_op and not batch_ix and r == 2 and k == 0 and len(idx.shape) >= 2 and \
+                window == (len(idx.shape) - 1,):
             return "rows"
         if not batch_op and not batch_ix and idx.shape == (1,):
             return "one"
@@ -234,11 +235,11 @@ class _Layout:
             xb = _V(self.emit(G.BROADCAST_IN_DIM, [x], shape=[b, j, c], dims=[0, 2]), (b, j, c), np.float32, F32)
             picked = self._pick(mask, zero, xb, np.float32)
             v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[2]), (b, j), np.float32, F32)
-        elif form == "rows":  # out[n, :] = op[idx[n], :]: one_hot(idx) @ op
-            (vocab, _), n = op.shape, idx.shape[0]
+        elif form == "rows":  # out[n, :] = op[idx[n], :]: one_hot(idx) @ op, over idx flattened
+            (vocab, depth), n = op.shape, int(np.prod(idx.shape[:-1]))
             onehot = self._mask((n, vocab), 1, self._reshape(idx, (n,)), (0,))
             vid = self.emit(G.DOT_GENERAL, [onehot, x], lhs_contracting=[1], rhs_contracting=[0])
-            v = _V(vid, out_shape, np.float32, F32)
+            v = _V(vid, (n, depth), np.float32, F32)
         else:  # out = op[..., idx, ...]
             mask = self._mask(op.shape, k, self._reshape(idx, ()), ())
             picked = self._pick(mask, zero, x, np.float32)
@@ -265,10 +266,11 @@ class _Layout:
                     (b, j, c), np.float32, F32)
             spread = self._pick(mask, zero, ub, np.float32)
             add = _V(self.emit(G.REDUCE, [spread], fn="sum", dims=[1]), (b, c), np.float32, F32)
-        elif form == "rows":  # out = op + one_hot(idx)^T @ upd
-            (vocab, _), n = op.shape, idx.shape[0]
+        elif form == "rows":  # out = op + one_hot(idx)^T @ upd, over idx and upd's rows flattened
+            (vocab, depth), n = op.shape, int(np.prod(idx.shape[:-1]))
             onehot = self._mask((n, vocab), 1, self._reshape(idx, (n,)), (0,))
-            vid = self.emit(G.DOT_GENERAL, [onehot, u], lhs_contracting=[0], rhs_contracting=[0])
+            vid = self.emit(G.DOT_GENERAL, [onehot, self._reshape(u, (n, depth))], lhs_contracting=[0],
+                            rhs_contracting=[0])
             add = _V(vid, op.shape, np.float32, F32)
         else:
             mask = self._mask(op.shape, k, self._reshape(idx, ()), ())

@@ -352,11 +352,13 @@ def test_concatenate_pad_slices_and_libm_functions_with_their_gradients_match_ja
 
 
 def test_integer_label_cross_entropy_and_an_embedding_with_their_gradients_match_jax(cluster):
-    """take_along_axis (optax's integer-label cross-entropy) and jnp.take of embedding rows, and
-    their transposes (scatter-add) in the gradients."""
+    """take_along_axis (optax's integer-label cross-entropy) and jnp.take of embedding rows, for a
+    vector of ids and for a [batch, time] array of them (nn.Embed's), and their transposes
+    (scatter-add) in the gradients."""
 
-    def loss(table, w, ids, labels):
+    def loss(table, w, ids, labels, tokens):
         e = jnp.take(table, ids, axis=0)  # [8, 16] rows of a [20, 16] embedding
+        e = e + jnp.take(table, tokens, axis=0).mean(axis=1)  # [8, 5, 16] rows, averaged over time
         logits = e @ w
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
         return ce + 0.1 * jnp.take_along_axis(logits, labels[:, None], axis=1).mean()
@@ -366,14 +368,69 @@ def test_integer_label_cross_entropy_and_an_embedding_with_their_gradients_match
     w = rng.normal(size=(16, 12)).astype(np.float32)
     ids = rng.integers(0, 20, size=8).astype(np.int32)
     labels = rng.integers(0, 12, size=8).astype(np.int32)
+    tokens = rng.integers(0, 20, size=(8, 5)).astype(np.int32)
     step = jax.value_and_grad(loss, argnums=(0, 1))
-    want_loss, want = jax.jit(step)(table, w, ids, labels)
+    want_loss, want = jax.jit(step)(table, w, ids, labels, tokens)
     got_loss, got = cluster.jit(step, out_shardings=(P(), (P(), P(None, "model"))))(
         cluster.device_put(table, P()), cluster.device_put(w, P(None, "model")),
-        cluster.device_put(ids, P("data")), cluster.device_put(labels, P("data")))
+        cluster.device_put(ids, P("data")), cluster.device_put(labels, P("data")),
+        cluster.device_put(tokens, P("data")))
     np.testing.assert_allclose(np.asarray(got_loss), np.asarray(want_loss), rtol=1e-5)
     for g, wnt in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(wnt), rtol=1e-4, atol=1e-6)
+
+
+class _TinyLm(nn.Module):
+    """A one-block language model: nn.Embed of [batch, time] tokens, self-attention (batched
+    dot_generals, softmax), LayerNorm and an MLP, next-token log-likelihood over one_hot targets."""
+    vocab: int = 24
+
+    @nn.compact
+    def __call__(self, tokens):
+        x = nn.Embed(self.vocab, 16)(tokens)
+        h = nn.LayerNorm()(x)
+        x = x + nn.MultiHeadDotProductAttention(num_heads=2, qkv_features=16, deterministic=True)(h, h)
+        x = x + nn.Dense(16)(nn.relu(nn.Dense(32)(nn.LayerNorm()(x))))
+        return nn.Dense(self.vocab)(x)
+
+
+def test_a_small_language_model_with_self_attention_trains_as_under_jax(cluster):
+    model, tx = _TinyLm(), optax.adam(3e-3)
+    tokens = np.random.default_rng(6).integers(0, 24, size=(8, 7)).astype(np.int32)
+    params = model.init(jax.random.key(0), tokens)["params"]
+
+    def step(params, opt, tokens):
+        def loss_fn(p):
+            logp = jax.nn.log_softmax(model.apply({"params": p}, tokens[:, :-1]))
+            return -(logp * jax.nn.one_hot(tokens[:, 1:], 24)).sum(-1).mean()
+
+        loss, g = jax.value_and_grad(loss_fn)(params)
+        updates, opt = tx.update(g, opt, params)
+        return optax.apply_updates(params, updates), opt, loss
+
+    # The embedding's vocabulary over 'model' (its one-hot matmul and the transpose's partitioned).
+    def spec_of(path, _):
+        return P("model", None) if "embedding" in [getattr(k, "key", "") for k in path] else P()
+
+    opt = tx.init(params)
+    pspec = jax.tree_util.tree_map_with_path(spec_of, params)
+    ospec = jax.tree_util.tree_map_with_path(spec_of, opt)
+    want, ref = [], (params, opt)
+    plain = jax.jit(step)
+    for _ in range(4):
+        *ref, loss = plain(*ref, tokens)
+        want.append(float(loss))
+    ours = cluster.jit(step, in_shardings=(pspec, ospec, P("data")), out_shardings=(pspec, ospec, P()),
+                       donate_argnums=(0, 1))
+    state = (cluster.device_put(params, pspec), cluster.device_put(opt, ospec))
+    got, toks = [], cluster.device_put(tokens, P("data"))
+    with jax.set_mesh(emulated_mesh()):
+        for _ in range(4):
+            *state, loss = ours(*state, toks)
+            got.append(float(np.asarray(loss)))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(state[0]["Embed_0"]["embedding"]), np.asarray(ref[0]["Embed_0"]["embedding"]),
+                               rtol=1e-4, atol=1e-5)
 
 
 def test_shard_map_data_parallel_and_fsdp_steps_match_jax(cluster):
