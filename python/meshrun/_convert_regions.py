@@ -9,7 +9,7 @@ from meshrun._ir import BF16, F32, G, I32, _V
 _MANUAL = {"psum": "psum", "psum_invariant": "psum", "psum2": "psum", "pmax": "pmax",
            "all_gather": "all_gather", "reduce_scatter": "psum_scatter", "ppermute": "ppermute",
            "all_to_all": "all_to_all"}
-_CALLS = {"jit", "pjit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
+_CALLS = {"jit", "pjit", "closed_call", "core_call", "remat", "remat2", "checkpoint", "custom_jvp_call",
           "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"}
 
 

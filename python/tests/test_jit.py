@@ -380,6 +380,33 @@ def test_integer_label_cross_entropy_and_an_embedding_with_their_gradients_match
         np.testing.assert_allclose(np.asarray(g), np.asarray(wnt), rtol=1e-4, atol=1e-6)
 
 
+class _Rematted(nn.Module):
+    """Flax's nn.remat and jax.checkpoint (the primitives 'remat2' / 'checkpoint'): their bodies
+    run inlined, recomputed in the backward pass as JAX would."""
+
+    @nn.compact
+    def __call__(self, x):
+        x = nn.remat(nn.Dense)(32)(x)
+        x = jax.checkpoint(nn.gelu)(x)
+        return nn.Dense(4)(x)
+
+
+def test_rematerialised_layers_and_their_gradients_match_jax(cluster):
+    model = _Rematted()
+    x = np.random.default_rng(7).normal(size=(8, 16)).astype(np.float32)
+    params = model.init(jax.random.key(0), x)["params"]
+
+    def loss(params, x):
+        return jnp.mean(model.apply({"params": params}, x) ** 2)
+
+    step = jax.value_and_grad(loss)
+    want_loss, want = jax.jit(step)(params, x)
+    got_loss, got = cluster.jit(step)(cluster.device_put(params, P()), cluster.device_put(x, P("data")))
+    np.testing.assert_allclose(np.asarray(got_loss), np.asarray(want_loss), rtol=1e-5)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-6)
+
+
 class _TinyLm(nn.Module):
     """A one-block language model: nn.Embed of [batch, time] tokens, self-attention (batched
     dot_generals, softmax), LayerNorm and an MLP, next-token log-likelihood over one_hot targets."""
