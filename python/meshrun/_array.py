@@ -28,9 +28,12 @@ class Array:
     Every worker holds its own block; nothing is on the client until `np.asarray(a)` (or
     `a.fetch()`) assembles the global array from one replica of every block. `a.delete()` frees
     it on the cluster (as jax.Array.delete). A donated argument of `cluster.jit` is consumed:
-    using it afterwards raises RuntimeError, as JAX does. Not thread-safe."""
+    using it afterwards raises RuntimeError, as JAX does. An array of typed PRNG keys
+    (jax.random.key) is held as its words: `shape` and `dtype` are jax.random.key_data's (u32, the
+    keys' shape plus a trailing 2), `np.asarray` gives those words, and `key_dtype` is the keys'
+    dtype (None for any other array), with which cluster.jit traces it. Not thread-safe."""
 
-    def __init__(self, cluster, info, logical_dtype=None):
+    def __init__(self, cluster, info, logical_dtype=None, key_dtype=None):
         self._cluster = cluster
         self.id = info.id
         self.shape = tuple(int(d) for d in info.shape.dims)
@@ -38,6 +41,7 @@ class Array:
         self.dtype = np.dtype(logical_dtype) if logical_dtype is not None else _sharding.dtype_from_proto(info.dtype)
         self._entries = _sharding.spec_from_proto(info.sharding.spec)
         self.sharding = NamedSharding(cluster.mesh, self._entries)
+        self.key_dtype = key_dtype
         self._deleted = False
 
     @property
@@ -73,4 +77,6 @@ class Array:
 
     def __repr__(self):
         state = " deleted" if self._deleted else ""
-        return f"meshrun.Array(id='{self.id}', shape={self.shape}, dtype={self.dtype}, spec={self.sharding.spec}{state})"
+        keys = f", key_dtype={self.key_dtype}" if self.key_dtype is not None else ""
+        return (f"meshrun.Array(id='{self.id}', shape={self.shape}, dtype={self.dtype}{keys}, "
+                f"spec={self.sharding.spec}{state})")

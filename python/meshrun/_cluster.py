@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 
 from meshrun import _array, _sharding, errors
+from meshrun._convert_random import is_key_dtype
 from meshrun.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 NODE_NAME = "meshrun-node"  # the name every node certificate carries (net/credentials.h)
@@ -116,13 +117,21 @@ class Cluster:
         (or a pytree of them, a prefix of x's). Each worker receives only its own block. Returns
         the same pytree of meshrun.Array. Errors: InvalidArgumentError for a shape that the
         sharding does not divide, an unknown axis, or an unsupported dtype (f32, bf16, i32, u32,
-        u8; bool is stored as f32 0/1 and Python scalars as f32/i32)."""
+        u8; bool is stored as f32 0/1 and Python scalars as f32/i32; typed PRNG keys as their
+        words, see meshrun.Array)."""
         from meshrun import _tree
 
-        def put(leaf, spec):
-            return self._put(np.asarray(leaf), spec)
+        return _tree.map_with_prefix(self._put_value, sharding, x)
 
-        return _tree.map_with_prefix(put, sharding, x)
+    def _put_value(self, leaf, spec):
+        """One leaf (array, scalar or typed key array) put on the cluster laid out as `spec`."""
+        if is_key_dtype(getattr(leaf, "dtype", None)):
+            import jax
+
+            a = self._put(np.asarray(jax.random.key_data(leaf)), spec)
+            a.key_dtype = leaf.dtype
+            return a
+        return self._put(np.asarray(leaf), spec)
 
     def _put(self, x, spec):
         logical = None

@@ -26,20 +26,21 @@ def _as_tuple(x):
 
 
 class _Compiled:
-    def __init__(self, program, const_ids, out_treedef, out_avals, out_entries, trace_seconds):
+    def __init__(self, program, const_ids, out_treedef, out_avals, out_key_dtypes, out_entries, trace_seconds):
         self.program = program
         self.const_ids = const_ids
         self.out_treedef = out_treedef
         self.out_avals = out_avals
+        self.out_key_dtypes = out_key_dtypes
         self.out_entries = out_entries
         self.trace_seconds = trace_seconds
 
 
 class Jitted:
     """The callable cluster.jit returns. Arguments: pytrees of meshrun.Array (laid out as
-    in_shardings when given; numpy arrays, scalars and typed PRNG keys (jax.random.key, sent as
-    their jax.random.key_data words) are put on the cluster first, laid out so).
-    Returns a pytree of meshrun.Array. `donate_argnums`: those arguments are consumed; a result
+    in_shardings when given; numpy arrays, scalars and typed PRNG keys (jax.random.key) are put
+    on the cluster first, laid out so). Returns a pytree of meshrun.Array; typed key arguments and
+    results are key arrays (meshrun.Array.key_dtype), traced as keys. `donate_argnums`: those arguments are consumed; a result
     of the same shape, dtype and sharding takes the first unused donated array's place on the
     cluster (a TrainState updated in place). Errors: UnsupportedPrimitiveError naming the primitive
     and the user's file:line; InvalidArgumentError for shardings over another mesh, shapes the mesh
@@ -80,9 +81,7 @@ class Jitted:
             n = len(jax.tree_util.tree_leaves(arg))
             donated += [pos in self._donate] * n
         mesh = self._cluster.mesh
-        key_dtypes = []  # per leaf: a typed PRNG key's dtype (jax.random.key), else None
         for leaf, spec in zip(leaves, specs):
-            key_dtypes.append(None)
             if isinstance(leaf, _array.Array):
                 leaf._check_live()
                 if spec is not None and _sharding.normalize_spec(spec, mesh) != leaf._entries:
@@ -90,13 +89,11 @@ class Jitted:
                         f"argument array '{leaf.id}' is laid out as {leaf.sharding.spec} but its "
                         f"in_sharding is {spec}: device_put it with that sharding first")
                 arrays.append(leaf)
-            elif is_key_dtype(getattr(leaf, "dtype", None)):
-                # A typed key travels as its u32 words (jax.random.key_data: shape + (2,)), and the
-                # function is traced with the key itself, as jax.jit traces it.
-                key_dtypes[-1] = leaf.dtype
-                arrays.append(self._cluster._put(np.asarray(jax.random.key_data(leaf)), spec))
             else:
-                arrays.append(self._cluster._put(np.asarray(leaf), spec))
+                arrays.append(self._cluster._put_value(leaf, spec))
+        # A typed key travels as its u32 words and the function is traced with the key itself, as
+        # jax.jit traces it.
+        key_dtypes = [a.key_dtype for a in arrays]
         key = (static_vals, treedef,
                tuple((a.shape, str(a.dtype), a._entries) for a in arrays), tuple(donated),
                tuple(str(k) for k in key_dtypes))
@@ -126,7 +123,9 @@ class Jitted:
         dyn_avals = jax.tree_util.tree_unflatten(treedef, avals)
         closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*dyn_avals)
         out_avals, out_treedef = jax.tree_util.tree_flatten(out_shape)
-        # A typed PRNG key comes back as its raw u32 words (jax.random.key_data's shape).
+        # A typed PRNG key result is held as its u32 words (jax.random.key_data's shape), an Array
+        # that knows its key dtype.
+        out_key_dtypes = [a.dtype if is_key_dtype(a.dtype) else None for a in out_avals]
         out_avals = [jax.ShapeDtypeStruct(*_convert.aval_of(a)) for a in out_avals]
         mesh = self._cluster.mesh
         if self._out_shardings is None:
@@ -138,7 +137,7 @@ class Jitted:
         program, consts = conv.convert(closed, [(a.shape, a.dtype, a._entries) for a in arrays], out_entries)
         out_entries = conv.out_entries
         const_ids = [self._cluster._put(c, None).id for c in consts]
-        return _Compiled(program, const_ids, out_treedef, out_avals, out_entries,
+        return _Compiled(program, const_ids, out_treedef, out_avals, out_key_dtypes, out_entries,
                          time.perf_counter() - start)
 
     def _run(self, compiled, arrays, donated):
@@ -171,6 +170,6 @@ class Jitted:
                 a._deleted = True  # consumed, as jax.jit's donated buffers
         for a in free:
             self._cluster._delete(a.id)
-        outs = [_array.Array(self._cluster, info, np.bool_ if np.dtype(aval.dtype) == np.bool_ else None)
-                for info, aval in zip(resp.outputs, compiled.out_avals)]
+        outs = [_array.Array(self._cluster, info, np.bool_ if np.dtype(aval.dtype) == np.bool_ else None, k)
+                for info, aval, k in zip(resp.outputs, compiled.out_avals, compiled.out_key_dtypes)]
         return jax.tree_util.tree_unflatten(compiled.out_treedef, outs)

@@ -2,6 +2,7 @@
 draws only its block of a partitioned draw, and flax initialises and drops out on the cluster."""
 
 import flax.linen as nn
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -197,3 +198,47 @@ def test_a_typed_key_argument_is_traced_as_a_key(cluster):
                 np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]))
             # A key result comes back as its words, as jax.random.key_data gives them.
             np.testing.assert_array_equal(np.asarray(got[4]), np.asarray(jax.random.key_data(want[4])))
+
+
+class _NnxDropped(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(16, 32, rngs=rngs)
+        self.drop = nnx.Dropout(0.2, rngs=rngs)
+        self.l2 = nnx.Linear(32, 4, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(self.drop(nnx.relu(self.l1(x))))
+
+
+def test_an_nnx_state_holding_rng_keys_round_trips_and_drops_out_as_jax(cluster):
+    # nnx.Rngs keeps typed keys in the module's state: device_put sends their words, each step
+    # splits them for its dropout mask and returns them as key arrays, and the next step traces
+    # them as keys again.
+    model = _NnxDropped(nnx.Rngs(0, dropout=1))
+    graphdef, state = nnx.split((model, nnx.Optimizer(model, optax.adamw(1e-2), wrt=nnx.Param)))
+    rng = np.random.default_rng(8)
+    x, y = rng.normal(size=(16, 16)).astype(np.float32), rng.normal(size=(16, 4)).astype(np.float32)
+
+    def step(state, x, y):
+        model, opt = nnx.merge(graphdef, state)
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+        opt.update(model, grads)
+        return nnx.state((model, opt)), loss
+
+    want, ref = [], state
+    plain = jax.jit(step)
+    for _ in range(4):
+        ref, loss = plain(ref, x, y)
+        want.append(float(loss))
+    ours = cluster.jit(step, donate_argnums=0)
+    got, held = [], cluster.device_put(state, P())
+    with jax.set_mesh(emulated_mesh()):
+        for _ in range(4):
+            held, loss = ours(held, cluster.device_put(x, P("data")), cluster.device_put(y, P("data")))
+            got.append(float(np.asarray(loss)))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    keys = [a for a in jax.tree_util.tree_leaves(held) if a.key_dtype is not None]
+    ref_keys = [k for k in jax.tree_util.tree_leaves(ref) if jax.dtypes.issubdtype(k.dtype, jax.dtypes.prng_key)]
+    assert len(keys) == len(ref_keys) > 0
+    for k, r in zip(keys, ref_keys):
+        np.testing.assert_array_equal(np.asarray(k), np.asarray(jax.random.key_data(r)))
