@@ -37,7 +37,14 @@ absl::StatusOr<std::vector<PlannedArray>> PlanBatch(const Mesh& mesh,
       return absl::InvalidArgumentError(
           absl::StrCat("batch input ", b.name, ": ", spec.status().message()));
     if (absl::Status s = NamedSharding(mesh, *spec).Validate(b.shape); !s.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("batch input ", b.name, ": ", s.message()));
+      // With minibatches the shape is one minibatch's: say where its size comes from.
+      return absl::InvalidArgumentError(absl::StrCat(
+          "batch input ", b.name, ": ", s.message(),
+          num_minibatches > 1
+              ? absl::StrCat(" (the shape of one of ", num_minibatches,
+                             " minibatches: the batch size divided by num_minibatches must be a "
+                             "multiple of the mesh axes the batch is sharded over)")
+              : ""));
     }
     PlannedArray a{b.name, b.shape, *spec, 0, b.dtype};
     if (num_minibatches > 1) {

@@ -363,6 +363,11 @@ TEST(TrainStepPlanTest, RejectsBadAnnotationsBeforeAllocating) {
   auto c = BuildTrainStep(mesh, Sharding("batch=data", ""), OptimizerConfig{},
                           {{"x", {7, 16}, {"batch", ""}}}, loss, 0);
   EXPECT_THAT(std::string(c.status().message()), ::testing::HasSubstr("batch input x"));
+  // A batch of 8 that divides over data (2) but whose 8 minibatches of 1 do not: the error says
+  // the shape is a minibatch's.
+  auto m = BuildTrainStep(mesh, Sharding("batch=data", ""), OptimizerConfig{},
+                          {{"x", {1, 16}, {"batch", ""}}}, loss, 0, /*num_minibatches=*/8);
+  EXPECT_THAT(std::string(m.status().message()), ::testing::HasSubstr("one of 8 minibatches"));
   // The plan of a good one lists every state array with its spec, and the step's collectives.
   auto d =
       BuildTrainStep(mesh, Sharding("batch=data", "data", 16), OptimizerConfig{}, batch, loss, 0);
