@@ -186,11 +186,13 @@ class Cluster:
                          else ("└" + "┴".join("─" * width for _ in range(cols)) + "┘"))
         print("\n".join(lines), file=file)
 
-    def jit(self, fun, in_shardings=None, out_shardings=None, static_argnums=(), donate_argnums=()):
+    def jit(self, fun, in_shardings=None, out_shardings=None, static_argnums=(), donate_argnums=(),
+            static_argnames=(), donate_argnames=()):
         """jax.jit on the cluster; see meshrun._jit.Jitted."""
         from meshrun import _jit
 
-        return _jit.Jitted(self, fun, in_shardings, out_shardings, static_argnums, donate_argnums)
+        return _jit.Jitted(self, fun, in_shardings, out_shardings, static_argnums, donate_argnums,
+                           static_argnames, donate_argnames)
 
 
 def connect(address, *, tls_dir=None, token=None, insecure=None, timeout=60.0) -> Cluster:

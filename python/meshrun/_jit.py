@@ -1,6 +1,6 @@
 """cluster.jit: a JAX function traced to a jaxpr, converted into meshrun's GlobalProgram and
 partitioned and run by the coordinator (mirrors jax.jit(fun, in_shardings=..., out_shardings=...,
-static_argnums=..., donate_argnums=...)).
+static_argnums=..., donate_argnums=..., static_argnames=..., donate_argnames=...)).
 
 On the first call for given argument shapes, dtypes and shardings, `fun` is traced with
 jax.make_jaxpr on abstract values (nothing is computed locally) and converted (meshrun._convert);
@@ -10,6 +10,7 @@ that stay on the cluster. A result with no out_sharding keeps the layout it is k
 argument's, a shard_map's out_specs, a with_sharding_constraint's), as jax.jit keeps a computed
 sharding; any other is replicated.
 """
+import inspect
 import time
 
 import numpy as np
@@ -39,29 +40,65 @@ class _Compiled:
 class Jitted:
     """The callable cluster.jit returns. Arguments: pytrees of meshrun.Array (laid out as
     in_shardings when given; numpy arrays, scalars and typed PRNG keys (jax.random.key) are put
-    on the cluster first, laid out so). Returns a pytree of meshrun.Array; typed key arguments and
-    results are key arrays (meshrun.Array.key_dtype), traced as keys. `donate_argnums`: those arguments are consumed; a result
-    of the same shape, dtype and sharding takes the first unused donated array's place on the
-    cluster (a TrainState updated in place). Errors: UnsupportedPrimitiveError naming the primitive
-    and the user's file:line; InvalidArgumentError for shardings over another mesh, shapes the mesh
-    does not divide, or an argument laid out other than its in_sharding; the coordinator's errors
-    as meshrun.errors. Not thread-safe."""
+    on the cluster first, laid out so), positionally or by keyword as jax.jit takes them (a
+    keyword argument takes its parameter's position). Returns a pytree of meshrun.Array; typed
+    key arguments and results are key arrays (meshrun.Array.key_dtype), traced as keys.
+    `static_argnums` / `static_argnames`: hashable Python values the function is traced with
+    (one trace per value). `donate_argnums` / `donate_argnames`: those arguments are consumed; a
+    result of the same shape, dtype and sharding takes the first unused donated array's place on
+    the cluster (a TrainState updated in place). Errors: UnsupportedPrimitiveError naming the
+    primitive and the user's file:line; InvalidArgumentError for shardings over another mesh,
+    shapes the mesh does not divide, an argument laid out other than its in_sharding, or an
+    argnames entry that is not a positional parameter; TypeError for keyword-only arguments; the
+    coordinator's errors as meshrun.errors. Not thread-safe."""
 
-    def __init__(self, cluster, fun, in_shardings, out_shardings, static_argnums, donate_argnums):
+    def __init__(self, cluster, fun, in_shardings, out_shardings, static_argnums, donate_argnums,
+                 static_argnames=(), donate_argnames=()):
         self._cluster = cluster
         self._fun = fun
         self._in_shardings = in_shardings
         self._out_shardings = out_shardings
-        self._static = tuple(sorted(_as_tuple(static_argnums)))
-        self._donate = set(_as_tuple(donate_argnums))
+        try:
+            self._signature = inspect.signature(fun)
+        except (TypeError, ValueError):  # a callable without one takes positional arguments only
+            self._signature = None
+        self._static = tuple(sorted(set(_as_tuple(static_argnums)) | self._positions(static_argnames)))
+        self._donate = set(_as_tuple(donate_argnums)) | self._positions(donate_argnames)
         self._cache = {}
         self.last_trace_seconds = 0.0  # tracing plus conversion of the last cache miss
         self.last_collectives = []  # the partitioner's collectives, "psum(model)", ...
         self.last_program = None  # the GlobalProgram (program_pb2) the last call ran
 
-    def __call__(self, *args):
+    def _positions(self, names):
+        """The positions of the parameters `names` (static_argnames, donate_argnames) in fun's
+        signature. Errors: InvalidArgumentError naming one that is not a positional parameter."""
+        params = list(self._signature.parameters.values()) if self._signature is not None else []
+        positional = [q.name for q in params if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
+        out = set()
+        for name in _as_tuple(names):
+            if name not in positional:
+                raise errors.InvalidArgumentError(
+                    f"argument name '{name}' is not a positional parameter of {getattr(self._fun, '__name__', 'fun')}"
+                    f" (its parameters: {', '.join(positional) or 'none known'})")
+            out.add(positional.index(name))
+        return out
+
+    def _bind(self, args, kwargs):
+        """Keyword arguments in their parameters' positions (as jax.jit takes them)."""
+        if not kwargs:
+            return args
+        if self._signature is None:
+            raise TypeError(f"keyword arguments {sorted(kwargs)} given to a function without a signature")
+        bound = self._signature.bind(*args, **kwargs)
+        if bound.kwargs:
+            raise TypeError(f"cluster.jit: arguments {sorted(bound.kwargs)} can only be passed by keyword, or "
+                            f"follow a parameter left to its default; pass them by position")
+        return bound.args
+
+    def __call__(self, *args, **kwargs):
         import jax
 
+        args = self._bind(args, kwargs)
         dyn_pos = [i for i in range(len(args)) if i not in self._static]
         static_vals = tuple(args[i] for i in self._static)
         dyn = tuple(args[i] for i in dyn_pos)

@@ -273,6 +273,28 @@ def test_donated_arguments_are_consumed(cluster):
         np.asarray(a)
 
 
+def test_keyword_arguments_static_argnames_and_donate_argnames_as_jax_jit_takes_them(cluster):
+    traces = []
+
+    def step(state, x, scale=1.0, train=True):
+        traces.append(train)
+        return (state + scale * x) if train else state, jnp.sum(x)
+
+    fn = cluster.jit(step, static_argnames="train", donate_argnames=("state",))
+    x = np.arange(8, dtype=np.float32)
+    state = cluster.device_put(np.ones(8, np.float32), P())
+    new_state, total = fn(state, x=x, scale=np.float32(2.0), train=True)
+    np.testing.assert_array_equal(np.asarray(new_state), 1.0 + 2.0 * x)
+    assert float(np.asarray(total)) == 28.0
+    with pytest.raises(RuntimeError, match="donated"):  # donated by name
+        np.asarray(state)
+    kept, _ = fn(new_state, x, np.float32(2.0), train=False)  # a second trace for train=False
+    np.testing.assert_array_equal(np.asarray(kept), 1.0 + 2.0 * x)
+    assert traces == [True, False]
+    with pytest.raises(ValueError, match="'steps' is not a positional parameter"):
+        cluster.jit(step, static_argnames="steps")
+
+
 def test_an_unsupported_primitive_is_named_with_the_users_line(cluster):
     fn = cluster.jit(lambda x: jax.lax.while_loop(lambda c: c[0, 0] < 10.0, lambda c: c * 2.0, x))
     x = cluster.device_put(np.ones((8, 4), np.float32), P())
