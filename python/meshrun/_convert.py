@@ -17,7 +17,7 @@ from meshrun import _sharding, errors
 from meshrun._convert_layout import _Layout
 from meshrun._convert_random import SUPPORTED_RANDOM, _Random, aval_of, backward_hints
 from meshrun._convert_regions import _CALLS, _MANUAL, _Regions
-from meshrun._ir import BF16, F32, G, _V, _is_bool, _is_int, _summary
+from meshrun._ir import BF16, F32, G, I32, U32, _V, _is_bool, _is_int, _summary
 from meshrun.v1 import common_pb2, program_pb2
 
 
@@ -27,7 +27,10 @@ _UNARY = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "logistic": 
           "sinh": "sinh", "cosh": "cosh", "atanh": "atanh", "log1p": "log1p", "expm1": "expm1",
           "exp2": "exp2", "floor": "floor", "ceil": "ceil"}
 _BINARY = {"add": "add", "add_any": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max",
-           "min": "min", "pow": "pow"}
+           "min": "min", "pow": "pow", "rem": "rem"}
+# Arithmetic that an int32 / uint32 result computes in its own integers (lax's wrapping, truncated
+# div and rem), never through f32, which is exact only below 2**24 and does not truncate.
+_INTEGER_ARITHMETIC = {"add", "sub", "mul", "div", "rem", "max", "min"}
 _COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
 _IDENTITY = {"stop_gradient", "copy", "copy_p", "optimization_barrier", "pvary"}
 
@@ -130,6 +133,14 @@ class Converter(_Regions, _Layout, _Random):
             return v
         return _V(self.emit(G.CONVERT, [v], dtype=F32), v.shape, np.float32, F32)
 
+    def integer(self, v, store, dtype):
+        """v stored as the integer `store` (I32 or U32): the other integer store's bits as they
+        are (two's complement), an f32-held integer (a literal, a bool, an argmax) converted."""
+        if v.store == store:
+            return v
+        kind = G.BITCAST_CONVERT if v.store in (I32, U32) else G.CONVERT
+        return _V(self.emit(kind, [v], dtype=store), v.shape, dtype, store)
+
     def unary(self, fn, v):
         return _V(self.emit(G.UNARY, [v], fn=fn), v.shape, v.dtype, v.store)
 
@@ -140,6 +151,13 @@ class Converter(_Regions, _Layout, _Random):
                 raise errors.InvalidArgumentError(f"{fn}: operand shapes {a.shape} and {b.shape} differ in rank")
             shape = tuple(max(x, y) for x, y in zip(a.shape, b.shape))
             a, b = self.broadcast(a, shape), self.broadcast(b, shape)
+        out = np.dtype(dtype or a.dtype) if (dtype or a.dtype) is not None else None
+        if fn in _INTEGER_ARITHMETIC and out in (np.dtype(np.int32), np.dtype(np.uint32)):
+            store = _sharding.dtype_to_proto(out)
+            a, b = self.integer(a, store, out), self.integer(b, store, out)
+            return _V(self.emit(G.BINARY, [a, b], fn=fn), a.shape or b.shape, out, store)
+        if fn == "rem" and (a.store == BF16 or b.store == BF16):
+            a, b = self.f32(a), self.f32(b)  # fmod is an f32 loop on the workers
         if a.store != b.store or a.store not in (F32, BF16):
             a, b = self.f32(a), self.f32(b)
         shape = a.shape or b.shape
@@ -329,6 +347,18 @@ class Converter(_Regions, _Layout, _Random):
         if len(cases) != 2:
             self._unsupported(name, eqn, f"{len(cases)} cases (2 supported)")
         a, b = cases
+        out = np.dtype(out_dtype)
+        if out in (np.dtype(np.int32), np.dtype(np.uint32)):
+            # In the cases' integers, bit for bit (f32 would round above 2**24): with the mask m
+            # all ones where pred holds, a ^ ((a ^ b) & m).
+            store = _sharding.dtype_to_proto(out)
+
+            def op(fn, x, y):
+                return _V(self.emit(G.BINARY, [x, y], fn=fn), x.shape or y.shape, out, store)
+
+            a, b = self.integer(a, store, out), self.integer(b, store, out)
+            mask = op("sub", self.int_scalar(0, out), self.integer(pred, store, out))
+            return op("xor", a, op("and", op("xor", a, b), mask))
         if a.store != b.store or a.store not in (F32, BF16):
             a, b = self.f32(a), self.f32(b)
         p = self.f32(pred)  # a bool (f32 1 / 0) or an int32 case index 0 / 1

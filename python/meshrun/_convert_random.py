@@ -122,13 +122,9 @@ class _Random:
         """v stored as the integer `dtype` (u32 or i32): a literal as an integer constant, an
         f32-held integer converted."""
         store = _sharding.dtype_to_proto(dtype)
-        if v.store == store:
-            return v
-        if type(var).__name__ == "Literal":
+        if v.store != store and type(var).__name__ == "Literal":
             return self.int_scalar(var.val, dtype)
-        if v.store in (I32, U32):  # the other integer dtype: the same bits
-            return _V(self.emit(G.BITCAST_CONVERT, [v], dtype=store), v.shape, dtype, store)
-        return _V(self.emit(G.CONVERT, [v], dtype=store), v.shape, dtype, store)
+        return self.integer(v, store, dtype)
 
     def key_words(self, name, p, ins, eqn):
         """(params, ins) of a layout primitive over typed keys (a split key unpacked, a key array

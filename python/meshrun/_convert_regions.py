@@ -3,7 +3,7 @@ unrolled, jax.shard_map regions with their collectives."""
 import numpy as np
 
 from meshrun import _sharding
-from meshrun._ir import BF16, F32, G, I32, _V
+from meshrun._ir import BF16, F32, G, I32, U32, _V
 
 # Collectives in a shard_map body -> JitBuilder::ManualCollective's fn.
 _MANUAL = {"psum": "psum", "psum_invariant": "psum", "psum2": "psum", "pmax": "pmax",
@@ -114,6 +114,16 @@ class _Regions:
         elif name == "ppermute":
             dims = [int(i) for pair in p["perm"] for i in pair]
         shape = tuple(v.aval.shape for v in eqn.outvars)[0]
+        if x.store in (I32, U32):
+            if fn in ("psum", "pmax", "psum_scatter"):
+                # Integers reduce in f32 (exact below 2**24), the result held as f32.
+                x = _V(self.f32(x).id, x.shape, x.dtype, F32)
+            else:
+                # Moved, not computed: their bits travel as f32's and come back unchanged.
+                store = x.store
+                bits = _V(self.emit(G.BITCAST_CONVERT, [x], dtype=F32), x.shape, np.float32, F32)
+                moved = self._manual(name, eqn, p, bits)
+                return _V(self.emit(G.BITCAST_CONVERT, [moved], dtype=store), moved.shape, x.dtype, store)
         if x.store not in (F32, BF16):
             self._unsupported(name, eqn, f"a {x.dtype} operand")
         vid = self.emit(G.MANUAL_COLLECTIVE, [x], fn=fn, axes=axes, index=dim, dims=dims, value=1.0 if tiled else 0.0)

@@ -311,6 +311,42 @@ def test_an_argument_laid_out_otherwise_is_refused(cluster):
         fn(x)
 
 
+def test_integer_arithmetic_is_exact_and_floor_division_and_modulo_match_jax(cluster):
+    """int32 / uint32 arithmetic runs in integers (lax's wrapping, truncated div and rem, XLA's
+    results for a zero divisor and INT_MIN / -1), exact beyond f32's 2**24; `//` and `%` (rem and
+    its sign fix-up) on integers and floats."""
+
+    def f(i, j, x):
+        u = i.astype(jnp.uint32)
+        return (jax.lax.div(i, j), jax.lax.rem(i, j), i // 3, i % 5, 100 // (j + 7), 7 - i,
+                jnp.maximum(i, j) * 3 + 1, jax.lax.div(u, jnp.uint32(3)), u % jnp.uint32(10),
+                x % 3.0, x // 2.5, jnp.fmod(x, -1.5))
+
+    i = np.array([7, -7, 7, 100000001, -9, 5, -2147483648, 2147483647], np.int32)
+    j = np.array([2, 2, -3, 3, 4, 0, -1, 16777217], np.int32)
+    x = np.linspace(-7, 7, 8, dtype=np.float32)
+    want = jax.jit(f)(i, j, x)
+    got = cluster.jit(f)(cluster.device_put(i, P("data")), cluster.device_put(j, P("data")), x)
+    for k, (g, w) in enumerate(zip(got, want)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype, (k, g.dtype, w.dtype)
+        np.testing.assert_array_equal(g, w, err_msg=f"result {k}")
+
+    # In a shard_map: integers gathered and permuted keep every bit; a psum of counts sums them.
+    mesh = emulated_mesh()
+
+    def local(i):
+        moved = jax.lax.ppermute(i, "data", [(0, 1), (1, 0)])
+        return jax.lax.all_gather(moved, "data", tiled=True), jax.lax.psum(jnp.sum(i > 0), "data")
+
+    with jax.set_mesh(mesh):
+        sm = jax.shard_map(local, mesh=mesh, in_specs=P("data"), out_specs=(P("data"), P()))
+        want = jax.jit(sm)(i)
+        got = cluster.jit(sm)(cluster.device_put(i, P("data")))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
 def test_layer_norm_softmax_gelu_clip_sign_isfinite_and_argmax_match_jax(cluster):
     def f(x, w):
         h = jax.nn.gelu(x @ w)

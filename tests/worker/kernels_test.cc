@@ -366,15 +366,31 @@ TEST(BinaryKernelTest, IntegerFnsFollowJaxLax) {
   EXPECT_EQ(r.data<int32_t>()[2], 2);
   run("mul", s, t, r);
   EXPECT_EQ(r.data<int32_t>()[1], -320);
+  // div and rem truncate, with XLA's results where C++ has none: x / 0 is -1 (all bits set) and
+  // x % 0 is x; INT_MIN / -1 is INT_MIN and INT_MIN % -1 is 0.
+  Tensor n(v1::DTYPE_I32, {5}), d(v1::DTYPE_I32, {5}), q(v1::DTYPE_I32, {5});
+  const int32_t nv[] = {7, -7, 100000001, 9, std::numeric_limits<int32_t>::min()};
+  const int32_t dv[] = {-3, 2, 3, 0, -1};
+  std::copy(nv, nv + 5, n.data<int32_t>());
+  std::copy(dv, dv + 5, d.data<int32_t>());
+  run("div", n, d, q);
+  EXPECT_THAT(std::vector<int32_t>(q.data<int32_t>(), q.data<int32_t>() + 5),
+              ::testing::ElementsAre(-2, -3, 33333333, -1, std::numeric_limits<int32_t>::min()));
+  run("rem", n, d, q);
+  EXPECT_THAT(std::vector<int32_t>(q.data<int32_t>(), q.data<int32_t>() + 5),
+              ::testing::ElementsAre(1, -1, 2, 9, 0));
+  run("div", a, b, out);  // u32: 0xFFFFFFFF / 1, 0x80000001 / 31, 7 / 32, ...
+  EXPECT_EQ(out.data<uint32_t>()[1], 0x80000001u / 31u);
+  EXPECT_EQ(out.data<uint32_t>()[2], 0u);
   // Unknown fns and mixed dtypes are refused, naming them.
-  EXPECT_THAT(std::string(CreateBinary("div", a, b, out).status().message()),
+  EXPECT_THAT(std::string(CreateBinary("atan2", a, b, out).status().message()),
               ::testing::HasSubstr("shift_right_logical"));
   Tensor f(v1::DTYPE_F32, {1, 3});
   EXPECT_THAT(std::string(CreateBinary("or", a, f, out).status().message()),
               ::testing::HasSubstr("f32"));
 }
 
-TEST(BinaryKernelTest, NextafterStepsOneUlpTowardsTheOtherOperand) {
+TEST(BinaryKernelTest, NextafterStepsOneUlpTowardsTheOtherOperandAndRemIsFmod) {
   Tensor a(v1::DTYPE_F32, {3}), b(v1::DTYPE_F32, {3}), out(v1::DTYPE_F32, {3});
   const float av[] = {1.0f, -2.0f, 0.0f}, bv[] = {2.0f, 0.0f, -1.0f};
   std::copy(av, av + 3, a.data<float>());
@@ -385,6 +401,17 @@ TEST(BinaryKernelTest, NextafterStepsOneUlpTowardsTheOtherOperand) {
   EXPECT_EQ(out.data<float>()[0], 0x1.000002p+0f);
   EXPECT_EQ(out.data<float>()[1], -0x1.fffffep+0f);
   EXPECT_EQ(out.data<float>()[2], -std::numeric_limits<float>::denorm_min());
+  // rem is C's fmod (lax.rem): the dividend's sign.
+  const float rv[] = {7.5f, -7.5f, 1.0f};
+  std::copy(rv, rv + 3, a.data<float>());
+  const float dv[] = {2.0f, 2.0f, 0.0f};
+  std::copy(dv, dv + 3, b.data<float>());
+  auto rem = CreateBinary("rem", a, b, out);
+  ASSERT_TRUE(rem.ok()) << rem.status();
+  ASSERT_TRUE((*rem)->Run().ok());
+  EXPECT_EQ(out.data<float>()[0], 1.5f);
+  EXPECT_EQ(out.data<float>()[1], -1.5f);
+  EXPECT_TRUE(std::isnan(out.data<float>()[2]));
 }
 
 // jax.lax.cumsum / cumprod / cummax / cummin along a middle dim, forwards and reversed.

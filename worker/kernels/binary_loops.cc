@@ -1,11 +1,15 @@
-// Binary element-wise fns oneDNN's binary primitive lacks, as loops: f32 pow and nextafter, and
-// integer (i32, u32) arithmetic, bitwise ops and shifts with jax.lax's semantics, which JAX's
-// PRNG builds its floats from (random bits shifted, or-ed with an exponent, bitcast).
+// Binary element-wise fns oneDNN's binary primitive lacks, as loops: f32 pow, nextafter and rem
+// (C's fmod, as lax.rem), and integer (i32, u32) arithmetic, bitwise ops and shifts with
+// jax.lax's semantics, which JAX's PRNG builds its floats from (random bits shifted, or-ed with an
+// exponent, bitcast) and which integer `//` and `%` use (lax.div and lax.rem: truncated, with
+// XLA's results for a zero divisor and for INT_MIN / -1).
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -55,8 +59,27 @@ class BroadcastLoopKernel : public Kernel {
 const std::map<std::string, float (*)(float, float)>& FloatFns() {
   static const auto* fns = new std::map<std::string, float (*)(float, float)>{
       {"pow", [](float x, float y) { return std::pow(x, y); }},
-      {"nextafter", [](float x, float y) { return std::nextafter(x, y); }}};
+      {"nextafter", [](float x, float y) { return std::nextafter(x, y); }},
+      {"rem", [](float x, float y) { return std::fmod(x, y); }}};
   return *fns;
+}
+
+// lax.div and lax.rem over T as XLA defines them where C++ does not: x / 0 is -1 (all bits set)
+// and x % 0 is x; INT_MIN / -1 is INT_MIN and INT_MIN % -1 is 0 (no overflow trap).
+template <typename T>
+T IntegerDiv(T x, T y) {
+  if (y == 0) return static_cast<T>(-1);
+  if (std::is_signed_v<T> && x == std::numeric_limits<T>::min() && y == static_cast<T>(-1))
+    return x;
+  return x / y;
+}
+
+template <typename T>
+T IntegerRem(T x, T y) {
+  if (y == 0) return x;
+  if (std::is_signed_v<T> && x == std::numeric_limits<T>::min() && y == static_cast<T>(-1))
+    return 0;
+  return x % y;
 }
 
 // Integer fns over T (int32_t or uint32_t); arithmetic wraps modulo 2^32, as XLA's does.
@@ -67,6 +90,8 @@ const std::map<std::string, T (*)(T, T)>& IntegerFns() {
       {"add", [](T x, T y) { return static_cast<T>(U(x) + U(y)); }},
       {"sub", [](T x, T y) { return static_cast<T>(U(x) - U(y)); }},
       {"mul", [](T x, T y) { return static_cast<T>(U(x) * U(y)); }},
+      {"div", &IntegerDiv<T>},
+      {"rem", &IntegerRem<T>},
       {"max", [](T x, T y) { return x > y ? x : y; }},
       {"min", [](T x, T y) { return x < y ? x : y; }},
       {"and", [](T x, T y) { return static_cast<T>(x & y); }},
