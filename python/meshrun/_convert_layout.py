@@ -178,7 +178,9 @@ class _Layout:
 
     # Gathers and their transposes along one indexed axis, as one-hot selections (exact; an index
     # out of range selects nothing, where JAX's FILL_OR_DROP mode fills NaN):
-    #   take_along_axis  operand [B, C], indices [B, J, 1], batching dim 0 -> [B, J]
+    #   take_along_axis  operand [B..., C], indices [B..., J, 1], batching dims B... -> [B..., J]
+    #                    (the batch dims flattened into one: optax's integer-label cross-entropy
+    #                    over [batch, time, vocab] logits)
     #   jnp.take rows    operand [V, D], indices [..., 1] -> [..., D] (a one-hot matmul; nn.Embed)
     #   one index        operand [..], indices [1] -> the operand without the indexed axis
 
@@ -187,7 +189,8 @@ class _Layout:
         r = len(operand_shape)
         if idx.shape[-1:] != (1,):
             self._unsupported(name, eqn, "indices whose last dim is not 1")
-        if batch_op == (0,) and batch_ix == (0,) and r == 2 and k == 1 and len(idx.shape) == 3:
+        lead = tuple(range(r - 1))
+        if r >= 2 and batch_op == lead and batch_ix == lead and k == r - 1 and len(idx.shape) == r + 1:
             return "along"
         if not batch_op and not batch_ix and r == 2 and k == 0 and len(idx.shape) >= 2 and \
                 window == (len(idx.shape) - 1,):
@@ -229,10 +232,11 @@ class _Layout:
                                 tuple(dn.start_indices_batching_dims), tuple(dn.offset_dims))
         x = self.f32(op)
         zero = self.scalar(0.0)
-        if form == "along":  # out[b, j] = op[b, idx[b, j]]
-            (b, c), j = op.shape, idx.shape[1]
+        if form == "along":  # out[b, j] = op[b, idx[b, j]], over the batch dims flattened
+            b, c, j = int(np.prod(op.shape[:-1])), op.shape[-1], idx.shape[-2]
             mask = self._mask((b, j, c), 2, self._reshape(idx, (b, j)), (0, 1))
-            xb = _V(self.emit(G.BROADCAST_IN_DIM, [x], shape=[b, j, c], dims=[0, 2]), (b, j, c), np.float32, F32)
+            xb = _V(self.emit(G.BROADCAST_IN_DIM, [self._reshape(x, (b, c))], shape=[b, j, c], dims=[0, 2]),
+                    (b, j, c), np.float32, F32)
             picked = self._pick(mask, zero, xb, np.float32)
             v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[2]), (b, j), np.float32, F32)
         elif form == "rows":  # out[n, :] = op[idx[n], :]: one_hot(idx) @ op, over idx flattened
@@ -259,13 +263,14 @@ class _Layout:
                                 tuple(dn.scatter_indices_batching_dims), tuple(dn.update_window_dims))
         u = self.f32(upd)
         zero = self.scalar(0.0)
-        if form == "along":  # out[b, c] = op[b, c] + sum_j [idx[b, j] == c] upd[b, j]
-            (b, c), j = op.shape, idx.shape[1]
+        if form == "along":  # out[b, c] = op[b, c] + sum_j [idx[b, j] == c] upd[b, j], batch dims flat
+            b, c, j = int(np.prod(op.shape[:-1])), op.shape[-1], idx.shape[-2]
             mask = self._mask((b, j, c), 2, self._reshape(idx, (b, j)), (0, 1))
             ub = _V(self.emit(G.BROADCAST_IN_DIM, [self._reshape(u, (b, j))], shape=[b, j, c], dims=[0, 1]),
                     (b, j, c), np.float32, F32)
             spread = self._pick(mask, zero, ub, np.float32)
-            add = _V(self.emit(G.REDUCE, [spread], fn="sum", dims=[1]), (b, c), np.float32, F32)
+            add = self._reshape(_V(self.emit(G.REDUCE, [spread], fn="sum", dims=[1]), (b, c), np.float32, F32),
+                                op.shape)
         elif form == "rows":  # out = op + one_hot(idx)^T @ upd, over idx and upd's rows flattened
             (vocab, depth), n = op.shape, int(np.prod(idx.shape[:-1]))
             onehot = self._mask((n, vocab), 1, self._reshape(idx, (n,)), (0,))

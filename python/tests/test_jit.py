@@ -438,6 +438,23 @@ def test_integer_label_cross_entropy_and_an_embedding_with_their_gradients_match
         np.testing.assert_allclose(np.asarray(g), np.asarray(wnt), rtol=1e-4, atol=1e-6)
 
 
+def test_integer_label_cross_entropy_over_batch_and_time_matches_jax(cluster):
+    """A language model's loss: optax's integer-label cross-entropy over [batch, time, vocab]
+    logits (take_along_axis with two batching dims) and its gradient."""
+
+    def loss(logits, labels):
+        return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+    rng = np.random.default_rng(9)
+    logits = rng.normal(size=(4, 6, 12)).astype(np.float32)
+    labels = rng.integers(0, 12, size=(4, 6)).astype(np.int32)
+    step = jax.value_and_grad(loss)
+    want_loss, want_grad = jax.jit(step)(logits, labels)
+    got_loss, got_grad = cluster.jit(step)(cluster.device_put(logits, P("data")), cluster.device_put(labels, P("data")))
+    np.testing.assert_allclose(np.asarray(got_loss), np.asarray(want_loss), rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(got_grad), np.asarray(want_grad), rtol=1e-4, atol=1e-7)
+
+
 class _Rematted(nn.Module):
     """Flax's nn.remat and jax.checkpoint (the primitives 'remat2' / 'checkpoint'): their bodies
     run inlined, recomputed in the backward pass as JAX would."""
