@@ -36,6 +36,11 @@ class _Layout:
             vals = ins if len({v.store for v in ins}) == 1 else [self.f32(v) for v in ins]
             vid = self.emit(G.CONCATENATE, vals, index=dim)
             return [_V(vid, out_shape, out_dtype, vals[0].store)]
+        if name == "stack":  # jnp.stack: each operand with a unit dim at `axis`, concatenated
+            axis = int(p["axis"])
+            parts = [self._reshape(v, v.shape[:axis] + (1,) + v.shape[axis:]) for v in ins]
+            v = parts[0] if len(parts) == 1 else self._joined(parts, axis)
+            return [_V(v.id, out_shape, out_dtype, v.store)]
         if name == "gather":
             return [self._gather(name, eqn, p, ins, out_dtype, out_shape)]
         if name == "scatter-add":
@@ -127,6 +132,8 @@ class _Layout:
                 vid = self.emit(G.DOT_GENERAL, [rhs, lhs], lhs_contracting=rc, rhs_contracting=lc)
                 return [_V(vid, out_shape, x.dtype, x.store)]
             return [_V(self.emit(G.TRANSPOSE, [x], dims=perm), out_shape, x.dtype, x.store)]
+        if name in ("reduce_and", "reduce_or"):  # jnp.all / jnp.any over bools held as f32 1 / 0
+            name = "reduce_min" if name == "reduce_and" else "reduce_max"
         if name in ("reduce_sum", "reduce_max", "reduce_min"):
             x = ins[0]
             axes = list(p["axes"])

@@ -64,10 +64,7 @@ class _Regions:
             # index >= i picks branch i over those before it (the last wins: the clamp).
             pred = self.binary("ge", index, self.scalar(float(i)))
             for k, v in enumerate(branch):
-                a = outs[k]
-                if a.store not in (F32, BF16) or v.store != a.store:
-                    self._unsupported("cond", eqn, f"a {a.dtype} result (f32 and bf16 only)")
-                outs[k] = _V(self.emit(G.SELECT, [pred, a, v]), a.shape, a.dtype, a.store)
+                outs[k] = self._select("cond", eqn, [pred, outs[k], v], outs[k].dtype)
         return outs
 
     def _shard_map(self, name, eqn, p, ins):

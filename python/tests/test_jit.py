@@ -455,6 +455,36 @@ def test_integer_label_cross_entropy_over_batch_and_time_matches_jax(cluster):
     np.testing.assert_allclose(np.asarray(got_grad), np.asarray(want_grad), rtol=1e-4, atol=1e-7)
 
 
+def test_gradient_accumulation_with_optax_multisteps_and_apply_if_finite_matches_jax(cluster):
+    """optax.MultiSteps (a lax.cond whose results include int32 counters), apply_if_finite
+    (jnp.all over jnp.stack of per-leaf checks: reduce_and, stack) and a one-cycle schedule."""
+    tx = optax.MultiSteps(optax.apply_if_finite(optax.adamw(optax.cosine_onecycle_schedule(20, 1e-2)), 3),
+                          every_k_schedule=3)
+    rng = np.random.default_rng(10)
+    params = {"w": rng.normal(size=(8, 4)).astype(np.float32), "b": np.zeros(4, np.float32)}
+    x, y = rng.normal(size=(8, 8)).astype(np.float32), rng.normal(size=(8, 4)).astype(np.float32)
+
+    def step(params, opt, x, y):
+        loss, g = jax.value_and_grad(lambda p: jnp.mean((jnp.tanh(x @ p["w"] + p["b"]) - y) ** 2))(params)
+        updates, opt = tx.update(g, opt, params)
+        return optax.apply_updates(params, updates), opt, loss, jnp.any(jnp.stack([loss > 10.0, loss < 0.0]))
+
+    want, ref = [], (params, tx.init(params))
+    plain = jax.jit(step)
+    for _ in range(7):
+        *ref, loss, _ = plain(*ref, x, y)
+        want.append(float(loss))
+    ours = cluster.jit(step, donate_argnums=(0, 1))
+    state, got = (cluster.device_put(params, P()), cluster.device_put(tx.init(params), P())), []
+    for _ in range(7):
+        *state, loss, odd = ours(*state, x, y)
+        got.append(float(np.asarray(loss)))
+        assert not bool(np.asarray(odd))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    np.testing.assert_array_equal(np.asarray(state[1].mini_step), np.asarray(ref[1].mini_step))
+    np.testing.assert_allclose(np.asarray(state[0]["w"]), np.asarray(ref[0]["w"]), rtol=1e-5, atol=1e-6)
+
+
 class _Rematted(nn.Module):
     """Flax's nn.remat and jax.checkpoint (the primitives 'remat2' / 'checkpoint'): their bodies
     run inlined, recomputed in the backward pass as JAX would."""
