@@ -31,6 +31,14 @@ _BINARY = {"add": "add", "add_any": "add", "sub": "sub", "mul": "mul", "div": "d
 # Arithmetic that an int32 / uint32 result computes in its own integers (lax's wrapping, truncated
 # div and rem), never through f32, which is exact only below 2**24 and does not truncate.
 _INTEGER_ARITHMETIC = {"add", "sub", "mul", "div", "rem", "max", "min"}
+
+
+def _integer_store(dtype):
+    """I32 / U32 for an int32 / uint32 dtype, whose arithmetic and selects run in its integers;
+    None for any other dtype (computed in f32 or bf16)."""
+    if dtype is None or np.dtype(dtype) not in (np.dtype(np.int32), np.dtype(np.uint32)):
+        return None
+    return _sharding.dtype_to_proto(dtype)
 _COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
 _IDENTITY = {"stop_gradient", "copy", "copy_p", "optimization_barrier", "pvary"}
 
@@ -152,11 +160,11 @@ class Converter(_Regions, _Layout, _Random):
                 raise errors.InvalidArgumentError(f"{fn}: operand shapes {a.shape} and {b.shape} differ in rank")
             shape = tuple(max(x, y) for x, y in zip(a.shape, b.shape))
             a, b = self.broadcast(a, shape), self.broadcast(b, shape)
-        out = np.dtype(dtype or a.dtype) if (dtype or a.dtype) is not None else None
-        if fn in _INTEGER_ARITHMETIC and out in (np.dtype(np.int32), np.dtype(np.uint32)):
-            store = _sharding.dtype_to_proto(out)
+        out = dtype or a.dtype
+        store = _integer_store(out) if fn in _INTEGER_ARITHMETIC else None
+        if store is not None:
             a, b = self.integer(a, store, out), self.integer(b, store, out)
-            return _V(self.emit(G.BINARY, [a, b], fn=fn), a.shape or b.shape, out, store)
+            return _V(self.emit(G.BINARY, [a, b], fn=fn), a.shape or b.shape, np.dtype(out), store)
         if fn == "rem" and (a.store == BF16 or b.store == BF16):
             a, b = self.f32(a), self.f32(b)  # fmod is an f32 loop on the workers
         if a.store != b.store or a.store not in (F32, BF16):
@@ -348,17 +356,15 @@ class Converter(_Regions, _Layout, _Random):
         if len(cases) != 2:
             self._unsupported(name, eqn, f"{len(cases)} cases (2 supported)")
         a, b = cases
-        out = np.dtype(out_dtype)
-        if out in (np.dtype(np.int32), np.dtype(np.uint32)):
+        store = _integer_store(out_dtype)
+        if store is not None:
             # In the cases' integers, bit for bit (f32 would round above 2**24): with the mask m
             # all ones where pred holds, a ^ ((a ^ b) & m).
-            store = _sharding.dtype_to_proto(out)
-
             def op(fn, x, y):
-                return _V(self.emit(G.BINARY, [x, y], fn=fn), x.shape or y.shape, out, store)
+                return _V(self.emit(G.BINARY, [x, y], fn=fn), x.shape or y.shape, out_dtype, store)
 
-            a, b = self.integer(a, store, out), self.integer(b, store, out)
-            mask = op("sub", self.int_scalar(0, out), self.integer(pred, store, out))
+            a, b = self.integer(a, store, out_dtype), self.integer(b, store, out_dtype)
+            mask = op("sub", self.int_scalar(0, out_dtype), self.integer(pred, store, out_dtype))
             return op("xor", a, op("and", op("xor", a, b), mask))
         if a.store != b.store or a.store not in (F32, BF16):
             a, b = self.f32(a), self.f32(b)

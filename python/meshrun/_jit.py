@@ -128,19 +128,15 @@ class Jitted:
                 arrays.append(leaf)
             else:
                 arrays.append(self._cluster._put_value(leaf, spec))
-        # A typed key travels as its u32 words and the function is traced with the key itself, as
-        # jax.jit traces it.
-        key_dtypes = [a.key_dtype for a in arrays]
         key = (static_vals, treedef,
-               tuple((a.shape, str(a.dtype), a._entries) for a in arrays), tuple(donated),
-               tuple(str(k) for k in key_dtypes))
+               tuple((a.shape, str(a.dtype), a._entries, str(a.key_dtype)) for a in arrays), tuple(donated))
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = self._compile(static_vals, dyn_pos, treedef, arrays, key_dtypes, len(args))
+            compiled = self._compile(static_vals, dyn_pos, treedef, arrays, len(args))
             self._cache[key] = compiled
         return self._run(compiled, arrays, donated)
 
-    def _compile(self, static_vals, dyn_pos, treedef, arrays, key_dtypes, nargs):
+    def _compile(self, static_vals, dyn_pos, treedef, arrays, nargs):
         import jax
 
         from meshrun import _convert
@@ -155,8 +151,10 @@ class Jitted:
                 full[i] = v
             return self._fun(*full)
 
-        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) if k is None else jax.ShapeDtypeStruct(a.shape[:-1], k)
-                 for a, k in zip(arrays, key_dtypes)]
+        # A typed key travels as its u32 words and the function is traced with the key itself, as
+        # jax.jit traces it.
+        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) if a.key_dtype is None
+                 else jax.ShapeDtypeStruct(a.shape[:-1], a.key_dtype) for a in arrays]
         dyn_avals = jax.tree_util.tree_unflatten(treedef, avals)
         closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*dyn_avals)
         out_avals, out_treedef = jax.tree_util.tree_flatten(out_shape)
