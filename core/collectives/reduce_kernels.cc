@@ -7,6 +7,7 @@
 #endif
 
 #include "absl/strings/str_cat.h"
+#include "core/float_ops.h"
 
 namespace meshrun {
 
@@ -112,10 +113,15 @@ void AddInto(DType dtype, void* dst, const void* src, int64_t count) {
 namespace {
 
 template <typename T>
-void MaxInto(void* dst, const void* src, int64_t count) {
+T IntegerMax(T a, T b) {
+  return a > b ? a : b;
+}
+
+template <typename T>
+void MaxInto(void* dst, const void* src, int64_t count, T (*max)(T, T)) {
   T* d = static_cast<T*>(dst);
   const T* s = static_cast<const T*>(src);
-  for (int64_t i = 0; i < count; ++i) d[i] = std::max(d[i], s[i]);
+  for (int64_t i = 0; i < count; ++i) d[i] = max(d[i], s[i]);
 }
 
 }  // namespace
@@ -127,20 +133,19 @@ void Reduce(DType dtype, ReduceOp op, void* dst, const void* src, int64_t count)
   }
   switch (dtype) {
     case v1::DTYPE_F32:
-      MaxInto<float>(dst, src, count);
+      MaxInto<float>(dst, src, count, &NanPropagatingMax);
       break;
     case v1::DTYPE_I32:
-      MaxInto<int32_t>(dst, src, count);
+      MaxInto<int32_t>(dst, src, count, &IntegerMax<int32_t>);
       break;
     case v1::DTYPE_U32:
-      MaxInto<uint32_t>(dst, src, count);
+      MaxInto<uint32_t>(dst, src, count, &IntegerMax<uint32_t>);
       break;
     case v1::DTYPE_BF16: {
       uint16_t* d = static_cast<uint16_t*>(dst);
       const uint16_t* s = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < count; ++i) {
-        if (Bf16ToF32(s[i]) > Bf16ToF32(d[i])) d[i] = s[i];
-      }
+      for (int64_t i = 0; i < count; ++i)
+        d[i] = F32ToBf16(NanPropagatingMax(Bf16ToF32(d[i]), Bf16ToF32(s[i])));
       break;
     }
     default:

@@ -164,7 +164,8 @@ class _Layout:
 
     def _arg_extreme(self, name, p, x, out_dtype, out_shape):
         """argmax / argmin along one axis: the least index holding the extreme, as lax's
-        (indices exact below 2**24): min over the axis of where(x == extreme, iota, size)."""
+        (indices exact below 2**24): min over the axis of where(x == extreme, iota, size). A NaN
+        is the extreme, as in lax (the max is NaN exactly where the slice holds one)."""
         (axis,) = p["axes"]
         x = self.f32(x)
         if name == "argmin":
@@ -172,7 +173,7 @@ class _Layout:
         kept = [d for d in range(len(x.shape)) if d != axis]
         m = _V(self.emit(G.REDUCE, [x], fn="max", dims=[axis]), out_shape, np.float32, F32)
         mb = _V(self.emit(G.BROADCAST_IN_DIM, [m], shape=list(x.shape), dims=kept), x.shape, np.float32, F32)
-        hit = self.binary("eq", x, mb)
+        hit = self.binary("add", self.binary("eq", x, mb), self.binary("ne", x, x))
         iota = _V(self.emit(G.IOTA, dtype=F32, shape=list(x.shape), index=axis, spec=common_pb2.PartitionSpec()),
                   x.shape, np.float32, F32)
         size = self.scalar(float(x.shape[axis]))

@@ -347,6 +347,40 @@ def test_integer_arithmetic_is_exact_and_floor_division_and_modulo_match_jax(clu
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+def test_a_nan_survives_relu_max_min_argmax_and_pmax_as_under_jax(cluster):
+    """lax.max / min keep a NaN whichever side it is on (XLA's semantics), so a diverged value is
+    not hidden: relu, jnp.maximum / minimum, jnp.max / min over any axis, cummax, argmax and
+    argmin (the first NaN's index) and a shard_map's pmax, on sharded operands."""
+    x = np.arange(64, dtype=np.float32).reshape(8, 8) - 20.0
+    x[3, 5] = x[6, 0] = x[0, 7] = np.nan
+
+    def f(a):
+        return (jax.nn.relu(a), jnp.maximum(0.5, a), jnp.minimum(a, 0.5), jnp.max(a, axis=0),
+                jnp.min(a, axis=1), jnp.max(a), jax.lax.cummax(a, axis=1), jnp.argmax(a, axis=1),
+                jnp.argmin(a, axis=0), jnp.clip(a, -3.0, 3.0))
+
+    want = jax.jit(f)(x)
+    for spec in (P(), P("data", "model")):
+        got = cluster.jit(f)(cluster.device_put(x, spec))
+        for k, (g, w) in enumerate(zip(got, want)):
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=f"result {k}, {spec}")
+
+    mesh = emulated_mesh()
+    with jax.set_mesh(mesh):
+        sm = jax.shard_map(lambda a: jax.lax.pmax(a, "data"), mesh=mesh, in_specs=P("data", "model"),
+                           out_specs=P(None, "model"))
+        want = jax.jit(sm)(jax.device_put(x, jax.sharding.NamedSharding(mesh, P("data", "model"))))
+        got = cluster.jit(sm)(cluster.device_put(x, P("data", "model")))
+    # pmax keeps the NaN as well, as lax.max does; XLA:CPU's all-reduce on emulated devices does
+    # not always (it returned 19 for max(NaN, 19) here), so only the other elements are JAX's.
+    got, want = np.asarray(got), np.array(want)
+    nan_at = [(0, 7), (2, 0), (3, 5)]  # x's NaNs [0, 7], [6, 0], [3, 5], rows mod 4
+    assert sorted(map(tuple, np.argwhere(np.isnan(got)))) == nan_at
+    for r, c in nan_at:
+        want[r, c] = np.nan
+    np.testing.assert_array_equal(got, want)
+
+
 def test_layer_norm_softmax_gelu_clip_sign_isfinite_and_argmax_match_jax(cluster):
     def f(x, w):
         h = jax.nn.gelu(x @ w)

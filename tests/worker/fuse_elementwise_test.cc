@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/float_ops.h"
 #include "core/spmd/fusion.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -339,8 +340,8 @@ TEST(FusedElementwiseKernelTest, OneElementOperandsGiveTheElementwiseBits) {
       {"sub", [](float a, float b) { return a - b; }},
       {"mul", [](float a, float b) { return a * b; }},
       {"div", [](float a, float b) { return a / b; }},
-      {"max", [](float a, float b) { return a > b ? a : b; }},
-      {"min", [](float a, float b) { return a < b ? a : b; }},
+      {"max", &NanPropagatingMax},
+      {"min", &NanPropagatingMin},
       {"eq", [](float a, float b) { return a == b ? 1.0f : 0.0f; }},
       {"ne", [](float a, float b) { return a != b ? 1.0f : 0.0f; }},
       {"lt", [](float a, float b) { return a < b ? 1.0f : 0.0f; }},

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/array_ops.h"
 #include "core/collectives/reduce_kernels.h"
+#include "core/float_ops.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/kernels/kernel.h"
@@ -294,7 +295,7 @@ TEST(ReduceKernelTest, SumsAndMeansOverLeadingDimsMatchTheDefinition) {
       EXPECT_NEAR(out.data<float>()[c], s, 1e-5) << fn << " column " << c;
     }
   }
-  // Over trailing dims it stays oneDNN's reduction.
+  // Over trailing dims: oneDNN's reduction for sum and mean, a loop for max and min.
   Tensor x = Random({3, 4}, 22), rows(v1::DTYPE_F32, {3, 1});
   auto k = CreateReduce("max", x, rows);
   ASSERT_TRUE(k.ok()) << k.status();
@@ -313,6 +314,84 @@ TEST(ReduceKernelTest, ReducingOnlyUnitDimsCopies) {
     ASSERT_TRUE((*k)->Run().ok());
     for (int i = 0; i < 12; ++i) EXPECT_EQ(out.data<float>()[i], x.data<float>()[i]) << fn;
   }
+}
+
+// lax.max / lax.min on f32 (core/float_ops.h): a NaN on either side is the result, and of two
+// zeros max is +0 and min -0, whichever side each is on. std::max and the x86 max instruction
+// return the other operand instead, so a NaN loss or activation would silently vanish.
+TEST(FloatOpsTest, MaxAndMinPropagateNanAndOrderSignedZerosAsXla) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const float v : {0.0f, -0.0f, 1.0f, -2.0f, inf, -inf, nan}) {
+    EXPECT_TRUE(std::isnan(NanPropagatingMax(nan, v))) << v;
+    EXPECT_TRUE(std::isnan(NanPropagatingMax(v, nan))) << v;
+    EXPECT_TRUE(std::isnan(NanPropagatingMin(nan, v))) << v;
+    EXPECT_TRUE(std::isnan(NanPropagatingMin(v, nan))) << v;
+  }
+  for (const auto& [a, b] : {std::pair{0.0f, -0.0f}, std::pair{-0.0f, 0.0f}}) {
+    EXPECT_FALSE(std::signbit(NanPropagatingMax(a, b))) << a << " " << b;
+    EXPECT_TRUE(std::signbit(NanPropagatingMin(a, b))) << a << " " << b;
+  }
+  EXPECT_TRUE(std::signbit(NanPropagatingMax(-0.0f, -0.0f)));
+  EXPECT_EQ(NanPropagatingMax(-2.0f, 1.0f), 1.0f);
+  EXPECT_EQ(NanPropagatingMax(1.0f, -inf), 1.0f);
+  EXPECT_EQ(NanPropagatingMin(-2.0f, 1.0f), -2.0f);
+  EXPECT_EQ(NanPropagatingMin(inf, 1.0f), 1.0f);
+}
+
+// Every kernel that takes a max or min keeps a NaN, wherever it sits: the binary fns (a
+// broadcast operand too), reduce over each dim and over all, cummax, and pmax's reduction.
+TEST(BinaryKernelTest, MaxAndMinEverywhereKeepNanAsXla) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Tensor x = Random({3, 4, 5}, 31);
+  x.data<float>()[0] = nan;                   // [0, 0, 0]: first of its row, column and slab
+  x.data<float>()[2 * 20 + 3 * 5 + 4] = nan;  // [2, 3, 4]: last
+  auto is_nan_at = [&](const Tensor& t, int64_t i) { return std::isnan(t.data<float>()[i]); };
+  for (const char* fn : {"max", "min"}) {
+    SCOPED_TRACE(fn);
+    Tensor zero(v1::DTYPE_F32, {1, 1, 1}), out(v1::DTYPE_F32, {3, 4, 5});
+    zero.data<float>()[0] = 0.0f;
+    auto k = CreateBinary(fn, x, zero, out);
+    ASSERT_TRUE(k.ok()) << k.status();
+    ASSERT_TRUE((*k)->Run().ok());
+    EXPECT_TRUE(is_nan_at(out, 0));
+    EXPECT_TRUE(is_nan_at(out, 59));
+    EXPECT_EQ(out.data<float>()[1], std::string(fn) == "max" ? std::max(x.data<float>()[1], 0.0f)
+                                                             : std::min(x.data<float>()[1], 0.0f));
+    // Reduced over dims {0}, {1}, {2}, {0, 2} and all: NaN exactly where a NaN was reduced in.
+    for (const Dims& od :
+         {Dims{1, 4, 5}, Dims{3, 1, 5}, Dims{3, 4, 1}, Dims{1, 4, 1}, Dims{1, 1, 1}}) {
+      Tensor r(v1::DTYPE_F32, od);
+      auto rk = CreateReduce(fn, x, r);
+      ASSERT_TRUE(rk.ok()) << rk.status();
+      ASSERT_TRUE((*rk)->Run().ok());
+      for (int64_t i = 0; i < 60; ++i) {
+        const int64_t c[3] = {i / 20, i / 5 % 4, i % 5};
+        int64_t j = 0;
+        for (int d = 0; d < 3; ++d) j = j * od[d] + (od[d] == 1 ? 0 : c[d]);
+        if (std::isnan(x.data<float>()[i])) {
+          EXPECT_TRUE(is_nan_at(r, j)) << DimsToString(od) << " element " << i;
+        } else if (!is_nan_at(r, j)) {
+          const float got = r.data<float>()[j], v = x.data<float>()[i];
+          EXPECT_TRUE(std::string(fn) == "max" ? got >= v : got <= v) << DimsToString(od) << i;
+        }
+      }
+    }
+    Tensor y(v1::DTYPE_F32, {3, 4, 5});
+    auto ck = CreateCumulative(fn, 2, /*reverse=*/false, x, y);
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    ASSERT_TRUE((*ck)->Run().ok());
+    for (int i = 0; i < 5; ++i) EXPECT_TRUE(is_nan_at(y, i)) << "cumulative " << i;
+    EXPECT_FALSE(is_nan_at(y, 5));
+  }
+  // pmax's element-wise reduction, NaN on either side, f32 and bf16.
+  float dst[3] = {nan, 1.0f, -1.0f}, src[3] = {2.0f, nan, -3.0f};
+  Reduce(v1::DTYPE_F32, ReduceOp::kMax, dst, src, 3);
+  EXPECT_TRUE(std::isnan(dst[0]) && std::isnan(dst[1]));
+  EXPECT_EQ(dst[2], -1.0f);
+  uint16_t bd[2] = {F32ToBf16(nan), F32ToBf16(1.0f)}, bs[2] = {F32ToBf16(2.0f), F32ToBf16(nan)};
+  Reduce(v1::DTYPE_BF16, ReduceOp::kMax, bd, bs, 2);
+  EXPECT_TRUE(std::isnan(Bf16ToF32(bd[0])) && std::isnan(Bf16ToF32(bd[1])));
 }
 
 TEST(BinaryKernelTest, PowBroadcastsItsExponentAsTheOtherFnsDo) {

@@ -1,8 +1,9 @@
-// Binary element-wise fns oneDNN's binary primitive lacks, as loops: f32 pow, nextafter and rem
-// (C's fmod, as lax.rem), and integer (i32, u32) arithmetic, bitwise ops and shifts with
-// jax.lax's semantics, which JAX's PRNG builds its floats from (random bits shifted, or-ed with an
-// exponent, bitcast) and which integer `//` and `%` use (lax.div and lax.rem: truncated, with
-// XLA's results for a zero divisor and for INT_MIN / -1).
+// Binary element-wise fns oneDNN's binary primitive lacks, as loops: f32 pow, nextafter, rem
+// (C's fmod, as lax.rem) and max / min (NaN-propagating, as XLA's: core/float_ops.h), and integer
+// (i32, u32) arithmetic, bitwise ops and shifts with jax.lax's semantics, which JAX's PRNG builds
+// its floats from (random bits shifted, or-ed with an exponent, bitcast) and which integer `//` and
+// `%` use (lax.div and lax.rem: truncated, with XLA's results for a zero divisor and for INT_MIN /
+// -1).
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/float_ops.h"
 #include "worker/kernels/kernel.h"
 
 namespace meshrun {
@@ -60,7 +62,9 @@ const std::map<std::string, float (*)(float, float)>& FloatFns() {
   static const auto* fns = new std::map<std::string, float (*)(float, float)>{
       {"pow", [](float x, float y) { return std::pow(x, y); }},
       {"nextafter", [](float x, float y) { return std::nextafter(x, y); }},
-      {"rem", [](float x, float y) { return std::fmod(x, y); }}};
+      {"rem", [](float x, float y) { return std::fmod(x, y); }},
+      {"max", &NanPropagatingMax},
+      {"min", &NanPropagatingMin}};
   return *fns;
 }
 

@@ -1,10 +1,14 @@
-// Cumulative reductions along one dim (jax.lax.cumsum, cumprod, cummax, cummin): a loop, as
-// oneDNN has no scan primitive.
+// Reductions as loops: cumulative ones along one dim (jax.lax.cumsum, cumprod, cummax, cummin),
+// as oneDNN has no scan primitive, and max / min over dims (reduce_max, reduce_min), whose NaN
+// oneDNN's reduction primitive drops (core/float_ops.h).
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/float_ops.h"
 #include "worker/kernels/kernel.h"
 
 namespace meshrun {
@@ -50,9 +54,9 @@ class CumulativeKernel : public Kernel {
       case 1:
         return acc * v;
       case 2:
-        return std::max(acc, v);
+        return NanPropagatingMax(acc, v);
       default:
-        return std::min(acc, v);
+        return NanPropagatingMin(acc, v);
     }
   }
 
@@ -63,7 +67,57 @@ class CumulativeKernel : public Kernel {
   int64_t outer_ = 1, n_ = 1, inner_ = 1;
 };
 
+// out = the max (or min) of x over the dims where out has size 1, NaN-propagating. The last dim
+// is a contiguous run: folded element-wise into out's row when kept, into one value when reduced.
+class ExtremeReduceKernel : public Kernel {
+ public:
+  ExtremeReduceKernel(bool max, const Tensor& x, Tensor& out) : max_(max), x_(x), out_(out) {}
+
+  absl::Status Run() override {
+    const Dims& xd = x_.dims();
+    const Dims& od = out_.dims();
+    const size_t r = xd.size();
+    float* out = out_.data<float>();
+    std::fill_n(out, out_.num_elements(), max_ ? -INFINITY : INFINITY);
+    std::vector<int64_t> stride(r, 0);  // out's stride along each dim of x (0 where reduced)
+    for (size_t d = r, s = 1; d-- > 0; s *= od[d]) stride[d] = od[d] == 1 ? 0 : s;
+    const int64_t run = xd[r - 1];
+    const bool kept = stride[r - 1] != 0;
+    std::vector<int64_t> index(r, 0);  // over x's dims but the last
+    const float* x = x_.data<float>();
+    for (int64_t at = 0, n = x_.num_elements(); at < n; at += run) {
+      int64_t j = 0;
+      for (size_t d = 0; d + 1 < r; ++d) j += index[d] * stride[d];
+      if (kept) {
+        for (int64_t i = 0; i < run; ++i) out[j + i] = Combine(out[j + i], x[at + i]);
+      } else {
+        float acc = out[j];
+        for (int64_t i = 0; i < run; ++i) acc = Combine(acc, x[at + i]);
+        out[j] = acc;
+      }
+      for (size_t d = r - 1; d-- > 0;) {
+        if (++index[d] < xd[d]) break;
+        index[d] = 0;
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  float Combine(float a, float b) const {
+    return max_ ? NanPropagatingMax(a, b) : NanPropagatingMin(a, b);
+  }
+
+  bool max_;
+  const Tensor& x_;
+  Tensor& out_;
+};
+
 }  // namespace
+
+std::unique_ptr<Kernel> CreateExtremeReduce(bool max, const Tensor& x, Tensor& out) {
+  return std::make_unique<ExtremeReduceKernel>(max, x, out);
+}
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateCumulative(const std::string& fn, int64_t dim,
                                                          bool reverse, const Tensor& x, Tensor& y) {

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "core/float_ops.h"
 #include "worker/kernels/kernel.h"
 
 namespace meshrun {
@@ -99,10 +100,10 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void Apply(
       MESHRUN_BINARY_LOOP(a / b);
       break;
     case Fn::kMax:
-      MESHRUN_BINARY_LOOP(a > b ? a : b);
+      MESHRUN_BINARY_LOOP(NanPropagatingMax(a, b));
       break;
     case Fn::kMin:
-      MESHRUN_BINARY_LOOP(a < b ? a : b);
+      MESHRUN_BINARY_LOOP(NanPropagatingMin(a, b));
       break;
     case Fn::kEq:
       MESHRUN_BINARY_LOOP(a == b ? 1.0f : 0.0f);

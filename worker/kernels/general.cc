@@ -167,7 +167,6 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
   const std::map<std::string, dnnl::algorithm> algs = {
       {"add", dnnl::algorithm::binary_add}, {"sub", dnnl::algorithm::binary_sub},
       {"mul", dnnl::algorithm::binary_mul}, {"div", dnnl::algorithm::binary_div},
-      {"max", dnnl::algorithm::binary_max}, {"min", dnnl::algorithm::binary_min},
       {"eq", dnnl::algorithm::binary_eq},   {"ne", dnnl::algorithm::binary_ne},
       {"lt", dnnl::algorithm::binary_lt},   {"le", dnnl::algorithm::binary_le},
       {"gt", dnnl::algorithm::binary_gt},   {"ge", dnnl::algorithm::binary_ge}};
@@ -205,21 +204,28 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, const Tensor& x,
                                                      Tensor& out) {
+  // max and min are loops (CreateExtremeReduce): oneDNN's reduction drops NaN.
   const std::map<std::string, dnnl::algorithm> algs = {{"sum", dnnl::algorithm::reduction_sum},
-                                                       {"mean", dnnl::algorithm::reduction_mean},
-                                                       {"max", dnnl::algorithm::reduction_max},
-                                                       {"min", dnnl::algorithm::reduction_min}};
+                                                       {"mean", dnnl::algorithm::reduction_mean}};
   auto it = algs.find(fn);
-  if (it == algs.end()) {
+  const bool extreme = fn == "max" || fn == "min";
+  if (it == algs.end() && !extreme) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown reduce fn '", fn, "'; allowed: ", Keys(algs)));
+        absl::StrCat("unknown reduce fn '", fn, "'; allowed: max ", Keys(algs), " min"));
   }
   if (absl::Status s = RequireF32("reduce", x); !s.ok()) return s;
-  if (x.dims().size() != out.dims().size())
-    return absl::InvalidArgumentError("reduce: output rank differs");
+  bool fits = x.dims().size() == out.dims().size() && out.dtype() == v1::DTYPE_F32;
+  for (size_t d = 0; fits && d < x.dims().size(); ++d)
+    fits = out.dims()[d] == x.dims()[d] || out.dims()[d] == 1;
+  if (!fits) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reduce ", fn, ": output ", DTypeName(out.dtype()), DimsToString(out.dims()), " for input ",
+        DimsToString(x.dims()), "; expected f32 of its rank, each dim its own or 1"));
+  }
   if (x.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
   // Only dims of size 1 reduced (oneDNN's reduction refuses that): a copy, whatever the fn.
   if (x.dims() == out.dims()) return CreateConvert(x, out);
+  if (extreme) return CreateExtremeReduce(fn == "max", x, out);
   // A sum or mean over leading dims (a bias gradient, a batch mean) runs as a GEMM.
   size_t lead = 0;
   while (lead < x.dims().size() && out.dims()[lead] == 1) ++lead;

@@ -80,11 +80,13 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, c
                                                         bool from_output = false);
 
 // out = fn(a, b) element-wise, out shaped like a; b has a's rank with each dim equal or 1 (numpy
-// broadcasting). f32: add sub mul div max min and the comparisons eq ne lt le gt ge (1 or 0) on
-// oneDNN's binary primitive, pow and nextafter as loops (CreateLoopBinary). i32 and u32: the
-// integer fns of CreateLoopBinary.
-// The binary fns computed by a loop rather than oneDNN: for f32, pow and nextafter (std::pow and
-// std::nextafter, as jax.lax.pow and jax.lax.nextafter); for i32 and u32 (a, b and out one
+// broadcasting). f32: add sub mul div and the comparisons eq ne lt le gt ge (1 or 0) on
+// oneDNN's binary primitive; pow nextafter rem max min as loops (CreateLoopBinary). i32 and u32:
+// the integer fns of CreateLoopBinary.
+// The binary fns computed by a loop rather than oneDNN: for f32, pow, nextafter and rem
+// (std::pow, std::nextafter and std::fmod, as jax.lax.pow, nextafter and rem) and max / min
+// (NaN-propagating as jax.lax.max / min, core/float_ops.h, where oneDNN's binary_max drops a
+// NaN); for i32 and u32 (a, b and out one
 // dtype), add sub mul (wrapping modulo 2^32), max min, and or xor, shift_left
 // shift_right_logical shift_right_arithmetic (jax.lax's: a shift by 32 or more gives 0, or -1
 // for an arithmetic shift of a negative). Errors: InvalidArgument naming the fn or dtypes.
@@ -97,11 +99,16 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateLoopBinary(const std::string& fn, 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, const Tensor& a,
                                                      const Tensor& b, Tensor& out);
 
-// out = fn of x over the dims where out has size 1 (oneDNN reduction), f32, same rank.
-// fn: sum mean max min.
+// out = fn of x over the dims where out has size 1, f32, same rank. fn: sum mean (oneDNN's
+// reduction) max min (CreateExtremeReduce).
 // y = the cumulative fn (sum, prod, max or min) of x along `dim`, from its end when `reverse`
 // (jax.lax.cumsum / cumprod / cummax / cummin), f32, one shape. A loop (oneDNN has no scan).
 // Errors: InvalidArgument naming an unknown fn, a dtype, shape or dim.
+// out = the max (max) or min of x over the dims where out has size 1, NaN-propagating as XLA's
+// reduce_max / reduce_min (core/float_ops.h; oneDNN's reduction drops NaN). REQUIRES: f32, one
+// rank, each out dim equal to x's or 1, x not empty (CreateReduce checks).
+std::unique_ptr<Kernel> CreateExtremeReduce(bool max, const Tensor& x, Tensor& out);
+
 absl::StatusOr<std::unique_ptr<Kernel>> CreateCumulative(const std::string& fn, int64_t dim,
                                                          bool reverse, const Tensor& x, Tensor& y);
 

@@ -1,0 +1,31 @@
+// f32 max and min with XLA's semantics, which jax.lax.max / jnp.maximum, reduce_max, pmax,
+// cummax and jax.nn.relu inherit: NaN when either operand is NaN, and max(-0, +0) = +0,
+// min(-0, +0) = -0 whichever side each zero is on. std::max, `a > b ? a : b` and the x86 max
+// instruction differ: they return one operand when the other is NaN, so a NaN (a diverged loss,
+// an overflowed activation) would silently vanish. Header-only; pure functions (thread-safe).
+#ifndef MESHRUN_CORE_FLOAT_OPS_H_
+#define MESHRUN_CORE_FLOAT_OPS_H_
+
+#include <cstdint>
+
+#include "absl/base/casts.h"
+
+namespace meshrun {
+
+// lax.max on f32: NaN if a or b is NaN; of two equal values, the one with the sign bit clear.
+inline float NanPropagatingMax(float a, float b) {
+  if (a != a || a > b) return a;
+  if (b != b || b > a) return b;
+  return absl::bit_cast<float>(absl::bit_cast<uint32_t>(a) & absl::bit_cast<uint32_t>(b));
+}
+
+// lax.min on f32: NaN if a or b is NaN; of two equal values, the one with the sign bit set.
+inline float NanPropagatingMin(float a, float b) {
+  if (a != a || a < b) return a;
+  if (b != b || b < a) return b;
+  return absl::bit_cast<float>(absl::bit_cast<uint32_t>(a) | absl::bit_cast<uint32_t>(b));
+}
+
+}  // namespace meshrun
+
+#endif  // MESHRUN_CORE_FLOAT_OPS_H_
