@@ -47,12 +47,12 @@ SUPPORTED = {
     **{k: f"UNARY {v}" for k, v in _UNARY.items()},
     **{k: f"BINARY {v}" for k, v in _BINARY.items()},
     **{k: f"BINARY {v} (f32 1/0)" for k, v in _COMPARE.items()},
-    "integer_pow": "UNARY square / BINARY mul chains (div for negative powers)",
+    "integer_pow": "UNARY square / BINARY mul chains (div for negative powers; integers in their own wrapping mul)",
     "round": "UNARY round_away / round_even",
     "select_n": "SELECT (two cases)",
     "and": "mul (bool); BINARY and (integers)", "or": "max (bool); BINARY or (integers)",
     "not": "1 - x (bool); BINARY xor with all ones (integers)",
-    "dot_general": "DOT_GENERAL", "broadcast_in_dim": "BROADCAST_IN_DIM (layout propagated)",
+    "dot_general": "DOT_GENERAL (f32 / bf16; an integer product is refused)", "broadcast_in_dim": "BROADCAST_IN_DIM (layout propagated)",
     "reshape": "RESHAPE", "squeeze": "RESHAPE", "expand_dims": "RESHAPE",
     "transpose": "TRANSPOSE",
     "slice": "SLICE (a dim cut short is gathered); strides: a RESHAPE to [m, stride], its first column",
@@ -302,7 +302,7 @@ class Converter(_Regions, _Layout, _Random):
             v = self.binary(_COMPARE[name], ins[0], ins[1])
             return [_V(v.id, v.shape, np.bool_, F32)]
         if name == "integer_pow":
-            return [self._integer_pow(ins[0], int(p["y"]))]
+            return [self._integer_pow(ins[0], int(p["y"]), eqn)]
         if name == "round":  # lax.RoundingMethod: 0 away from zero, 1 to nearest even
             method = int(p.get("rounding_method", 0))
             return [self.unary("round_even" if method == 1 else "round_away", self.f32(ins[0]))]
@@ -328,18 +328,24 @@ class Converter(_Regions, _Layout, _Random):
                 v = self.binary("mul" if name == "and" else "max", ins[0], ins[1])
             return [_V(v.id, v.shape, np.bool_, F32)]
         if name == "dot_general":
-            return [self._dot(p, ins, out_dtype, out_shape)]
+            return [self._dot(p, ins, out_dtype, out_shape, eqn)]
         if name == "convert_element_type":
             return [self._convert(name, eqn, ins[0], np.dtype(p["new_dtype"]))]
         return None
 
-    def _integer_pow(self, x, y):
-        if x.store not in (F32, BF16):
+    def _integer_pow(self, x, y, eqn):
+        """x ** y by square-and-multiply; an int32 / uint32 x in its own wrapping integers."""
+        integral = _integer_store(x.dtype) is not None
+        if integral and y < 0:
+            self._unsupported("integer_pow", eqn, f"an integer raised to the negative power {y}")
+        if not integral and x.store not in (F32, BF16):
             x = self.f32(x)
         if y == 0:
-            return self.binary("add", self.binary("mul", x, self.scalar(0.0)), self.scalar(1.0))
+            zero, one = ((self.int_scalar(0, x.dtype), self.int_scalar(1, x.dtype)) if integral
+                         else (self.scalar(0.0), self.scalar(1.0)))
+            return self.binary("add", self.binary("mul", x, zero), one)
         n = abs(y)
-        if n == 2:
+        if n == 2 and not integral:
             acc = self.unary("square", x)
         else:  # square-and-multiply, as XLA expands integer_pow
             acc, base = None, x
@@ -373,8 +379,11 @@ class Converter(_Regions, _Layout, _Random):
         vid = self.emit(G.SELECT, [p, a, b])
         return _V(vid, shape, out_dtype, a.store)
 
-    def _dot(self, p, ins, out_dtype, out_shape):
+    def _dot(self, p, ins, out_dtype, out_shape, eqn):
         lhs, rhs = ins
+        if _integer_store(out_dtype) is not None:  # f32 GEMMs would round sums above 2**24
+            self._unsupported("dot_general", eqn, f"an integer ({np.dtype(out_dtype)}) product; meshrun's "
+                              "matmuls are f32 / bf16 (oneDNN): convert the operands to float32 first")
         (lc, rc), (lb, rb) = p["dimension_numbers"]
         if lhs.store not in (F32, BF16) or rhs.store not in (F32, BF16) or lhs.store != rhs.store:
             lhs, rhs = self.f32(lhs), self.f32(rhs)

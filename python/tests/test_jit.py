@@ -347,6 +347,24 @@ def test_integer_arithmetic_is_exact_and_floor_division_and_modulo_match_jax(clu
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
 
 
+def test_integer_powers_stay_integers_and_an_integer_dot_is_refused_by_name(cluster):
+    """i ** 3 on int32 wraps in int32 as XLA's does (before: an f32 result, rounded above
+    2**24); an integer dot_general, which f32 GEMMs would round, is refused with its line."""
+    i = np.array([3, -7, 1000, 2000, 46341, -2147483648, 0, 1], np.int32)
+
+    def powers(a):
+        return a ** 3, a ** 2, a ** 0, jnp.uint32(7) ** 5 + a.astype(jnp.uint32) ** 2
+
+    want = jax.jit(powers)(i)
+    got = cluster.jit(powers)(cluster.device_put(i, P("data")))
+    for k, (g, w) in enumerate(zip(got, want)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype, (k, g.dtype, w.dtype)
+        np.testing.assert_array_equal(g, w, err_msg=f"result {k}")
+    with pytest.raises(meshrun.errors.UnsupportedPrimitiveError, match=r"dot_general.*test_jit.py:\d+.*integer \(int32\) product"):
+        cluster.jit(lambda a: a.reshape(2, 4) @ a.reshape(4, 2))(i)
+
+
 def test_a_nan_survives_relu_max_min_argmax_and_pmax_as_under_jax(cluster):
     """lax.max / min keep a NaN whichever side it is on (XLA's semantics), so a diverged value is
     not hidden: relu, jnp.maximum / minimum, jnp.max / min over any axis, cummax, argmax and
