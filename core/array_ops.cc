@@ -112,6 +112,16 @@ void Transpose(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out) {
   Gather(x, strides, 0, out);
 }
 
+void Reverse(const Tensor& x, const std::vector<int64_t>& dims, Tensor& out) {
+  std::vector<int64_t> strides = Strides(x.dims());
+  int64_t base = 0;  // x's offset of out's first element: the last along each reversed dim
+  for (int64_t d : dims) {
+    base += (x.dims()[d] - 1) * strides[d];
+    strides[d] = -strides[d];
+  }
+  if (x.num_elements() > 0) Gather(x, strides, base, out);
+}
+
 void Concatenate(const std::vector<const Tensor*>& inputs, int64_t dim, Tensor& out) {
   const size_t elem = DTypeSize(out.dtype());
   int64_t outer = 1;

@@ -20,6 +20,10 @@ void Broadcast(const Tensor& x, Tensor& out);
 // out = jnp.transpose(x, perm). REQUIRES: out.dims()[i] == x.dims()[perm[i]].
 void Transpose(const Tensor& x, const std::vector<int64_t>& perm, Tensor& out);
 
+// out = jax.lax.rev(x, dims): x with each dim in `dims` reversed (any dtype). REQUIRES: out has
+// x's dims and dtype; each of `dims` a dim of x.
+void Reverse(const Tensor& x, const std::vector<int64_t>& dims, Tensor& out);
+
 // out = jnp.concatenate(inputs, axis=dim). REQUIRES: shapes agree except on dim.
 void Concatenate(const std::vector<const Tensor*>& inputs, int64_t dim, Tensor& out);
 

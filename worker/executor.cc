@@ -494,6 +494,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::Compile(const v1::Op& op) {
     case v1::OP_DYNAMIC_SLICE_ND:
     case v1::OP_DYNAMIC_UPDATE_SLICE:
     case v1::OP_CUMULATIVE:
+    case v1::OP_REVERSE:
     case v1::OP_SORT:
       return CompileGeneral(op, in, out);
     case v1::OP_THREEFRY2X32:

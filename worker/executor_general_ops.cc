@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/array_ops.h"
 #include "core/collectives/permute.h"
 #include "core/sharding/named_sharding.h"
@@ -422,6 +423,24 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileGeneral(const v1::Op& op,
                           op.sort_keys(), op.sort_result(), *out[0]);
       if (!k.ok()) return k.status();
       return FromKernel(std::move(k));
+    }
+    case v1::OP_REVERSE: {
+      if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;
+      const Tensor* x = in[0];
+      Tensor* y = out[0];
+      std::vector<int64_t> dims(op.dims().begin(), op.dims().end());
+      bool ok = y->dims() == x->dims() && y->dtype() == x->dtype();
+      for (int64_t d : dims) ok = ok && d >= 0 && d < static_cast<int64_t>(x->dims().size());
+      if (!ok) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rev of dims (", absl::StrJoin(dims, ", "), ") of ", DTypeName(x->dtype()),
+            DimsToString(x->dims()), " into ", DTypeName(y->dtype()), DimsToString(y->dims()),
+            "; expected dims of x and an output of x's dtype and shape"));
+      }
+      return CompiledOp([x, y, dims](const RunContext&) {
+        Reverse(*x, dims, *y);
+        return absl::OkStatus();
+      });
     }
     case v1::OP_CUMULATIVE: {
       if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;

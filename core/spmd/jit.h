@@ -157,6 +157,9 @@ class JitBuilder {
   // end when `reverse`: `dim` is gathered, the others keep their layout. Not differentiated by
   // Grad (a jaxpr carries its transpose, a reverse cumsum).
   Value Cumulative(Value x, const std::string& fn, int64_t dim, bool reverse);
+  // jax.lax.rev(x, dims) (jnp.flip, x[::-1]): the reversed dims are gathered, the others keep
+  // their layout. Not differentiated by Grad (a jaxpr carries its transpose, another rev).
+  Value Reverse(Value x, const std::vector<int64_t>& dims);
   // Operand `result` of jax.lax.sort(operands, dimension=dim, is_stable=True, num_keys):
   // operands of one global shape (f32, i32, u32), the sorted dim gathered, the others laid out
   // as the first operand's. Not differentiable (a jaxpr carries its transpose).

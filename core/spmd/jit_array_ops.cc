@@ -241,6 +241,26 @@ JitBuilder::Value JitBuilder::Cumulative(Value x, const std::string& fn, int64_t
   return Push(std::move(s), Node(Node::kConstant));
 }
 
+JitBuilder::Value JitBuilder::Reverse(Value x, const std::vector<int64_t>& dims) {
+  Scope rec(this, v1::GlobalOp::REVERSE);
+  rec.Operands({x});
+  if (rec.op != nullptr)
+    for (int64_t d : dims) rec.op->add_dims(d);
+  if (!Valid(x)) return {};
+  const State& sx = values_[x.id];
+  std::vector<PartitionSpec::Entry> entries = sx.spec.Padded(sx.global.size());
+  for (int64_t d : dims) {
+    if (!Check(d >= 0 && d < static_cast<int64_t>(sx.global.size()),
+               absl::StrCat("rev of dim ", d, " of (", absl::StrJoin(sx.global, ", "), ")")))
+      return {};
+    entries[d].clear();  // a reversed dim whole on each device
+  }
+  State s = Resolve(sx, PartitionSpec(entries), "rev");
+  s.local = sm_.Reverse(s.local, dims);
+  s.spec = PartitionSpec(entries);
+  return Push(std::move(s), Node(Node::kConstant));
+}
+
 JitBuilder::Value JitBuilder::Sort(const std::vector<Value>& operands, int64_t dim, int num_keys,
                                    int result) {
   Scope rec(this, v1::GlobalOp::SORT);

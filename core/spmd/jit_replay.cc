@@ -85,6 +85,10 @@ absl::StatusOr<std::unique_ptr<JitBuilder>> JitBuilder::FromGlobalProgram(
           arity =
               absl::InvalidArgumentError(absl::StrCat(where, ": dims (num_keys, result) unset"));
         break;
+      case v1::GlobalOp::REVERSE:
+        if (arity = need(1); arity.ok())
+          jit->Reverse(in[0], std::vector<int64_t>(op.dims().begin(), op.dims().end()));
+        break;
       case v1::GlobalOp::CUMULATIVE:
         if (arity = need(1); arity.ok())
           jit->Cumulative(in[0], op.fn(), op.index(), op.value() != 0.0f);

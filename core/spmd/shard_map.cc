@@ -405,6 +405,18 @@ ShardMapBuilder::Value ShardMapBuilder::Sort(const std::vector<Value>& operands,
   return Add(std::move(op), dtype(operands[result]), shape(operands[0]));
 }
 
+ShardMapBuilder::Value ShardMapBuilder::Reverse(Value x, const std::vector<int64_t>& dims) {
+  if (!Valid(x)) return {};
+  for (int64_t d : dims) {
+    if (!Check(d >= 0 && d < static_cast<int64_t>(shape(x).size()),
+               absl::StrCat("rev of dim ", d, " of ", DimsToString(shape(x)))))
+      return {};
+  }
+  v1::Op op = MakeOp(v1::OP_REVERSE, {Name(x)});
+  for (int64_t d : dims) op.add_dims(d);
+  return Add(std::move(op), dtype(x), shape(x));
+}
+
 ShardMapBuilder::Value ShardMapBuilder::BitcastConvert(Value x, DType dtype) {
   if (!Valid(x)) return {};
   if (!Check(DTypeSize(dtype) == DTypeSize(this->dtype(x)) && DTypeSize(dtype) == 4,

@@ -104,6 +104,8 @@ class ShardMapBuilder {
   // Operand `result` of jax.lax.sort(operands, dimension=dim, num_keys) (stable): operands of
   // one shape, f32, i32 or u32.
   Value Sort(const std::vector<Value>& operands, int64_t dim, int num_keys, int result);
+  // jax.lax.rev(x, dims): each dim in `dims` reversed; any dtype.
+  Value Reverse(Value x, const std::vector<int64_t>& dims);
   // lax.broadcasted_iota(dtype, dims, dim).
   Value Iota(DType dtype, const Dims& dims, int64_t dim);
   // jax.random.bits(key, dims) as u32, under jax_threefry_partitionable=False.

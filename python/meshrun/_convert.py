@@ -65,6 +65,7 @@ SUPPORTED = {
     "pad": "SLICE / CONCATENATE with the padding value; interior: interleaved by CONCATENATE and RESHAPE",
     "split": "SLICEs",
     **{k: f"CUMULATIVE {k[3:]} (the dim gathered)" for k in ("cumsum", "cumprod", "cummax", "cummin")},
+    "rev": "REVERSE (jnp.flip, x[::-1]; the reversed dims gathered)",
     "sort": "SORT per result (stable; the sorted dim gathered)",
     "top_k": "SORT of -x with an IOTA, SLICEd to k (the last axis)",
     "cond": "every branch inlined, SELECTs by the index (lax.cond, lax.switch)",
@@ -319,13 +320,13 @@ class Converter(_Regions, _Layout, _Random):
             return [self.binary("min", self.binary("max", x, lo), hi, out_dtype)]
         if name == "select_n":
             return [self._select(name, eqn, ins, out_dtype)]
-        if name in ("and", "or", "not"):
+        if name in ("and", "or", "xor", "not"):  # bools held as f32 1 / 0
             if not all(_is_bool(v.dtype) for v in ins):
                 self._unsupported(name, eqn, "bitwise integer ops")
             if name == "not":
                 v = self.binary("sub", self.scalar(1.0), ins[0])
             else:
-                v = self.binary("mul" if name == "and" else "max", ins[0], ins[1])
+                v = self.binary({"and": "mul", "or": "max", "xor": "ne"}[name], ins[0], ins[1])
             return [_V(v.id, v.shape, np.bool_, F32)]
         if name == "dot_general":
             return [self._dot(p, ins, out_dtype, out_shape, eqn)]

@@ -101,6 +101,12 @@ class _Layout:
                 outs.append(part)
             outs[0] = _V(self.unary("neg", outs[0]).id, outs[0].shape, out_dtype, F32)
             return outs
+        if name == "rev":
+            (x,) = ins
+            if not p["dimensions"]:
+                return [x]
+            vid = self.emit(G.REVERSE, [x], dims=[int(d) for d in p["dimensions"]])
+            return [_V(vid, x.shape, x.dtype, x.store)]
         if name in ("cumsum", "cumprod", "cummax", "cummin"):
             (x,) = ins
             if x.store not in (F32, BF16):

@@ -36,7 +36,7 @@ SUPPORTED_RANDOM = {
     "threefry2x32": "THREEFRY2X32 (one op per output word)",
     "bitcast_convert_type": "BITCAST_CONVERT (f32, i32, u32)",
     "shift_left": "BINARY (integers)", "shift_right_logical": "BINARY (integers)",
-    "shift_right_arithmetic": "BINARY (integers)", "xor": "BINARY (integers)",
+    "shift_right_arithmetic": "BINARY (integers)", "xor": "ne (bool); BINARY xor (integers)",
     "nextafter": "BINARY nextafter", "erf_inv": "UNARY erf_inv (XLA's polynomial)",
 }
 

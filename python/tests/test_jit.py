@@ -365,6 +365,34 @@ def test_integer_powers_stay_integers_and_an_integer_dot_is_refused_by_name(clus
         cluster.jit(lambda a: a.reshape(2, 4) @ a.reshape(4, 2))(i)
 
 
+def test_flips_reversed_scans_and_their_gradients_match_jax_bit_for_bit(cluster):
+    """jax.lax.rev (jnp.flip, x[::-1], cumsum(reverse=True)'s transpose, a bidirectional
+    scan's input) over sharded and unsharded dims, f32, int32 and bf16; and bool xor."""
+    x = np.random.default_rng(5).normal(size=(8, 12)).astype(np.float32)
+    x[0, 0] = -0.0
+    i = np.arange(96, dtype=np.int32).reshape(8, 12) * 1000003
+
+    def f(a, n):
+        b = a.astype(jnp.bfloat16)
+        return (jnp.flip(a), a[::-1], a[:, ::-1], jnp.flip(n, axis=1), jnp.flip(b, axis=0),
+                jnp.cumsum(a[:, ::-1], axis=1), jnp.logical_xor(a > 0, n % 3 == 0))
+
+    def loss(a):  # rev and a reverse cumsum inside the gradient
+        return jnp.sum(jax.lax.cumsum(jnp.flip(a, axis=0), axis=0, reverse=True) ** 2)
+
+    want = jax.jit(f)(x, i) + (jax.jit(jax.grad(loss))(x),)
+    for spec in (P(), P("data", "model"), P("model", None)):
+        xs, ns = cluster.device_put(x, spec), cluster.device_put(i, spec)
+        got = cluster.jit(f)(xs, ns) + (cluster.jit(jax.grad(loss))(xs),)
+        for k, (g, w) in enumerate(zip(got, want)):
+            g, w = np.asarray(g), np.asarray(w)
+            assert g.dtype == w.dtype, (k, spec, g.dtype, w.dtype)
+            if k < 5:  # moves only: every bit, -0.0 included
+                np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8), err_msg=f"result {k}, {spec}")
+            else:
+                np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"result {k}, {spec}")
+
+
 def test_a_nan_survives_relu_max_min_argmax_and_pmax_as_under_jax(cluster):
     """lax.max / min keep a NaN whichever side it is on (XLA's semantics), so a diverged value is
     not hidden: relu, jnp.maximum / minimum, jnp.max / min over any axis, cummax, argmax and

@@ -54,6 +54,30 @@ TEST(ArrayOpsTest, TransposeMatchesTheReferenceForEveryPermutation) {
   }
 }
 
+// jax.lax.rev over every subset of a 3-D array's dims, in f32, bf16 and u8 (4-, 2- and 1-byte
+// elements): out[c] = x[c with each reversed coordinate k replaced by size - 1 - k].
+TEST(ArrayOpsTest, ReverseMatchesTheReferenceForEverySetOfDims) {
+  for (DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_U8}) {
+    const Dims dims = {3, 1, 7};
+    const Tensor x = Iota(dtype, dims);
+    for (int mask = 0; mask < 8; ++mask) {
+      std::vector<int64_t> rev;
+      for (int64_t d = 0; d < 3; ++d)
+        if (mask & (1 << d)) rev.push_back(d);
+      Tensor out(dtype, dims);
+      Reverse(x, rev, out);
+      for (int64_t i = 0; i < out.num_elements(); ++i) {
+        std::vector<int64_t> c = Coords(i, dims);
+        for (int64_t d : rev) c[d] = dims[d] - 1 - c[d];
+        ASSERT_EQ(GetAsDouble(out, i), GetAsDouble(x, Flat(c, dims)))
+            << "mask " << mask << " element " << i;
+      }
+    }
+  }
+  Tensor empty(v1::DTYPE_F32, {0, 4}), out(v1::DTYPE_F32, {0, 4});
+  Reverse(empty, {0, 1}, out);  // nothing to move, nothing read
+}
+
 // dynamic_update_slice's copy: the block at `starts` is the update's, the rest x's, in f32 and
 // bf16 (4- and 2-byte elements), and for a scalar.
 TEST(ArrayOpsTest, UpdateSliceWritesTheBlockAndKeepsTheRest) {
