@@ -14,6 +14,7 @@ xor, not, shifts, bitcast_convert_type) and JAX's PRNG keys and bits stay intege
 import numpy as np
 
 from meshrun import _sharding, errors
+from meshrun._convert_indexing import _Indexing
 from meshrun._convert_layout import _Layout
 from meshrun._convert_random import SUPPORTED_RANDOM, _Random, aval_of, backward_hints
 from meshrun._convert_regions import _CALLS, _MANUAL, _Regions
@@ -74,7 +75,12 @@ SUPPORTED = {
     "dynamic_update_slice": "DYNAMIC_UPDATE_SLICE (starts clamped; dims not covered whole gathered)",
     "gather": "one-hot SELECT and REDUCE sum, or a one-hot DOT_GENERAL for rows (take_along_axis, "
               "jnp.take of rows for ids of any shape as nn.Embed, one index)",
-    "scatter-add": "the transposes of those gathers",
+    "scatter-add": "the transposes of those gathers; or as scatter's window form",
+    "scatter": "one window at one index vector (x.at[i, j].set(v), x.at[i, 2:5].set(v)): DYNAMIC_UPDATE_SLICE, "
+               "the operand kept where the window is out of bounds (FILL_OR_DROP)",
+    **{k: f"as scatter's window form, the window's values {k[8:]}-combined first (DYNAMIC_SLICE)"
+       for k in ("scatter-mul", "scatter-min", "scatter-max")},
+    "tile": "BROADCAST_IN_DIM to [r0, n0, r1, n1, ...], RESHAPE",
     "shard_map": "SHARD_MAP_ENTER, the body per device, SHARD_MAP_EXIT",
     **{k: f"MANUAL_COLLECTIVE {v} (in a shard_map body)" for k, v in _MANUAL.items()},
     "axis_index": "AXIS_INDEX (in a shard_map body)",
@@ -86,7 +92,7 @@ SUPPORTED = {
 }
 
 
-class Converter(_Regions, _Layout, _Random):
+class Converter(_Regions, _Layout, _Indexing, _Random):
     """Converts one closed jaxpr. Not thread-safe; one per program."""
 
     def __init__(self, mesh):
@@ -207,6 +213,8 @@ class Converter(_Regions, _Layout, _Random):
 
     def const(self, value):
         x = np.asarray(value)
+        if x.ndim == 0 and _integer_store(x.dtype) is not None and abs(int(x)) > 2**24:
+            return self.int_scalar(int(x), x.dtype)  # as itself: f32 would round it
         if x.ndim == 0:
             v = self.scalar(x)
             return _V(v.id, (), x.dtype if x.dtype != np.float64 else np.float32, F32)
@@ -284,6 +292,8 @@ class Converter(_Regions, _Layout, _Random):
             outs = self._elementwise_equation(name, p, ins, out_dtype, out_shape, eqn)
         if outs is None:
             outs = self._layout_equation(name, p, ins, out_dtype, out_shape, eqn)
+        if outs is None:
+            outs = self._indexing_equation(name, p, ins, out_dtype, out_shape, eqn)
         if outs is None:
             self._unsupported(name, eqn)
         return outs

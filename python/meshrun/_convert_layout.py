@@ -1,6 +1,6 @@
-"""Layout and indexing primitives in meshrun._convert: broadcasts, reshapes, slices, pads,
-concatenations, transposes, reductions, iota, sharding constraints, argmax, and gathers and
-scatter-adds as one-hot selections."""
+"""Layout primitives in meshrun._convert: broadcasts, reshapes, slices, pads, tiles, reversals,
+concatenations, transposes, reductions, iota, sharding constraints and argmax (gathers and
+scatters: meshrun._convert_indexing)."""
 import numpy as np
 
 from meshrun import _sharding
@@ -41,10 +41,14 @@ class _Layout:
             parts = [self._reshape(v, v.shape[:axis] + (1,) + v.shape[axis:]) for v in ins]
             v = parts[0] if len(parts) == 1 else self._joined(parts, axis)
             return [_V(v.id, out_shape, out_dtype, v.store)]
-        if name == "gather":
-            return [self._gather(name, eqn, p, ins, out_dtype, out_shape)]
-        if name == "scatter-add":
-            return [self._scatter_add(name, eqn, p, ins, out_dtype)]
+        if name == "tile":  # [n0, n1] broadcast to [r0, n0, r1, n1], then merged to [r0 n0, r1 n1]
+            (x,) = ins
+            reps = tuple(int(r) for r in p["reps"])
+            if len(reps) != len(x.shape):
+                self._unsupported(name, eqn, f"reps {reps} for a rank-{len(x.shape)} operand")
+            big = [v for pair in zip(reps, x.shape) for v in pair]
+            vid = self.emit(G.BROADCAST_IN_DIM, [x], shape=big, dims=[2 * i + 1 for i in range(len(reps))])
+            return [self._reshape(_V(vid, tuple(big), x.dtype, x.store), out_shape)]
         if name == "split":  # lax.split: consecutive slices along `axis`
             (x,) = ins
             axis, outs, start = int(p["axis"]), [], 0
@@ -190,114 +194,11 @@ class _Layout:
         v = self.unary("neg", best)
         return _V(v.id, out_shape, out_dtype, F32)
 
-    # Gathers and their transposes along one indexed axis, as one-hot selections (exact; an index
-    # out of range selects nothing, where JAX's FILL_OR_DROP mode fills NaN):
-    #   take_along_axis  operand [B..., C], indices [B..., J, 1], batching dims B... -> [B..., J]
-    #                    (the batch dims flattened into one: optax's integer-label cross-entropy
-    #                    over [batch, time, vocab] logits)
-    #   jnp.take rows    operand [V, D], indices [..., 1] -> [..., D] (a one-hot matmul; nn.Embed)
-    #   one index        operand [..], indices [1] -> the operand without the indexed axis
-
-    def _index_form(self, name, eqn, operand_shape, idx, indexed, batch_op, batch_ix, window):
-        k = indexed
-        r = len(operand_shape)
-        if idx.shape[-1:] != (1,):
-            self._unsupported(name, eqn, "indices whose last dim is not 1")
-        lead = tuple(range(r - 1))
-        if r >= 2 and batch_op == lead and batch_ix == lead and k == r - 1 and len(idx.shape) == r + 1:
-            return "along"
-        if not batch_op and not batch_ix and r == 2 and k == 0 and len(idx.shape) >= 2 and \
-                window == (len(idx.shape) - 1,):
-            return "rows"
-        if not batch_op and not batch_ix and idx.shape == (1,):
-            return "one"
-        self._unsupported(name, eqn, "this gather / scatter form (supported: take_along_axis, jnp.take "
-                                     "of rows, a single index)")
-
-    def _iota(self, shape, dim):
-        vid = self.emit(G.IOTA, dtype=F32, shape=list(shape), index=dim, spec=common_pb2.PartitionSpec())
-        return _V(vid, shape, np.float32, F32)
-
-    def _mask(self, shape, dim, idx, idx_dims):
-        """(iota along `dim` of `shape`) == idx broadcast from its dims `idx_dims` (f32 1 / 0)."""
-        i = self.f32(idx)
-        ib = _V(self.emit(G.BROADCAST_IN_DIM, [i], shape=list(shape), dims=list(idx_dims)), shape, np.float32, F32)
-        return self.binary("eq", self._iota(shape, dim), ib)
-
     def _reshape(self, x, shape):
         shape = tuple(shape)
         if x.shape == shape:
             return x
         return _V(self.emit(G.RESHAPE, [x], shape=list(shape)), shape, x.dtype, x.store)
-
-    def _pick(self, pred, on_false, on_true, dtype):
-        return _V(self.emit(G.SELECT, [pred, on_false, on_true]), pred.shape, dtype, F32)
-
-    def _gather(self, name, eqn, p, ins, out_dtype, out_shape):
-        op, idx = ins
-        dn = p["dimension_numbers"]
-        if len(dn.start_index_map) != 1 or tuple(dn.collapsed_slice_dims) != tuple(dn.start_index_map):
-            self._unsupported(name, eqn, "more than one indexed axis")
-        k = dn.start_index_map[0]
-        ones = {k, *dn.operand_batching_dims}
-        if any(p["slice_sizes"][d] != (1 if d in ones else op.shape[d]) for d in range(len(op.shape))):
-            self._unsupported(name, eqn, "windows smaller than the operand")
-        form = self._index_form(name, eqn, op.shape, idx, k, tuple(dn.operand_batching_dims),
-                                tuple(dn.start_indices_batching_dims), tuple(dn.offset_dims))
-        x = self.f32(op)
-        zero = self.scalar(0.0)
-        if form == "along":  # out[b, j] = op[b, idx[b, j]], over the batch dims flattened
-            b, c, j = int(np.prod(op.shape[:-1])), op.shape[-1], idx.shape[-2]
-            mask = self._mask((b, j, c), 2, self._reshape(idx, (b, j)), (0, 1))
-            xb = _V(self.emit(G.BROADCAST_IN_DIM, [self._reshape(x, (b, c))], shape=[b, j, c], dims=[0, 2]),
-                    (b, j, c), np.float32, F32)
-            picked = self._pick(mask, zero, xb, np.float32)
-            v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[2]), (b, j), np.float32, F32)
-        elif form == "rows":  # out[n, :] = op[idx[n], :]: one_hot(idx) @ op, over idx flattened
-            (vocab, depth), n = op.shape, int(np.prod(idx.shape[:-1]))
-            onehot = self._mask((n, vocab), 1, self._reshape(idx, (n,)), (0,))
-            vid = self.emit(G.DOT_GENERAL, [onehot, x], lhs_contracting=[1], rhs_contracting=[0])
-            v = _V(vid, (n, depth), np.float32, F32)
-        else:  # out = op[..., idx, ...]
-            mask = self._mask(op.shape, k, self._reshape(idx, ()), ())
-            picked = self._pick(mask, zero, x, np.float32)
-            v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[k]), tuple(d for i, d in enumerate(op.shape) if i != k),
-                   np.float32, F32)
-        v = self._reshape(v, out_shape)
-        return _V(v.id, out_shape, out_dtype, F32) if op.store == F32 else self._convert("gather", eqn, v, out_dtype)
-
-    def _scatter_add(self, name, eqn, p, ins, out_dtype):
-        op, idx, upd = ins
-        dn = p["dimension_numbers"]
-        if len(dn.scatter_dims_to_operand_dims) != 1 or \
-                tuple(dn.inserted_window_dims) != tuple(dn.scatter_dims_to_operand_dims):
-            self._unsupported(name, eqn, "more than one indexed axis")
-        k = dn.scatter_dims_to_operand_dims[0]
-        form = self._index_form(name, eqn, op.shape, idx, k, tuple(dn.operand_batching_dims),
-                                tuple(dn.scatter_indices_batching_dims), tuple(dn.update_window_dims))
-        u = self.f32(upd)
-        zero = self.scalar(0.0)
-        if form == "along":  # out[b, c] = op[b, c] + sum_j [idx[b, j] == c] upd[b, j], batch dims flat
-            b, c, j = int(np.prod(op.shape[:-1])), op.shape[-1], idx.shape[-2]
-            mask = self._mask((b, j, c), 2, self._reshape(idx, (b, j)), (0, 1))
-            ub = _V(self.emit(G.BROADCAST_IN_DIM, [self._reshape(u, (b, j))], shape=[b, j, c], dims=[0, 1]),
-                    (b, j, c), np.float32, F32)
-            spread = self._pick(mask, zero, ub, np.float32)
-            add = self._reshape(_V(self.emit(G.REDUCE, [spread], fn="sum", dims=[1]), (b, c), np.float32, F32),
-                                op.shape)
-        elif form == "rows":  # out = op + one_hot(idx)^T @ upd, over idx and upd's rows flattened
-            (vocab, depth), n = op.shape, int(np.prod(idx.shape[:-1]))
-            onehot = self._mask((n, vocab), 1, self._reshape(idx, (n,)), (0,))
-            vid = self.emit(G.DOT_GENERAL, [onehot, self._reshape(u, (n, depth))], lhs_contracting=[0],
-                            rhs_contracting=[0])
-            add = _V(vid, op.shape, np.float32, F32)
-        else:
-            mask = self._mask(op.shape, k, self._reshape(idx, ()), ())
-            others = [d for d in range(len(op.shape)) if d != k]
-            ub = _V(self.emit(G.BROADCAST_IN_DIM, [u], shape=list(op.shape), dims=others), op.shape, np.float32, F32)
-            add = self._pick(mask, zero, ub, np.float32)
-        v = self.binary("add", self.f32(op), add)
-        return _V(v.id, op.shape, out_dtype, F32)
 
     def _reshaped(self, x, shape):
         return _V(self.emit(G.RESHAPE, [x], shape=list(shape)), tuple(shape), x.dtype, x.store)

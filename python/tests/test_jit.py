@@ -313,14 +313,14 @@ def test_an_argument_laid_out_otherwise_is_refused(cluster):
 
 def test_integer_arithmetic_is_exact_and_floor_division_and_modulo_match_jax(cluster):
     """int32 / uint32 arithmetic runs in integers (lax's wrapping, truncated div and rem, XLA's
-    results for a zero divisor and INT_MIN / -1), exact beyond f32's 2**24; `//` and `%` (rem and
-    its sign fix-up) on integers and floats."""
+    results for a zero divisor and INT_MIN / -1), exact beyond f32's 2**24, literals included;
+    `//` and `%` (rem and its sign fix-up) on integers and floats."""
 
     def f(i, j, x):
         u = i.astype(jnp.uint32)
         return (jax.lax.div(i, j), jax.lax.rem(i, j), i // 3, i % 5, 100 // (j + 7), 7 - i,
                 jnp.maximum(i, j) * 3 + 1, jax.lax.div(u, jnp.uint32(3)), u % jnp.uint32(10),
-                x % 3.0, x // 2.5, jnp.fmod(x, -1.5))
+                x % 3.0, x // 2.5, jnp.fmod(x, -1.5), i + 100000001, jnp.where(i > 0, i, -2000000001))
 
     i = np.array([7, -7, 7, 100000001, -9, 5, -2147483648, 2147483647], np.int32)
     j = np.array([2, 2, -3, 3, 4, 0, -1, 16777217], np.int32)
@@ -391,6 +391,32 @@ def test_flips_reversed_scans_and_their_gradients_match_jax_bit_for_bit(cluster)
                 np.testing.assert_array_equal(g.view(np.uint8), w.view(np.uint8), err_msg=f"result {k}, {spec}")
             else:
                 np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5, err_msg=f"result {k}, {spec}")
+
+
+def test_indexed_updates_at_set_add_multiply_min_max_and_tile_match_jax(cluster):
+    """x.at[...] updates of one window at one index (scatter, scatter-add / -mul / -min / -max):
+    constant, traced and negative indices, a slice window, an index out of bounds (the update
+    dropped, as jnp's default mode does), int32, a 3-D bf16 operand, inside a gradient; and
+    jnp.tile. Sharded and replicated operands, against jax.jit."""
+    x = np.random.default_rng(6).normal(size=(8, 16)).astype(np.float32)
+    n = np.arange(128, dtype=np.int32).reshape(8, 16) * 1000003
+    c = np.random.default_rng(7).normal(size=(4, 8, 6)).astype(np.float32)
+
+    def f(a, m, b, i):
+        return (a.at[0, 3].set(7.0), a.at[i].set(jnp.ones(16)), a.at[-1].set(2.0), a.at[i, 2:5].add(1.0),
+                a.at[i + 10].add(1.0), a.at[i + 100, 3].set(5.0), a.at[i, 4].multiply(3.0), a.at[2].max(0.0),
+                a.at[:, 5].min(0.0), m.at[i, 1].set(100000001), m.at[i - 9].add(1),
+                jax.lax.dynamic_update_slice(b, jnp.ones((1, 3, 1)), (1, i, 2)).astype(jnp.bfloat16).at[1, 2:5, i].add(0.5), jnp.tile(a, (2, 3)), jnp.tile(m[0], (3,)),
+                jax.grad(lambda v: jnp.sum(v.at[i, 2:5].set(0.5) ** 2 + v.at[i].add(v[0]) ** 2))(a))
+
+    i = np.int32(3)
+    want = jax.jit(f)(x, n, c, i)
+    for spec in (P(), P("data", "model")):
+        got = cluster.jit(f)(cluster.device_put(x, spec), cluster.device_put(n, spec), c, i)
+        for k, (g, w) in enumerate(zip(got, want)):
+            g, w = np.asarray(g), np.asarray(w)
+            assert g.dtype == w.dtype, (k, spec, g.dtype, w.dtype)
+            np.testing.assert_array_equal(g, w, err_msg=f"result {k}, {spec}")
 
 
 def test_a_nan_survives_relu_max_min_argmax_and_pmax_as_under_jax(cluster):
