@@ -1,7 +1,9 @@
 #include "core/array_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "core/collectives/reduce_kernels.h"
 
@@ -83,6 +85,23 @@ void Gather(const Tensor& x, const std::vector<int64_t>& strides, int64_t base, 
       return StridedCopy<8>(src, strides, base, out.dims(), dst);
     default:
       return StridedCopy<1>(src, strides, base, out.dims(), dst);
+  }
+}
+
+// out = x (f32 or bf16) converted to the integer T as XLA converts: truncated toward zero,
+// saturated at T's range, NaN to 0 (a C++ cast of an out-of-range value is undefined; x86 gives
+// INT_MIN).
+template <typename T>
+void SaturatingConvert(const Tensor& x, Tensor& out) {
+  constexpr double kLow = static_cast<double>(std::numeric_limits<T>::lowest());
+  constexpr double kHigh = static_cast<double>(std::numeric_limits<T>::max());
+  T* dst = out.data<T>();
+  for (int64_t i = 0, n = x.num_elements(); i < n; ++i) {
+    const double v = GetAsDouble(x, i);
+    dst[i] = std::isnan(v) ? T(0)
+             : v <= kLow   ? std::numeric_limits<T>::lowest()
+             : v >= kHigh  ? std::numeric_limits<T>::max()
+                           : static_cast<T>(v);
   }
 }
 
@@ -218,6 +237,10 @@ void Convert(const Tensor& x, Tensor& out) {
     for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(src[i]);
     return;
   }
+  const bool from_float = x.dtype() == v1::DTYPE_F32 || x.dtype() == v1::DTYPE_BF16;
+  if (from_float && out.dtype() == v1::DTYPE_I32) return SaturatingConvert<int32_t>(x, out);
+  if (from_float && out.dtype() == v1::DTYPE_U32) return SaturatingConvert<uint32_t>(x, out);
+  if (from_float && out.dtype() == v1::DTYPE_U8) return SaturatingConvert<uint8_t>(x, out);
   for (int64_t i = 0; i < n; ++i) SetFromDouble(out, i, GetAsDouble(x, i));
 }
 

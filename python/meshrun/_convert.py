@@ -169,6 +169,13 @@ class Converter(_Regions, _Layout, _Indexing, _Random):
             a, b = self.broadcast(a, shape), self.broadcast(b, shape)
         out = dtype or a.dtype
         store = _integer_store(out) if fn in _INTEGER_ARITHMETIC else None
+        if fn in _COMPARE and _integer_store(a.dtype) is not None and np.dtype(a.dtype) == np.dtype(b.dtype):
+            # Integers compared as themselves (f32 would make 2**24 + 1 equal 2**24); the result
+            # is a bool held as f32 1 / 0, as every comparison's.
+            store = _integer_store(a.dtype)
+            a, b = self.integer(a, store, a.dtype), self.integer(b, store, b.dtype)
+            v = self.f32(_V(self.emit(G.BINARY, [a, b], fn=fn), a.shape or b.shape, a.dtype, store))
+            return _V(v.id, v.shape, np.bool_, F32)
         if store is not None:
             a, b = self.integer(a, store, out), self.integer(b, store, out)
             return _V(self.emit(G.BINARY, [a, b], fn=fn), a.shape or b.shape, np.dtype(out), store)
@@ -302,6 +309,10 @@ class Converter(_Regions, _Layout, _Indexing, _Random):
         """Arithmetic, comparisons, selects, dots and converts; None for another primitive."""
         if name in _IDENTITY:
             return ins
+        if name in ("neg", "abs") and _integer_store(out_dtype) is not None:  # wrapping, as XLA's
+            (x,) = ins
+            neg = self.binary("sub", self.int_scalar(0, out_dtype), x, out_dtype)
+            return [neg if name == "neg" else self.binary("max", x, neg, out_dtype)]
         if name in _UNARY:
             (x,) = ins
             if x.store not in (F32, BF16):

@@ -3,7 +3,7 @@ one-hot selections, and scatters of one window at one index vector (x.at[i, j].s
 x.at[i, 2:5].add(v)) as a dynamic update of that window."""
 import numpy as np
 
-from meshrun._ir import F32, G, _V
+from meshrun._ir import F32, G, I32, U32, _V
 from meshrun.v1 import common_pb2
 
 
@@ -72,15 +72,30 @@ class _Indexing:
             self._unsupported(name, eqn, "windows smaller than the operand")
         form = self._index_form(name, eqn, op.shape, idx, k, tuple(dn.operand_batching_dims),
                                 tuple(dn.start_indices_batching_dims), tuple(dn.offset_dims))
-        x = self.f32(op)
-        zero = self.scalar(0.0)
+        # An int32 / uint32 operand is picked and summed in its integers (f32 would round it).
+        integral = op.store in (I32, U32)
+        x = op if integral else self.f32(op)
+        vt, st = (op.dtype, op.store) if integral else (np.float32, F32)
+        zero = self.int_scalar(0, op.dtype) if integral else self.scalar(0.0)
+
+        def pick(mask, on_true):
+            if integral:
+                return self._select(name, eqn, [_V(mask.id, mask.shape, np.bool_, F32), zero, on_true], vt)
+            return self._pick(mask, zero, on_true, np.float32)
+
+        def spread(v, shape, dims):
+            return _V(self.emit(G.BROADCAST_IN_DIM, [v], shape=list(shape), dims=dims), tuple(shape), vt, st)
+
         if form == "along":  # out[b, j] = op[b, idx[b, j]], over the batch dims flattened
             b, c, j = int(np.prod(op.shape[:-1])), op.shape[-1], idx.shape[-2]
             mask = self._mask((b, j, c), 2, self._reshape(idx, (b, j)), (0, 1))
-            xb = _V(self.emit(G.BROADCAST_IN_DIM, [self._reshape(x, (b, c))], shape=[b, j, c], dims=[0, 2]),
-                    (b, j, c), np.float32, F32)
-            picked = self._pick(mask, zero, xb, np.float32)
-            v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[2]), (b, j), np.float32, F32)
+            picked = pick(mask, spread(self._reshape(x, (b, c)), (b, j, c), [0, 2]))
+            v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[2]), (b, j), vt, st)
+        elif form == "rows" and integral:  # out[n, :] = sum_v [idx[n] == v] op[v, :]
+            (vocab, depth), n = op.shape, int(np.prod(idx.shape[:-1]))
+            mask = self._mask((n, vocab, depth), 1, self._reshape(idx, (n,)), (0,))
+            picked = pick(mask, spread(x, (n, vocab, depth), [1, 2]))
+            v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[1]), (n, depth), vt, st)
         elif form == "rows":  # out[n, :] = op[idx[n], :]: one_hot(idx) @ op, over idx flattened
             (vocab, depth), n = op.shape, int(np.prod(idx.shape[:-1]))
             onehot = self._mask((n, vocab), 1, self._reshape(idx, (n,)), (0,))
@@ -88,11 +103,13 @@ class _Indexing:
             v = _V(vid, (n, depth), np.float32, F32)
         else:  # out = op[..., idx, ...]
             mask = self._mask(op.shape, k, self._reshape(idx, ()), ())
-            picked = self._pick(mask, zero, x, np.float32)
+            picked = pick(mask, x)
             v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[k]), tuple(d for i, d in enumerate(op.shape) if i != k),
-                   np.float32, F32)
+                   vt, st)
         v = self._reshape(v, out_shape)
-        return _V(v.id, out_shape, out_dtype, F32) if op.store == F32 else self._convert("gather", eqn, v, out_dtype)
+        if integral or op.store == F32:
+            return _V(v.id, out_shape, out_dtype, v.store)
+        return self._convert("gather", eqn, v, out_dtype)
 
     def _scatter_add(self, name, eqn, p, ins, out_dtype):
         op, idx, upd = ins

@@ -113,8 +113,8 @@ class _Layout:
             return [_V(vid, x.shape, x.dtype, x.store)]
         if name in ("cumsum", "cumprod", "cummax", "cummin"):
             (x,) = ins
-            if x.store not in (F32, BF16):
-                x = self.f32(x)
+            if x.store not in (F32, BF16) and not (x.store in (I32, U32) and x.dtype in (np.int32, np.uint32)):
+                x = self.f32(x)  # (int32 / uint32 scan in their integers)
             vid = self.emit(G.CUMULATIVE, [x], fn=name[3:], index=int(p["axis"]), value=1.0 if p.get("reverse") else 0.0)
             return [_V(vid, x.shape, out_dtype, x.store)]
         if name == "dynamic_slice":
@@ -149,6 +149,16 @@ class _Layout:
             axes = list(p["axes"])
             if not axes:
                 return [x]
+            if x.store in (I32, U32) and x.dtype in (np.int32, np.uint32):
+                # In the integers (a sum wraps; f32 would round above 2**24); min(x) = ~max(~x).
+                ones = self.int_scalar(-1 if x.dtype == np.int32 else 0xFFFFFFFF, x.dtype)
+                def flip(v):
+                    if name != "reduce_min":
+                        return v
+                    return _V(self.emit(G.BINARY, [v, ones], fn="xor"), v.shape, x.dtype, x.store)
+
+                vid = self.emit(G.REDUCE, [flip(x)], fn="sum" if name == "reduce_sum" else "max", dims=axes)
+                return [flip(_V(vid, out_shape, x.dtype, x.store))]
             if x.store not in (F32, BF16):
                 x = self.f32(x)
             if name == "reduce_min":

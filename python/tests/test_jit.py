@@ -419,6 +419,31 @@ def test_indexed_updates_at_set_add_multiply_min_max_and_tile_match_jax(cluster)
             np.testing.assert_array_equal(g, w, err_msg=f"result {k}, {spec}")
 
 
+def test_integers_beyond_float_precision_compare_reduce_scan_gather_and_convert_as_jax(cluster):
+    """int32 / uint32 values past 2**24 (and past 2**31 for uint32), where f32 would make
+    2**24 + 1 equal 2**24: comparisons, neg / abs (wrapping), sum (wrapping) / max / min over a
+    sharded dim (integer psum / pmax), cumsum, take_along_axis and jnp.take, and f32 -> int
+    conversions saturating as XLA's (NaN to 0)."""
+    a = np.array([[16777217, 16777216, -16777217, 2147483647, -2147483648, 100000001, 100000000, 3]] * 2,
+                 np.int32) + np.arange(2, dtype=np.int32)[:, None]
+    u = np.array([[4294967295, 4294967294, 2147483648, 2147483649, 16777217, 16777216, 0, 1]] * 2, np.uint32)
+    x = np.array([[np.nan, np.inf, -np.inf, 3e9, -3e9, 5e9, -1.0, 4.7]] * 2, np.float32)
+
+    def f(a, u, x):
+        return (a == 16777216, a < a[:, ::-1], u > u[:, ::-1], -a, jnp.abs(a), jnp.sum(a, axis=1),
+                jnp.sum(a[:, :2]), jnp.max(a, axis=1), jnp.min(a, axis=1), jnp.max(u, axis=1), jnp.min(u),
+                jnp.cumsum(a, axis=1), jnp.take_along_axis(a, jnp.argsort(a, axis=1), axis=1),
+                jnp.take(a, jnp.array([[1], [0]]), axis=0), x.astype(jnp.int32), x.astype(jnp.uint32))
+
+    want = jax.jit(f)(a, u, x)
+    for spec in (P(), P("data", "model")):
+        got = cluster.jit(f)(cluster.device_put(a, spec), cluster.device_put(u, spec), cluster.device_put(x, spec))
+        for k, (g, w) in enumerate(zip(got, want)):
+            g, w = np.asarray(g), np.asarray(w)
+            assert g.dtype == w.dtype, (k, spec, g.dtype, w.dtype)
+            np.testing.assert_array_equal(g, w, err_msg=f"result {k}, {spec}")
+
+
 def test_a_nan_survives_relu_max_min_argmax_and_pmax_as_under_jax(cluster):
     """lax.max / min keep a NaN whichever side it is on (XLA's semantics), so a diverged value is
     not hidden: relu, jnp.maximum / minimum, jnp.max / min over any axis, cummax, argmax and

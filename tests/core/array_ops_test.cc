@@ -4,6 +4,8 @@
 #include "core/array_ops.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "gtest/gtest.h"
@@ -80,6 +82,31 @@ TEST(ArrayOpsTest, ReverseMatchesTheReferenceForEverySetOfDims) {
 
 // dynamic_update_slice's copy: the block at `starts` is the update's, the rest x's, in f32 and
 // bf16 (4- and 2-byte elements), and for a scalar.
+// f32 -> i32 / u32 / u8 as XLA converts (jnp.astype): truncated toward zero, saturated at the
+// integer's range, NaN to 0 (a plain C++ cast is undefined there; x86 gives INT_MIN).
+TEST(ArrayOpsTest, FloatToIntegerConversionTruncatesAndSaturatesAsXla) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> in = {std::nanf(""), inf,   -inf, 3e9f,  -3e9f,
+                                 5e9f,          -1.0f, 4.7f, -4.7f, 300.0f};
+  Tensor x(v1::DTYPE_F32, {static_cast<int64_t>(in.size())});
+  std::copy(in.begin(), in.end(), x.data<float>());
+  Tensor i(v1::DTYPE_I32, x.dims()), u(v1::DTYPE_U32, x.dims()), b(v1::DTYPE_U8, x.dims());
+  Convert(x, i);
+  Convert(x, u);
+  Convert(x, b);
+  const int32_t kMax = std::numeric_limits<int32_t>::max(),
+                kMin = std::numeric_limits<int32_t>::min();
+  const std::vector<int32_t> want_i = {0, kMax, kMin, kMax, kMin, kMax, -1, 4, -4, 300};
+  const std::vector<uint32_t> want_u = {0,           4294967295u, 0, 3000000000u, 0,
+                                        4294967295u, 0,           4, 0,           300};
+  const std::vector<uint8_t> want_b = {0, 255, 0, 255, 0, 255, 0, 4, 0, 255};
+  for (size_t k = 0; k < in.size(); ++k) {
+    EXPECT_EQ(i.data<int32_t>()[k], want_i[k]) << in[k];
+    EXPECT_EQ(u.data<uint32_t>()[k], want_u[k]) << in[k];
+    EXPECT_EQ(b.data<uint8_t>()[k], want_b[k]) << in[k];
+  }
+}
+
 TEST(ArrayOpsTest, UpdateSliceWritesTheBlockAndKeepsTheRest) {
   const Dims dims = {4, 6, 5};
   for (DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {

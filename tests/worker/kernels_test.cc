@@ -1,7 +1,9 @@
 // Every kernel's backward against central finite differences of its forward.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <map>
 #include <random>
 #include <tuple>
 
@@ -337,6 +339,69 @@ TEST(FloatOpsTest, MaxAndMinPropagateNanAndOrderSignedZerosAsXla) {
   EXPECT_EQ(NanPropagatingMax(1.0f, -inf), 1.0f);
   EXPECT_EQ(NanPropagatingMin(-2.0f, 1.0f), -2.0f);
   EXPECT_EQ(NanPropagatingMin(inf, 1.0f), 1.0f);
+}
+
+// i32 / u32 comparisons and sum / max / min reductions in their own integers, where f32 would
+// make 2^24 + 1 equal 2^24: values beyond 2^24 and, for u32, beyond 2^31; sums wrapping mod 2^32.
+TEST(BinaryKernelTest, IntegerComparisonsAndReductionsAreExactBeyondFloatPrecision) {
+  Tensor a(v1::DTYPE_I32, {2, 3}), b(v1::DTYPE_I32, {2, 3}), out(v1::DTYPE_I32, {2, 3});
+  const int32_t av[] = {16777217, 2147483647, -16777217, 100000001, -2147483648, 3};
+  const int32_t bv[] = {16777216, 2147483647, -16777216, 100000000, 2147483647, 3};
+  std::copy(av, av + 6, a.data<int32_t>());
+  std::copy(bv, bv + 6, b.data<int32_t>());
+  const std::map<std::string, std::function<bool(int32_t, int32_t)>> cmps = {
+      {"eq", std::equal_to<>()},   {"ne", std::not_equal_to<>()}, {"lt", std::less<>()},
+      {"le", std::less_equal<>()}, {"gt", std::greater<>()},      {"ge", std::greater_equal<>()}};
+  for (const auto& [fn, ref] : cmps) {
+    auto k = CreateBinary(fn, a, b, out);
+    ASSERT_TRUE(k.ok()) << k.status();
+    ASSERT_TRUE((*k)->Run().ok());
+    for (int i = 0; i < 6; ++i)
+      EXPECT_EQ(out.data<int32_t>()[i], ref(av[i], bv[i]) ? 1 : 0) << fn << i;
+  }
+  Tensor u(v1::DTYPE_U32, {1, 2}), v(v1::DTYPE_U32, {1, 2}), uo(v1::DTYPE_U32, {1, 2});
+  u.data<uint32_t>()[0] = 4294967295u, u.data<uint32_t>()[1] = 2147483648u;
+  v.data<uint32_t>()[0] = 4294967294u, v.data<uint32_t>()[1] = 2147483649u;
+  auto gt = CreateBinary("gt", u, v, uo);
+  ASSERT_TRUE(gt.ok()) << gt.status();
+  ASSERT_TRUE((*gt)->Run().ok());
+  EXPECT_EQ(uo.data<uint32_t>()[0], 1u);
+  EXPECT_EQ(uo.data<uint32_t>()[1], 0u);
+  // Over each dim and both: sum (wrapping), max, min.
+  for (const Dims& od : {Dims{1, 3}, Dims{2, 1}, Dims{1, 1}}) {
+    for (const char* fn : {"sum", "max", "min"}) {
+      Tensor r(v1::DTYPE_I32, od);
+      auto k = CreateReduce(fn, a, r);
+      ASSERT_TRUE(k.ok()) << fn << ": " << k.status();
+      ASSERT_TRUE((*k)->Run().ok());
+      std::vector<int64_t> want(r.num_elements(), std::string(fn) == "sum"   ? 0
+                                                  : std::string(fn) == "max" ? INT64_MIN
+                                                                             : INT64_MAX);
+      for (int i = 0; i < 6; ++i) {
+        const int64_t j = (od[0] == 1 ? 0 : i / 3) * od[1] + (od[1] == 1 ? 0 : i % 3);
+        want[j] = std::string(fn) == "sum"   ? want[j] + av[i]
+                  : std::string(fn) == "max" ? std::max<int64_t>(want[j], av[i])
+                                             : std::min<int64_t>(want[j], av[i]);
+      }
+      for (int64_t j = 0; j < r.num_elements(); ++j)
+        EXPECT_EQ(r.data<int32_t>()[j], static_cast<int32_t>(static_cast<uint32_t>(want[j])))
+            << fn << " " << DimsToString(od) << " " << j;
+    }
+  }
+  Tensor mean(v1::DTYPE_I32, {1, 3});
+  EXPECT_FALSE(CreateReduce("mean", a, mean).ok());
+  // cumsum along each row, wrapping: 16777217 + 2147483647 - 16777217 = 2147483647.
+  Tensor scan(v1::DTYPE_I32, {2, 3});
+  auto ck = CreateCumulative("sum", 1, /*reverse=*/false, a, scan);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  ASSERT_TRUE((*ck)->Run().ok());
+  for (int r = 0; r < 2; ++r) {
+    uint32_t acc = 0;
+    for (int c = 0; c < 3; ++c) {
+      acc += static_cast<uint32_t>(av[r * 3 + c]);
+      EXPECT_EQ(scan.data<int32_t>()[r * 3 + c], static_cast<int32_t>(acc)) << r << " " << c;
+    }
+  }
 }
 
 // Every kernel that takes a max or min keeps a NaN, wherever it sits: the binary fns (a

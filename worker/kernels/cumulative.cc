@@ -1,10 +1,14 @@
 // Reductions as loops: cumulative ones along one dim (jax.lax.cumsum, cumprod, cummax, cummin),
-// as oneDNN has no scan primitive, and max / min over dims (reduce_max, reduce_min), whose NaN
-// oneDNN's reduction primitive drops (core/float_ops.h).
+// as oneDNN has no scan primitive; f32 max / min over dims (reduce_max, reduce_min), whose NaN
+// oneDNN's reduction primitive drops (core/float_ops.h); and integer sum / max / min, which
+// oneDNN's f32 reduction would round above 2^24.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +18,8 @@
 namespace meshrun {
 namespace {
 
+// T: float, or int32_t / uint32_t (sum and prod wrapping modulo 2^32).
+template <typename T>
 class CumulativeKernel : public Kernel {
  public:
   CumulativeKernel(int fn, int64_t dim, bool reverse, const Tensor& x, Tensor& y)
@@ -27,19 +33,19 @@ class CumulativeKernel : public Kernel {
   }
 
   absl::Status Run() override {
-    const float* x = x_.data<float>();
-    float* y = y_.data<float>();
+    const T* x = x_.data<T>();
+    T* y = y_.data<T>();
     for (int64_t o = 0; o < outer_; ++o) {
       const int64_t base = o * n_ * inner_;
       for (int64_t k = 0; k < n_; ++k) {
         const int64_t i = reverse_ ? n_ - 1 - k : k;
-        const float* xi = x + base + i * inner_;
-        float* yi = y + base + i * inner_;
+        const T* xi = x + base + i * inner_;
+        T* yi = y + base + i * inner_;
         if (k == 0) {
           std::copy(xi, xi + inner_, yi);
           continue;
         }
-        const float* prev = y + base + (reverse_ ? i + 1 : i - 1) * inner_;
+        const T* prev = y + base + (reverse_ ? i + 1 : i - 1) * inner_;
         for (int64_t j = 0; j < inner_; ++j) yi[j] = Combine(prev[j], xi[j]);
       }
     }
@@ -47,16 +53,29 @@ class CumulativeKernel : public Kernel {
   }
 
  private:
-  float Combine(float acc, float v) const {
-    switch (fn_) {
-      case 0:
-        return acc + v;
-      case 1:
-        return acc * v;
-      case 2:
-        return NanPropagatingMax(acc, v);
-      default:
-        return NanPropagatingMin(acc, v);
+  T Combine(T acc, T v) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      switch (fn_) {
+        case 0:
+          return acc + v;
+        case 1:
+          return acc * v;
+        case 2:
+          return NanPropagatingMax(acc, v);
+        default:
+          return NanPropagatingMin(acc, v);
+      }
+    } else {
+      switch (fn_) {
+        case 0:
+          return static_cast<T>(uint32_t(acc) + uint32_t(v));
+        case 1:
+          return static_cast<T>(uint32_t(acc) * uint32_t(v));
+        case 2:
+          return std::max(acc, v);
+        default:
+          return std::min(acc, v);
+      }
     }
   }
 
@@ -67,31 +86,35 @@ class CumulativeKernel : public Kernel {
   int64_t outer_ = 1, n_ = 1, inner_ = 1;
 };
 
-// out = the max (or min) of x over the dims where out has size 1, NaN-propagating. The last dim
-// is a contiguous run: folded element-wise into out's row when kept, into one value when reduced.
-class ExtremeReduceKernel : public Kernel {
+enum class LoopReduction { kSum, kMax, kMin };
+
+// out = the sum, max or min of x (T) over the dims where out has size 1: f32 max / min
+// NaN-propagating, integer sums wrapping modulo 2^32. The last dim is a contiguous run: folded
+// element-wise into out's row when kept, into one value when reduced.
+template <typename T>
+class LoopReduceKernel : public Kernel {
  public:
-  ExtremeReduceKernel(bool max, const Tensor& x, Tensor& out) : max_(max), x_(x), out_(out) {}
+  LoopReduceKernel(LoopReduction fn, const Tensor& x, Tensor& out) : fn_(fn), x_(x), out_(out) {}
 
   absl::Status Run() override {
     const Dims& xd = x_.dims();
     const Dims& od = out_.dims();
     const size_t r = xd.size();
-    float* out = out_.data<float>();
-    std::fill_n(out, out_.num_elements(), max_ ? -INFINITY : INFINITY);
+    T* out = out_.data<T>();
+    std::fill_n(out, out_.num_elements(), Identity());
     std::vector<int64_t> stride(r, 0);  // out's stride along each dim of x (0 where reduced)
     for (size_t d = r, s = 1; d-- > 0; s *= od[d]) stride[d] = od[d] == 1 ? 0 : s;
     const int64_t run = xd[r - 1];
     const bool kept = stride[r - 1] != 0;
     std::vector<int64_t> index(r, 0);  // over x's dims but the last
-    const float* x = x_.data<float>();
+    const T* x = x_.data<T>();
     for (int64_t at = 0, n = x_.num_elements(); at < n; at += run) {
       int64_t j = 0;
       for (size_t d = 0; d + 1 < r; ++d) j += index[d] * stride[d];
       if (kept) {
         for (int64_t i = 0; i < run; ++i) out[j + i] = Combine(out[j + i], x[at + i]);
       } else {
-        float acc = out[j];
+        T acc = out[j];
         for (int64_t i = 0; i < run; ++i) acc = Combine(acc, x[at + i]);
         out[j] = acc;
       }
@@ -104,19 +127,51 @@ class ExtremeReduceKernel : public Kernel {
   }
 
  private:
-  float Combine(float a, float b) const {
-    return max_ ? NanPropagatingMax(a, b) : NanPropagatingMin(a, b);
+  T Identity() const {
+    if (fn_ == LoopReduction::kSum) return T(0);
+    if constexpr (std::is_floating_point_v<T>)
+      return fn_ == LoopReduction::kMax ? -INFINITY : INFINITY;
+    return fn_ == LoopReduction::kMax ? std::numeric_limits<T>::lowest()
+                                      : std::numeric_limits<T>::max();
+  }
+  T Combine(T a, T b) const {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (fn_ == LoopReduction::kSum) return a + b;
+      return fn_ == LoopReduction::kMax ? NanPropagatingMax(a, b) : NanPropagatingMin(a, b);
+    } else {
+      if (fn_ == LoopReduction::kSum) return static_cast<T>(uint32_t(a) + uint32_t(b));
+      return fn_ == LoopReduction::kMax ? std::max(a, b) : std::min(a, b);
+    }
   }
 
-  bool max_;
+  LoopReduction fn_;
   const Tensor& x_;
   Tensor& out_;
 };
 
 }  // namespace
 
-std::unique_ptr<Kernel> CreateExtremeReduce(bool max, const Tensor& x, Tensor& out) {
-  return std::make_unique<ExtremeReduceKernel>(max, x, out);
+absl::StatusOr<std::unique_ptr<Kernel>> CreateLoopReduce(const std::string& fn, const Tensor& x,
+                                                         Tensor& out) {
+  const DType dt = x.dtype();
+  const bool integral = dt == v1::DTYPE_I32 || dt == v1::DTYPE_U32;
+  const LoopReduction r = fn == "sum"   ? LoopReduction::kSum
+                          : fn == "max" ? LoopReduction::kMax
+                                        : LoopReduction::kMin;
+  if (!((integral && (fn == "sum" || fn == "max" || fn == "min")) ||
+        (dt == v1::DTYPE_F32 && (fn == "max" || fn == "min")))) {
+    return absl::InvalidArgumentError(absl::StrCat("reduce ", fn, " of ", DTypeName(dt),
+                                                   " as a loop; expected max or min of f32, or "
+                                                   "sum, max or min of i32 or u32"));
+  }
+  switch (dt) {
+    case v1::DTYPE_I32:
+      return std::unique_ptr<Kernel>(std::make_unique<LoopReduceKernel<int32_t>>(r, x, out));
+    case v1::DTYPE_U32:
+      return std::unique_ptr<Kernel>(std::make_unique<LoopReduceKernel<uint32_t>>(r, x, out));
+    default:
+      return std::unique_ptr<Kernel>(std::make_unique<LoopReduceKernel<float>>(r, x, out));
+  }
 }
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateCumulative(const std::string& fn, int64_t dim,
@@ -126,14 +181,22 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateCumulative(const std::string& fn, 
     return absl::InvalidArgumentError(
         absl::StrCat("unknown cumulative fn '", fn, "'; allowed: sum prod max min"));
   }
-  if (x.dtype() != v1::DTYPE_F32 || y.dtype() != v1::DTYPE_F32 || x.dims() != y.dims() || dim < 0 ||
-      dim >= static_cast<int64_t>(x.dims().size())) {
+  const DType dt = x.dtype();
+  if ((dt != v1::DTYPE_F32 && dt != v1::DTYPE_I32 && dt != v1::DTYPE_U32) || y.dtype() != dt ||
+      x.dims() != y.dims() || dim < 0 || dim >= static_cast<int64_t>(x.dims().size())) {
     return absl::InvalidArgumentError(
         absl::StrCat("cumulative ", fn, " along dim ", dim, ": x ", DTypeName(x.dtype()),
                      DimsToString(x.dims()), ", y ", DTypeName(y.dtype()), DimsToString(y.dims()),
-                     "; expected f32 of one shape and a dim of it"));
+                     "; expected f32, i32 or u32 of one shape and a dim of it"));
   }
-  return std::unique_ptr<Kernel>(std::make_unique<CumulativeKernel>(code, dim, reverse, x, y));
+  if (dt == v1::DTYPE_I32)
+    return std::unique_ptr<Kernel>(
+        std::make_unique<CumulativeKernel<int32_t>>(code, dim, reverse, x, y));
+  if (dt == v1::DTYPE_U32)
+    return std::unique_ptr<Kernel>(
+        std::make_unique<CumulativeKernel<uint32_t>>(code, dim, reverse, x, y));
+  return std::unique_ptr<Kernel>(
+      std::make_unique<CumulativeKernel<float>>(code, dim, reverse, x, y));
 }
 
 }  // namespace meshrun

@@ -204,28 +204,33 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, const Tensor& x,
                                                      Tensor& out) {
-  // max and min are loops (CreateExtremeReduce): oneDNN's reduction drops NaN.
+  // max and min are loops (CreateLoopReduce): oneDNN's reduction drops NaN; so are integer
+  // reductions, which f32 would round.
   const std::map<std::string, dnnl::algorithm> algs = {{"sum", dnnl::algorithm::reduction_sum},
                                                        {"mean", dnnl::algorithm::reduction_mean}};
   auto it = algs.find(fn);
-  const bool extreme = fn == "max" || fn == "min";
-  if (it == algs.end() && !extreme) {
+  const bool integral = x.dtype() == v1::DTYPE_I32 || x.dtype() == v1::DTYPE_U32;
+  const bool loop = fn == "max" || fn == "min" || integral;
+  if (it == algs.end() && fn != "max" && fn != "min") {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown reduce fn '", fn, "'; allowed: max ", Keys(algs), " min"));
+        absl::StrCat("unknown reduce fn '", fn, "'; allowed: max, ", Keys(algs), ", min"));
   }
-  if (absl::Status s = RequireF32("reduce", x); !s.ok()) return s;
-  bool fits = x.dims().size() == out.dims().size() && out.dtype() == v1::DTYPE_F32;
+  if (!integral) {
+    if (absl::Status s = RequireF32("reduce", x); !s.ok()) return s;
+  }
+  bool fits = x.dims().size() == out.dims().size() && out.dtype() == x.dtype();
   for (size_t d = 0; fits && d < x.dims().size(); ++d)
     fits = out.dims()[d] == x.dims()[d] || out.dims()[d] == 1;
   if (!fits) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "reduce ", fn, ": output ", DTypeName(out.dtype()), DimsToString(out.dims()), " for input ",
-        DimsToString(x.dims()), "; expected f32 of its rank, each dim its own or 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("reduce ", fn, ": output ", DTypeName(out.dtype()), DimsToString(out.dims()),
+                     " for input ", DTypeName(x.dtype()), DimsToString(x.dims()),
+                     "; expected its dtype and rank, each dim its own or 1"));
   }
   if (x.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
   // Only dims of size 1 reduced (oneDNN's reduction refuses that): a copy, whatever the fn.
-  if (x.dims() == out.dims()) return CreateConvert(x, out);
-  if (extreme) return CreateExtremeReduce(fn == "max", x, out);
+  if (x.dims() == out.dims() && !integral) return CreateConvert(x, out);
+  if (loop) return CreateLoopReduce(fn, x, out);
   // A sum or mean over leading dims (a bias gradient, a batch mean) runs as a GEMM.
   size_t lead = 0;
   while (lead < x.dims().size() && out.dims()[lead] == 1) ++lead;

@@ -99,15 +99,19 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateLoopBinary(const std::string& fn, 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, const Tensor& a,
                                                      const Tensor& b, Tensor& out);
 
-// out = fn of x over the dims where out has size 1, f32, same rank. fn: sum mean (oneDNN's
-// reduction) max min (CreateExtremeReduce).
+// out = fn of x over the dims where out has size 1, same rank and dtype. f32: sum mean (oneDNN's
+// reduction) max min (CreateLoopReduce); i32, u32: sum max min (CreateLoopReduce).
 // y = the cumulative fn (sum, prod, max or min) of x along `dim`, from its end when `reverse`
-// (jax.lax.cumsum / cumprod / cummax / cummin), f32, one shape. A loop (oneDNN has no scan).
+// (jax.lax.cumsum / cumprod / cummax / cummin), one shape: f32 (max / min NaN-propagating), or
+// i32 / u32 in their integers (sum and prod wrapping). A loop (oneDNN has no scan).
 // Errors: InvalidArgument naming an unknown fn, a dtype, shape or dim.
-// out = the max (max) or min of x over the dims where out has size 1, NaN-propagating as XLA's
-// reduce_max / reduce_min (core/float_ops.h; oneDNN's reduction drops NaN). REQUIRES: f32, one
-// rank, each out dim equal to x's or 1, x not empty (CreateReduce checks).
-std::unique_ptr<Kernel> CreateExtremeReduce(bool max, const Tensor& x, Tensor& out);
+// out = fn of x over the dims where out has size 1, as a loop: f32 max / min NaN-propagating as
+// XLA's reduce_max / reduce_min (core/float_ops.h; oneDNN's reduction drops NaN), and i32 / u32
+// sum (wrapping modulo 2^32), max and min in their integers. Errors: InvalidArgument for another
+// fn or dtype. REQUIRES: out of x's dtype and rank, each dim x's or 1, x not empty (CreateReduce
+// checks).
+absl::StatusOr<std::unique_ptr<Kernel>> CreateLoopReduce(const std::string& fn, const Tensor& x,
+                                                         Tensor& out);
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateCumulative(const std::string& fn, int64_t dim,
                                                          bool reverse, const Tensor& x, Tensor& y);
