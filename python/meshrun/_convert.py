@@ -74,7 +74,8 @@ SUPPORTED = {
     "dynamic_slice": "DYNAMIC_SLICE (starts clamped; a dim cut short is gathered)",
     "dynamic_update_slice": "DYNAMIC_UPDATE_SLICE (starts clamped; dims not covered whole gathered)",
     "gather": "one-hot SELECT and REDUCE sum, or a one-hot DOT_GENERAL for rows (take_along_axis, "
-              "jnp.take of rows for ids of any shape as nn.Embed, one index)",
+              "jnp.take of rows for ids of any shape as nn.Embed, one index); an index out of range "
+              "reads NaN / the integer fill (FILL_OR_DROP) or is clamped (CLIP), as in JAX",
     "scatter-add": "the transposes of those gathers; or as scatter's window form",
     "scatter": "one window at one index vector (x.at[i, j].set(v), x.at[i, 2:5].set(v)): DYNAMIC_UPDATE_SLICE, "
                "the operand kept where the window is out of bounds (FILL_OR_DROP)",

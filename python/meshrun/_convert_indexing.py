@@ -24,8 +24,9 @@ class _Indexing:
             self._unsupported(name, eqn, "a scatter other than of one window at one index vector")
         return None
 
-    # Gathers and their transposes along one indexed axis, as one-hot selections (exact; an index
-    # out of range selects nothing, where JAX's FILL_OR_DROP mode fills NaN):
+    # Gathers and their transposes along one indexed axis, as one-hot selections (exact; as in
+    # JAX, an index out of range reads the fill value, NaN for floats, and its scatter-add adds
+    # nothing under FILL_OR_DROP, jnp's default; CLIP clamps it):
     #   take_along_axis  operand [B..., C], indices [B..., J, 1], batching dims B... -> [B..., J]
     #                    (the batch dims flattened into one: optax's integer-label cross-entropy
     #                    over [batch, time, vocab] logits)
@@ -72,6 +73,8 @@ class _Indexing:
             self._unsupported(name, eqn, "windows smaller than the operand")
         form = self._index_form(name, eqn, op.shape, idx, k, tuple(dn.operand_batching_dims),
                                 tuple(dn.start_indices_batching_dims), tuple(dn.offset_dims))
+        mode = str(p.get("mode", ""))
+        idx = self._clipped(p, idx, op.shape[k])
         # An int32 / uint32 operand is picked and summed in its integers (f32 would round it).
         integral = op.store in (I32, U32)
         x = op if integral else self.f32(op)
@@ -106,10 +109,37 @@ class _Indexing:
             picked = pick(mask, x)
             v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[k]), tuple(d for i, d in enumerate(op.shape) if i != k),
                    vt, st)
+        if mode.endswith("FILL_OR_DROP"):  # an index out of range reads the fill value, as JAX's
+            v = self._filled_where_out_of_range(name, eqn, form, v, idx, op.shape[k], integral)
         v = self._reshape(v, out_shape)
         if integral or op.store == F32:
             return _V(v.id, out_shape, out_dtype, v.store)
         return self._convert("gather", eqn, v, out_dtype)
+
+    def _clipped(self, p, idx, size):
+        """idx clamped into [0, size) under lax's CLIP mode (as f32, as the masks read it)."""
+        if not str(p.get("mode", "")).endswith("CLIP"):
+            return idx
+        return self.binary("min", self.binary("max", self.f32(idx), self.scalar(0.0)), self.scalar(float(size - 1)))
+
+    def _filled_where_out_of_range(self, name, eqn, form, v, idx, size, integral):
+        """v (a gather of `form`'s picks) where idx is in [0, size), else jnp's default fill:
+        NaN, or the most negative (signed) / largest (unsigned) integer."""
+        i = self.f32(idx)
+        ok = self.binary("mul", self.binary("ge", i, self.scalar(0.0)), self.binary("lt", i, self.scalar(float(size))))
+        ok = _V(ok.id, ok.shape, np.bool_, F32)
+        if form == "along":  # v: [batch, j], idx's elements in order
+            ok = self._reshape(ok, v.shape)
+        else:  # rows: one index per row of v; one: a single index for all of v
+            lead = (v.shape[0],) if form == "rows" else ()
+            ok = _V(self.emit(G.BROADCAST_IN_DIM, [self._reshape(ok, lead)], shape=list(v.shape),
+                              dims=list(range(len(lead)))), v.shape, np.bool_, F32)
+        if integral:
+            info = np.iinfo(v.dtype)
+            fill = self.int_scalar(info.min if info.min < 0 else info.max, v.dtype)
+        else:
+            fill = _V(self.emit(G.CONSTANT, value=float("nan")), (), np.float32, F32)
+        return self._select(name, eqn, [ok, fill, v], v.dtype)
 
     def _scatter_add(self, name, eqn, p, ins, out_dtype):
         op, idx, upd = ins
@@ -120,6 +150,7 @@ class _Indexing:
         k = dn.scatter_dims_to_operand_dims[0]
         form = self._index_form(name, eqn, op.shape, idx, k, tuple(dn.operand_batching_dims),
                                 tuple(dn.scatter_indices_batching_dims), tuple(dn.update_window_dims))
+        idx = self._clipped(p, idx, op.shape[k])  # (an index out of range adds nothing: FILL_OR_DROP)
         u = self.f32(upd)
         zero = self.scalar(0.0)
         if form == "along":  # out[b, c] = op[b, c] + sum_j [idx[b, j] == c] upd[b, j], batch dims flat

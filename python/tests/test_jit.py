@@ -444,6 +444,32 @@ def test_integers_beyond_float_precision_compare_reduce_scan_gather_and_convert_
             np.testing.assert_array_equal(g, w, err_msg=f"result {k}, {spec}")
 
 
+def test_gathers_read_the_fill_value_or_clamp_an_out_of_range_index_as_jax(cluster):
+    """An index out of range: jnp's default mode reads NaN (the integer fill for int32), so an
+    integer-label cross-entropy with a label C is NaN as under jax.jit, not a finite wrong
+    loss; mode="clip" clamps it. take_along_axis, jnp.take of rows, with the gradient."""
+    x = np.random.default_rng(8).normal(size=(8, 16)).astype(np.float32)
+    lab = np.array([3, -1, 15, 16, 0, 7, -5, 2], np.int32)
+    emb = np.random.default_rng(9).normal(size=(8, 4)).astype(np.float32)
+    ids = np.array([[1, 9], [-1, 2]], np.int32)
+    n = np.arange(128, dtype=np.int32).reshape(8, 16) * 1000003
+
+    def f(x, lab, n):
+        ce = lambda v: optax.softmax_cross_entropy_with_integer_labels(v, lab)
+        return (ce(x), jnp.take_along_axis(x, lab[:, None], axis=1, mode="clip"), jnp.take(emb, ids, axis=0),
+                jnp.take(emb, ids, axis=0, mode="clip"), jnp.take_along_axis(n, lab[:, None], axis=1),
+                jax.grad(lambda v: jnp.sum(jnp.where(lab >= 0, ce(v), 0.0)))(x))
+
+    want = jax.jit(f)(x, lab, n)
+    got = cluster.jit(f)(cluster.device_put(x, P("data", "model")), lab, cluster.device_put(n, P("data", None)))
+    for k, (g, w) in enumerate(zip(got, want)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype, (k, g.dtype, w.dtype)
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=f"result {k}")
+    # (jnp wraps -1 and -5 to 15 and 11 first; 16 is out of range)
+    assert np.flatnonzero(np.isnan(np.asarray(got[0]))).tolist() == [3]
+
+
 def test_a_nan_survives_relu_max_min_argmax_and_pmax_as_under_jax(cluster):
     """lax.max / min keep a NaN whichever side it is on (XLA's semantics), so a diverged value is
     not hidden: relu, jnp.maximum / minimum, jnp.max / min over any axis, cummax, argmax and
