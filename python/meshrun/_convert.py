@@ -84,6 +84,7 @@ SUPPORTED = {
     "tile": "BROADCAST_IN_DIM to [r0, n0, r1, n1, ...], RESHAPE",
     "shard_map": "SHARD_MAP_ENTER, the body per device, SHARD_MAP_EXIT",
     **{k: f"MANUAL_COLLECTIVE {v} (in a shard_map body)" for k, v in _MANUAL.items()},
+    "pmin": "-pmax(-x) (~pmax(~x) for integers)",
     "axis_index": "AXIS_INDEX (in a shard_map body)",
     "sign": "(x > 0) - (x < 0)", "is_finite": "(x - x) == 0", "clamp": "min(max(x, lo), hi)",
     "argmax": "REDUCE max, then the least index holding it", "argmin": "argmax of -x",

@@ -41,6 +41,14 @@ class _Regions:
             return self._shard_map(name, eqn, p, ins)
         if name in _MANUAL:
             return [self._manual(name, eqn, p, ins[0])]
+        if name == "pmin":  # -pmax(-x); for integers ~pmax(~x), which cannot overflow
+            x = ins[0]
+            if x.store in (I32, U32):
+                ones = self.int_scalar(-1 if x.dtype == np.int32 else 0xFFFFFFFF, x.dtype)
+                flip = lambda v: _V(self.emit(G.BINARY, [v, ones], fn="xor"), v.shape, x.dtype, x.store)  # noqa: E731
+            else:
+                flip = lambda v: self.unary("neg", v)  # noqa: E731
+            return [flip(self._manual("pmax", eqn, p, flip(x)))]
         if name == "axis_index":
             if not self._manual_depth:
                 self._unsupported(name, eqn, "axis_index outside a shard_map body")
@@ -113,15 +121,14 @@ class _Regions:
         shape = tuple(v.aval.shape for v in eqn.outvars)[0]
         if x.store in (I32, U32):
             if fn in ("psum", "pmax", "psum_scatter"):
-                # Integers reduce in f32 (exact below 2**24), the result held as f32.
-                x = _V(self.f32(x).id, x.shape, x.dtype, F32)
+                pass  # reduced in their integers (a sum wraps), as the collectives do
             else:
                 # Moved, not computed: their bits travel as f32's and come back unchanged.
                 store = x.store
                 bits = _V(self.emit(G.BITCAST_CONVERT, [x], dtype=F32), x.shape, np.float32, F32)
                 moved = self._manual(name, eqn, p, bits)
                 return _V(self.emit(G.BITCAST_CONVERT, [moved], dtype=store), moved.shape, x.dtype, store)
-        if x.store not in (F32, BF16):
+        if x.store not in (F32, BF16, I32, U32):
             self._unsupported(name, eqn, f"a {x.dtype} operand")
         vid = self.emit(G.MANUAL_COLLECTIVE, [x], fn=fn, axes=axes, index=dim, dims=dims, value=1.0 if tiled else 0.0)
         return _V(vid, shape, x.dtype, x.store)

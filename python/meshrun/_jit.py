@@ -20,6 +20,23 @@ from meshrun._convert_random import is_key_dtype
 from meshrun.v1 import coordinator_pb2
 
 
+def _explicit_context_mesh(mesh):
+    """The abstract mesh of the enclosing `jax.set_mesh` when it has the cluster's axis names and
+    sizes and an Explicit axis; else None (Auto axes: values carry no layout in their types)."""
+    import jax
+
+    try:
+        am = jax.sharding.get_abstract_mesh()
+        axis_types = tuple(str(t) for t in getattr(am, "axis_types", ()))
+        if am is None or am.empty or not any("Explicit" in t for t in axis_types):
+            return None
+        if tuple(am.axis_names) != tuple(mesh.axis_names) or dict(am.shape) != dict(mesh.shape):
+            return None
+        return am
+    except AttributeError:  # pragma: no cover - an older jax without explicit sharding
+        return None
+
+
 def _as_tuple(x):
     if x is None:
         return ()
@@ -152,9 +169,20 @@ class Jitted:
             return self._fun(*full)
 
         # A typed key travels as its u32 words and the function is traced with the key itself, as
-        # jax.jit traces it.
-        avals = [jax.ShapeDtypeStruct(a.shape, a.dtype) if a.key_dtype is None
-                 else jax.ShapeDtypeStruct(a.shape[:-1], a.key_dtype) for a in arrays]
+        # jax.jit traces it. Under a mesh with Explicit axes (jax.make_mesh's default) the values
+        # carry their layouts in their types, as jax.jit's arguments do (shard_map checks them).
+        explicit = _explicit_context_mesh(self._cluster.mesh)
+
+        def aval(a):
+            shape, dtype, entries = a.shape, a.dtype, list(a._entries)
+            if a.key_dtype is not None:
+                shape, dtype, entries = a.shape[:-1], a.key_dtype, entries[:len(a.shape) - 1]
+            if explicit is None:
+                return jax.ShapeDtypeStruct(shape, dtype)
+            spec = _sharding.to_partition_spec(entries)
+            return jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.NamedSharding(explicit, spec))
+
+        avals = [aval(a) for a in arrays]
         dyn_avals = jax.tree_util.tree_unflatten(treedef, avals)
         closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*dyn_avals)
         out_avals, out_treedef = jax.tree_util.tree_flatten(out_shape)

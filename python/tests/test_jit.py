@@ -470,6 +470,32 @@ def test_gathers_read_the_fill_value_or_clamp_an_out_of_range_index_as_jax(clust
     assert np.flatnonzero(np.isnan(np.asarray(got[0]))).tolist() == [3]
 
 
+def test_shard_map_under_jax_make_mesh_explicit_axes_with_pmin_and_integer_collectives(cluster):
+    """jax.make_mesh's mesh has Explicit axes: a shard_map checks its in_specs against the
+    arguments' types, so cluster.jit traces them with their layouts, as jax.jit's arguments
+    carry them. Integer psum / pmax / psum_scatter run in integers past 2**24 (a sum wraps), and
+    pmin is -pmax(-x) (~pmax(~x) for integers)."""
+    mesh = jax.make_mesh((2, 4), ("data", "model"))
+    a = np.arange(8 * 16, dtype=np.int32).reshape(8, 16) * 16777259
+    x = np.random.default_rng(10).normal(size=(8, 16)).astype(np.float32)
+
+    def local(a, x):
+        return (jax.lax.psum(a, "model"), jax.lax.pmax(a.astype(jnp.uint32), "model"),
+                jax.lax.pmin(a, ("data", "model")), jax.lax.pmin(x, "model"),
+                jax.lax.psum_scatter(a, "model", scatter_dimension=1, tiled=True), jax.lax.pmean(x, "data"))
+
+    sm = jax.shard_map(local, mesh=mesh, in_specs=(P("data", "model"), P("data", "model")),
+                       out_specs=(P("data"), P("data"), P(), P("data"), P("data", "model"), P(None, "model")))
+    with jax.set_mesh(mesh):
+        put = lambda v: jax.device_put(v, NamedSharding(mesh, P("data", "model")))  # noqa: E731
+        want = jax.jit(sm)(put(a), put(x))
+        got = cluster.jit(sm)(cluster.device_put(a, P("data", "model")), cluster.device_put(x, P("data", "model")))
+    for k, (g, w) in enumerate(zip(got, want)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype, (k, g.dtype, w.dtype)
+        np.testing.assert_array_equal(g, w, err_msg=f"result {k}")
+
+
 def test_a_nan_survives_relu_max_min_argmax_and_pmax_as_under_jax(cluster):
     """lax.max / min keep a NaN whichever side it is on (XLA's semantics), so a diverged value is
     not hidden: relu, jnp.maximum / minimum, jnp.max / min over any axis, cummax, argmax and
