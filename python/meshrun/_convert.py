@@ -28,7 +28,7 @@ _UNARY = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "logistic": 
           "sinh": "sinh", "cosh": "cosh", "atanh": "atanh", "log1p": "log1p", "expm1": "expm1",
           "exp2": "exp2", "floor": "floor", "ceil": "ceil"}
 _BINARY = {"add": "add", "add_any": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max",
-           "min": "min", "pow": "pow", "rem": "rem"}
+           "min": "min", "pow": "pow", "rem": "rem", "atan2": "atan2"}
 # Arithmetic that an int32 / uint32 result computes in its own integers (lax's wrapping, truncated
 # div and rem), never through f32, which is exact only below 2**24 and does not truncate.
 _INTEGER_ARITHMETIC = {"add", "sub", "mul", "div", "rem", "max", "min"}
@@ -68,7 +68,7 @@ SUPPORTED = {
     **{k: f"CUMULATIVE {k[3:]} (the dim gathered)" for k in ("cumsum", "cumprod", "cummax", "cummin")},
     "rev": "REVERSE (jnp.flip, x[::-1]; the reversed dims gathered)",
     "sort": "SORT per result (stable; the sorted dim gathered)",
-    "top_k": "SORT of -x with an IOTA, SLICEd to k (the last axis)",
+    "top_k": "SORT by (not NaN, -x) with an IOTA, SLICEd to k (the last axis; NaN ranks first, as XLA's)",
     "cond": "every branch inlined, SELECTs by the index (lax.cond, lax.switch)",
     "empty2": "CONSTANT 0 (a cond branch's placeholder residual)", "empty": "CONSTANT 0",
     "dynamic_slice": "DYNAMIC_SLICE (starts clamped; a dim cut short is gathered)",
@@ -86,7 +86,7 @@ SUPPORTED = {
     **{k: f"MANUAL_COLLECTIVE {v} (in a shard_map body)" for k, v in _MANUAL.items()},
     "pmin": "-pmax(-x) (~pmax(~x) for integers)",
     "axis_index": "AXIS_INDEX (in a shard_map body)",
-    "sign": "(x > 0) - (x < 0)", "is_finite": "(x - x) == 0", "clamp": "min(max(x, lo), hi)",
+    "sign": "(x > 0) - (x < 0); NaN for NaN", "is_finite": "(x - x) == 0", "clamp": "min(max(x, lo), hi)",
     "argmax": "REDUCE max, then the least index holding it", "argmin": "argmax of -x",
     **{k: "the value itself" for k in _IDENTITY},
     **{k: "its body, inlined" for k in _CALLS},
@@ -330,10 +330,14 @@ class Converter(_Regions, _Layout, _Indexing, _Random):
         if name == "round":  # lax.RoundingMethod: 0 away from zero, 1 to nearest even
             method = int(p.get("rounding_method", 0))
             return [self.unary("round_even" if method == 1 else "round_away", self.f32(ins[0]))]
-        if name == "sign":  # (x > 0) - (x < 0), as lax.sign for non-NaN x
+        if name == "sign":  # (x > 0) - (x < 0), and NaN for NaN, as lax.sign
             x = self.f32(ins[0])
             zero = self.scalar(0.0)
-            return [self.binary("sub", self.binary("gt", x, zero), self.binary("lt", x, zero), out_dtype)]
+            s = self.binary("sub", self.binary("gt", x, zero), self.binary("lt", x, zero), out_dtype)
+            if _integer_store(out_dtype) is not None:
+                return [s]
+            nan = self.binary("ne", x, x)
+            return [self._select(name, eqn, [_V(nan.id, nan.shape, np.bool_, F32), s, x], out_dtype)]
         if name == "is_finite":  # x - x is 0 for a finite x, NaN for an infinite or NaN one
             x = self.f32(ins[0])
             v = self.binary("eq", self.binary("sub", x, x), self.scalar(0.0))

@@ -90,17 +90,22 @@ class _Layout:
                 self._unsupported(name, eqn, "operands other than f32, i32, u32")
             return [_V(self.emit(G.SORT, ins, index=int(p["dimension"]), dims=[keys, k]), v.shape, v.dtype, v.store)
                     for k, v in enumerate(ins)]
-        if name == "top_k":  # a stable ascending sort of -x: the largest first, ties by index
+        if name == "top_k":
+            # A stable ascending sort by (not NaN, -x): NaNs first (XLA's top_k ranks NaN above
+            # every number), then the largest, ties by index.
             (x,) = ins
             k, dim = int(p["k"]), len(x.shape) - 1
             if int(p.get("axis", dim)) % max(len(x.shape), 1) != dim:
                 self._unsupported(name, eqn, "an axis other than the last")
-            neg = self.unary("neg", self.f32(x))
+            xf = self.f32(x)
+            number = self.binary("eq", xf, xf)  # 0 for NaN
+            neg = self.unary("neg", xf)
             iota = _V(self.emit(G.IOTA, dtype=I32, shape=list(x.shape), index=dim), x.shape, np.int32, I32)
             starts, limits = [0] * len(x.shape), list(x.shape[:-1]) + [k]
             outs = []
-            for r, (v, dtype) in enumerate(((neg, out_dtype), (iota, np.dtype(np.int32)))):
-                sorted_ = _V(self.emit(G.SORT, [neg, iota], index=dim, dims=[1, r]), x.shape, v.dtype, v.store)
+            for r, (v, dtype) in ((1, (neg, out_dtype)), (2, (iota, np.dtype(np.int32)))):
+                sorted_ = _V(self.emit(G.SORT, [number, neg, iota], index=dim, dims=[2, r]), x.shape, v.dtype,
+                             v.store)
                 part = _V(self.emit(G.SLICE, [sorted_], dims=starts, shape=limits), tuple(limits), dtype, v.store)
                 outs.append(part)
             outs[0] = _V(self.unary("neg", outs[0]).id, outs[0].shape, out_dtype, F32)

@@ -499,14 +499,20 @@ def test_shard_map_under_jax_make_mesh_explicit_axes_with_pmin_and_integer_colle
 def test_a_nan_survives_relu_max_min_argmax_and_pmax_as_under_jax(cluster):
     """lax.max / min keep a NaN whichever side it is on (XLA's semantics), so a diverged value is
     not hidden: relu, jnp.maximum / minimum, jnp.max / min over any axis, cummax, argmax and
-    argmin (the first NaN's index) and a shard_map's pmax, on sharded operands."""
+    argmin (the first NaN's index) and a shard_map's pmax, on sharded operands; comparisons,
+    sign, top_k and atan2 with NaN as XLA's."""
     x = np.arange(64, dtype=np.float32).reshape(8, 8) - 20.0
     x[3, 5] = x[6, 0] = x[0, 7] = np.nan
 
     def f(a):
         return (jax.nn.relu(a), jnp.maximum(0.5, a), jnp.minimum(a, 0.5), jnp.max(a, axis=0),
                 jnp.min(a, axis=1), jnp.max(a), jax.lax.cummax(a, axis=1), jnp.argmax(a, axis=1),
-                jnp.argmin(a, axis=0), jnp.clip(a, -3.0, 3.0))
+                jnp.argmin(a, axis=0), jnp.clip(a, -3.0, 3.0),
+                # comparisons are IEEE's (false with a NaN but for !=), sign(NaN) is NaN, top_k
+                # ranks NaN first, and relu's gradient at NaN is 0
+                jnp.where(a > 0, 1.0, -1.0), jnp.where(a >= 1, a, 0.0), (a != a).astype(jnp.float32),
+                jnp.sign(a), jax.lax.top_k(a, 3)[0], jax.lax.top_k(a, 3)[1], jnp.arctan2(a, 2.0 - a),
+                jax.grad(lambda v: jnp.sum(jax.nn.relu(v)))(a))
 
     want = jax.jit(f)(x)
     for spec in (P(), P("data", "model")):

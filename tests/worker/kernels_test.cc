@@ -404,6 +404,37 @@ TEST(BinaryKernelTest, IntegerComparisonsAndReductionsAreExactBeyondFloatPrecisi
   }
 }
 
+// f32 comparisons are IEEE's, as lax's: with a NaN on either side only ne holds (where(x > 0,
+// a, b) picks b for a NaN x, and relu's gradient there is 0); -0 equals +0. A broadcast operand.
+TEST(BinaryKernelTest, FloatComparisonsWithNanAndSignedZerosAreIeee) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::pair<float, float>> pairs = {{nan, 0.0f},   {1.0f, nan},  {nan, nan},
+                                                      {-0.0f, 0.0f}, {1.0f, 2.0f}, {2.0f, 1.0f},
+                                                      {3.0f, 3.0f}};
+  Tensor a(v1::DTYPE_F32, {7, 1}), b(v1::DTYPE_F32, {7, 1}), out(v1::DTYPE_F32, {7, 1});
+  for (int i = 0; i < 7; ++i)
+    a.data<float>()[i] = pairs[i].first, b.data<float>()[i] = pairs[i].second;
+  const std::map<std::string, std::function<bool(float, float)>> cmps = {
+      {"eq", std::equal_to<>()},   {"ne", std::not_equal_to<>()}, {"lt", std::less<>()},
+      {"le", std::less_equal<>()}, {"gt", std::greater<>()},      {"ge", std::greater_equal<>()}};
+  for (const auto& [fn, ref] : cmps) {
+    auto k = CreateBinary(fn, a, b, out);
+    ASSERT_TRUE(k.ok()) << k.status();
+    ASSERT_TRUE((*k)->Run().ok());
+    for (int i = 0; i < 7; ++i)
+      EXPECT_EQ(out.data<float>()[i], ref(pairs[i].first, pairs[i].second) ? 1.0f : 0.0f)
+          << pairs[i].first << " " << fn << " " << pairs[i].second;
+  }
+  Tensor wide(v1::DTYPE_F32, {7, 3}), zero(v1::DTYPE_F32, {1, 1}), wout(v1::DTYPE_F32, {7, 3});
+  for (int i = 0; i < 21; ++i) wide.data<float>()[i] = pairs[i / 3].first;
+  zero.data<float>()[0] = 0.0f;
+  auto gt = CreateBinary("gt", wide, zero, wout);
+  ASSERT_TRUE(gt.ok()) << gt.status();
+  ASSERT_TRUE((*gt)->Run().ok());
+  for (int i = 0; i < 21; ++i)
+    EXPECT_EQ(wout.data<float>()[i], pairs[i / 3].first > 0.0f ? 1.0f : 0.0f) << i;
+}
+
 // Every kernel that takes a max or min keeps a NaN, wherever it sits: the binary fns (a
 // broadcast operand too), reduce over each dim and over all, cummax, and pmax's reduction.
 TEST(BinaryKernelTest, MaxAndMinEverywhereKeepNanAsXla) {
@@ -469,7 +500,12 @@ TEST(BinaryKernelTest, PowBroadcastsItsExponentAsTheOtherFnsDo) {
   ASSERT_TRUE((*k)->Run().ok());
   for (int i = 0; i < 6; ++i)
     EXPECT_EQ(out.data<float>()[i], std::pow(a.data<float>()[i], exps[i % 3])) << i;
-  EXPECT_THAT(std::string(CreateBinary("atan2", a, b, out).status().message()),
+  auto atan2 = CreateBinary("atan2", a, b, out);
+  ASSERT_TRUE(atan2.ok()) << atan2.status();
+  ASSERT_TRUE((*atan2)->Run().ok());
+  for (int i = 0; i < 6; ++i)
+    EXPECT_EQ(out.data<float>()[i], std::atan2(a.data<float>()[i], exps[i % 3])) << i;
+  EXPECT_THAT(std::string(CreateBinary("hypot", a, b, out).status().message()),
               ::testing::HasSubstr("pow"));
 }
 

@@ -1,5 +1,6 @@
 // Binary element-wise fns oneDNN's binary primitive lacks, as loops: f32 pow, nextafter, rem
-// (C's fmod, as lax.rem) and max / min (NaN-propagating, as XLA's: core/float_ops.h), and integer
+// (C's fmod, as lax.rem), atan2, max / min (NaN-propagating, as XLA's: core/float_ops.h) and the
+// comparisons (IEEE's: oneDNN's binary_gt / ge hold for a NaN operand), and integer
 // (i32, u32) arithmetic, bitwise ops and shifts with jax.lax's semantics, which JAX's PRNG builds
 // its floats from (random bits shifted, or-ed with an exponent, bitcast) and which integer `//` and
 // `%` use (lax.div and lax.rem: truncated, with XLA's results for a zero divisor and for INT_MIN /
@@ -63,8 +64,15 @@ const std::map<std::string, float (*)(float, float)>& FloatFns() {
       {"pow", [](float x, float y) { return std::pow(x, y); }},
       {"nextafter", [](float x, float y) { return std::nextafter(x, y); }},
       {"rem", [](float x, float y) { return std::fmod(x, y); }},
+      {"atan2", [](float x, float y) { return std::atan2(x, y); }},
       {"max", &NanPropagatingMax},
-      {"min", &NanPropagatingMin}};
+      {"min", &NanPropagatingMin},
+      {"eq", [](float x, float y) { return x == y ? 1.0f : 0.0f; }},
+      {"ne", [](float x, float y) { return x != y ? 1.0f : 0.0f; }},
+      {"lt", [](float x, float y) { return x < y ? 1.0f : 0.0f; }},
+      {"le", [](float x, float y) { return x <= y ? 1.0f : 0.0f; }},
+      {"gt", [](float x, float y) { return x > y ? 1.0f : 0.0f; }},
+      {"ge", [](float x, float y) { return x >= y ? 1.0f : 0.0f; }}};
   return *fns;
 }
 

@@ -164,12 +164,10 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, const Tensor& a,
                                                      const Tensor& b, Tensor& out) {
-  const std::map<std::string, dnnl::algorithm> algs = {
-      {"add", dnnl::algorithm::binary_add}, {"sub", dnnl::algorithm::binary_sub},
-      {"mul", dnnl::algorithm::binary_mul}, {"div", dnnl::algorithm::binary_div},
-      {"eq", dnnl::algorithm::binary_eq},   {"ne", dnnl::algorithm::binary_ne},
-      {"lt", dnnl::algorithm::binary_lt},   {"le", dnnl::algorithm::binary_le},
-      {"gt", dnnl::algorithm::binary_gt},   {"ge", dnnl::algorithm::binary_ge}};
+  const std::map<std::string, dnnl::algorithm> algs = {{"add", dnnl::algorithm::binary_add},
+                                                       {"sub", dnnl::algorithm::binary_sub},
+                                                       {"mul", dnnl::algorithm::binary_mul},
+                                                       {"div", dnnl::algorithm::binary_div}};
   auto it = algs.find(fn);
   bool ok = a.dims().size() == b.dims().size() && a.dims() == out.dims();
   for (size_t d = 0; ok && d < a.dims().size(); ++d)

@@ -80,17 +80,17 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, c
                                                         bool from_output = false);
 
 // out = fn(a, b) element-wise, out shaped like a; b has a's rank with each dim equal or 1 (numpy
-// broadcasting). f32: add sub mul div and the comparisons eq ne lt le gt ge (1 or 0) on
-// oneDNN's binary primitive; pow nextafter rem max min as loops (CreateLoopBinary). i32 and u32:
-// the integer fns of CreateLoopBinary.
+// broadcasting). f32: add sub mul div on oneDNN's binary primitive; pow nextafter rem atan2 max min
+// and the comparisons eq ne lt le gt ge (1 or 0, IEEE's: false with a NaN but for ne) as loops
+// (CreateLoopBinary). i32 and u32: the integer fns of CreateLoopBinary.
 // The binary fns computed by a loop rather than oneDNN: for f32, pow, nextafter and rem
-// (std::pow, std::nextafter and std::fmod, as jax.lax.pow, nextafter and rem) and max / min
+// (std::pow, std::nextafter and std::fmod, as jax.lax.pow, nextafter and rem), atan2 and max / min
 // (NaN-propagating as jax.lax.max / min, core/float_ops.h, where oneDNN's binary_max drops a
-// NaN); for i32 and u32 (a, b and out one
-// dtype), add sub mul (wrapping modulo 2^32), max min, and or xor, shift_left
-// shift_right_logical shift_right_arithmetic (jax.lax's: a shift by 32 or more gives 0, or -1
-// for an arithmetic shift of a negative). Errors: InvalidArgument naming the fn or dtypes.
-// CreateLoopBinary REQUIRES: b broadcasts to a and out has a's dims (CreateBinary checks).
+// NaN) and the comparisons (oneDNN's binary_gt / ge hold for a NaN operand); for i32 and u32 (a, b
+// and out one dtype), add sub mul (wrapping modulo 2^32), max min, eq ne lt le gt ge (1 or 0), and
+// or xor, shift_left shift_right_logical shift_right_arithmetic (jax.lax's: a shift by 32 or more
+// gives 0, or -1 for an arithmetic shift of a negative). Errors: InvalidArgument naming the fn or
+// dtypes. CreateLoopBinary REQUIRES: b broadcasts to a and out has a's dims (CreateBinary checks).
 bool IsLoopBinary(const std::string& fn, DType dtype);
 std::string LoopBinaryFns(DType dtype);
 absl::StatusOr<std::unique_ptr<Kernel>> CreateLoopBinary(const std::string& fn, const Tensor& a,
