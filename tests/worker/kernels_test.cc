@@ -341,24 +341,34 @@ TEST(FloatOpsTest, MaxAndMinPropagateNanAndOrderSignedZerosAsXla) {
   EXPECT_EQ(NanPropagatingMin(inf, 1.0f), 1.0f);
 }
 
-// i32 / u32 comparisons and sum / max / min reductions in their own integers, where f32 would
-// make 2^24 + 1 equal 2^24: values beyond 2^24 and, for u32, beyond 2^31; sums wrapping mod 2^32.
-TEST(BinaryKernelTest, IntegerComparisonsAndReductionsAreExactBeyondFloatPrecision) {
-  Tensor a(v1::DTYPE_I32, {2, 3}), b(v1::DTYPE_I32, {2, 3}), out(v1::DTYPE_I32, {2, 3});
-  const int32_t av[] = {16777217, 2147483647, -16777217, 100000001, -2147483648, 3};
-  const int32_t bv[] = {16777216, 2147483647, -16777216, 100000000, 2147483647, 3};
-  std::copy(av, av + 6, a.data<int32_t>());
-  std::copy(bv, bv + 6, b.data<int32_t>());
-  const std::map<std::string, std::function<bool(int32_t, int32_t)>> cmps = {
+// Each comparison fn of CreateBinary over a and b (of T, one shape) against C++'s operator on
+// every element: 1 where it holds, else 0.
+template <typename T>
+void ExpectComparisonsAsCpp(const Tensor& a, const Tensor& b) {
+  const std::map<std::string, std::function<bool(T, T)>> cmps = {
       {"eq", std::equal_to<>()},   {"ne", std::not_equal_to<>()}, {"lt", std::less<>()},
       {"le", std::less_equal<>()}, {"gt", std::greater<>()},      {"ge", std::greater_equal<>()}};
+  Tensor out(a.dtype(), a.dims());
   for (const auto& [fn, ref] : cmps) {
     auto k = CreateBinary(fn, a, b, out);
     ASSERT_TRUE(k.ok()) << k.status();
     ASSERT_TRUE((*k)->Run().ok());
-    for (int i = 0; i < 6; ++i)
-      EXPECT_EQ(out.data<int32_t>()[i], ref(av[i], bv[i]) ? 1 : 0) << fn << i;
+    for (int64_t i = 0; i < a.num_elements(); ++i) {
+      const T x = a.data<T>()[i], y = b.data<T>()[i];
+      EXPECT_EQ(out.data<T>()[i], ref(x, y) ? T(1) : T(0)) << x << " " << fn << " " << y;
+    }
   }
+}
+
+// i32 / u32 comparisons and sum / max / min reductions in their own integers, where f32 would
+// make 2^24 + 1 equal 2^24: values beyond 2^24 and, for u32, beyond 2^31; sums wrapping mod 2^32.
+TEST(BinaryKernelTest, IntegerComparisonsAndReductionsAreExactBeyondFloatPrecision) {
+  Tensor a(v1::DTYPE_I32, {2, 3}), b(v1::DTYPE_I32, {2, 3});
+  const int32_t av[] = {16777217, 2147483647, -16777217, 100000001, -2147483648, 3};
+  const int32_t bv[] = {16777216, 2147483647, -16777216, 100000000, 2147483647, 3};
+  std::copy(av, av + 6, a.data<int32_t>());
+  std::copy(bv, bv + 6, b.data<int32_t>());
+  ExpectComparisonsAsCpp<int32_t>(a, b);
   Tensor u(v1::DTYPE_U32, {1, 2}), v(v1::DTYPE_U32, {1, 2}), uo(v1::DTYPE_U32, {1, 2});
   u.data<uint32_t>()[0] = 4294967295u, u.data<uint32_t>()[1] = 2147483648u;
   v.data<uint32_t>()[0] = 4294967294u, v.data<uint32_t>()[1] = 2147483649u;
@@ -390,6 +400,12 @@ TEST(BinaryKernelTest, IntegerComparisonsAndReductionsAreExactBeyondFloatPrecisi
   }
   Tensor mean(v1::DTYPE_I32, {1, 3});
   EXPECT_FALSE(CreateReduce("mean", a, mean).ok());
+  Tensor scalar(v1::DTYPE_I32, {}), same(v1::DTYPE_I32, {});
+  scalar.data<int32_t>()[0] = 16777217;
+  auto sk = CreateReduce("sum", scalar, same);  // nothing reduced: a copy
+  ASSERT_TRUE(sk.ok()) << sk.status();
+  ASSERT_TRUE((*sk)->Run().ok());
+  EXPECT_EQ(same.data<int32_t>()[0], 16777217);
   // cumsum along each row, wrapping: 16777217 + 2147483647 - 16777217 = 2147483647.
   Tensor scan(v1::DTYPE_I32, {2, 3});
   auto ck = CreateCumulative("sum", 1, /*reverse=*/false, a, scan);
@@ -411,20 +427,10 @@ TEST(BinaryKernelTest, FloatComparisonsWithNanAndSignedZerosAreIeee) {
   const std::vector<std::pair<float, float>> pairs = {{nan, 0.0f},   {1.0f, nan},  {nan, nan},
                                                       {-0.0f, 0.0f}, {1.0f, 2.0f}, {2.0f, 1.0f},
                                                       {3.0f, 3.0f}};
-  Tensor a(v1::DTYPE_F32, {7, 1}), b(v1::DTYPE_F32, {7, 1}), out(v1::DTYPE_F32, {7, 1});
+  Tensor a(v1::DTYPE_F32, {7, 1}), b(v1::DTYPE_F32, {7, 1});
   for (int i = 0; i < 7; ++i)
     a.data<float>()[i] = pairs[i].first, b.data<float>()[i] = pairs[i].second;
-  const std::map<std::string, std::function<bool(float, float)>> cmps = {
-      {"eq", std::equal_to<>()},   {"ne", std::not_equal_to<>()}, {"lt", std::less<>()},
-      {"le", std::less_equal<>()}, {"gt", std::greater<>()},      {"ge", std::greater_equal<>()}};
-  for (const auto& [fn, ref] : cmps) {
-    auto k = CreateBinary(fn, a, b, out);
-    ASSERT_TRUE(k.ok()) << k.status();
-    ASSERT_TRUE((*k)->Run().ok());
-    for (int i = 0; i < 7; ++i)
-      EXPECT_EQ(out.data<float>()[i], ref(pairs[i].first, pairs[i].second) ? 1.0f : 0.0f)
-          << pairs[i].first << " " << fn << " " << pairs[i].second;
-  }
+  ExpectComparisonsAsCpp<float>(a, b);
   Tensor wide(v1::DTYPE_F32, {7, 3}), zero(v1::DTYPE_F32, {1, 1}), wout(v1::DTYPE_F32, {7, 3});
   for (int i = 0; i < 21; ++i) wide.data<float>()[i] = pairs[i / 3].first;
   zero.data<float>()[0] = 0.0f;

@@ -101,6 +101,10 @@ class LoopReduceKernel : public Kernel {
     const Dims& od = out_.dims();
     const size_t r = xd.size();
     T* out = out_.data<T>();
+    if (r == 0) {  // a scalar: itself
+      out[0] = x_.data<T>()[0];
+      return absl::OkStatus();
+    }
     std::fill_n(out, out_.num_elements(), Identity());
     std::vector<int64_t> stride(r, 0);  // out's stride along each dim of x (0 where reduced)
     for (size_t d = r, s = 1; d-- > 0; s *= od[d]) stride[d] = od[d] == 1 ? 0 : s;
