@@ -190,15 +190,23 @@ class _Layout:
     def _arg_extreme(self, name, p, x, out_dtype, out_shape):
         """argmax / argmin along one axis: the least index holding the extreme, as lax's
         (indices exact below 2**24): min over the axis of where(x == extreme, iota, size). A NaN
-        is the extreme, as in lax (the max is NaN exactly where the slice holds one)."""
+        is the extreme, as in lax (the max is NaN exactly where the slice holds one). int32 /
+        uint32 compare in their integers (argmin as argmax of ~x), exact at any magnitude."""
         (axis,) = p["axes"]
-        x = self.f32(x)
-        if name == "argmin":
-            x = self.unary("neg", x)
+        if x.store in (I32, U32) and x.dtype in (np.int32, np.uint32):
+            if name == "argmin":
+                ones = self.int_scalar(-1 if x.dtype == np.int32 else 0xFFFFFFFF, x.dtype)
+                x = _V(self.emit(G.BINARY, [x, ones], fn="xor"), x.shape, x.dtype, x.store)
+        else:
+            x = self.f32(x)
+            if name == "argmin":
+                x = self.unary("neg", x)
         kept = [d for d in range(len(x.shape)) if d != axis]
-        m = _V(self.emit(G.REDUCE, [x], fn="max", dims=[axis]), out_shape, np.float32, F32)
-        mb = _V(self.emit(G.BROADCAST_IN_DIM, [m], shape=list(x.shape), dims=kept), x.shape, np.float32, F32)
-        hit = self.binary("add", self.binary("eq", x, mb), self.binary("ne", x, x))
+        m = _V(self.emit(G.REDUCE, [x], fn="max", dims=[axis]), out_shape, x.dtype, x.store)
+        mb = _V(self.emit(G.BROADCAST_IN_DIM, [m], shape=list(x.shape), dims=kept), x.shape, x.dtype, x.store)
+        hit = self.binary("eq", x, mb)
+        if x.store == F32:  # a NaN is the extreme
+            hit = self.binary("add", hit, self.binary("ne", x, x))
         iota = _V(self.emit(G.IOTA, dtype=F32, shape=list(x.shape), index=axis, spec=common_pb2.PartitionSpec()),
                   x.shape, np.float32, F32)
         size = self.scalar(float(x.shape[axis]))

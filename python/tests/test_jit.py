@@ -433,7 +433,8 @@ def test_integers_beyond_float_precision_compare_reduce_scan_gather_and_convert_
         return (a == 16777216, a < a[:, ::-1], u > u[:, ::-1], -a, jnp.abs(a), jnp.sum(a, axis=1),
                 jnp.sum(a[:, :2]), jnp.max(a, axis=1), jnp.min(a, axis=1), jnp.max(u, axis=1), jnp.min(u),
                 jnp.cumsum(a, axis=1), jnp.take_along_axis(a, jnp.argsort(a, axis=1), axis=1),
-                jnp.take(a, jnp.array([[1], [0]]), axis=0), x.astype(jnp.int32), x.astype(jnp.uint32))
+                jnp.take(a, jnp.array([[1], [0]]), axis=0), x.astype(jnp.int32), x.astype(jnp.uint32),
+                jnp.argmax(a[:, 5:7][:, ::-1], axis=1), jnp.argmin(a[:, 5:7], axis=1), jnp.argmax(u, axis=1))
 
     want = jax.jit(f)(a, u, x)
     for spec in (P(), P("data", "model")):
