@@ -241,6 +241,18 @@ void Convert(const Tensor& x, Tensor& out) {
   if (from_float && out.dtype() == v1::DTYPE_I32) return SaturatingConvert<int32_t>(x, out);
   if (from_float && out.dtype() == v1::DTYPE_U32) return SaturatingConvert<uint32_t>(x, out);
   if (from_float && out.dtype() == v1::DTYPE_U8) return SaturatingConvert<uint8_t>(x, out);
+  if (!from_float && out.dtype() != v1::DTYPE_F32 && out.dtype() != v1::DTYPE_BF16) {
+    // Integer to integer, as XLA's: the value modulo 2^bits (u32 4294967289 is i32 -7); a
+    // double cast to a narrower integer out of its range is undefined (x86 gave INT_MIN).
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t v = static_cast<uint64_t>(static_cast<int64_t>(GetAsDouble(x, i)));
+      SetFromDouble(out, i,
+                    out.dtype() == v1::DTYPE_I32   ? static_cast<int32_t>(static_cast<uint32_t>(v))
+                    : out.dtype() == v1::DTYPE_U32 ? static_cast<double>(static_cast<uint32_t>(v))
+                                                   : static_cast<double>(static_cast<uint8_t>(v)));
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; ++i) SetFromDouble(out, i, GetAsDouble(x, i));
 }
 

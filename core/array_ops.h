@@ -35,7 +35,8 @@ void Slice(const Tensor& x, const std::vector<int64_t>& starts, Tensor& out);
 void UpdateSlice(const Tensor& update, const std::vector<int64_t>& starts, Tensor& out);
 
 // out = x converted to out's dtype: to bf16 rounding to nearest even; from f32 / bf16 to i32, u32
-// or u8 as XLA converts (truncated, saturated at the integer's range, NaN to 0).
+// or u8 as XLA converts (truncated, saturated at the integer's range, NaN to 0); between integers
+// modulo 2^bits.
 void Convert(const Tensor& x, Tensor& out);
 
 // Element i of x as a double / stored from a double, for any dtype.

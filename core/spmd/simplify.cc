@@ -272,10 +272,11 @@ bool ReluGradFromOutput(v1::ShardMapProgram* p) {
 // `y = unary(fn, c)` of a matmul's f32 result c that nothing else reads becomes that matmul with
 // fn as its post-op, writing y (one pass over the result fewer; oneDNN applies fn to the
 // accumulator, which the f32 result holds unrounded, so the bits are the same). fn: OP_MATMUL's
-// activations (program.proto; the worker's kernels::EltwiseAlgs but pow, which refuses others).
+// activations (program.proto; the worker's kernels::EltwiseAlgs but pow and log, which refuses
+// others).
 bool FuseMatmulActivation(v1::ShardMapProgram* p) {
-  static const std::set<std::string> kActivations = {
-      "tanh", "exp", "log", "sqrt", "rsqrt", "neg", "abs", "square", "relu", "logistic", "silu"};
+  static const std::set<std::string> kActivations = {"tanh", "exp",    "sqrt", "rsqrt",    "neg",
+                                                     "abs",  "square", "relu", "logistic", "silu"};
   const Uses uses(*p);
   const auto decls = Decls(p->program());
   const std::set<std::string> args(p->inputs().begin(), p->inputs().end());

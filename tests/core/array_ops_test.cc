@@ -107,6 +107,24 @@ TEST(ArrayOpsTest, FloatToIntegerConversionTruncatesAndSaturatesAsXla) {
   }
 }
 
+// Integer to integer as XLA converts: modulo 2^bits, either way between i32 and u32, and to u8.
+TEST(ArrayOpsTest, IntegerConversionsWrapModuloTheirWidth) {
+  Tensor u(v1::DTYPE_U32, {4}), i(v1::DTYPE_I32, {4}), back(v1::DTYPE_U32, {4}),
+      b(v1::DTYPE_U8, {4});
+  const uint32_t uv[] = {4294967289u, 2147483648u, 7u, 300u};
+  std::copy(uv, uv + 4, u.data<uint32_t>());
+  Convert(u, i);
+  Convert(i, back);
+  Convert(i, b);
+  const int32_t want_i[] = {-7, std::numeric_limits<int32_t>::min(), 7, 300};
+  const uint8_t want_b[] = {249, 0, 7, 44};
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_EQ(i.data<int32_t>()[k], want_i[k]) << uv[k];
+    EXPECT_EQ(back.data<uint32_t>()[k], uv[k]);
+    EXPECT_EQ(b.data<uint8_t>()[k], want_b[k]) << uv[k];
+  }
+}
+
 TEST(ArrayOpsTest, UpdateSliceWritesTheBlockAndKeepsTheRest) {
   const Dims dims = {4, 6, 5};
   for (DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
