@@ -156,11 +156,8 @@ class _Layout:
                 return [x]
             if x.store in (I32, U32) and x.dtype in (np.int32, np.uint32):
                 # In the integers (a sum wraps; f32 would round above 2**24); min(x) = ~max(~x).
-                ones = self.int_scalar(-1 if x.dtype == np.int32 else 0xFFFFFFFF, x.dtype)
                 def flip(v):
-                    if name != "reduce_min":
-                        return v
-                    return _V(self.emit(G.BINARY, [v, ones], fn="xor"), v.shape, x.dtype, x.store)
+                    return self.bitwise_not(v) if name == "reduce_min" else v
 
                 vid = self.emit(G.REDUCE, [flip(x)], fn="sum" if name == "reduce_sum" else "max", dims=axes)
                 return [flip(_V(vid, out_shape, x.dtype, x.store))]
@@ -195,8 +192,7 @@ class _Layout:
         (axis,) = p["axes"]
         if x.store in (I32, U32) and x.dtype in (np.int32, np.uint32):
             if name == "argmin":
-                ones = self.int_scalar(-1 if x.dtype == np.int32 else 0xFFFFFFFF, x.dtype)
-                x = _V(self.emit(G.BINARY, [x, ones], fn="xor"), x.shape, x.dtype, x.store)
+                x = self.bitwise_not(x)
         else:
             x = self.f32(x)
             if name == "argmin":

@@ -126,6 +126,12 @@ class _Random:
             return self.int_scalar(var.val, dtype)
         return self.integer(v, store, dtype)
 
+    def bitwise_not(self, v):
+        """~v for an int32 / uint32 v held as itself: v ^ all-ones. Order-reversing without
+        overflow (unlike -v at INT_MIN), so min(x) = ~max(~x)."""
+        ones = self.int_scalar(np.iinfo(v.dtype).max if np.dtype(v.dtype).kind == "u" else -1, v.dtype)
+        return _V(self.emit(G.BINARY, [v, ones], fn="xor"), v.shape, v.dtype, v.store)
+
     def key_words(self, name, p, ins, eqn):
         """(params, ins) of a layout primitive over typed keys (a split key unpacked, a key array
         reshaped or broadcast) made to act on the keys' words, whose trailing 2 the key's shape

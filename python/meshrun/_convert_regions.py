@@ -43,11 +43,7 @@ class _Regions:
             return [self._manual(name, eqn, p, ins[0])]
         if name == "pmin":  # -pmax(-x); for integers ~pmax(~x), which cannot overflow
             x = ins[0]
-            if x.store in (I32, U32):
-                ones = self.int_scalar(-1 if x.dtype == np.int32 else 0xFFFFFFFF, x.dtype)
-                flip = lambda v: _V(self.emit(G.BINARY, [v, ones], fn="xor"), v.shape, x.dtype, x.store)  # noqa: E731
-            else:
-                flip = lambda v: self.unary("neg", v)  # noqa: E731
+            flip = self.bitwise_not if x.store in (I32, U32) else (lambda v: self.unary("neg", v))
             return [flip(self._manual("pmax", eqn, p, flip(x)))]
         if name == "axis_index":
             if not self._manual_depth:
