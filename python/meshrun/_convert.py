@@ -18,6 +18,7 @@ from meshrun._convert_indexing import _Indexing
 from meshrun._convert_layout import _Layout
 from meshrun._convert_random import SUPPORTED_RANDOM, _Random, aval_of, backward_hints
 from meshrun._convert_regions import _CALLS, _MANUAL, _Regions
+from meshrun._convert_windows import SUPPORTED_WINDOWS, _Windows
 from meshrun._ir import BF16, F32, G, I32, U32, _V, _is_bool, _is_int, _summary
 from meshrun.v1 import common_pb2, program_pb2
 
@@ -54,7 +55,7 @@ SUPPORTED = {
     "and": "mul (bool); BINARY and (integers)", "or": "max (bool); BINARY or (integers)",
     "not": "1 - x (bool); BINARY xor with all ones (integers)",
     "dot_general": "DOT_GENERAL (f32 / bf16; an integer product is refused)", "broadcast_in_dim": "BROADCAST_IN_DIM (layout propagated)",
-    "reshape": "RESHAPE", "squeeze": "RESHAPE", "expand_dims": "RESHAPE",
+    "reshape": "RESHAPE (after a TRANSPOSE by its dimensions, if given)", "squeeze": "RESHAPE", "expand_dims": "RESHAPE",
     "transpose": "TRANSPOSE",
     "slice": "SLICE (a dim cut short is gathered); strides: a RESHAPE to [m, stride], its first column",
     "reduce_sum": "REDUCE sum", "reduce_max": "REDUCE max", "stack": "RESHAPEs and CONCATENATE",
@@ -91,10 +92,11 @@ SUPPORTED = {
     **{k: "the value itself" for k in _IDENTITY},
     **{k: "its body, inlined" for k in _CALLS},
     **SUPPORTED_RANDOM,
+    **SUPPORTED_WINDOWS,
 }
 
 
-class Converter(_Regions, _Layout, _Indexing, _Random):
+class Converter(_Regions, _Layout, _Indexing, _Random, _Windows):
     """Converts one closed jaxpr. Not thread-safe; one per program."""
 
     def __init__(self, mesh):
@@ -303,6 +305,8 @@ class Converter(_Regions, _Layout, _Indexing, _Random):
             outs = self._layout_equation(name, p, ins, out_dtype, out_shape, eqn)
         if outs is None:
             outs = self._indexing_equation(name, p, ins, out_dtype, out_shape, eqn)
+        if outs is None:
+            outs = self._window_equation(name, p, ins, out_dtype, out_shape, eqn)
         if outs is None:
             self._unsupported(name, eqn)
         return outs

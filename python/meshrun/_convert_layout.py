@@ -24,8 +24,11 @@ class _Layout:
             return [_V(vid, out_shape, x.dtype, x.store)]
         if name in ("reshape", "squeeze", "expand_dims"):
             (x,) = ins[:1]
-            if name == "reshape" and p.get("dimensions") not in (None, ()):
-                self._unsupported(name, eqn, "reshape with a dimensions permutation")
+            if name == "reshape" and p.get("dimensions") not in (None, ()):  # lax.reshape(x, s, perm)
+                perm = [int(d) for d in p["dimensions"]]
+                if perm != list(range(len(perm))):
+                    shape = tuple(x.shape[d] for d in perm)
+                    x = _V(self.emit(G.TRANSPOSE, [x], dims=perm), shape, x.dtype, x.store)
             if tuple(out_shape) == x.shape:
                 return [x]
             return [_V(self.emit(G.RESHAPE, [x], shape=list(out_shape)), out_shape, x.dtype, x.store)]
@@ -67,23 +70,11 @@ class _Layout:
             return [self._pad(name, eqn, ins[0], ins[1], p["padding_config"], out_dtype)]
         if name == "slice":
             (x,) = ins
-            strides = list(p.get("strides") or [1] * len(x.shape))
-            starts, limits = list(p["start_indices"]), list(p["limit_indices"])
             if tuple(out_shape) == x.shape:
                 return [x]
-            if any(st != 1 for st in strides):  # the unit-stride dims first, then each strided one
-                for d in range(len(strides)):
-                    if strides[d] != 1:
-                        starts[d], limits[d] = 0, x.shape[d]
-                if starts != [0] * len(starts) or limits != list(x.shape):
-                    shape = tuple(hi - lo for lo, hi in zip(starts, limits))
-                    x = _V(self.emit(G.SLICE, [x], dims=starts, shape=limits), shape, x.dtype, x.store)
-                for d, st in enumerate(strides):
-                    if st != 1:
-                        x = self._strided(x, d, int(p["start_indices"][d]), int(p["limit_indices"][d]), int(st))
-                return [_V(x.id, x.shape, out_dtype, x.store)]
-            vid = self.emit(G.SLICE, [x], dims=starts, shape=limits)
-            return [_V(vid, out_shape, x.dtype, x.store)]
+            strides = list(p.get("strides") or [1] * len(x.shape))
+            v = self._slice_strided(x, p["start_indices"], p["limit_indices"], strides)
+            return [_V(v.id, tuple(out_shape), out_dtype, v.store)]
         if name == "sort":
             keys = int(p["num_keys"])
             if any(v.store not in (F32, I32, U32) for v in ins):
@@ -235,6 +226,20 @@ class _Layout:
         fill = self.f32(value) if like.store == F32 else value
         return _V(self.emit(G.BROADCAST_IN_DIM, [fill], shape=list(shape), dims=[]), tuple(shape), like.dtype,
                   fill.store)
+
+    def _slice_strided(self, x, starts, limits, strides):
+        """x[starts:limits:strides] (lax.slice): one SLICE of the unit-stride box, then each
+        strided dim's every stride-th element."""
+        starts, limits, strides = [int(s) for s in starts], [int(s) for s in limits], [int(s) for s in strides]
+        box_lo = [0 if st != 1 else lo for lo, st in zip(starts, strides)]
+        box_hi = [x.shape[d] if st != 1 else hi for d, (hi, st) in enumerate(zip(limits, strides))]
+        if box_lo != [0] * len(box_lo) or box_hi != list(x.shape):
+            shape = tuple(hi - lo for lo, hi in zip(box_lo, box_hi))
+            x = _V(self.emit(G.SLICE, [x], dims=box_lo, shape=box_hi), shape, x.dtype, x.store)
+        for d, st in enumerate(strides):
+            if st != 1:
+                x = self._strided(x, d, starts[d], limits[d], st)
+        return x
 
     def _strided(self, x, d, start, limit, stride):
         """x[start:limit:stride] along d: the range padded to a multiple of the stride, viewed as
