@@ -29,15 +29,53 @@ void ForEachIndex(const Dims& dims, int64_t count, Fn fn) {
   }
 }
 
+// Copies `rows` rows of `row` bytes from src (rows `src_stride` bytes apart) to dst (rows
+// `dst_stride` apart). Short rows (a concatenation along a few channels) are copied word by word
+// in a loop the compiler unrolls, not by a libc call per row.
+void CopyRows(const char* src, int64_t src_stride, int64_t rows, int64_t row, char* dst,
+              int64_t dst_stride) {
+  if (row % 4 != 0 || row > 64) {
+    for (int64_t o = 0; o < rows; ++o) std::memcpy(dst + o * dst_stride, src + o * src_stride, row);
+    return;
+  }
+  const int64_t words = row / 4;
+  for (int64_t o = 0; o < rows; ++o) {
+    char* d = dst + o * dst_stride;
+    const char* s = src + o * src_stride;
+    for (int64_t w = 0; w < words; ++w) std::memcpy(d + 4 * w, s + 4 * w, 4);
+  }
+}
+
+// Drops out's dims of size 1 and merges each pair of adjacent dims that walk x as one (a dim
+// whose stride is the next dim's stride times its size), so that a slice or a transpose copies
+// the longest contiguous runs it has (a [n, h, w, 1] slice: rows of w, not single elements).
+void Coalesce(const Dims& out_dims, const std::vector<int64_t>& strides, Dims* dims,
+              std::vector<int64_t>* merged) {
+  for (size_t d = 0; d < out_dims.size(); ++d) {
+    if (out_dims[d] == 1) continue;
+    if (!dims->empty() && merged->back() == strides[d] * out_dims[d]) {
+      dims->back() *= out_dims[d];
+      merged->back() = strides[d];
+    } else {
+      dims->push_back(out_dims[d]);
+      merged->push_back(strides[d]);
+    }
+  }
+}
+
 // Copies out's elements from x: out[idx] = x[base + sum(idx[d] * strides[d])] (offsets in
-// elements). Runs that are contiguous in x (stride 1 along out's last dim) are copied whole, a
-// transposed pair of trailing dims in cache-sized tiles, anything else element by element.
+// elements), over out's dims coalesced. Runs that are contiguous in x (stride 1 along the last
+// dim) are copied whole, a transposed pair of trailing dims in cache-sized tiles, anything else
+// along the last dim at its stride.
 template <size_t kElem>
-void StridedCopy(const char* src, const std::vector<int64_t>& strides, int64_t base,
-                 const Dims& out_dims, char* dst) {
-  const int rank = static_cast<int>(out_dims.size());
-  const int64_t total = NumElements(out_dims);
+void StridedCopy(const char* src, const std::vector<int64_t>& out_strides, int64_t base,
+                 const Dims& raw_dims, char* dst) {
+  const int64_t total = NumElements(raw_dims);
   if (total == 0) return;
+  Dims out_dims;
+  std::vector<int64_t> strides;
+  Coalesce(raw_dims, out_strides, &out_dims, &strides);
+  const int rank = static_cast<int>(out_dims.size());
   if (rank == 0) {
     std::memcpy(dst, src + base * kElem, kElem);
     return;
@@ -45,7 +83,7 @@ void StridedCopy(const char* src, const std::vector<int64_t>& strides, int64_t b
   const int64_t inner = out_dims[rank - 1];
   const bool runs = strides[rank - 1] == 1;
   const bool tiles = !runs && rank >= 2 && strides[rank - 2] == 1;
-  const int outer_rank = runs ? rank - 1 : tiles ? rank - 2 : rank;
+  const int outer_rank = tiles ? rank - 2 : rank - 1;
   const Dims outer(out_dims.begin(), out_dims.begin() + outer_rank);
   const int64_t block =
       total / std::max<int64_t>(1, NumElements(outer));  // out elements per outer index
@@ -68,7 +106,9 @@ void StridedCopy(const char* src, const std::vector<int64_t>& strides, int64_t b
         }
       }
     } else {
-      std::memcpy(to, src + from * kElem, kElem);
+      const int64_t s = strides[rank - 1];
+      for (int64_t j = 0; j < inner; ++j)
+        std::memcpy(to + j * kElem, src + (from + j * s) * kElem, kElem);
     }
   });
 }
@@ -152,8 +192,7 @@ void Concatenate(const std::vector<const Tensor*>& inputs, int64_t dim, Tensor& 
   for (const Tensor* t : inputs) {
     const int64_t row =
         t->num_elements() / std::max<int64_t>(1, outer) * static_cast<int64_t>(elem);
-    const char* src = static_cast<const char*>(t->raw());
-    for (int64_t o = 0; o < outer; ++o) std::memcpy(dst + o * out_row + offset, src + o * row, row);
+    CopyRows(static_cast<const char*>(t->raw()), row, outer, row, dst + offset, out_row);
     offset += row;
   }
 }

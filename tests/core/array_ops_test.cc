@@ -180,5 +180,52 @@ TEST(ArrayOpsTest, SliceAndBroadcastMatchTheReference) {
   }
 }
 
+// Dims of size 1 and dims that walk the source as one are merged before copying (a channel-last
+// image with one channel is copied in rows, not element by element): every permutation of a 4-D
+// array with a unit dim, slices of it, and concatenations along short and long trailing rows,
+// in f32 and bf16.
+TEST(ArrayOpsTest, CopiesWithUnitAndMergeableDimsMatchTheReference) {
+  for (DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
+    const Dims dims = {3, 5, 1, 7};
+    const Tensor x = Iota(dtype, dims);
+    std::vector<int64_t> perm = {0, 1, 2, 3};
+    do {
+      Dims out_dims;
+      for (int64_t p : perm) out_dims.push_back(dims[p]);
+      Tensor out(dtype, out_dims);
+      Transpose(x, perm, out);
+      for (int64_t i = 0; i < out.num_elements(); ++i) {
+        const std::vector<int64_t> oc = Coords(i, out_dims);
+        std::vector<int64_t> xc(4);
+        for (int d = 0; d < 4; ++d) xc[perm[d]] = oc[d];
+        ASSERT_EQ(GetAsDouble(out, i), GetAsDouble(x, Flat(xc, dims))) << "element " << i;
+      }
+    } while (std::next_permutation(perm.begin(), perm.end()));
+    const Dims image = {2, 6, 5, 1};  // [n, h, w, c]: a window's slice keeps rows of w
+    const Tensor img = Iota(dtype, image);
+    Tensor cut(dtype, {2, 4, 3, 1});
+    Slice(img, {0, 1, 2, 0}, cut);
+    for (int64_t i = 0; i < cut.num_elements(); ++i) {
+      std::vector<int64_t> c = Coords(i, cut.dims());
+      c[1] += 1;
+      c[2] += 2;
+      ASSERT_EQ(GetAsDouble(cut, i), GetAsDouble(img, Flat(c, image))) << "element " << i;
+    }
+    for (int64_t wide : {1, 3, 40}) {  // rows of 1, 3 and 40 elements beside rows of 2
+      const Tensor a = Iota(dtype, {4, 3, wide});
+      Tensor b(dtype, {4, 3, 2});
+      for (int64_t i = 0; i < b.num_elements(); ++i) SetFromDouble(b, i, 1000.0 + i);
+      Tensor out(dtype, {4, 3, wide + 2});
+      Concatenate({&a, &b}, 2, out);
+      for (int64_t i = 0; i < out.num_elements(); ++i) {
+        const std::vector<int64_t> c = Coords(i, out.dims());
+        const double want = c[2] < wide ? GetAsDouble(a, (c[0] * 3 + c[1]) * wide + c[2])
+                                        : GetAsDouble(b, (c[0] * 3 + c[1]) * 2 + c[2] - wide);
+        ASSERT_EQ(GetAsDouble(out, i), want) << "wide " << wide << " element " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace meshrun
