@@ -47,10 +47,34 @@ class _Windows:
 
     # -- shared: strided windows ---------------------------------------------------------------
 
+    @staticmethod
+    def _tiles(window, strides, dilation, counts):
+        """Whether the windows tile their operand (stride = window, undilated): each element in
+        at most one window, so the operand is viewed as windows rather than sliced per stride."""
+        return all(int(w) == int(s) and int(d) == 1 for w, s, d in zip(window, strides, dilation)) and all(counts)
+
+    def _tiled_view(self, x, window, counts):
+        """x's first counts * window elements per dim viewed as [c0, w0, c1, w1, ...]: window
+        position w of window i along dim d is element (i, w) of the pair."""
+        need = [int(c) * int(w) for c, w in zip(counts, window)]
+        if need != list(x.shape):
+            x = self._slice_strided(x, [0] * len(need), need, [1] * len(need))
+        return self._reshape(x, [v for c, w in zip(counts, window) for v in (int(c), int(w))])
+
     def _window_slices(self, x, window, strides, dilation, counts):
         """Per window position (row-major), x's elements that position meets in each of `counts`
-        windows: x[w * dilation : ... : strides] along every dim."""
+        windows: x[w * dilation : ... : strides] along every dim (a slice of the tiled view when
+        the windows tile)."""
         out = []
+        if self._tiles(window, strides, dilation, counts):
+            view = self._tiled_view(x, window, counts)
+            for w in _positions(window):
+                starts = [v for wi in w for v in (0, wi)]
+                limits = [v for c, wi in zip(counts, w) for v in (int(c), wi + 1)]
+                part = _V(self.emit(G.SLICE, [view], dims=starts, shape=limits),
+                          tuple(hi - lo for lo, hi in zip(starts, limits)), view.dtype, view.store)
+                out.append(self._reshape(part, tuple(int(c) for c in counts)))
+            return out
         for w in _positions(window):
             starts = [wi * di for wi, di in zip(w, dilation)]
             limits = [st + (n - 1) * s + 1 if n else st for st, n, s in zip(starts, counts, strides)]
@@ -74,8 +98,8 @@ class _Windows:
             x = self.f32(x)
         identity = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[fn]
         x = self._padded(x, self.scalar(identity), p["padding"], p["base_dilation"])
-        slices = self._window_slices(x, p["window_dimensions"], p["window_strides"], p["window_dilation"],
-                                     out_shape)
+        window, strides, dilation = p["window_dimensions"], p["window_strides"], p["window_dilation"]
+        slices = self._window_slices(x, window, strides, dilation, out_shape)
         acc = slices[0]
         for s in slices[1:]:
             acc = self.binary({"sum": "add"}.get(fn, fn), acc, s)
@@ -98,13 +122,17 @@ class _Windows:
         best = slices[0]
         for s in slices[1:]:
             best = self.binary("max" if select == "ge" else "min", best, s)
-        taken, total = None, None
+        tiles = self._tiles(window, strides, ones, source.shape)
+        taken, total, parts = None, None, []
         for w, s in zip(_positions(window), slices):
             hit = self.binary("eq", s, best)
             if taken is not None:
                 hit = self.binary("mul", hit, self.binary("sub", self.scalar(1.0), taken))
             taken = hit if taken is None else self.binary("add", taken, hit)
             part = self.binary("mul", source, hit)
+            if tiles:  # placed below, all at once
+                parts.append(self._reshape(part, (1,) + tuple(source.shape)))
+                continue
             # back to the padded operand's positions w + stride * i
             config = []
             for d, (wi, st, n) in enumerate(zip(w, strides, source.shape)):
@@ -112,6 +140,15 @@ class _Windows:
                 config.append((int(wi), padded.shape[d] - used, int(st) - 1))
             part = self._pad(name, None, part, self.scalar(0.0), config, np.float32)
             total = part if total is None else self.binary("add", total, part)
+        if tiles:  # [k, c...] -> [w..., c...] -> [c0, w0, c1, w1, ...] -> the padded operand's shape
+            r = len(window)
+            stacked = self._reshape(parts[0] if len(parts) == 1 else self._joined(parts, 0),
+                                    tuple(int(w) for w in window) + tuple(source.shape))
+            view = self._transposed(stacked, [v for d in range(r) for v in (r + d, d)])
+            total = self._reshape(view, tuple(int(c) * int(w) for c, w in zip(source.shape, window)))
+            rest = [(0, padded.shape[d] - total.shape[d], 0) for d in range(r)]
+            if any(hi for _, hi, _ in rest):
+                total = self._pad(name, None, total, self.scalar(0.0), rest, np.float32)
         lo = [int(a) for a, _ in padding]
         total = self._slice_strided(total, lo, [a + n for a, n in zip(lo, operand.shape)], ones)
         return _V(total.id, operand.shape, out_dtype, total.store)

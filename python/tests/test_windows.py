@@ -23,6 +23,9 @@ CONVS = [
     ((4, 6, 6, 2), (3, 3, 2, 4), dict(window_strides=(1, 1), padding="VALID", batch_group_count=2)),
     ((4, 12, 3), (5, 3, 4), dict(window_strides=(3,), padding="SAME", dimension_numbers=("NWC", "WIO", "NWC"))),
     ((4, 12, 3), (5, 3, 4), dict(window_strides=(3,), padding=((-1, 2),), dimension_numbers=("NWC", "WIO", "NWC"))),
+    # windows that tile the image (a ViT's patches; with a remainder left out): viewed, not sliced
+    ((4, 8, 8, 3), (4, 4, 3, 5), dict(window_strides=(4, 4), padding="VALID")),
+    ((4, 9, 10, 2), (2, 3, 2, 3), dict(window_strides=(2, 3), padding="VALID")),
     # a window larger than the output (as a kernel gradient's): one product per output position
     ((4, 7, 7, 2), (7, 7, 2, 3), dict(window_strides=(1, 1), padding=((1, 1), (1, 0)))),
 ]
@@ -67,9 +70,14 @@ def test_window_reductions_and_max_pooling_gradient_with_ties_match_jax(cluster)
                 lax.reduce_window(x, jnp.inf, lax.min, (1, 2, 2, 1), (1, 1, 1, 1), "VALID",
                                   window_dilation=(1, 2, 1, 1)),
                 lax.reduce_window(x, 0.0, lax.add, (1, 2, 2, 1), (1, 1, 1, 1), "VALID", base_dilation=(1, 2, 1, 1)),
+                # tiling windows (slices of a view), with a remainder left out
+                nn.avg_pool(x, (2, 2), (2, 2)),
+                lax.reduce_window(x, jnp.inf, lax.min, (1, 3, 1, 1), (1, 3, 1, 1), "VALID"),
+                lax.reduce_window(x, -jnp.inf, lax.max, (2, 1, 2, 1), (2, 1, 2, 1), ((0, 0), (0, 0), (1, 0), (0, 0))),
                 # max pooling's gradient (select_and_scatter_add): the first max of a window takes it
                 jax.grad(lambda x: jnp.sum(nn.max_pool(x, (2, 2), (2, 2), padding="SAME") ** 2))(x),
                 jax.grad(lambda x: jnp.sum(jnp.cos(nn.max_pool(x, (3, 3), (1, 2)))))(x),
+                jax.grad(lambda x: jnp.sum(jnp.sin(nn.max_pool(x, (3, 2), (3, 2)))))(x),
                 jax.grad(lambda x: jnp.sum(lax.reduce_window(x, jnp.inf, lax.min, (1, 2, 2, 1), (1, 2, 1, 1),
                                                              "SAME") ** 2))(x),
                 jax.grad(lambda x: jnp.sum(nn.avg_pool(x, (3, 2), (2, 2), padding="SAME") ** 3))(x))
