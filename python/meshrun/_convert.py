@@ -70,7 +70,9 @@ SUPPORTED = {
     "rev": "REVERSE (jnp.flip, x[::-1]; the reversed dims gathered)",
     "sort": "SORT per result (stable; the sorted dim gathered)",
     "top_k": "SORT by (not NaN, -x) with an IOTA, SLICEd to k (the last axis; NaN ranks first, as XLA's)",
-    "cond": "every branch inlined, SELECTs by the index (lax.cond, lax.switch)",
+    "cond": "every branch inlined, SELECTs by the index (lax.cond, lax.switch); only the chosen one for a "
+            "platform_index",
+    "platform_index": "the index of the CPU's branch, else the default's (lax.platform_dependent)",
     "empty2": "CONSTANT 0 (a cond branch's placeholder residual)", "empty": "CONSTANT 0",
     "dynamic_slice": "DYNAMIC_SLICE (starts clamped; a dim cut short is gathered)",
     "dynamic_update_slice": "DYNAMIC_UPDATE_SLICE (starts clamped; dims not covered whole gathered)",
@@ -111,6 +113,7 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows):
         self._int_scalars = {}  # (value, dtype) -> integer constant (meshrun._convert_random)
         self._hints = []  # per jaxpr being run: {var: spec entries} wanted (backward_hints)
         self._layouts = {}  # value id -> spec entries it is known to be laid out as
+        self._known_index = {}  # value id -> the constant branch index it holds (platform_index)
         self.out_entries = []  # the results' layouts, after convert()
 
     def where(self, eqn):

@@ -7,7 +7,106 @@ from meshrun._ir import F32, G, I32, U32, _V
 from meshrun.v1 import common_pb2
 
 
-class _Indexing:
+class _Points:
+    """Gathers and scatter-adds of single elements (or rows) at index vectors over several
+    operand dims -- x[jnp.arange(n), labels], jnp.diagonal -- and their transposes (a mixin of
+    _Indexing's helpers). The indexed dims are flattened into one of V positions, each index
+    vector into its position (f32, exact below 2**24), and every index compared with every
+    position: one select and one REDUCE sum over [n, V, R] (n index vectors, R elements per
+    position), exact for any values, inf and NaN included. Sizes are bounded by _MAX_POINT_WORK."""
+
+    def _points(self, name, eqn, p, op, idx, index_map, collapsed, window_dims):
+        """Whether this is such a gather / scatter: no batching dims, every indexed dim
+        collapsed, whole windows over the others, placed after the index vectors' dims."""
+        dn = p["dimension_numbers"]
+        batching = getattr(dn, "operand_batching_dims", ())
+        nb = len(idx.shape) - 1
+        rest = [d for d in range(len(op.shape)) if d not in index_map]
+        if batching or sorted(collapsed) != sorted(index_map) or idx.shape[-1:] != (len(index_map),) or \
+                tuple(window_dims) != tuple(range(nb, nb + len(rest))):
+            return False
+        if "slice_sizes" in p and any(p["slice_sizes"][d] != (1 if d in index_map else op.shape[d])
+                                      for d in range(len(op.shape))):
+            return False
+        n, positions = int(np.prod(idx.shape[:-1])), int(np.prod([op.shape[d] for d in index_map]))
+        work = n * positions * int(np.prod([op.shape[d] for d in rest]))
+        if positions >= 2 ** 24 or work > _MAX_POINT_WORK:
+            self._unsupported(name, eqn, f"{n} index vectors into {positions} positions ({work} compares, above "
+                                         f"{_MAX_POINT_WORK}); index one axis at a time (jnp.take_along_axis)")
+        return True
+
+    def _point_positions(self, p, op, idx, index_map):
+        """The operand as [V, R] (indexed dims first, flattened), each index vector's position
+        as f32 [n] (-1 where FILL_OR_DROP finds a component out of range; CLIP clamps each), and
+        the in-range mask (None unless FILL_OR_DROP) and the inverse of the layout change."""
+        r, nb = len(op.shape), len(idx.shape) - 1
+        rest = [d for d in range(r) if d not in index_map]
+        perm = [int(d) for d in index_map] + rest
+        sizes = [op.shape[d] for d in index_map]
+        n = int(np.prod(idx.shape[:-1]))
+        x = self._reshape(self._transposed(op, perm), (int(np.prod(sizes)), int(np.prod([op.shape[d] for d in rest]))))
+        mode = str(p.get("mode", ""))
+        linear, ok, stride = None, None, 1
+        for k in reversed(range(len(index_map))):
+            starts, limits = [0] * (nb + 1), list(idx.shape)
+            starts[-1], limits[-1] = k, k + 1
+            part = _V(self.emit(G.SLICE, [idx], dims=starts, shape=limits), tuple(idx.shape[:-1]) + (1,), idx.dtype,
+                      idx.store)
+            c = self.f32(self._reshape(part, (n,)))
+            if mode.endswith("CLIP"):
+                c = self.binary("min", self.binary("max", c, self.scalar(0.0)), self.scalar(float(sizes[k] - 1)))
+            if mode.endswith("FILL_OR_DROP"):
+                inside = self.binary("mul", self.binary("ge", c, self.scalar(0.0)),
+                                     self.binary("lt", c, self.scalar(float(sizes[k]))))
+                ok = inside if ok is None else self.binary("mul", ok, inside)
+            term = c if stride == 1 else self.binary("mul", c, self.scalar(float(stride)))
+            linear = term if linear is None else self.binary("add", linear, term)
+            stride *= sizes[k]
+        if ok is not None:  # out of range: position -1, which no position equals
+            linear = self.binary("sub", self.binary("mul", linear, ok), self.binary("sub", self.scalar(1.0), ok))
+        inverse = [perm.index(d) for d in range(r)]
+        return x, linear, ok, (tuple(sizes) + tuple(op.shape[d] for d in rest), inverse)
+
+    def _gather_points(self, name, eqn, p, op, idx, out_dtype, out_shape):
+        x, linear, ok, _ = self._point_positions(p, op, idx, p["dimension_numbers"].start_index_map)
+        (positions, width), n = x.shape, linear.shape[0]
+        integral = x.store in (I32, U32)
+        if not integral:
+            x = self.f32(x)
+        mask = self._mask((n, positions, width), 1, linear, (0,))
+        spread = _V(self.emit(G.BROADCAST_IN_DIM, [x], shape=[n, positions, width], dims=[1, 2]),
+                    (n, positions, width), x.dtype, x.store)
+        if integral:
+            picked = self._select(name, eqn, [_V(mask.id, mask.shape, np.bool_, F32), self.int_scalar(0, x.dtype),
+                                              spread], x.dtype)
+        else:
+            picked = self._pick(mask, self.scalar(0.0), spread, np.float32)
+        v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[1]), (n, width), picked.dtype, picked.store)
+        if ok is not None:  # the fill value where an index is out of range
+            fill = self._gather_fill(p, v.dtype, integral)
+            inside = _V(self.emit(G.BROADCAST_IN_DIM, [ok], shape=[n, width], dims=[0]), (n, width), np.bool_, F32)
+            v = self._select(name, eqn, [inside, fill, v], v.dtype)
+        v = self._reshape(v, out_shape)
+        if integral or op.store == F32:
+            return _V(v.id, tuple(out_shape), out_dtype, v.store)
+        return self._convert(name, eqn, v, out_dtype)
+
+    def _scatter_add_points(self, name, eqn, p, op, idx, upd, out_dtype):
+        _, linear, _, (shape, inverse) = self._point_positions(p, op, idx, p["dimension_numbers"].scatter_dims_to_operand_dims)
+        k = len(p["dimension_numbers"].scatter_dims_to_operand_dims)
+        n, positions, width = linear.shape[0], int(np.prod(shape[:k])), int(np.prod(shape[k:]))
+        u = self._reshape(self.f32(upd), (n, width))
+        mask = self._mask((n, positions, width), 1, linear, (0,))
+        ub = _V(self.emit(G.BROADCAST_IN_DIM, [u], shape=[n, positions, width], dims=[0, 2]), (n, positions, width),
+                np.float32, F32)
+        spread = self._pick(mask, self.scalar(0.0), ub, np.float32)
+        add = _V(self.emit(G.REDUCE, [spread], fn="sum", dims=[0]), (positions, width), np.float32, F32)
+        add = self._transposed(self._reshape(add, shape), inverse)
+        v = self.binary("add", self.f32(op), add)
+        return _V(v.id, op.shape, out_dtype, F32)
+
+
+class _Indexing(_Points):
     """Converter's gathers and scatters (a mixin: uses its emit, f32, binary, _convert,
     _reshape, _select and _unsupported)."""
 
@@ -30,7 +129,8 @@ class _Indexing:
     #   take_along_axis  operand [B..., C], indices [B..., J, 1], batching dims B... -> [B..., J]
     #                    (the batch dims flattened into one: optax's integer-label cross-entropy
     #                    over [batch, time, vocab] logits)
-    #   jnp.take rows    operand [V, D], indices [..., 1] -> [..., D] (a one-hot matmul; nn.Embed)
+    #   jnp.take rows    operand [V, D], indices [..., 1] -> [..., D] (a select up to _EXACT_ROWS elements,
+    #                    else a one-hot matmul: nn.Embed)
     #   one index        operand [..], indices [1] -> the operand without the indexed axis
 
     def _index_form(self, name, eqn, operand_shape, idx, indexed, batch_op, batch_ix, window):
@@ -65,6 +165,9 @@ class _Indexing:
     def _gather(self, name, eqn, p, ins, out_dtype, out_shape):
         op, idx = ins
         dn = p["dimension_numbers"]
+        if len(dn.start_index_map) > 1 and self._points(name, eqn, p, op, idx, dn.start_index_map,
+                                                        dn.collapsed_slice_dims, dn.offset_dims):
+            return self._gather_points(name, eqn, p, op, idx, out_dtype, out_shape)
         if len(dn.start_index_map) != 1 or tuple(dn.collapsed_slice_dims) != tuple(dn.start_index_map):
             self._unsupported(name, eqn, "more than one indexed axis")
         k = dn.start_index_map[0]
@@ -94,12 +197,15 @@ class _Indexing:
             mask = self._mask((b, j, c), 2, self._reshape(idx, (b, j)), (0, 1))
             picked = pick(mask, spread(self._reshape(x, (b, c)), (b, j, c), [0, 2]))
             v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[2]), (b, j), vt, st)
-        elif form == "rows" and integral:  # out[n, :] = sum_v [idx[n] == v] op[v, :]
+        elif form == "rows" and (integral or int(np.prod(idx.shape[:-1])) * op.shape[0] * op.shape[1] <= _EXACT_ROWS):
+            # out[n, :] = sum_v [idx[n] == v] op[v, :], a select: exact for any values
             (vocab, depth), n = op.shape, int(np.prod(idx.shape[:-1]))
             mask = self._mask((n, vocab, depth), 1, self._reshape(idx, (n,)), (0,))
             picked = pick(mask, spread(x, (n, vocab, depth), [1, 2]))
             v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[1]), (n, depth), vt, st)
         elif form == "rows":  # out[n, :] = op[idx[n], :]: one_hot(idx) @ op, over idx flattened
+            # (a large table, an embedding's: 0 * inf in the product makes an inf in the table
+            # NaN in the other rows' picks)
             (vocab, depth), n = op.shape, int(np.prod(idx.shape[:-1]))
             onehot = self._mask((n, vocab), 1, self._reshape(idx, (n,)), (0,))
             vid = self.emit(G.DOT_GENERAL, [onehot, x], lhs_contracting=[1], rhs_contracting=[0])
@@ -110,7 +216,7 @@ class _Indexing:
             v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[k]), tuple(d for i, d in enumerate(op.shape) if i != k),
                    vt, st)
         if mode.endswith("FILL_OR_DROP"):  # an index out of range reads the fill value, as JAX's
-            v = self._filled_where_out_of_range(name, eqn, form, v, idx, op.shape[k], integral)
+            v = self._filled_where_out_of_range(name, eqn, p, form, v, idx, op.shape[k], integral)
         v = self._reshape(v, out_shape)
         if integral or op.store == F32:
             return _V(v.id, out_shape, out_dtype, v.store)
@@ -122,9 +228,8 @@ class _Indexing:
             return idx
         return self.binary("min", self.binary("max", self.f32(idx), self.scalar(0.0)), self.scalar(float(size - 1)))
 
-    def _filled_where_out_of_range(self, name, eqn, form, v, idx, size, integral):
-        """v (a gather of `form`'s picks) where idx is in [0, size), else jnp's default fill:
-        NaN, or the most negative (signed) / largest (unsigned) integer."""
+    def _filled_where_out_of_range(self, name, eqn, p, form, v, idx, size, integral):
+        """v (a gather of `form`'s picks) where idx is in [0, size), else the fill value."""
         i = self.f32(idx)
         ok = self.binary("mul", self.binary("ge", i, self.scalar(0.0)), self.binary("lt", i, self.scalar(float(size))))
         ok = _V(ok.id, ok.shape, np.bool_, F32)
@@ -134,16 +239,24 @@ class _Indexing:
             lead = (v.shape[0],) if form == "rows" else ()
             ok = _V(self.emit(G.BROADCAST_IN_DIM, [self._reshape(ok, lead)], shape=list(v.shape),
                               dims=list(range(len(lead)))), v.shape, np.bool_, F32)
+        return self._select(name, eqn, [ok, self._gather_fill(p, v.dtype, integral), v], v.dtype)
+
+    def _gather_fill(self, p, dtype, integral):
+        """The gather's fill_value, else jnp's default: NaN, or the most negative (signed) /
+        largest (unsigned) integer."""
+        value = p.get("fill_value")
         if integral:
-            info = np.iinfo(v.dtype)
-            fill = self.int_scalar(info.min if info.min < 0 else info.max, v.dtype)
-        else:
-            fill = _V(self.emit(G.CONSTANT, value=float("nan")), (), np.float32, F32)
-        return self._select(name, eqn, [ok, fill, v], v.dtype)
+            info = np.iinfo(dtype)
+            return self.int_scalar(int(value) if value is not None else info.min if info.min < 0 else info.max, dtype)
+        return _V(self.emit(G.CONSTANT, value=float("nan") if value is None else float(value)), (), np.float32, F32)
 
     def _scatter_add(self, name, eqn, p, ins, out_dtype):
         op, idx, upd = ins
         dn = p["dimension_numbers"]
+        if len(dn.scatter_dims_to_operand_dims) > 1 and \
+                self._points(name, eqn, p, op, idx, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims,
+                             dn.update_window_dims):
+            return self._scatter_add_points(name, eqn, p, op, idx, upd, out_dtype)
         if len(dn.scatter_dims_to_operand_dims) != 1 or \
                 tuple(dn.inserted_window_dims) != tuple(dn.scatter_dims_to_operand_dims):
             self._unsupported(name, eqn, "more than one indexed axis")
@@ -226,6 +339,13 @@ class _Indexing:
         pred = _V(self.emit(G.BROADCAST_IN_DIM, [inside], shape=list(op.shape), dims=[]), op.shape, np.bool_, F32)
         return self._select(name, eqn, [pred, op, new], out_dtype)
 
+
+# Up to this many elements (n x V x D), a row gather selects rather than multiplies by a one-hot
+# matrix: 2**22, 16 MiB of f32.
+_EXACT_ROWS = 2 ** 22
+
+# Compares a gather or scatter of points may make (n x V x R): 2**26, 256 MiB of f32 mask.
+_MAX_POINT_WORK = 2 ** 26
 
 # The combining fn of each scatter primitive (None: the updates replace the window).
 _SCATTER_FNS = {"scatter": None, "scatter-add": "add", "scatter-mul": "mul", "scatter-min": "min",

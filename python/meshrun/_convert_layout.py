@@ -210,6 +210,13 @@ class _Layout:
             return x
         return _V(self.emit(G.RESHAPE, [x], shape=list(shape)), shape, x.dtype, x.store)
 
+    def _transposed(self, x, perm):
+        perm = [int(d) for d in perm]
+        if perm == list(range(len(perm))):
+            return x
+        shape = tuple(x.shape[d] for d in perm)
+        return _V(self.emit(G.TRANSPOSE, [x], dims=perm), shape, x.dtype, x.store)
+
     def _reshaped(self, x, shape):
         return _V(self.emit(G.RESHAPE, [x], shape=list(shape)), tuple(shape), x.dtype, x.store)
 

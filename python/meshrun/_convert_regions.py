@@ -33,6 +33,15 @@ class _Regions:
             return self._scan(eqn, p, ins)
         if name == "cond":
             return self._cond(eqn, p, ins)
+        if name == "platform_index":  # lax.platform_dependent: the CPU's branch, else the default
+            entries = list(p["platforms"])
+            k = next((i for i, e in enumerate(entries) if e is not None and "cpu" in e),
+                     next((i for i, e in enumerate(entries) if e is None), None))
+            if k is None:
+                self._unsupported(name, eqn, f"no branch for the CPU or a default among {entries}")
+            v = self.int_scalar(k, np.int32)
+            self._known_index[v.id] = k
+            return [v]
         if name in ("empty", "empty2"):  # a cond branch's placeholder for another's residual
             shape = tuple(eqn.outvars[0].aval.shape)
             vid = self.emit(G.CONSTANT, value=0.0, shape=list(shape))
@@ -57,10 +66,13 @@ class _Regions:
         """lax.cond / lax.switch: every branch runs (they are pure) and the index selects each
         result (SELECT), as a vectorised cond does; the index is clamped as lax.switch clamps it."""
         index, operands = ins[0], ins[1:]
+        branches = list(p["branches"])
+        if index.id in self._known_index:  # (platform_index's): only that branch runs
+            branches = [branches[min(max(self._known_index[index.id], 0), len(branches) - 1)]]
         self._sites.append(self.where(eqn))
         try:
             results = [self.run(getattr(b, "jaxpr", b), list(getattr(b, "consts", [])), list(operands))
-                       for b in p["branches"]]
+                       for b in branches]
         finally:
             self._sites.pop()
         outs = list(results[0])

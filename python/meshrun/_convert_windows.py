@@ -229,10 +229,3 @@ class _Windows:
             rows.append(self._reshape(_V(vid, (n, o), lhs.dtype, lhs.store), (n, 1, o)))
         out = rows[0] if len(rows) == 1 else self._joined(rows, 1)
         return self._reshape(out, (n, *spatial, o))
-
-    def _transposed(self, x, perm):
-        perm = [int(d) for d in perm]
-        if perm == list(range(len(perm))):
-            return x
-        shape = tuple(x.shape[d] for d in perm)
-        return _V(self.emit(G.TRANSPOSE, [x], dims=perm), shape, x.dtype, x.store)

@@ -1,0 +1,52 @@
+"""Gathers at index vectors over several dims (x[jnp.arange(n), labels], jnp.diagonal) and their
+scatter-add transposes under cluster.jit match JAX's bit for bit, out-of-range modes and
+non-finite values included."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+
+def test_point_gathers_diagonals_and_their_transposes_match_jax_bit_for_bit(cluster):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 5)).astype(np.float32)
+    x[2, 3] = -np.inf  # read only where picked: never NaN in another row's pick
+    lab = rng.integers(0, 5, 8).astype(np.int32)
+    cube = rng.normal(size=(4, 3, 6)).astype(np.float32)
+    ii = np.array([0, 3, 2, 1, 3, 0, 1, 2], np.int32)
+
+    def f(x, lab, cube, ii):
+        finite = jnp.where(jnp.isfinite(x), x, 0.0)
+        return {
+            "pick": x[jnp.arange(8), lab],
+            "nll": -jnp.mean(jax.nn.log_softmax(jnp.where(jnp.isfinite(x), x, -1e9))[jnp.arange(8), lab]),
+            "grad": jax.grad(lambda x: jnp.sum(x[jnp.arange(8), lab] ** 2))(finite),
+            "diagonal": jnp.diagonal(x[:5]),  # (lax.platform_dependent inside: the CPU's branch)
+            "rows": cube[ii[:4], ii[4:] % 3],  # two indexed dims and a window over the third
+            "fill": x.at[jnp.array([0, 9, -1]), jnp.array([1, 1, 7])].get(mode="fill", fill_value=-5.0),
+            "nan_fill": x.at[jnp.array([0, 9]), jnp.array([1, 1])].get(mode="fill"),
+            "clip": x.at[jnp.array([0, 9]), jnp.array([-2, 7])].get(mode="clip"),
+            "row_fill": x.at[jnp.array([1, 9])].get(mode="fill", fill_value=3.0),
+            "row_with_inf": x[jnp.array([1, 2, 1])],
+            "scatter": jnp.zeros((4, 3, 6)).at[ii[:4], ii[4:] % 3].add(1.5),
+            "dropped": jnp.zeros((4, 3)).at[jnp.array([0, 4, 1]), jnp.array([2, 0, -7])].add(2.0, mode="drop"),
+            "ints": jnp.arange(40, dtype=jnp.int32).reshape(8, 5)[jnp.arange(8), lab] + 2 ** 25,
+        }
+
+    want = jax.jit(f)(x, lab, cube, ii)
+    got = cluster.jit(f, in_shardings=(P("data"), P("data"), P(), P()), out_shardings=P())(
+        cluster.device_put(x, P("data")), cluster.device_put(lab, P("data")), cluster.device_put(cube, P()),
+        cluster.device_put(ii, P()))
+    for key in want:
+        w, g = np.asarray(want[key]), np.asarray(got[key])
+        assert g.shape == w.shape and g.dtype == w.dtype, key
+        np.testing.assert_array_equal(g, w, err_msg=key)
+
+
+def test_a_point_gather_too_large_to_compare_is_refused_with_its_size(cluster):
+    x = np.zeros((4096, 4096), np.float32)
+    f = cluster.jit(lambda x, i: x[i, i])
+    with pytest.raises(Exception, match=r"4096 index vectors into 16777216 positions .*take_along_axis"):
+        f(cluster.device_put(x, P()), cluster.device_put(np.arange(4096, dtype=np.int32), P()))
