@@ -59,6 +59,7 @@ SUPPORTED = {
     "transpose": "TRANSPOSE",
     "slice": "SLICE (a dim cut short is gathered); strides: a RESHAPE to [m, stride], its first column",
     "reduce_sum": "REDUCE sum", "reduce_max": "REDUCE max", "stack": "RESHAPEs and CONCATENATE",
+    "reduce_prod": "a pairwise tree of BINARY mul over SLICEd halves, per axis (jnp.prod)",
     "reduce_min": "-REDUCE max(-x)", "reduce_and": "-REDUCE max(-x) of bools (jnp.all)",
     "reduce_or": "REDUCE max of bools (jnp.any)", "convert_element_type": "CONVERT (or none)",
     "iota": "IOTA", "sharding_constraint": "CONSTRAINT", "reshard": "CONSTRAINT",

@@ -159,6 +159,8 @@ class _Layout:
             vid = self.emit(G.REDUCE, [x], fn="sum" if name == "reduce_sum" else "max", dims=axes)
             v = _V(vid, out_shape, out_dtype, x.store)
             return [self.unary("neg", v) if name == "reduce_min" else v]
+        if name == "reduce_prod":
+            return [self._reduce_prod(ins[0], [int(a) for a in p["axes"]], out_dtype, out_shape)]
         if name == "iota":
             dt = np.dtype(p["dtype"])
             store = I32 if _is_int(dt) else _sharding.dtype_to_proto(dt)
@@ -174,6 +176,28 @@ class _Layout:
             self._layouts[vid] = entries
             return [_V(vid, x.shape, x.dtype, x.store)]
         return None
+
+    def _reduce_prod(self, x, axes, out_dtype, out_shape):
+        """jnp.prod: per axis, a pairwise tree of element-wise products of the halves (an odd
+        element carried to the next level), as JAX's own differentiable product tree; int32 /
+        uint32 multiply in their own wrapping integers."""
+        integral = x.store in (I32, U32) and x.dtype in (np.int32, np.uint32)
+        if not integral and x.store not in (F32, BF16):
+            x = self.f32(x)
+        for a in axes:
+            while x.shape[a] > 1:
+                shape, ones = tuple(x.shape), [1] * len(x.shape)
+                n, h = shape[a], shape[a] // 2
+                starts = [0] * len(shape)
+                lo = self._slice_strided(x, starts, shape[:a] + (h,) + shape[a + 1:], ones)
+                starts[a] = h
+                hi = self._slice_strided(x, starts, shape[:a] + (2 * h,) + shape[a + 1:], ones)
+                v = self.binary("mul", lo, hi, x.dtype)
+                if n % 2:
+                    starts[a] = n - 1
+                    v = self._joined([v, self._slice_strided(x, starts, shape, ones)], a)
+                x = v
+        return _V(self._reshape(x, out_shape).id, tuple(out_shape), out_dtype, x.store)
 
     def _arg_extreme(self, name, p, x, out_dtype, out_shape):
         """argmax / argmin along one axis: the least index holding the extreme, as lax's
