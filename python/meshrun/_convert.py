@@ -44,6 +44,12 @@ def _integer_store(dtype):
 _COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
 _IDENTITY = {"stop_gradient", "copy", "copy_p", "optimization_barrier", "pvary"}
 
+# Primitives whose results on constants are computed while converting (Converter._fold).
+_FOLDABLE = {"add", "sub", "mul", "div", "rem", "max", "min", "neg", "abs", "sign", "floor", "ceil", "round",
+             "convert_element_type", "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not", "xor", "select_n",
+             "integer_pow", "pow", "sqrt", "exp", "log", "clamp", "broadcast_in_dim", "reshape", "squeeze",
+             "shift_left", "shift_right_logical", "shift_right_arithmetic"}
+
 # The conversion table: primitive -> what runs on the cluster.
 SUPPORTED = {
     **{k: f"UNARY {v}" for k, v in _UNARY.items()},
@@ -64,6 +70,8 @@ SUPPORTED = {
     "reduce_or": "REDUCE max of bools (jnp.any)", "convert_element_type": "CONVERT (or none)",
     "iota": "IOTA", "sharding_constraint": "CONSTRAINT", "reshard": "CONSTRAINT",
     "scan": "unrolled: INDEX of xs[i], the body inlined, STACK of the ys",
+    "while": "unrolled, when its trip count follows from constant-started counters (evaluated while "
+             "converting; at most 1000 trips)",
     "concatenate": "CONCATENATE (the dim unsharded)",
     "pad": "SLICE / CONCATENATE with the padding value; interior: interleaved by CONCATENATE and RESHAPE",
     "split": "SLICEs",
@@ -115,6 +123,7 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows):
         self._hints = []  # per jaxpr being run: {var: spec entries} wanted (backward_hints)
         self._layouts = {}  # value id -> spec entries it is known to be laid out as
         self._known_index = {}  # value id -> the constant branch index it holds (platform_index)
+        self._concrete = {}  # value id -> the constant (numpy) it holds, for while loops' trip counts
         self.out_entries = []  # the results' layouts, after convert()
 
     def where(self, eqn):
@@ -227,6 +236,11 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows):
         return self.program, self.consts
 
     def const(self, value):
+        v = self._const(value)
+        self._concrete.setdefault(v.id, np.asarray(value))
+        return v
+
+    def _const(self, value):
         x = np.asarray(value)
         if x.ndim == 0 and _integer_store(x.dtype) is not None and abs(int(x)) > 2**24:
             return self.int_scalar(int(x), x.dtype)  # as itself: f32 would round it
@@ -275,11 +289,29 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows):
             return env[var]
 
         for eqn in jaxpr.eqns:
-            outs = self.equation(eqn, [read(v) for v in eqn.invars])
+            ins = [read(v) for v in eqn.invars]
+            outs = self.equation(eqn, ins)
             for var, v in zip(eqn.outvars, outs):
                 if type(var).__name__ != "DropVar":
                     env[var] = v
+            self._fold(eqn, ins, outs)
         return [read(v) for v in jaxpr.outvars]
+
+    def _fold(self, eqn, ins, outs):
+        """Records the constant results of small scalar arithmetic on constants (a loop bound
+        `2 * n`), for a while loop's trip count; the ops still run on the cluster."""
+        if eqn.primitive.name not in _FOLDABLE or any(v.id not in self._concrete for v in ins):
+            return
+        if any(int(np.prod(getattr(o.aval, "shape", ()))) > 16 for o in eqn.outvars):
+            return
+        vals = [np.asarray(self._concrete[v.id], dtype=a.aval.dtype) for v, a in zip(ins, eqn.invars)]
+        try:
+            res = eqn.primitive.bind(*vals, **eqn.params)
+        except Exception:  # noqa: BLE001 -- not foldable here: the value stays unknown
+            return
+        res = res if eqn.primitive.multiple_results else [res]
+        for o, r in zip(outs, res):
+            self._concrete.setdefault(o.id, np.asarray(r))
 
     def equation(self, eqn, ins):
         name = eqn.primitive.name

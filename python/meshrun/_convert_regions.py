@@ -31,6 +31,8 @@ class _Regions:
                 self._sites.pop()
         if name == "scan":
             return self._scan(eqn, p, ins)
+        if name == "while":
+            return self._while(eqn, p, ins)
         if name == "cond":
             return self._cond(eqn, p, ins)
         if name == "platform_index":  # lax.platform_dependent: the CPU's branch, else the default
@@ -141,6 +143,65 @@ class _Regions:
         vid = self.emit(G.MANUAL_COLLECTIVE, [x], fn=fn, axes=axes, index=dim, dims=dims, value=1.0 if tiled else 0.0)
         return _V(vid, shape, x.dtype, x.store)
 
+    def _while(self, eqn, p, ins):
+        """lax.while_loop (and fori_loop with traced-free bounds) whose trip count is known while
+        converting: the carries that start as constants and are updated from such carries alone
+        (a counter) are evaluated on the client with JAX, the predicate counted down, and the
+        body unrolled that many times. A predicate that reads a traced value is refused."""
+        from jax._src import core
+        from jax._src.interpreters import partial_eval as pe
+
+        cn, bn = int(p["cond_nconsts"]), int(p["body_nconsts"])
+        cconsts, bconsts, init = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
+        cond, body = p["cond_jaxpr"], p["body_jaxpr"]
+        cjaxpr = pe.convert_constvars_jaxpr(cond.jaxpr)  # invars: closed consts, consts, carries
+        bjaxpr = pe.convert_constvars_jaxpr(body.jaxpr)
+
+        def concrete(vals):
+            return [self._concrete.get(v.id) for v in vals]
+
+        # known carries: a constant start, updated from known carries and constants only
+        known = [v is not None for v in concrete(init)]
+        bfixed = [True] * len(body.consts) + [v is not None for v in concrete(bconsts)]
+        while True:
+            deps = [pe.dce_jaxpr(bjaxpr, [j == k for j in range(len(init))])[1] for k in range(len(init))]
+            still = [known[k] and all(ok for ok, used in zip(bfixed + known, deps[k]) if used)
+                     for k in range(len(init))]
+            if still == known:
+                break
+            known = still
+        cfixed = [True] * len(cond.consts) + [v is not None for v in concrete(cconsts)]
+        cused = pe.dce_jaxpr(cjaxpr, [True])[1]
+        if not all(ok for ok, used in zip(cfixed + known, cused) if used):
+            self._unsupported("while", eqn, "a trip count that depends on traced values (only loops whose "
+                              "predicate reads constant-started counters are unrolled)")
+        kbody, kused = pe.dce_jaxpr(bjaxpr, known)
+        kcond = pe.dce_jaxpr(cjaxpr, [True])[0]
+
+        state = [np.asarray(v, dtype=a.aval.dtype) if v is not None else None
+                 for v, a in zip(concrete(init), body.jaxpr.invars[bn:])]
+        cargs = list(cond.consts) + concrete(cconsts)
+        bargs = list(body.consts) + concrete(bconsts)
+        trips = 0
+        while True:
+            cin = [a for a, used in zip(cargs + state, cused) if used]
+            if not bool(core.eval_jaxpr(kcond, [], *cin)[0]):
+                break
+            trips += 1
+            if trips > _MAX_WHILE_TRIPS:
+                self._unsupported("while", eqn, f"more than {_MAX_WHILE_TRIPS} iterations to unroll")
+            bin_ = [a for a, used in zip(bargs + state, kused) if used]
+            new = iter(core.eval_jaxpr(kbody, [], *bin_))
+            state = [np.asarray(next(new)) if k else None for k in known]
+        carry = list(init)
+        self._sites.append(self.where(eqn))
+        try:
+            for _ in range(trips):
+                carry = self.run(body.jaxpr, list(body.consts), list(bconsts) + carry)
+        finally:
+            self._sites.pop()
+        return carry
+
     def _scan(self, eqn, p, ins):
         """lax.scan unrolled: iteration i reads xs[i] (INDEX along the stacked dim 0) and the ys
         are stacked (STACK), as flax.linen.scan's layers are. A partitioned stacked dim is
@@ -168,3 +229,7 @@ class _Regions:
             vid = self.emit(G.STACK, parts)
             stacked.append(_V(vid, (length,) + parts[0].shape, parts[0].dtype, parts[0].store))
         return list(carry) + stacked
+
+
+# The most iterations of a while loop unrolled into a program.
+_MAX_WHILE_TRIPS = 1000
