@@ -35,24 +35,31 @@ int64_t Flat(const std::vector<int64_t>& c, const Dims& dims) {
   return f;
 }
 
+// Transposes an iota of `dims` by every permutation and checks each element against the
+// reference: out[c] = x[c permuted back].
+void ExpectEveryTransposeMatches(DType dtype, const Dims& dims) {
+  const Tensor x = Iota(dtype, dims);
+  const size_t rank = dims.size();
+  std::vector<int64_t> perm(rank);
+  std::iota(perm.begin(), perm.end(), 0);
+  do {
+    Dims out_dims;
+    for (int64_t p : perm) out_dims.push_back(dims[p]);
+    Tensor out(dtype, out_dims);
+    Transpose(x, perm, out);
+    for (int64_t i = 0; i < out.num_elements(); ++i) {
+      const std::vector<int64_t> oc = Coords(i, out_dims);
+      std::vector<int64_t> xc(rank);
+      for (size_t d = 0; d < rank; ++d) xc[perm[d]] = oc[d];
+      ASSERT_EQ(GetAsDouble(out, i), GetAsDouble(x, Flat(xc, dims)))
+          << "perm " << ::testing::PrintToString(perm) << " element " << i;
+    }
+  } while (std::next_permutation(perm.begin(), perm.end()));
+}
+
 TEST(ArrayOpsTest, TransposeMatchesTheReferenceForEveryPermutation) {
   for (DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
-    const Dims dims = {5, 37, 70};  // not multiples of the 32-element tiles
-    const Tensor x = Iota(dtype, dims);
-    std::vector<int64_t> perm = {0, 1, 2};
-    do {
-      Dims out_dims;
-      for (int64_t p : perm) out_dims.push_back(dims[p]);
-      Tensor out(dtype, out_dims);
-      Transpose(x, perm, out);
-      for (int64_t i = 0; i < out.num_elements(); ++i) {
-        const std::vector<int64_t> oc = Coords(i, out_dims);
-        std::vector<int64_t> xc(3);
-        for (int d = 0; d < 3; ++d) xc[perm[d]] = oc[d];
-        ASSERT_EQ(GetAsDouble(out, i), GetAsDouble(x, Flat(xc, dims)))
-            << "perm " << perm[0] << perm[1] << perm[2] << " element " << i;
-      }
-    } while (std::next_permutation(perm.begin(), perm.end()));
+    ExpectEveryTransposeMatches(dtype, {5, 37, 70});  // not multiples of the 32-element tiles
   }
 }
 
@@ -186,21 +193,7 @@ TEST(ArrayOpsTest, SliceAndBroadcastMatchTheReference) {
 // in f32 and bf16.
 TEST(ArrayOpsTest, CopiesWithUnitAndMergeableDimsMatchTheReference) {
   for (DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
-    const Dims dims = {3, 5, 1, 7};
-    const Tensor x = Iota(dtype, dims);
-    std::vector<int64_t> perm = {0, 1, 2, 3};
-    do {
-      Dims out_dims;
-      for (int64_t p : perm) out_dims.push_back(dims[p]);
-      Tensor out(dtype, out_dims);
-      Transpose(x, perm, out);
-      for (int64_t i = 0; i < out.num_elements(); ++i) {
-        const std::vector<int64_t> oc = Coords(i, out_dims);
-        std::vector<int64_t> xc(4);
-        for (int d = 0; d < 4; ++d) xc[perm[d]] = oc[d];
-        ASSERT_EQ(GetAsDouble(out, i), GetAsDouble(x, Flat(xc, dims))) << "element " << i;
-      }
-    } while (std::next_permutation(perm.begin(), perm.end()));
+    ExpectEveryTransposeMatches(dtype, {3, 5, 1, 7});
     const Dims image = {2, 6, 5, 1};  // [n, h, w, c]: a window's slice keeps rows of w
     const Tensor img = Iota(dtype, image);
     Tensor cut(dtype, {2, 4, 3, 1});
