@@ -98,6 +98,8 @@ SUPPORTED = {
     **{k: f"MANUAL_COLLECTIVE {v} (in a shard_map body)" for k, v in _MANUAL.items()},
     "pmin": "-pmax(-x) (~pmax(~x) for integers)",
     "axis_index": "AXIS_INDEX (in a shard_map body)",
+    **{k: f"BINARY {k[:2]} of int32 keys: the f32 bits with the low 31 flipped where negative (lax's total "
+          "order)" for k in ("lt_to", "le_to", "eq_to")},
     "sign": "(x > 0) - (x < 0); NaN for NaN", "is_finite": "(x - x) == 0", "clamp": "min(max(x, lo), hi)",
     "argmax": "REDUCE max, then the least index holding it", "argmin": "argmax of -x",
     **{k: "the value itself" for k in _IDENTITY},
@@ -365,6 +367,12 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows):
         if name in _COMPARE:
             v = self.binary(_COMPARE[name], ins[0], ins[1])
             return [_V(v.id, v.shape, np.bool_, F32)]
+        if name in ("lt_to", "le_to", "eq_to"):  # lax's total order: -NaN < -inf < -0 < +0 < inf < NaN
+            a, b = ins
+            if not (_is_int(a.dtype) or _is_bool(a.dtype)):
+                a, b = self._total_order_key(a), self._total_order_key(b)
+            v = self.binary(name[:2], a, b)
+            return [_V(v.id, v.shape, np.bool_, F32)]
         if name == "integer_pow":
             return [self._integer_pow(ins[0], int(p["y"]), eqn)]
         if name == "round":  # lax.RoundingMethod: 0 away from zero, 1 to nearest even
@@ -400,6 +408,18 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows):
         if name == "convert_element_type":
             return [self._convert(name, eqn, ins[0], np.dtype(p["new_dtype"]))]
         return None
+
+    def _total_order_key(self, x):
+        """An int32 that orders as x (f32) does in lax's total order: x's bits, with the 31 low
+        ones flipped where the sign is set (a more negative float has larger magnitude bits)."""
+        x = self.f32(x)
+        k = _V(self.emit(G.BITCAST_CONVERT, [x], dtype=I32), x.shape, np.dtype(np.int32), I32)
+
+        def op(fn, a, b):
+            return _V(self.emit(G.BINARY, [a, b], fn=fn), a.shape, a.dtype, I32)
+
+        sign = op("shift_right_arithmetic", k, self.int_scalar(31, np.int32))
+        return op("xor", k, op("and", sign, self.int_scalar(0x7FFFFFFF, np.int32)))
 
     def _integer_pow(self, x, y, eqn):
         """x ** y by square-and-multiply; an int32 / uint32 x in its own wrapping integers."""

@@ -8,28 +8,35 @@ from meshrun.v1 import common_pb2
 
 
 class _Points:
-    """Gathers and scatter-adds of single elements (or rows) at index vectors over several
-    operand dims -- x[jnp.arange(n), labels], jnp.diagonal -- and their transposes (a mixin of
+    """Gathers and scatter-adds of single elements (or whole windows along the other dims) at
+    index vectors over one or several operand dims -- x[jnp.arange(n), labels], jnp.diagonal,
+    jnp.take(x, i, axis=1), searchsorted's picks -- and their transposes (a mixin of
     _Indexing's helpers). The indexed dims are flattened into one of V positions, each index
     vector into its position (f32, exact below 2**24), and every index compared with every
     position: one select and one REDUCE sum over [n, V, R] (n index vectors, R elements per
     position), exact for any values, inf and NaN included. Sizes are bounded by _MAX_POINT_WORK."""
 
-    def _points(self, name, eqn, p, op, idx, index_map, collapsed, window_dims):
-        """Whether this is such a gather / scatter: no batching dims, every indexed dim
-        collapsed, whole windows over the others, placed after the index vectors' dims."""
+    def _points(self, name, eqn, p, op, idx, index_map, collapsed, upd=None):
+        """Whether this is such a gather (scatter-add, given its updates `upd`): no batching dims,
+        an index vector's dim last, windows of one element along the indexed dims (collapsed or
+        kept as unit dims) and whole along the others, laid out anywhere in the result."""
         dn = p["dimension_numbers"]
-        batching = getattr(dn, "operand_batching_dims", ())
-        nb = len(idx.shape) - 1
-        rest = [d for d in range(len(op.shape)) if d not in index_map]
-        if batching or sorted(collapsed) != sorted(index_map) or idx.shape[-1:] != (len(index_map),) or \
-                tuple(window_dims) != tuple(range(nb, nb + len(rest))):
+        r = len(op.shape)
+        index_map = [int(d) for d in index_map]
+        if getattr(dn, "operand_batching_dims", ()) or not set(collapsed) <= set(index_map) or \
+                len(set(index_map)) != len(index_map) or idx.shape[-1:] != (len(index_map),):
             return False
-        if "slice_sizes" in p and any(p["slice_sizes"][d] != (1 if d in index_map else op.shape[d])
-                                      for d in range(len(op.shape))):
+        window = [1 if d in index_map else op.shape[d] for d in range(r)]
+        if upd is None and tuple(p["slice_sizes"]) != tuple(window):
             return False
+        if upd is not None:  # the updates: the index vectors' dims and the windows' (non-inserted)
+            wd = list(dn.update_window_dims)
+            kept = [window[d] for d in range(r) if d not in collapsed]
+            batch = [upd.shape[q] for q in range(len(upd.shape)) if q not in wd]
+            if [upd.shape[q] for q in wd] != kept or tuple(batch) != tuple(idx.shape[:-1]):
+                return False
         n, positions = int(np.prod(idx.shape[:-1])), int(np.prod([op.shape[d] for d in index_map]))
-        work = n * positions * int(np.prod([op.shape[d] for d in rest]))
+        work = n * positions * int(np.prod([op.shape[d] for d in range(r) if d not in index_map]))
         if positions >= 2 ** 24 or work > _MAX_POINT_WORK:
             self._unsupported(name, eqn, f"{n} index vectors into {positions} positions ({work} compares, above "
                                          f"{_MAX_POINT_WORK}); index one axis at a time (jnp.take_along_axis)")
@@ -86,7 +93,16 @@ class _Points:
             fill = self._gather_fill(p, v.dtype, integral)
             inside = _V(self.emit(G.BROADCAST_IN_DIM, [ok], shape=[n, width], dims=[0]), (n, width), np.bool_, F32)
             v = self._select(name, eqn, [inside, fill, v], v.dtype)
-        v = self._reshape(v, out_shape)
+        # [n, R] -> [index dims..., kept window dims...] -> the window dims at offset_dims
+        dn = p["dimension_numbers"]
+        nb = len(idx.shape) - 1
+        kept = [1 if d in dn.start_index_map else op.shape[d] for d in range(len(op.shape))
+                if d not in dn.collapsed_slice_dims]
+        v = self._reshape(v, tuple(idx.shape[:-1]) + tuple(kept))
+        batch = iter(range(nb))
+        offsets = list(dn.offset_dims)
+        v = self._transposed(v, [nb + offsets.index(q) if q in offsets else next(batch)
+                                 for q in range(nb + len(kept))])
         if integral or op.store == F32:
             return _V(v.id, tuple(out_shape), out_dtype, v.store)
         return self._convert(name, eqn, v, out_dtype)
@@ -95,15 +111,26 @@ class _Points:
         _, linear, _, (shape, inverse) = self._point_positions(p, op, idx, p["dimension_numbers"].scatter_dims_to_operand_dims)
         k = len(p["dimension_numbers"].scatter_dims_to_operand_dims)
         n, positions, width = linear.shape[0], int(np.prod(shape[:k])), int(np.prod(shape[k:]))
-        u = self._reshape(self.f32(upd), (n, width))
+        # int32 / uint32 add in their own (wrapping) integers, as XLA's
+        store = {np.dtype(np.int32): I32, np.dtype(np.uint32): U32}.get(np.dtype(out_dtype))
+        dtype = np.dtype(out_dtype) if store is not None else np.dtype(np.float32)
+        u = self.integer(upd, store, dtype) if store is not None else self.f32(upd)
+        wd = list(p["dimension_numbers"].update_window_dims)  # the index vectors' dims first
+        u = self._transposed(u, [q for q in range(len(upd.shape)) if q not in wd] + wd)
+        u = self._reshape(u, (n, width))
         mask = self._mask((n, positions, width), 1, linear, (0,))
         ub = _V(self.emit(G.BROADCAST_IN_DIM, [u], shape=[n, positions, width], dims=[0, 2]), (n, positions, width),
-                np.float32, F32)
-        spread = self._pick(mask, self.scalar(0.0), ub, np.float32)
-        add = _V(self.emit(G.REDUCE, [spread], fn="sum", dims=[0]), (positions, width), np.float32, F32)
+                u.dtype, u.store)
+        if store is not None:
+            spread = self._select(name, eqn, [_V(mask.id, mask.shape, np.bool_, F32), self.int_scalar(0, dtype), ub],
+                                  dtype)
+        else:
+            spread = self._pick(mask, self.scalar(0.0), ub, np.float32)
+        add = _V(self.emit(G.REDUCE, [spread], fn="sum", dims=[0]), (positions, width), spread.dtype, spread.store)
         add = self._transposed(self._reshape(add, shape), inverse)
-        v = self.binary("add", self.f32(op), add)
-        return _V(v.id, op.shape, out_dtype, F32)
+        base = self.integer(op, store, dtype) if store is not None else self.f32(op)
+        v = self.binary("add", base, add, dtype)
+        return _V(v.id, op.shape, out_dtype, v.store)
 
 
 class _Indexing(_Points):
@@ -137,7 +164,7 @@ class _Indexing(_Points):
         k = indexed
         r = len(operand_shape)
         if idx.shape[-1:] != (1,):
-            self._unsupported(name, eqn, "indices whose last dim is not 1")
+            return None
         lead = tuple(range(r - 1))
         if r >= 2 and batch_op == lead and batch_ix == lead and k == r - 1 and len(idx.shape) == r + 1:
             return "along"
@@ -146,8 +173,7 @@ class _Indexing(_Points):
             return "rows"
         if not batch_op and not batch_ix and idx.shape == (1,):
             return "one"
-        self._unsupported(name, eqn, "this gather / scatter form (supported: take_along_axis, jnp.take "
-                                     "of rows, a single index)")
+        return None
 
     def _iota(self, shape, dim):
         vid = self.emit(G.IOTA, dtype=F32, shape=list(shape), index=dim, spec=common_pb2.PartitionSpec())
@@ -165,17 +191,16 @@ class _Indexing(_Points):
     def _gather(self, name, eqn, p, ins, out_dtype, out_shape):
         op, idx = ins
         dn = p["dimension_numbers"]
-        if len(dn.start_index_map) > 1 and self._points(name, eqn, p, op, idx, dn.start_index_map,
-                                                        dn.collapsed_slice_dims, dn.offset_dims):
-            return self._gather_points(name, eqn, p, op, idx, out_dtype, out_shape)
-        if len(dn.start_index_map) != 1 or tuple(dn.collapsed_slice_dims) != tuple(dn.start_index_map):
-            self._unsupported(name, eqn, "more than one indexed axis")
-        k = dn.start_index_map[0]
-        ones = {k, *dn.operand_batching_dims}
-        if any(p["slice_sizes"][d] != (1 if d in ones else op.shape[d]) for d in range(len(op.shape))):
-            self._unsupported(name, eqn, "windows smaller than the operand")
-        form = self._index_form(name, eqn, op.shape, idx, k, tuple(dn.operand_batching_dims),
-                                tuple(dn.start_indices_batching_dims), tuple(dn.offset_dims))
+        form, k = None, dn.start_index_map[0] if len(dn.start_index_map) == 1 else None
+        if k is not None and tuple(dn.collapsed_slice_dims) == (k,):
+            ones = {k, *dn.operand_batching_dims}
+            if all(p["slice_sizes"][d] == (1 if d in ones else op.shape[d]) for d in range(len(op.shape))):
+                form = self._index_form(name, eqn, op.shape, idx, k, tuple(dn.operand_batching_dims),
+                                        tuple(dn.start_indices_batching_dims), tuple(dn.offset_dims))
+        if form is None:
+            if self._points(name, eqn, p, op, idx, dn.start_index_map, dn.collapsed_slice_dims):
+                return self._gather_points(name, eqn, p, op, idx, out_dtype, out_shape)
+            self._unsupported(name, eqn, _FORMS)
         mode = str(p.get("mode", ""))
         idx = self._clipped(p, idx, op.shape[k])
         # An int32 / uint32 operand is picked and summed in its integers (f32 would round it).
@@ -253,16 +278,14 @@ class _Indexing(_Points):
     def _scatter_add(self, name, eqn, p, ins, out_dtype):
         op, idx, upd = ins
         dn = p["dimension_numbers"]
-        if len(dn.scatter_dims_to_operand_dims) > 1 and \
-                self._points(name, eqn, p, op, idx, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims,
-                             dn.update_window_dims):
-            return self._scatter_add_points(name, eqn, p, op, idx, upd, out_dtype)
-        if len(dn.scatter_dims_to_operand_dims) != 1 or \
-                tuple(dn.inserted_window_dims) != tuple(dn.scatter_dims_to_operand_dims):
-            self._unsupported(name, eqn, "more than one indexed axis")
-        k = dn.scatter_dims_to_operand_dims[0]
-        form = self._index_form(name, eqn, op.shape, idx, k, tuple(dn.operand_batching_dims),
-                                tuple(dn.scatter_indices_batching_dims), tuple(dn.update_window_dims))
+        form, k = None, dn.scatter_dims_to_operand_dims[0] if len(dn.scatter_dims_to_operand_dims) == 1 else None
+        if k is not None and tuple(dn.inserted_window_dims) == (k,):
+            form = self._index_form(name, eqn, op.shape, idx, k, tuple(dn.operand_batching_dims),
+                                    tuple(dn.scatter_indices_batching_dims), tuple(dn.update_window_dims))
+        if form is None:
+            if self._points(name, eqn, p, op, idx, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims, upd):
+                return self._scatter_add_points(name, eqn, p, op, idx, upd, out_dtype)
+            self._unsupported(name, eqn, _FORMS)
         idx = self._clipped(p, idx, op.shape[k])  # (an index out of range adds nothing: FILL_OR_DROP)
         u = self.f32(upd)
         zero = self.scalar(0.0)
@@ -339,6 +362,9 @@ class _Indexing(_Points):
         pred = _V(self.emit(G.BROADCAST_IN_DIM, [inside], shape=list(op.shape), dims=[]), op.shape, np.bool_, F32)
         return self._select(name, eqn, [pred, op, new], out_dtype)
 
+
+_FORMS = ("this gather / scatter form (supported: take_along_axis, jnp.take, single elements or windows at "
+          "index vectors over any dims, without batching dims)")
 
 # Up to this many elements (n x V x D), a row gather selects rather than multiplies by a one-hot
 # matrix: 2**22, 16 MiB of f32.

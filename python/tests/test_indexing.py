@@ -50,3 +50,34 @@ def test_a_point_gather_too_large_to_compare_is_refused_with_its_size(cluster):
     f = cluster.jit(lambda x, i: x[i, i])
     with pytest.raises(Exception, match=r"4096 index vectors into 16777216 positions .*take_along_axis"):
         f(cluster.device_put(x, P()), cluster.device_put(np.arange(4096, dtype=np.int32), P()))
+
+
+def test_take_along_other_axes_searchsorted_nonzero_and_interp_match_jax(cluster):
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(8, 8)).astype(np.float32)
+    table = np.sort(np.concatenate([rng.normal(size=5), [0.0, -0.0, np.nan]]).astype(np.float32))
+    queries = np.array([-0.0, 0.0, np.nan, -np.inf, np.inf, 0.5, -0.5, table[2]], np.float32)
+
+    def f(x, table, queries):
+        return {
+            "take_axis1": jnp.take(x, jnp.array([3, 1, 9]), axis=1, mode="fill", fill_value=-2.0),
+            "take_clip": jnp.take(x, jnp.array([[0, 7], [-3, 12]]), axis=1, mode="clip"),
+            "take_grad": jax.grad(lambda x: jnp.sum(jnp.take(x, jnp.array([3, 1, 3]), axis=1) ** 2))(x),
+            # searchsorted compares in lax's total order (lt_to / le_to): -0 below +0, NaN last
+            "left": jnp.searchsorted(table, queries),
+            "right": jnp.searchsorted(table, queries, side="right"),
+            "nonzero": jnp.nonzero(x[0] > 0, size=8, fill_value=-1)[0],
+            "argwhere": jnp.argwhere(x[:3, :3] > 0, size=9, fill_value=-1),
+            "interp": jnp.interp(x[1], jnp.sort(x[0]), x[2]),
+        }
+
+    want = jax.jit(f)(x, table, queries)
+    got = cluster.jit(f, out_shardings=P())(cluster.device_put(x, P()), cluster.device_put(table, P()),
+                                            cluster.device_put(queries, P()))
+    for key in want:
+        w, g = np.asarray(want[key]), np.asarray(got[key])
+        assert g.shape == w.shape and g.dtype == w.dtype, key
+        if key == "interp":  # its arithmetic rounds in another order: an ulp or two
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=key)
+        else:
+            np.testing.assert_array_equal(g, w, err_msg=key)
