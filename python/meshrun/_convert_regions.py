@@ -175,6 +175,9 @@ class _Regions:
         if not all(ok for ok, used in zip(cfixed + known, cused) if used):
             self._unsupported("while", eqn, "a trip count that depends on traced values (only loops whose "
                               "predicate reads constant-started counters are unrolled)")
+        if tuple(cjaxpr.outvars[0].aval.shape) != ():
+            self._unsupported("while", eqn, f"a predicate of shape {tuple(cjaxpr.outvars[0].aval.shape)} (a vmapped "
+                              "loop); expected one bool")
         kbody, kused = pe.dce_jaxpr(bjaxpr, known)
         kcond = pe.dce_jaxpr(cjaxpr, [True])[0]
 
