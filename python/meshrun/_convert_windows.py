@@ -81,6 +81,12 @@ class _Windows:
             out.append(self._slice_strided(x, starts, limits, strides))
         return out
 
+    def _check_positions(self, name, eqn, window):
+        """Refuses a window of more than _MAX_POSITIONS positions, each of which would be an op."""
+        if int(np.prod(window)) > _MAX_POSITIONS:
+            self._unsupported(name, eqn, f"a window of {int(np.prod(window))} positions {tuple(window)} that does "
+                              f"not tile its operand (at most {_MAX_POSITIONS}: each is a slice on the cluster)")
+
     def _padded(self, x, value, padding, interior):
         config = [(int(lo), int(hi), int(i) - 1) for (lo, hi), i in zip(padding, interior)]
         if all(c == (0, 0, 0) for c in config):
@@ -99,6 +105,17 @@ class _Windows:
         identity = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[fn]
         x = self._padded(x, self.scalar(identity), p["padding"], p["base_dilation"])
         window, strides, dilation = p["window_dimensions"], p["window_strides"], p["window_dilation"]
+        if self._tiles(window, strides, dilation, out_shape) and int(np.prod(window)) > _SLICED_WINDOW:
+            # a large tiling window (a global pooling): one REDUCE over the view's window dims
+            view = self._tiled_view(x, window, out_shape)
+            if fn == "min":  # min(x) = -max(-x)
+                view = self.unary("neg", view)
+            vid = self.emit(G.REDUCE, [view], fn="sum" if fn == "sum" else "max",
+                            dims=list(range(1, 2 * len(window), 2)))
+            acc = _V(vid, tuple(out_shape), view.dtype, view.store)
+            acc = self.unary("neg", acc) if fn == "min" else acc
+            return _V(acc.id, tuple(out_shape), out_dtype, acc.store)
+        self._check_positions(name, eqn, window)
         slices = self._window_slices(x, window, strides, dilation, out_shape)
         acc = slices[0]
         for s in slices[1:]:
@@ -115,6 +132,7 @@ class _Windows:
             self._unsupported(name, eqn, f"select_prim {select} (ge and le are supported)")
         source, operand = self.f32(source), self.f32(operand)
         window, strides, padding = p["window_dimensions"], p["window_strides"], p["padding"]
+        self._check_positions(name, eqn, window)
         ones = [1] * len(operand.shape)
         fill = self.scalar(float("-inf") if select == "ge" else float("inf"))
         padded = self._padded(operand, fill, padding, ones)
@@ -184,7 +202,7 @@ class _Windows:
             lo_k[-1], hi_k[-1] = g * (cout // groups), (g + 1) * (cout // groups)
             part_lhs = self._slice_strided(lhs, lo_in, hi_in, [1] * (k + 2))
             part_rhs = self._slice_strided(rhs, lo_k, hi_k, [1] * (k + 2))
-            parts.append(self._conv_group(part_lhs, part_rhs, p))
+            parts.append(self._conv_group(part_lhs, part_rhs, p, eqn))
         out = parts[0] if len(parts) == 1 else self._joined(parts, k + 1)
         # ours is [batch, spatial..., feature]; out_spec names where each goes
         ours = {ospec[0]: 0, ospec[1]: k + 1, **{ospec[2 + i]: 1 + i for i in range(k)}}
@@ -194,7 +212,7 @@ class _Windows:
             out = _V(self.emit(G.CONVERT, [out], dtype=want), out.shape, out_dtype, want)
         return _V(out.id, tuple(out_shape), out_dtype, out.store)
 
-    def _conv_group(self, lhs, rhs, p):
+    def _conv_group(self, lhs, rhs, p, eqn):
         """One group: lhs [n, s..., c] (padded, lhs-dilated here), rhs [k..., c, o] -> [n, o_s..., o].
         Per kernel position a strided slice [n, o_s..., c] of the padded lhs; when the kernel has
         no more positions than the output, the slices are concatenated along c and contracted with
@@ -208,6 +226,8 @@ class _Windows:
                            [1] + list(p["lhs_dilation"]) + [1])
         spatial = [max(0, (lhs.shape[1 + i] - (window[i] - 1) * rdil[i] - 1) // strides[i] + 1) for i in range(k)]
         n, c, o = lhs.shape[0], lhs.shape[-1], rhs.shape[-1]
+        self._check_positions("conv_general_dilated", eqn, window if int(np.prod(window)) <= int(np.prod(spatial))
+                              else spatial)
         if int(np.prod(window)) <= int(np.prod(spatial)):
             slices = self._window_slices(lhs, [1] + list(window) + [1], [1] + strides + [1],
                                          [1] + rdil + [1], [n] + spatial + [c])
@@ -229,3 +249,9 @@ class _Windows:
             rows.append(self._reshape(_V(vid, (n, o), lhs.dtype, lhs.store), (n, 1, o)))
         out = rows[0] if len(rows) == 1 else self._joined(rows, 1)
         return self._reshape(out, (n, *spatial, o))
+
+
+# A tiling window of more positions than this is reduced by one REDUCE over a view, not sliced.
+_SLICED_WINDOW = 16
+# The most window (or output) positions a lowering slices one by one.
+_MAX_POSITIONS = 4096

@@ -125,3 +125,21 @@ def test_a_cnn_with_max_and_avg_pooling_trains_as_under_jax(cluster):
         return (optax.apply_updates(params, updates), opt_state), loss
 
     compare(cluster, step, (params, opt_state), (param_spec, opt_spec), data, mesh)
+
+
+def test_a_global_pooling_window_is_one_reduction_and_a_huge_sliding_window_is_refused(cluster):
+    x = np.random.default_rng(9).normal(size=(4, 8, 8, 3)).astype(np.float32)
+    x[1, 2, 3, 0] = np.nan  # max propagates it, as XLA's
+
+    def pools(x):
+        return (nn.avg_pool(x, (8, 8), (8, 8)), lax.reduce_window(x, -jnp.inf, lax.max, (1, 8, 8, 1), (1, 8, 8, 1), "VALID"),
+                lax.reduce_window(x, jnp.inf, lax.min, (1, 4, 8, 1), (1, 4, 8, 1), "VALID"),
+                jax.grad(lambda x: jnp.sum(nn.avg_pool(x, (8, 8), (8, 8)) ** 2))(x))
+
+    want = jax.jit(pools)(x)
+    got = cluster.jit(pools, in_shardings=P("data"), out_shardings=P())(cluster.device_put(x, P("data")))
+    for g, r in zip(got, want):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), rtol=1e-6, atol=1e-6)
+    big = cluster.jit(lambda x: lax.reduce_window(x, 0.0, lax.add, (80, 80), (1, 1), "VALID"))
+    with pytest.raises(Exception, match=r"reduce_window_sum.*a window of 6400 positions \(80, 80\)"):
+        big(cluster.device_put(np.ones((96, 96), np.float32), P()))
