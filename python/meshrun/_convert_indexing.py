@@ -1,5 +1,7 @@
 """Indexing primitives in meshrun._convert: gathers and scatter-adds along one indexed axis as
-one-hot selections, and scatters of one window at one index vector (x.at[i, j].set(v),
+one-hot selections (take_along_axis, jnp.take of rows, a single index), any other gather or
+scatter-add at index vectors without batching dims by comparing every index with every position
+(_Points), and scatters of one window at one index vector (x.at[i, j].set(v),
 x.at[i, 2:5].add(v)) as a dynamic update of that window."""
 import numpy as np
 
