@@ -224,7 +224,7 @@ class _Random:
         import jax
 
         if key.shape != (2,):
-            self._unsupported(name, eqn, f"a batch of keys {key.shape[:-1]} (vmap over keys)")
+            return self._batched_random_bits(name, p, key, eqn)
         partitionable = bool(jax.config.jax_threefry_partitionable)
         if name == "random_split":
             shape = tuple(p["shape"]) + (2,)
@@ -239,3 +239,24 @@ class _Random:
             entries = ()
         vid = self.emit(G.RANDOM_BITS, [key], fn=fn, shape=list(shape), spec=_sharding.spec_to_proto(entries))
         return _V(vid, shape, np.uint32, U32)
+
+    def _batched_random_bits(self, name, p, key, eqn):
+        """random_bits / random_split of a batch of keys [K..., 2] (jax.vmap over keys): each key
+        draws its own block as a single key does, stacked to [K..., shape...] (at most
+        _MAX_KEY_BATCH keys: each is an op)."""
+        batch = tuple(key.shape[:-1])
+        count = int(np.prod(batch))
+        if count > _MAX_KEY_BATCH:
+            self._unsupported(name, eqn, f"a batch of {count} keys {batch} (vmap over keys; at most {_MAX_KEY_BATCH})")
+        flat = self._reshape(key, (count, 2))
+        draws = []
+        for i in range(count):
+            one = _V(self.emit(G.INDEX, [flat], index=i), (2,), key.dtype, key.store)
+            d = self._random_bits(name, p, one, eqn)
+            draws.append(self._reshape(d, (1,) + tuple(d.shape)))
+        out = draws[0] if count == 1 else self._joined(draws, 0)
+        return self._reshape(out, batch + tuple(out.shape[1:]))
+
+
+# The most keys a batched draw (vmap over keys) unrolls into single draws.
+_MAX_KEY_BATCH = 256

@@ -7,16 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.experimental import mesh_utils
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import PartitionSpec as P
 
+from jaxcompare import emulated_mesh
 from meshrun import _sharding
-from meshrun.seeds import MLP, DotReluDot
+from meshrun.seeds import MLP
 from meshrun.v1 import program_pb2
-
-
-def emulated_mesh():
-    return Mesh(mesh_utils.create_device_mesh((2, 4)), ("data", "model"))
 
 
 def assert_within_ulp(ours, ref, ulps=3):
@@ -242,3 +238,22 @@ def test_an_nnx_state_holding_rng_keys_round_trips_and_drops_out_as_jax(cluster)
     assert len(keys) == len(ref_keys) > 0
     for k, r in zip(keys, ref_keys):
         np.testing.assert_array_equal(np.asarray(k), np.asarray(jax.random.key_data(r)))
+
+
+def test_draws_from_a_batch_of_keys_under_vmap_match_jax(cluster):
+    """jax.vmap over split keys (an ensemble's or per-example noise): each key draws its own
+    block, bits exactly as JAX's, normals within JAX's ulp bound."""
+
+    def f(x):
+        keys = jax.random.split(jax.random.key(0), 8)
+        noise = jax.vmap(lambda k: jax.random.normal(k, (4,)))(keys)
+        grid = jax.random.split(jax.random.key(1), (2, 3))
+        sub = jax.vmap(jax.vmap(lambda k: jax.random.uniform(jax.random.split(k)[1], (5,))))(grid)
+        return x + noise, sub, jax.vmap(lambda k: jax.random.bits(k, (3,)))(keys)
+
+    x = np.zeros((8, 4), np.float32)
+    (noise, sub, bits), (want_noise, want_sub, want_bits) = (
+        cluster.jit(f, out_shardings=P())(cluster.device_put(x, P())), jax.jit(f)(x))
+    np.testing.assert_array_equal(np.asarray(bits), np.asarray(want_bits))
+    np.testing.assert_array_equal(np.asarray(sub), np.asarray(want_sub))
+    assert_within_ulp(noise, want_noise)
