@@ -70,12 +70,15 @@ SUPPORTED = {
     "dynamic_slice": "DYNAMIC_SLICE (starts clamped; a dim cut short is gathered)",
     "dynamic_update_slice": "DYNAMIC_UPDATE_SLICE (starts clamped; dims not covered whole gathered)",
     "gather": "one-hot SELECT and REDUCE sum, or a one-hot DOT_GENERAL for rows (take_along_axis, "
-              "jnp.take of rows for ids of any shape as nn.Embed, one index); an index out of range "
-              "reads NaN / the integer fill (FILL_OR_DROP) or is clamped (CLIP), as in JAX",
+              "jnp.take of rows for ids of any shape as nn.Embed, one index); other index vectors: each "
+              "compared with every position, SELECT and REDUCE sum (_convert_points); an index out of range "
+              "reads the fill value (FILL_OR_DROP) or is clamped (CLIP), as in JAX",
     "scatter-add": "the transposes of those gathers; or as scatter's window form",
     "scatter": "one window at one index vector (x.at[i, j].set(v), x.at[i, 2:5].set(v)): DYNAMIC_UPDATE_SLICE, "
-               "the operand kept where the window is out of bounds (FILL_OR_DROP)",
-    **{k: f"as scatter's window form, the window's values {k[8:]}-combined first (DYNAMIC_SLICE)"
+               "the operand kept where the window is out of bounds (FILL_OR_DROP); a batch of index vectors: "
+               "each compared with every position, the last update landing on one wins",
+    **{k: f"as scatter's window form, the window's values {k[8:]}-combined first (DYNAMIC_SLICE); a batch of "
+          "index vectors: the updates landing on a position combined (floats)"
        for k in ("scatter-mul", "scatter-min", "scatter-max")},
     "tile": "BROADCAST_IN_DIM to [r0, n0, r1, n1, ...], RESHAPE",
     "shard_map": "SHARD_MAP_ENTER, the body per device, SHARD_MAP_EXIT",
