@@ -62,7 +62,7 @@ SUPPORTED = {
     **{k: f"CUMULATIVE {k[3:]} (the dim gathered)" for k in ("cumsum", "cumprod", "cummax", "cummin")},
     "rev": "REVERSE (jnp.flip, x[::-1]; the reversed dims gathered)",
     "sort": "SORT per result (stable; the sorted dim gathered)",
-    "top_k": "SORT by (not NaN, -x) with an IOTA, SLICEd to k (the last axis; NaN ranks first, as XLA's)",
+    "top_k": "SORT by (not NaN, -x) with an IOTA, SLICEd to k along its axis (NaN ranks first, as XLA's)",
     "cond": "every branch inlined, SELECTs by the index (lax.cond, lax.switch); only the chosen one for a "
             "platform_index",
     "platform_index": "the index of the CPU's branch, else the default's (lax.platform_dependent)",

@@ -85,14 +85,14 @@ class _Layout:
             # A stable ascending sort by (not NaN, -x): NaNs first (XLA's top_k ranks NaN above
             # every number), then the largest, ties by index.
             (x,) = ins
-            k, dim = int(p["k"]), len(x.shape) - 1
-            if int(p.get("axis", dim)) % max(len(x.shape), 1) != dim:
-                self._unsupported(name, eqn, "an axis other than the last")
+            k = int(p["k"])
+            dim = int(p.get("axis", -1)) % max(len(x.shape), 1)  # (lax.top_k's axis; the last by default)
             xf = self.f32(x)
             number = self.binary("eq", xf, xf)  # 0 for NaN
             neg = self.unary("neg", xf)
             iota = _V(self.emit(G.IOTA, dtype=I32, shape=list(x.shape), index=dim), x.shape, np.int32, I32)
-            starts, limits = [0] * len(x.shape), list(x.shape[:-1]) + [k]
+            starts, limits = [0] * len(x.shape), list(x.shape)
+            limits[dim] = k
             outs = []
             for r, (v, dtype) in ((1, (neg, out_dtype)), (2, (iota, np.dtype(np.int32)))):
                 sorted_ = _V(self.emit(G.SORT, [number, neg, iota], index=dim, dims=[2, r]), x.shape, v.dtype,

@@ -803,23 +803,25 @@ def test_cumulative_reductions_and_conds_with_their_gradients_match_jax(cluster)
 
 def test_sort_and_argsort_with_a_gradient_match_jax(cluster):
     """jnp.sort along a sharded dim (NaNs last, -0 before +0, stable ties), argsort (a sort of
-    two operands), the gradient of a sorted value (JAX's scatter-add transpose), and top_k."""
+    two operands), the gradient of a sorted value (JAX's scatter-add transpose), and top_k along
+    either axis."""
 
     def fn(x):
         smallest = lambda x: jnp.sum(jnp.sort(x, axis=1)[:, :3] ** 2)
         return (jnp.sort(x, axis=0), jnp.argsort(x, axis=1), smallest(x), jax.grad(smallest)(x),
-                *jax.lax.top_k(jnp.nan_to_num(x), 4))
+                *jax.lax.top_k(jnp.nan_to_num(x), 4), *jax.lax.top_k(x, 3, axis=0))
 
     rng = np.random.default_rng(9)
     x = rng.normal(size=(8, 12)).astype(np.float32)
     x[1, 3], x[2, 5], x[0, 0], x[3, 0], x[4, 7] = np.nan, -0.0, 0.0, x[5, 0], x[4, 8]  # NaN, zeros, ties
     ref = jax.jit(fn)(x)
-    ours = cluster.jit(fn, in_shardings=P("data", "model"), out_shardings=(P(None, "model"), P("data"), P(), P("data"), P(), P()))(
+    ours = cluster.jit(fn, in_shardings=P("data", "model"),
+                       out_shardings=(P(None, "model"), P("data"), P(), P("data"), P(), P(), P(), P()))(
         cluster.device_put(x, P("data", "model")))
     np.testing.assert_array_equal(np.asarray(ours[0]), np.asarray(ref[0]))
     assert np.array_equal(np.signbit(np.asarray(ours[0])), np.signbit(np.asarray(ref[0])))
     np.testing.assert_array_equal(np.asarray(ours[1]), np.asarray(ref[1]))
     for o, r in zip(ours[2:4], ref[2:4]):
         np.testing.assert_allclose(np.asarray(o), np.asarray(r), rtol=1e-6)
-    for o, r in zip(ours[4:], ref[4:]):  # top_k: the 4 largest per row and their indices
+    for o, r in zip(ours[4:], ref[4:]):  # top_k: the 4 largest per row, the 3 largest per column (NaN first)
         np.testing.assert_array_equal(np.asarray(o), np.asarray(r))
