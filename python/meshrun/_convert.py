@@ -24,9 +24,15 @@ from meshrun._convert_layout import _Layout
 from meshrun._convert_random import SUPPORTED_RANDOM, _Random, aval_of, backward_hints
 from meshrun._convert_regions import _CALLS, _MANUAL, _Regions
 from meshrun._convert_windows import SUPPORTED_WINDOWS, _Windows
-from meshrun._ir import BF16, F32, G, I32, U32, _V, _is_bool, _summary
+from meshrun._ir import BF16, EMPTY, F32, G, I32, U32, _V, _is_bool, _summary
 from meshrun.v1 import common_pb2, program_pb2
 
+
+# Primitives with nested bodies, which convert zero-size values equation by equation inside.
+_REGIONS = {"scan", "cond", "while", "shard_map"}
+# The value of a reduction (or a contraction) over a zero-size dim.
+_EMPTY_IDENTITY = {"reduce_sum": 0.0, "reduce_max": float("-inf"), "reduce_min": float("inf"), "reduce_prod": 1.0,
+                   "dot_general": 0.0, "argmax": 0.0, "argmin": 0.0}
 
 # Primitives whose results on constants are computed while converting (Converter._fold).
 _FOLDABLE = {"add", "sub", "mul", "div", "rem", "max", "min", "neg", "abs", "sign", "floor", "ceil", "round",
@@ -127,6 +133,10 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise):
     # -- emitting -------------------------------------------------------------------------------
 
     def emit(self, kind, operands=(), **fields):
+        if any(v.id == EMPTY for v in operands):
+            raise errors.InvalidArgumentError(
+                f"a zero-size array {next(v.shape for v in operands if v.id == EMPTY)} reaches an op of kind "
+                f"{program_pb2.GlobalOp.Kind.Name(kind)}: meshrun holds no zero-size arrays")
         op = self.program.ops.add()
         op.kind = kind
         op.operands.extend(v.id for v in operands)
@@ -308,6 +318,9 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise):
         p = eqn.params
         out_shape, out_dtype = aval_of(eqn.outvars[0].aval) if eqn.outvars else ((), None)
         try:
+            outs = self._empty_equation(name, p, ins, out_dtype, out_shape, eqn)
+            if outs is not None:
+                return outs
             if not name.startswith("random_") and name not in _CALLS:
                 p, ins = self.key_words(name, p, ins, eqn)
             return self._equation(name, p, ins, out_dtype, out_shape, eqn)
@@ -315,6 +328,31 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise):
             if isinstance(e, errors.UnsupportedPrimitiveError) or "(at " in str(e):
                 raise
             raise type(e)(f"{e} (primitive '{name}' at {self.where(eqn)})") from None
+
+    def _empty_equation(self, name, p, ins, out_dtype, out_shape, eqn):
+        """Zero-size values (the JVPs of cumprod and cummax slice down to them): results of zero
+        size are EMPTY values that no op computes; a concatenation drops them, a pad of one is a
+        block of its padding value, a reduction or a product over a zero-size dim is its
+        identity. None where no zero-size value is involved (or a nested body handles it)."""
+        sizes = [int(np.prod(getattr(v.aval, "shape", ()))) for v in eqn.outvars]
+        empty_in = [v.id == EMPTY for v in ins]
+        if not any(empty_in) and all(sizes) or name in _CALLS or name in _REGIONS:
+            return None
+        if not any(sizes):
+            return [_V(EMPTY, aval_of(v.aval)[0], aval_of(v.aval)[1], F32 if _integer_store(aval_of(v.aval)[1]) is None
+                       else _integer_store(aval_of(v.aval)[1])) for v in eqn.outvars]
+        if name == "concatenate":
+            kept = [v for v in ins if v.id != EMPTY]
+            return kept if len(kept) == 1 else self._layout_equation(name, p, kept, out_dtype, out_shape, eqn)
+        if name == "pad" and empty_in[0]:
+            return [_V(self._filled(ins[1], ins[0], out_shape).id, out_shape, out_dtype, ins[1].store)]
+        if name in _EMPTY_IDENTITY and any(empty_in):  # a reduction over nothing, a dot over nothing
+            value = self.scalar(_EMPTY_IDENTITY[name])
+            vid = self.emit(G.BROADCAST_IN_DIM, [value], shape=list(out_shape), dims=[])
+            return [self._convert(name, eqn, _V(vid, out_shape, np.float32, F32), np.dtype(out_dtype))]
+        if any(empty_in) or name not in ("split",):
+            self._unsupported(name, eqn, "a zero-size operand" if any(empty_in) else "a zero-size result")
+        return None
 
     def _unsupported(self, name, eqn, why=""):
         raise errors.UnsupportedPrimitiveError(

@@ -4,7 +4,7 @@ scatters: meshrun._convert_indexing)."""
 import numpy as np
 
 from meshrun import _sharding
-from meshrun._ir import BF16, F32, G, I32, U32, _V, _is_int
+from meshrun._ir import BF16, EMPTY, F32, G, I32, U32, _V, _is_int
 from meshrun.v1 import common_pb2
 
 
@@ -62,6 +62,8 @@ class _Layout:
                 shape = tuple(limits[d] - starts[d] for d in range(len(limits)))
                 if shape == x.shape:
                     outs.append(x)
+                elif size == 0:  # (a zero-size part: no op, meshrun._convert's empty value)
+                    outs.append(_V(EMPTY, shape, x.dtype, x.store))
                 else:
                     outs.append(_V(self.emit(G.SLICE, [x], dims=starts, shape=limits), shape, x.dtype, x.store))
                 start += size

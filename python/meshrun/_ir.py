@@ -22,6 +22,11 @@ def _summary(eqn):
         return ""
 
 
+# The id of a zero-size value: nothing on the cluster holds it (meshrun._convert's
+# _empty_equation computes what reads it; an op that would take it as an operand is refused).
+EMPTY = -1
+
+
 class _V:
     """A value: its id in the program, global shape, logical (numpy) dtype, dtype on the cluster."""
 

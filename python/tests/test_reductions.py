@@ -1,9 +1,11 @@
 """Reductions under cluster.jit beyond sum / max / min: jnp.prod (reduce_prod) over one and
-several axes of odd and even sizes, in f32 and in wrapping int32, and its gradient."""
+several axes of odd and even sizes, in f32 and in wrapping int32, and its gradient; the
+gradients of cumulative reductions, whose JVPs hold zero-size arrays."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import PartitionSpec as P
 
 
@@ -21,3 +23,26 @@ def test_products_and_their_gradient_match_jax(cluster):
     np.testing.assert_array_equal(np.asarray(got["ints"]), np.asarray(want["ints"]))
     for key in ("rows", "cols", "all", "three", "grad"):  # products rounded in another order: a few ulp
         np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=4e-6, err_msg=key)
+
+
+def test_zero_size_intermediates_of_cumulative_gradients_match_jax(cluster):
+    """The JVPs of cumprod / cummax / cummin slice down to zero-size arrays: no op holds them, a
+    concatenation drops them, a pad of one is its padding, a reduction over one is its identity.
+    A zero-size result is refused by name."""
+    x = np.random.default_rng(0).uniform(0.5, 1.5, (4, 6)).astype(np.float32)
+
+    def f(x):
+        return {"cumprod_grad": jax.grad(lambda x: jnp.sum(jnp.cumprod(x, axis=1)))(x),
+                "cummax_grad": jax.grad(lambda x: jnp.sum(jax.lax.cummax(x, axis=1) ** 2))(x),
+                "cummin_grad": jax.grad(lambda x: jnp.sum(jax.lax.cummin(x, axis=0)))(x),
+                "concat": jnp.concatenate([x[:, :0], x, x[:0, :].reshape(4, 0)], axis=1),
+                "reduced": jnp.sum(x[:, :0], axis=1) + jnp.max(jnp.pad(x[:, :0], ((0, 0), (1, 2)), constant_values=3.0),
+                                                              axis=1),
+                "split": jnp.split(x, [0, 2], axis=1)[1] * 2}
+
+    want = jax.jit(f)(x)
+    got = cluster.jit(f, in_shardings=P("data"), out_shardings=P())(cluster.device_put(x, P("data")))
+    for key in want:
+        np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=2e-6, err_msg=key)
+    with pytest.raises(ValueError, match=r"zero-size array \(4, 0\)"):
+        cluster.jit(lambda x: x[:, :0] * 2, out_shardings=P())(cluster.device_put(x, P()))
