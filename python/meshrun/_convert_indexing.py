@@ -34,7 +34,8 @@ class _Indexing(_Points):
     # Gathers and their transposes along one indexed axis, as one-hot selections (exact; as in
     # JAX, an index out of range reads the fill value, NaN for floats, and its scatter-add adds
     # nothing under FILL_OR_DROP, jnp's default; CLIP clamps it):
-    #   take_along_axis  operand [B..., C], indices [B..., J, 1], batching dims B... -> [B..., J]
+    #   take_along_axis  operand [B..., C], indices [B..., J, 1] (or [B..., 1]: vmapped row[i]),
+    #                    batching dims B... -> [B..., J]
     #                    (the batch dims flattened into one: optax's integer-label cross-entropy
     #                    over [batch, time, vocab] logits)
     #   jnp.take rows    operand [V, D], indices [..., 1] -> [..., D] (a select up to _EXACT_ROWS elements,
@@ -47,8 +48,8 @@ class _Indexing(_Points):
         if idx.shape[-1:] != (1,):
             return None
         lead = tuple(range(r - 1))
-        if r >= 2 and batch_op == lead and batch_ix == lead and k == r - 1 and len(idx.shape) == r + 1:
-            return "along"
+        if r >= 2 and batch_op == lead and batch_ix == lead and k == r - 1 and len(idx.shape) in (r, r + 1):
+            return "along"  # (r: one index per batch element, as jax.vmap(lambda row, i: row[i]) gives)
         if not batch_op and not batch_ix and r == 2 and k == 0 and len(idx.shape) >= 2 and \
                 window == (len(idx.shape) - 1,):
             return "rows"
@@ -99,7 +100,8 @@ class _Indexing(_Points):
             return _V(self.emit(G.BROADCAST_IN_DIM, [v], shape=list(shape), dims=dims), tuple(shape), vt, st)
 
         if form == "along":  # out[b, j] = op[b, idx[b, j]], over the batch dims flattened
-            b, c, j = int(np.prod(op.shape[:-1])), op.shape[-1], idx.shape[-2]
+            b, c = int(np.prod(op.shape[:-1])), op.shape[-1]
+            j = int(np.prod(idx.shape[:-1])) // b  # indices per batch element
             mask = self._mask((b, j, c), 2, self._reshape(idx, (b, j)), (0, 1))
             picked = pick(mask, spread(self._reshape(x, (b, c)), (b, j, c), [0, 2]))
             v = _V(self.emit(G.REDUCE, [picked], fn="sum", dims=[2]), (b, j), vt, st)
@@ -171,7 +173,8 @@ class _Indexing(_Points):
         u = self.f32(upd)
         zero = self.scalar(0.0)
         if form == "along":  # out[b, c] = op[b, c] + sum_j [idx[b, j] == c] upd[b, j], batch dims flat
-            b, c, j = int(np.prod(op.shape[:-1])), op.shape[-1], idx.shape[-2]
+            b, c = int(np.prod(op.shape[:-1])), op.shape[-1]
+            j = int(np.prod(idx.shape[:-1])) // b  # indices per batch element
             mask = self._mask((b, j, c), 2, self._reshape(idx, (b, j)), (0, 1))
             ub = _V(self.emit(G.BROADCAST_IN_DIM, [self._reshape(u, (b, j))], shape=[b, j, c], dims=[0, 1]),
                     (b, j, c), np.float32, F32)
@@ -245,7 +248,7 @@ class _Indexing(_Points):
 
 
 _FORMS = ("this gather / scatter form (supported: take_along_axis, jnp.take, single elements or windows at "
-          "index vectors over any dims, without batching dims)")
+          "index vectors over any dims, batched or not)")
 
 # Up to this many elements (n x V x D), a row gather selects rather than multiplies by a one-hot
 # matrix: 2**22, 16 MiB of f32.

@@ -14,68 +14,120 @@ class _Points:
     _Indexing's helpers). The indexed dims are flattened into one of V positions, each index
     vector into its position (f32, exact below 2**24), and every index compared with every
     position: one select and one REDUCE sum over [n, V, R] (n index vectors, R elements per
-    position), exact for any values, inf and NaN included. Sizes are bounded by _MAX_POINT_WORK."""
+    position), exact for any values, inf and NaN included; batching dims (jax.vmap) are indexed by
+    the vector's own batch coordinate. Sizes are bounded by _MAX_POINT_WORK."""
 
-    def _points(self, name, eqn, p, op, idx, index_map, collapsed, upd=None):
-        """Whether this is such a gather (scatter-add, given its updates `upd`): no batching dims,
-        an index vector's dim last, windows of one element along the indexed dims (collapsed or
-        kept as unit dims) and whole along the others, laid out anywhere in the result."""
+    @staticmethod
+    def _batching(p):
+        """The operand's batching dims and the indices' (jax.vmap of an indexing): a batch
+        element's index vector reads only its own block of the operand."""
+        dn = p["dimension_numbers"]
+        ib = getattr(dn, "start_indices_batching_dims", None)
+        if ib is None:
+            ib = getattr(dn, "scatter_indices_batching_dims", ())
+        return [int(d) for d in getattr(dn, "operand_batching_dims", ())], [int(d) for d in ib]
+
+    def _point_dims(self, p, op, idx, index_map, collapsed, upd):
+        """(points, whole): the index vector's components (k, operand dim) whose window is one
+        element, and those whose window is the whole dim (jax.vmap's m[k] indexes [k, 0]: its
+        start can only be 0); None where another window, or a layout this path does not take,
+        occurs."""
         dn = p["dimension_numbers"]
         r = len(op.shape)
         index_map = [int(d) for d in index_map]
-        if getattr(dn, "operand_batching_dims", ()) or not set(collapsed) <= set(index_map) or \
-                len(set(index_map)) != len(index_map) or idx.shape[-1:] != (len(index_map),):
-            return False
-        window = [1 if d in index_map else op.shape[d] for d in range(r)]
-        if upd is None and tuple(p["slice_sizes"]) != tuple(window):
-            return False
-        if upd is not None:  # the updates: the index vectors' dims and the windows' (non-inserted)
+        ob, ib = self._batching(p)
+        if len(set(index_map + ob)) != len(index_map) + len(ob) or len(ob) != len(ib) or \
+                idx.shape[-1:] != (len(index_map),) or any(d >= len(idx.shape) - 1 for d in ib) or \
+                any(op.shape[o] != idx.shape[i] for o, i in zip(ob, ib)) or not set(collapsed) <= set(index_map):
+            return None
+        if upd is None:
+            window = [int(w) for w in p["slice_sizes"]]
+        else:  # the updates: the index vectors' dims, then (at update_window_dims) the windows'
             wd = list(dn.update_window_dims)
-            kept = [window[d] for d in range(r) if d not in collapsed]
+            free = [d for d in range(r) if d not in collapsed and d not in ob]
             batch = [upd.shape[q] for q in range(len(upd.shape)) if q not in wd]
-            if [upd.shape[q] for q in wd] != kept or tuple(batch) != tuple(idx.shape[:-1]):
-                return False
-        n, positions = int(np.prod(idx.shape[:-1])), int(np.prod([op.shape[d] for d in index_map]))
-        work = n * positions * int(np.prod([op.shape[d] for d in range(r) if d not in index_map]))
+            if len(wd) != len(free) or tuple(batch) != tuple(idx.shape[:-1]):
+                return None
+            window = [1] * r
+            for d, q in zip(free, wd):
+                window[d] = upd.shape[q]
+        if any(window[d] != 1 for d in ob) or any(window[d] != 1 for d in collapsed) or \
+                any(window[d] != op.shape[d] for d in range(r) if d not in index_map and d not in ob):
+            return None
+        points = [(k, d) for k, d in enumerate(index_map) if window[d] == 1]
+        whole = [(k, d) for k, d in enumerate(index_map) if window[d] != 1]
+        if any(window[d] != op.shape[d] for _, d in whole):
+            return None
+        return points, whole
+
+    def _points(self, name, eqn, p, op, idx, index_map, collapsed, upd=None):
+        """Whether this gather (scatter, given its updates `upd`) takes the point path: windows
+        of one element along the indexed and batching dims (collapsed or kept as unit dims),
+        whole along the others, laid out anywhere; refused by name when too large."""
+        dims = self._point_dims(p, op, idx, index_map, collapsed, upd)
+        if dims is None:
+            return False
+        ob, _ = self._batching(p)
+        at = [d for _, d in dims[0]] + ob
+        n, positions = int(np.prod(idx.shape[:-1])), int(np.prod([op.shape[d] for d in at]))
+        work = n * positions * int(np.prod([op.shape[d] for d in range(len(op.shape)) if d not in at]))
         if positions >= 2 ** 24 or work > _MAX_POINT_WORK:
             self._unsupported(name, eqn, f"{n} index vectors into {positions} positions ({work} compares, above "
                                          f"{_MAX_POINT_WORK}); index one axis at a time (jnp.take_along_axis)")
         return True
 
-    def _point_positions(self, p, op, idx, index_map):
-        """The operand as [V, R] (indexed dims first, flattened), each index vector's position
-        as f32 [n] (-1 where FILL_OR_DROP finds a component out of range; CLIP clamps each), and
-        the in-range mask (None unless FILL_OR_DROP) and the inverse of the layout change."""
+    def _point_positions(self, p, op, idx, index_map, collapsed, upd=None):
+        """The operand as [V, R] (point dims, then batching dims, first, flattened), each index
+        vector's position as f32 [n] (-1 where FILL_OR_DROP finds a component out of range; CLIP
+        clamps each; a batching dim's component is the vector's own batch coordinate), the
+        in-range mask (None unless FILL_OR_DROP), and the [V, R] block's shape before flattening
+        with the inverse of the layout change."""
         r, nb = len(op.shape), len(idx.shape) - 1
-        rest = [d for d in range(r) if d not in index_map]
-        perm = [int(d) for d in index_map] + rest
-        sizes = [op.shape[d] for d in index_map]
+        ob, ib = self._batching(p)
+        points, whole = self._point_dims(p, op, idx, index_map, collapsed, upd)
+        dims = [d for _, d in points] + ob
+        rest = [d for d in range(r) if d not in dims]
+        perm = dims + rest
+        sizes = [op.shape[d] for d in dims]
         n = int(np.prod(idx.shape[:-1]))
         x = self._reshape(self._transposed(op, perm), (int(np.prod(sizes)), int(np.prod([op.shape[d] for d in rest]))))
         mode = str(p.get("mode", ""))
-        linear, ok, stride = None, None, 1
-        for k in reversed(range(len(index_map))):
+
+        def component(k):
             starts, limits = [0] * (nb + 1), list(idx.shape)
             starts[-1], limits[-1] = k, k + 1
-            part = _V(self.emit(G.SLICE, [idx], dims=starts, shape=limits), tuple(idx.shape[:-1]) + (1,), idx.dtype,
-                      idx.store)
-            c = self.f32(self._reshape(part, (n,)))
-            if mode.endswith("CLIP"):
-                c = self.binary("min", self.binary("max", c, self.scalar(0.0)), self.scalar(float(sizes[k] - 1)))
-            if mode.endswith("FILL_OR_DROP"):
-                inside = self.binary("mul", self.binary("ge", c, self.scalar(0.0)),
-                                     self.binary("lt", c, self.scalar(float(sizes[k]))))
-                ok = inside if ok is None else self.binary("mul", ok, inside)
+            part = _V(self.emit(G.SLICE, [idx], dims=starts, shape=limits), tuple(idx.shape[:-1]) + (1,),
+                      idx.dtype, idx.store)
+            return self.f32(self._reshape(part, (n,)))
+
+        def within(c, size):  # 1 where 0 <= c < size
+            return self.binary("mul", self.binary("ge", c, self.scalar(0.0)), self.binary("lt", c, self.scalar(float(size))))
+
+        linear, ok, stride = None, None, 1
+        for j in reversed(range(len(dims))):
+            if j >= len(points):  # a batching dim: the index vector's coordinate along its pair
+                c = self._reshape(self._iota(tuple(idx.shape[:-1]), ib[j - len(points)]), (n,))
+            else:
+                c = component(points[j][0])
+                if mode.endswith("CLIP"):
+                    c = self.binary("min", self.binary("max", c, self.scalar(0.0)), self.scalar(float(sizes[j] - 1)))
+                if mode.endswith("FILL_OR_DROP"):
+                    ok = within(c, sizes[j]) if ok is None else self.binary("mul", ok, within(c, sizes[j]))
             term = c if stride == 1 else self.binary("mul", c, self.scalar(float(stride)))
             linear = term if linear is None else self.binary("add", linear, term)
-            stride *= sizes[k]
+            stride *= sizes[j]
+        if mode.endswith("FILL_OR_DROP"):  # a whole-dim window is in bounds only at start 0
+            for k, _ in whole:
+                inside = within(component(k), 1)
+                ok = inside if ok is None else self.binary("mul", ok, inside)
         if ok is not None:  # out of range: position -1, which no position equals
             linear = self.binary("sub", self.binary("mul", linear, ok), self.binary("sub", self.scalar(1.0), ok))
         inverse = [perm.index(d) for d in range(r)]
         return x, linear, ok, (tuple(sizes) + tuple(op.shape[d] for d in rest), inverse)
 
     def _gather_points(self, name, eqn, p, op, idx, out_dtype, out_shape):
-        x, linear, ok, _ = self._point_positions(p, op, idx, p["dimension_numbers"].start_index_map)
+        dn = p["dimension_numbers"]
+        x, linear, ok, _ = self._point_positions(p, op, idx, dn.start_index_map, dn.collapsed_slice_dims)
         (positions, width), n = x.shape, linear.shape[0]
         integral = x.store in (I32, U32)
         if not integral:
@@ -94,10 +146,9 @@ class _Points:
             inside = _V(self.emit(G.BROADCAST_IN_DIM, [ok], shape=[n, width], dims=[0]), (n, width), np.bool_, F32)
             v = self._select(name, eqn, [inside, fill, v], v.dtype)
         # [n, R] -> [index dims..., kept window dims...] -> the window dims at offset_dims
-        dn = p["dimension_numbers"]
         nb = len(idx.shape) - 1
-        kept = [1 if d in dn.start_index_map else op.shape[d] for d in range(len(op.shape))
-                if d not in dn.collapsed_slice_dims]
+        ob, _ = self._batching(p)
+        kept = [int(p["slice_sizes"][d]) for d in range(len(op.shape)) if d not in dn.collapsed_slice_dims and d not in ob]
         v = self._reshape(v, tuple(idx.shape[:-1]) + tuple(kept))
         batch = iter(range(nb))
         offsets = list(dn.offset_dims)
@@ -108,9 +159,10 @@ class _Points:
         return self._convert(name, eqn, v, out_dtype)
 
     def _scatter_add_points(self, name, eqn, p, op, idx, upd, out_dtype):
-        _, linear, _, (shape, inverse) = self._point_positions(p, op, idx, p["dimension_numbers"].scatter_dims_to_operand_dims)
-        k = len(p["dimension_numbers"].scatter_dims_to_operand_dims)
-        n, positions, width = linear.shape[0], int(np.prod(shape[:k])), int(np.prod(shape[k:]))
+        dn = p["dimension_numbers"]
+        x, linear, _, (shape, inverse) = self._point_positions(p, op, idx, dn.scatter_dims_to_operand_dims,
+                                                               dn.inserted_window_dims, upd)
+        (positions, width), n = x.shape, linear.shape[0]
         # int32 / uint32 add in their own (wrapping) integers, as XLA's
         store = {np.dtype(np.int32): I32, np.dtype(np.uint32): U32}.get(np.dtype(out_dtype))
         dtype = np.dtype(out_dtype) if store is not None else np.dtype(np.float32)
@@ -142,8 +194,9 @@ class _Points:
         store = {np.dtype(np.int32): I32, np.dtype(np.uint32): U32}.get(np.dtype(out_dtype))
         if store is not None and fn is not None:
             self._unsupported(name, eqn, f"an integer ({np.dtype(out_dtype)}) scatter-{fn} at a batch of indices")
-        index_map = p["dimension_numbers"].scatter_dims_to_operand_dims
-        x, linear, _, (shape, inverse) = self._point_positions(p, op, idx, index_map)
+        dn = p["dimension_numbers"]
+        x, linear, _, (shape, inverse) = self._point_positions(p, op, idx, dn.scatter_dims_to_operand_dims,
+                                                               dn.inserted_window_dims, upd)
         (positions, width), n = x.shape, linear.shape[0]
         dtype = np.dtype(out_dtype) if store is not None else np.dtype(np.float32)
         x = self.integer(x, store, dtype) if store is not None else self.f32(x)

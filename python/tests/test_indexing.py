@@ -1,6 +1,6 @@
-"""Gathers at index vectors over several dims (x[jnp.arange(n), labels], jnp.diagonal) and their
-scatter-add transposes under cluster.jit match JAX's bit for bit, out-of-range modes and
-non-finite values included."""
+"""Gathers and scatters at index vectors over several dims (x[jnp.arange(n), labels],
+jnp.diagonal, jnp.take along any axis, x.at[idx].set, jax.vmap of indexing) and their transposes
+under cluster.jit match JAX's bit for bit, out-of-range modes and non-finite values included."""
 
 import jax
 import jax.numpy as jnp
@@ -110,3 +110,34 @@ def test_scatters_at_a_batch_of_indices_match_jax_bit_for_bit(cluster):
         w, g = np.asarray(want[key]), np.asarray(got[key])
         assert g.dtype == w.dtype, key
         np.testing.assert_array_equal(g, w, err_msg=key)
+
+
+def test_vmapped_indexing_gathers_and_scatters_with_batching_dims_match_jax(cluster):
+    """jax.vmap of row[k], m[k] (a whole row at k), row.at[k].set / .add and their gradients:
+    gathers and scatters with batching dims, each index reading its own batch element's block."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 5)).astype(np.float32)
+    i = rng.integers(0, 5, 8).astype(np.int32)
+    cube = rng.normal(size=(2, 4, 5)).astype(np.float32)
+    upd = rng.normal(size=(8,)).astype(np.float32)
+
+    def f(x, i, cube, upd):
+        return {
+            "pick": jax.vmap(lambda row, k: row[k])(x, i),
+            "pick_grad": jax.grad(lambda x: jnp.sum(jax.vmap(lambda row, k: row[k])(x, i) ** 2))(x),
+            "nested": jax.vmap(jax.vmap(lambda row, k: row[k]))(cube, i.reshape(2, 4)),
+            "nll": jax.vmap(lambda row, k: -jax.nn.log_softmax(row)[k])(x, i),
+            "rows": jax.vmap(lambda m, k: m[k])(cube, i[:2] % 4),
+            "rows_grad": jax.grad(lambda c: jnp.sum(jax.vmap(lambda m, k: m[k])(c, i[:2] % 4) ** 2))(cube),
+            "set": jax.vmap(lambda row, k, u: row.at[k].set(u))(x, i, upd),
+            "add": jax.vmap(lambda row, k, u: row.at[k].add(u))(x, i, upd),
+        }
+
+    want = jax.jit(f)(x, i, cube, upd)
+    got = cluster.jit(f, in_shardings=(P("data"), P("data"), P(), P()), out_shardings=P())(
+        cluster.device_put(x, P("data")), cluster.device_put(i, P("data")), cluster.device_put(cube, P()),
+        cluster.device_put(upd, P()))
+    for key in want:
+        w, g = np.asarray(want[key]), np.asarray(got[key])
+        assert g.shape == w.shape, key
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7, err_msg=key)  # (nll: an ulp of log_softmax)
