@@ -223,6 +223,10 @@ absl::Status OpArity(const v1::Op& op, int inputs, int outputs);
 absl::Status OpOutputMismatch(const v1::Op& op, const Tensor& got, const std::string& expected);
 // An OP_ADAM_UPDATE's hyperparameters (its reduce_dtype aside) as core/optim takes them.
 AdamWHyperParams AdamWHyperParamsOf(const v1::AdamWAttrs& attrs);
+// The AdamW count of an update: the f32 step counter `step` (updates done so far, element 0)
+// truncated, plus one. InvalidArgument naming the value for NaN, a negative counter or one of
+// 2^62 or more (no int64 count; a C++ cast of it would be undefined).
+absl::StatusOr<int64_t> AdamWCount(const Tensor& step);
 
 }  // namespace meshrun
 

@@ -237,6 +237,15 @@ AdamWHyperParams AdamWHyperParamsOf(const v1::AdamWAttrs& attrs) {
   return hp;
 }
 
+absl::StatusOr<int64_t> AdamWCount(const Tensor& step) {
+  const float s = step.data<float>()[0];
+  if (!(s >= 0.0f && s < 4.6e18f)) {  // (false for NaN)
+    return absl::InvalidArgumentError(absl::StrCat("adamw: the step counter is ", s,
+                                                   "; expected a count of updates in [0, 2^62)"));
+  }
+  return static_cast<int64_t>(s) + 1;
+}
+
 absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& op,
                                                                  const std::vector<Tensor*>& in,
                                                                  const std::vector<Tensor*>& out) {
@@ -277,8 +286,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
   Tensor *p_out = out[0], *mu_out = out[1], *nu_out = out[2];
   // Elements [begin, begin + len) of the update, from the gradient `g` (its element 0 is
   // element `begin`).
-  auto update = [=](const float* g, int64_t begin, int64_t len) {
-    const int64_t count = static_cast<int64_t>(step->data<float>()[0]) + 1;
+  auto update = [=](int64_t count, const float* g, int64_t begin, int64_t len) {
     AdamWUpdate(hp, count, param->data<float>() + begin, g, mu->data<float>() + begin,
                 nu->data<float>() + begin, p_out->data<float>() + begin,
                 mu_out->data<float>() + begin, nu_out->data<float>() + begin, len);
@@ -294,10 +302,12 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
   }
   if (replicas == nullptr) {  // a group of one: the sums are the operands
     return CompiledOp([=](const RunContext&) {
+      absl::StatusOr<int64_t> count = AdamWCount(*step);
+      if (!count.ok()) return count.status();
       for (int i = 0; i < riders; ++i) {
         std::memcpy(rider->out[i]->raw(), rider->in[i]->raw(), rider->in[i]->size_bytes());
       }
-      update(grad->data<float>(), 0, n);
+      update(*count, grad->data<float>(), 0, n);
       return absl::OkStatus();
     });
   }
@@ -308,10 +318,12 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
       replicas, in[1], reduce, wire, reduce_in_place_.count(&op) > 0, rider, &collective_time_);
   return CompiledOp([=](const RunContext&) {
     // (Read at each run: a step binds its arguments and results anew.)
+    absl::StatusOr<int64_t> count = AdamWCount(*step);
+    if (!count.ok()) return count.status();
     const std::vector<void*> outputs = {p_out->raw(), mu_out->raw(), nu_out->raw()};
     return RunFusedReduction(f, outputs, /*shared=*/false,
                              [&](int64_t begin, int64_t len, const float* g) {
-                               update(g, begin, len);
+                               update(*count, g, begin, len);
                                return absl::OkStatus();
                              });
   });

@@ -104,7 +104,9 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamSweep(
                           a.nu->data<float>(), a.p_out->data<float>(), a.mu_out->data<float>(),
                           a.nu_out->data<float>(), a.param->num_elements()});
     }
-    AdamWSweep(hp, static_cast<int64_t>(t->data<float>()[0]) + 1, segments);
+    absl::StatusOr<int64_t> count = AdamWCount(*t);
+    if (!count.ok()) return count.status();
+    AdamWSweep(hp, *count, segments);
     return absl::OkStatus();
   });
 }

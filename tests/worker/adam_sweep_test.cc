@@ -1,6 +1,8 @@
 // A model's Adam updates joined into one sweep over its parameters (Executor::JoinAdamUpdates):
 // the same bits as each parameter's own update, and joined only where that is safe.
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -199,6 +201,26 @@ TEST(AdamSweepTest, AnUpdateReadingAnEarlierUpdatesResultIsLeftAfterIt) {
   const std::vector<Param> params = {{"a", 3000}, {"b", 3000}};
   // b's gradient is a's new parameter: b must run after a, not beside it in a sweep.
   EXPECT_EQ(RunAndCheck(AdamProgram(params, false, {"g_a", "new_p_a"}), params, false, "b"), 0);
+}
+
+// The f32 step counter a request carries becomes the update's count only when it is one: NaN,
+// a negative counter or one past int64 are refused by value (the coordinator's fuzz target
+// found the cast of 7e22 undefined).
+TEST(AdamSweepTest, AStepCounterThatIsNoCountIsRefusedByValue) {
+  Tensor step(v1::DTYPE_F32, {});
+  for (float good : {0.0f, 3.0f, 4.5f, 1e9f}) {
+    step.data<float>()[0] = good;
+    absl::StatusOr<int64_t> count = AdamWCount(step);
+    ASSERT_TRUE(count.ok()) << good << ": " << count.status();
+    EXPECT_EQ(*count, static_cast<int64_t>(good) + 1);
+  }
+  for (float bad : {std::nanf(""), -1.0f, 7.00624e+22f, std::numeric_limits<float>::infinity()}) {
+    step.data<float>()[0] = bad;
+    absl::StatusOr<int64_t> count = AdamWCount(step);
+    ASSERT_FALSE(count.ok()) << bad;
+    EXPECT_NE(std::string(count.status().message()).find("step counter is"), std::string::npos)
+        << count.status();
+  }
 }
 
 }  // namespace
