@@ -181,7 +181,8 @@ class JitBuilder {
   // the new dim 0 is not sharded.
   Value Stack(const std::vector<Value>& values);
   // jnp.concatenate(values, axis=dim) (jax.lax.concatenate): one rank and dtype, sizes equal but
-  // along `dim`; laid out as the first with `dim` unsharded (the others are resharded to it).
+  // along `dim`; laid out as the first operand with the most partitioned dims, `dim` unsharded
+  // (the others are resharded to it: a replicated padding block sliced, not the data gathered).
   // Differentiable (each operand's cotangent is its slice of the result's).
   Value Concatenate(const std::vector<Value>& values, int64_t dim);
   // jnp.dot of 2-D arrays and jax.lax.dot_general (result: batch, lhs free, rhs free dims).
@@ -360,6 +361,10 @@ class JitBuilder {
   }
   // Completes pending partial results and reshards to `target`; returns the local value.
   State Resolve(const State& s, const PartitionSpec& target, const std::string& reason);
+  // Concatenate's layout: the entries (padded to `rank`) of the first of `values` with the most
+  // partitioned dims other than `dim`.
+  std::vector<PartitionSpec::Entry> MostPartitioned(const std::vector<Value>& values, int64_t dim,
+                                                    int64_t rank) const;
   // Completes pending partial results, keeping the layout. A value completed before (the same
   // local value, partial axes and layout) is not reduced again.
   State Complete(const State& s, const std::string& reason);

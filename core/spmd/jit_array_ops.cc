@@ -532,6 +532,25 @@ JitBuilder::Value JitBuilder::ManualAxisIndex(const std::vector<std::string>& ax
   return Push(std::move(s), Node(Node::kConstant));
 }
 
+std::vector<PartitionSpec::Entry> JitBuilder::MostPartitioned(const std::vector<Value>& values,
+                                                              int64_t dim, int64_t rank) const {
+  // The first operand with the most partitioned dims other than `dim`: a replicated operand (a
+  // padding block) is then sliced locally to its layout, rather than a partitioned operand
+  // all-gathered to the replicated one.
+  std::vector<PartitionSpec::Entry> best;
+  int most = -1;
+  for (Value v : values) {
+    std::vector<PartitionSpec::Entry> e = values_[v.id].spec.Padded(rank);
+    int count = 0;
+    for (int64_t d = 0; d < rank; ++d) count += d != dim && !e[d].empty() ? 1 : 0;
+    if (count > most) {
+      most = count;
+      best = std::move(e);
+    }
+  }
+  return best;
+}
+
 JitBuilder::Value JitBuilder::Concatenate(const std::vector<Value>& values, int64_t dim) {
   Scope rec(this, v1::GlobalOp::CONCATENATE);
   if (rec.op != nullptr) {
@@ -559,7 +578,7 @@ JitBuilder::Value JitBuilder::Concatenate(const std::vector<Value>& values, int6
     }
     out_dims[dim] += s.global[dim];
   }
-  std::vector<PartitionSpec::Entry> entries = head.spec.Padded(rank);
+  std::vector<PartitionSpec::Entry> entries = MostPartitioned(values, dim, rank);
   entries[dim].clear();
   const PartitionSpec spec(entries);
   std::vector<ShardMapBuilder::Value> locals;

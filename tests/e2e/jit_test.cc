@@ -167,6 +167,24 @@ TEST(JitPartitionTest, ReshapeBroadcastAndElementwiseFollowTheShardedOperand) {
   EXPECT_THAT(std::string(bad.Build().status().message()), ::testing::HasSubstr("element count"));
 }
 
+// A padding block (replicated) concatenated before a batch-sharded array (lax.pad of an image, a
+// convolution's input): the result keeps the batch sharding and the block is sliced locally;
+// no collective moves the data.
+TEST(JitPartitionTest, ConcatenateFollowsItsMostPartitionedOperand) {
+  JitBuilder jit(*Mesh::Parse("data=2,model=4"));
+  auto x = jit.Input(v1::DTYPE_F32, {8, 6, 4}, P({"data", "", "model"}));
+  auto lo = jit.Constant(0.0f, {8, 1, 4});
+  auto hi = jit.Constant(0.0f, {8, 2, 4});
+  auto padded = jit.Concatenate({lo, x, hi}, 1);
+  EXPECT_EQ(jit.sharding(padded), P({"data", "", "model"}));
+  auto y = jit.Input(v1::DTYPE_F32, {8, 6, 4}, P({"data", "", ""}));
+  auto mixed = jit.Concatenate({y, x}, 1);  // x is the more partitioned: y is sliced over 'model'
+  EXPECT_EQ(jit.sharding(mixed), P({"data", "", "model"}));
+  jit.Output(padded, P({"data", "", "model"}));
+  ASSERT_TRUE(jit.Build().ok()) << jit.Build().status();
+  EXPECT_TRUE(jit.collectives().empty()) << ::testing::PrintToString(Describe(jit.collectives()));
+}
+
 class JitE2ETest : public testing::ClusterSuite<JitE2ETest> {
  public:
   static constexpr const char* kMesh = "data=2,model=4";
@@ -174,8 +192,8 @@ class JitE2ETest : public testing::ClusterSuite<JitE2ETest> {
 
  protected:
   // Puts x, w1 and w2 laid out as `l` says; their array ids, in that order.
-  absl::StatusOr<std::vector<std::string>> PutArguments(const Layout& l, const Tensor& x, const Tensor& w1,
-                                                        const Tensor& w2) {
+  absl::StatusOr<std::vector<std::string>> PutArguments(const Layout& l, const Tensor& x,
+                                                        const Tensor& w1, const Tensor& w2) {
     std::vector<std::string> ids;
     for (auto [t, spec] : {std::pair{&x, l.x}, {&w1, l.w1}, {&w2, l.w2}}) {
       absl::StatusOr<v1::ArrayInfo> put = client_->Put(*t, spec);
@@ -271,19 +289,22 @@ TEST_F(JitE2ETest, FetchedResultsComeBackInTheResponseAndStayOffTheCluster) {
     ASSERT_TRUE(want.ok()) << want.status();
     const size_t arrays_before = client_->ListArrays()->size();
 
-    absl::StatusOr<Client::JitResult> r = client_->Jit(program, ids, {"unused"}, absl::Seconds(30), {}, {0});
+    absl::StatusOr<Client::JitResult> r =
+        client_->Jit(program, ids, {"unused"}, absl::Seconds(30), {}, {0});
     ASSERT_TRUE(r.ok()) << l.name << ": " << r.status();
     EXPECT_TRUE(r->outputs.empty()) << l.name;
     ASSERT_EQ(r->fetched.size(), 1u) << l.name;
     ASSERT_EQ(r->fetched[0].dims(), want->dims()) << l.name;
     EXPECT_EQ(std::memcmp(r->fetched[0].raw(), want->raw(), want->size_bytes()), 0)
         << l.name << ": the fetched result differs from the stored one";
-    EXPECT_EQ(client_->ListArrays()->size(), arrays_before) << l.name << ": a fetched result was kept";
+    EXPECT_EQ(client_->ListArrays()->size(), arrays_before)
+        << l.name << ": a fetched result was kept";
     EXPECT_EQ(client_->Get("unused").status().code(), absl::StatusCode::kNotFound);
 
     r = client_->Jit(program, ids, {}, absl::Seconds(30), {}, {1});
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_THAT(std::string(r.status().message()), ::testing::HasSubstr("fetch_outputs: 1 is not a result index (0..0)"));
+    EXPECT_THAT(std::string(r.status().message()),
+                ::testing::HasSubstr("fetch_outputs: 1 is not a result index (0..0)"));
     ASSERT_TRUE(client_->Delete(kept->outputs[0].id()).ok());
     for (const std::string& id : ids) ASSERT_TRUE(client_->Delete(id).ok());
   }
@@ -296,7 +317,8 @@ TEST_F(JitE2ETest, TheCoordinatorDerivesGradients) {
   auto w1 = jit.Input(v1::DTYPE_F32, {kDepth, kHidden}, PartitionSpec());
   auto loss = jit.Reduce("sum", jit.Unary("relu", jit.Dot(x, w1)), {0, 1});
   jit.Output(jit.Grad(loss, {w1})[0], PartitionSpec());
-  ASSERT_EQ(jit.global_program().ops(jit.global_program().ops_size() - 2).kind(), v1::GlobalOp::GRAD);
+  ASSERT_EQ(jit.global_program().ops(jit.global_program().ops_size() - 2).kind(),
+            v1::GlobalOp::GRAD);
   const Tensor tx = testing::NormalTensor({kBatch, kDepth}, 5);
   const Tensor tw = testing::NormalTensor({kDepth, kHidden}, 6);
   const Tensor local = Run(jit.Build(), {&tx, &tw});
@@ -358,7 +380,8 @@ TEST_F(JitE2ETest, WorkersFlushDenormalsToZeroAsJaxOnCpu) {
   }
   JitBuilder jit(mesh);
   const PartitionSpec spec = P({"data", "model"});
-  jit.Output(jit.Mul(jit.Input(v1::DTYPE_F32, {kBatch, kHidden}, spec), jit.Input(v1::DTYPE_F32, {kBatch, kHidden}, spec)),
+  jit.Output(jit.Mul(jit.Input(v1::DTYPE_F32, {kBatch, kHidden}, spec),
+                     jit.Input(v1::DTYPE_F32, {kBatch, kHidden}, spec)),
              spec);
   const Tensor got = Run(jit.Build(), {&a, &b});
   ASSERT_EQ(got.num_elements(), a.num_elements());
@@ -366,7 +389,8 @@ TEST_F(JitE2ETest, WorkersFlushDenormalsToZeroAsJaxOnCpu) {
     if (i % 2 == 0) {
       ASSERT_EQ(got.data<float>()[i], 0.0f) << "element " << i << ": a denormal product is flushed";
     } else {
-      ASSERT_NEAR(got.data<float>()[i], 1e-30f, 1e-36f) << "element " << i << ": a normal product is kept";
+      ASSERT_NEAR(got.data<float>()[i], 1e-30f, 1e-36f)
+          << "element " << i << ": a normal product is kept";
     }
   }
 }
