@@ -11,7 +11,8 @@ from meshrun._ir import BF16, F32, G, I32, _V, _is_bool, _is_int
 _UNARY = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "logistic": "logistic",
           "sqrt": "sqrt", "rsqrt": "rsqrt", "abs": "abs", "square": "square", "erf": "erf", "erfc": "erfc",
           "sin": "sin", "cos": "cos", "tan": "tan", "atan": "atan", "asin": "asin", "acos": "acos",
-          "sinh": "sinh", "cosh": "cosh", "atanh": "atanh", "log1p": "log1p", "expm1": "expm1",
+          "sinh": "sinh", "cosh": "cosh", "atanh": "atanh", "asinh": "asinh", "acosh": "acosh",
+          "lgamma": "lgamma", "digamma": "digamma", "log1p": "log1p", "expm1": "expm1",
           "exp2": "exp2", "floor": "floor", "ceil": "ceil"}
 _BINARY = {"add": "add", "add_any": "add", "sub": "sub", "mul": "mul", "div": "div", "max": "max",
            "min": "min", "pow": "pow", "rem": "rem", "atan2": "atan2"}

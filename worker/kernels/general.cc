@@ -1,6 +1,7 @@
 // Element-wise and reduction kernels for shard_map programs: oneDNN eltwise, binary (with
 // broadcasting) and reduction primitives.
 #include <cmath>
+#include <limits>
 #include <map>
 #include <vector>
 
@@ -81,6 +82,30 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateUnaryGrad(const std::string& fn, c
 
 namespace {
 
+// The digamma function psi(x) = d/dx log|Gamma(x)| in double: the reflection
+// psi(x) = psi(1 - x) - pi / tan(pi x) below 1/2, the recurrence psi(x) = psi(x + 1) - 1/x up to
+// 6, then the asymptotic series (Abramowitz & Stegun 6.3.18). NaN at the poles (0, -1, -2, ...)
+// and at -inf, as XLA's (jax.lax.digamma); +inf at +inf.
+float Digamma(float v) {
+  double x = v, result = 0.0;
+  if (x <= 0.0 && x == std::floor(x)) return std::numeric_limits<float>::quiet_NaN();
+  if (x < 0.5) {
+    result = -M_PI / std::tan(M_PI * x);
+    x = 1.0 - x;
+  }
+  for (; x < 6.0; x += 1.0) result -= 1.0 / x;
+  const double f = 1.0 / (x * x);
+  const double tail =
+      f * (1.0 / 12 - f * (1.0 / 120 - f * (1.0 / 252 - f * (1.0 / 240 - f * (1.0 / 132)))));
+  return static_cast<float>(result + std::log(x) - 0.5 / x - tail);
+}
+
+// log|Gamma(x)| through glibc's reentrant lgammaf_r (lgammaf writes the global signgam).
+float LogAbsGamma(float v) {
+  int sign;
+  return lgammaf_r(v, &sign);
+}
+
 // Unary fns oneDNN has no eltwise algorithm for: a loop over libm's (JAX's CPU lowering calls
 // the same functions, or its own approximations of them, for these primitives). And log, which
 // oneDNN 2.6's eltwise_log computes to about 1.4e-6 absolute, not relative: log(1.0001) was 1.4%
@@ -99,6 +124,10 @@ const std::map<std::string, float (*)(float)>& LibmFns() {
       {"sinh", [](float v) { return std::sinh(v); }},
       {"cosh", [](float v) { return std::cosh(v); }},
       {"atanh", [](float v) { return std::atanh(v); }},
+      {"asinh", [](float v) { return std::asinh(v); }},
+      {"acosh", [](float v) { return std::acosh(v); }},
+      {"lgamma", LogAbsGamma},
+      {"digamma", Digamma},
       {"log1p", [](float v) { return std::log1p(v); }},
       {"expm1", [](float v) { return std::expm1(v); }},
       {"exp2", [](float v) { return std::exp2(v); }},

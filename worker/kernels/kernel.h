@@ -63,8 +63,9 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateLeadingSum(const Tensor& x, int64_
 // y = fn(x) element-wise, f32, same shape (oneDNN eltwise). fn: tanh exp sqrt rsqrt neg abs
 // square relu logistic silu, or pow (x ** exponent); and, as a loop over libm's functions, log
 // (within an ulp; oneDNN 2.6's is ~1.4e-6 absolute) erf sin erfc cos tan atan asin acos sinh cosh
-// atanh log1p expm1 exp2 floor ceil round_even round_away,
-// and erf_inv (XLA's polynomial, core/random/threefry.h).
+// atanh asinh acosh log1p expm1 exp2 floor ceil round_even round_away, lgamma (log|Gamma(x)|,
+// +inf at the poles), digamma (in double; NaN at 0, -1, -2, ... and -inf, as XLA's), and erf_inv
+// (XLA's polynomial, core/random/threefry.h).
 // Errors: InvalidArgument naming an unknown fn.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x,
                                                     Tensor& y, float exponent = 1.0f);
