@@ -9,7 +9,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libdnnl-dev ocl-icd-opencl-dev prometheus-cpp-dev libgoogle-glog-dev zlib1g-dev nlohmann-json3-dev
+  libabsl-dev libdnnl-dev libxbyak-dev ocl-icd-opencl-dev prometheus-cpp-dev libgoogle-glog-dev zlib1g-dev nlohmann-json3-dev
   libssl-dev libcli11-dev libgtest-dev libgmock-dev libbenchmark-dev
   prometheus iproute2 iptables dataset-fashion-mnist procps
   clang libfuzzer-14-dev libomp-14-dev libclang-rt-14-dev

@@ -1,38 +1,31 @@
-// Fused element-wise kernel (kernel.h's CreateFusedElementwise). Compiled with
-// -ffp-contract=off (worker/CMakeLists.txt): a multiply followed by an add must round twice, as
-// the separate primitives do; and -fno-math-errno, so that sqrt vectorises (errno is never read).
+// Fused element-wise kernel (kernel.h's CreateFusedElementwise): the whole vectors through the
+// AVX-512 loop fused_elementwise_jit.h compiles, where the CPU has AVX-512; the rest, and
+// everything elsewhere, through this file's interpreter. Compiled with -ffp-contract=off
+// (worker/CMakeLists.txt): a multiply followed by an add must round twice, as the separate
+// primitives and the compiled loop do; and -fno-math-errno, so that sqrt vectorises (errno is
+// never read).
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "core/float_ops.h"
+#include "worker/kernels/fused_elementwise_jit.h"
+#include "worker/kernels/fused_elementwise_ops.h"
 #include "worker/kernels/kernel.h"
 
 namespace meshrun {
 namespace {
 
-enum class Fn {
-  kAdd,
-  kSub,
-  kMul,
-  kDiv,
-  kMax,
-  kMin,
-  kEq,
-  kNe,
-  kLt,
-  kLe,
-  kGt,
-  kGe,
-  kNeg,
-  kAbs,
-  kSquare,
-  kSqrt,
-  kSelect
-};
+using fused::Fn;
+using fused::Instr;
+using fused::kNoScalar;
+using fused::kScalarX;
+using fused::kScalarY;
+using fused::Scalar;
 
 const std::map<std::string, std::pair<Fn, int>>& Fns() {
   static const auto* fns = new std::map<std::string, std::pair<Fn, int>>{
@@ -46,16 +39,6 @@ const std::map<std::string, std::pair<Fn, int>>& Fns() {
 }
 
 constexpr int64_t kBlock = 256;  // elements per block: every op's scratch row stays in L1
-
-// Which operand of a two-operand op is one value for every element (a one-element input):
-// its loop then reads it once, not a broadcast row per element.
-enum Scalar : int { kNoScalar = 0, kScalarX = 1, kScalarY = 2 };
-
-struct Instr {
-  Fn fn;
-  int a = 0, b = 0, c = 0;    // rows of the block scratch (inputs first, then results)
-  Scalar scalar = kNoScalar;  // a two-operand fn's one-element input, if exactly one is
-};
 
 // r[j] = EXPR(a, b) for j < m, with a = x[j] (or x[0]) and b = y[j] (or y[0]) by `scalar`.
 #define MESHRUN_BINARY_LOOP(EXPR)       \
@@ -146,12 +129,19 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void Apply(
 class FusedElementwiseKernel : public RangeKernel {
  public:
   FusedElementwiseKernel(std::vector<Instr> instrs, std::vector<const Tensor*> inputs,
-                         std::vector<int> output_instrs, std::vector<Tensor*> outputs, int64_t n)
+                         std::vector<int> output_instrs, std::vector<Tensor*> outputs, int64_t n,
+                         bool compile)
       : instrs_(std::move(instrs)),
         inputs_(std::move(inputs)),
         output_instrs_(std::move(output_instrs)),
         outputs_(std::move(outputs)),
-        n_(n) {}
+        n_(n) {
+    for (const Tensor* t : inputs_) is_scalar_.push_back(t->num_elements() == 1);
+    jit_in_place_ = InPlaceInputs();
+    if (compile && jit_in_place_.has_value()) {
+      jit_ = FusedElementwiseJit::Create(instrs_, is_scalar_, *jit_in_place_, output_instrs_);
+    }
+  }
 
   absl::Status Run() override {
     Sweep(0, n_, nullptr);
@@ -167,8 +157,48 @@ class FusedElementwiseKernel : public RangeKernel {
   }
 
  private:
-  // Elements [begin, begin + len), input 0 from `input0` (element `begin` first) when given.
+  // Elements [begin, begin + len), input 0 from `input0` (element `begin` first) when given:
+  // the whole vectors by the compiled loop, if there is one and the outputs still update the
+  // inputs it was compiled for in place; the rest interpreted.
   void Sweep(int64_t begin, int64_t len, const float* input0) {
+    constexpr int64_t kLanes = FusedElementwiseJit::kLanes;
+    if (jit_ != nullptr && len >= kLanes && InPlaceInputs() == jit_in_place_ &&
+        !OutputsOverlap(input0, begin, len)) {
+      const int64_t done = len / kLanes * kLanes;
+      RunCompiled(begin, done / kLanes, input0);
+      begin += done;
+      len -= done;
+      if (input0 != nullptr) input0 += done;
+    }
+    Interpret(begin, len, input0);
+  }
+
+  // Whole vectors from element `begin` by the compiled loop, in parallel over the compute
+  // threads in tasks of kTaskVectors.
+  void RunCompiled(int64_t begin, int64_t vectors, const float* input0) {
+    constexpr int64_t kLanes = FusedElementwiseJit::kLanes, kTaskVectors = 256;
+    const int64_t tasks = (vectors + kTaskVectors - 1) / kTaskVectors;
+#pragma omp parallel for schedule(static) if (tasks > 1)
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t at = begin + t * kTaskVectors * kLanes;
+      std::vector<const float*> in(inputs_.size());
+      std::vector<float*> out(outputs_.size());
+      for (size_t r = 0; r < inputs_.size(); ++r) {
+        if (is_scalar_[r]) {
+          in[r] = inputs_[r]->data<float>();
+        } else if (r == 0 && input0 != nullptr) {
+          in[r] = input0 + (at - begin);
+        } else {
+          in[r] = inputs_[r]->data<float>() + at;
+        }
+      }
+      for (size_t o = 0; o < outputs_.size(); ++o) out[o] = outputs_[o]->data<float>() + at;
+      jit_->Run(in.data(), out.data(), std::min(kTaskVectors, vectors - t * kTaskVectors));
+    }
+  }
+
+  // The interpreter: blocks of kBlock elements, op by op through scratch rows.
+  void Interpret(int64_t begin, int64_t len, const float* input0) {
     const int64_t blocks = (len + kBlock - 1) / kBlock;
     const int n = static_cast<int>(inputs_.size());
     const int rows = n + static_cast<int>(instrs_.size());
@@ -226,6 +256,36 @@ class FusedElementwiseKernel : public RangeKernel {
     }
   }
 
+  // Per input, whether an output is that input itself (the same elements: an in-place update);
+  // nullopt if an output overlaps an input in any other way (a shifted view).
+  std::optional<std::vector<bool>> InPlaceInputs() const {
+    std::vector<bool> in_place(inputs_.size(), false);
+    for (const Tensor* o : outputs_) {
+      const char* ob = static_cast<const char*>(o->raw());
+      const char* oe = ob + o->num_elements() * sizeof(float);
+      for (size_t i = 0; i < inputs_.size(); ++i) {
+        const char* ib = static_cast<const char*>(inputs_[i]->raw());
+        const char* ie = ib + inputs_[i]->num_elements() * sizeof(float);
+        if (ob == ib && oe == ie) {
+          in_place[i] = true;
+        } else if (ob < ie && ib < oe) {
+          return std::nullopt;
+        }
+      }
+    }
+    return in_place;
+  }
+
+  // Whether elements [begin, begin + len) of an output overlap `from`'s len elements.
+  bool OutputsOverlap(const float* from, int64_t begin, int64_t len) const {
+    if (from == nullptr) return false;
+    for (const Tensor* o : outputs_) {
+      const float* ob = o->data<float>() + begin;
+      if (ob < from + len && from < ob + len) return true;
+    }
+    return false;
+  }
+
   bool OutputsOverlapInputs() const {
     for (const Tensor* o : outputs_) {
       const char* ob = static_cast<const char*>(o->raw());
@@ -244,6 +304,9 @@ class FusedElementwiseKernel : public RangeKernel {
   std::vector<int> output_instrs_;
   std::vector<Tensor*> outputs_;
   int64_t n_;
+  std::vector<bool> is_scalar_;                    // per input: holds one element
+  std::optional<std::vector<bool>> jit_in_place_;  // InPlaceInputs() when jit_ was compiled
+  std::unique_ptr<FusedElementwiseJit> jit_;       // null: interpreted
 };
 
 }  // namespace
@@ -253,7 +316,7 @@ namespace {
 // Checks and compiles the ops; the kernel over `outputs`, of any size.
 absl::StatusOr<std::unique_ptr<FusedElementwiseKernel>> Compile(
     const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
-    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs) {
+    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs, bool compile) {
   if (instrs.empty() || outputs.empty() || outputs.size() != output_instrs.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("fused_elementwise: ", instrs.size(), " ops, ", outputs.size(),
@@ -311,16 +374,16 @@ absl::StatusOr<std::unique_ptr<FusedElementwiseKernel>> Compile(
           absl::StrCat("fused_elementwise: output op ", o, " does not exist"));
   }
   return std::make_unique<FusedElementwiseKernel>(std::move(compiled), inputs, output_instrs,
-                                                  outputs, outputs[0]->num_elements());
+                                                  outputs, outputs[0]->num_elements(), compile);
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateFusedElementwise(
     const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
-    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs) {
+    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs, bool compile) {
   absl::StatusOr<std::unique_ptr<FusedElementwiseKernel>> k =
-      Compile(instrs, inputs, output_instrs, outputs);
+      Compile(instrs, inputs, output_instrs, outputs, compile);
   if (!k.ok()) return k.status();
   if (outputs[0]->num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
   return std::unique_ptr<Kernel>(*std::move(k));
@@ -328,9 +391,9 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateFusedElementwise(
 
 absl::StatusOr<std::unique_ptr<RangeKernel>> CreateFusedElementwiseRange(
     const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
-    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs) {
+    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs, bool compile) {
   absl::StatusOr<std::unique_ptr<FusedElementwiseKernel>> k =
-      Compile(instrs, inputs, output_instrs, outputs);
+      Compile(instrs, inputs, output_instrs, outputs, compile);
   if (!k.ok()) return k.status();
   if (inputs.empty() || inputs[0]->dims() != outputs[0]->dims()) {
     return absl::InvalidArgumentError(

@@ -162,13 +162,17 @@ struct FusedInstruction {
 
 // Element-wise ops fused into one pass (program.proto's OP_FUSED_ELEMENTWISE): f32 inputs of
 // the outputs' shape or holding one element (broadcast), outputs[i] = the result of
-// instrs[output_instrs[i]]. Blocks of elements are evaluated op by op in L1-resident scratch, in
-// parallel over the compute threads; IEEE-exact ops compiled without FMA contraction, so the
-// results are bitwise those of oneDNN's separate binary and eltwise primitives (NaNs aside).
+// instrs[output_instrs[i]], in parallel over the compute threads. On a CPU with AVX-512 the ops
+// are compiled to machine code holding every intermediate in a register
+// (fused_elementwise_jit.h); elsewhere, or with `compile` false, blocks of elements are
+// interpreted op by op in L1-resident scratch. Both run the IEEE-exact ops without FMA
+// contraction, so the results are bitwise those of oneDNN's separate binary and eltwise
+// primitives (NaNs aside), and each other's.
 // Errors: InvalidArgument naming a bad fn, arg, dtype or shape.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateFusedElementwise(
     const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
-    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs);
+    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs,
+    bool compile = true);
 
 // A fused element-wise kernel that also runs over part of its elements, reading input 0 from
 // other memory: what a single-copy all-reduce calls on each segment it reduces (program.proto's
@@ -183,7 +187,8 @@ class RangeKernel : public Kernel {
 };
 absl::StatusOr<std::unique_ptr<RangeKernel>> CreateFusedElementwiseRange(
     const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
-    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs);
+    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs,
+    bool compile = true);
 
 }  // namespace meshrun
 
