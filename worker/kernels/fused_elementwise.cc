@@ -287,16 +287,8 @@ class FusedElementwiseKernel : public RangeKernel {
   }
 
   bool OutputsOverlapInputs() const {
-    for (const Tensor* o : outputs_) {
-      const char* ob = static_cast<const char*>(o->raw());
-      const char* oe = ob + o->num_elements() * sizeof(float);
-      for (const Tensor* i : inputs_) {
-        const char* ib = static_cast<const char*>(i->raw());
-        const char* ie = ib + i->num_elements() * sizeof(float);
-        if (ob < ie && ib < oe) return true;
-      }
-    }
-    return false;
+    const std::optional<std::vector<bool>> in_place = InPlaceInputs();
+    return !in_place || std::find(in_place->begin(), in_place->end(), true) != in_place->end();
   }
 
   std::vector<Instr> instrs_;
