@@ -1,10 +1,10 @@
 // Google Benchmark: one Adam step over n f32 elements, in place, as the two update paths run it.
-//   BM_FusedElementwiseAdam/n/compile: optax.adam's element-wise ops (scale_by_adam's moments
+//   BM_FusedElementwiseAdam/n/loop: optax.adam's element-wise ops (scale_by_adam's moments
 //     and bias corrections, scale(-lr), apply_updates) as one OP_FUSED_ELEMENTWISE kernel, the
 //     path a jaxpr-derived update takes (cluster.jit); called over 64 KiB chunks as a
-//     reduce-update does, with the reduced gradient chunk in cache. compile 1: the AVX-512 loop
-//     the kernel compiles (fused_elementwise_jit.h; the interpreter where the CPU has none);
-//     0: the interpreter.
+//     reduce-update does, with the reduced gradient chunk in cache. loop 0: the interpreter;
+//     1: the loop the kernel compiles (fused_elementwise_jit.h: AVX-512, or AVX2 without it);
+//     2: the AVX2 loop even where AVX-512 exists.
 //   BM_AdamWKernel: the same step through core/optim's AdamWUpdate, the path OP_ADAM_UPDATE
 //     takes (the C++ SDK's optimizer).
 // Both read the gradient, parameter and moments and write the parameter and moments; the
@@ -51,10 +51,12 @@ Tensor Scalar(float v) {
   return t;
 }
 
-// bench.range(1): 1 runs the compiled loop (where the CPU has AVX-512), 0 the interpreter.
+// bench.range(1): 0 runs the interpreter, 1 the compiled loop, 2 the AVX2 loop.
 void BM_FusedElementwiseAdam(benchmark::State& bench) {
   const int64_t n = bench.range(0);
-  const bool compile = bench.range(1) != 0;
+  const FusedLoop loop = bench.range(1) == 0   ? FusedLoop::kInterpreted
+                         : bench.range(1) == 1 ? FusedLoop::kCompiled
+                                               : FusedLoop::kAvx2;
   State s(n);
   Tensor b1 = Scalar(0.9f), omb1 = Scalar(0.1f), b2 = Scalar(0.999f), omb2 = Scalar(0.001f),
          bc1 = Scalar(0.1f), bc2 = Scalar(0.001f), eps = Scalar(1e-8f), neg_lr = Scalar(-1e-3f);
@@ -66,7 +68,7 @@ void BM_FusedElementwiseAdam(benchmark::State& bench) {
       {"square", {0}},   {"mul", {2, 6}},   {"mul", {15, 7}},  {"add", {16, 17}},  // 18: nu
       {"div", {14, 8}},  {"div", {18, 9}},  {"sqrt", {20}},    {"add", {21, 10}},
       {"div", {19, 22}}, {"mul", {23, 11}}, {"add", {3, 24}}};  // 25: p
-  auto kernel = CreateFusedElementwiseRange(ops, inputs, {2, 6, 13}, {&s.mu, &s.nu, &s.p}, compile);
+  auto kernel = CreateFusedElementwiseRange(ops, inputs, {2, 6, 13}, {&s.mu, &s.nu, &s.p}, loop);
   if (!kernel.ok()) {
     bench.SkipWithError(std::string(kernel.status().message()).c_str());
     return;
@@ -143,7 +145,7 @@ BENCHMARK(BM_AdamWEachParam)->UseRealTime();
 BENCHMARK(BM_AdamWSweep)->UseRealTime();
 
 // 256 Ki elements stay in L2; 4 Mi elements (64 MiB of state) stream from memory.
-BENCHMARK(BM_FusedElementwiseAdam)->ArgsProduct({{1 << 18, 1 << 22}, {0, 1}});
+BENCHMARK(BM_FusedElementwiseAdam)->ArgsProduct({{1 << 18, 1 << 22}, {0, 1, 2}});
 BENCHMARK(BM_AdamWKernel)->Arg(1 << 18)->Arg(1 << 22);
 
 }  // namespace

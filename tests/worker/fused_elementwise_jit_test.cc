@@ -1,9 +1,8 @@
-// The fused element-wise kernel compiled (fused_elementwise_jit.h) against the same kernel
-// interpreted (CreateFusedElementwise's compile = false): bitwise the same results for every fn
-// (a NaN for a NaN, whatever its payload),
-// with one-element operands on either side, NaNs, infinities and signed zeros, lengths that are
-// no multiple of a vector, in-place updates and ranges. Without AVX-512 the compiled loop does
-// not exist and the comparisons are skipped.
+// The fused element-wise kernel compiled (fused_elementwise_jit.h), for AVX-512 and for AVX2,
+// against the same kernel interpreted (FusedLoop::kInterpreted): bitwise the same results for
+// every fn (a NaN for a NaN, whatever its payload), with one-element operands on either side,
+// NaNs, infinities and signed zeros, lengths that are no multiple of a vector, in-place updates
+// and ranges. An instruction set the CPU lacks is skipped (the kernel interprets there).
 #include "worker/kernels/fused_elementwise_jit.h"
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -21,7 +21,13 @@
 namespace meshrun {
 namespace {
 
-bool HasAvx512() { return __builtin_cpu_supports("avx512f"); }
+// The compiled loops this CPU runs: kCompiled is AVX-512's where it has it.
+std::vector<FusedLoop> CompiledLoops() {
+  std::vector<FusedLoop> loops;
+  if (__builtin_cpu_supports("avx2")) loops.push_back(FusedLoop::kAvx2);
+  if (__builtin_cpu_supports("avx512f")) loops.push_back(FusedLoop::kCompiled);
+  return loops;
+}
 
 // n values: random normals, with every special (and equal pairs) scattered among them.
 Tensor Values(int64_t n, uint32_t seed) {
@@ -42,42 +48,45 @@ Tensor One(float v) {
   return t;
 }
 
-// Runs the kernel compiled and interpreted; expects the same bits in every output.
+// Runs the kernel through each compiled loop and interpreted; expects the same bits in every
+// output.
 void ExpectSameBits(const std::vector<FusedInstruction>& ops, const std::vector<Tensor>& inputs,
                     const std::vector<int>& output_instrs, const std::string& what) {
   int64_t n = 1;
   for (const Tensor& t : inputs) n = std::max(n, t.num_elements());
   std::vector<const Tensor*> in;
   for (const Tensor& t : inputs) in.push_back(&t);
-  std::vector<Tensor> compiled, interpreted;
-  std::vector<Tensor*> compiled_out, interpreted_out;
-  for (size_t o = 0; o < output_instrs.size(); ++o) {
-    compiled.emplace_back(v1::DTYPE_F32, Dims{n});
-    interpreted.emplace_back(v1::DTYPE_F32, Dims{n});
-  }
-  for (size_t o = 0; o < output_instrs.size(); ++o) {
-    compiled_out.push_back(&compiled[o]);
-    interpreted_out.push_back(&interpreted[o]);
-  }
-  auto a = CreateFusedElementwise(ops, in, output_instrs, compiled_out, /*compile=*/true);
-  auto b = CreateFusedElementwise(ops, in, output_instrs, interpreted_out, /*compile=*/false);
-  ASSERT_TRUE(a.ok() && b.ok()) << what << ": " << a.status() << " " << b.status();
-  ASSERT_TRUE((*a)->Run().ok() && (*b)->Run().ok()) << what;
-  for (size_t o = 0; o < output_instrs.size(); ++o) {
-    for (int64_t i = 0; i < n; ++i) {
-      const float u = compiled[o].data<float>()[i], v = interpreted[o].data<float>()[i];
-      if (std::isnan(u) && std::isnan(v)) continue;  // which NaN payload: the operand order's
-      uint32_t x, y;
-      std::memcpy(&x, &u, 4);
-      std::memcpy(&y, &v, 4);
-      ASSERT_EQ(x, y) << what << ", output " << o << ", element " << i << ": "
-                      << compiled[o].data<float>()[i] << " vs " << interpreted[o].data<float>()[i];
+  auto run = [&](FusedLoop loop) {
+    std::vector<Tensor> out(output_instrs.size(), Tensor(v1::DTYPE_F32, {n}));
+    std::vector<Tensor*> out_ptrs;
+    for (Tensor& t : out) out_ptrs.push_back(&t);
+    auto k = CreateFusedElementwise(ops, in, output_instrs, out_ptrs, loop);
+    EXPECT_TRUE(k.ok()) << what << ": " << k.status();
+    if (k.ok()) {
+      EXPECT_TRUE((*k)->Run().ok()) << what;
+    }
+    return out;
+  };
+  const std::vector<Tensor> interpreted = run(FusedLoop::kInterpreted);
+  for (FusedLoop loop : CompiledLoops()) {
+    const std::vector<Tensor> compiled = run(loop);
+    const char* isa = loop == FusedLoop::kAvx2 ? "AVX2" : "AVX-512";
+    for (size_t o = 0; o < output_instrs.size(); ++o) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float u = compiled[o].data<float>()[i], v = interpreted[o].data<float>()[i];
+        if (std::isnan(u) && std::isnan(v)) continue;  // which NaN payload: the operand order's
+        uint32_t x, y;
+        std::memcpy(&x, &u, 4);
+        std::memcpy(&y, &v, 4);
+        ASSERT_EQ(x, y) << what << " (" << isa << "), output " << o << ", element " << i << ": "
+                        << u << " vs " << v;
+      }
     }
   }
 }
 
 TEST(FusedElementwiseJitTest, EveryFnGivesTheInterpretersBits) {
-  if (!HasAvx512()) GTEST_SKIP() << "no AVX-512F: the kernel is interpreted";
+  if (CompiledLoops().empty()) GTEST_SKIP() << "no AVX2: the kernel is interpreted";
   const int64_t n = 1000 + 7;  // a tail past the last whole vector
   const Tensor x = Values(n, 1), y = Values(n, 2), z = Values(n, 3);
   // y drawn from x in places, so that equal operands (and +0 against -0) are compared.
@@ -106,41 +115,63 @@ std::vector<FusedInstruction> AdamOps() {
 }
 
 TEST(FusedElementwiseJitTest, AnInPlaceAdamStepOverRangesGivesTheInterpretersBits) {
-  if (!HasAvx512()) GTEST_SKIP() << "no AVX-512F: the kernel is interpreted";
+  if (CompiledLoops().empty()) GTEST_SKIP() << "no AVX2: the kernel is interpreted";
   const int64_t n = 5000 + 3;
-  std::vector<Tensor> state[2];  // g, mu, nu, p for each way of running
-  for (auto& s : state) {
-    s = {Values(n, 4), Values(n, 5), Values(n, 6), Values(n, 7)};
-    for (int64_t i = 0; i < n; ++i) s[2].data<float>()[i] = std::abs(s[2].data<float>()[i]);
-  }
   const std::vector<Tensor> scalars = {One(0.9f),   One(0.1f),   One(0.999f), One(0.001f),
                                        One(0.271f), One(0.003f), One(1e-8f),  One(-1e-3f)};
   const Tensor reduced = Values(n, 8);  // the all-reduced gradient, read from other memory
-  for (int way = 0; way < 2; ++way) {
-    std::vector<Tensor>& s = state[way];
+  // g, mu, nu, p after three steps run through `loop`.
+  auto steps = [&](FusedLoop loop) {
+    std::vector<Tensor> s = {Values(n, 4), Values(n, 5), Values(n, 6), Values(n, 7)};
+    for (int64_t i = 0; i < n; ++i) s[2].data<float>()[i] = std::abs(s[2].data<float>()[i]);
     std::vector<const Tensor*> in = {&s[0], &s[1], &s[2], &s[3]};
     for (const Tensor& t : scalars) in.push_back(&t);
-    auto k = CreateFusedElementwiseRange(AdamOps(), in, {2, 6, 13}, {&s[1], &s[2], &s[3]},
-                                         /*compile=*/way == 0);
-    ASSERT_TRUE(k.ok()) << k.status();
-    for (int step = 0; step < 3; ++step) {  // ranges as a reduce-update calls them, odd lengths
+    auto k = CreateFusedElementwiseRange(AdamOps(), in, {2, 6, 13}, {&s[1], &s[2], &s[3]}, loop);
+    EXPECT_TRUE(k.ok()) << k.status();
+    for (int step = 0; k.ok() && step < 3; ++step) {  // ranges as a reduce-update calls them
       for (int64_t at = 0; at < n;) {
         const int64_t len = std::min<int64_t>(n - at, 1000 + 17 * step);
-        ASSERT_TRUE((*k)->RunRange(at, len, reduced.data<float>() + at).ok());
+        EXPECT_TRUE((*k)->RunRange(at, len, reduced.data<float>() + at).ok());
         at += len;
       }
     }
+    return s;
+  };
+  // The kernel compiles these ops for every instruction set the CPU has (else the comparisons
+  // below would be of the interpreter with itself).
+  const std::map<std::string, fused::Fn> fns = {{"mul", fused::Fn::kMul},
+                                                {"add", fused::Fn::kAdd},
+                                                {"div", fused::Fn::kDiv},
+                                                {"square", fused::Fn::kSquare},
+                                                {"sqrt", fused::Fn::kSqrt}};
+  std::vector<fused::Instr> instrs;
+  for (const FusedInstruction& op : AdamOps()) {
+    const int a = op.args[0], b = op.args.size() > 1 ? op.args[1] : a;
+    instrs.push_back({fns.at(op.fn), a, b, a});
   }
-  for (int t = 1; t < 4; ++t) {
-    for (int64_t i = 0; i < n; ++i) {
-      const float u = state[0][t].data<float>()[i], v = state[1][t].data<float>()[i];
-      if (std::isnan(u) && std::isnan(v)) continue;
-      ASSERT_EQ(std::memcmp(&u, &v, 4), 0) << "state " << t << ", element " << i;
+  std::vector<bool> is_scalar(12, true), in_place(12, false);
+  for (int r = 0; r < 4; ++r) is_scalar[r] = false;
+  in_place[1] = in_place[2] = in_place[3] = true;
+  for (FusedLoop loop : CompiledLoops()) {
+    const auto isa = loop == FusedLoop::kAvx2 ? FusedElementwiseJit::Isa::kAvx2
+                                              : FusedElementwiseJit::Isa::kBest;
+    EXPECT_NE(FusedElementwiseJit::Create(instrs, is_scalar, in_place, {2, 6, 13}, isa), nullptr);
+  }
+  const std::vector<Tensor> interpreted = steps(FusedLoop::kInterpreted);
+  // The steps changed the parameters (the comparisons are not of untouched copies).
+  const Tensor p0 = Values(n, 7);
+  EXPECT_NE(std::memcmp(interpreted[3].raw(), p0.raw(), n * sizeof(float)), 0);
+  for (FusedLoop loop : CompiledLoops()) {
+    const std::vector<Tensor> compiled = steps(loop);
+    for (int t = 1; t < 4; ++t) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float u = compiled[t].data<float>()[i], v = interpreted[t].data<float>()[i];
+        if (std::isnan(u) && std::isnan(v)) continue;
+        ASSERT_EQ(std::memcmp(&u, &v, 4), 0) << (loop == FusedLoop::kAvx2 ? "AVX2" : "AVX-512")
+                                             << " state " << t << ", element " << i;
+      }
     }
   }
-  // And the step changed the parameters (the comparison is not of two untouched copies).
-  const Tensor p0 = Values(n, 7);
-  EXPECT_NE(std::memcmp(state[0][3].raw(), p0.raw(), n * sizeof(float)), 0);
 }
 
 TEST(FusedElementwiseJitTest, OpsNeedingMoreRegistersThanThereAreAreInterpreted) {
@@ -150,8 +181,9 @@ TEST(FusedElementwiseJitTest, OpsNeedingMoreRegistersThanThereAreAreInterpreted)
   is_scalar[0] = false;
   for (int k = 0; k < 40; ++k) chain.push_back({fused::Fn::kMul, 0, 1 + k});  // x * s_k
   for (int k = 1; k < 40; ++k) chain.push_back({fused::Fn::kAdd, 41 + k - 1, 41 + k});
-  EXPECT_EQ(FusedElementwiseJit::Create(chain, is_scalar, in_place, {78}), nullptr);
-  if (!HasAvx512()) return;
+  for (auto isa : {FusedElementwiseJit::Isa::kBest, FusedElementwiseJit::Isa::kAvx2})
+    EXPECT_EQ(FusedElementwiseJit::Create(chain, is_scalar, in_place, {78}, isa), nullptr);
+  if (CompiledLoops().empty()) return;
   chain.resize(1);
   EXPECT_NE(FusedElementwiseJit::Create(chain, {false, true}, {false, false}, {0}), nullptr);
   // The kernel of those ops still runs, interpreted: its result is the interpreter's.

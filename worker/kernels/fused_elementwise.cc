@@ -1,6 +1,6 @@
 // Fused element-wise kernel (kernel.h's CreateFusedElementwise): the whole vectors through the
-// AVX-512 loop fused_elementwise_jit.h compiles, where the CPU has AVX-512; the rest, and
-// everything elsewhere, through this file's interpreter. Compiled with -ffp-contract=off
+// AVX-512 or AVX2 loop fused_elementwise_jit.h compiles; the rest, and everything on a CPU with
+// neither, through this file's interpreter. Compiled with -ffp-contract=off
 // (worker/CMakeLists.txt): a multiply followed by an add must round twice, as the separate
 // primitives and the compiled loop do; and -fno-math-errno, so that sqrt vectorises (errno is
 // never read).
@@ -130,7 +130,7 @@ class FusedElementwiseKernel : public RangeKernel {
  public:
   FusedElementwiseKernel(std::vector<Instr> instrs, std::vector<const Tensor*> inputs,
                          std::vector<int> output_instrs, std::vector<Tensor*> outputs, int64_t n,
-                         bool compile)
+                         FusedLoop loop)
       : instrs_(std::move(instrs)),
         inputs_(std::move(inputs)),
         output_instrs_(std::move(output_instrs)),
@@ -138,8 +138,11 @@ class FusedElementwiseKernel : public RangeKernel {
         n_(n) {
     for (const Tensor* t : inputs_) is_scalar_.push_back(t->num_elements() == 1);
     jit_in_place_ = InPlaceInputs();
-    if (compile && jit_in_place_.has_value()) {
-      jit_ = FusedElementwiseJit::Create(instrs_, is_scalar_, *jit_in_place_, output_instrs_);
+    if (loop != FusedLoop::kInterpreted && jit_in_place_.has_value()) {
+      jit_ =
+          FusedElementwiseJit::Create(instrs_, is_scalar_, *jit_in_place_, output_instrs_,
+                                      loop == FusedLoop::kAvx2 ? FusedElementwiseJit::Isa::kAvx2
+                                                               : FusedElementwiseJit::Isa::kBest);
     }
   }
 
@@ -161,11 +164,10 @@ class FusedElementwiseKernel : public RangeKernel {
   // the whole vectors by the compiled loop, if there is one and the outputs still update the
   // inputs it was compiled for in place; the rest interpreted.
   void Sweep(int64_t begin, int64_t len, const float* input0) {
-    constexpr int64_t kLanes = FusedElementwiseJit::kLanes;
-    if (jit_ != nullptr && len >= kLanes && InPlaceInputs() == jit_in_place_ &&
+    if (jit_ != nullptr && len >= jit_->lanes() && InPlaceInputs() == jit_in_place_ &&
         !OutputsOverlap(input0, begin, len)) {
-      const int64_t done = len / kLanes * kLanes;
-      RunCompiled(begin, done / kLanes, input0);
+      const int64_t done = len / jit_->lanes() * jit_->lanes();
+      RunCompiled(begin, done / jit_->lanes(), input0);
       begin += done;
       len -= done;
       if (input0 != nullptr) input0 += done;
@@ -174,13 +176,14 @@ class FusedElementwiseKernel : public RangeKernel {
   }
 
   // Whole vectors from element `begin` by the compiled loop, in parallel over the compute
-  // threads in tasks of kTaskVectors.
+  // threads in tasks of kTaskElements.
   void RunCompiled(int64_t begin, int64_t vectors, const float* input0) {
-    constexpr int64_t kLanes = FusedElementwiseJit::kLanes, kTaskVectors = 256;
-    const int64_t tasks = (vectors + kTaskVectors - 1) / kTaskVectors;
+    constexpr int64_t kTaskElements = 4096;
+    const int64_t lanes = jit_->lanes(), task_vectors = kTaskElements / lanes;
+    const int64_t tasks = (vectors + task_vectors - 1) / task_vectors;
 #pragma omp parallel for schedule(static) if (tasks > 1)
     for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t at = begin + t * kTaskVectors * kLanes;
+      const int64_t at = begin + t * task_vectors * lanes;
       std::vector<const float*> in(inputs_.size());
       std::vector<float*> out(outputs_.size());
       for (size_t r = 0; r < inputs_.size(); ++r) {
@@ -193,7 +196,7 @@ class FusedElementwiseKernel : public RangeKernel {
         }
       }
       for (size_t o = 0; o < outputs_.size(); ++o) out[o] = outputs_[o]->data<float>() + at;
-      jit_->Run(in.data(), out.data(), std::min(kTaskVectors, vectors - t * kTaskVectors));
+      jit_->Run(in.data(), out.data(), std::min(task_vectors, vectors - t * task_vectors));
     }
   }
 
@@ -308,7 +311,7 @@ namespace {
 // Checks and compiles the ops; the kernel over `outputs`, of any size.
 absl::StatusOr<std::unique_ptr<FusedElementwiseKernel>> Compile(
     const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
-    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs, bool compile) {
+    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs, FusedLoop loop) {
   if (instrs.empty() || outputs.empty() || outputs.size() != output_instrs.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("fused_elementwise: ", instrs.size(), " ops, ", outputs.size(),
@@ -366,16 +369,16 @@ absl::StatusOr<std::unique_ptr<FusedElementwiseKernel>> Compile(
           absl::StrCat("fused_elementwise: output op ", o, " does not exist"));
   }
   return std::make_unique<FusedElementwiseKernel>(std::move(compiled), inputs, output_instrs,
-                                                  outputs, outputs[0]->num_elements(), compile);
+                                                  outputs, outputs[0]->num_elements(), loop);
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateFusedElementwise(
     const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
-    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs, bool compile) {
+    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs, FusedLoop loop) {
   absl::StatusOr<std::unique_ptr<FusedElementwiseKernel>> k =
-      Compile(instrs, inputs, output_instrs, outputs, compile);
+      Compile(instrs, inputs, output_instrs, outputs, loop);
   if (!k.ok()) return k.status();
   if (outputs[0]->num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
   return std::unique_ptr<Kernel>(*std::move(k));
@@ -383,9 +386,9 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateFusedElementwise(
 
 absl::StatusOr<std::unique_ptr<RangeKernel>> CreateFusedElementwiseRange(
     const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
-    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs, bool compile) {
+    const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs, FusedLoop loop) {
   absl::StatusOr<std::unique_ptr<FusedElementwiseKernel>> k =
-      Compile(instrs, inputs, output_instrs, outputs, compile);
+      Compile(instrs, inputs, output_instrs, outputs, loop);
   if (!k.ok()) return k.status();
   if (inputs.empty() || inputs[0]->dims() != outputs[0]->dims()) {
     return absl::InvalidArgumentError(

@@ -1,8 +1,9 @@
-// FusedElementwiseJit (fused_elementwise_jit.h): Xbyak emits one loop over 16-element vectors.
-// Register use: zmm registers are handed out as the ops are walked in order, an operand's
-// register freed after its last reader; scalar inputs and constants keep theirs for the whole
-// loop. rdi: inputs, rsi: outputs, rdx: the end byte offset, rcx: the byte offset, r8: a pointer
-// read from inputs / outputs.
+// FusedElementwiseJit (fused_elementwise_jit.h): Xbyak emits one loop over vectors of 16 (zmm,
+// AVX-512) or 8 (ymm, AVX2) floats. Register use: vector registers are handed out as the ops are
+// walked in order, an operand's register freed after its last reader; scalar inputs and constants
+// keep theirs for the whole loop; compares write k1 (AVX-512) or ymm15 (AVX2). rdi: inputs,
+// rsi: outputs, rdx: the end byte offset, rcx: the byte offset, r8: a pointer read from inputs /
+// outputs.
 #include "worker/kernels/fused_elementwise_jit.h"
 
 #include <algorithm>
@@ -23,6 +24,8 @@ using fused::Instr;
 // C++'s ==, <, <=, >, >= are; != is unordered (true with a NaN), as C++'s is.
 constexpr uint8_t kEqOq = 0x00, kUnordQ = 0x03, kNeqUq = 0x04, kLtOq = 0x11, kLeOq = 0x12,
                   kGeOq = 0x1d, kGtOq = 0x1e;
+
+enum class BitOp { kAnd, kOr, kXor };
 
 bool Unary(Fn fn) {
   return fn == Fn::kNeg || fn == Fn::kAbs || fn == Fn::kSquare || fn == Fn::kSqrt;
@@ -59,9 +62,10 @@ constexpr size_t kCodeBytes = 64 * 1024;
 // Written read-write, then made read-execute (never both at once).
 class Generator : public Xbyak::CodeGenerator {
  public:
-  Generator(const std::vector<Instr>& instrs, const std::vector<bool>& is_scalar,
+  Generator(bool avx512, const std::vector<Instr>& instrs, const std::vector<bool>& is_scalar,
             const std::vector<bool>& updated_in_place, const std::vector<int>& output_instrs)
       : Xbyak::CodeGenerator(kCodeBytes, Xbyak::DontSetProtectRWE),
+        avx512_(avx512),
         instrs_(instrs),
         is_scalar_(is_scalar),
         updated_in_place_(updated_in_place),
@@ -76,16 +80,17 @@ class Generator : public Xbyak::CodeGenerator {
       for (int r : Operands(instrs_[k])) last_use_[r] = static_cast<int>(k);
     }
     reg_.assign(rows, -1);
-    for (int i = 31; i >= 0; --i) free_.push_back(i);
+    // AVX2 keeps its last register for compare masks (AVX-512 has k1 for those).
+    for (int i = avx512_ ? 31 : 14; i >= 0; --i) free_.push_back(i);
     if (!Prologue()) return false;
     Xbyak::Label loop, done;
     xor_(ecx, ecx);
-    shl(rdx, 6);
+    shl(rdx, avx512_ ? 6 : 5);
     test(rdx, rdx);
     jz(done, T_NEAR);
     L(loop);
     if (!Body()) return false;
-    add(rcx, 64);
+    add(rcx, avx512_ ? 64 : 32);
     cmp(rcx, rdx);
     jb(loop, T_NEAR);
     L(done);
@@ -101,7 +106,12 @@ class Generator : public Xbyak::CodeGenerator {
     free_.pop_back();
     return r;
   }
-  Xbyak::Zmm Row(int r) const { return Xbyak::Zmm(reg_[r]); }
+  Xbyak::Xmm Vec(int i) const {
+    if (avx512_) return Xbyak::Zmm(i);
+    return Xbyak::Ymm(i);
+  }
+  Xbyak::Xmm Row(int r) const { return Vec(reg_[r]); }
+  Xbyak::Xmm Mask() const { return Xbyak::Ymm(15); }  // AVX2's compare results
 
   // Constants the ops need, and the scalar inputs, broadcast once.
   bool Prologue() {
@@ -120,7 +130,12 @@ class Generator : public Xbyak::CodeGenerator {
       if (!r) return false;
       constants_[bits] = *r;
       mov(eax, bits);
-      vpbroadcastd(Xbyak::Zmm(*r), eax);
+      if (avx512_) {
+        vpbroadcastd(Vec(*r), eax);
+      } else {
+        vmovd(Xbyak::Xmm(*r), eax);
+        vpbroadcastd(Vec(*r), Xbyak::Xmm(*r));
+      }
     }
     for (int r = 0; r < n_; ++r) {
       if (!is_scalar_[r] || last_use_[r] < 0) continue;
@@ -132,7 +147,7 @@ class Generator : public Xbyak::CodeGenerator {
     }
     return true;
   }
-  Xbyak::Zmm Constant(uint32_t bits) const { return Xbyak::Zmm(constants_.at(bits)); }
+  Xbyak::Xmm Constant(uint32_t bits) const { return Vec(constants_.at(bits)); }
 
   // One vector: each streamed input loaded before its first reader (those an output updates in
   // place before any store), each output stored as soon as its op has run.
@@ -175,12 +190,16 @@ class Generator : public Xbyak::CodeGenerator {
     return true;
   }
 
-  void EmitOp(const Instr& in, const Xbyak::Zmm& d) {
-    const Xbyak::Zmm a = Row(in.a);
+  void EmitOp(const Instr& in, const Xbyak::Xmm& d) {
+    const Xbyak::Xmm a = Row(in.a);
     if (std::optional<uint8_t> pred = ComparePredicate(in.fn)) {
-      vcmpps(k1, a, Row(in.b), *pred);
-      vpxord(d, d, d);
-      vmovaps(d | k1, Constant(0x3f800000u));
+      Compare(a, Row(in.b), *pred);
+      if (avx512_) {
+        Bits(d, d, d, BitOp::kXor);
+        vmovaps(d | k1, Constant(0x3f800000u));
+      } else {
+        vandps(d, Mask(), Constant(0x3f800000u));  // all ones -> 1.0f, zeros -> 0.0f
+      }
       return;
     }
     switch (in.fn) {
@@ -197,41 +216,63 @@ class Generator : public Xbyak::CodeGenerator {
       case Fn::kMin:
         return MaxOrMin(d, a, Row(in.b), /*max=*/false);
       case Fn::kNeg:
-        return vpxord(d, a, Constant(0x80000000u));
+        return Bits(d, a, Constant(0x80000000u), BitOp::kXor);
       case Fn::kAbs:
-        return vpandd(d, a, Constant(0x7fffffffu));
+        return Bits(d, a, Constant(0x7fffffffu), BitOp::kAnd);
       case Fn::kSquare:
         return vmulps(d, a, a);
       case Fn::kSqrt:
         return vsqrtps(d, a);
       case Fn::kSelect:  // x != 0 ? z : y
-        vcmpps(k1, a, Constant(0u), kNeqUq);
+        Compare(a, Constant(0u), kNeqUq);
         vmovaps(d, Row(in.b));
-        vmovaps(d | k1, Row(in.c));
+        Take(d, Row(in.c));
         return;
       default:
         return;  // the compares, above
     }
   }
 
-  // NanPropagatingMax / Min (core/float_ops.h), lowest precedence first: of equal values a & b
-  // (max) or a | b (min); the greater (lesser); b if NaN; a if NaN.
-  void MaxOrMin(const Xbyak::Zmm& d, const Xbyak::Zmm& a, const Xbyak::Zmm& b, bool max) {
-    if (max) {
-      vpandd(d, a, b);
-    } else {
-      vpord(d, a, b);
-    }
-    vcmpps(k1, a, b, max ? kLtOq : kGtOq);
-    vmovaps(d | k1, b);
-    vcmpps(k1, a, b, max ? kGtOq : kLtOq);
-    vmovaps(d | k1, a);
-    vcmpps(k1, b, b, kUnordQ);
-    vmovaps(d | k1, b);
-    vcmpps(k1, a, a, kUnordQ);
-    vmovaps(d | k1, a);
+  // d = a & b, a | b or a ^ b, bit by bit: AVX-512F's integer forms (its vandps needs
+  // AVX512DQ), AVX's float ones.
+  void Bits(const Xbyak::Xmm& d, const Xbyak::Xmm& a, const Xbyak::Xmm& b, BitOp op) {
+    if (op == BitOp::kAnd) return avx512_ ? vpandd(d, a, b) : vandps(d, a, b);
+    if (op == BitOp::kOr) return avx512_ ? vpord(d, a, b) : vorps(d, a, b);
+    return avx512_ ? vpxord(d, a, b) : vxorps(d, a, b);
   }
 
+  // The mask of `pred(a, b)`: k1 (AVX-512) or Mask() (AVX2).
+  void Compare(const Xbyak::Xmm& a, const Xbyak::Xmm& b, uint8_t pred) {
+    if (avx512_) {
+      vcmpps(k1, a, b, pred);
+    } else {
+      vcmpps(Mask(), a, b, pred);
+    }
+  }
+  // d = src where the last Compare held.
+  void Take(const Xbyak::Xmm& d, const Xbyak::Xmm& src) {
+    if (avx512_) {
+      vmovaps(d | k1, src);
+    } else {
+      vblendvps(d, d, src, Mask());
+    }
+  }
+
+  // NanPropagatingMax / Min (core/float_ops.h), lowest precedence first: of equal values a & b
+  // (max) or a | b (min); the greater (lesser); b if NaN; a if NaN.
+  void MaxOrMin(const Xbyak::Xmm& d, const Xbyak::Xmm& a, const Xbyak::Xmm& b, bool max) {
+    Bits(d, a, b, max ? BitOp::kAnd : BitOp::kOr);
+    Compare(a, b, max ? kLtOq : kGtOq);
+    Take(d, b);
+    Compare(a, b, max ? kGtOq : kLtOq);
+    Take(d, a);
+    Compare(b, b, kUnordQ);
+    Take(d, b);
+    Compare(a, a, kUnordQ);
+    Take(d, a);
+  }
+
+  const bool avx512_;
   const std::vector<Instr> instrs_;
   const std::vector<bool> is_scalar_;
   const std::vector<bool> updated_in_place_;
@@ -245,9 +286,11 @@ class Generator : public Xbyak::CodeGenerator {
 
 class Compiled : public FusedElementwiseJit {
  public:
-  explicit Compiled(std::unique_ptr<Generator> gen)
+  Compiled(std::unique_ptr<Generator> gen, int64_t lanes)
       : gen_(std::move(gen)),
-        fn_(gen_->getCode<void (*)(const float* const*, float* const*, int64_t)>()) {}
+        fn_(gen_->getCode<void (*)(const float* const*, float* const*, int64_t)>()),
+        lanes_(lanes) {}
+  int64_t lanes() const override { return lanes_; }
   void Run(const float* const* inputs, float* const* outputs, int64_t vectors) const override {
     fn_(inputs, outputs, vectors);
   }
@@ -255,17 +298,22 @@ class Compiled : public FusedElementwiseJit {
  private:
   std::unique_ptr<Generator> gen_;
   void (*fn_)(const float* const*, float* const*, int64_t);
+  int64_t lanes_;
 };
 
 }  // namespace
 
 std::unique_ptr<FusedElementwiseJit> FusedElementwiseJit::Create(
     const std::vector<fused::Instr>& instrs, const std::vector<bool>& is_scalar,
-    const std::vector<bool>& updated_in_place, const std::vector<int>& output_instrs) {
-  static const bool avx512 = Xbyak::util::Cpu().has(Xbyak::util::Cpu::tAVX512F);
-  if (!avx512 || instrs.empty()) return nullptr;
-  if (is_scalar.size() != updated_in_place.size()) return nullptr;
-  auto gen = std::make_unique<Generator>(instrs, is_scalar, updated_in_place, output_instrs);
+    const std::vector<bool>& updated_in_place, const std::vector<int>& output_instrs, Isa isa) {
+  static const Xbyak::util::Cpu cpu;
+  const bool avx512 = isa == Isa::kBest && cpu.has(Xbyak::util::Cpu::tAVX512F);
+  if ((!avx512 && !cpu.has(Xbyak::util::Cpu::tAVX2)) || instrs.empty() ||
+      is_scalar.size() != updated_in_place.size()) {
+    return nullptr;
+  }
+  auto gen =
+      std::make_unique<Generator>(avx512, instrs, is_scalar, updated_in_place, output_instrs);
   try {
     if (!gen->Emit()) return nullptr;
     gen->ready();
@@ -273,7 +321,7 @@ std::unique_ptr<FusedElementwiseJit> FusedElementwiseJit::Create(
   } catch (const Xbyak::Error&) {  // more code than fits, or a buffer the OS will not execute
     return nullptr;
   }
-  return std::make_unique<Compiled>(std::move(gen));
+  return std::make_unique<Compiled>(std::move(gen), avx512 ? 16 : 8);
 }
 
 }  // namespace meshrun

@@ -1,9 +1,10 @@
 // FusedElementwiseJit: a fused element-wise loop (fused_elementwise_ops.h) compiled to AVX-512
-// machine code with Xbyak, every intermediate held in a zmm register. The interpreter
-// (fused_elementwise.cc) passes each op over a block in L1, a load and a store per op and
-// element; here each element is loaded once and its results stored once, as XLA's compiled loops
-// do. Each op is the same IEEE instruction the interpreter's AVX-512 clone runs (vaddps, vdivps,
-// vsqrtps...; no contraction to FMA), so the results are bitwise the interpreter's.
+// (or AVX2) machine code with Xbyak, every intermediate held in a zmm (ymm) register. The
+// interpreter (fused_elementwise.cc) passes each op over a block in L1, a load and a store per op
+// and element; here each element is loaded once and its results stored once, as XLA's compiled
+// loops do. Each op is the same IEEE instruction the interpreter's clones run (vaddps, vdivps,
+// vsqrtps...; no contraction to FMA), so the results are bitwise the interpreter's (NaN payloads
+// aside).
 #ifndef MESHRUN_WORKER_KERNELS_FUSED_ELEMENTWISE_JIT_H_
 #define MESHRUN_WORKER_KERNELS_FUSED_ELEMENTWISE_JIT_H_
 
@@ -17,23 +18,27 @@ namespace meshrun {
 
 class FusedElementwiseJit {
  public:
-  // Elements per vector: Run covers whole vectors only.
-  static constexpr int64_t kLanes = 16;
+  // kBest: AVX-512F where the CPU (and OS) has it, else AVX2; kAvx2: AVX2 even so.
+  enum class Isa { kBest, kAvx2 };
 
   // The loop over `instrs` with `is_scalar[r]` saying which inputs are one value (read once,
   // broadcast) and `updated_in_place[r]` which are also outputs (the same elements: each vector
   // of those is loaded before any output of it is stored); `output_instrs[o]` is the op whose
-  // result output o receives. nullptr where the CPU has no AVX-512F (or the OS does not save its
-  // registers), or the ops need more registers than zmm0..zmm31 hold at once or more code than
-  // 64 KiB: the caller interprets then.
+  // result output o receives. nullptr where the CPU has neither instruction set, or the ops need
+  // more registers than it has (32 zmm, 15 ymm) or more code than 64 KiB: the caller interprets
+  // then.
   static std::unique_ptr<FusedElementwiseJit> Create(const std::vector<fused::Instr>& instrs,
                                                      const std::vector<bool>& is_scalar,
                                                      const std::vector<bool>& updated_in_place,
-                                                     const std::vector<int>& output_instrs);
+                                                     const std::vector<int>& output_instrs,
+                                                     Isa isa = Isa::kBest);
 
   virtual ~FusedElementwiseJit() = default;
 
-  // Elements [0, vectors * kLanes): inputs[r] points at a streamed input's first element or at
+  // Elements per vector: 16 (AVX-512) or 8 (AVX2).
+  virtual int64_t lanes() const = 0;
+
+  // Elements [0, vectors * lanes()): inputs[r] points at a streamed input's first element or at
   // a scalar input's value; outputs[o] at output o's first element. An output overlaps no input
   // but the ones Create was told it updates in place (exactly: the same first element).
   // Thread-safe (the code is read-only); disjoint ranges may run at once.

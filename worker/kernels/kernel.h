@@ -160,19 +160,23 @@ struct FusedInstruction {
   std::vector<int> args;
 };
 
+// How a fused element-wise kernel runs its ops: kCompiled, as machine code holding every
+// intermediate in a register (fused_elementwise_jit.h: AVX-512 where the CPU has it, else AVX2;
+// interpreted on a CPU with neither); kAvx2, compiled for AVX2 even where AVX-512 exists (tests);
+// kInterpreted, blocks of elements op by op through L1-resident scratch. The three give the same
+// bits (NaN payloads aside).
+enum class FusedLoop { kCompiled, kAvx2, kInterpreted };
+
 // Element-wise ops fused into one pass (program.proto's OP_FUSED_ELEMENTWISE): f32 inputs of
 // the outputs' shape or holding one element (broadcast), outputs[i] = the result of
-// instrs[output_instrs[i]], in parallel over the compute threads. On a CPU with AVX-512 the ops
-// are compiled to machine code holding every intermediate in a register
-// (fused_elementwise_jit.h); elsewhere, or with `compile` false, blocks of elements are
-// interpreted op by op in L1-resident scratch. Both run the IEEE-exact ops without FMA
+// instrs[output_instrs[i]], in parallel over the compute threads. IEEE-exact ops without FMA
 // contraction, so the results are bitwise those of oneDNN's separate binary and eltwise
-// primitives (NaNs aside), and each other's.
+// primitives (NaNs aside).
 // Errors: InvalidArgument naming a bad fn, arg, dtype or shape.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateFusedElementwise(
     const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
     const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs,
-    bool compile = true);
+    FusedLoop loop = FusedLoop::kCompiled);
 
 // A fused element-wise kernel that also runs over part of its elements, reading input 0 from
 // other memory: what a single-copy all-reduce calls on each segment it reduces (program.proto's
@@ -188,7 +192,7 @@ class RangeKernel : public Kernel {
 absl::StatusOr<std::unique_ptr<RangeKernel>> CreateFusedElementwiseRange(
     const std::vector<FusedInstruction>& instrs, const std::vector<const Tensor*>& inputs,
     const std::vector<int>& output_instrs, const std::vector<Tensor*>& outputs,
-    bool compile = true);
+    FusedLoop loop = FusedLoop::kCompiled);
 
 }  // namespace meshrun
 
