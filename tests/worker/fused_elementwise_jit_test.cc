@@ -174,6 +174,40 @@ TEST(FusedElementwiseJitTest, AnInPlaceAdamStepOverRangesGivesTheInterpretersBit
   }
 }
 
+// The executor binds a donated argument's memory to the result that replaces it from run to run
+// (Tensor::ShareMemory): the kernel compiles a loop for the outputs updating their inputs in
+// place once that happens, and its results stay the interpreter's.
+TEST(FusedElementwiseJitTest, OutputsReboundOntoInputsBetweenRunsGiveTheInterpretersBits) {
+  const int64_t n = 300 + 5;
+  const std::vector<FusedInstruction> ops = {{"mul", {0, 1}}, {"add", {2, 0}}};  // x * s + x
+  auto run = [&](FusedLoop loop) {
+    Tensor x = Values(n, 11), s = One(1.5f), y(v1::DTYPE_F32, {n});
+    std::vector<Tensor> seen;
+    auto k = CreateFusedElementwise(ops, {&x, &s}, {1}, {&y}, loop);
+    EXPECT_TRUE(k.ok()) << k.status();
+    if (!k.ok()) return seen;
+    EXPECT_TRUE((*k)->Run().ok());  // y apart from x
+    seen.push_back(y);
+    y.ShareMemory(x, 0);  // y is x, updated in place
+    EXPECT_TRUE((*k)->Run().ok());
+    EXPECT_TRUE((*k)->Run().ok());
+    seen.push_back(x);
+    return seen;
+  };
+  const std::vector<Tensor> interpreted = run(FusedLoop::kInterpreted);
+  for (FusedLoop loop : CompiledLoops()) {
+    const std::vector<Tensor> compiled = run(loop);
+    ASSERT_EQ(compiled.size(), interpreted.size());
+    for (size_t i = 0; i < compiled.size(); ++i) {
+      for (int64_t j = 0; j < compiled[i].num_elements(); ++j) {
+        const float u = compiled[i].data<float>()[j], v = interpreted[i].data<float>()[j];
+        if (std::isnan(u) && std::isnan(v)) continue;
+        ASSERT_EQ(std::memcmp(&u, &v, 4), 0) << "run " << i << ", element " << j;
+      }
+    }
+  }
+}
+
 TEST(FusedElementwiseJitTest, OpsNeedingMoreRegistersThanThereAreAreInterpreted) {
   // 40 one-element inputs all live until the last op: more than zmm0..zmm31.
   std::vector<fused::Instr> chain;

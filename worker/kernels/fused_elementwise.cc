@@ -1,9 +1,6 @@
 // Fused element-wise kernel (kernel.h's CreateFusedElementwise): the whole vectors through the
 // AVX-512 or AVX2 loop fused_elementwise_jit.h compiles; the rest, and everything on a CPU with
-// neither, through this file's interpreter. Compiled with -ffp-contract=off
-// (worker/CMakeLists.txt): a multiply followed by an add must round twice, as the separate
-// primitives and the compiled loop do; and -fno-math-errno, so that sqrt vectorises (errno is
-// never read).
+// neither, through the interpreter here (its per-op step: fused_elementwise_ops.h).
 #include <omp.h>
 
 #include <algorithm>
@@ -12,7 +9,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "core/float_ops.h"
+#include "absl/synchronization/mutex.h"
 #include "worker/kernels/fused_elementwise_jit.h"
 #include "worker/kernels/fused_elementwise_ops.h"
 #include "worker/kernels/kernel.h"
@@ -20,111 +17,15 @@
 namespace meshrun {
 namespace {
 
+using fused::Apply;
 using fused::Fn;
+using fused::Fns;
 using fused::Instr;
 using fused::kNoScalar;
 using fused::kScalarX;
 using fused::kScalarY;
-using fused::Scalar;
-
-const std::map<std::string, std::pair<Fn, int>>& Fns() {
-  static const auto* fns = new std::map<std::string, std::pair<Fn, int>>{
-      {"add", {Fn::kAdd, 2}},   {"sub", {Fn::kSub, 2}},      {"mul", {Fn::kMul, 2}},
-      {"div", {Fn::kDiv, 2}},   {"max", {Fn::kMax, 2}},      {"min", {Fn::kMin, 2}},
-      {"eq", {Fn::kEq, 2}},     {"ne", {Fn::kNe, 2}},        {"lt", {Fn::kLt, 2}},
-      {"le", {Fn::kLe, 2}},     {"gt", {Fn::kGt, 2}},        {"ge", {Fn::kGe, 2}},
-      {"neg", {Fn::kNeg, 1}},   {"abs", {Fn::kAbs, 1}},      {"square", {Fn::kSquare, 1}},
-      {"sqrt", {Fn::kSqrt, 1}}, {"select", {Fn::kSelect, 3}}};
-  return *fns;
-}
 
 constexpr int64_t kBlock = 256;  // elements per block: every op's scratch row stays in L1
-
-// r[j] = EXPR(a, b) for j < m, with a = x[j] (or x[0]) and b = y[j] (or y[0]) by `scalar`.
-#define MESHRUN_BINARY_LOOP(EXPR)       \
-  do {                                  \
-    if (scalar == kScalarX) {           \
-      const float a = x[0];             \
-      for (int64_t j = 0; j < m; ++j) { \
-        const float b = y[j];           \
-        r[j] = (EXPR);                  \
-      }                                 \
-    } else if (scalar == kScalarY) {    \
-      const float b = y[0];             \
-      for (int64_t j = 0; j < m; ++j) { \
-        const float a = x[j];           \
-        r[j] = (EXPR);                  \
-      }                                 \
-    } else {                            \
-      for (int64_t j = 0; j < m; ++j) { \
-        const float a = x[j], b = y[j]; \
-        r[j] = (EXPR);                  \
-      }                                 \
-    }                                   \
-  } while (0)
-
-// One block: r = fn(x, y[, z]) over m elements, in clones for AVX-512, AVX2 and the baseline
-// chosen at load time (the same IEEE operations in each, so the same bits). `scalar` says which
-// operand of a two-operand fn is a single value (x[0] or y[0]).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void Apply(
-    Fn fn, Scalar scalar, const float* __restrict x, const float* __restrict y,
-    const float* __restrict z, float* __restrict r, int64_t m) {
-  switch (fn) {
-    case Fn::kAdd:
-      MESHRUN_BINARY_LOOP(a + b);
-      break;
-    case Fn::kSub:
-      MESHRUN_BINARY_LOOP(a - b);
-      break;
-    case Fn::kMul:
-      MESHRUN_BINARY_LOOP(a * b);
-      break;
-    case Fn::kDiv:
-      MESHRUN_BINARY_LOOP(a / b);
-      break;
-    case Fn::kMax:
-      MESHRUN_BINARY_LOOP(NanPropagatingMax(a, b));
-      break;
-    case Fn::kMin:
-      MESHRUN_BINARY_LOOP(NanPropagatingMin(a, b));
-      break;
-    case Fn::kEq:
-      MESHRUN_BINARY_LOOP(a == b ? 1.0f : 0.0f);
-      break;
-    case Fn::kNe:
-      MESHRUN_BINARY_LOOP(a != b ? 1.0f : 0.0f);
-      break;
-    case Fn::kLt:
-      MESHRUN_BINARY_LOOP(a < b ? 1.0f : 0.0f);
-      break;
-    case Fn::kLe:
-      MESHRUN_BINARY_LOOP(a <= b ? 1.0f : 0.0f);
-      break;
-    case Fn::kGt:
-      MESHRUN_BINARY_LOOP(a > b ? 1.0f : 0.0f);
-      break;
-    case Fn::kGe:
-      MESHRUN_BINARY_LOOP(a >= b ? 1.0f : 0.0f);
-      break;
-    case Fn::kNeg:
-      for (int64_t j = 0; j < m; ++j) r[j] = -x[j];
-      break;
-    case Fn::kAbs:
-      for (int64_t j = 0; j < m; ++j) r[j] = std::fabs(x[j]);
-      break;
-    case Fn::kSelect:
-      for (int64_t j = 0; j < m; ++j) r[j] = x[j] != 0.0f ? z[j] : y[j];
-      break;
-    case Fn::kSquare:
-      for (int64_t j = 0; j < m; ++j) r[j] = x[j] * x[j];
-      break;
-    case Fn::kSqrt:
-      for (int64_t j = 0; j < m; ++j) r[j] = std::sqrt(x[j]);
-      break;
-  }
-}
-
-#undef MESHRUN_BINARY_LOOP
 
 class FusedElementwiseKernel : public RangeKernel {
  public:
@@ -135,15 +36,9 @@ class FusedElementwiseKernel : public RangeKernel {
         inputs_(std::move(inputs)),
         output_instrs_(std::move(output_instrs)),
         outputs_(std::move(outputs)),
-        n_(n) {
+        n_(n),
+        loop_(loop) {
     for (const Tensor* t : inputs_) is_scalar_.push_back(t->num_elements() == 1);
-    jit_in_place_ = InPlaceInputs();
-    if (loop != FusedLoop::kInterpreted && jit_in_place_.has_value()) {
-      jit_ =
-          FusedElementwiseJit::Create(instrs_, is_scalar_, *jit_in_place_, output_instrs_,
-                                      loop == FusedLoop::kAvx2 ? FusedElementwiseJit::Isa::kAvx2
-                                                               : FusedElementwiseJit::Isa::kBest);
-    }
   }
 
   absl::Status Run() override {
@@ -164,10 +59,13 @@ class FusedElementwiseKernel : public RangeKernel {
   // the whole vectors by the compiled loop, if there is one and the outputs still update the
   // inputs it was compiled for in place; the rest interpreted.
   void Sweep(int64_t begin, int64_t len, const float* input0) {
-    if (jit_ != nullptr && len >= jit_->lanes() && InPlaceInputs() == jit_in_place_ &&
-        !OutputsOverlap(input0, begin, len)) {
-      const int64_t done = len / jit_->lanes() * jit_->lanes();
-      RunCompiled(begin, done / jit_->lanes(), input0);
+    const FusedElementwiseJit* jit = nullptr;
+    if (loop_ != FusedLoop::kInterpreted && len > 1 && !OutputsOverlap(input0, begin, len)) {
+      jit = CompiledFor(InPlaceInputs());
+    }
+    if (jit != nullptr && len >= jit->lanes()) {
+      const int64_t done = len / jit->lanes() * jit->lanes();
+      RunCompiled(*jit, begin, done / jit->lanes(), input0);
       begin += done;
       len -= done;
       if (input0 != nullptr) input0 += done;
@@ -175,11 +73,30 @@ class FusedElementwiseKernel : public RangeKernel {
     Interpret(begin, len, input0);
   }
 
+  // The loop compiled for outputs that update `in_place`'s inputs in place, compiled on first
+  // use (the executor may bind the tensors to other memory from run to run: donated arguments);
+  // null where outputs overlap inputs otherwise or the ops cannot be compiled.
+  const FusedElementwiseJit* CompiledFor(const std::optional<std::vector<bool>>& in_place) {
+    if (!in_place.has_value()) return nullptr;
+    absl::MutexLock lock(&jit_mu_);
+    auto it = jits_.find(*in_place);
+    if (it == jits_.end()) {
+      const auto isa = loop_ == FusedLoop::kAvx2 ? FusedElementwiseJit::Isa::kAvx2
+                                                 : FusedElementwiseJit::Isa::kBest;
+      it = jits_
+               .emplace(*in_place, FusedElementwiseJit::Create(instrs_, is_scalar_, *in_place,
+                                                               output_instrs_, isa))
+               .first;
+    }
+    return it->second.get();
+  }
+
   // Whole vectors from element `begin` by the compiled loop, in parallel over the compute
   // threads in tasks of kTaskElements.
-  void RunCompiled(int64_t begin, int64_t vectors, const float* input0) {
+  void RunCompiled(const FusedElementwiseJit& jit, int64_t begin, int64_t vectors,
+                   const float* input0) {
     constexpr int64_t kTaskElements = 4096;
-    const int64_t lanes = jit_->lanes(), task_vectors = kTaskElements / lanes;
+    const int64_t lanes = jit.lanes(), task_vectors = kTaskElements / lanes;
     const int64_t tasks = (vectors + task_vectors - 1) / task_vectors;
 #pragma omp parallel for schedule(static) if (tasks > 1)
     for (int64_t t = 0; t < tasks; ++t) {
@@ -196,7 +113,7 @@ class FusedElementwiseKernel : public RangeKernel {
         }
       }
       for (size_t o = 0; o < outputs_.size(); ++o) out[o] = outputs_[o]->data<float>() + at;
-      jit_->Run(in.data(), out.data(), std::min(task_vectors, vectors - t * task_vectors));
+      jit.Run(in.data(), out.data(), std::min(task_vectors, vectors - t * task_vectors));
     }
   }
 
@@ -299,9 +216,11 @@ class FusedElementwiseKernel : public RangeKernel {
   std::vector<int> output_instrs_;
   std::vector<Tensor*> outputs_;
   int64_t n_;
-  std::vector<bool> is_scalar_;                    // per input: holds one element
-  std::optional<std::vector<bool>> jit_in_place_;  // InPlaceInputs() when jit_ was compiled
-  std::unique_ptr<FusedElementwiseJit> jit_;       // null: interpreted
+  const FusedLoop loop_;
+  std::vector<bool> is_scalar_;  // per input: holds one element
+  absl::Mutex jit_mu_;
+  // By the inputs updated in place: the compiled loop (null: interpreted).
+  std::map<std::vector<bool>, std::unique_ptr<FusedElementwiseJit>> jits_ ABSL_GUARDED_BY(jit_mu_);
 };
 
 }  // namespace

@@ -1,7 +1,13 @@
 // The compiled form of a fused element-wise loop (kernel.h's CreateFusedElementwise), shared by its
-// interpreter (fused_elementwise.cc) and its AVX-512 code generator (fused_elementwise_jit.h).
+// interpreter (fused_elementwise.cc) and its code generator (fused_elementwise_jit.h), and the
+// interpreter's per-op step.
 #ifndef MESHRUN_WORKER_KERNELS_FUSED_ELEMENTWISE_OPS_H_
 #define MESHRUN_WORKER_KERNELS_FUSED_ELEMENTWISE_OPS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
 
 namespace meshrun {
 namespace fused {
@@ -40,6 +46,15 @@ struct Instr {
   int a = 0, b = 0, c = 0;
   Scalar scalar = kNoScalar;  // a two-operand fn's one-element input, if exactly one is
 };
+
+// program.proto's fn names: name -> (fn, number of operands).
+const std::map<std::string, std::pair<Fn, int>>& Fns();
+
+// The interpreter's step: r[j] = fn(x[j], y[j], z[j]) for j < m, reading x[0] (y[0]) for every
+// j where `scalar` says so; z is read by select only. In clones for AVX-512, AVX2 and the
+// baseline, picked at load time (the same IEEE operations in each, so the same bits).
+void Apply(Fn fn, Scalar scalar, const float* __restrict x, const float* __restrict y,
+           const float* __restrict z, float* __restrict r, int64_t m);
 
 }  // namespace fused
 }  // namespace meshrun
