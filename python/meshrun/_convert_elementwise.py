@@ -188,10 +188,16 @@ class _Elementwise:
         v = _V(vid, out_shape, lhs.dtype, lhs.store)
         if not lb and len(lhs.shape) == 2 and len(rhs.shape) == 2:
             self._dots[vid] = (lhs, rhs, list(lc), list(rc))
-        want = _sharding.dtype_to_proto(out_dtype) if out_dtype in (np.float32,) or str(out_dtype) == "bfloat16" else v.store
+        return self._gemm_result(v, out_dtype, out_shape)
+
+    def _gemm_result(self, v, out_dtype, out_shape):
+        """A GEMM's result v (dot_general's, a convolution's) as out_dtype: CONVERTed when out_dtype
+        is f32 or bf16 and v is stored as the other (preferred_element_type); any other dtype keeps
+        v's store."""
+        want = F32 if np.dtype(out_dtype) == np.float32 else (BF16 if str(out_dtype) == "bfloat16" else v.store)
         if want != v.store:
-            v = _V(self.emit(G.CONVERT, [v], dtype=want), out_shape, out_dtype, want)
-        return v
+            v = _V(self.emit(G.CONVERT, [v], dtype=want), tuple(out_shape), out_dtype, want)
+        return _V(v.id, tuple(out_shape), out_dtype, v.store)
 
     def _convert(self, name, eqn, x, to):
         if to == x.dtype:

@@ -207,10 +207,7 @@ class _Windows:
         # ours is [batch, spatial..., feature]; out_spec names where each goes
         ours = {ospec[0]: 0, ospec[1]: k + 1, **{ospec[2 + i]: 1 + i for i in range(k)}}
         out = self._transposed(out, [ours[d] for d in range(k + 2)])
-        want = F32 if np.dtype(out_dtype) == np.float32 else (BF16 if str(out_dtype) == "bfloat16" else out.store)
-        if want != out.store:
-            out = _V(self.emit(G.CONVERT, [out], dtype=want), out.shape, out_dtype, want)
-        return _V(out.id, tuple(out_shape), out_dtype, out.store)
+        return self._gemm_result(out, out_dtype, out_shape)
 
     def _conv_group(self, lhs, rhs, p, eqn):
         """One group: lhs [n, s..., c] (padded, lhs-dilated here), rhs [k..., c, o] -> [n, o_s..., o].
