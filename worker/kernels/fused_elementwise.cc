@@ -56,12 +56,13 @@ class FusedElementwiseKernel : public RangeKernel {
 
  private:
   // Elements [begin, begin + len), input 0 from `input0` (element `begin` first) when given:
-  // the whole vectors by the compiled loop, if there is one and the outputs still update the
-  // inputs it was compiled for in place; the rest interpreted.
+  // the whole vectors by the loop compiled for the outputs' present in-place pattern, if it
+  // compiles; the rest interpreted.
   void Sweep(int64_t begin, int64_t len, const float* input0) {
+    const std::optional<std::vector<bool>> in_place = InPlaceInputs();
     const FusedElementwiseJit* jit = nullptr;
     if (loop_ != FusedLoop::kInterpreted && len > 1 && !OutputsOverlap(input0, begin, len)) {
-      jit = CompiledFor(InPlaceInputs());
+      jit = CompiledFor(in_place);
     }
     if (jit != nullptr && len >= jit->lanes()) {
       const int64_t done = len / jit->lanes() * jit->lanes();
@@ -70,7 +71,9 @@ class FusedElementwiseKernel : public RangeKernel {
       len -= done;
       if (input0 != nullptr) input0 += done;
     }
-    Interpret(begin, len, input0);
+    const bool overlap =
+        !in_place || std::find(in_place->begin(), in_place->end(), true) != in_place->end();
+    Interpret(begin, len, input0, overlap);
   }
 
   // The loop compiled for outputs that update `in_place`'s inputs in place, compiled on first
@@ -117,8 +120,9 @@ class FusedElementwiseKernel : public RangeKernel {
     }
   }
 
-  // The interpreter: blocks of kBlock elements, op by op through scratch rows.
-  void Interpret(int64_t begin, int64_t len, const float* input0) {
+  // The interpreter: blocks of kBlock elements, op by op through scratch rows. `overlap`: an
+  // output shares memory with an input.
+  void Interpret(int64_t begin, int64_t len, const float* input0, bool overlap) {
     const int64_t blocks = (len + kBlock - 1) / kBlock;
     const int n = static_cast<int>(inputs_.size());
     const int rows = n + static_cast<int>(instrs_.size());
@@ -126,7 +130,7 @@ class FusedElementwiseKernel : public RangeKernel {
     // An op whose result is an output writes it in place (no copy out of the scratch), unless an
     // output shares memory with an input (a view), which a later op of the block may still read.
     std::vector<float*> direct(instrs_.size(), nullptr);
-    if (!OutputsOverlapInputs()) {
+    if (!overlap) {
       for (size_t o = 0; o < outputs_.size(); ++o) {
         if (direct[output_instrs_[o]] == nullptr)
           direct[output_instrs_[o]] = outputs_[o]->data<float>();
@@ -204,11 +208,6 @@ class FusedElementwiseKernel : public RangeKernel {
       if (ob < from + len && from < ob + len) return true;
     }
     return false;
-  }
-
-  bool OutputsOverlapInputs() const {
-    const std::optional<std::vector<bool>> in_place = InPlaceInputs();
-    return !in_place || std::find(in_place->begin(), in_place->end(), true) != in_place->end();
   }
 
   std::vector<Instr> instrs_;
