@@ -188,7 +188,16 @@ absl::Status ArrayRegistry::Delete(const std::string& id) {
 
 absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapRequest& request,
                                                              const std::atomic<bool>* cancel) {
-  const v1::ShardMapProgram& p = request.program();
+  std::string serialized;
+  if (!request.program().SerializeToString(&serialized))
+    return absl::InvalidArgumentError("the shard_map program does not serialize");
+  return ShardMap(request.program(), serialized, request, cancel);
+}
+
+absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapProgram& p,
+                                                             const std::string& serialized,
+                                                             const v1::ShardMapRequest& request,
+                                                             const std::atomic<bool>* cancel) {
   const Mesh& mesh = workers_->mesh();
   if (p.inputs_size() != request.input_ids_size() || p.in_specs_size() != p.inputs_size()) {
     return absl::InvalidArgumentError(
@@ -203,11 +212,12 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   }
   if (absl::Status s = CheckFeed(request); !s.ok()) return s;
   const std::set<int> fed(request.feed().argnums().begin(), request.feed().argnums().end());
-  std::map<std::string, Dims> buffer_dims;
-  std::map<std::string, DType> buffer_dtype;
+  // The results' buffer declarations (a program declares many more buffers than it returns).
+  std::map<std::string, const v1::BufferDecl*> result_decls;
+  for (const std::string& o : p.outputs()) result_decls[o] = nullptr;
   for (const auto& b : p.program().buffers()) {
-    buffer_dims[b.name()] = Dims(b.shape().dims().begin(), b.shape().dims().end());
-    buffer_dtype[b.name()] = b.dtype();
+    auto it = result_decls.find(b.name());
+    if (it != result_decls.end()) it->second = &b;
   }
   // The arguments of run `k` (0: input_ids; then more_runs) exist and are laid out as in_specs.
   auto check_arguments = [&](const google::protobuf::RepeatedPtrField<std::string>& ids,
@@ -248,7 +258,12 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   // Global shapes of the results: each local dim times the blocks its out_spec entry names.
   std::vector<v1::ArrayInfo> outputs;
   for (int i = 0; i < p.outputs_size(); ++i) {
-    const Dims local = buffer_dims[p.outputs(i)];
+    const v1::BufferDecl* decl = result_decls[p.outputs(i)];
+    if (decl == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("result ", i, " '", p.outputs(i), "' is not a buffer of the program"));
+    }
+    const Dims local(decl->shape().dims().begin(), decl->shape().dims().end());
     const PartitionSpec spec = PartitionSpec::FromProto(p.out_specs(i));
     if (spec.entries().size() > local.size()) {
       return absl::InvalidArgumentError(absl::StrCat("out_specs[", i, "] ", spec.ToString(),
@@ -268,7 +283,7 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
     NamedSharding sharding(mesh, spec);
     if (absl::Status s = sharding.Validate(global); !s.ok()) return s;
     v1::ArrayInfo info;
-    info.set_dtype(buffer_dtype[p.outputs(i)]);
+    info.set_dtype(decl->dtype());
     for (int64_t d : global) info.mutable_shape()->add_dims(d);
     *info.mutable_sharding() = sharding.ToProto();
     info.set_bytes_per_worker(NumElements(local) * DTypeSize(info.dtype()));
@@ -311,7 +326,7 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapR
   }
   if (absl::Status s = EnsureStubs(); !s.ok()) return s;
   v1::RunShardMapRequest run;
-  *run.mutable_program() = p;
+  run.set_program(serialized);
   for (const auto& id : request.input_ids()) run.add_input_ids(id);
   for (const auto& o : outputs) run.add_output_ids(o.id());
   run.set_collective_timeout_seconds(request.collective_timeout_seconds());

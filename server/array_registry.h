@@ -68,6 +68,12 @@ class ArrayRegistry {
   // within 100 ms and the call fails with Cancelled.
   absl::StatusOr<v1::ShardMapResponse> ShardMap(const v1::ShardMapRequest& request,
                                                 const std::atomic<bool>* cancel = nullptr);
+  // As above for `program`, serialized as `serialized` (the partitioner's cached programs, which
+  // come back every step: neither copied nor serialized again); request.program() is ignored.
+  absl::StatusOr<v1::ShardMapResponse> ShardMap(const v1::ShardMapProgram& program,
+                                                const std::string& serialized,
+                                                const v1::ShardMapRequest& request,
+                                                const std::atomic<bool>* cancel = nullptr);
 
   // Sharded checkpoints (core/checkpoint/checkpoint.h). Save: every worker writes the blocks it
   // owns of the named arrays in parallel into <root>/step_<N>.tmp-*, then the manifest is written

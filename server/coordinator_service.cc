@@ -160,8 +160,7 @@ grpc::Status CoordinatorService::Jit(grpc::ServerContext* ctx, const v1::JitRequ
   absl::StatusOr<std::shared_ptr<const Partitioner::Partitioned>> partitioned =
       partitioner_.Partition(req->program(), &cache_hit);
   if (!partitioned.ok()) return ToGrpcStatus(partitioned.status());
-  v1::ShardMapRequest call;
-  *call.mutable_program() = (*partitioned)->program;
+  v1::ShardMapRequest call;  // its program is the partitioned one, passed as is below
   *call.mutable_input_ids() = req->input_ids();
   *call.mutable_output_ids() = req->output_ids();
   call.set_collective_timeout_seconds(req->collective_timeout_seconds());
@@ -169,7 +168,8 @@ grpc::Status CoordinatorService::Jit(grpc::ServerContext* ctx, const v1::JitRequ
   *call.mutable_fetch_outputs() = req->fetch_outputs();
   *call.mutable_more_runs() = req->more_runs();
   *call.mutable_feed() = req->feed();
-  absl::StatusOr<v1::ShardMapResponse> result = arrays_->ShardMap(call);
+  absl::StatusOr<v1::ShardMapResponse> result =
+      arrays_->ShardMap((*partitioned)->program, (*partitioned)->serialized, call);
   if (!result.ok()) return ToGrpcStatus(result.status());
   for (const v1::ArrayInfo& out : result->outputs()) leases_->Own(session, out.id());
   *resp->mutable_outputs() = std::move(*result->mutable_outputs());

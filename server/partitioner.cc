@@ -27,6 +27,8 @@ absl::StatusOr<std::shared_ptr<const Partitioner::Partitioned>> Partitioner::Par
   if (!built.ok()) return built.status();
   auto out = std::make_shared<Partitioned>();
   out->program = *std::move(built);
+  if (!out->program.SerializeToString(&out->serialized))
+    return absl::InternalError("the partitioned program does not serialize");
   for (const JitBuilder::Collective& c : (*jit)->collectives())
     out->collectives.push_back(c.Short());
   absl::MutexLock lock(&mu_);

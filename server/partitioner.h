@@ -27,6 +27,7 @@ class Partitioner {
  public:
   struct Partitioned {
     v1::ShardMapProgram program;  // per shard, with in_specs / out_specs
+    std::string serialized;       // `program`'s bytes, as RunShardMapRequest carries them
     std::vector<std::string>
         collectives;  // inserted, in order: "psum(model)", "all_gather(data)@1"
   };

@@ -86,12 +86,6 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
     if (!joined_)
       return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
   }
-  const v1::ShardMapProgram& p = req->program();
-  if (p.inputs_size() != req->input_ids_size() || p.outputs_size() != req->output_ids_size()) {
-    return Error(absl::InvalidArgumentError(absl::StrCat(
-        "program takes ", p.inputs_size(), " arguments and returns ", p.outputs_size(), "; got ",
-        req->input_ids_size(), " and ", req->output_ids_size(), " array ids")));
-  }
   absl::MutexLock lock(&job_mu_);
   if (absl::Status s = EnterEpoch(req->epoch()); !s.ok()) return Error(s);
   grpc::Status status;
@@ -99,39 +93,52 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
   return status;
 }
 
-grpc::Status WorkerService::RunProgram(const v1::RunShardMapRequest* req,
-                                       v1::RunShardMapResponse* resp) {
-  const v1::ShardMapProgram& p = req->program();
-  SetComputeThreads(compute_threads_);
+absl::StatusOr<WorkerService::CachedExecutor*> WorkerService::ExecutorFor(
+    const v1::RunShardMapRequest& req) {
+  std::string fingerprint = req.program();
+  absl::StrAppend(&fingerprint, "|", req.collective_timeout_seconds());
+  auto cached = std::find_if(executors_.begin(), executors_.end(),
+                             [&](const CachedExecutor& c) { return c.fingerprint == fingerprint; });
+  if (cached != executors_.end()) return &*cached;
+  v1::ShardMapProgram p;
+  if (!p.ParseFromString(req.program())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the program's ", req.program().size(), " bytes are not a ShardMapProgram"));
+  }
+  absl::StatusOr<int64_t> bytes = Executor::BufferBytes(p.program());
+  if (!bytes.ok()) return bytes.status();
+  if (absl::Status s = CheckMemoryBudget("the shard_map program's buffers", *bytes); !s.ok()) {
+    return s;
+  }
   Executor::Options eo;
   eo.mesh = &membership_.mesh;
   eo.rank = membership_.rank;
   eo.transport = transport_.get();
   eo.collectives = collective_defaults_;
   eo.collectives.timeout =
-      absl::Seconds(req->collective_timeout_seconds() > 0 ? req->collective_timeout_seconds() : 30);
+      absl::Seconds(req.collective_timeout_seconds() > 0 ? req.collective_timeout_seconds() : 30);
   eo.observer = metrics_;
   eo.results.assign(p.outputs().begin(), p.outputs().end());
-  std::string fingerprint;
-  p.program().SerializeToString(&fingerprint);
-  absl::StrAppend(&fingerprint, "|", req->collective_timeout_seconds(), "|",
-                  absl::StrJoin(p.outputs(), ","));
-  auto cached = std::find_if(executors_.begin(), executors_.end(),
-                             [&](const CachedExecutor& c) { return c.fingerprint == fingerprint; });
-  if (cached == executors_.end()) {
-    absl::StatusOr<int64_t> bytes = Executor::BufferBytes(p.program());
-    if (!bytes.ok()) return Error(bytes.status());
-    if (absl::Status s = CheckMemoryBudget("the shard_map program's buffers", *bytes); !s.ok()) {
-      return Error(s);
-    }
-    absl::StatusOr<std::unique_ptr<Executor>> compiled = Executor::Create(p.program(), eo);
-    if (!compiled.ok()) return Error(compiled.status());
-    constexpr size_t kMaxCachedPrograms = 4;
-    if (executors_.size() >= kMaxCachedPrograms) executors_.erase(executors_.begin());
-    executors_.push_back({std::move(fingerprint), *std::move(compiled)});
-    cached = executors_.end() - 1;
+  absl::StatusOr<std::unique_ptr<Executor>> compiled = Executor::Create(p.program(), eo);
+  if (!compiled.ok()) return compiled.status();
+  constexpr size_t kMaxCachedPrograms = 4;
+  if (executors_.size() >= kMaxCachedPrograms) executors_.erase(executors_.begin());
+  executors_.push_back({std::move(fingerprint), std::move(p), *std::move(compiled)});
+  return &executors_.back();
+}
+
+grpc::Status WorkerService::RunProgram(const v1::RunShardMapRequest* req,
+                                       v1::RunShardMapResponse* resp) {
+  SetComputeThreads(compute_threads_);
+  absl::StatusOr<CachedExecutor*> found = ExecutorFor(*req);
+  if (!found.ok()) return Error(found.status());
+  const v1::ShardMapProgram& p = (*found)->program;
+  if (p.inputs_size() != req->input_ids_size() || p.outputs_size() != req->output_ids_size()) {
+    return Error(absl::InvalidArgumentError(absl::StrCat(
+        "program takes ", p.inputs_size(), " arguments and returns ", p.outputs_size(), "; got ",
+        req->input_ids_size(), " and ", req->output_ids_size(), " array ids")));
   }
-  std::unique_ptr<Executor>* executor = &cached->executor;
+  std::unique_ptr<Executor>* executor = &(*found)->executor;
   const std::set<int> returned(req->return_outputs().begin(), req->return_outputs().end());
   for (int i : returned) {
     if (i < 0 || i >= p.outputs_size()) {
@@ -192,7 +199,8 @@ grpc::Status WorkerService::RunProgram(const v1::RunShardMapRequest* req,
     const absl::Time start = absl::Now();
     const absl::Duration collective_before = (*executor)->collective_time();
     if (absl::Status s = (*executor)->Run("main", RunContext{}); !s.ok()) {
-      executors_.erase(cached);  // recompiled on the next call, from a clean state
+      // Recompiled on the next call, from a clean state.
+      executors_.erase(executors_.begin() + (*found - executors_.data()));
       return s;
     }
     resp->add_run_seconds(absl::ToDoubleSeconds(absl::Now() - start));

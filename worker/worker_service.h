@@ -163,8 +163,14 @@ class WorkerService final : public v1::Worker::Service {
   // primitives) costs more than running it. The few most recent are kept, as jax.jit's cache.
   struct CachedExecutor {
     std::string fingerprint;
+    v1::ShardMapProgram program;
     std::unique_ptr<Executor> executor;
   };
+  // The cached executor of `req`'s program and collective deadline, compiled on a miss (the
+  // oldest beyond a few is dropped). Errors: InvalidArgument for bytes that do not parse as a
+  // ShardMapProgram; ResourceExhausted past the memory budget; the executor's compile errors.
+  absl::StatusOr<CachedExecutor*> ExecutorFor(const v1::RunShardMapRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
   std::vector<CachedExecutor> executors_ ABSL_GUARDED_BY(job_mu_);
 };
 

@@ -7,6 +7,7 @@
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
+#include "meshrun/v1/worker.grpc.pb.h"
 #include "net/grpc_util.h"
 #include "tests/testutil/cluster.h"
 
@@ -65,6 +66,63 @@ TEST(BadRequestsTest, HugeShapesAndBudgetsAreClearErrorsAndTheClusterServesOn) {
   auto back = (*client)->Get("x");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->data<float>()[3], 4.0f);
+  ASSERT_TRUE((*cluster)->Stop().ok());
+}
+
+// A worker gets its program as bytes (RunShardMapRequest.program) and parses them only when no
+// compiled program has them: bytes that are no ShardMapProgram are refused by size, and the
+// worker runs the next valid program.
+TEST(BadRequestsTest, ProgramBytesThatAreNoProgramAreRefusedByTheWorkerWhichServesOn) {
+  LocalClusterOptions options;
+  options.mesh = "data=2";
+  options.log_dir = ::testing::TempDir() + "/bad_program_bytes";
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto client = Client::Connect((*cluster)->coordinator_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  auto worker = v1::Worker::NewStub(CreateChannel(status->workers(0).peer().address()));
+  v1::RunShardMapRequest bad;
+  bad.set_program(std::string("\x0a\xff\xff\xff", 4));  // a field whose length runs past the end
+  grpc::ClientContext ctx;
+  SetTimeout(ctx, absl::Seconds(30));
+  v1::RunShardMapResponse resp;
+  grpc::Status s = worker->RunShardMap(&ctx, bad, &resp);
+  EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("the program's 4 bytes are not a ShardMapProgram"));
+
+  // x * 2 on each block, twice: the second run finds the compiled program by its bytes.
+  Tensor x(v1::DTYPE_F32, {4});
+  for (int i = 0; i < 4; ++i) x.data<float>()[i] = static_cast<float>(i + 1);
+  ASSERT_TRUE((*client)->Put(x, PartitionSpec::Of({"data"}), "x").ok());
+  v1::ShardMapProgram program;
+  v1::ShardMapProgram* p = &program;
+  for (const char* name : {"x", "y"}) {
+    v1::BufferDecl* b = p->mutable_program()->add_buffers();
+    b->set_name(name);
+    b->set_dtype(v1::DTYPE_F32);
+    b->mutable_shape()->add_dims(2);
+  }
+  v1::Function* f = p->mutable_program()->add_functions();
+  f->set_name("main");
+  v1::Op* op = f->add_ops();
+  op->set_kind(v1::OP_BINARY);
+  op->set_fn("add");
+  op->add_inputs("x");
+  op->add_inputs("x");
+  op->add_outputs("y");
+  p->add_inputs("x");
+  p->add_outputs("y");
+  *p->add_in_specs() = PartitionSpec::Of({"data"}).ToProto();
+  *p->add_out_specs() = PartitionSpec::Of({"data"}).ToProto();
+  for (const char* out : {"y1", "y2"}) {
+    auto run = (*client)->ShardMap(program, {"x"}, {out});
+    ASSERT_TRUE(run.ok()) << run.status();
+    auto y = (*client)->Get(out);
+    ASSERT_TRUE(y.ok()) << y.status();
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(y->data<float>()[i], 2.0f * (i + 1)) << out << " " << i;
+  }
   ASSERT_TRUE((*cluster)->Stop().ok());
 }
 
