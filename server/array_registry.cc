@@ -554,6 +554,9 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapP
     }
   }
   absl::MutexLock lock(&mu_);
+  // The donated arrays are consumed, as jax.jit's: the workers dropped their blocks. A result that
+  // took a donated argument's id is registered again under it below.
+  for (const std::string& id : donated) arrays_.erase(id);
   for (int i = 0; i < p.outputs_size(); ++i) {
     if (fetched.count(i)) continue;
     arrays_[outputs[i].id()] = outputs[i];

@@ -229,6 +229,15 @@ grpc::Status WorkerService::RunProgram(const v1::RunShardMapRequest* req,
                                       [&](const auto& arg) { return SharesMemory(*arg, *result); });
       shards_.Put(req->output_ids(i), shares ? Tensor(*result) : *std::move(result));
     }
+    // As jax.jit's donation, a donated argument is consumed, also where it was only read (passed
+    // twice, returned as is): its id lives on only as a stored result's.
+    for (int i : donated) {
+      if (i < 0 || i >= ids.size() || fed[i] >= 0) continue;
+      bool replaced = false;
+      for (int j = 0; j < p.outputs_size(); ++j)
+        replaced |= !returned.count(j) && req->output_ids(j) == ids[i];
+      if (!replaced) shards_.Delete(ids[i]).IgnoreError();  // NotFound: taken when bound
+    }
     return absl::OkStatus();
   };
   // Keras's steps_per_execution: the runs go back to back, each over the arrays the one before

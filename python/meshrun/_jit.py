@@ -230,9 +230,7 @@ class Jitted:
         self.last_collectives = list(resp.collectives)
         for a, d in zip(arrays, donated):
             if d:
-                a._deleted = True  # consumed, as jax.jit's donated buffers
-        for a in free:
-            self._cluster._delete(a.id)
+                a._deleted = True  # consumed, as jax.jit's donated buffers (the cluster dropped them)
         outs = [_array.Array(self._cluster, info, np.bool_ if np.dtype(aval.dtype) == np.bool_ else None, k)
                 for info, aval, k in zip(resp.outputs, compiled.out_avals, compiled.out_key_dtypes)]
         return jax.tree_util.tree_unflatten(compiled.out_treedef, outs)

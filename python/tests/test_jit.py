@@ -221,6 +221,49 @@ def test_donated_arguments_are_consumed(cluster):
         np.asarray(a)
 
 
+def test_layouts_and_donations_worked_out_once_per_structure_hold_for_every_call(cluster):
+    """cluster.jit works out each argument structure's in_shardings and donations once, and which
+    donated array each result replaces once per compiled program: later calls must still refuse a
+    misplaced argument, keep each structure's own specs, and free the donated arrays no result
+    takes."""
+    from meshrun.v1 import coordinator_pb2
+
+    def listed():
+        return {a.id for a in cluster._call("ListArrays", coordinator_pb2.ListArraysRequest()).arrays}
+
+    def step(s, x):
+        return {"w": s["w"] + x, "n": s["n"] * 2.0}, jnp.sum(x)
+
+    state_spec = {"w": P("data"), "n": P()}
+    fn = cluster.jit(step, in_shardings=(state_spec, P("data")), out_shardings=(state_spec, P()),
+                     donate_argnums=0)
+    x = cluster.device_put(np.arange(8, dtype=np.float32), P("data"))
+    state = cluster.device_put({"w": np.ones(8, np.float32), "n": np.ones(4, np.float32)},
+                               {"w": P("data"), "n": P()})
+    ids = {k: a.id for k, a in state.items()}
+    for step in range(3):
+        state, total = fn(state, x)
+        # each result took its donated argument's place: the ids stay, nothing is left behind
+        assert {k: a.id for k, a in state.items()} == ids
+        assert not (set(ids.values()) - listed())
+    np.testing.assert_array_equal(np.asarray(state["w"]), 1.0 + 3.0 * np.arange(8, dtype=np.float32))
+    np.testing.assert_array_equal(np.asarray(state["n"]), np.full(4, 8.0, np.float32))
+    assert float(np.asarray(total)) == 28.0
+    misplaced = cluster.device_put(np.arange(8, dtype=np.float32), P())
+    for _ in range(2):  # refused on every call, not only the one that worked the layout out
+        with pytest.raises(meshrun.errors.InvalidArgumentError, match="is laid out as .* but its in_sharding"):
+            fn(state, misplaced)
+    # A donated argument that no result replaces (another shape, or another layout: w + x comes
+    # back replicated without out_shardings) is consumed: the step succeeds and the cluster drops it.
+    for fun in (lambda s: s[:4], lambda s: s + 1.0):
+        other = cluster.jit(fun, in_shardings=P("data"), out_shardings=P(), donate_argnums=0)
+        for _ in range(2):
+            arg = cluster.device_put(np.ones(8, np.float32), P("data"))
+            out = other(arg)
+            assert arg.id not in listed() and out.id in listed()
+            assert out.sharding.spec == P()
+
+
 def test_keyword_arguments_static_argnames_and_donate_argnames_as_jax_jit_takes_them(cluster):
     traces = []
 

@@ -98,8 +98,8 @@ class Client {
   // worker's error (a collective deadline names the rank that did not arrive).
   // donate_argnums (jax.jit's): arguments the call consumes; a result may reuse a donated
   // argument's id, replacing that array. As in JAX the donated arrays are consumed: if the call
-  // fails they are deleted (the error names them); donated arguments no result replaces are left
-  // in place when it succeeds.
+  // fails they are deleted (the error names them); when it succeeds, those no result replaces
+  // are deleted too.
   absl::StatusOr<std::vector<v1::ArrayInfo>> ShardMap(
       const v1::ShardMapProgram& program, const std::vector<std::string>& input_ids,
       const std::vector<std::string>& output_ids = {},
