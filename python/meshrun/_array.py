@@ -40,9 +40,14 @@ class Array:
         # bool arrays are stored as f32 0 / 1 on the cluster (as comparisons give them)
         self.dtype = np.dtype(logical_dtype) if logical_dtype is not None else _sharding.dtype_from_proto(info.dtype)
         self._entries = _sharding.spec_from_proto(info.sharding.spec)
-        self.sharding = NamedSharding(cluster.mesh, self._entries)
         self.key_dtype = key_dtype
         self._deleted = False
+
+    @property
+    def sharding(self):
+        """A NamedSharding over the cluster's mesh (made when asked: a train step's results are
+        rarely looked at)."""
+        return NamedSharding(self._cluster.mesh, self._entries)
 
     @property
     def ndim(self):

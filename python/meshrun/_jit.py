@@ -52,6 +52,23 @@ class _Compiled:
         self.out_key_dtypes = out_key_dtypes
         self.out_entries = out_entries
         self.trace_seconds = trace_seconds
+        self.reuse = []  # per result: the argument whose place it takes (_reused_arguments), or None
+
+
+def _reused_arguments(compiled, arrays, donated):
+    """Per result of `compiled`: the position among `arrays` of the donated argument whose id it
+    takes (the first unused one of its shape, dtype and sharding, as a TrainState is updated in
+    place), or None. Shapes, dtypes, shardings and donation are the cache key's, so this holds for
+    every call that finds `compiled`."""
+    free = [i for i, d in enumerate(donated) if d]
+    reuse = []
+    for aval, entries in zip(compiled.out_avals, compiled.out_entries):
+        match = next((i for i in free if arrays[i].shape == tuple(aval.shape)
+                      and arrays[i].dtype == np.dtype(aval.dtype) and arrays[i]._entries == tuple(entries)), None)
+        if match is not None:
+            free.remove(match)
+        reuse.append(match)
+    return reuse
 
 
 class Jitted:
@@ -82,6 +99,7 @@ class Jitted:
         self._static = tuple(sorted(set(_as_tuple(static_argnums)) | self._positions(static_argnames)))
         self._donate = set(_as_tuple(donate_argnums)) | self._positions(donate_argnames)
         self._cache = {}
+        self._layouts = {}  # (treedef, dynamic positions) -> _layout's
         self.last_trace_seconds = 0.0  # tracing plus conversion of the last cache miss
         self.last_collectives = []  # the partitioner's collectives, "psum(model)", ...
         self.last_program = None  # the GlobalProgram (program_pb2) the last call ran
@@ -120,8 +138,40 @@ class Jitted:
         static_vals = tuple(args[i] for i in self._static)
         dyn = tuple(args[i] for i in dyn_pos)
         leaves, treedef = jax.tree_util.tree_flatten(dyn)
+        specs, normalized, donated = self._layout(treedef, dyn, dyn_pos)
+        arrays = []
+        for leaf, spec, want in zip(leaves, specs, normalized):
+            if isinstance(leaf, _array.Array):
+                leaf._check_live()
+                if want is not None and want != leaf._entries:
+                    raise errors.InvalidArgumentError(
+                        f"argument array '{leaf.id}' is laid out as {leaf.sharding.spec} but its "
+                        f"in_sharding is {spec}: device_put it with that sharding first")
+                arrays.append(leaf)
+            else:
+                arrays.append(self._cluster._put_value(leaf, spec))
+        key = (static_vals, treedef,
+               tuple((a.shape, a.dtype, a._entries, None if a.key_dtype is None else str(a.key_dtype))
+                     for a in arrays), donated)
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self._compile(static_vals, dyn_pos, treedef, arrays, len(args))
+            compiled.reuse = _reused_arguments(compiled, arrays, donated)
+            self._cache[key] = compiled
+        return self._run(compiled, arrays, donated)
+
+    def _layout(self, treedef, dyn, dyn_pos):
+        """What a call's structure alone decides, worked out once per structure: each leaf's
+        in_sharding (None: none given), that sharding over the cluster's mesh, and whether the
+        leaf is donated."""
+        import jax
+
+        cache_key = (treedef, tuple(dyn_pos))
+        layout = self._layouts.get(cache_key)
+        if layout is not None:
+            return layout
         if self._in_shardings is None:
-            specs = [None] * len(leaves)
+            specs = [None] * treedef.num_leaves
         else:
             prefix = self._in_shardings
             if not _tree._is_spec_leaf(prefix):
@@ -130,28 +180,14 @@ class Jitted:
                     raise errors.InvalidArgumentError(
                         f"in_shardings has {len(prefix)} entries for {len(dyn)} non-static arguments")
             specs = _tree.flat_specs(prefix, dyn)
-        arrays, donated = [], []
-        for pos, arg in zip(dyn_pos, dyn):
-            n = len(jax.tree_util.tree_leaves(arg))
-            donated += [pos in self._donate] * n
         mesh = self._cluster.mesh
-        for leaf, spec in zip(leaves, specs):
-            if isinstance(leaf, _array.Array):
-                leaf._check_live()
-                if spec is not None and _sharding.normalize_spec(spec, mesh) != leaf._entries:
-                    raise errors.InvalidArgumentError(
-                        f"argument array '{leaf.id}' is laid out as {leaf.sharding.spec} but its "
-                        f"in_sharding is {spec}: device_put it with that sharding first")
-                arrays.append(leaf)
-            else:
-                arrays.append(self._cluster._put_value(leaf, spec))
-        key = (static_vals, treedef,
-               tuple((a.shape, str(a.dtype), a._entries, str(a.key_dtype)) for a in arrays), tuple(donated))
-        compiled = self._cache.get(key)
-        if compiled is None:
-            compiled = self._compile(static_vals, dyn_pos, treedef, arrays, len(args))
-            self._cache[key] = compiled
-        return self._run(compiled, arrays, donated)
+        normalized = [None if s is None else _sharding.normalize_spec(s, mesh) for s in specs]
+        donated = []
+        for pos, arg in zip(dyn_pos, dyn):
+            donated += [pos in self._donate] * len(jax.tree_util.tree_leaves(arg))
+        layout = (specs, normalized, tuple(donated))
+        self._layouts[cache_key] = layout
+        return layout
 
     def _compile(self, static_vals, dyn_pos, treedef, arrays, nargs):
         import jax
@@ -211,15 +247,7 @@ class Jitted:
         req = coordinator_pb2.JitRequest(program=compiled.program)
         req.input_ids.extend([a.id for a in arrays] + compiled.const_ids)
         req.donate_argnums.extend(i for i, d in enumerate(donated) if d)
-        free = [a for a, d in zip(arrays, donated) if d]
-        for aval, entries in zip(compiled.out_avals, compiled.out_entries):
-            match = next((a for a in free if a.shape == tuple(aval.shape) and a.dtype == np.dtype(aval.dtype)
-                          and a._entries == tuple(entries)), None)
-            if match is not None:
-                free.remove(match)
-                req.output_ids.append(match.id)
-            else:
-                req.output_ids.append("")
+        req.output_ids.extend("" if i is None else arrays[i].id for i in compiled.reuse)
         try:
             resp = self._cluster._call("Jit", req, timeout=max(self._cluster.timeout, 600.0))
         except errors.MeshrunError as e:
