@@ -43,6 +43,9 @@ std::string DTypeName(DType dtype) {
 }
 
 int64_t NumElements(const Dims& dims) {
+  // A zero dim makes the product 0, whatever the other dims (whose product alone may not fit:
+  // CheckedByteSize accepts any shape with a zero dim).
+  if (std::find(dims.begin(), dims.end(), 0) != dims.end()) return 0;
   int64_t n = 1;
   for (int64_t d : dims) n *= d;
   return n;
