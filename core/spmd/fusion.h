@@ -8,6 +8,9 @@
 namespace meshrun {
 
 // Algebraic simplification, as XLA's CSE, AlgebraicSimplifier and DCE passes (in this order):
+//  - a slice (static or dynamic) of a broadcast that only shortens dims the broadcast's source
+//    has as 1 is that broadcast at the slice's shape (a replicated constant, sliced to a
+//    sharded operand's block, is no longer made at its global shape first);
 //  - an op that repeats an earlier one (same kind, attributes and inputs, outputs of the same
 //    dtypes and shapes, every input written once) is deleted and its readers read the first's
 //    results (a traced step computes a max, an iota or a convert once per use);

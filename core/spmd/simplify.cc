@@ -113,6 +113,48 @@ bool EliminateCommonSubexpressions(v1::ShardMapProgram* p) {
   return false;
 }
 
+// `y = slice(broadcast(x))` (OP_SLICE or OP_DYNAMIC_SLICE) where x has extent 1 on every dim
+// the slice shortens becomes `y = broadcast(x)` at y's shape: along such a dim every element of
+// the broadcast is the same, so where the slice starts does not matter. A replicated constant
+// that the partitioner broadcast to its global shape and then sliced to a sharded operand's
+// block (a mean's 1/n, relu's zeros in its gradient) is made at the block's shape directly, and
+// the global broadcast dies. One sweep in program order: a slice of a slice of a broadcast is
+// rewritten after the inner one.
+void SliceBroadcasts(v1::ShardMapProgram* p) {
+  const Uses uses(*p);
+  const auto decls = Decls(p->program());
+  Ops* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
+  for (int i = 0; i < ops->size(); ++i) {
+    v1::Op* op = ops->Mutable(i);
+    if ((op->kind() != v1::OP_SLICE && op->kind() != v1::OP_DYNAMIC_SLICE) ||
+        op->inputs_size() < 1 || op->outputs_size() != 1 || !uses.Fixed(op->inputs(0))) {
+      continue;
+    }
+    const int w = uses.Writer(op->inputs(0));
+    if (w < 0 || w >= i || ops->Get(w).kind() != v1::OP_BROADCAST ||
+        ops->Get(w).inputs_size() != 1 || !uses.Fixed(ops->Get(w).inputs(0))) {
+      continue;
+    }
+    const std::string x = ops->Get(w).inputs(0);
+    auto xd = decls.find(x), bd = decls.find(op->inputs(0)), yd = decls.find(op->outputs(0));
+    if (xd == decls.end() || bd == decls.end() || yd == decls.end() ||
+        xd->second->dtype() != yd->second->dtype()) {
+      continue;
+    }
+    const std::vector<int64_t> xdims = DimsOf(xd->second), bdims = DimsOf(bd->second),
+                               ydims = DimsOf(yd->second);
+    bool uniform = xdims.size() == bdims.size() && ydims.size() == bdims.size();
+    for (size_t d = 0; uniform && d < ydims.size(); ++d)
+      uniform = ydims[d] == bdims[d] ? (xdims[d] == 1 || xdims[d] == ydims[d]) : xdims[d] == 1;
+    if (!uniform) continue;
+    v1::Op broadcast;
+    broadcast.set_kind(v1::OP_BROADCAST);
+    broadcast.add_inputs(x);
+    broadcast.add_outputs(op->outputs(0));
+    *op = std::move(broadcast);
+  }
+}
+
 bool Commutative(const std::string& fn) {
   return fn == "add" || fn == "mul" || fn == "max" || fn == "min" || fn == "eq" || fn == "ne";
 }
@@ -349,6 +391,7 @@ void EraseUnnamedBuffers(v1::ShardMapProgram* p) {
 
 void SimplifyProgram(v1::ShardMapProgram* program) {
   if (program->program().functions_size() != 1) return;
+  SliceBroadcasts(program);
   while (EliminateCommonSubexpressions(program)) {
   }
   while (FoldConvertIntoMatmul(program)) {

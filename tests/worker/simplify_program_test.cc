@@ -149,7 +149,8 @@ TEST(SimplifyProgramTest, TheSimplifiedProgramComputesTheSameBits) {
   const v1::ShardMapProgram original = Parse();
   v1::ShardMapProgram simplified = original;
   SimplifyProgram(&simplified);
-  const auto before = testing::RunProgramOnce(original), after = testing::RunProgramOnce(simplified);
+  const auto before = testing::RunProgramOnce(original),
+             after = testing::RunProgramOnce(simplified);
   ASSERT_EQ(before.size(), 2u);
   ASSERT_EQ(after.size(), 2u);
   for (const auto& [name, values] : before) {
@@ -182,6 +183,109 @@ TEST(SimplifyProgramTest, LeavesProductsReadElsewhereAndResults) {
   for (const v1::Op& op : returned.program().functions(0).ops())
     reduces += op.kind() == v1::OP_REDUCE;
   EXPECT_EQ(reduces, 2);
+}
+
+// A mean's 1/n broadcast to the global [8, 4] and sliced to a block twice (rows by a dynamic
+// slice, then columns), as the partitioner spells a replicated constant read by a sharded
+// operand, beside a static slice that cuts a dim the broadcast's source has in full.
+constexpr char kSlicedBroadcasts[] = R"pb(
+  program {
+    buffers {
+      name: "s"
+      dtype: DTYPE_F32
+      shape { dims: 1 dims: 1 }
+    }
+    buffers {
+      name: "g"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 2 }
+    }
+    buffers {
+      name: "r"
+      dtype: DTYPE_F32
+      shape { dims: 1 dims: 6 }
+    }
+    buffers {
+      name: "bs"
+      dtype: DTYPE_F32
+      shape { dims: 8 dims: 4 }
+    }
+    buffers {
+      name: "i"
+      dtype: DTYPE_I32
+      shape {}
+    }
+    buffers {
+      name: "d1"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 4 }
+    }
+    buffers {
+      name: "d2"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 2 }
+    }
+    buffers {
+      name: "scaled"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 2 }
+    }
+    buffers {
+      name: "br"
+      dtype: DTYPE_F32
+      shape { dims: 4 dims: 6 }
+    }
+    buffers {
+      name: "cut"
+      dtype: DTYPE_F32
+      shape { dims: 2 dims: 3 }
+    }
+    functions {
+      name: "main"
+      ops { kind: OP_BROADCAST inputs: "s" outputs: "bs" }
+      ops { kind: OP_FILL_VALUE value: 1 outputs: "i" }
+      ops { kind: OP_DYNAMIC_SLICE dim: 0 inputs: "bs" inputs: "i" outputs: "d1" }
+      ops { kind: OP_DYNAMIC_SLICE dim: 1 inputs: "d1" inputs: "i" outputs: "d2" }
+      ops { kind: OP_BINARY fn: "mul" inputs: "d2" inputs: "g" outputs: "scaled" }
+      ops { kind: OP_BROADCAST inputs: "r" outputs: "br" }
+      ops { kind: OP_SLICE starts: 1 starts: 2 inputs: "br" outputs: "cut" }
+    }
+  }
+  inputs: "s"
+  inputs: "g"
+  inputs: "r"
+  outputs: "scaled"
+  outputs: "cut"
+)pb";
+
+TEST(SimplifyProgramTest, SlicesOfABroadcastConstantAreThatConstantAtTheBlockShape) {
+  v1::ShardMapProgram original;
+  ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(kSlicedBroadcasts, &original));
+  v1::ShardMapProgram p = original;
+  SimplifyProgram(&p);
+  std::map<int, int> kinds;
+  for (const v1::Op& op : p.program().functions(0).ops()) {
+    ++kinds[op.kind()];
+    if (op.kind() == v1::OP_BINARY) {
+      EXPECT_EQ(op.inputs(0), "g") << "mul(slice(slice(broadcast(s))), g) became mul(g, s)";
+      EXPECT_EQ(op.inputs(1), "s");
+    }
+  }
+  EXPECT_EQ(kinds[v1::OP_DYNAMIC_SLICE], 0);
+  EXPECT_EQ(kinds[v1::OP_FILL_VALUE], 0) << "the slices' start died with them";
+  EXPECT_EQ(kinds[v1::OP_SLICE], 1) << "a slice that cuts r's own dim 1 stays";
+  EXPECT_EQ(kinds[v1::OP_BROADCAST], 1) << "only r's broadcast is left";
+  for (const v1::BufferDecl& b : p.program().buffers())
+    EXPECT_NE(b.name(), "bs") << "the global broadcast is never made";
+
+  const auto before = testing::RunProgramOnce(original), after = testing::RunProgramOnce(p);
+  ASSERT_EQ(before.size(), 2u);
+  ASSERT_EQ(after.size(), 2u);
+  for (const auto& [name, values] : before) {
+    ASSERT_EQ(after.at(name).size(), values.size()) << name;
+    EXPECT_EQ(std::memcmp(after.at(name).data(), values.data(), values.size() * sizeof(float)), 0)
+        << name;
+  }
 }
 
 }  // namespace
