@@ -1,6 +1,7 @@
 // Every kernel's backward against central finite differences of its forward.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <map>
@@ -232,37 +233,41 @@ TEST(SoftmaxCrossEntropyKernelTest, LossAndGradientMatchTheDefinition) {
             absl::StatusCode::kInvalidArgument);
 }
 
-// oneDNN's f32 <-> bf16 reorder rounds as array_ops' Convert does (to nearest, ties to even),
-// on a length that is not a multiple of the vector width; other dtypes are refused.
-TEST(ConvertKernelTest, F32ToBf16AndBackMatchArrayOpsConvert) {
+// The convert kernel rounds f32 to bf16 as jnp.astype does (to nearest, ties to even), keeps
+// -0.0 and infinities bit for bit (oneDNN 2.6's reorder, which it used before, wrote -0.0 as +0.0
+// below AVX512), widens bf16 exactly, on a length that is not a multiple of the vector width;
+// other dtypes are refused.
+TEST(ConvertKernelTest, F32ToBf16AndBackAreBitExactOnEveryCpu) {
   Tensor x = Random({37}, 41, 100.0f);
-  x.data<float>()[0] = 1.0f + 1.0f / 256;  // a tie: to even (1.0)
-  x.data<float>()[1] = 1.0f + 3.0f / 256;  // a tie: to even (1 + 4/256)
-  x.data<float>()[2] = -0.0f;
+  float* v = x.data<float>();
+  v[0] = 1.0f + 1.0f / 256;  // a tie: to even (1.0)
+  v[1] = 1.0f + 3.0f / 256;  // a tie: to even (1 + 4/256)
+  v[2] = -0.0f;
+  v[3] = -std::numeric_limits<float>::infinity();
+  v[4] = std::numeric_limits<float>::quiet_NaN();
+  v[5] = -1e-40f;                            // a negative f32 denormal: bf16 0x8001
+  v[6] = std::numeric_limits<float>::max();  // rounds up to bf16's infinity
+  const uint16_t want_bits[] = {0x3F80, 0x3F82, 0x8000, 0xFF80, 0x7FC0, 0x8001, 0x7F80};
   Tensor got = Tensor::Uninitialized(v1::DTYPE_BF16, {37}), want = got;
   Tensor ints(v1::DTYPE_I32, {37});
   EXPECT_EQ(CreateConvert(x, ints).status().code(), absl::StatusCode::kInvalidArgument);
   auto k = CreateConvert(x, got);
-  if (!k.ok() && k.status().code() == absl::StatusCode::kInternal) {
-    GTEST_SKIP() << "oneDNN has no bf16 reorder on this CPU (the executor converts with "
-                    "array_ops' Convert): "
-                 << k.status();
-  }
   ASSERT_TRUE(k.ok()) << k.status();
   ASSERT_TRUE((*k)->Run().ok());
-  Convert(x, want);
-  // Equal as numbers (oneDNN's reference reorder, below AVX512, writes -0 as +0).
-  for (int i = 0; i < 37; ++i) {
-    EXPECT_EQ(Bf16ToF32(got.data<uint16_t>()[i]), Bf16ToF32(want.data<uint16_t>()[i]))
-        << "element " << i;
-  }
-  Tensor back(v1::DTYPE_F32, {37}), back_want(v1::DTYPE_F32, {37});
+  for (int i = 0; i < 7; ++i)
+    EXPECT_EQ(got.data<uint16_t>()[i], want_bits[i]) << "element " << i << " = " << v[i];
+  for (int i = 0; i < 37; ++i)
+    EXPECT_EQ(got.data<uint16_t>()[i], F32ToBf16(v[i])) << "element " << i;
+  Tensor back(v1::DTYPE_F32, {37});
   auto k2 = CreateConvert(got, back);
   ASSERT_TRUE(k2.ok()) << k2.status();
   ASSERT_TRUE((*k2)->Run().ok());
-  Convert(got, back_want);
-  for (int i = 0; i < 37; ++i)
-    EXPECT_EQ(back.data<float>()[i], back_want.data<float>()[i]) << "element " << i;
+  for (int i = 0; i < 37; ++i) {
+    const uint32_t widened = uint32_t{got.data<uint16_t>()[i]} << 16;
+    uint32_t bits;
+    std::memcpy(&bits, &back.data<float>()[i], 4);
+    EXPECT_EQ(bits, widened) << "element " << i;
+  }
 }
 
 TEST(SiluKernelTest, BackwardMatchesFiniteDifferences) {

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/array_ops.h"
 #include "core/random/threefry.h"
 #include "worker/kernels/primitive_kernel.h"
 
@@ -285,27 +286,34 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, cons
   return kernel;
 }
 
+namespace {
+
+// y = x between f32 and bf16 by array_ops.h's Convert, in bulk.
+class ConvertKernel : public Kernel {
+ public:
+  ConvertKernel(const Tensor& x, Tensor& y) : x_(x), y_(y) {}
+  absl::Status Run() override {
+    Convert(x_, y_);
+    return absl::OkStatus();
+  }
+
+ private:
+  const Tensor& x_;
+  Tensor& y_;
+};
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Kernel>> CreateConvert(const Tensor& x, Tensor& y) {
-  const std::optional<dnnl::memory::data_type> from = kernels::FloatType(x.dtype()),
-                                               to = kernels::FloatType(y.dtype());
-  if (!from || !to || x.dims() != y.dims()) {
+  const bool floats = (x.dtype() == v1::DTYPE_F32 || x.dtype() == v1::DTYPE_BF16) &&
+                      (y.dtype() == v1::DTYPE_F32 || y.dtype() == v1::DTYPE_BF16);
+  if (!floats || x.dims() != y.dims()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "convert: ", DTypeName(x.dtype()), DimsToString(x.dims()), " to ", DTypeName(y.dtype()),
         DimsToString(y.dims()), "; expected f32 <-> bf16 of one shape"));
   }
   if (x.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
-  std::unique_ptr<Kernel> kernel;
-  absl::Status s = Guard("convert", [&] {
-    // Row-major arrays of one shape: the same elements in the same order, so one flat dim.
-    const dnnl::memory::desc src({x.num_elements()}, *from, dnnl::memory::dims{1});
-    const dnnl::memory::desc dst({x.num_elements()}, *to, dnnl::memory::dims{1});
-    dnnl::reorder::primitive_desc pd(CpuEngine(), src, CpuEngine(), dst);
-    kernel = std::make_unique<PrimitiveKernel>(
-        "convert", dnnl::reorder(pd),
-        kernels::Args{{DNNL_ARG_FROM, Bind(src, x)}, {DNNL_ARG_TO, Bind(dst, y)}});
-  });
-  if (!s.ok()) return s;
-  return kernel;
+  return std::unique_ptr<Kernel>(std::make_unique<ConvertKernel>(x, y));
 }
 
 }  // namespace meshrun

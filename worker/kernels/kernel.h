@@ -129,8 +129,9 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateSort(const std::vector<const Tenso
 absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, const Tensor& x,
                                                      Tensor& out);
 
-// y = x.astype(y's dtype) between f32 and bf16 (round to nearest even), as oneDNN's reorder
-// primitive (vcvtneps2bf16 where the CPU has AVX512-BF16). Errors: InvalidArgument for other
+// y = x.astype(y's dtype) between f32 and bf16, as XLA converts: round to nearest even, -0.0
+// and infinities kept, a NaN to the quiet NaN 0x7FC0 (array_ops.h's Convert, vectorised;
+// oneDNN 2.6's reorder turned -0.0 into +0.0 below AVX512). Errors: InvalidArgument for other
 // dtypes (array_ops.h's Convert covers every pair) or shapes that differ.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateConvert(const Tensor& x, Tensor& y);
 
