@@ -45,15 +45,17 @@ void ExpectSameBits(const Tensor& got, const Tensor& want, const std::string& wh
                        << (first >= 0 ? want.data<float>()[first] : 0);
 }
 
-// matmul(activation) == unary(activation, matmul) bit for bit, for every activation, with and
+// matmul(activation) == unary(activation, matmul) bit for bit, for every activation the
+// simplifier fuses, with and
 // without a bias and transposes, on f32 and on bf16 operands (the f32 accumulator either way).
 TEST(MatmulActivationTest, ThePostOpEqualsTheMatmulThenTheUnary) {
   struct Case {
     int64_t m, k, n;
     bool ta, tb, bias;
   };
-  const std::vector<std::string> fns = {"relu", "silu",  "tanh", "logistic", "exp",
-                                        "sqrt", "rsqrt", "abs",  "square",   "neg"};
+  // Not tanh: its unary is XLA's approximation, which SimplifyProgram never makes a post-op.
+  const std::vector<std::string> fns = {"relu",  "silu", "logistic", "exp", "sqrt",
+                                        "rsqrt", "abs",  "square",   "neg"};
   for (const Case& c :
        {Case{3, 4, 5, false, false, true}, Case{17, 33, 19, true, false, false},
         Case{32, 64, 48, false, true, true}, Case{8, 1024, 256, false, false, false}}) {
