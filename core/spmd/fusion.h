@@ -23,10 +23,10 @@ namespace meshrun {
 //    f32), so that its bias and gradient accumulation fuse as in f32;
 //  - relu's gradient reads relu's output rather than its input where both exist (oneDNN's
 //    use_dst_for_bwd: the same bits but at a NaN pre-activation, which oneDNN's relu maps to 0
-//    and whose gradient is then 0 rather than dy), and then an activation (relu, silu, exp,
-//    ...; not tanh, whose unary is XLA's approximation) that alone reads an f32 matmul's result
-//    is that matmul's post-op, as XLA fuses a dot's output fusion: the pre-activation is never
-//    written when nothing else needs it;
+//    and whose gradient is then 0 rather than dy), and then an activation (relu, silu, sqrt,
+//    ...; not tanh, exp or logistic, whose unaries are XLA's) that alone reads an f32 matmul's
+//    result is that matmul's post-op, as XLA fuses a dot's output fusion: the pre-activation is
+//    never written when nothing else needs it;
 //  - pure ops none of whose results is read or returned are deleted, and so are declarations of
 //    buffers nothing names any more.
 // Collectives, OP_ADAM_UPDATE, OP_RANDOM_INIT and accumulating matmuls are never moved or

@@ -315,11 +315,12 @@ bool ReluGradFromOutput(v1::ShardMapProgram* p) {
 // fn as its post-op, writing y (one pass over the result fewer; oneDNN applies fn to the
 // accumulator, which the f32 result holds unrounded, so the bits are the same). fn: OP_MATMUL's
 // activations (program.proto; the worker's kernels::EltwiseAlgs but pow and log, which refuses
-// others), but tanh.
+// others), but tanh, exp and logistic.
 bool FuseMatmulActivation(v1::ShardMapProgram* p) {
-  // Not tanh: the unary is XLA's approximation (CreateUnary), oneDNN's post-op is not.
-  static const std::set<std::string> kActivations = {"exp",    "sqrt", "rsqrt",    "neg", "abs",
-                                                     "square", "relu", "logistic", "silu"};
+  // Not tanh, exp or logistic: their unaries are XLA's approximations (CreateUnary), oneDNN's
+  // post-ops are not.
+  static const std::set<std::string> kActivations = {"sqrt",   "rsqrt", "neg", "abs",
+                                                     "square", "relu",  "silu"};
   const Uses uses(*p);
   const auto decls = Decls(p->program());
   const std::set<std::string> args(p->inputs().begin(), p->inputs().end());

@@ -45,6 +45,17 @@ CASES = {
 }
 
 
+# compare()'s floor per case, where a parameter's Adam update is ill-conditioned. lstm_gru: at
+# step 1 one of GRUCell iz kernel's 128 gradients is 4.9e-8, what is left when terms near 1e-3
+# cancel, and within Adam's eps (1e-8) of zero; there the update moves by lr * eps / (|g| + eps)^2,
+# about 3e4 times any change in g, so the terms' summation order (oneDNN's GEMMs against Eigen's,
+# or JAX's own sharded run) moves that one parameter by 1e-7 to 2e-6 after 5 steps (JAX sharded:
+# 3.0e-7; meshrun on an AVX2 EPYC: 6.3e-7 with oneDNN's tanh and exp, 1.8e-6 with XLA's, while
+# every other parameter stays as close as JAX's sharded run). A wrong gradient moves parameters
+# by about lr = 1e-2, far above this floor.
+FLOORS = {"lstm_gru": 5e-6}
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_models_beyond_the_seeds_train_as_under_jax(cluster, name):
     model, shape, make_tx = CASES[name]
@@ -69,4 +80,4 @@ def test_models_beyond_the_seeds_train_as_under_jax(cluster, name):
 
     state = (params, stats, tx.init(params))
     spec = jax.tree_util.tree_map(lambda _: P(), state)
-    compare(cluster, step, state, spec, data, emulated_mesh())
+    compare(cluster, step, state, spec, data, emulated_mesh(), floor=FLOORS.get(name, 1e-6))

@@ -60,9 +60,10 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateMatmul(const Tensor& a, const Tens
 absl::StatusOr<std::unique_ptr<Kernel>> CreateLeadingSum(const Tensor& x, int64_t rows, Tensor& out,
                                                          float alpha = 1.0f);
 
-// y = fn(x) element-wise, f32, same shape (oneDNN eltwise). fn: exp sqrt rsqrt neg abs square
-// relu logistic silu, or pow (x ** exponent); tanh as XLA's CPU backend computes it (its rational
-// approximation in FMAs: bitwise jax.jit's); and, as a loop over libm's functions, log
+// y = fn(x) element-wise, f32, same shape (oneDNN eltwise). fn: sqrt rsqrt neg abs square relu
+// silu, or pow (x ** exponent); tanh, exp and logistic (1 / (1 + exp(-x))) as XLA's CPU backend
+// computes them (its approximations in FMAs, denormal results flushed: bitwise jax.jit's); and,
+// as a loop over libm's functions, log
 // (within an ulp; oneDNN 2.6's is ~1.4e-6 absolute) erf sin erfc cos tan atan asin acos sinh cosh
 // atanh asinh acosh log1p expm1 exp2 floor ceil round_even round_away, lgamma (log|Gamma(x)|,
 // +inf at the poles), digamma (in double; NaN at 0, -1, -2, ... and -inf, as XLA's), and erf_inv
