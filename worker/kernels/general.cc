@@ -386,9 +386,7 @@ class ConvertKernel : public Kernel {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateConvert(const Tensor& x, Tensor& y) {
-  const bool floats = (x.dtype() == v1::DTYPE_F32 || x.dtype() == v1::DTYPE_BF16) &&
-                      (y.dtype() == v1::DTYPE_F32 || y.dtype() == v1::DTYPE_BF16);
-  if (!floats || x.dims() != y.dims()) {
+  if (!kernels::FloatType(x.dtype()) || !kernels::FloatType(y.dtype()) || x.dims() != y.dims()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "convert: ", DTypeName(x.dtype()), DimsToString(x.dims()), " to ", DTypeName(y.dtype()),
         DimsToString(y.dims()), "; expected f32 <-> bf16 of one shape"));
