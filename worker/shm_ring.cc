@@ -59,6 +59,7 @@ struct ShmRing::Header {
   alignas(64) std::atomic<uint32_t> data_seq;   // bumped after head moves; the consumer waits on it
   alignas(64) std::atomic<uint32_t> space_seq;  // bumped after tail moves; the producer waits on it
   alignas(64) std::atomic<uint64_t> producer_needs;  // bytes the producer waits for; 0: none
+  alignas(64) std::atomic<uint32_t> wake_on_data;    // 1: Write wakes the consumer's futex
 };
 // The counters are shared between processes: they must be lock-free (hence address-free).
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
@@ -198,7 +199,13 @@ absl::Status ShmRing::Write(uint64_t epoch, uint64_t tag, absl::string_view data
     head += need;
     header_->head.store(head, std::memory_order_release);
     header_->data_seq.fetch_add(1, std::memory_order_release);
-    FutexWake(&header_->data_seq);
+    // Pairs with SetWakeOnData's fence: either this sees the flag, or the consumer's look after
+    // setting it sees this frame.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (header_->wake_on_data.load(std::memory_order_relaxed) != 0) {
+      FutexWake(&header_->data_seq);
+      data_wakes_.fetch_add(1, std::memory_order_relaxed);
+    }
     offset += len;
   } while (offset < data.size());
   return absl::OkStatus();
@@ -212,6 +219,11 @@ void ShmRing::WakeProducer() {
 void ShmRing::WakeConsumer() {
   header_->data_seq.fetch_add(1, std::memory_order_release);
   FutexWake(&header_->data_seq);
+}
+
+void ShmRing::SetWakeOnData(bool on) {
+  header_->wake_on_data.store(on ? 1 : 0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
 }
 
 bool ShmRing::ProducerNeedsRoom(uint64_t tail) const {

@@ -8,8 +8,11 @@
 // bytes, first/last flags}
 // and the fragment, padded to 8 bytes. A frame is written only when it fits whole, so an
 // abandoned Write leaves whole frames behind; a fragment is at most half the ring, so one
-// always fits once the consumer catches up. The producer publishes `head` and wakes the
-// consumer's futex; the consumer publishes `tail` after each frame and wakes the producer's.
+// always fits once the consumer catches up. The producer publishes `head` and bumps the
+// consumer's futex word, and wakes it only while the consumer asks for wakes (SetWakeOnData: a
+// receive that sleeps; one that polls, or none at all, needs no wake-up, which on a busy core
+// costs more than the message); the consumer publishes `tail` after each frame and wakes the
+// producer's.
 // The consumer may leave whole messages in the ring until someone wants them (Consumer::Defer);
 // a producer that finds no room posts the bytes it needs in the header and wakes the consumer,
 // which copies out the oldest messages until they fit, so a sender never waits on a receiver
@@ -93,6 +96,13 @@ class ShmRing {
   absl::Status Drain(absl::Duration timeout, Consumer& consumer);
   // Wakes a Drain blocked waiting for frames (to stop its thread).
   void WakeConsumer();
+  // Whether Write wakes a consumer waiting in WaitForData (off at creation). Turning it on is
+  // ordered before the consumer's next look at the ring: a message the producer did not wake it
+  // for is seen by that look. WakeConsumer and a producer waiting for room wake it either way.
+  void SetWakeOnData(bool on);
+  // How many of this process's Writes woke the consumer's futex (SetWakeOnData), since the ring
+  // was mapped here.
+  uint64_t data_wakes() const { return data_wakes_.load(std::memory_order_relaxed); }
 
  private:
   struct Header;
@@ -116,6 +126,7 @@ class ShmRing {
   uint64_t partial_tag_ = 0;
   uint64_t partial_epoch_ = 0;
   bool in_message_ = false;
+  std::atomic<uint64_t> data_wakes_{0};
 };
 
 }  // namespace meshrun

@@ -70,8 +70,10 @@ class ShmTransport::Sender {
 // wait (DrainNow), so a message already in the ring goes into its receive with no thread switch.
 class ShmTransport::Receiver : private ShmRing::Consumer {
  public:
-  Receiver(std::unique_ptr<ShmRing> ring, int src, Mailbox* mailbox)
-      : ring_(std::move(ring)), src_(src), mailbox_(mailbox), thread_([this] { Loop(); }) {}
+  Receiver(std::unique_ptr<ShmRing> ring, int src, Mailbox* mailbox, absl::Duration poll)
+      : ring_(std::move(ring)), src_(src), mailbox_(mailbox), poll_(poll), thread_([this] {
+          Loop();
+        }) {}
   ~Receiver() override {
     stop_.store(true);
     ring_->WakeConsumer();
@@ -89,6 +91,9 @@ class ShmTransport::Receiver : private ShmRing::Consumer {
     consume_mu_.Unlock();
     if (!s.ok()) ring_->WakeConsumer();  // the drain thread meets the corrupt frame and reports it
   }
+  // Whether the sender wakes the drain thread for each message (ShmRing::SetWakeOnData).
+  void SetWakeOnData(bool on) { ring_->SetWakeOnData(on); }
+  void WakeDrain() { ring_->WakeConsumer(); }
 
  private:
   const RecvSink* BeginInPlace(uint64_t epoch, uint64_t tag, size_t size) override {
@@ -119,13 +124,14 @@ class ShmTransport::Receiver : private ShmRing::Consumer {
                                                    " is corrupt: ", s.message())));
         return;
       }
-      if (idle) ring_->WaitForData(seq, absl::Milliseconds(200));
+      if (idle) ring_->WaitForData(seq, poll_);
     }
   }
 
   std::unique_ptr<ShmRing> ring_;
   const int src_;
   Mailbox* const mailbox_;
+  const absl::Duration poll_;
   absl::Mutex consume_mu_;  // one consumer of the ring at a time
   std::atomic<bool> stop_{false};
   std::thread thread_;  // last: starts once the rest is set
@@ -178,7 +184,8 @@ absl::StatusOr<std::unique_ptr<ShmTransport>> ShmTransport::Create(
   mailbox->SetControlHandler(kAnnounceTag, [raw = t.get()](int src, const std::string& payload) {
     raw->OnAnnounce(src, payload);
   });
-  mailbox->SetWaitListener([raw = t.get()](int src) { raw->OnWait(src); });
+  mailbox->SetWaitListener(
+      [raw = t.get()](int src, Mailbox::WaitEvent event) { raw->OnWait(src, event); });
   return t;
 }
 
@@ -193,7 +200,8 @@ ShmTransport::ShmTransport(int rank, std::string cluster_id, std::vector<ShmPeer
       options_(options),
       state_(peers_.size(), LinkState::kUnset),
       senders_(peers_.size()),
-      receivers_(peers_.size()) {
+      receivers_(peers_.size()),
+      sleeping_(peers_.size(), 0) {
   const std::string& mine = peers_[rank].host_id;
   for (size_t r = 0; r < peers_.size(); ++r) {
     co_located_[r] = static_cast<int>(r) != rank && !mine.empty() && peers_[r].host_id == mine;
@@ -218,6 +226,15 @@ ShmTransport::~ShmTransport() {
 bool ShmTransport::SendsThroughShm(int peer) const {
   absl::MutexLock lock(&mu_);
   return peer >= 0 && peer < static_cast<int>(state_.size()) && state_[peer] == LinkState::kShm;
+}
+
+int64_t ShmTransport::shm_drain_wakes() const {
+  absl::MutexLock lock(&mu_);
+  int64_t wakes = 0;
+  for (const auto& sender : senders_) {
+    if (sender) wakes += static_cast<int64_t>(sender->ring().data_wakes());
+  }
+  return wakes;
 }
 
 absl::Status ShmTransport::AbortStatus() {
@@ -262,8 +279,14 @@ void ShmTransport::OnAnnounce(int src, const std::string& ring_name) {
                                        "'s shared-memory ring: ", ring.status().message())));
     return;
   }
-  auto receiver = std::make_unique<Receiver>(*std::move(ring), src, mailbox_);
+  auto receiver = std::make_unique<Receiver>(*std::move(ring), src, mailbox_, options_.drain_poll);
   absl::MutexLock lock(&mu_);
+  // A receive from src may sleep already: its wake-up is armed, and the drain thread, which may
+  // have gone to sleep before, looks at the ring again.
+  if (sleeping_[src] > 0) {
+    receiver->SetWakeOnData(true);
+    receiver->WakeDrain();
+  }
   // A peer that announces again replaces its ring; the old one's thread may be delivering (and so
   // waiting for the lock the mailbox holds while this runs): it stops in the destructor.
   if (receivers_[src] != nullptr) retired_.push_back(std::move(receivers_[src]));
@@ -322,15 +345,24 @@ void ShmTransport::Abort(const absl::Status& reason) {
   remote_->Abort(reason);
 }
 
-void ShmTransport::OnWait(int src) {
+void ShmTransport::OnWait(int src, Mailbox::WaitEvent event) {
+  if (src < 0 || src >= static_cast<int>(peers_.size())) return;
   Receiver* receiver = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    if (src >= 0 && src < static_cast<int>(receivers_.size())) receiver = receivers_[src].get();
+    receiver = receivers_[src].get();
+    if (event != Mailbox::WaitEvent::kPoll) {
+      const int before = sleeping_[src];
+      sleeping_[src] += event == Mailbox::WaitEvent::kSleep ? 1 : -1;
+      // Armed before the look below (kSleep), so a message its sender did not wake the drain
+      // thread for is handed over by that look.
+      if (receiver != nullptr && (before == 0) != (sleeping_[src] == 0))
+        receiver->SetWakeOnData(sleeping_[src] > 0);
+    }
   }
   // Outside mu_ (the drain calls into the Mailbox). A receiver replaced meanwhile stays alive in
   // retired_, and the destructor removes this listener before it destroys any.
-  if (receiver != nullptr) receiver->DrainNow();
+  if (receiver != nullptr && event != Mailbox::WaitEvent::kAwake) receiver->DrainNow();
 }
 
 void ShmTransport::Reset(uint64_t epoch) {

@@ -67,6 +67,9 @@ class ShmTransport : public Transport {
     size_t ring_bytes = size_t{2} << 20;
     // How often a sender waiting for ring space checks that its receiver is alive.
     absl::Duration liveness_interval = absl::Milliseconds(100);
+    // How long a drain thread sleeps before it looks at its ring unwoken (a backstop: a message
+    // wakes it while a receive for it sleeps).
+    absl::Duration drain_poll = absl::Milliseconds(200);
     // Where this worker's large arrays live (shared with peers: single-copy collectives reach
     // co-located peers' buffers through it, peer_memory()); null: no peer memory. Must outlive
     // the transport.
@@ -112,6 +115,9 @@ class ShmTransport : public Transport {
   // Messages this transport sent through shared memory, and through the remote transport.
   int64_t shm_messages_sent() const { return shm_sent_.load(); }
   int64_t remote_messages_sent() const { return remote_sent_.load(); }
+  // How many of the messages sent through shared memory woke the receiver's drain thread (one
+  // is woken only while a receive for the message sleeps; a polling one takes it itself).
+  int64_t shm_drain_wakes() const;
 
   // The tag of the control message that announces a ring (never a collective's tag: those are
   // (sequence << 32) + step/chunk offsets).
@@ -127,8 +133,9 @@ class ShmTransport : public Transport {
   // The peer's sender, set up at the first call; null when the peer goes through `remote`.
   absl::StatusOr<Sender*> SenderFor(int peer, absl::Time deadline);
   void OnAnnounce(int src, const std::string& ring_name);
-  // The Mailbox's wait listener: hands over what src's ring holds (Receiver::DrainNow).
-  void OnWait(int src);
+  // The Mailbox's wait listener: hands over what src's ring holds (Receiver::DrainNow), and
+  // has the ring's sender wake the drain thread only while a receive from src sleeps.
+  void OnWait(int src, Mailbox::WaitEvent event);
   absl::Status AbortStatus();
 
   const std::string cluster_id_;
@@ -144,6 +151,7 @@ class ShmTransport : public Transport {
   std::vector<std::unique_ptr<Sender>> senders_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Receiver>> receivers_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Receiver>> retired_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> sleeping_ ABSL_GUARDED_BY(mu_);  // receives from each src that sleep
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> shm_sent_{0};
   std::atomic<int64_t> remote_sent_{0};

@@ -68,12 +68,21 @@ bool Mailbox::Waiting(int src) {
 
 void Mailbox::StartWaiting(int src) {
   ++waiting_[src];
+  Notify(src, WaitEvent::kPoll);
+}
+
+bool Mailbox::Notify(int src, WaitEvent event) {
   mu_.Unlock();  // the listener may call back into this Mailbox
+  bool called = false;
   {
     absl::MutexLock lock(&listener_mu_);
-    if (listener_) listener_(src);
+    if (listener_) {
+      listener_(src, event);
+      called = true;
+    }
   }
   mu_.Lock();
+  return called;
 }
 
 void Mailbox::MarkPeerFailed(int src, absl::Status status) {
@@ -126,6 +135,14 @@ absl::StatusOr<Mailbox::Message> Mailbox::PopFront(int src) {
 
 absl::Status Mailbox::AwaitMessage(int src, uint64_t expected_tag, absl::Time deadline,
                                    const PostedRecv* posted) {
+  bool slept = false;
+  absl::Status s = AwaitMessageOrSleep(src, expected_tag, deadline, posted, &slept);
+  if (slept) Notify(src, WaitEvent::kAwake);
+  return s;
+}
+
+absl::Status Mailbox::AwaitMessageOrSleep(int src, uint64_t expected_tag, absl::Time deadline,
+                                          const PostedRecv* posted, bool* slept) {
   auto done = [posted]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     return posted != nullptr && posted->state == PostedRecv::State::kDone;
   };
@@ -151,6 +168,12 @@ absl::Status Mailbox::AwaitMessage(int src, uint64_t expected_tag, absl::Time de
       spun = true;
       if (Spin(src, std::min(wake, absl::Now() + spin_), changed)) continue;
     }
+    if (!*slept) {
+      // The transport arms its wake-up, then hands over what came before it was armed.
+      *slept = true;
+      Notify(src, WaitEvent::kSleep);
+      if (changed()) continue;
+    }
     mu_.AwaitWithDeadline(absl::Condition(&changed), wake);
   }
 }
@@ -158,20 +181,12 @@ absl::Status Mailbox::AwaitMessage(int src, uint64_t expected_tag, absl::Time de
 template <typename Changed>
 bool Mailbox::Spin(int src, absl::Time until, Changed& changed) {
   do {
-    mu_.Unlock();  // the listener may call back into this Mailbox
-    bool polled = false;
-    {
-      // The listener hands over what the transport holds (a shared-memory ring) on this thread.
-      absl::MutexLock lock(&listener_mu_);
-      if (listener_) {
-        listener_(src);
-        polled = true;
-      }
-    }
-    if (polled) sched_yield();  // a core shared with the sender lets it run
-    mu_.Lock();
-    if (!polled) return false;  // messages come from other threads: nothing to poll
+    // The listener hands over what the transport holds (a shared-memory ring) on this thread.
+    if (!Notify(src, WaitEvent::kPoll)) return false;  // messages come from other threads only
     if (changed()) return true;
+    mu_.Unlock();
+    sched_yield();  // a core shared with the sender lets it run
+    mu_.Lock();
   } while (absl::Now() < until);
   return false;
 }

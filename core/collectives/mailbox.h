@@ -94,11 +94,23 @@ class Mailbox {
   // Whether a Take or TakeInto from `src` waits, having found nothing queued (a transport that
   // leaves messages in its own memory until they are wanted hands them over then).
   bool Waiting(int src);
-  // Called with src each time a Take or TakeInto from src starts to wait (after a TakeInto is
-  // posted), on the receiving thread, with no lock of this Mailbox held: the listener may hand
-  // messages over (Deliver, BeginInPlace) but not call SetWaitListener. One listener; a null one
-  // removes it, waiting for a call in progress.
-  using WaitListener = std::function<void(int src)>;
+  // What a waiting Take or TakeInto tells the wait listener, on its own thread.
+  enum class WaitEvent {
+    // It starts to wait (after a TakeInto is posted), or, spinning, polls again: hand over what
+    // the transport holds for it.
+    kPoll,
+    // It is about to sleep until something is delivered: from now on a message from src must
+    // wake a thread that hands it over (a transport whose messages wait in its own memory need
+    // wake no one before this), and what the transport holds already is handed over now.
+    kSleep,
+    // A wait that announced kSleep is over (message found, error or deadline).
+    kAwake,
+  };
+  // Called with src and the event, on the receiving thread, with no lock of this Mailbox held:
+  // the listener may hand messages over (Deliver, BeginInPlace) but not call SetWaitListener.
+  // Every kSleep is followed by one kAwake. One listener; a null one removes it, waiting for a
+  // call in progress.
+  using WaitListener = std::function<void(int src, WaitEvent event)>;
   void SetWaitListener(WaitListener listener);
 
  private:
@@ -145,6 +157,13 @@ class Mailbox {
   // A Take from src found nothing queued and waits: counts it in waiting_ and calls the
   // listener (with mu_ released meanwhile).
   void StartWaiting(int src) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(listener_mu_);
+  // Calls the listener, if there is one, with mu_ released meanwhile; returns whether it did.
+  bool Notify(int src, WaitEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_)
+      ABSL_LOCKS_EXCLUDED(listener_mu_);
+  // AwaitMessage's loop; sets *slept once it has told the listener kSleep.
+  absl::Status AwaitMessageOrSleep(int src, uint64_t expected_tag, absl::Time deadline,
+                                   const PostedRecv* posted, bool* slept)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace meshrun

@@ -89,7 +89,10 @@ std::string Gathered(const std::vector<std::pair<size_t, std::string>>& pieces, 
 TEST(MailboxTest, APostedReceiveIsFilledInPlaceOnlyByTheMessageItWaitsFor) {
   Mailbox box(2, kGrace);
   std::vector<int> woken;
-  box.SetWaitListener([&](int src) { woken.push_back(src); });  // called on the receiving thread
+  // Called on the receiving thread.
+  box.SetWaitListener([&](int src, Mailbox::WaitEvent event) {
+    if (event == Mailbox::WaitEvent::kPoll) woken.push_back(src);
+  });
   std::vector<std::pair<size_t, std::string>> pieces;
   absl::Status result;
   std::thread receiver([&] {
@@ -128,7 +131,8 @@ struct SpinOutcome {
 SpinOutcome ReceiveWithSpin(absl::Duration spin, int arrives_at) {
   Mailbox box(2, kGrace, spin);
   SpinOutcome out;
-  box.SetWaitListener([&](int src) {
+  box.SetWaitListener([&](int src, Mailbox::WaitEvent event) {
+    if (event == Mailbox::WaitEvent::kAwake) return;
     if (++out.polls != arrives_at) return;
     const RecvSink* sink = box.BeginInPlace(src, /*epoch=*/0, 7, 4);
     ASSERT_NE(sink, nullptr);
@@ -148,10 +152,11 @@ TEST(MailboxTest, ASpinningReceivePollsTheTransportOnItsOwnThreadBeforeItSleeps)
   EXPECT_EQ(spun.got, "spun");
   EXPECT_EQ(spun.polls, 3);
 
-  // Without spinning the listener is asked once, when the wait starts, and the receive sleeps.
+  // Without spinning the listener is asked twice, when the wait starts and as it goes to sleep,
+  // and the receive sleeps.
   SpinOutcome slept = ReceiveWithSpin(absl::ZeroDuration(), /*arrives_at=*/3);
   EXPECT_EQ(slept.status.code(), absl::StatusCode::kDeadlineExceeded) << slept.status;
-  EXPECT_EQ(slept.polls, 1);
+  EXPECT_EQ(slept.polls, 2);
   EXPECT_EQ(slept.got, "");
 }
 
@@ -221,7 +226,7 @@ TEST(MailboxTest, AMessageQueuedInPiecesIsTakenWithoutFlatteningAndWholeWords) {
 TEST(MailboxTest, AQueuedMessageGoesFirstAndAWrongOneIsReportedAsBefore) {
   Mailbox box(2, kGrace);
   int woken = 0;
-  box.SetWaitListener([&](int) { ++woken; });
+  box.SetWaitListener([&](int, Mailbox::WaitEvent) { ++woken; });
   box.Deliver(1, /*epoch=*/0, 7, "queued!!");
   EXPECT_EQ(box.BeginInPlace(1, /*epoch=*/0, 7, 8), nullptr) << "nothing posted";
   std::string got;

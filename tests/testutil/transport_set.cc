@@ -68,7 +68,8 @@ TransportSet::TransportSet(TransportKind kind, int n, const TransportSetOptions&
     addresses.push_back(absl::StrCat("127.0.0.1:", port));
   }
   for (int r = 0; r < n; ++r) {
-    impl_->mailboxes.push_back(std::make_unique<Mailbox>(n));
+    impl_->mailboxes.push_back(
+        std::make_unique<Mailbox>(n, absl::Seconds(2), options.receive_spin));
     impl_->rings[r]->Attach(impl_->mailboxes[r].get(), n, "test-cluster");
     impl_->transports.push_back(
         std::make_unique<GrpcTransport>(r, addresses, "test-cluster", impl_->mailboxes[r].get()));
@@ -83,6 +84,7 @@ TransportSet::TransportSet(TransportKind kind, int n, const TransportSetOptions&
   ShmTransport::Options so;
   so.ring_bytes = options.shm_ring_bytes;
   so.arena = options.arena;
+  so.drain_poll = options.shm_drain_poll;
   for (int r = 0; r < n; ++r) {
     if (std::count(options.bare_ranks.begin(), options.bare_ranks.end(), r) > 0) continue;
     absl::StatusOr<std::unique_ptr<ShmTransport>> t = ShmTransport::Create(

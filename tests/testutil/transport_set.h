@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "core/collectives/transport.h"
 #include "worker/shm_arena.h"
 
@@ -31,6 +32,12 @@ struct TransportSetOptions {
   // process (net/credentials.h), as workers do by default; false: plaintext. Either way the
   // choice becomes this process's credentials.
   bool tls = false;
+  // How long a receive polls before it sleeps (Mailbox's `spin`).
+  absl::Duration receive_spin = absl::ZeroDuration();
+  // kShm: how long a drain thread sleeps unwoken (ShmTransport::Options::drain_poll). Long, so
+  // that a message whose wake-up went missing fails its receive's deadline instead of arriving
+  // at the next poll.
+  absl::Duration shm_drain_poll = absl::Hours(1);
 };
 
 class TransportSet {

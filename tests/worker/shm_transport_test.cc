@@ -265,6 +265,35 @@ TEST(ShmRingTest, AFullRingTimesOutOrStopsWhenToldAndAnAbandonedMessageIsSkipped
   EXPECT_TRUE(got[0].data == Pattern(5000, 3));
 }
 
+TEST(ShmRingTest, WriteWakesTheConsumerOnlyWhileItAsksToBeWoken) {
+  const std::string name = UniqueName("wake");
+  absl::StatusOr<std::unique_ptr<ShmRing>> producer = ShmRing::Create(name, 8192);
+  ASSERT_TRUE(producer.ok()) << producer.status();
+  absl::StatusOr<std::unique_ptr<ShmRing>> consumer = ShmRing::OpenAndUnlink(name);
+  ASSERT_TRUE(consumer.ok()) << consumer.status();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto write = [&](uint64_t tag) {
+    ASSERT_TRUE((*producer)
+                    ->Write(0, tag, "abc", deadline, absl::Milliseconds(10),
+                            [] { return absl::OkStatus(); })
+                    .ok());
+  };
+  write(1);
+  EXPECT_EQ((*producer)->data_wakes(), 0u) << "no one asked to be woken";
+  (*consumer)->SetWakeOnData(true);
+  write(2);
+  write(3);
+  EXPECT_EQ((*producer)->data_wakes(), 2u);
+  (*consumer)->SetWakeOnData(false);
+  write(4);
+  EXPECT_EQ((*producer)->data_wakes(), 2u);
+  // Every message is there either way, in order.
+  Collector collector;
+  ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(1), collector).ok());
+  ASSERT_EQ(collector.got.size(), 4u);
+  for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(collector.got[i].tag, i + 1);
+}
+
 TEST(ShmRingTest, NamesAndSegmentsAreChecked) {
   const std::string name = UniqueName("names");
   auto first = ShmRing::Create(name, 8192);
@@ -320,6 +349,59 @@ TEST(ShmTransportTest, AllReduceGoesThroughSharedMemoryOnly) {
     EXPECT_GT(t->shm_messages_sent(), 0) << r;
     EXPECT_EQ(t->remote_messages_sent(), 0) << r;
   }
+}
+
+// Many small all-reduces (each message a few hundred bytes, as a barrier's or a loss's), with
+// receives that sleep at once and with receives that poll first. A message whose wake-up went
+// missing would wait for the drain thread's poll, which TransportSet makes an hour: the
+// collectives' deadline fails first.
+void SmallAllReduces(TransportSet& ts, int iterations) {
+  const int n = ts.size();
+  std::vector<absl::Status> status(n);
+  ts.RunRanks([&](int r) {
+    CollectiveOptions opts;
+    opts.timeout = absl::Seconds(10);
+    Communicator comm(ts.at(r), Iota(n), opts);
+    std::vector<float> data(100);
+    for (int it = 0; it < iterations && status[r].ok(); ++it) {
+      for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<float>(r * it + i);
+      status[r] = comm.AllReduce(data.data(), static_cast<int64_t>(data.size()), v1::DTYPE_F32,
+                                 ReduceOp::kSum);
+      for (size_t i = 0; i < data.size() && status[r].ok(); ++i) {
+        const float want = static_cast<float>(n * (n - 1) / 2 * it + n * i);
+        if (data[i] != want) {
+          status[r] = absl::InternalError(
+              absl::StrCat("iteration ", it, " element ", i, ": ", data[i], ", want ", want));
+        }
+      }
+    }
+  });
+  for (int r = 0; r < n; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+}
+
+int64_t DrainWakes(TransportSet& ts) {
+  int64_t wakes = 0;
+  for (int r = 0; r < ts.size(); ++r)
+    wakes += static_cast<ShmTransport*>(ts.at(r))->shm_drain_wakes();
+  return wakes;
+}
+
+TEST(ShmTransportTest, AReceiveThatSleepsIsWokenByItsMessage) {
+  TransportSet ts(TransportKind::kShm, 4);  // receives sleep at once
+  SmallAllReduces(ts, 300);
+}
+
+TEST(ShmTransportTest, AReceiveThatPollsTakesItsMessageWithoutWakingTheDrainThread) {
+  TransportSetOptions o;
+  o.receive_spin = absl::Seconds(20);  // every receive polls until its message comes
+  TransportSet ts(TransportKind::kShm, 3, o);
+  SmallAllReduces(ts, 100);
+  EXPECT_EQ(DrainWakes(ts), 0);
+
+  TransportSetOptions briefly;
+  briefly.receive_spin = absl::Microseconds(20);  // some poll, some sleep
+  TransportSet mixed(TransportKind::kShm, 4, briefly);
+  SmallAllReduces(mixed, 300);
 }
 
 TEST(ShmTransportTest, PeersOnAnotherHostGoThroughGrpc) {
