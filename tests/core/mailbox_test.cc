@@ -8,6 +8,7 @@
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -158,6 +159,64 @@ TEST(MailboxTest, ASpinningReceivePollsTheTransportOnItsOwnThreadBeforeItSleeps)
   EXPECT_EQ(slept.status.code(), absl::StatusCode::kDeadlineExceeded) << slept.status;
   EXPECT_EQ(slept.polls, 2);
   EXPECT_EQ(slept.got, "");
+}
+
+TEST(MailboxTest, AReceiveTellsTheListenerWhenItSleepsAndWhenThatWaitIsOver) {
+  using Event = Mailbox::WaitEvent;
+  Mailbox box(2, kGrace);  // no spin: a receive sleeps right after its first poll
+  absl::Mutex mu;
+  std::vector<Event> events;
+  box.SetWaitListener([&](int src, Event event) {
+    EXPECT_EQ(src, 1);
+    absl::MutexLock lock(&mu);
+    events.push_back(event);
+  });
+  auto seen = [&] {
+    absl::MutexLock lock(&mu);
+    return events;
+  };
+  // Delivered by another thread while the receive sleeps: it wakes, and says it is awake.
+  std::thread sender([&] {
+    const absl::Time give_up = absl::Now() + absl::Seconds(20);
+    while (seen().size() < 2 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(1));
+    box.Deliver(1, /*epoch=*/0, 7, "late");
+  });
+  absl::StatusOr<std::string> got = box.Take(1, 7, absl::Now() + absl::Seconds(20));
+  sender.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "late");
+  EXPECT_EQ(seen(), std::vector<Event>({Event::kPoll, Event::kSleep, Event::kAwake}));
+
+  // A deadline ends the sleep too.
+  events.clear();
+  EXPECT_EQ(box.Take(1, 8, absl::Now() + absl::Milliseconds(50)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(seen(), std::vector<Event>({Event::kPoll, Event::kSleep, Event::kAwake}));
+
+  // A message found by the poll that kSleep makes ends the wait before it sleeps.
+  events.clear();
+  box.SetWaitListener([&](int src, Event event) {
+    {
+      absl::MutexLock lock(&mu);
+      events.push_back(event);
+    }
+    if (event == Event::kSleep) box.Deliver(src, /*epoch=*/0, 9, "just in time");
+  });
+  got = box.Take(1, 9, absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "just in time");
+  EXPECT_EQ(seen(), std::vector<Event>({Event::kPoll, Event::kSleep, Event::kAwake}));
+
+  // A receive whose message is found while it spins never sleeps.
+  Mailbox spinning(2, kGrace, absl::Seconds(20));
+  std::vector<Event> spun;
+  spinning.SetWaitListener([&](int src, Event event) {
+    spun.push_back(event);
+    if (spun.size() == 3) spinning.Deliver(src, /*epoch=*/0, 7, "polled");
+  });
+  got = spinning.Take(1, 7, absl::Now() + absl::Seconds(20));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(spun, std::vector<Event>({Event::kPoll, Event::kPoll, Event::kPoll}));
 }
 
 // RecvSink's promise, checked piece by piece: in order, contiguous, every piece but the last
