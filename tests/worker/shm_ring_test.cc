@@ -80,23 +80,32 @@ class Collector : public ShmRing::Consumer {
   RecvSink sink_{fill_};
 };
 
+// Creates the 8 KiB ring `name` and maps it a second time, as its receiver does.
+void MakeRing(const std::string& name, std::unique_ptr<ShmRing>* producer,
+              std::unique_ptr<ShmRing>* consumer) {
+  absl::StatusOr<std::unique_ptr<ShmRing>> created = ShmRing::Create(name, 8192);
+  ASSERT_TRUE(created.ok()) << created.status();
+  absl::StatusOr<std::unique_ptr<ShmRing>> opened = ShmRing::OpenAndUnlink(name);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  *producer = *std::move(created);
+  *consumer = *std::move(opened);
+}
+
 TEST(ShmRingTest, MessagesLargerThanTheRingArriveWholeAndInOrder) {
   const std::string name = UniqueName("order");
-  auto producer = ShmRing::Create(name, 8192);
-  ASSERT_TRUE(producer.ok()) << producer.status();
-  auto consumer = ShmRing::OpenAndUnlink(name);
-  ASSERT_TRUE(consumer.ok()) << consumer.status();
+  std::unique_ptr<ShmRing> producer, consumer;
+  ASSERT_NO_FATAL_FAILURE(MakeRing(name, &producer, &consumer));
   EXPECT_FALSE(ShmNameExists(name)) << "the reader removes the name once it has mapped the ring";
-  EXPECT_EQ((*consumer)->capacity(), 8192u);
+  EXPECT_EQ(consumer->capacity(), 8192u);
 
   // Empty, one byte, exactly one fragment (half the ring minus the frame header), one more than
   // that, many ring-fulls, and a small one after them.
   const std::vector<size_t> sizes = {0, 1, 4096 - 32, 4096 - 31, 100000, 13};
   std::thread writer([&] {
     for (size_t i = 0; i < sizes.size(); ++i) {
-      absl::Status s = (*producer)->Write(/*epoch=*/1, 1000 + i, Pattern(sizes[i], i),
-                                          absl::Now() + absl::Seconds(20), absl::Milliseconds(50),
-                                          [] { return absl::OkStatus(); });
+      absl::Status s = producer->Write(/*epoch=*/1, 1000 + i, Pattern(sizes[i], i),
+                                       absl::Now() + absl::Seconds(20), absl::Milliseconds(50),
+                                       [] { return absl::OkStatus(); });
       ASSERT_TRUE(s.ok()) << s;
     }
   });
@@ -104,7 +113,7 @@ TEST(ShmRingTest, MessagesLargerThanTheRingArriveWholeAndInOrder) {
   std::vector<Received>& got = collector.got;
   const absl::Time give_up = absl::Now() + absl::Seconds(20);
   while (got.size() < sizes.size() && absl::Now() < give_up) {
-    absl::Status s = (*consumer)->Drain(absl::Milliseconds(50), collector);
+    absl::Status s = consumer->Drain(absl::Milliseconds(50), collector);
     ASSERT_TRUE(s.ok()) << s;
   }
   writer.join();
@@ -118,10 +127,8 @@ TEST(ShmRingTest, MessagesLargerThanTheRingArriveWholeAndInOrder) {
 
 TEST(ShmRingTest, AWholeMessageGoesThroughTheSinkWhereItLiesInPiecesCutAtTheRingsEnd) {
   const std::string name = UniqueName("inplace");
-  auto producer = ShmRing::Create(name, 8192);
-  ASSERT_TRUE(producer.ok()) << producer.status();
-  auto consumer = ShmRing::OpenAndUnlink(name);
-  ASSERT_TRUE(consumer.ok()) << consumer.status();
+  std::unique_ptr<ShmRing> producer, consumer;
+  ASSERT_NO_FATAL_FAILURE(MakeRing(name, &producer, &consumer));
   // Frames take 32 + 3000 bytes: message 1 lies at [32, 3032), message 2 (declined, so copied)
   // after it, message 3 from byte 6096 wraps at 8192 after 2096 bytes; message 4 (5000 bytes)
   // travels as two fragments, so it is copied however its tag is posted.
@@ -129,7 +136,7 @@ TEST(ShmRingTest, AWholeMessageGoesThroughTheSinkWhereItLiesInPiecesCutAtTheRing
   Collector collector({1, 3, 4});
   for (size_t i = 0; i < sizes.size(); ++i) {
     std::thread writer([&] {
-      ASSERT_TRUE((*producer)
+      ASSERT_TRUE(producer
                       ->Write(/*epoch=*/1, i + 1, Pattern(sizes[i], i),
                               absl::Now() + absl::Seconds(20), absl::Milliseconds(50),
                               [] { return absl::OkStatus(); })
@@ -137,7 +144,7 @@ TEST(ShmRingTest, AWholeMessageGoesThroughTheSinkWhereItLiesInPiecesCutAtTheRing
     });
     const absl::Time give_up = absl::Now() + absl::Seconds(20);
     while (collector.got.size() < i + 1 && absl::Now() < give_up) {
-      ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(50), collector).ok());
+      ASSERT_TRUE(consumer->Drain(absl::Milliseconds(50), collector).ok());
     }
     writer.join();
   }
@@ -165,26 +172,23 @@ void DrainUntil(ShmRing& ring, Collector& collector, size_t count) {
 
 TEST(ShmRingTest, ADeferredMessageStaysUntilWantedAProducerWithNoRoomGetsTheOldestCopiedOut) {
   const std::string name = UniqueName("defer");
-  auto producer = ShmRing::Create(name, 8192);
-  ASSERT_TRUE(producer.ok()) << producer.status();
-  auto consumer = ShmRing::OpenAndUnlink(name);
-  ASSERT_TRUE(consumer.ok()) << consumer.status();
+  std::unique_ptr<ShmRing> producer, consumer;
+  ASSERT_NO_FATAL_FAILURE(MakeRing(name, &producer, &consumer));
   auto write = [&](uint64_t tag, uint64_t epoch = 1) {
-    return (*producer)->Write(epoch, tag, Pattern(3000, tag), absl::Now() + absl::Seconds(20),
-                              absl::Milliseconds(50), [] { return absl::OkStatus(); });
+    return producer->Write(epoch, tag, Pattern(3000, tag), absl::Now() + absl::Seconds(20),
+                           absl::Milliseconds(50), [] { return absl::OkStatus(); });
   };
   Collector collector({1, 5});
   collector.defer = true;
 
   // No one wants message 1 yet: it stays in the ring, however often the consumer looks.
   ASSERT_TRUE(write(1).ok());
-  for (int i = 0; i < 3; ++i)
-    ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(20), collector).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(consumer->Drain(absl::Milliseconds(20), collector).ok());
   EXPECT_TRUE(collector.got.empty());
   EXPECT_GE(collector.defer_asked, 3);
   // Wanted (and its receive posted): it goes through the sink.
   collector.defer = false;
-  DrainUntil(**consumer, collector, 1);
+  DrainUntil(*consumer, collector, 1);
   ASSERT_EQ(collector.got.size(), 1u);
   EXPECT_TRUE(collector.got[0].in_place);
 
@@ -195,18 +199,17 @@ TEST(ShmRingTest, ADeferredMessageStaysUntilWantedAProducerWithNoRoomGetsTheOlde
   std::thread writer([&] {
     for (uint64_t tag : {2, 3, 4}) ASSERT_TRUE(write(tag).ok()) << "message " << tag;
   });
-  DrainUntil(**consumer, collector, 2);
+  DrainUntil(*consumer, collector, 2);
   writer.join();
-  for (int i = 0; i < 3; ++i)
-    ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(20), collector).ok());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(consumer->Drain(absl::Milliseconds(20), collector).ok());
   ASSERT_EQ(collector.got.size(), 2u) << "only as much as the producer needed is copied out";
   EXPECT_EQ(collector.got[1].tag, 2u);
   EXPECT_FALSE(collector.got[1].in_place);
   EXPECT_TRUE(collector.got[1].data == Pattern(3000, 2));
   collector.defer = false;
-  DrainUntil(**consumer, collector, 4);
+  DrainUntil(*consumer, collector, 4);
   ASSERT_TRUE(write(5, /*epoch=*/7).ok());
-  DrainUntil(**consumer, collector, 5);
+  DrainUntil(*consumer, collector, 5);
   ASSERT_EQ(collector.got.size(), 5u);
   for (int i = 2; i < 5; ++i) {
     EXPECT_EQ(collector.got[i].tag, static_cast<uint64_t>(i + 1));
@@ -218,22 +221,20 @@ TEST(ShmRingTest, ADeferredMessageStaysUntilWantedAProducerWithNoRoomGetsTheOlde
 
 TEST(ShmRingTest, AFullRingTimesOutOrStopsWhenToldAndAnAbandonedMessageIsSkipped) {
   const std::string name = UniqueName("full");
-  auto producer = ShmRing::Create(name, 8192);
-  ASSERT_TRUE(producer.ok()) << producer.status();
-  auto consumer = ShmRing::OpenAndUnlink(name);
-  ASSERT_TRUE(consumer.ok()) << consumer.status();
+  std::unique_ptr<ShmRing> producer, consumer;
+  ASSERT_NO_FATAL_FAILURE(MakeRing(name, &producer, &consumer));
   const auto ok = [] { return absl::OkStatus(); };
 
   // No one drains: the first fragment fits, the rest of a 20000-byte message does not.
   const absl::Time start = absl::Now();
-  absl::Status s = (*producer)->Write(/*epoch=*/1, 1, Pattern(20000, 1),
-                                      start + absl::Milliseconds(300), absl::Milliseconds(50), ok);
+  absl::Status s = producer->Write(/*epoch=*/1, 1, Pattern(20000, 1),
+                                   start + absl::Milliseconds(300), absl::Milliseconds(50), ok);
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_THAT(s.message(), HasSubstr("stayed full"));
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(300));
 
   int calls = 0;
-  s = (*producer)->Write(
+  s = producer->Write(
       /*epoch=*/1, 2, Pattern(20000, 2), absl::Now() + absl::Seconds(20), absl::Milliseconds(20),
       [&] { return ++calls < 3 ? absl::OkStatus() : absl::AbortedError("told to stop"); });
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
@@ -243,14 +244,14 @@ TEST(ShmRingTest, AFullRingTimesOutOrStopsWhenToldAndAnAbandonedMessageIsSkipped
   Collector collector;
   std::vector<Received>& got = collector.got;
   std::thread writer([&] {
-    EXPECT_TRUE((*producer)
+    EXPECT_TRUE(producer
                     ->Write(/*epoch=*/1, 3, Pattern(5000, 3), absl::Now() + absl::Seconds(20),
                             absl::Milliseconds(50), ok)
                     .ok());
   });
   const absl::Time give_up = absl::Now() + absl::Seconds(20);
   while (got.empty() && absl::Now() < give_up) {
-    ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(50), collector).ok());
+    ASSERT_TRUE(consumer->Drain(absl::Milliseconds(50), collector).ok());
   }
   writer.join();
   ASSERT_EQ(got.size(), 1u);
@@ -260,29 +261,27 @@ TEST(ShmRingTest, AFullRingTimesOutOrStopsWhenToldAndAnAbandonedMessageIsSkipped
 
 TEST(ShmRingTest, WriteWakesTheConsumerOnlyWhileItAsksToBeWoken) {
   const std::string name = UniqueName("wake");
-  absl::StatusOr<std::unique_ptr<ShmRing>> producer = ShmRing::Create(name, 8192);
-  ASSERT_TRUE(producer.ok()) << producer.status();
-  absl::StatusOr<std::unique_ptr<ShmRing>> consumer = ShmRing::OpenAndUnlink(name);
-  ASSERT_TRUE(consumer.ok()) << consumer.status();
+  std::unique_ptr<ShmRing> producer, consumer;
+  ASSERT_NO_FATAL_FAILURE(MakeRing(name, &producer, &consumer));
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   auto write = [&](uint64_t tag) {
-    ASSERT_TRUE((*producer)
+    ASSERT_TRUE(producer
                     ->Write(0, tag, "abc", deadline, absl::Milliseconds(10),
                             [] { return absl::OkStatus(); })
                     .ok());
   };
   write(1);
-  EXPECT_EQ((*producer)->data_wakes(), 0u) << "no one asked to be woken";
-  (*consumer)->SetWakeOnData(true);
+  EXPECT_EQ(producer->data_wakes(), 0u) << "no one asked to be woken";
+  consumer->SetWakeOnData(true);
   write(2);
   write(3);
-  EXPECT_EQ((*producer)->data_wakes(), 2u);
-  (*consumer)->SetWakeOnData(false);
+  EXPECT_EQ(producer->data_wakes(), 2u);
+  consumer->SetWakeOnData(false);
   write(4);
-  EXPECT_EQ((*producer)->data_wakes(), 2u);
+  EXPECT_EQ(producer->data_wakes(), 2u);
   // Every message is there either way, in order.
   Collector collector;
-  ASSERT_TRUE((*consumer)->Drain(absl::Milliseconds(1), collector).ok());
+  ASSERT_TRUE(consumer->Drain(absl::Milliseconds(1), collector).ok());
   ASSERT_EQ(collector.got.size(), 4u);
   for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(collector.got[i].tag, i + 1);
 }
