@@ -352,12 +352,10 @@ void ShmTransport::OnWait(int src, Mailbox::WaitEvent event) {
     absl::MutexLock lock(&mu_);
     receiver = receivers_[src].get();
     if (event != Mailbox::WaitEvent::kPoll) {
-      const int before = sleeping_[src];
       sleeping_[src] += event == Mailbox::WaitEvent::kSleep ? 1 : -1;
       // Armed before the look below (kSleep), so a message its sender did not wake the drain
       // thread for is handed over by that look.
-      if (receiver != nullptr && (before == 0) != (sleeping_[src] == 0))
-        receiver->SetWakeOnData(sleeping_[src] > 0);
+      if (receiver != nullptr) receiver->SetWakeOnData(sleeping_[src] > 0);
     }
   }
   // Outside mu_ (the drain calls into the Mailbox). A receiver replaced meanwhile stays alive in
