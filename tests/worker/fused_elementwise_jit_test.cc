@@ -21,6 +21,8 @@
 namespace meshrun {
 namespace {
 
+bool Avx512() { return __builtin_cpu_supports("avx512f"); }
+
 // The compiled loops this CPU runs: kCompiled is AVX-512's where it has it.
 std::vector<FusedLoop> CompiledLoops() {
   std::vector<FusedLoop> loops;
@@ -155,7 +157,9 @@ TEST(FusedElementwiseJitTest, AnInPlaceAdamStepOverRangesGivesTheInterpretersBit
   for (FusedLoop loop : CompiledLoops()) {
     const auto isa = loop == FusedLoop::kAvx2 ? FusedElementwiseJit::Isa::kAvx2
                                               : FusedElementwiseJit::Isa::kBest;
-    EXPECT_NE(FusedElementwiseJit::Create(instrs, is_scalar, in_place, {2, 6, 13}, isa), nullptr);
+    auto jit = FusedElementwiseJit::Create(instrs, is_scalar, in_place, {2, 6, 13}, isa);
+    ASSERT_NE(jit, nullptr);
+    EXPECT_EQ(jit->DividesByReciprocals(), isa == FusedElementwiseJit::Isa::kBest && Avx512());
   }
   const std::vector<Tensor> interpreted = steps(FusedLoop::kInterpreted);
   // The steps changed the parameters (the comparisons are not of untouched copies).
@@ -203,6 +207,72 @@ TEST(FusedElementwiseJitTest, OutputsReboundOntoInputsBetweenRunsGiveTheInterpre
         const float u = compiled[i].data<float>()[j], v = interpreted[i].data<float>()[j];
         if (std::isnan(u) && std::isnan(v)) continue;
         ASSERT_EQ(std::memcmp(&u, &v, 4), 0) << "run " << i << ", element " << j;
+      }
+    }
+  }
+}
+
+// Dividends for a division by one value: runs of 16 (a vector) with exponents in [-64, 63],
+// which the AVX-512 loop divides without vdivps, and every eighth run of uniformly drawn bits
+// (every exponent: subnormals, infinities and NaNs among them, which it hands to vdivps); in
+// places the edges of that range, zeros of both signs and significands of all ones.
+std::vector<float> Dividends(int64_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::vector<float> v(n);
+  const float edges[] = {0x1p-64f,
+                         0x1p64f,
+                         std::nextafter(0x1p-64f, 0.0f),
+                         std::nextafter(0x1p64f, 1e30f),
+                         0.0f,
+                         1.0f,
+                         0x1.fffffep0f,
+                         0x1.fffffep63f};
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits = gen();
+    if (i / 16 % 8 != 7) bits = (bits & 0x807fffffu) | ((63 + gen() % 128) << 23);
+    std::memcpy(&v[i], &bits, 4);
+    if (i % 97 == 0) v[i] = (i / 97 / 8 % 2 ? -1 : 1) * edges[i / 97 % 8];  // both signs of each
+  }
+  return v;
+}
+
+// x / s for a one-value s runs without the divider in the AVX-512 loop where s is in
+// [2^-32, 2^32] (FusedElementwiseJit::DividesByReciprocals): its quotients are still vdivps's,
+// correctly rounded, for dividends of every exponent, and for divisors outside that range (which
+// the loop dividing by vdivps takes).
+TEST(FusedElementwiseJitTest, ADivisionByAOneValueInputIsCorrectlyRoundedForEveryDividend) {
+  if (CompiledLoops().empty()) GTEST_SKIP() << "no AVX2: the kernel is interpreted";
+  const std::vector<fused::Instr> div = {{fused::Fn::kDiv, 0, 1}};
+  for (auto isa : {FusedElementwiseJit::Isa::kBest, FusedElementwiseJit::Isa::kAvx2}) {
+    auto jit = FusedElementwiseJit::Create(div, {false, true}, {false, false}, {0}, isa);
+    ASSERT_NE(jit, nullptr);
+    EXPECT_EQ(jit->DividesByReciprocals(), isa == FusedElementwiseJit::Isa::kBest && Avx512());
+  }
+  std::mt19937 gen(5);
+  std::vector<float> divisors = {1.0f,     -1.0f,   3.0f,   0.1f,  0x1.fffffep0f, -0x1.000002p0f,
+                                 0x1p-32f, 0x1p32f, 0.271f, 1e-8f, 0.001f,        7.0f};
+  for (int k = 0; k < 20; ++k)  // random significands, exponents in [-32, 32]
+    divisors.push_back(std::ldexp(1.0f + (gen() & 0x7fffff) * 0x1p-23f, int(gen() % 65) - 32));
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float s : {0.0f, -0.0f, inf, -inf, std::nanf(""), 0x1p-33f, 0x1p33f, 1e-40f})
+    divisors.push_back(s);  // outside the range: vdivps
+  const int64_t n = (1 << 18) + 5;
+  const std::vector<float> x = Dividends(n, 6);
+  Tensor xt(v1::DTYPE_F32, {n});
+  std::memcpy(xt.raw(), x.data(), n * sizeof(float));
+  for (FusedLoop loop : CompiledLoops()) {
+    for (float s : divisors) {
+      const Tensor st = One(s);
+      Tensor q(v1::DTYPE_F32, {n});
+      auto k = CreateFusedElementwise({{"div", {0, 1}}}, {&xt, &st}, {0}, {&q}, loop);
+      ASSERT_TRUE(k.ok()) << k.status();
+      ASSERT_TRUE((*k)->Run().ok());
+      for (int64_t i = 0; i < n; ++i) {
+        const float want = x[i] / s, got = q.data<float>()[i];
+        if (std::isnan(want) && std::isnan(got)) continue;
+        ASSERT_EQ(std::memcmp(&want, &got, 4), 0)
+            << (loop == FusedLoop::kAvx2 ? "AVX2 " : "AVX-512 ") << std::hexfloat << x[i] << " / "
+            << s << ": " << got << ", not " << want;
       }
     }
   }

@@ -4,7 +4,10 @@
 // and element; here each element is loaded once and its results stored once, as XLA's compiled
 // loops do. Each op is the same IEEE instruction the interpreter's clones run (vaddps, vdivps,
 // vsqrtps...; no contraction to FMA), so the results are bitwise the interpreter's (NaN payloads
-// aside).
+// aside). The one exception in how, not what: a division by a scalar input (Adam's bias
+// corrections) multiplies by its reciprocal and corrects the quotient with FMAs (Markstein's
+// method), whose result is the correctly rounded quotient vdivps gives, at a fraction of the
+// divider's cost (DividesByReciprocals).
 #ifndef MESHRUN_WORKER_KERNELS_FUSED_ELEMENTWISE_JIT_H_
 #define MESHRUN_WORKER_KERNELS_FUSED_ELEMENTWISE_JIT_H_
 
@@ -37,6 +40,11 @@ class FusedElementwiseJit {
 
   // Elements per vector: 16 (AVX-512) or 8 (AVX2).
   virtual int64_t lanes() const = 0;
+
+  // Whether a division by a scalar input runs without the divider (as x * (1/s) with two FMA
+  // corrections, still correctly rounded) while every such divisor is in [2^-32, 2^32]: the
+  // AVX-512 loop of ops that divide by one, where the registers allow it.
+  virtual bool DividesByReciprocals() const = 0;
 
   // Elements [0, vectors * lanes()): inputs[r] points at a streamed input's first element or at
   // a scalar input's value; outputs[o] at output o's first element. An output overlaps no input
