@@ -96,8 +96,8 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
     if (!left_untouched.count(name)) ex->written_buffers_.push_back(&ex->buffers_.at(name));
   }
   // Every buffer starts zeroed but those that never use their own memory before an op writes it
-  // whole: those, and the Adam results that may go over a donated input (their one writer
-  // writes every element and reads none).
+  // whole: those, and the results that may go over a donated input (their one writer, an Adam
+  // update or a fused element-wise op, writes every element).
   for (const auto& [input, outputs] : ex->in_place_)
     left_untouched.insert(outputs.begin(), outputs.end());
   // Inputs no op writes are zeroed only if used before BindInput gives them memory or values.
@@ -147,23 +147,48 @@ void Executor::AnalyzeBuffers() {
     return true;
   };
   for (const auto& [name, unused] : writers) written_.insert(name);
+  // Whether op i of function f may write its output y over its input x when x is donated: x has
+  // no writer and is read by no later op (nor through a view), y has this op as its one writer
+  // and is not among its inputs, and x is read once by it.
+  auto may_write_over = [&](const v1::Op& op, int f, int i, const std::string& x,
+                            const std::string& y) {
+    bool ok = x != y && writers[x].empty() && read_only_before(view_outputs[x], f, i) &&
+              writers[y] == std::vector<std::pair<int, int>>{{f, i}} &&
+              std::count(op.inputs().begin(), op.inputs().end(), x) == 1 &&
+              std::count(op.inputs().begin(), op.inputs().end(), y) == 0;
+    for (const auto& [rf, ri] : readers[x]) ok = ok && rf == f && ri <= i;
+    return ok;
+  };
   for (int f = 0; f < program_.functions_size(); ++f) {
     const v1::Function& fn = program_.functions(f);
     for (int i = 0; i < fn.ops_size(); ++i) {
       const v1::Op& op = fn.ops(i);
-      if (op.kind() != v1::OP_ADAM_UPDATE || op.inputs_size() < 5 ||
-          op.outputs_size() != op.inputs_size() - 2)
-        continue;
-      // (output, input): new param over param, new mu over mu, new nu over nu.
-      for (const auto& [k, j] : {std::pair<int, int>{0, 0}, {1, 2}, {2, 3}}) {
-        const std::string& x = op.inputs(j);
-        const std::string& y = op.outputs(k);
-        bool ok = x != y && writers[x].empty() && read_only_before(view_outputs[x], f, i) &&
-                  writers[y] == std::vector<std::pair<int, int>>{{f, i}} &&
-                  std::count(op.inputs().begin(), op.inputs().end(), x) == 1 &&
-                  std::count(op.inputs().begin(), op.inputs().end(), y) == 0;
-        for (const auto& [rf, ri] : readers[x]) ok = ok && rf == f && ri <= i;
-        if (ok) in_place_[x].push_back(y);
+      if (op.kind() == v1::OP_ADAM_UPDATE && op.inputs_size() >= 5 &&
+          op.outputs_size() == op.inputs_size() - 2) {
+        // (output, input): new param over param, new mu over mu, new nu over nu.
+        for (const auto& [k, j] : {std::pair<int, int>{0, 0}, {1, 2}, {2, 3}}) {
+          if (!may_write_over(op, f, i, op.inputs(j), op.outputs(k))) continue;
+          in_place_[op.inputs(j)].push_back(op.outputs(k));
+          over_donated_.push_back({op.outputs(k), {op.inputs(j)}});
+        }
+      } else if (op.kind() == v1::OP_FUSED_ELEMENTWISE) {
+        // Each output over any input of its dtype and element count (every element of each input
+        // is read before that element of any output is written; input 0 of a reduce-update is
+        // read from the reduction's memory), the first of them donated and not yet taken when
+        // it runs. XLA's buffer donation.
+        for (const std::string& y : op.outputs()) {
+          std::vector<std::string> xs;
+          for (int j = op.axis_names_size() > 0 ? 1 : 0; j < op.inputs_size(); ++j) {
+            const std::string& x = op.inputs(j);
+            const Tensor &xt = buffers_.at(x), &yt = buffers_.at(y);
+            if (xt.dtype() != yt.dtype() || xt.num_elements() != yt.num_elements() ||
+                !may_write_over(op, f, i, x, y))
+              continue;
+            in_place_[x].push_back(y);
+            xs.push_back(x);
+          }
+          if (!xs.empty()) over_donated_.push_back({y, std::move(xs)});
+        }
       }
     }
   }
@@ -352,13 +377,14 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
   // Results written over donated inputs; then memory handed out by TakeOutput (or shared with
   // a bound input) is never written again.
   std::set<const Tensor*> over_donated;
-  for (const std::string& x : donated_) {
-    auto targets = in_place_.find(x);
-    if (targets == in_place_.end()) continue;
-    for (const std::string& y : targets->second) {
+  std::set<std::string> taken;
+  for (const auto& [y, xs] : over_donated_) {
+    for (const std::string& x : xs) {
+      if (!donated_.count(x) || !taken.insert(x).second) continue;
       Tensor* out = &buffers_.at(y);
       out->ShareMemory(buffers_.at(x), 0);
       over_donated.insert(out);
+      break;
     }
   }
   donated_.clear();

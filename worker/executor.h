@@ -193,9 +193,13 @@ class Executor {
   // output has no other writer and the input is written only by earlier ops of the same function.
   std::set<const v1::Op*> view_ops_;
   std::set<std::string> views_;  // outputs of view ops compiled as views
-  // Input buffer -> the outputs an op may write over it when it is donated: the op reads element
-  // i of the input before writing element i of the output, and nothing reads the input later.
+  // Input buffer -> the outputs an op may write over it when it is donated (an Adam update's or a
+  // fused element-wise op's): the op reads element i of the input before writing element i of
+  // the output, and nothing reads the input later.
   std::map<std::string, std::vector<std::string>> in_place_;
+  // The same pairs by output, in program order: each output with the inputs it may be written
+  // over, in order of preference; a Run writes it over the first of them donated and not taken.
+  std::vector<std::pair<std::string, std::vector<std::string>>> over_donated_;
   std::set<std::string> donated_;  // inputs donated for the next Run
   // Parts of concatenations computed where the concatenation puts them (its copy then does
   // nothing): before each Run, `part` becomes a view of `whole` from `byte_offset` on.
