@@ -134,8 +134,16 @@ class Executor {
   OpObserver::Recorder RecorderFor(const v1::Op& op);
   Executor(const v1::StepProgram& program, const Options& options);
   absl::StatusOr<CompiledOp> Compile(const v1::Op& op);
-  // Fills view_ops_, in_place_, placements_ and reduce_in_place_.
+  // Fills written_, view_ops_, in_place_, over_donated_, placements_ and reduce_in_place_
+  // (executor_buffers.cc), one Plan* each.
+  struct BufferUses;
   void AnalyzeBuffers();
+  void PlanDonations(BufferUses& u);
+  void PlanViews(BufferUses& u);
+  std::set<std::string> PlanPlacements(BufferUses& u);  // the parts placed
+  void PlanReductionsInPlace(BufferUses& u, const std::set<std::string>& placed);
+  // Reshapes and slices: their result may be a view of their input (CompileView).
+  static bool IsViewKind(v1::OpKind kind);
   // A view op if `op` is in view_ops_ and its result is one contiguous block of its input.
   std::optional<CompiledOp> CompileView(const v1::Op& op, const Tensor* x, Tensor* y);
   // The shard_map ops (executor_general_ops.cc).
