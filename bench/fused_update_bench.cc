@@ -3,8 +3,9 @@
 //     and bias corrections, scale(-lr), apply_updates) as one OP_FUSED_ELEMENTWISE kernel, the
 //     path a jaxpr-derived update takes (cluster.jit); called over 64 KiB chunks as a
 //     reduce-update does, with the reduced gradient chunk in cache. loop 0: the interpreter;
-//     1: the loop the kernel compiles (fused_elementwise_jit.h: AVX-512, or AVX2 without it);
-//     2: the AVX2 loop even where AVX-512 exists.
+//     1: the loop the kernel compiles (fused_elementwise_jit.h: AVX-512, which divides by the
+//     bias corrections' reciprocals with an FMA correction, or AVX2 without it); 2: the AVX2
+//     loop even where AVX-512 exists.
 //   BM_AdamWKernel: the same step through core/optim's AdamWUpdate, the path OP_ADAM_UPDATE
 //     takes (the C++ SDK's optimizer).
 // Both read the gradient, parameter and moments and write the parameter and moments; the
