@@ -92,12 +92,16 @@ void Executor::PlanDonations(BufferUses& u) {
         // is read before that element of any output is written; input 0 of a reduce-update is
         // read from the reduction's memory), the first of them donated and not yet taken when
         // it runs. XLA's buffer donation.
+        // An undeclared buffer is no candidate (Compile refuses the op by name).
         for (const std::string& y : op.outputs()) {
+          const auto yt = buffers_.find(y);
+          if (yt == buffers_.end()) continue;
           std::vector<std::string> xs;
           for (int j = op.axis_names_size() > 0 ? 1 : 0; j < op.inputs_size(); ++j) {
             const std::string& x = op.inputs(j);
-            const Tensor &xt = buffers_.at(x), &yt = buffers_.at(y);
-            if (xt.dtype() != yt.dtype() || xt.num_elements() != yt.num_elements() ||
+            const auto xt = buffers_.find(x);
+            if (xt == buffers_.end() || xt->second.dtype() != yt->second.dtype() ||
+                xt->second.num_elements() != yt->second.num_elements() ||
                 !may_write_over(op, f, i, x, y))
               continue;
             in_place_[x].push_back(y);

@@ -1,6 +1,7 @@
 // Executor: a fused element-wise op (a jaxpr-derived optimizer update, as cluster.jit's Adam
 // fuses) writes its results over the donated inputs it replaces, as XLA reuses a donated
 // buffer, and over nothing a later op still reads.
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -84,6 +85,26 @@ TEST(ExecutorDonationTest, AFusedUpdateWritesOverDonatedInputsThatNoLaterOpReads
         EXPECT_THAT(Values(p), ElementsAre(1, -2, 3, -4)) << "a kept argument is never written";
         EXPECT_THAT(Values(mu), ElementsAre(0.5f, 0.25f, 0, 1));
       }
+    }
+  }
+}
+
+// Found by worker_fuzz: planning which buffers a fused op may write over must not look up a
+// buffer the program does not declare; the op is refused by name instead.
+TEST(ExecutorDonationTest, AFusedOpOverAnUndeclaredBufferIsRefused) {
+  for (const char* missing : {"inputs: 'zz' inputs: 'p'", "inputs: 'p' inputs: 'zz'"}) {
+    for (const char* out : {"p2", "zz2"}) {
+      v1::StepProgram program;
+      ASSERT_TRUE(google::protobuf::TextFormat::ParseFromString(
+          absl::StrCat("buffers { name: 'p' dtype: DTYPE_F32 shape { dims: 4 } } ",
+                       "buffers { name: 'p2' dtype: DTYPE_F32 shape { dims: 4 } } ",
+                       "functions { name: 'main' ops { kind: OP_FUSED_ELEMENTWISE ", missing,
+                       " fused { fn: 'add' args: 0 args: 1 } fused_outputs: 0 outputs: '", out,
+                       "' } }"),
+          &program));
+      absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(program, Executor::Options{});
+      ASSERT_FALSE(ex.ok()) << missing << " -> " << out;
+      EXPECT_THAT(std::string(ex.status().message()), ::testing::HasSubstr("zz"));
     }
   }
 }
