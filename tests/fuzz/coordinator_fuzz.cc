@@ -14,7 +14,8 @@
 //    data paths at a small .npy dataset; Register, Heartbeat and Shutdown (a node's and an
 //    operator's RPCs) are left out, as they would end the cluster the next inputs need.
 // A crash, a sanitizer report or a hang (libFuzzer's -timeout) is a bug; an error Status is not.
-// The suite runs it without LeakSanitizer (tests/fuzz/CMakeLists.txt says why).
+// The suite checks it for leaks as the process exits, not after every input
+// (tests/fuzz/CMakeLists.txt says why).
 #include <unistd.h>
 
 #include <cstdint>
