@@ -26,6 +26,11 @@ struct AllReduceBenchOptions {
   // a worker sends (tc netem; 0: none).
   bool netns = false;
   int64_t netem_delay_us = 0;
+  // Each run with the workers' --grpc_stripes set to this (GrpcStripeOptions: the most streams
+  // per peer a message is striped over) and --grpc_stripe_bytes to `grpc_stripe_bytes`; empty:
+  // the workers' defaults.
+  std::vector<int> grpc_stripes;
+  int64_t grpc_stripe_bytes = 0;  // 0: the workers' default
   std::string bin_dir;
 };
 // Prints, per worker count, message size and algorithm: p50 time per all-reduce, algbw and busbw

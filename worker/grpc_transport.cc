@@ -1,5 +1,6 @@
 #include "worker/grpc_transport.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
@@ -20,9 +21,11 @@ constexpr char kTransferMethod[] = "/meshrun.v1.Ring/Transfer";
 
 class RingService::Reactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
-  Reactor(grpc::CallbackServerContext* ctx, Mailbox* mailbox, int world_size,
-          std::string cluster_id)
-      : ctx_(ctx), mailbox_(mailbox), stream_(mailbox, world_size, std::move(cluster_id)) {
+  Reactor(grpc::CallbackServerContext* ctx, Mailbox* mailbox, std::shared_ptr<StripeJoiner> joiner,
+          int world_size, std::string cluster_id)
+      : ctx_(ctx),
+        mailbox_(mailbox),
+        stream_(std::move(joiner), world_size, std::move(cluster_id)) {
     StartRead(&frame_);
   }
 
@@ -63,6 +66,7 @@ class RingService::Reactor : public grpc::ServerReadReactor<grpc::ByteBuffer> {
 void RingService::Attach(Mailbox* mailbox, int world_size, std::string cluster_id) {
   absl::MutexLock lock(&mu_);
   mailbox_ = mailbox;
+  joiner_ = std::make_shared<StripeJoiner>(mailbox, world_size);
   world_size_ = world_size;
   cluster_id_ = std::move(cluster_id);
 }
@@ -84,7 +88,7 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* RingService::Transfer(
     };
     return new Reject();
   }
-  return new Reactor(context, mailbox_, world_size_, cluster_id_);
+  return new Reactor(context, mailbox_, joiner_, world_size_, cluster_id_);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -92,9 +96,10 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* RingService::Transfer(
 
 class GrpcTransport::PeerLink {
  public:
-  PeerLink(int self, int peer, const std::string& address, const std::string& cluster_id)
+  PeerLink(int self, int peer, int lane, const std::string& address, const std::string& cluster_id)
       : self_(self),
         peer_(peer),
+        lane_(lane),
         address_(address),
         cluster_id_(cluster_id),
         channel_(CreateChannel(address)),
@@ -110,6 +115,7 @@ class GrpcTransport::PeerLink {
       FrameHeader bye;
       bye.src_rank = self_;
       bye.flags = kGoodbye;
+      bye.lane = lane_;
       grpc::Slice header(EncodeFrameHeader(bye));
       grpc::ByteBuffer frame(&header, 1);
       if (writer_->Write(frame)) writer_->WritesDone();
@@ -119,7 +125,9 @@ class GrpcTransport::PeerLink {
     writer_.reset();
   }
 
-  absl::Status Send(uint64_t epoch, uint64_t tag, absl::string_view data, absl::Time deadline) {
+  // `stripes`: on lane 0, how many lanes carry this message (this is piece 0); otherwise 1.
+  absl::Status Send(uint64_t epoch, uint64_t tag, int stripes, absl::string_view data,
+                    absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
     const bool first = writer_ == nullptr;
@@ -136,6 +144,8 @@ class GrpcTransport::PeerLink {
     }
     FrameHeader h;
     h.src_rank = self_;
+    h.lane = lane_;
+    h.stripes = stripes;
     h.epoch = epoch;
     h.tag = tag;
     if (first) h.cluster_id = cluster_id_;
@@ -148,13 +158,13 @@ class GrpcTransport::PeerLink {
     in_write_.store(false);
     SetWriteDeadline(absl::InfiniteFuture());
     if (!ok) {
-      failed_ =
-          cancelled_for_deadline_
-              ? absl::DeadlineExceededError(
-                    absl::StrCat("send to rank ", peer_, " at ", address_,
-                                 " timed out (peer not reading or unreachable)"))
-              : absl::UnavailableError(absl::StrCat("ring link to rank ", peer_, " at ", address_,
-                                                    " is broken (peer died or unreachable)"));
+      failed_ = cancelled_for_deadline_
+                    ? absl::DeadlineExceededError(
+                          absl::StrCat("send to rank ", peer_, " at ", address_, " (lane ", lane_,
+                                       ") timed out (peer not reading or unreachable)"))
+                    : absl::UnavailableError(
+                          absl::StrCat("ring link to rank ", peer_, " at ", address_, " (lane ",
+                                       lane_, ") is broken (peer died or unreachable)"));
       return failed_;
     }
     return absl::OkStatus();
@@ -190,7 +200,7 @@ class GrpcTransport::PeerLink {
     write_deadline_ = t;
   }
 
-  const int self_, peer_;
+  const int self_, peer_, lane_;
   const std::string address_, cluster_id_;
   const std::shared_ptr<grpc::Channel> channel_;
   const grpc::internal::RpcMethod method_;
@@ -207,12 +217,14 @@ class GrpcTransport::PeerLink {
 };
 
 GrpcTransport::GrpcTransport(int rank, std::vector<std::string> addresses, std::string cluster_id,
-                             Mailbox* mailbox)
+                             Mailbox* mailbox, GrpcStripeOptions stripes)
     : rank_(rank),
       addresses_(std::move(addresses)),
       cluster_id_(std::move(cluster_id)),
       mailbox_(mailbox),
-      links_(addresses_.size()) {
+      stripes_(stripes),
+      lanes_(std::clamp(stripes.max_stripes, 1, kMaxLanes)),
+      links_(addresses_.size() * lanes_) {
   watchdog_ = std::thread([this] { WatchdogLoop(); });
 }
 
@@ -244,23 +256,40 @@ void GrpcTransport::WatchdogLoop() {
   }
 }
 
-absl::StatusOr<GrpcTransport::PeerLink*> GrpcTransport::Link(int peer) {
+absl::StatusOr<GrpcTransport::PeerLink*> GrpcTransport::Link(int peer, int lane) {
   if (peer < 0 || peer >= world_size() || peer == rank_) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank_, " cannot send to rank ", peer,
                                                    " (world size ", world_size(), ")"));
   }
   absl::MutexLock lock(&mu_);
   if (!aborted_.ok()) return aborted_;
-  if (!links_[peer])
-    links_[peer] = std::make_unique<PeerLink>(rank_, peer, addresses_[peer], cluster_id_);
-  return links_[peer].get();
+  std::unique_ptr<PeerLink>& link = links_[peer * lanes_ + lane];
+  if (!link) link = std::make_unique<PeerLink>(rank_, peer, lane, addresses_[peer], cluster_id_);
+  return link.get();
+}
+
+int GrpcTransport::StripesFor(size_t bytes) const {
+  const size_t stripes = bytes / std::max<size_t>(stripes_.stripe_bytes, 1);
+  return static_cast<int>(std::clamp<size_t>(stripes, 1, lanes_));
 }
 
 absl::Status GrpcTransport::Send(int peer, uint64_t tag, absl::string_view data,
                                  absl::Time deadline) {
-  absl::StatusOr<PeerLink*> link = Link(peer);
-  if (!link.ok()) return link.status();
-  absl::Status s = (*link)->Send(mailbox_->epoch(), tag, data, deadline);
+  const uint64_t epoch = mailbox_->epoch();
+  const int stripes = StripesFor(data.size());
+  // Pieces of whole 8-byte words (RecvSink's promise holds across them), written one lane after
+  // the other: each write returns once its bytes are in the connection, so the lanes' sockets
+  // and the receiver's threads that read them work side by side.
+  const size_t piece = stripes == 1 ? data.size() : (data.size() / stripes + 7) / 8 * 8;
+  absl::Status s;
+  for (int lane = 0; lane < stripes && s.ok(); ++lane) {
+    absl::StatusOr<PeerLink*> link = Link(peer, lane);
+    if (!link.ok()) return link.status();
+    const size_t begin = std::min(data.size(), lane * piece);
+    const size_t size =
+        lane + 1 == stripes ? data.size() - begin : std::min(piece, data.size() - begin);
+    s = (*link)->Send(epoch, tag, lane == 0 ? stripes : 1, data.substr(begin, size), deadline);
+  }
   if (!s.ok()) {
     // A send cut short by Abort reports the abort's reason, not the cancelled link.
     absl::MutexLock lock(&mu_);

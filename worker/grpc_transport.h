@@ -1,11 +1,13 @@
-// The gRPC ring transport: each worker serves Ring.Transfer, and opens one long-lived client
-// stream to each peer it sends to (its ring neighbour; other peers only when an algorithm needs
-// them). Chunks on one stream arrive in order, which is all Transport promises.
+// The gRPC ring transport: each worker serves Ring.Transfer, and opens a long-lived client stream
+// to each peer it sends to (its ring neighbour; other peers only when an algorithm needs them),
+// or several (lanes, each on a TCP connection of its own) when GrpcStripeOptions stripes large
+// messages over them; the receiver joins the pieces and keeps each sender's messages in send
+// order (worker/stripe_joiner.h), which is all Transport promises.
 //
 // No protobuf on the data path: Ring.Transfer is served and called raw (gRPC's ByteBuffer), each
-// message a frame of a 24-byte little-endian header {u32 sender's rank, u16 flags (1: goodbye),
-// u16 cluster id bytes, u64 collective epoch, u64 tag}, the cluster id (a stream's first frame
-// only), then the payload. ring.proto's Chunk documents the same layout.
+// message a frame of a 24-byte little-endian header {u32 sender's rank, u16 flags (goodbye, the
+// lane, the stripe count), u16 cluster id bytes, u64 collective epoch, u64 tag}, the cluster id
+// (a stream's first frame only), then the payload. ring.proto's Chunk documents the layout.
 //
 // Copies per payload byte in user space, besides the kernel's socket copies (and TLS's
 // encryption, which writes a new buffer anyway):
@@ -33,6 +35,7 @@
 #include "core/collectives/mailbox.h"
 #include "core/collectives/transport.h"
 #include "meshrun/v1/ring.grpc.pb.h"
+#include "worker/stripe_joiner.h"
 
 namespace meshrun {
 
@@ -55,8 +58,21 @@ class RingService final : public v1::Ring::WithRawCallbackMethod_Transfer<v1::Ri
   class Reactor;
   absl::Mutex mu_;
   Mailbox* mailbox_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Shared by the streams of one Attach (a stream outlives a later Attach).
+  std::shared_ptr<StripeJoiner> joiner_ ABSL_GUARDED_BY(mu_);
   int world_size_ ABSL_GUARDED_BY(mu_) = 0;
   std::string cluster_id_ ABSL_GUARDED_BY(mu_);
+};
+
+// How GrpcTransport stripes a large message over several streams (lanes) to one peer, each its
+// own TCP connection (worker/stripe_joiner.h has the protocol). Worker flags --grpc_stripes and
+// --grpc_stripe_bytes; README, Collectives, has the measurements behind the defaults.
+struct GrpcStripeOptions {
+  // The most lanes a message goes over, 1..kMaxLanes (1: never striped).
+  int max_stripes = 1;
+  // A message of `bytes` goes over min(max_stripes, max(1, bytes / stripe_bytes)) lanes, in
+  // pieces of about bytes / lanes each (whole 8-byte words).
+  size_t stripe_bytes = size_t{4} << 20;
 };
 
 // Transport over gRPC. Send writes the chunk on the peer's stream from the calling thread; with
@@ -69,7 +85,7 @@ class GrpcTransport : public Transport {
   // `addresses[r]` is rank r's host:port. `mailbox` is the one attached to this worker's
   // RingService and must outlive the transport.
   GrpcTransport(int rank, std::vector<std::string> addresses, std::string cluster_id,
-                Mailbox* mailbox);
+                Mailbox* mailbox, GrpcStripeOptions stripes = {});
   // Closes every link (sending goodbye, so peers know the close was deliberate).
   ~GrpcTransport() override;
 
@@ -86,14 +102,18 @@ class GrpcTransport : public Transport {
 
  private:
   class PeerLink;
-  absl::StatusOr<PeerLink*> Link(int peer);
+  absl::StatusOr<PeerLink*> Link(int peer, int lane);
+  int StripesFor(size_t bytes) const;
   void WatchdogLoop();
 
   const int rank_;
   const std::vector<std::string> addresses_;
   const std::string cluster_id_;
   Mailbox* mailbox_;
+  const GrpcStripeOptions stripes_;
+  const int lanes_;  // links per peer
   absl::Mutex mu_;
+  // Peer p's lane l at p * lanes_ + l, opened on first use.
   std::vector<std::unique_ptr<PeerLink>> links_ ABSL_GUARDED_BY(mu_);
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

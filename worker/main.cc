@@ -14,6 +14,7 @@
 #include "glog/logging.h"
 #include "net/credentials.h"
 #include "net/grpc_util.h"
+#include "worker/ring_frame.h"
 #include "worker/worker_runner.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "coordinator address host:port");
@@ -35,6 +36,12 @@ ABSL_FLAG(int64_t, recursive_doubling_max_bytes, 256 << 10,
 ABSL_FLAG(int64_t, one_shot_max_bytes, 0,
           "all-reduces up to this many bytes are one-shot (one latency, P-1 sends; pays where "
           "latency dwarfs a send's cost); 0: never, as measured on 2 cores (README, Collectives)");
+ABSL_FLAG(int, grpc_stripes, meshrun::GrpcStripeOptions().max_stripes,
+          "the most gRPC streams (TCP connections) one message to a peer is striped over, 1..16 "
+          "(1: never striped; README, Collectives)");
+ABSL_FLAG(int64_t, grpc_stripe_bytes,
+          static_cast<int64_t>(meshrun::GrpcStripeOptions().stripe_bytes),
+          "a message over gRPC goes over one stream per this many bytes, up to --grpc_stripes");
 ABSL_FLAG(absl::Duration, shm_receive_spin, absl::Microseconds(50),
           "a receive over shared memory polls this long before it sleeps (0: sleep at once; "
           "README, Collectives)");
@@ -120,6 +127,8 @@ int main(int argc, char** argv) {
   o.receive_spin = absl::GetFlag(FLAGS_shm_receive_spin);
   o.kernel_shape_labels = absl::GetFlag(FLAGS_kernel_shape_labels);
   o.one_shot_max_bytes = absl::GetFlag(FLAGS_one_shot_max_bytes);
+  o.grpc_stripes = absl::GetFlag(FLAGS_grpc_stripes);
+  o.grpc_stripe_bytes = absl::GetFlag(FLAGS_grpc_stripe_bytes);
   const absl::Status flags = meshrun::FirstFailed(
       {meshrun::CheckFlagRange("port", o.port, 0, 65535),
        meshrun::CheckFlagRange("rank", o.requested_rank, -1, 1 << 20),
@@ -129,6 +138,8 @@ int main(int argc, char** argv) {
        meshrun::CheckFlagRange("recursive_doubling_max_bytes", o.recursive_doubling_max_bytes, 0,
                                int64_t{1} << 40),
        meshrun::CheckFlagRange("one_shot_max_bytes", o.one_shot_max_bytes, 0, int64_t{1} << 40),
+       meshrun::CheckFlagRange("grpc_stripes", o.grpc_stripes, 1, meshrun::kMaxLanes),
+       meshrun::CheckFlagRange("grpc_stripe_bytes", o.grpc_stripe_bytes, 8, int64_t{1} << 40),
        meshrun::CheckFlagRange("shm_receive_spin", o.receive_spin, absl::ZeroDuration(),
                                absl::Seconds(1)),
        meshrun::CheckFlagPositive("join_timeout", o.join_timeout),

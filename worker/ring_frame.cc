@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "worker/stripe_joiner.h"
 
 namespace meshrun {
 namespace {
@@ -14,6 +15,11 @@ void Put(char* out, uint64_t v, int bytes) {
 
 // Received pieces smaller than this are copied into the queued Cord rather than referenced.
 constexpr size_t kCopiedPieceBytes = 256;
+
+// The flags field: bit 0 kGoodbye, bits 4-7 the lane, bits 8-11 the stripe count - 1; the rest
+// must be 0.
+constexpr int kLaneShift = 4, kStripesShift = 8;
+constexpr uint16_t kKnownFlags = kGoodbye | 0xff0;
 
 uint64_t Get(const char* in, int bytes) {
   uint64_t v = 0;
@@ -27,7 +33,7 @@ uint64_t Get(const char* in, int bytes) {
 std::string EncodeFrameHeader(const FrameHeader& h) {
   std::string out(kFrameHeaderBytes + h.cluster_id.size(), '\0');
   Put(&out[0], static_cast<uint32_t>(h.src_rank), 4);
-  Put(&out[4], h.flags, 2);
+  Put(&out[4], h.flags | h.lane << kLaneShift | (h.stripes - 1) << kStripesShift, 2);
   Put(&out[6], h.cluster_id.size(), 2);
   Put(&out[8], h.epoch, 8);
   Put(&out[16], h.tag, 8);
@@ -48,7 +54,14 @@ absl::StatusOr<FrameHeader> FrameReader::ReadHeader() {
   }
   FrameHeader h;
   h.src_rank = static_cast<int32_t>(Get(&fixed[0], 4));
-  h.flags = static_cast<uint16_t>(Get(&fixed[4], 2));
+  const uint16_t flags = static_cast<uint16_t>(Get(&fixed[4], 2));
+  if ((flags & ~kKnownFlags) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ring frame with flags ", flags, " (bits ",
+                                                   flags & ~kKnownFlags, " are not defined)"));
+  }
+  h.flags = flags & kGoodbye;
+  h.lane = (flags >> kLaneShift) & 0xf;
+  h.stripes = ((flags >> kStripesShift) & 0xf) + 1;
   const size_t id_bytes = Get(&fixed[6], 2);
   h.epoch = Get(&fixed[8], 8);
   h.tag = Get(&fixed[16], 8);
@@ -110,8 +123,9 @@ bool FrameReader::Read(char* out, size_t n) {
   return true;
 }
 
-RingStreamReceiver::RingStreamReceiver(Mailbox* mailbox, int world_size, std::string cluster_id)
-    : mailbox_(mailbox), world_size_(world_size), cluster_id_(std::move(cluster_id)) {}
+RingStreamReceiver::RingStreamReceiver(std::shared_ptr<StripeJoiner> joiner, int world_size,
+                                       std::string cluster_id)
+    : joiner_(std::move(joiner)), world_size_(world_size), cluster_id_(std::move(cluster_id)) {}
 
 absl::Status RingStreamReceiver::Receive(std::vector<grpc::Slice> frame) {
   FrameReader reader(std::move(frame));
@@ -127,24 +141,22 @@ absl::Status RingStreamReceiver::Receive(std::vector<grpc::Slice> frame) {
                                                         "'; this is '", cluster_id_, "'"));
     }
     src_ = h->src_rank;
-  } else if (h->src_rank != src_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ring frame from rank ", h->src_rank, " on rank ", src_, "'s stream"));
+    lane_ = h->lane;
+  } else if (h->src_rank != src_ || h->lane != lane_) {
+    return absl::InvalidArgumentError(absl::StrCat("ring frame from rank ", h->src_rank,
+                                                   " on lane ", h->lane, " in rank ", src_,
+                                                   "'s stream on lane ", lane_));
   }
   if (h->flags & kGoodbye) {
     goodbye_ = true;
     return absl::OkStatus();
   }
-  // No copy either way: the sink reduces or copies straight out of gRPC's slices, now if the
-  // collective has posted this receive, or when it takes the queued slices.
-  const size_t size = reader.remaining();
-  if (const RecvSink* sink = mailbox_->BeginInPlace(src_, h->epoch, h->tag, size)) {
-    reader.ForEachPiece(*sink);
-    mailbox_->EndInPlace(src_);
-    return absl::OkStatus();
+  if (lane_ != 0 && h->stripes != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("ring frame on lane ", lane_,
+                                                   " is striped over ", h->stripes,
+                                                   " lanes; only lane 0 carries a stripe count"));
   }
-  mailbox_->Deliver(src_, h->epoch, h->tag, reader.Rest());
-  return absl::OkStatus();
+  return joiner_->Receive(src_, lane_, *h, reader);
 }
 
 }  // namespace meshrun

@@ -152,6 +152,10 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   collectives.one_shot_max_bytes = static_cast<size_t>(o.one_shot_max_bytes);
   collectives.receive_spin = o.receive_spin;
   worker.set_collective_defaults(collectives);
+  GrpcStripeOptions stripes;
+  stripes.max_stripes = o.grpc_stripes;
+  stripes.stripe_bytes = static_cast<size_t>(o.grpc_stripe_bytes);
+  worker.set_grpc_stripes(stripes);
   // A restart as the cluster re-formed: the state copies this process held before its exec.
   if (absl::Status s = worker.peer_state().ImportAfterExec(); !s.ok()) {
     LOG(WARNING) << "the peers' state copies were not kept over the restart: " << s;

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "core/collectives/communicator.h"
+#include "worker/grpc_transport.h"
 
 namespace meshrun {
 
@@ -34,6 +35,9 @@ struct WorkerRunnerOptions {
   int64_t recursive_doubling_max_bytes = CollectiveOptions().small_message_bytes;
   int64_t one_shot_max_bytes = CollectiveOptions().one_shot_max_bytes;
   absl::Duration receive_spin = CollectiveOptions().receive_spin;
+  // Striping over several gRPC streams per peer (GrpcStripeOptions).
+  int grpc_stripes = GrpcStripeOptions().max_stripes;
+  int64_t grpc_stripe_bytes = static_cast<int64_t>(GrpcStripeOptions().stripe_bytes);
   // Label each matmul's kernel histogram by its shape too (WorkerMetrics' shape_labels).
   bool kernel_shape_labels = false;
 };

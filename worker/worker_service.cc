@@ -52,8 +52,9 @@ void WorkerService::Join(Membership membership, RingService* ring) {
   membership_ = std::move(membership);
   mailbox_ = std::make_unique<Mailbox>(membership_.mesh.size(), absl::Seconds(2),
                                        collective_defaults_.receive_spin);
-  transport_ = std::make_unique<GrpcTransport>(membership_.rank, membership_.addresses,
-                                               membership_.cluster_id, mailbox_.get());
+  transport_ =
+      std::make_unique<GrpcTransport>(membership_.rank, membership_.addresses,
+                                      membership_.cluster_id, mailbox_.get(), grpc_stripes_);
   if (membership_.shm_peers.size() == membership_.addresses.size()) {
     ShmTransport::Options options;
     options.arena = arena_;

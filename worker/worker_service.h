@@ -59,6 +59,9 @@ class WorkerService final : public v1::Worker::Service {
   // The collective options every program and benchmark starts from (their timeouts are the
   // request's). Call before serving; not thread-safe.
   void set_collective_defaults(const CollectiveOptions& options) { collective_defaults_ = options; }
+  // How the gRPC transport stripes large messages over several streams per peer. Call before
+  // Join; not thread-safe.
+  void set_grpc_stripes(const GrpcStripeOptions& options) { grpc_stripes_ = options; }
 
   // Sets up the transport once the coordinator has assigned the rank; attaches `ring` to it.
   void Join(Membership membership, RingService* ring);
@@ -118,6 +121,7 @@ class WorkerService final : public v1::Worker::Service {
 
   const int compute_threads_;
   CollectiveOptions collective_defaults_;
+  GrpcStripeOptions grpc_stripes_;
   const int64_t memory_budget_bytes_;
   const CheckpointRoot checkpoint_root_;
   WorkerMetrics* const metrics_;

@@ -191,6 +191,17 @@ int main(int argc, char** argv) {
                    "with --netns: one-way delay tc netem adds to each packet a worker sends")
       ->check(CLI::Range(int64_t{0}, int64_t{10'000'000}))
       ->needs(ar_netns);
+  ar_cmd
+      ->add_option("--grpc-stripes", ar.grpc_stripes,
+                   "the workers' --grpc_stripes: the most gRPC streams per peer a message is "
+                   "striped over; several: a cluster for each in turn (default: the workers')")
+      ->check(CLI::Range(1, 16));
+  ar_cmd
+      ->add_option("--grpc-stripe-bytes", ar.grpc_stripe_bytes,
+                   "with --grpc-stripes: the workers' --grpc_stripe_bytes (one stream per this "
+                   "many bytes of a message)")
+      ->check(CLI::Range(int64_t{8}, int64_t{1} << 40))
+      ->needs("--grpc-stripes");
   std::vector<std::string> ar_algorithms;
   ar_cmd
       ->add_option("--algorithm", ar_algorithms,

@@ -33,4 +33,7 @@ expect_refused "--compute_threads -3 is out of range" "$bin/meshrun-worker" --co
 expect_refused "--memory_budget_bytes -1 is out of range" "$bin/meshrun-worker" --memory_budget_bytes=-1
 expect_refused "--one_shot_max_bytes -1 is out of range" "$bin/meshrun-worker" --one_shot_max_bytes=-1
 expect_refused "--shm_receive_spin 2s is out of range; expected 0..1s" "$bin/meshrun-worker" --shm_receive_spin=2s
+expect_refused "--grpc_stripes 17 is out of range; expected 1..16" "$bin/meshrun-worker" --grpc_stripes=17
+expect_refused "--grpc_stripe_bytes 4 is out of range" "$bin/meshrun-worker" --grpc_stripe_bytes=4
+expect_refused "--grpc-stripes: Value 0 not in range" "$bin/meshrun" bench allreduce --grpc-stripes 0
 exit $fail

@@ -100,6 +100,12 @@ struct Transport {
   const char* name;
   bool shm;
   int64_t piece;  // elements per rank: >= 64K takes the single-copy path among co-located ranks
+  // > 1: the gRPC ring stripes every message of 8 bytes or more over up to this many streams.
+  int stripes = 1;
+  std::vector<std::string> WorkerFlags() const {
+    if (stripes <= 1) return {};
+    return {absl::StrCat("--grpc_stripes=", stripes), "--grpc_stripe_bytes=8"};
+  }
 };
 
 void PrintTo(const Transport& t, std::ostream* os) { *os << t.name; }
@@ -112,7 +118,8 @@ class CollectiveEpochTest : public ::testing::TestWithParam<Transport> {};
 // program runs the same collective on the first piece of every block.
 TEST_P(CollectiveEpochTest, AValidCollectiveAfterAnAbortedOneIsRight) {
   const Transport t = GetParam();
-  auto cluster = testing::StartCluster("i=4", absl::StrCat("epoch_", t.name), t.shm);
+  auto cluster = testing::StartCluster("i=4", absl::StrCat("epoch_", t.name), t.shm,
+                                       /*process_checks=*/true, t.WorkerFlags());
   ASSERT_NE(cluster, nullptr);
   auto client = Client::Connect(cluster->coordinator_address());
   ASSERT_TRUE(client.ok()) << client.status();
@@ -174,7 +181,7 @@ class CollectiveEpochTimeoutTest : public ::testing::TestWithParam<Transport> {}
 TEST_P(CollectiveEpochTimeoutTest, AfterAStoppedRankTimesOutTheNextCollectiveIsRight) {
   const Transport t = GetParam();
   auto cluster = testing::StartCluster("i=4", absl::StrCat("epoch_timeout_", t.name), t.shm,
-                                       /*process_checks=*/false);
+                                       /*process_checks=*/false, t.WorkerFlags());
   ASSERT_NE(cluster, nullptr);
   auto client = Client::Connect(cluster->coordinator_address());
   ASSERT_TRUE(client.ok()) << client.status();
@@ -225,15 +232,16 @@ TEST_P(CollectiveEpochTimeoutTest, AfterAStoppedRankTimesOutTheNextCollectiveIsR
   ASSERT_TRUE(cluster->Stop().ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, CollectiveEpochTest,
-                         ::testing::Values(Transport{"grpc", false, 8}, Transport{"shm", true, 8},
-                                           Transport{"single_copy", true, 65536}),
-                         [](const ::testing::TestParamInfo<Transport>& info) {
-                           return info.param.name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Transports, CollectiveEpochTest,
+    ::testing::Values(Transport{"grpc", false, 8}, Transport{"grpc_striped", false, 8, 3},
+                      Transport{"shm", true, 8}, Transport{"single_copy", true, 65536}),
+    [](const ::testing::TestParamInfo<Transport>& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(Transports, CollectiveEpochTimeoutTest,
-                         ::testing::Values(Transport{"grpc", false, 8}, Transport{"shm", true, 8}),
+                         ::testing::Values(Transport{"grpc", false, 8},
+                                           Transport{"grpc_striped", false, 8, 3},
+                                           Transport{"shm", true, 8}),
                          [](const ::testing::TestParamInfo<Transport>& info) {
                            return info.param.name;
                          });

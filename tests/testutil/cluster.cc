@@ -81,8 +81,10 @@ class ClusterLogsOnFailure : public ::testing::EmptyTestEventListener {
 }  // namespace
 
 std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::string& tag,
-                                           bool shm_transport, bool process_checks) {
+                                           bool shm_transport, bool process_checks,
+                                           const std::vector<std::string>& worker_flags) {
   LocalClusterOptions o;
+  o.worker_flags = worker_flags;
   o.mesh = mesh;
   o.shm_transport = shm_transport;
   o.process_checks = process_checks;

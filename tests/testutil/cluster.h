@@ -23,7 +23,8 @@ namespace meshrun::testing {
 // `shm_transport`, `process_checks`: as LocalClusterOptions (false: collectives over the gRPC
 // ring only; a stopped worker found by its heartbeats or the collectives' deadlines only).
 std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::string& tag,
-                                           bool shm_transport = true, bool process_checks = true);
+                                           bool shm_transport = true, bool process_checks = true,
+                                           const std::vector<std::string>& worker_flags = {});
 
 // The main job (seed 001's classifier on Fashion-MNIST, dropout on: the rng is part of what a
 // resumed or recovered run must bring back) for `max_steps` steps, a report every step, no

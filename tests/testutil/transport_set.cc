@@ -24,6 +24,8 @@ std::string KindName(TransportKind kind) {
       return "InProcess";
     case TransportKind::kGrpc:
       return "Grpc";
+    case TransportKind::kGrpcStriped:
+      return "GrpcStriped";
     case TransportKind::kShm:
       return "Shm";
   }
@@ -71,8 +73,10 @@ TransportSet::TransportSet(TransportKind kind, int n, const TransportSetOptions&
     impl_->mailboxes.push_back(
         std::make_unique<Mailbox>(n, absl::Seconds(2), options.receive_spin));
     impl_->rings[r]->Attach(impl_->mailboxes[r].get(), n, "test-cluster");
-    impl_->transports.push_back(
-        std::make_unique<GrpcTransport>(r, addresses, "test-cluster", impl_->mailboxes[r].get()));
+    const GrpcStripeOptions stripes =
+        kind == TransportKind::kGrpcStriped ? GrpcStripeOptions{3, 8} : options.grpc_stripes;
+    impl_->transports.push_back(std::make_unique<GrpcTransport>(
+        r, addresses, "test-cluster", impl_->mailboxes[r].get(), stripes));
   }
   if (kind != TransportKind::kShm) return;
   std::vector<ShmPeer> peers(n);

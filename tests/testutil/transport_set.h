@@ -1,6 +1,7 @@
 // N connected transports of one kind, for collective tests: in-process (threads as ranks), real
-// gRPC (one RingService + server per rank on loopback, in this process), or shared memory over
-// that gRPC set (ShmTransport: every rank on "one host", rings in /dev/shm).
+// gRPC (one RingService + server per rank on loopback, in this process; its messages striped over
+// several streams or not), or shared memory over that gRPC set (ShmTransport: every rank on "one
+// host", rings in /dev/shm).
 #ifndef MESHRUN_TESTS_TESTUTIL_TRANSPORT_SET_H_
 #define MESHRUN_TESTS_TESTUTIL_TRANSPORT_SET_H_
 
@@ -11,11 +12,14 @@
 
 #include "absl/time/time.h"
 #include "core/collectives/transport.h"
+#include "worker/grpc_transport.h"
 #include "worker/shm_arena.h"
 
 namespace meshrun::testing {
 
-enum class TransportKind { kInProcess, kGrpc, kShm };
+// kGrpcStriped: kGrpc with every message of 8 bytes or more striped over up to 3 streams per
+// peer (GrpcStripeOptions{3, 8}), whatever TransportSetOptions::grpc_stripes says.
+enum class TransportKind { kInProcess, kGrpc, kGrpcStriped, kShm };
 std::string KindName(TransportKind kind);
 
 struct TransportSetOptions {
@@ -32,6 +36,8 @@ struct TransportSetOptions {
   // process (net/credentials.h), as workers do by default; false: plaintext. Either way the
   // choice becomes this process's credentials.
   bool tls = false;
+  // kGrpc / kShm: how the gRPC transports stripe messages over several streams per peer.
+  GrpcStripeOptions grpc_stripes;
   // How long a receive polls before it sleeps (Mailbox's `spin`).
   absl::Duration receive_spin = absl::ZeroDuration();
   // kShm: how long a drain thread sleeps unwoken (ShmTransport::Options::drain_poll). Long, so

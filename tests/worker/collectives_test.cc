@@ -65,7 +65,9 @@ class CollectivesTest : public ::testing::TestWithParam<Param> {
   DType dtype() const { return std::get<3>(GetParam()); }
   CollectiveOptions Options() const {
     CollectiveOptions o;
-    o.chunk_bytes = 8;  // several chunks per block, to exercise the pipelines
+    // Several chunks per block, to exercise the pipelines; with striping, chunks of a few words,
+    // so that each is cut into pieces over the lanes.
+    o.chunk_bytes = kind() == TransportKind::kGrpcStriped ? 40 : 8;
     o.timeout = absl::Seconds(20);
     return o;
   }
@@ -85,12 +87,14 @@ TEST_P(CollectivesTest, PsumPmeanPmax) {
   ts.RunRanks([&](int r) {
     Communicator comm(ts.at(r), Iota(n), Options());
     status[r] = comm.AllReduce(sum[r].data(), count(), dtype(), ReduceOp::kSum);
-    if (status[r].ok()) status[r] = comm.AllReduce(mean[r].data(), count(), dtype(), ReduceOp::kMean);
+    if (status[r].ok())
+      status[r] = comm.AllReduce(mean[r].data(), count(), dtype(), ReduceOp::kMean);
     if (status[r].ok()) status[r] = comm.AllReduce(max[r].data(), count(), dtype(), ReduceOp::kMax);
   });
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
-    std::vector<float> s = Decode(sum[r], dtype()), m = Decode(mean[r], dtype()), x = Decode(max[r], dtype());
+    std::vector<float> s = Decode(sum[r], dtype()), m = Decode(mean[r], dtype()),
+                       x = Decode(max[r], dtype());
     for (int64_t i = 0; i < count(); ++i) {
       float ref_sum = 0, ref_max = -1e9f;
       for (int q = 0; q < n; ++q) {
@@ -122,14 +126,16 @@ TEST_P(CollectivesTest, AllGatherAndPsumScatter) {
     Communicator comm(ts.at(r), Iota(n), Options());
     status[r] = comm.AllGather(in[r].data(), count(), dtype(), gathered[r].data());
     if (status[r].ok()) {
-      status[r] = comm.ReduceScatter(scatter_in[r].data(), count(), dtype(), ReduceOp::kSum, scattered[r].data());
+      status[r] = comm.ReduceScatter(scatter_in[r].data(), count(), dtype(), ReduceOp::kSum,
+                                     scattered[r].data());
     }
   });
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
     std::vector<float> g = Decode(gathered[r], dtype()), s = Decode(scattered[r], dtype());
     for (int q = 0; q < n; ++q) {
-      for (int64_t i = 0; i < count(); ++i) ASSERT_EQ(g[q * count() + i], Value(q, i)) << "all_gather rank " << r;
+      for (int64_t i = 0; i < count(); ++i)
+        ASSERT_EQ(g[q * count() + i], Value(q, i)) << "all_gather rank " << r;
     }
     for (int64_t i = 0; i < count(); ++i) {
       float ref = 0;
@@ -148,7 +154,8 @@ TEST_P(CollectivesTest, PpermuteAndAllToAll) {
   for (int i = 0; i < n; ++i) shift.push_back({i, (i + 1) % n});
   for (int i = 0; i + 1 < n; ++i) partial.push_back({i, i + 1});
   std::vector<std::vector<char>> in(n), shifted(n, std::vector<char>(count() * elem)),
-      part(n, std::vector<char>(count() * elem, 1)), a2a_in(n), a2a_out(n, std::vector<char>(n * count() * elem));
+      part(n, std::vector<char>(count() * elem, 1)), a2a_in(n),
+      a2a_out(n, std::vector<char>(n * count() * elem));
   std::vector<absl::Status> status(n);
   for (int r = 0; r < n; ++r) {
     std::vector<float> v(count()), w(n * count());
@@ -160,12 +167,15 @@ TEST_P(CollectivesTest, PpermuteAndAllToAll) {
   ts.RunRanks([&](int r) {
     Communicator comm(ts.at(r), Iota(n), Options());
     status[r] = comm.Permute(in[r].data(), count(), dtype(), shift, shifted[r].data());
-    if (status[r].ok()) status[r] = comm.Permute(in[r].data(), count(), dtype(), partial, part[r].data());
-    if (status[r].ok()) status[r] = comm.AllToAll(a2a_in[r].data(), count(), dtype(), a2a_out[r].data());
+    if (status[r].ok())
+      status[r] = comm.Permute(in[r].data(), count(), dtype(), partial, part[r].data());
+    if (status[r].ok())
+      status[r] = comm.AllToAll(a2a_in[r].data(), count(), dtype(), a2a_out[r].data());
   });
   for (int r = 0; r < n; ++r) {
     ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
-    std::vector<float> s = Decode(shifted[r], dtype()), p = Decode(part[r], dtype()), a = Decode(a2a_out[r], dtype());
+    std::vector<float> s = Decode(shifted[r], dtype()), p = Decode(part[r], dtype()),
+                       a = Decode(a2a_out[r], dtype());
     const int from = (r + n - 1) % n;
     for (int64_t i = 0; i < count(); ++i) {
       ASSERT_EQ(s[i], Value(from, i)) << "ppermute rank " << r;
@@ -173,7 +183,8 @@ TEST_P(CollectivesTest, PpermuteAndAllToAll) {
     }
     for (int q = 0; q < n; ++q) {
       for (int64_t i = 0; i < count(); ++i) {
-        ASSERT_EQ(a[q * count() + i], Value(q, r * count() + i)) << "all_to_all rank " << r << " block " << q;
+        ASSERT_EQ(a[q * count() + i], Value(q, r * count() + i))
+            << "all_to_all rank " << r << " block " << q;
       }
     }
   }
@@ -181,11 +192,13 @@ TEST_P(CollectivesTest, PpermuteAndAllToAll) {
 
 INSTANTIATE_TEST_SUITE_P(
     TransportsWorldsCountsDtypes, CollectivesTest,
-    ::testing::Combine(::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc, TransportKind::kShm),
-                       ::testing::Range(1, 9),
-                       ::testing::Values<int64_t>(0, 1, 13), ::testing::Values(v1::DTYPE_F32, v1::DTYPE_BF16)),
+    ::testing::Combine(::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc,
+                                         TransportKind::kGrpcStriped, TransportKind::kShm),
+                       ::testing::Range(1, 9), ::testing::Values<int64_t>(0, 1, 13),
+                       ::testing::Values(v1::DTYPE_F32, v1::DTYPE_BF16)),
     [](const ::testing::TestParamInfo<Param>& info) {
-      return KindName(std::get<0>(info.param)) + "_world" + std::to_string(std::get<1>(info.param)) + "_count" +
+      return KindName(std::get<0>(info.param)) + "_world" +
+             std::to_string(std::get<1>(info.param)) + "_count" +
              std::to_string(std::get<2>(info.param)) + "_" + DTypeName(std::get<3>(info.param));
     });
 
@@ -216,12 +229,14 @@ TEST_P(SubAxisTest, GroupsOfThe2x4Mesh) {
     EXPECT_EQ(over_model[r], row * 16 + 6) << r;  // sum of the row's ranks
     EXPECT_EQ(over_data[r], 2 * col + 4) << r;    // col + (col + 4)
     EXPECT_EQ(over_both[r], 28) << r;
-    EXPECT_EQ(gathered[r], (std::vector<float>{row * 4.0f, row * 4.0f + 1, row * 4.0f + 2, row * 4.0f + 3}));
+    EXPECT_EQ(gathered[r],
+              (std::vector<float>{row * 4.0f, row * 4.0f + 1, row * 4.0f + 2, row * 4.0f + 3}));
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, SubAxisTest,
-                         ::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc, TransportKind::kShm),
+                         ::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc,
+                                           TransportKind::kGrpcStriped, TransportKind::kShm),
                          [](const auto& info) { return KindName(info.param); });
 
 // The seed's examples at the collective level, on a 4-way axis.
@@ -235,7 +250,8 @@ TEST(SeedExamplesTest, PsumScatterGives22_20_12_17AndPpermuteGives3_0_1_2) {
     Communicator comm(ts.at(r), Iota(4));
     ASSERT_TRUE(comm.ReduceScatter(x[r], 1, v1::DTYPE_F32, ReduceOp::kSum, &scattered[r]).ok());
     const float mine = static_cast<float>(r);  // np.arange(4) sharded P('i')
-    ASSERT_TRUE(comm.Permute(&mine, 1, v1::DTYPE_F32, {{0, 1}, {1, 2}, {2, 3}, {3, 0}}, &permuted[r]).ok());
+    ASSERT_TRUE(
+        comm.Permute(&mine, 1, v1::DTYPE_F32, {{0, 1}, {1, 2}, {2, 3}, {3, 0}}, &permuted[r]).ok());
   });
   EXPECT_EQ(scattered, (std::vector<float>{22, 20, 12, 17}));
   EXPECT_EQ(permuted, (std::vector<float>{3, 0, 1, 2}));
@@ -244,7 +260,8 @@ TEST(SeedExamplesTest, PsumScatterGives22_20_12_17AndPpermuteGives3_0_1_2) {
 TEST(PermutationTest, RejectsNonPermutationsNamingThePair) {
   EXPECT_EQ(ValidatePermutation({{0, 1}, {0, 2}}, 4).message(),
             "perm [(0, 1), (0, 2)] is not a permutation: source 0 appears twice");
-  EXPECT_THAT(ValidatePermutation({{0, 1}, {2, 1}}, 4).message(), HasSubstr("destination 1 appears twice"));
+  EXPECT_THAT(ValidatePermutation({{0, 1}, {2, 1}}, 4).message(),
+              HasSubstr("destination 1 appears twice"));
   EXPECT_THAT(ValidatePermutation({{0, 4}}, 4).message(), HasSubstr("outside the axis of size 4"));
 }
 

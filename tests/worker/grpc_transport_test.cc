@@ -315,7 +315,7 @@ TEST(GrpcTransportTest, MalformedFramesEndTheirStreamWithAnErrorAndTheServiceGoe
   EXPECT_THAT(s.error_message(), HasSubstr("cluster 'other'"));
   s = ring.WriteFrames({Frame(1, 0, "c", 0, 1, "x"), Frame(0, 0, "", 0, 2, "y")});
   EXPECT_EQ(s.error_code(), grpc::INVALID_ARGUMENT);
-  EXPECT_THAT(s.error_message(), HasSubstr("from rank 0 on rank 1's stream"));
+  EXPECT_THAT(s.error_message(), HasSubstr("from rank 0 on lane 0 in rank 1's stream"));
 
   // None of those left a message behind but the first valid frame; a well-formed stream
   // (with its goodbye) is delivered.
