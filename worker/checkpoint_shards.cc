@@ -85,6 +85,11 @@ grpc::Status WorkerService::LoadShards(grpc::ServerContext*, const v1::LoadShard
       return Error(
           absl::InvalidArgumentError(absl::StrCat("array ", item.name(), ": ", s.message())));
     }
+    // The shape comes off the wire: its size is checked before a block is made for it.
+    if (absl::StatusOr<int64_t> bytes = CheckedByteSize(item.dtype(), global); !bytes.ok()) {
+      return Error(absl::InvalidArgumentError(
+          absl::StrCat("array ", item.name(), ": ", bytes.status().message())));
+    }
     const Dims dims = sharding.ShardDims(global);
     const std::vector<int64_t> target = sharding.ShardOffsets(global, m.rank);
     Tensor block;
