@@ -177,6 +177,9 @@ absl::Status ShmRing::Write(uint64_t epoch, uint64_t tag, absl::string_view data
       if (!flagged) {
         // A consumer that left messages in the ring copies out enough of them; look again after.
         header_->producer_needs.store(need, std::memory_order_release);
+        // Pairs with Consume's fence: either it sees the flag and wakes this side, or the look
+        // at `tail` below sees what it consumed.
+        std::atomic_thread_fence(std::memory_order_seq_cst);
         WakeConsumer();
         flagged = true;
         continue;
@@ -287,7 +290,13 @@ absl::Status ShmRing::Consume(Consumer& consumer, bool* idle) {
     }
     tail += size;
     header_->tail.store(tail, std::memory_order_release);
-    WakeProducer();
+    // A producer sleeps only after flagging the room it waits for (Write): wake it then, and
+    // spare the futex call, a system call per message, otherwise.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (header_->producer_needs.load(std::memory_order_relaxed) != 0) {
+      WakeProducer();
+      space_wakes_.fetch_add(1, std::memory_order_relaxed);
+    }
     if (deliver) {
       in_message_ = false;
       consumer.Deliver(partial_epoch_, partial_tag_, std::move(partial_));

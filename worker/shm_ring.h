@@ -12,7 +12,7 @@
 // consumer's futex word, and wakes it only while the consumer asks for wakes (SetWakeOnData: a
 // receive that sleeps; one that polls, or none at all, needs no wake-up, which on a busy core
 // costs more than the message); the consumer publishes `tail` after each frame and wakes the
-// producer's.
+// producer's futex only while the producer waits for room (it posts how much first).
 // The consumer may leave whole messages in the ring until someone wants them (Consumer::Defer);
 // a producer that finds no room posts the bytes it needs in the header and wakes the consumer,
 // which copies out the oldest messages until they fit, so a sender never waits on a receiver
@@ -103,6 +103,9 @@ class ShmRing {
   // How many of this process's Writes woke the consumer's futex (SetWakeOnData), since the ring
   // was mapped here.
   uint64_t data_wakes() const { return data_wakes_.load(std::memory_order_relaxed); }
+  // How many times this process's Consume woke a producer waiting for room, since the ring was
+  // mapped here (a producer that never waits is never woken: no futex call per message).
+  uint64_t space_wakes() const { return space_wakes_.load(std::memory_order_relaxed); }
 
  private:
   struct Header;
@@ -127,6 +130,7 @@ class ShmRing {
   uint64_t partial_epoch_ = 0;
   bool in_message_ = false;
   std::atomic<uint64_t> data_wakes_{0};
+  std::atomic<uint64_t> space_wakes_{0};
 };
 
 }  // namespace meshrun

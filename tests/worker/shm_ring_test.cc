@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <functional>
 #include <set>
@@ -284,6 +285,47 @@ TEST(ShmRingTest, WriteWakesTheConsumerOnlyWhileItAsksToBeWoken) {
   ASSERT_TRUE(consumer->Drain(absl::Milliseconds(1), collector).ok());
   ASSERT_EQ(collector.got.size(), 4u);
   for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(collector.got[i].tag, i + 1);
+}
+
+TEST(ShmRingTest, AProducerWaitingForRoomIsWokenOnlyThenAndAtOnce) {
+  const std::string name = UniqueName("room");
+  std::unique_ptr<ShmRing> producer, consumer;
+  ASSERT_NO_FATAL_FAILURE(MakeRing(name, &producer, &consumer));
+  const auto ok = [] { return absl::OkStatus(); };
+  // Messages that fit: consuming them wakes no one.
+  for (uint64_t tag = 1; tag <= 3; ++tag) {
+    ASSERT_TRUE(producer
+                    ->Write(1, tag, Pattern(1000, 1), absl::Now() + absl::Seconds(10),
+                            absl::Seconds(10), ok)
+                    .ok());
+  }
+  Collector collector;
+  ASSERT_TRUE(consumer->Drain(absl::Milliseconds(1), collector).ok());
+  ASSERT_EQ(collector.got.size(), 3u);
+  EXPECT_EQ(consumer->space_wakes(), 0u) << "no producer waited for room";
+
+  // A message of three ring-fulls, with a producer that never looks again on its own (its poll
+  // is an hour): only the consumer's wake-ups let it finish before its deadline. The consumer
+  // starts once the producer waits for room (keep_waiting runs just before it sleeps).
+  absl::Status written;
+  std::atomic<bool> producer_waits{false};
+  std::thread writer([&] {
+    written = producer->Write(1, 4, Pattern(3 * 8192, 4), absl::Now() + absl::Seconds(30),
+                              absl::Hours(1), [&] {
+                                producer_waits.store(true);
+                                return absl::OkStatus();
+                              });
+  });
+  const absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (!producer_waits.load() && absl::Now() < give_up) std::this_thread::yield();
+  while (collector.got.size() < 4 && absl::Now() < give_up) {
+    ASSERT_TRUE(consumer->Drain(absl::Milliseconds(50), collector).ok());
+  }
+  writer.join();
+  EXPECT_TRUE(written.ok()) << written;
+  ASSERT_EQ(collector.got.size(), 4u);
+  EXPECT_TRUE(collector.got[3].data == Pattern(3 * 8192, 4));
+  EXPECT_GT(consumer->space_wakes(), 0u);
 }
 
 TEST(ShmRingTest, NamesAndSegmentsAreChecked) {
