@@ -32,6 +32,10 @@ int TimeOneCluster(const AllReduceBenchOptions& o, int n, const std::vector<int6
   if (cluster == nullptr) return 1;
   auto stubs = WorkerStubs(cluster->coordinator_address());
   if (!stubs.ok()) return 1;
+  if (absl::Status s = SettleWorkers(*stubs); !s.ok()) {
+    std::fprintf(stderr, "meshrun bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
   for (int64_t size : sizes) {
     const int iters =
         o.iters > 0 ? o.iters

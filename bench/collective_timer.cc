@@ -94,4 +94,13 @@ absl::StatusOr<CollectiveTiming> TimeCollective(
   return t;
 }
 
+absl::Status SettleWorkers(std::vector<std::unique_ptr<v1::Worker::Stub>>& stubs,
+                           absl::Duration duration) {
+  const absl::Time until = absl::Now() + duration;
+  do {
+    if (auto t = TimeCollective(stubs, "psum", {}, 4096, 500); !t.ok()) return t.status();
+  } while (absl::Now() < until);
+  return absl::OkStatus();
+}
+
 }  // namespace meshrun

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "meshrun/local_cluster.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 
@@ -44,6 +45,14 @@ absl::StatusOr<CollectiveTiming> TimeCollective(
     std::vector<std::unique_ptr<v1::Worker::Stub>>& stubs, const std::string& op,
     const std::vector<std::string>& axes, int64_t num_bytes, int iters,
     const std::string& algorithm = "");
+
+// Runs untimed 4 KiB psums over every worker for at least `duration`, as OSU's and Intel MPI
+// Benchmarks' warm-up iterations do: workers that were idle until now (started, then waiting on
+// RPCs) were placed on cores by the kernel as they woke, often two on one core; busy for a while,
+// they are spread out, and the first size measured sees the placement the later ones and a long
+// training job see. Errors: TimeCollective's.
+absl::Status SettleWorkers(std::vector<std::unique_ptr<v1::Worker::Stub>>& stubs,
+                           absl::Duration duration = absl::Milliseconds(1000));
 
 std::string HumanBytes(int64_t bytes);
 

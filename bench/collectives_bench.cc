@@ -13,6 +13,10 @@ int RunCollectivesBench(const CollectivesBenchOptions& o) {
   if (cluster == nullptr) return 1;
   auto stubs = WorkerStubs(cluster->coordinator_address());
   if (!stubs.ok()) return 1;
+  if (absl::Status s = SettleWorkers(*stubs); !s.ok()) {
+    std::fprintf(stderr, "meshrun bench: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
   auto mesh = Mesh::Parse(o.mesh);
   std::printf("# collectives over each axis of Mesh %s (f32; all groups of an axis run at once)\n",
               o.mesh.c_str());
