@@ -93,8 +93,7 @@ absl::StatusOr<std::unique_ptr<Executor>> Executor::Create(const v1::StepProgram
   // Every buffer starts zeroed but those that never use their own memory before an op writes it
   // whole: those, and the results that may go over a donated input (their one writer, an Adam
   // update or a fused element-wise op, writes every element).
-  for (const auto& [input, outputs] : ex->in_place_)
-    left_untouched.insert(outputs.begin(), outputs.end());
+  for (const auto& [output, inputs] : ex->over_donated_) left_untouched.insert(output);
   // Inputs no op writes are zeroed only if used before BindInput gives them memory or values.
   for (auto& [name, tensor] : ex->buffers_) {
     if (left_untouched.count(name)) continue;

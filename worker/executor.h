@@ -134,7 +134,7 @@ class Executor {
   OpObserver::Recorder RecorderFor(const v1::Op& op);
   Executor(const v1::StepProgram& program, const Options& options);
   absl::StatusOr<CompiledOp> Compile(const v1::Op& op);
-  // Fills written_, view_ops_, in_place_, over_donated_, placements_ and reduce_in_place_
+  // Fills written_, view_ops_, over_donated_, placements_ and reduce_in_place_
   // (executor_buffers.cc), one Plan* each.
   struct BufferUses;
   void AnalyzeBuffers();
@@ -142,6 +142,8 @@ class Executor {
   void PlanViews(BufferUses& u);
   std::set<std::string> PlanPlacements(BufferUses& u);  // the parts placed
   void PlanReductionsInPlace(BufferUses& u, const std::set<std::string>& placed);
+  // Every input some output may be written over (over_donated_'s candidates).
+  std::set<std::string> DonationSources() const;
   // Reshapes and slices: their result may be a view of their input (CompileView).
   static bool IsViewKind(v1::OpKind kind);
   // A view op if `op` is in view_ops_ and its result is one contiguous block of its input.
@@ -201,12 +203,11 @@ class Executor {
   // output has no other writer and the input is written only by earlier ops of the same function.
   std::set<const v1::Op*> view_ops_;
   std::set<std::string> views_;  // outputs of view ops compiled as views
-  // Input buffer -> the outputs an op may write over it when it is donated (an Adam update's or a
-  // fused element-wise op's): the op reads element i of the input before writing element i of
-  // the output, and nothing reads the input later.
-  std::map<std::string, std::vector<std::string>> in_place_;
-  // The same pairs by output, in program order: each output with the inputs it may be written
-  // over, in order of preference; a Run writes it over the first of them donated and not taken.
+  // The outputs an op may write over one of its inputs when that input is donated (an Adam
+  // update's or a fused element-wise op's: the op reads element i of the input before writing
+  // element i of the output, and nothing reads the input later), in program order: each output
+  // with the inputs it may be written over, in order of preference; a Run writes it over the
+  // first of them donated and not taken.
   std::vector<std::pair<std::string, std::vector<std::string>>> over_donated_;
   std::set<std::string> donated_;  // inputs donated for the next Run
   // Parts of concatenations computed where the concatenation puts them (its copy then does

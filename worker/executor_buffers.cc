@@ -84,7 +84,6 @@ void Executor::PlanDonations(BufferUses& u) {
         // (output, input): new param over param, new mu over mu, new nu over nu.
         for (const auto& [k, j] : {std::pair<int, int>{0, 0}, {1, 2}, {2, 3}}) {
           if (!may_write_over(op, f, i, op.inputs(j), op.outputs(k))) continue;
-          in_place_[op.inputs(j)].push_back(op.outputs(k));
           over_donated_.push_back({op.outputs(k), {op.inputs(j)}});
         }
       } else if (op.kind() == v1::OP_FUSED_ELEMENTWISE) {
@@ -104,7 +103,6 @@ void Executor::PlanDonations(BufferUses& u) {
                 xt->second.num_elements() != yt->second.num_elements() ||
                 !may_write_over(op, f, i, x, y))
               continue;
-            in_place_[x].push_back(y);
             xs.push_back(x);
           }
           if (!xs.empty()) over_donated_.push_back({y, std::move(xs)});
@@ -138,6 +136,7 @@ std::set<std::string> Executor::PlanPlacements(BufferUses& u) {
   // reshape views as the part, has one writer, earlier in the function, and nothing else is
   // placed there; the result has no other writer.
   std::set<std::string> placed;
+  const std::set<std::string> donation_sources = DonationSources();
   for (int f = 0; f < program_.functions_size(); ++f) {
     const v1::Function& fn = program_.functions(f);
     for (int c = 0; c < fn.ops_size(); ++c) {
@@ -151,7 +150,8 @@ std::set<std::string> Executor::PlanPlacements(BufferUses& u) {
                    : -1;
       };
       auto out_it = buffers_.find(out);
-      if (out_it == buffers_.end() || single(out, c + 1) != c || in_place_.count(out)) continue;
+      if (out_it == buffers_.end() || single(out, c + 1) != c || donation_sources.count(out))
+        continue;
       const Dims& od = out_it->second.dims();
       bool ok = op.dim() >= 0 && op.dim() < static_cast<int64_t>(od.size());
       for (int64_t d = 0; ok && d < op.dim(); ++d) ok = od[d] == 1;
@@ -165,7 +165,7 @@ std::set<std::string> Executor::PlanPlacements(BufferUses& u) {
           target = fn.ops(w).inputs(0);  // the reshape's input is where the part is computed
           ok = single(target, w) >= 0;
         }
-        ok = ok && target != out && !placed.count(target) && !in_place_.count(target) &&
+        ok = ok && target != out && !placed.count(target) && !donation_sources.count(target) &&
              buffers_.count(target);
         for (const auto& [name, unused] : parts) ok = ok && name != target;
         if (!ok) break;
@@ -189,7 +189,7 @@ void Executor::PlanReductionsInPlace(BufferUses& u, const std::set<std::string>&
   // a view, a donated input's target or a result; whatever shares its memory (its views, the
   // parts a concatenation placed in it) is read only before the op and is not a result either.
   std::set<std::string> adam_targets;
-  for (const auto& [x, ys] : in_place_) adam_targets.insert(ys.begin(), ys.end());
+  for (const auto& [y, xs] : over_donated_) adam_targets.insert(y);
   for (int f = 0; f < program_.functions_size(); ++f) {
     const v1::Function& fn = program_.functions(f);
     for (int i = 0; i < fn.ops_size(); ++i) {
@@ -224,6 +224,12 @@ void Executor::PlanReductionsInPlace(BufferUses& u, const std::set<std::string>&
       if (ok) reduce_in_place_.insert(&op);
     }
   }
+}
+
+std::set<std::string> Executor::DonationSources() const {
+  std::set<std::string> sources;
+  for (const auto& [y, xs] : over_donated_) sources.insert(xs.begin(), xs.end());
+  return sources;
 }
 
 }  // namespace meshrun
