@@ -84,16 +84,16 @@ bool Generator::Emit() {
 
 bool Generator::Prologue() {
   bool sign = false, abs = false, one = false, zero = false;
-  divisor_.assign(n_, false);
+  std::vector<bool> divisor(n_, false);  // per input row: a scalar DivideByScalar divides by
   reciprocal_.assign(n_, -1);
   for (const Instr& in : instrs_) {
     sign |= in.fn == Fn::kNeg;
     abs |= in.fn == Fn::kAbs;
     one |= ComparePredicate(in.fn).has_value();
     zero |= in.fn == Fn::kSelect;
-    if (reciprocal_division_ && IsScalarDivision(in, is_scalar_)) divisor_[in.b] = true;
+    if (reciprocal_division_ && IsScalarDivision(in, is_scalar_)) divisor[in.b] = true;
   }
-  const bool divides = std::count(divisor_.begin(), divisor_.end(), true) > 0;
+  const bool divides = std::count(divisor.begin(), divisor.end(), true) > 0;
   const std::pair<bool, uint32_t> wanted[] = {
       {sign, 0x80000000u},   {abs || divides, 0x7fffffffu}, {one, 0x3f800000u},
       {zero || divides, 0u}, {divides, kSafeLowBits},       {divides, kSafeRangeBits}};
@@ -117,7 +117,7 @@ bool Generator::Prologue() {
     reg_[r] = *z;
     mov(r8, ptr[rdi + 8 * r]);
     vbroadcastss(Row(r), dword[r8]);
-    if (!divisor_[r]) continue;
+    if (!divisor[r]) continue;
     std::optional<int> y = Allocate();  // 1 / s, correctly rounded
     if (!y) return false;
     mov(eax, 0x3f800000u);

@@ -127,12 +127,12 @@ class Generator : public Xbyak::CodeGenerator {
     int d = 0, x = 0, s = 0;  // registers
   };
   std::deque<SlowDivision> slow_divisions_;  // emitted after the loop
-  std::vector<bool> divisor_;                // per input row: a scalar DivideByScalar divides by
-  std::vector<int> reciprocal_;              // per input row: 1 / it's register (AVX-512), else -1
-  std::vector<int> last_use_;                // per row: the last op reading it, -1 if none
-  std::vector<int> reg_;                     // per row: its zmm register while live, -1 otherwise
-  std::vector<int> free_;                    // zmm registers not in use
-  std::map<uint32_t, int> constants_;        // bit pattern -> zmm register
+  std::vector<int> reciprocal_;  // per input row: the register holding 1 / it when a division
+                                 // divides by it (a scalar, AVX-512: DivideByScalar), else -1
+  std::vector<int> last_use_;          // per row: the last op reading it, -1 if none
+  std::vector<int> reg_;               // per row: its zmm register while live, -1 otherwise
+  std::vector<int> free_;              // zmm registers not in use
+  std::map<uint32_t, int> constants_;  // bit pattern -> zmm register
 };
 
 }  // namespace fused_jit

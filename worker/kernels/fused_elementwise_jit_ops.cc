@@ -19,7 +19,7 @@ bool Generator::EmitOp(const Instr& in, const Xbyak::Xmm& d) {
     }
     return true;
   }
-  if (in.fn == Fn::kDiv && in.b < n_ && divisor_[in.b]) return DivideByScalar(in, d);
+  if (in.fn == Fn::kDiv && in.b < n_ && reciprocal_[in.b] >= 0) return DivideByScalar(in, d);
   EmitArithmetic(in, d);
   return true;
 }
