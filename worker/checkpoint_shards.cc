@@ -1,6 +1,8 @@
 // WorkerService's checkpoint RPCs: each worker writes the blocks it owns and reads back the saved
 // blocks its target block needs (core/checkpoint/checkpoint.h has the format).
+#include <algorithm>
 #include <filesystem>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -13,6 +15,28 @@ namespace meshrun {
 namespace {
 
 Dims ToDims(const v1::Shape& s) { return Dims(s.dims().begin(), s.dims().end()); }
+
+// Checks each item's sharding and shapes (they come off the wire) and returns the memory the
+// request takes at its peak: every block it makes, plus the largest saved block read at once.
+absl::StatusOr<int64_t> LoadBytes(const Mesh& mesh, const v1::LoadShardsRequest& req) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  int64_t blocks = 0, largest_source = 0;
+  for (const v1::LoadItem& item : req.items()) {
+    const Dims global = ToDims(item.global_shape());
+    const NamedSharding sharding(mesh, PartitionSpec::FromProto(item.spec()));
+    absl::Status s = sharding.Validate(global);
+    // The shape's size is checked before a block is made for it.
+    if (s.ok()) s = CheckedByteSize(item.dtype(), global).status();
+    if (!s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("array ", item.name(), ": ", s.message()));
+    }
+    const int64_t block = *CheckedByteSize(item.dtype(), sharding.ShardDims(global));
+    blocks = block > kMax - blocks ? kMax : blocks + block;
+    for (const v1::BlockSource& src : item.sources())
+      largest_source = std::max(largest_source, src.nbytes());
+  }
+  return largest_source > kMax - blocks ? kMax : blocks + largest_source;
+}
 
 }  // namespace
 
@@ -75,21 +99,19 @@ grpc::Status WorkerService::LoadShards(grpc::ServerContext*, const v1::LoadShard
   absl::StatusOr<Membership> joined = JoinedMembership();
   if (!joined.ok()) return Error(joined.status());
   const Membership& m = *joined;
+  absl::StatusOr<int64_t> needed = LoadBytes(m.mesh, *req);
+  if (!needed.ok()) return Error(needed.status());
+  if (absl::Status s =
+          CheckMemoryBudget(absl::StrCat("LoadShards of ", req->items_size(), " arrays"), *needed);
+      !s.ok()) {
+    return Error(s);
+  }
   // Everything is read and verified before any array is stored: a failure stores nothing.
   std::vector<std::pair<std::string, Tensor>> loaded;
   int64_t bytes_read = 0;
   for (const v1::LoadItem& item : req->items()) {
     const Dims global = ToDims(item.global_shape());
     const NamedSharding sharding(m.mesh, PartitionSpec::FromProto(item.spec()));
-    if (absl::Status s = sharding.Validate(global); !s.ok()) {
-      return Error(
-          absl::InvalidArgumentError(absl::StrCat("array ", item.name(), ": ", s.message())));
-    }
-    // The shape comes off the wire: its size is checked before a block is made for it.
-    if (absl::StatusOr<int64_t> bytes = CheckedByteSize(item.dtype(), global); !bytes.ok()) {
-      return Error(absl::InvalidArgumentError(
-          absl::StrCat("array ", item.name(), ": ", bytes.status().message())));
-    }
     const Dims dims = sharding.ShardDims(global);
     const std::vector<int64_t> target = sharding.ShardOffsets(global, m.rank);
     Tensor block;

@@ -501,6 +501,20 @@ absl::StatusOr<Tensor> ReadBlockAt(const std::string& path, const std::string& a
                                    const Dims& shape, int64_t data_offset, int64_t nbytes,
                                    uint32_t crc32) {
   if (absl::Status s = CheckBlockSize(path, array, dtype, shape, nbytes); !s.ok()) return s;
+  // The range is checked against the file before memory is taken for it: the offsets may come
+  // from a request (LoadShards) as well as from a manifest.
+  std::error_code ec;
+  const uintmax_t file_bytes = fs::file_size(path, ec);
+  if (ec) {
+    return absl::NotFoundError(
+        absl::StrCat("array ", array, ": cannot open ", path, ": ", ec.message()));
+  }
+  if (data_offset < 0 || static_cast<uintmax_t>(data_offset) > file_bytes ||
+      static_cast<uintmax_t>(nbytes) > file_bytes - static_cast<uintmax_t>(data_offset)) {
+    return absl::DataLossError(absl::StrCat("array ", array, ": the block's ", nbytes,
+                                            " bytes at offset ", data_offset, " are not in ", path,
+                                            " (", file_bytes, " bytes): truncated or misplaced"));
+  }
   Tensor t = Tensor::Uninitialized(dtype, shape);
   absl::StatusOr<uint32_t> crc =
       ReadRangeCrc(path, array, data_offset, nbytes, static_cast<char*>(t.raw()));

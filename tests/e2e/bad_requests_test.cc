@@ -57,6 +57,28 @@ TEST(BadRequestsTest, HugeShapesAndBudgetsAreClearErrorsAndTheClusterServesOn) {
 
   auto client = Client::Connect((*cluster)->coordinator_address());
   ASSERT_TRUE(client.ok()) << client.status();
+  // A worker's LoadShards of a 2 MiB replicated block from a 2 MiB saved one: past the budget
+  // before any file is opened (it names none that exists).
+  auto status = (*client)->GetStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  auto worker = v1::Worker::NewStub(CreateChannel(status->workers(0).peer().address()));
+  v1::LoadShardsRequest load;
+  v1::LoadItem* item = load.add_items();
+  item->set_array_id("loaded");
+  item->set_name("w");
+  item->set_dtype(v1::DTYPE_F32);
+  item->mutable_global_shape()->add_dims(512 * 1024);
+  v1::BlockSource* src = item->add_sources();
+  src->set_file("/nonexistent/meshrun-block.safetensors");
+  src->add_offsets(0);
+  src->add_shape(512 * 1024);
+  src->set_nbytes(2 << 20);
+  grpc::ClientContext load_ctx;
+  SetTimeout(load_ctx, absl::Seconds(30));
+  v1::LoadShardsResponse loaded;
+  s = worker->LoadShards(&load_ctx, load, &loaded);
+  EXPECT_EQ(s.error_code(), grpc::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("LoadShards of 1 arrays needs 4194304 bytes"));
   auto listed = (*client)->ListArrays();
   ASSERT_TRUE(listed.ok()) << listed.status();
   EXPECT_TRUE(listed->empty()) << "a refused Put leaves no array registered";
