@@ -14,9 +14,8 @@
 //    data paths at a small .npy dataset; Register, Heartbeat and Shutdown (a node's and an
 //    operator's RPCs) are left out, as they would end the cluster the next inputs need.
 // A crash, a sanitizer report or a hang (libFuzzer's -timeout) is a bug; an error Status is not.
-// The suite checks it for leaks once, as the process exits (CheckLeaksOnceIdle), not after every
-// input (tests/fuzz/CMakeLists.txt says why).
-#include <sanitizer/lsan_interface.h>
+// The suite checks it for leaks as the process exits, not after every input
+// (tests/fuzz/CMakeLists.txt says why).
 #include <unistd.h>
 
 #include <cstdint>
@@ -46,23 +45,10 @@
 namespace meshrun {
 namespace {
 
-// The leak check, run by atexit once the cluster has started: after a second with no input (the
-// last input's calls, and the server threads gRPC started for them, settle), and before any
-// static object is destroyed. LeakSanitizer's own check at exit ran after the static
-// destructors, while gRPC's servers, still running, could be starting threads whose bookkeeping
-// it cannot see (a 900-second exploration reported 352 bytes allocated by
-// grpc::ThreadManager::MainWorkLoop and grpc_core::Thread, and nothing of meshrun's). Once this
-// check has run, the one at exit does not.
-void CheckLeaksOnceIdle() {
-  absl::SleepFor(absl::Seconds(1));
-  __lsan_do_leak_check();
-}
-
 // A coordinator and one worker, started once; they run until the process exits.
 class Cluster {
  public:
   Cluster() {
-    std::atexit(CheckLeaksOnceIdle);
     SetProcessCredentials(Credentials::Insecure());
     const char* tmp = std::getenv("TMPDIR");
     root_ = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/meshrun-fuzz-coordinator-", getpid());
