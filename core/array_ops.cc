@@ -264,6 +264,23 @@ void SetFromDouble(Tensor& x, int64_t i, double v) {
   }
 }
 
+namespace {
+
+// convert(i, len) over [0, n) in blocks of whole cache lines, shared out over the OpenMP team
+// from kConvertParallelMin elements on (a convert of a whole parameter, bf16 compute's cast of
+// the f32 masters, is otherwise one thread streaming memory while the team waits).
+template <typename F>
+void ConvertInBlocks(int64_t n, const F& convert) {
+  constexpr int64_t kBlock = 16384;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (n >= kConvertParallelMin)
+  for (int64_t b = 0; b < blocks; ++b) {
+    convert(b * kBlock, std::min(kBlock, n - b * kBlock));
+  }
+}
+
+}  // namespace
+
 void Convert(const Tensor& x, Tensor& out) {
   if (x.dtype() == out.dtype()) {
     std::memcpy(out.raw(), x.raw(), x.size_bytes());
@@ -272,10 +289,16 @@ void Convert(const Tensor& x, Tensor& out) {
   const int64_t n = x.num_elements();
   // f32 <-> bf16 in bulk (a widened bf16 GEMM's operands every run, on a CPU without native
   // bf16): the same bits as the per-element path below, vectorised.
-  if (x.dtype() == v1::DTYPE_BF16 && out.dtype() == v1::DTYPE_F32)
-    return Bf16ToF32(x.data<uint16_t>(), out.data<float>(), n);
-  if (x.dtype() == v1::DTYPE_F32 && out.dtype() == v1::DTYPE_BF16)
-    return F32ToBf16(x.data<float>(), out.data<uint16_t>(), n);
+  if (x.dtype() == v1::DTYPE_BF16 && out.dtype() == v1::DTYPE_F32) {
+    return ConvertInBlocks(n, [&](int64_t i, int64_t len) {
+      Bf16ToF32(x.data<uint16_t>() + i, out.data<float>() + i, len);
+    });
+  }
+  if (x.dtype() == v1::DTYPE_F32 && out.dtype() == v1::DTYPE_BF16) {
+    return ConvertInBlocks(n, [&](int64_t i, int64_t len) {
+      F32ToBf16(x.data<float>() + i, out.data<uint16_t>() + i, len);
+    });
+  }
   if (out.dtype() == v1::DTYPE_F32 && x.dtype() == v1::DTYPE_U8) {  // a dataset's images
     const uint8_t* src = x.data<uint8_t>();
     float* dst = out.data<float>();

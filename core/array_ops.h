@@ -36,8 +36,10 @@ void UpdateSlice(const Tensor& update, const std::vector<int64_t>& starts, Tenso
 
 // out = x converted to out's dtype: to bf16 rounding to nearest even; from f32 / bf16 to i32, u32
 // or u8 as XLA converts (truncated, saturated at the integer's range, NaN to 0); between integers
-// modulo 2^bits.
+// modulo 2^bits. f32 <-> bf16 of kConvertParallelMin elements or more is shared out in blocks
+// over the calling thread's OpenMP team (a worker's compute threads; the same bits however many).
 void Convert(const Tensor& x, Tensor& out);
+inline constexpr int64_t kConvertParallelMin = 65536;
 
 // Element i of x as a double / stored from a double, for any dtype.
 double GetAsDouble(const Tensor& x, int64_t i);

@@ -26,7 +26,11 @@ uint16_t F32ToBf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 
-void F32ToBf16(const float* src, uint16_t* dst, int64_t count) {
+// Built for AVX-512, AVX2 and the baseline ISA (the loader picks the best the CPU has); each
+// version computes the same bits, the loops being integer arithmetic.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void F32ToBf16(const float* src,
+                                                                            uint16_t* dst,
+                                                                            int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     uint32_t bits;
     std::memcpy(&bits, &src[i], 4);
@@ -36,7 +40,9 @@ void F32ToBf16(const float* src, uint16_t* dst, int64_t count) {
   }
 }
 
-void Bf16ToF32(const uint16_t* src, float* dst, int64_t count) {
+__attribute__((target_clones("avx512f", "avx2", "default"))) void Bf16ToF32(const uint16_t* src,
+                                                                            float* dst,
+                                                                            int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
     const uint32_t bits = uint32_t{src[i]} << 16;
     std::memcpy(&dst[i], &bits, 4);

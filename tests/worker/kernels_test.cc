@@ -1,5 +1,7 @@
 // The matmul, softmax cross-entropy, convert, silu and reduce kernels: forwards against their
 // definitions, backwards against central finite differences of the forward.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -264,6 +266,44 @@ TEST(ConvertKernelTest, F32ToBf16AndBackAreBitExactOnEveryCpu) {
     std::memcpy(&bits, &back.data<float>()[i], 4);
     EXPECT_EQ(bits, widened) << "element " << i;
   }
+}
+
+// A convert long enough to be shared out over the OpenMP team (kConvertParallelMin; a length
+// that is not a multiple of its blocks) gives each element the per-element bits, at the blocks'
+// edges too, whatever the team's size.
+TEST(ConvertKernelTest, ALongConvertSharedOverThreadsGivesEachElementsBits) {
+  const int64_t n = 5 * 16384 + 37;
+  ASSERT_GE(n, kConvertParallelMin);
+  Tensor x = Random({n}, 43, 1000.0f);
+  float* v = x.data<float>();
+  for (int64_t edge : {int64_t{16383}, int64_t{16384}, n - 1}) {
+    v[edge] = std::numeric_limits<float>::quiet_NaN();
+    v[edge - 1] = 1.0f + 1.0f / 256;  // a tie
+  }
+  const int threads_before = omp_get_max_threads();
+  for (int threads : {1, 2, 3}) {
+    omp_set_num_threads(threads);
+    Tensor got = Tensor::Uninitialized(v1::DTYPE_BF16, {n});
+    Tensor back = Tensor::Uninitialized(v1::DTYPE_F32, {n});
+    auto k = CreateConvert(x, got);
+    auto k2 = CreateConvert(got, back);
+    ASSERT_TRUE(k.ok() && k2.ok());
+    ASSERT_TRUE((*k)->Run().ok());
+    ASSERT_TRUE((*k2)->Run().ok());
+    int64_t wrong = 0, first = -1;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t b = got.data<uint16_t>()[i];
+      const uint32_t widened = uint32_t{b} << 16;
+      uint32_t bits;
+      std::memcpy(&bits, &back.data<float>()[i], 4);
+      if (b != F32ToBf16(v[i]) || bits != widened) {
+        if (first < 0) first = i;
+        ++wrong;
+      }
+    }
+    EXPECT_EQ(wrong, 0) << threads << " threads; first wrong element " << first;
+  }
+  omp_set_num_threads(threads_before);
 }
 
 TEST(SiluKernelTest, BackwardMatchesFiniteDifferences) {
