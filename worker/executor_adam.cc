@@ -307,7 +307,12 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
       for (int i = 0; i < riders; ++i) {
         std::memcpy(rider->out[i]->raw(), rider->in[i]->raw(), rider->in[i]->size_bytes());
       }
-      update(*count, grad->data<float>(), 0, n);
+      // A sweep of one segment: every compute thread takes part (JoinAdamUpdates joins runs of
+      // several such updates; this one stands alone).
+      const AdamWSegment segment{
+          param->data<float>(), grad->data<float>(),   mu->data<float>(),     nu->data<float>(),
+          p_out->data<float>(), mu_out->data<float>(), nu_out->data<float>(), n};
+      AdamWSweep(hp, *count, {&segment, 1});
       return absl::OkStatus();
     });
   }

@@ -197,6 +197,17 @@ TEST(AdamSweepTest, AnUpdateOverAGroupOfOneWithRidersJoinsTheSweep) {
   EXPECT_EQ(RunAndCheck(program, params, false, "", options), 1);
 }
 
+// An update with no other to join (a model of one parameter, or one split off by another op)
+// is a sweep of its own, shared out over the compute threads once it is large enough
+// (kAdamWSweepParallelMin), with AdamWUpdate's bits: not counted as a joined sweep.
+TEST(AdamSweepTest, ALoneUpdateLargeEnoughToShareOutHasAdamWUpdatesBits) {
+  const std::vector<Param> params = {{"w", 2 * kAdamWSweepParallelMin + 13}};
+  for (bool donate : {false, true}) {
+    SCOPED_TRACE(donate ? "donated" : "kept");
+    EXPECT_EQ(RunAndCheck(AdamProgram(params), params, donate), 0);
+  }
+}
+
 TEST(AdamSweepTest, AnUpdateReadingAnEarlierUpdatesResultIsLeftAfterIt) {
   const std::vector<Param> params = {{"a", 3000}, {"b", 3000}};
   // b's gradient is a's new parameter: b must run after a, not beside it in a sweep.
