@@ -179,6 +179,16 @@ class EchoCallbackService : public grpc::CallbackGenericService {
   }
 };
 
+// Shuts `cq` down and takes its remaining events, as gRPC requires before it is destroyed (after
+// its server's Shutdown).
+void ShutdownAndDrain(grpc::CompletionQueue* cq) {
+  cq->Shutdown();
+  void* tag;
+  bool ok;
+  while (cq->Next(&tag, &ok)) {
+  }
+}
+
 // The same echo on an async generic service, driven by one thread of its own (one stream).
 void ServeEchoOnQueue(grpc::AsyncGenericService* service, grpc::ServerCompletionQueue* cq) {
   grpc::GenericServerContext ctx;
@@ -244,11 +254,7 @@ void BM_GrpcEcho(benchmark::State& state) {
   server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (cq_thread) {
     serve.join();
-    cq->Shutdown();
-    void* tag;
-    bool ok;
-    while (cq->Next(&tag, &ok)) {
-    }
+    ShutdownAndDrain(cq.get());
   }
   state.SetBytesProcessed(state.iterations() * state.range(0) * 2);
 }
@@ -335,11 +341,7 @@ void BM_GrpcSpinPair(benchmark::State& state) {
   echo.join();
   for (auto& s : sides) {
     s.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Milliseconds(100)));
-    s.cq->Shutdown();
-    void* tag;
-    bool ok;
-    while (s.cq->Next(&tag, &ok)) {
-    }
+    ShutdownAndDrain(s.cq.get());
   }
   for (auto& w : writers) w.reset();
   state.SetBytesProcessed(state.iterations() * state.range(0) * 2);
