@@ -350,9 +350,22 @@ class JitBuilder {
   };
   // Appends a value computed by `node`.
   Value Push(State s, Node node);
-  // The cotangent contributions of one value during Grad.
+  // The cotangent contributions of one value during Grad (core/spmd/jit_autodiff.cc).
   struct Cotangent;
+  // Adds the contributions of value `id`'s cotangent `g` to its operands' cotangents: the
+  // transpose rules of JAX's primitives, one helper per kind of node that needs more than a line.
   void Backprop(int id, Value g, std::vector<Cotangent>& cts);
+  void BackpropBinary(int id, Value g, std::vector<Cotangent>& cts);
+  void BackpropReduce(int id, Value g, std::vector<Cotangent>& cts);
+  void BackpropBroadcast(int id, Value g, std::vector<Cotangent>& cts);
+  void BackpropSelect(int id, Value g, std::vector<Cotangent>& cts);
+  void BackpropDot(int id, Value g, std::vector<Cotangent>& cts);
+  // cts[operand] += contribution.
+  void AddCotangent(std::vector<Cotangent>& cts, int operand, Value contribution);
+  // The dims of a dot_general operand of rank `rank` that are neither contracting nor batch, in
+  // order (they become the result's dims after the batch dims).
+  static std::vector<int64_t> FreeDims(size_t rank, const std::vector<int>& contracting,
+                                       const std::vector<int>& batch);
   bool Check(bool ok, const std::string& message);
   // Also false once the per-shard builder has failed (its values are then not to be used).
   bool Valid(Value v) const {
