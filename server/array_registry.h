@@ -6,6 +6,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -133,6 +134,44 @@ class ArrayRegistry {
   // Stubs for the current membership; after the cluster re-formed (a new generation), the arrays
   // and inputs the old workers held are forgotten. Waits up to 10 s for the workers.
   absl::Status EnsureStubs();
+  // ShardMap's steps (server/array_registry_run.cc).
+  // The request's arguments fit `p`: counts, the feed, each array's existence and layout per
+  // run, a donated argument the same array in every run. Errors: InvalidArgument naming them.
+  absl::Status CheckShardMapArguments(const v1::ShardMapProgram& p,
+                                      const v1::ShardMapRequest& request);
+  // Sets the id of each result of `outputs` that is kept (request.output_ids, else a fresh one)
+  // and fills `donated` (array ids) and `fetched` (result indices). Errors: InvalidArgument for
+  // a bad index or an id in use that no donated argument frees.
+  absl::Status AssignResultIds(const v1::ShardMapProgram& p, const v1::ShardMapRequest& request,
+                               std::vector<v1::ArrayInfo>& outputs, std::set<std::string>& donated,
+                               std::set<int>& fetched);
+  // What every worker answered to one run, by rank.
+  struct WorkerRun {
+    std::vector<grpc::Status> results;
+    std::vector<v1::RunShardMapResponse> responses;
+    // Per rank: its result came after the others were told to abort. An aborted rank's ring
+    // streams close, so its neighbours may fail with "disconnected" before their own abort
+    // lands: such transport errors are consequences of the abort, not failures of their own.
+    std::vector<char> after_abort;
+    int dead_rank = -1;      // a rank that missed heartbeats, exited or stopped ...
+    std::string dead_why;    // ... as WorkerRegistry::DeadRanks says
+    bool cancelled = false;  // `cancel` was set while the run was in flight
+  };
+  // Sends runs[r] to rank r, all at once, and waits for every answer; the first failure (or a
+  // dead worker, or `cancel`) has the others aborted. REQUIRES: run_mu_ held, EnsureStubs.
+  WorkerRun RunOnWorkers(const std::vector<v1::RunShardMapRequest>& runs,
+                         const v1::ShardMapRequest& request, uint64_t epoch,
+                         const std::atomic<bool>* cancel);
+  // The run's outcome as one status: a dead or unreachable worker, the ranks whose program
+  // failed, a collective deadline naming who had not arrived, or Cancelled.
+  absl::Status RunStatus(const WorkerRun& run, const v1::ShardMapRequest& request);
+  // The response's timings and fetched results (each block from the rank `returned_by` names),
+  // moved out of run.responses.
+  // Errors: Internal for a worker that returned the wrong number of results.
+  absl::Status AddFetched(const v1::ShardMapRequest& request,
+                          const std::vector<v1::ArrayInfo>& outputs,
+                          const std::vector<std::vector<int>>& returned_by, WorkerRun& run,
+                          v1::ShardMapResponse& response);
   // A request's feed fits its program: an open input, one argument per field, each with the
   // field's in_spec, dtype and block shape, none donated nor given an array id; the runs' steps
   // within a one-pass input. Errors: NotFound, InvalidArgument, OutOfRange naming the value.
