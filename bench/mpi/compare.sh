@@ -25,36 +25,15 @@ trap 'rm -rf "$tmp"' EXIT
 mpicc -O2 -o "$tmp/allreduce_mpi" "$here/allreduce_mpi.c"
 if [ "$netns" = 1 ]; then
   [ "$(id -u)" = 0 ] || { echo "compare.sh --netns: network namespaces need root" >&2; exit 2; }
-  tag="mrc$(($$ % 100000))"  # interface names stay within 15 characters
+  tag="mrc$(($$ % 100000))"
   net="10.216.$(($$ % 250))"
   max=$(printf '%s\n' $workers | sort -n | tail -1)
-  teardown() {
-    for r in $(seq 0 $((max - 1))); do
-      ip link del "${tag}h$r" 2> /dev/null || true
-      ip netns del "${tag}n$r" 2> /dev/null || true
-    done
-    iptables -D FORWARD -i "${tag}b" -o "${tag}b" -j ACCEPT 2> /dev/null || true
-    ip link del "${tag}b" 2> /dev/null || true
-    rm -rf "$tmp"
-  }
-  trap teardown EXIT
-  ip link add "${tag}b" type bridge
-  # Docker sets FORWARD's policy to DROP, which bridged traffic meets when br_netfilter is loaded.
-  iptables -I FORWARD -i "${tag}b" -o "${tag}b" -j ACCEPT 2> /dev/null || true
-  ip addr add "$net.1/24" dev "${tag}b"
-  ip link set "${tag}b" up
-  for r in $(seq 0 $((max - 1))); do
-    ip netns add "${tag}n$r"
-    ip link add "${tag}h$r" type veth peer name "${tag}p$r"
-    ip link set "${tag}h$r" master "${tag}b" up
-    ip link set "${tag}p$r" netns "${tag}n$r"
-    ip netns exec "${tag}n$r" ip addr add "$net.$((r + 2))/24" dev "${tag}p$r"
-    ip netns exec "${tag}n$r" ip link set "${tag}p$r" up
-    ip netns exec "${tag}n$r" ip link set lo up
-  done
+  source "$here/../../scripts/netns-hosts.sh"
+  trap 'netns_hosts_down "$tag" "$max"; rm -rf "$tmp"' EXIT
+  netns_hosts_up "$tag" "$net" "$max"
   # Each rank runs in its own namespace. PMIx (rank <-> mpirun) listens on the bridge too, as
   # the ranks cannot reach this namespace's loopback.
-  printf '#!/bin/sh\nexec ip netns exec %sn"$OMPI_COMM_WORLD_RANK" "$@"\n' "$tag" > "$tmp/in_netns"
+  printf '#!/bin/sh\nexec ip netns exec %sn"$((OMPI_COMM_WORLD_RANK + 1))" "$@"\n' "$tag" > "$tmp/in_netns"
   chmod +x "$tmp/in_netns"
   for n in $workers; do
     echo "== $n ranks: Open MPI over TCP between network namespaces (btl tcp,self)"

@@ -11,38 +11,19 @@ if [ "$(id -u)" != 0 ] || ! command -v ip > /dev/null; then
   exit 77
 fi
 NET=10.213.77
-TAG=$$
-BR=mrbr$TAG
+TAG=mrt$(($$ % 1000000))
+source "$(dirname "$0")/../../scripts/netns-hosts.sh"
 TMP=$(mktemp -d)
 PIDS=()
 cleanup() {
   for p in "${PIDS[@]:-}"; do [ -n "$p" ] && kill "$p" 2> /dev/null || true; done
   sleep 0.5
-  for i in $(seq 1 "$N"); do ip netns del "mr$TAG-$i" 2> /dev/null || true; done
-  ip link del "$BR" 2> /dev/null || true
-  if [ -n "${FORWARD_RULE:-}" ]; then iptables -D FORWARD -i "$BR" -o "$BR" -j ACCEPT 2> /dev/null || true; fi
+  netns_hosts_down "$TAG" "$N"
   rm -rf "$TMP"
 }
 trap cleanup EXIT
-
-ip link add "$BR" type bridge
-# A Docker engine sets the FORWARD policy to DROP, which bridged traffic meets when br_netfilter is
-# loaded: let this test's own bridge forward between its ports.
-if command -v iptables > /dev/null && iptables -I FORWARD -i "$BR" -o "$BR" -j ACCEPT 2> /dev/null; then
-  FORWARD_RULE=1
-fi
-ip addr add "$NET.1/24" dev "$BR"
-ip link set "$BR" up
-for i in $(seq 1 "$N"); do
-  ns=mr$TAG-$i
-  ip netns add "$ns"
-  ip link add "h$TAG$i" type veth peer name "w$TAG$i"
-  ip link set "h$TAG$i" master "$BR" up
-  ip link set "w$TAG$i" netns "$ns"
-  ip netns exec "$ns" ip addr add "$NET.$((10 + i))/24" dev "w$TAG$i"
-  ip netns exec "$ns" ip link set "w$TAG$i" up
-  ip netns exec "$ns" ip link set lo up
-done
+# Worker i at $NET.$((10 + i)).
+netns_hosts_up "$TAG" "$NET" "$N" 11
 
 # TLS on, as by default: every process reads the credentials through MESHRUN_TLS_DIR.
 "$BIN/meshrun" certs init "$TMP/tls" > /dev/null
@@ -53,7 +34,7 @@ PIDS+=($!)
 for _ in $(seq 1 100); do [ -s "$TMP/port" ] && break; sleep 0.1; done
 COORD="$NET.1:$(cat "$TMP/port")"
 for i in $(seq 1 "$N"); do
-  ip netns exec "mr$TAG-$i" "$BIN/meshrun-worker" --coordinator "$COORD" --host "$NET.$((10 + i))" \
+  ip netns exec "${TAG}n$i" "$BIN/meshrun-worker" --coordinator "$COORD" --host "$NET.$((10 + i))" \
     --compute_threads 1 --metrics_port -1 --join_timeout 30s > "$TMP/worker$i.log" 2>&1 &
   PIDS+=($!)
 done
