@@ -134,7 +134,11 @@ class ArrayRegistry {
   // Stubs for the current membership; after the cluster re-formed (a new generation), the arrays
   // and inputs the old workers held are forgotten. Waits up to 10 s for the workers.
   absl::Status EnsureStubs();
-  // ShardMap's steps (server/array_registry_run.cc).
+  // ShardMap's steps (server/array_registry_args.cc, server/array_registry_run.cc).
+  // Each of `p`'s results as an array on the mesh: dtype, global shape (each local dim times the
+  // blocks its out_spec entry names), sharding and bytes per worker; no id yet. Errors:
+  // InvalidArgument for a result that is not a buffer or an out_spec that does not fit it.
+  absl::StatusOr<std::vector<v1::ArrayInfo>> ResultInfos(const v1::ShardMapProgram& p) const;
   // The request's arguments fit `p`: counts, the feed, each array's existence and layout per
   // run, a donated argument the same array in every run. Errors: InvalidArgument naming them.
   absl::Status CheckShardMapArguments(const v1::ShardMapProgram& p,
@@ -161,7 +165,7 @@ class ArrayRegistry {
   // dead worker, or `cancel`) has the others aborted. REQUIRES: run_mu_ held, EnsureStubs.
   WorkerRun RunOnWorkers(const std::vector<v1::RunShardMapRequest>& runs,
                          const v1::ShardMapRequest& request, uint64_t epoch,
-                         const std::atomic<bool>* cancel);
+                         const std::atomic<bool>* cancel) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   // The run's outcome as one status: a dead or unreachable worker, the ranks whose program
   // failed, a collective deadline naming who had not arrived, or Cancelled.
   absl::Status RunStatus(const WorkerRun& run, const v1::ShardMapRequest& request);
