@@ -10,7 +10,8 @@
 namespace meshrun {
 
 absl::StatusOr<v1::InputInfo> ArrayRegistry::OpenInput(const v1::InputSpec& spec, std::string id) {
-  if (absl::Status s = EnsureStubs(); !s.ok()) return s;
+  absl::StatusOr<StubsRef> stubs = EnsureStubs();
+  if (!stubs.ok()) return stubs.status();
   {
     absl::MutexLock lock(&mu_);
     if (id.empty()) id = absl::StrCat("input-", next_id_++);
@@ -22,16 +23,16 @@ absl::StatusOr<v1::InputInfo> ArrayRegistry::OpenInput(const v1::InputSpec& spec
     v1::OpenInputPipelineRequest req;
     req.set_input_id(id);
     *req.mutable_spec() = spec;
-    return stubs_[r]->OpenInputPipeline(ctx, req, &opened[r]);
+    return (**stubs)[r]->OpenInputPipeline(ctx, req, &opened[r]);
   });
   if (!s.ok()) {
-    CloseOnWorkers(id);
+    CloseOnWorkers(**stubs, id);
     return s;
   }
   // Every worker must see the same dataset: the global order is defined on its examples.
   for (size_t r = 1; r < opened.size(); ++r) {
     if (opened[r].info().num_examples() != opened[0].info().num_examples()) {
-      CloseOnWorkers(id);
+      CloseOnWorkers(**stubs, id);
       return absl::FailedPreconditionError(
           absl::StrCat("the dataset at ", spec.path(), " has ", opened[r].info().num_examples(),
                        " examples on worker ", workers_->Describe(static_cast<int>(r)), " but ",
@@ -44,14 +45,14 @@ absl::StatusOr<v1::InputInfo> ArrayRegistry::OpenInput(const v1::InputSpec& spec
   return opened[0].info();
 }
 
-void ArrayRegistry::CloseOnWorkers(const std::string& id) {
+void ArrayRegistry::CloseOnWorkers(const Stubs& stubs, const std::string& id) {
   std::vector<int> ranks(workers_->expected());
   std::iota(ranks.begin(), ranks.end(), 0);
   ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
     v1::CloseInputPipelineRequest req;
     req.set_input_id(id);
     v1::CloseInputPipelineResponse resp;
-    grpc::Status s = stubs_[r]->CloseInputPipeline(ctx, req, &resp);
+    grpc::Status s = stubs[r]->CloseInputPipeline(ctx, req, &resp);
     return s.error_code() == grpc::NOT_FOUND ? grpc::Status::OK : s;
   }).IgnoreError();
 }
@@ -63,8 +64,9 @@ absl::Status ArrayRegistry::CloseInput(const std::string& id) {
       return absl::NotFoundError(absl::StrCat("no input '", id, "' is open on this cluster"));
     }
   }
-  if (absl::Status s = EnsureStubs(); !s.ok()) return s;
-  CloseOnWorkers(id);
+  absl::StatusOr<StubsRef> stubs = EnsureStubs();
+  if (!stubs.ok()) return stubs.status();
+  CloseOnWorkers(**stubs, id);
   return absl::OkStatus();
 }
 

@@ -12,24 +12,32 @@
 
 namespace meshrun {
 
-absl::Status ArrayRegistry::EnsureStubs() {
+absl::StatusOr<ArrayRegistry::StubsRef> ArrayRegistry::EnsureStubs() {
   absl::MutexLock lock(&mu_);
   const uint64_t generation = workers_->generation();
-  if (!stubs_.empty() && generation == stubs_generation_) return absl::OkStatus();
-  if (!stubs_.empty()) {
+  if (stubs_ != nullptr && generation == stubs_generation_) return stubs_;
+  if (stubs_ != nullptr) {
     // The cluster re-formed (WorkerRegistry::BeginRecovery): its workers started afresh, so the
     // arrays and inputs they held are gone, and they may listen elsewhere.
     LOG(WARNING) << "the cluster re-formed: " << arrays_.size() << " arrays and " << inputs_.size()
                  << " inputs of the previous workers are gone";
-    stubs_.clear();
+    stubs_.reset();
     arrays_.clear();
     inputs_.clear();
   }
   if (absl::Status s = workers_->WaitUntilReady(absl::Now() + absl::Seconds(10)); !s.ok()) return s;
+  auto stubs = std::make_shared<Stubs>();
   for (const auto& p : workers_->Peers())
-    stubs_.push_back(v1::Worker::NewStub(CreateChannel(p.address())));
+    stubs->push_back(v1::Worker::NewStub(CreateChannel(p.address())));
+  stubs_ = std::move(stubs);
   stubs_generation_ = workers_->generation();
-  return absl::OkStatus();
+  return stubs_;
+}
+
+absl::StatusOr<ArrayRegistry::StubsRef> ArrayRegistry::CurrentStubs() {
+  absl::MutexLock lock(&mu_);
+  if (stubs_ == nullptr) return absl::FailedPreconditionError("no worker has been reached yet");
+  return stubs_;
 }
 
 absl::Status ArrayRegistry::ForRanks(
@@ -94,7 +102,8 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const Par
                                                  std::string id) {
   const NamedSharding sharding(workers_->mesh(), spec);
   if (absl::Status s = sharding.Validate(global.dims()); !s.ok()) return s;
-  if (absl::Status s = EnsureStubs(); !s.ok()) return s;
+  absl::StatusOr<StubsRef> stubs = EnsureStubs();
+  if (!stubs.ok()) return stubs.status();
   {
     absl::MutexLock lock(&mu_);
     if (id.empty()) id = absl::StrCat("array-", next_id_++);
@@ -110,14 +119,14 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const Par
     req.set_array_id(id);
     *req.mutable_shard() = shard->ToProto();
     v1::PutShardResponse resp;
-    return stubs_[r]->PutShard(ctx, req, &resp);
+    return (**stubs)[r]->PutShard(ctx, req, &resp);
   });
   if (!s.ok()) {
     ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
       v1::DeleteShardRequest req;
       req.set_array_id(id);
       v1::DeleteShardResponse resp;
-      return stubs_[r]->DeleteShard(ctx, req, &resp);
+      return (**stubs)[r]->DeleteShard(ctx, req, &resp);
     }).IgnoreError();
     return s;
   }
@@ -148,6 +157,8 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Info(const std::string& id) {
 absl::Status ArrayRegistry::GetBlocks(const std::string& id, v1::GetArrayResponse* response) {
   absl::StatusOr<v1::ArrayInfo> info = Info(id);
   if (!info.ok()) return info.status();
+  absl::StatusOr<StubsRef> stubs = CurrentStubs();
+  if (!stubs.ok()) return stubs.status();
   absl::StatusOr<NamedSharding> sharding = NamedSharding::FromProto(info->sharding());
   if (!sharding.ok()) return sharding.status();
   const Dims dims(info->shape().dims().begin(), info->shape().dims().end());
@@ -157,7 +168,7 @@ absl::Status ArrayRegistry::GetBlocks(const std::string& id, v1::GetArrayRespons
   absl::Status s = ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
     v1::GetShardRequest req;
     req.set_array_id(id);
-    return stubs_[r]->GetShard(ctx, req, &shards[r]);
+    return (**stubs)[r]->GetShard(ctx, req, &shards[r]);
   });
   if (!s.ok()) return s;
   *response->mutable_info() = *info;
@@ -170,13 +181,15 @@ absl::Status ArrayRegistry::GetBlocks(const std::string& id, v1::GetArrayRespons
 
 absl::Status ArrayRegistry::Delete(const std::string& id) {
   if (absl::StatusOr<v1::ArrayInfo> info = Info(id); !info.ok()) return info.status();
+  absl::StatusOr<StubsRef> stubs = CurrentStubs();
+  if (!stubs.ok()) return stubs.status();
   std::vector<int> ranks(workers_->expected());
   std::iota(ranks.begin(), ranks.end(), 0);
   absl::Status s = ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
     v1::DeleteShardRequest req;
     req.set_array_id(id);
     v1::DeleteShardResponse resp;
-    return stubs_[r]->DeleteShard(ctx, req, &resp);
+    return (**stubs)[r]->DeleteShard(ctx, req, &resp);
   });
   absl::MutexLock lock(&mu_);
   arrays_.erase(id);

@@ -131,9 +131,17 @@ class ArrayRegistry {
   absl::Status CloseInput(const std::string& id);
 
  private:
+  // One stub per rank, for one membership. Held as a snapshot (shared_ptr): a call keeps using
+  // the stubs it started with even if the cluster re-forms meanwhile and EnsureStubs replaces
+  // them (the old workers' calls then fail, instead of reading a freed vector).
+  using Stubs = std::vector<std::unique_ptr<v1::Worker::Stub>>;
+  using StubsRef = std::shared_ptr<const Stubs>;
   // Stubs for the current membership; after the cluster re-formed (a new generation), the arrays
   // and inputs the old workers held are forgotten. Waits up to 10 s for the workers.
-  absl::Status EnsureStubs();
+  absl::StatusOr<StubsRef> EnsureStubs();
+  // The stubs EnsureStubs made last, without waiting; FailedPrecondition before the first (an
+  // array exists only after it ran, so calls about arrays use these).
+  absl::StatusOr<StubsRef> CurrentStubs();
   // ShardMap's steps (server/array_registry_args.cc, server/array_registry_run.cc).
   // Each of `p`'s results as an array on the mesh: dtype, global shape (each local dim times the
   // blocks its out_spec entry names), sharding and bytes per worker; no id yet. Errors:
@@ -162,8 +170,8 @@ class ArrayRegistry {
     bool cancelled = false;  // `cancel` was set while the run was in flight
   };
   // Sends runs[r] to rank r, all at once, and waits for every answer; the first failure (or a
-  // dead worker, or `cancel`) has the others aborted. REQUIRES: run_mu_ held, EnsureStubs.
-  WorkerRun RunOnWorkers(const std::vector<v1::RunShardMapRequest>& runs,
+  // dead worker, or `cancel`) has the others aborted. REQUIRES: run_mu_ held.
+  WorkerRun RunOnWorkers(const Stubs& stubs, const std::vector<v1::RunShardMapRequest>& runs,
                          const v1::ShardMapRequest& request, uint64_t epoch,
                          const std::atomic<bool>* cancel) ABSL_EXCLUSIVE_LOCKS_REQUIRED(run_mu_);
   // The run's outcome as one status: a dead or unreachable worker, the ranks whose program
@@ -180,9 +188,9 @@ class ArrayRegistry {
   // field's in_spec, dtype and block shape, none donated nor given an array id; the runs' steps
   // within a one-pass input. Errors: NotFound, InvalidArgument, OutOfRange naming the value.
   absl::Status CheckFeed(const v1::ShardMapRequest& request);
-  void CloseOnWorkers(const std::string& id);  // REQUIRES: EnsureStubs
-  // ForRanks over every rank, as server/checkpoint_ops.h's ForEachWorker. REQUIRES: EnsureStubs.
-  ForEachWorker EachWorker();
+  void CloseOnWorkers(const Stubs& stubs, const std::string& id);
+  // ForRanks over every rank, as server/checkpoint_ops.h's ForEachWorker, through `stubs`.
+  ForEachWorker EachWorker(StubsRef stubs);
   // Runs call(rank) for each rank in `ranks` in parallel, each within the RPC timeout; the first
   // error, naming its rank. A call to a worker that dies or stops meanwhile (WorkerRegistry::
   // DeadRanks) is cancelled at once: Unavailable "worker rank R (...) is stopped (SIGSTOP)".
@@ -204,7 +212,7 @@ class ArrayRegistry {
   const CheckpointRoot checkpoint_root_;
   absl::Mutex run_mu_;  // held while a program runs on the workers (ShardMap); before mu_
   absl::Mutex mu_;
-  std::vector<std::unique_ptr<v1::Worker::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  StubsRef stubs_ ABSL_GUARDED_BY(mu_);                 // null until the first EnsureStubs
   uint64_t stubs_generation_ ABSL_GUARDED_BY(mu_) = 0;  // the membership the stubs reach
   std::map<std::string, v1::ArrayInfo> arrays_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::InputInfo> inputs_ ABSL_GUARDED_BY(mu_);

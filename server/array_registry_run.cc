@@ -32,7 +32,8 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapP
   std::set<std::string> donated;
   std::set<int> fetched;
   if (absl::Status s = AssignResultIds(p, request, outputs, donated, fetched); !s.ok()) return s;
-  if (absl::Status s = EnsureStubs(); !s.ok()) return s;
+  absl::StatusOr<StubsRef> stubs = EnsureStubs();
+  if (!stubs.ok()) return stubs.status();
   v1::RunShardMapRequest run;
   run.set_program(serialized);
   for (const auto& id : request.input_ids()) run.add_input_ids(id);
@@ -63,7 +64,7 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapP
       returned_by[holders.front()].push_back(f);
     }
   }
-  WorkerRun done = RunOnWorkers(runs, request, epoch, cancel);
+  WorkerRun done = RunOnWorkers(**stubs, runs, request, epoch, cancel);
   absl::Status s = RunStatus(done, request);
   if (!s.ok()) {
     // What the failed run's collectives left in flight is dropped by every worker before its
@@ -98,8 +99,8 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapP
 }
 
 ArrayRegistry::WorkerRun ArrayRegistry::RunOnWorkers(
-    const std::vector<v1::RunShardMapRequest>& runs, const v1::ShardMapRequest& request,
-    uint64_t epoch, const std::atomic<bool>* cancel) {
+    const Stubs& stubs, const std::vector<v1::RunShardMapRequest>& runs,
+    const v1::ShardMapRequest& request, uint64_t epoch, const std::atomic<bool>* cancel) {
   std::vector<int> ranks(runs.size());
   std::iota(ranks.begin(), ranks.end(), 0);
   WorkerRun run;
@@ -121,7 +122,7 @@ ArrayRegistry::WorkerRun ArrayRegistry::RunOnWorkers(
   for (int r : ranks) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
     SetTimeout(*contexts.back(), rpc_timeout_ * (1 + request.more_runs_size()));
-    stubs_[r]->async()->RunShardMap(
+    stubs[r]->async()->RunShardMap(
         contexts.back().get(), &runs[r], &run.responses[r], [&, r](grpc::Status status) {
           absl::MutexLock lock(&done_mu);
           run.results[r] = std::move(status);
@@ -170,7 +171,7 @@ ArrayRegistry::WorkerRun ArrayRegistry::RunOnWorkers(
                             : absl::StrCat("shard_map failed on rank ", failed_rank));
         areq.set_epoch(epoch);
         v1::AbortResponse aresp;
-        stubs_[q]->Abort(&actx, areq, &aresp);
+        stubs[q]->Abort(&actx, areq, &aresp);
       }
       done_mu.Lock();
       auto settled = [&]() ABSL_SHARED_LOCKS_REQUIRED(done_mu) { return pending == 0; };

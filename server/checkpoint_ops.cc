@@ -212,12 +212,12 @@ v1::ArrayInfo RestoredArrayInfo(const Mesh& mesh, const CheckpointArray& target)
   return info;
 }
 
-ForEachWorker ArrayRegistry::EachWorker() {
-  return [this](const WorkerCall& call) {
+ForEachWorker ArrayRegistry::EachWorker(StubsRef stubs) {
+  return [this, stubs](const WorkerCall& call) {
     std::vector<int> ranks(workers_->expected());
     std::iota(ranks.begin(), ranks.end(), 0);
     return ForRanks(ranks,
-                    [&](int r, grpc::ClientContext* ctx) { return call(r, *stubs_[r], ctx); });
+                    [&](int r, grpc::ClientContext* ctx) { return call(r, *(*stubs)[r], ctx); });
   };
 }
 
@@ -231,9 +231,10 @@ absl::StatusOr<v1::SaveCheckpointResponse> ArrayRegistry::SaveCheckpoint(
     arrays.push_back({a.name(), a.id(), info->dtype(), ToDims(info->shape()),
                       PartitionSpec::FromProto(info->sharding().spec())});
   }
-  if (absl::Status s = EnsureStubs(); !s.ok()) return s;
+  absl::StatusOr<StubsRef> stubs = EnsureStubs();
+  if (!stubs.ok()) return stubs.status();
   return WriteCheckpoint(request.root(), request.step(), request.keep(), workers_->mesh(), arrays,
-                         EachWorker());
+                         EachWorker(*stubs));
 }
 
 absl::StatusOr<v1::RestoreCheckpointResponse> ArrayRegistry::RestoreCheckpoint(
@@ -264,8 +265,9 @@ absl::StatusOr<v1::RestoreCheckpointResponse> ArrayRegistry::RestoreCheckpoint(
   absl::StatusOr<std::vector<v1::LoadShardsRequest>> loads =
       PlanLoad(*m, request.path(), mesh, targets);
   if (!loads.ok()) return loads.status();
-  if (absl::Status s = EnsureStubs(); !s.ok()) return s;
-  absl::StatusOr<int64_t> bytes = LoadBlocks(*loads, targets, EachWorker());
+  absl::StatusOr<StubsRef> stubs = EnsureStubs();
+  if (!stubs.ok()) return stubs.status();
+  absl::StatusOr<int64_t> bytes = LoadBlocks(*loads, targets, EachWorker(*stubs));
   if (!bytes.ok()) return bytes.status();
   v1::RestoreCheckpointResponse resp;
   absl::MutexLock lock(&mu_);

@@ -29,9 +29,10 @@ bool Holds(const v1::PeerStateInfoResponse& held, const std::string& job, int64_
 
 absl::StatusOr<int64_t> ArrayRegistry::KeepPeerState(const std::string& job, int64_t step,
                                                      const std::vector<CheckpointArray>& arrays) {
-  if (absl::Status s = EnsureStubs(); !s.ok()) return s;
+  absl::StatusOr<StubsRef> stubs = EnsureStubs();
+  if (!stubs.ok()) return stubs.status();
   std::vector<v1::KeepPeerStateResponse> responses(workers_->expected());
-  absl::Status s = EachWorker()([&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
+  absl::Status s = EachWorker(*stubs)([&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
     v1::KeepPeerStateRequest req;
     req.mutable_key()->set_job(job);
     req.mutable_key()->set_step(step);
@@ -51,11 +52,12 @@ absl::StatusOr<int64_t> ArrayRegistry::KeepPeerState(const std::string& job, int
 
 absl::StatusOr<int64_t> ArrayRegistry::NewestPeerState(const std::string& job,
                                                        const std::vector<std::string>& names) {
-  if (absl::Status s = EnsureStubs(); !s.ok()) return s;
+  absl::StatusOr<StubsRef> stubs = EnsureStubs();
+  if (!stubs.ok()) return stubs.status();
   const int n = workers_->expected();
   const std::string mesh = workers_->mesh().ToString();
   std::vector<v1::PeerStateInfoResponse> held(n);
-  absl::Status s = EachWorker()([&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
+  absl::Status s = EachWorker(*stubs)([&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
     return stub.PeerStateInfo(ctx, v1::PeerStateInfoRequest(), &held[r]);
   });
   if (!s.ok()) return s;
@@ -84,8 +86,9 @@ absl::StatusOr<int64_t> ArrayRegistry::NewestPeerState(const std::string& job,
 }
 
 void ArrayRegistry::DropPeerState(const std::string& job) {
-  if (!EnsureStubs().ok()) return;
-  EachWorker()([&](int, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
+  absl::StatusOr<StubsRef> stubs = EnsureStubs();
+  if (!stubs.ok()) return;
+  EachWorker (*stubs)([&](int, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
     v1::DropPeerStateRequest req;
     req.set_job(job);
     v1::DropPeerStateResponse ignored;
@@ -105,9 +108,10 @@ absl::StatusOr<v1::RestoreCheckpointResponse> ArrayRegistry::RestorePeerState(
     }
     infos.push_back(RestoredArrayInfo(mesh, a));
   }
-  if (absl::Status s = EnsureStubs(); !s.ok()) return s;
+  absl::StatusOr<StubsRef> stubs = EnsureStubs();
+  if (!stubs.ok()) return stubs.status();
   std::vector<v1::RestorePeerStateResponse> responses(workers_->expected());
-  absl::Status s = EachWorker()([&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
+  absl::Status s = EachWorker(*stubs)([&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
     v1::RestorePeerStateRequest req;
     req.mutable_key()->set_job(job);
     req.mutable_key()->set_step(step);
@@ -125,7 +129,7 @@ absl::StatusOr<v1::RestoreCheckpointResponse> ArrayRegistry::RestorePeerState(
     return stub.RestorePeerState(ctx, req, &responses[r]);
   });
   if (!s.ok()) {
-    DeleteOnWorkers(arrays, EachWorker());  // nothing half-restored stays
+    DeleteOnWorkers(arrays, EachWorker(*stubs));  // nothing half-restored stays
     return s;
   }
   v1::RestoreCheckpointResponse resp;
