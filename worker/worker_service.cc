@@ -159,8 +159,9 @@ grpc::Status WorkerService::RunProgram(const v1::RunShardMapRequest* req,
     }
     fed[a] = j;
   }
-  auto run = [&](const google::protobuf::RepeatedPtrField<std::string>& ids,
-                 int k) -> absl::Status {
+  // Called only from here, with job_mu_ held (clang's analysis does not carry it into lambdas).
+  auto run = [&](const google::protobuf::RepeatedPtrField<std::string>& ids, int k)
+                 ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_) -> absl::Status {
     if (ids.size() != p.inputs_size()) {
       return absl::InvalidArgumentError(absl::StrCat("program takes ", p.inputs_size(),
                                                      " arguments; got ", ids.size(), " array ids"));
