@@ -1,7 +1,6 @@
 #include "server/array_registry.h"
 
 #include <numeric>
-#include <set>
 #include <thread>
 
 #include "absl/strings/str_cat.h"

@@ -1,7 +1,6 @@
 #include "core/spmd/jit.h"
 
 #include <algorithm>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
