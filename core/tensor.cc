@@ -51,6 +51,12 @@ int64_t NumElements(const Dims& dims) {
   return n;
 }
 
+int64_t NumElements(const Dims& dims, size_t begin, size_t end) {
+  int64_t n = 1;
+  for (size_t i = begin; i < end && i < dims.size(); ++i) n *= dims[i];
+  return n;
+}
+
 std::string DimsToString(const Dims& dims) {
   return absl::StrCat("[", absl::StrJoin(dims, ", "), "]");
 }

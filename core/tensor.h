@@ -24,6 +24,8 @@ std::string DTypeName(DType dtype);
 // Dimensions of a row-major array; {} is a scalar.
 using Dims = std::vector<int64_t>;
 int64_t NumElements(const Dims& dims);
+// The product of dims[begin, end) (end clipped to dims.size()); 1 for an empty range.
+int64_t NumElements(const Dims& dims, size_t begin, size_t end);
 std::string DimsToString(const Dims& dims);  // "[128, 784]"
 
 // The largest array meshrun accepts: 2^46 bytes (64 TiB), past any host's memory, so that byte

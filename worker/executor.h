@@ -148,19 +148,25 @@ class Executor {
   static bool IsViewKind(v1::OpKind kind);
   // A view op if `op` is in view_ops_ and its result is one contiguous block of its input.
   std::optional<CompiledOp> CompileView(const v1::Op& op, const Tensor* x, Tensor* y);
-  // The shard_map ops (executor_general_ops.cc).
+  // The shard_map ops other than collectives (executor_general_ops.cc).
   absl::StatusOr<CompiledOp> CompileGeneral(const v1::Op& op, const std::vector<Tensor*>& in,
                                             const std::vector<Tensor*>& out);
+  // The ops that move data: broadcast, reshape, transpose, concatenate, slices, conversions,
+  // fills, rev and iota (executor_layout_ops.cc); InvalidArgument for any other kind.
+  absl::StatusOr<CompiledOp> CompileLayout(const v1::Op& op, const std::vector<Tensor*>& in,
+                                           const std::vector<Tensor*>& out);
+  // The collectives: psum, pmean, pmax, all_gather, psum_scatter, all_to_all, ppermute
+  // (executor_collective_ops.cc).
   absl::StatusOr<CompiledOp> CompileCollective(const v1::Op& op, const std::vector<Tensor*>& in,
                                                const std::vector<Tensor*>& out);
-  // OP_ADAM_UPDATE, with its gradient's all-reduce and joined reductions (executor_adam.cc).
-  // OP_DYNAMIC_SLICE_ND and OP_DYNAMIC_UPDATE_SLICE (executor_general_ops.cc).
+  // OP_DYNAMIC_SLICE_ND and OP_DYNAMIC_UPDATE_SLICE (executor_layout_ops.cc).
   absl::StatusOr<CompiledOp> CompileDynamicSlice(const v1::Op& op, const std::vector<Tensor*>& in,
                                                  const std::vector<Tensor*>& out);
   // JAX's PRNG ops: OP_RANDOM_INIT, OP_RANDOM_BITS, OP_DROPOUT_MASK, OP_FOLD_IN,
   // OP_THREEFRY2X32 (executor_random.cc).
   absl::StatusOr<CompiledOp> CompileRandom(const v1::Op& op, const std::vector<Tensor*>& in,
                                            const std::vector<Tensor*>& out);
+  // OP_ADAM_UPDATE, with its gradient's all-reduce and joined reductions (executor_adam.cc).
   absl::StatusOr<CompiledOp> CompileAdamUpdate(const v1::Op& op, const std::vector<Tensor*>& in,
                                                const std::vector<Tensor*>& out);
   // Runs of consecutive local Adam updates (IsLocalAdamUpdate) of one step and the same
@@ -234,6 +240,8 @@ class Executor {
 absl::Status OpArity(const v1::Op& op, int inputs, int outputs);
 // InvalidArgument naming the op, its output's dtype and dims, and what was `expected`.
 absl::Status OpOutputMismatch(const v1::Op& op, const Tensor& got, const std::string& expected);
+// An op that runs `k`'s kernel (k must be OK; a null kernel makes an op that does nothing).
+Executor::CompiledOp FromKernel(absl::StatusOr<std::unique_ptr<Kernel>> k);
 // An OP_ADAM_UPDATE's hyperparameters (its reduce_dtype aside) as core/optim takes them.
 AdamWHyperParams AdamWHyperParamsOf(const v1::AdamWAttrs& attrs);
 // The AdamW count of an update: the f32 step counter `step` (updates done so far, element 0)
