@@ -134,13 +134,11 @@ absl::Status CheckLossFinite(int64_t step, double loss) {
       ": the job stops (train.on_nonfinite: stop) and no checkpoint of this state is committed"));
 }
 
-absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
-  json root = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return absl::InvalidArgumentError("job config is not valid JSON");
-  if (!root.is_object()) return absl::InvalidArgumentError("job config must be a JSON object");
-  JobConfig c;
-  int64_t seed = static_cast<int64_t>(c.train.seed);
-  const std::map<std::string, std::map<std::string, Setter>> schema = {
+namespace {
+
+// The sections' keys and where each value goes in `c` (train.seed through `seed`, an int64).
+std::map<std::string, std::map<std::string, Setter>> Schema(JobConfig& c, int64_t& seed) {
+  return {
       {"model",
        {{"name", Enum(&c.model.name, {"dp_classifier", "mlp", "dot_relu_dot", "classifier"})},
         {"hidden_size", Int(&c.model.hidden_size, 1, 1 << 16)},
@@ -192,32 +190,28 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
         {"resume", Bool(&c.checkpoint.resume)},
         {"init_from", Str(&c.checkpoint.init_from)}}},
   };
-  for (const auto& [key, value] : root.items()) {
-    if (key == "mesh") {
-      if (!value.is_object() || value.empty())
-        return Bad("mesh", value, "an object of axis name -> size");
-      for (const auto& [axis, size] : value.items()) {
-        if (!size.is_number_integer() || size.get<int64_t>() < 1 || size.get<int64_t>() > 4096) {
-          return Bad(absl::StrCat("mesh.", axis), size, "an integer in [1, 4096]");
-        }
-        c.mesh.emplace_back(axis, size.get<int>());
-      }
-      continue;
+}
+
+// "mesh": an object of axis name -> size, in order.
+absl::Status ParseMesh(const json& value, std::vector<std::pair<std::string, int>>& mesh) {
+  if (!value.is_object() || value.empty())
+    return Bad("mesh", value, "an object of axis name -> size");
+  for (const auto& [axis, size] : value.items()) {
+    if (!size.is_number_integer() || size.get<int64_t>() < 1 || size.get<int64_t>() > 4096) {
+      return Bad(absl::StrCat("mesh.", axis), size, "an integer in [1, 4096]");
     }
-    auto it = schema.find(key);
-    if (it == schema.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown key '", key,
-                       "'; allowed: checkpoint, data, mesh, model, optimizer, precision, recovery, "
-                       "sharding, train"));
-    }
-    if (absl::Status s = ApplySection(key, value, it->second); !s.ok()) return s;
+    mesh.emplace_back(axis, size.get<int>());
   }
-  c.train.seed = static_cast<uint64_t>(seed);
+  return absl::OkStatus();
+}
+
+// The rules that span keys (and the defaults one key's absence implies), checked once every key
+// is read.
+absl::Status CheckAcrossKeys(const json& root, JobConfig& c) {
   if (!root.contains("data") && c.model.name != "dp_classifier") {
     c.data.dataset = "synthetic";  // a seed workload's own batch, every step
   }
-  if (c.data.dataset == "npy" && !root["data"].contains("path")) {
+  if (c.data.dataset == "npy" && !root.at("data").contains("path")) {
     return absl::InvalidArgumentError(
         "'data.dataset' is npy but 'data.path' (the directory of .npy files) is not set");
   }
@@ -247,6 +241,34 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
         "'data.batch_size' (", c.data.batch_size,
         ") must be divisible by 'optimizer.num_minibatches' (", c.optimizer.num_minibatches, ")"));
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
+  json root = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return absl::InvalidArgumentError("job config is not valid JSON");
+  if (!root.is_object()) return absl::InvalidArgumentError("job config must be a JSON object");
+  JobConfig c;
+  int64_t seed = static_cast<int64_t>(c.train.seed);
+  const std::map<std::string, std::map<std::string, Setter>> schema = Schema(c, seed);
+  for (const auto& [key, value] : root.items()) {
+    if (key == "mesh") {
+      if (absl::Status s = ParseMesh(value, c.mesh); !s.ok()) return s;
+      continue;
+    }
+    auto it = schema.find(key);
+    if (it == schema.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown key '", key,
+                       "'; allowed: checkpoint, data, mesh, model, optimizer, precision, recovery, "
+                       "sharding, train"));
+    }
+    if (absl::Status s = ApplySection(key, value, it->second); !s.ok()) return s;
+  }
+  c.train.seed = static_cast<uint64_t>(seed);
+  if (absl::Status s = CheckAcrossKeys(root, c); !s.ok()) return s;
   return c;
 }
 
