@@ -132,96 +132,115 @@ std::string ExecutableDir() {
   return path.substr(0, path.rfind('/'));
 }
 
-absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& o) {
-  absl::StatusOr<Mesh> mesh = Mesh::Parse(o.mesh);
-  if (!mesh.ok()) return mesh.status();
-  std::unique_ptr<LocalCluster> c(new LocalCluster());
-  const std::string bin = o.bin_dir.empty() ? ExecutableDir() : o.bin_dir;
-  c->log_dir_ = o.log_dir;
-  if (c->log_dir_.empty()) {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string templ = absl::StrCat(tmp ? tmp : "/tmp", "/meshrun-XXXXXX");
-    if (mkdtemp(templ.data()) == nullptr)
-      return absl::InternalError("cannot create a log directory");
-    c->log_dir_ = templ;
-  } else {
-    mkdir(c->log_dir_.c_str(), 0755);
+namespace {
+
+// `log_dir`, created if missing, or a fresh directory under $TMPDIR (/tmp) when it is empty.
+absl::StatusOr<std::string> MakeLogDir(const std::string& log_dir) {
+  if (!log_dir.empty()) {
+    mkdir(log_dir.c_str(), 0755);
+    return log_dir;
   }
-  absl::StatusOr<std::string> credential_flag = CredentialFlag(o, &c->tls_dir_);
-  if (!credential_flag.ok()) return credential_flag.status();
-  const std::string port_file = c->log_dir_ + "/coordinator.port";
+  const char* tmp = std::getenv("TMPDIR");
+  std::string templ = absl::StrCat(tmp ? tmp : "/tmp", "/meshrun-XXXXXX");
+  if (mkdtemp(templ.data()) == nullptr) return absl::InternalError("cannot create a log directory");
+  return templ;
+}
+
+}  // namespace
+
+absl::Status LocalCluster::StartCoordinator(const LocalClusterOptions& o,
+                                            const std::string& credential_flag,
+                                            absl::Time deadline) {
+  const std::string port_file = log_dir_ + "/coordinator.port";
   std::remove(port_file.c_str());
-  c->coordinator_binary_ = bin + "/meshrun-coordinator";
-  const int workers = mesh->size();
-  const bool own_hosts = !o.worker_netns.empty();
-  if (own_hosts && (static_cast<int>(o.worker_netns.size()) != workers ||
-                    o.worker_hosts.size() != o.worker_netns.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        o.worker_netns.size(), " network namespaces and ", o.worker_hosts.size(),
-        " worker hosts for a mesh of ", workers, " devices; expected one of each per worker"));
-  }
-  c->worker_netns_ = o.worker_netns;
-  c->coordinator_args_ = {
+  coordinator_args_ = {
       absl::StrCat("--port=", o.port),
       absl::StrCat("--mesh=", o.mesh),
       absl::StrCat("--port_file=", port_file),
       absl::StrCat("--heartbeat_timeout=", absl::FormatDuration(o.heartbeat_timeout)),
       absl::StrCat("--client_lease=", absl::FormatDuration(o.client_lease)),
       absl::StrCat("--process_checks=", o.process_checks ? "true" : "false"),
-      absl::StrCat("--state_file=", c->log_dir_, "/coordinator-state.json"),
+      absl::StrCat("--state_file=", log_dir_, "/coordinator-state.json"),
       absl::StrCat("--host=", o.coordinator_host),
       absl::StrCat("--checkpoint_root=", o.checkpoint_root),
-      *credential_flag};
+      credential_flag};
   absl::StatusOr<pid_t> coord =
-      Spawn(c->coordinator_binary_, c->coordinator_args_, c->log_dir_ + "/coordinator.log");
+      Spawn(coordinator_binary_, coordinator_args_, log_dir_ + "/coordinator.log");
   if (!coord.ok()) return coord.status();
-  c->coordinator_pid_ = *coord;
-  const absl::Time deadline = absl::Now() + o.start_timeout;
+  coordinator_pid_ = *coord;
   int port = 0;
   while (port == 0) {
     std::ifstream in(port_file);
     if (!(in >> port)) port = 0;
     if (port != 0) break;
     int status;
-    if (waitpid(c->coordinator_pid_, &status, WNOHANG) == c->coordinator_pid_) {
-      c->coordinator_pid_ = -1;
+    if (waitpid(coordinator_pid_, &status, WNOHANG) == coordinator_pid_) {
+      coordinator_pid_ = -1;
       return absl::UnavailableError(
-          absl::StrCat("coordinator exited at start; see ", c->log_dir_, "/coordinator.log"));
+          absl::StrCat("coordinator exited at start; see ", log_dir_, "/coordinator.log"));
     }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("coordinator did not start; see ", c->log_dir_));
+      return absl::DeadlineExceededError(absl::StrCat("coordinator did not start; see ", log_dir_));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
-  c->address_ = absl::StrCat(o.coordinator_host, ":", port);
-  c->coordinator_args_[0] = absl::StrCat("--port=", port);  // a restart binds the same one
+  address_ = absl::StrCat(o.coordinator_host, ":", port);
+  coordinator_args_[0] = absl::StrCat("--port=", port);  // a restart binds the same one
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StartWorkers(const LocalClusterOptions& o, int workers,
+                                        const std::string& credential_flag) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = o.compute_threads > 0 ? o.compute_threads : std::max(1, cores / workers);
   // When each worker's compute threads have cores to themselves, let OpenMP threads spin between
   // the step's many small primitives instead of sleeping (1.7x samples/s for one 2-thread
   // worker); the finite spin count lets an idle worker sleep after about 20 ms.
-  std::vector<std::pair<std::string, std::string>> env;
   if (threads > 1 && threads * workers <= cores)
-    env = {{"OMP_WAIT_POLICY", "ACTIVE"}, {"GOMP_SPINCOUNT", "20000000"}};
-  c->worker_binary_ = bin + "/meshrun-worker";
-  c->worker_env_ = env;
+    worker_env_ = {{"OMP_WAIT_POLICY", "ACTIVE"}, {"GOMP_SPINCOUNT", "20000000"}};
   for (int r = 0; r < workers; ++r) {
-    c->worker_args_.push_back(
-        {absl::StrCat("--coordinator=", c->address_), absl::StrCat("--compute_threads=", threads),
+    worker_args_.push_back(
+        {absl::StrCat("--coordinator=", address_), absl::StrCat("--compute_threads=", threads),
          absl::StrCat("--join_timeout=", absl::FormatDuration(o.start_timeout)),
          absl::StrCat("--shm_transport=", o.shm_transport ? "true" : "false"),
          absl::StrCat("--memory_budget_bytes=", o.worker_memory_budget_bytes),
-         absl::StrCat("--checkpoint_root=", o.checkpoint_root), *credential_flag});
-    if (own_hosts) c->worker_args_.back().push_back(absl::StrCat("--host=", o.worker_hosts[r]));
-    for (const std::string& flag : o.worker_flags) c->worker_args_.back().push_back(flag);
+         absl::StrCat("--checkpoint_root=", o.checkpoint_root), credential_flag});
+    if (!worker_netns_.empty())
+      worker_args_.back().push_back(absl::StrCat("--host=", o.worker_hosts[r]));
+    for (const std::string& flag : o.worker_flags) worker_args_.back().push_back(flag);
     absl::StatusOr<pid_t> w =
-        Spawn(c->worker_binary_, c->worker_args_.back(),
-              absl::StrCat(c->log_dir_, "/worker", r, ".log"), env, false, c->WorkerNetns(r));
+        Spawn(worker_binary_, worker_args_.back(), absl::StrCat(log_dir_, "/worker", r, ".log"),
+              worker_env_, false, WorkerNetns(r));
     if (!w.ok()) return w.status();
-    absl::MutexLock lock(&c->mu_);
-    c->worker_pids_.push_back(*w);
+    absl::MutexLock lock(&mu_);
+    worker_pids_.push_back(*w);
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const LocalClusterOptions& o) {
+  absl::StatusOr<Mesh> mesh = Mesh::Parse(o.mesh);
+  if (!mesh.ok()) return mesh.status();
+  const int workers = mesh->size();
+  if (!o.worker_netns.empty() && (static_cast<int>(o.worker_netns.size()) != workers ||
+                                  o.worker_hosts.size() != o.worker_netns.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        o.worker_netns.size(), " network namespaces and ", o.worker_hosts.size(),
+        " worker hosts for a mesh of ", workers, " devices; expected one of each per worker"));
+  }
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  const std::string bin = o.bin_dir.empty() ? ExecutableDir() : o.bin_dir;
+  c->coordinator_binary_ = bin + "/meshrun-coordinator";
+  c->worker_binary_ = bin + "/meshrun-worker";
+  c->worker_netns_ = o.worker_netns;
+  absl::StatusOr<std::string> log_dir = MakeLogDir(o.log_dir);
+  if (!log_dir.ok()) return log_dir.status();
+  c->log_dir_ = *log_dir;
+  absl::StatusOr<std::string> credential_flag = CredentialFlag(o, &c->tls_dir_);
+  if (!credential_flag.ok()) return credential_flag.status();
+  const absl::Time deadline = absl::Now() + o.start_timeout;
+  if (absl::Status s = c->StartCoordinator(o, *credential_flag, deadline); !s.ok()) return s;
+  if (absl::Status s = c->StartWorkers(o, workers, *credential_flag); !s.ok()) return s;
   if (o.respawn_workers) {
     absl::MutexLock lock(&c->mu_);
     c->supervising_ = true;

@@ -101,6 +101,13 @@ class LocalCluster {
   LocalCluster() = default;
   // The respawn thread's loop: reaps dead workers and starts them again until Stop.
   void Supervise();
+  // Start's steps. The coordinator's process, started with `credential_flag`; returns once it
+  // wrote the port it bound (DeadlineExceeded after `deadline`, Unavailable if it exited).
+  absl::Status StartCoordinator(const LocalClusterOptions& o, const std::string& credential_flag,
+                                absl::Time deadline);
+  // One worker process per device of a mesh of `workers`, joining address_.
+  absl::Status StartWorkers(const LocalClusterOptions& o, int workers,
+                            const std::string& credential_flag);
   // Worker r's network namespace; empty: this process's.
   std::string WorkerNetns(int r) const { return worker_netns_.empty() ? "" : worker_netns_[r]; }
   std::string address_;
