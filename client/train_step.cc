@@ -1,13 +1,10 @@
 #include "meshrun/train_step.h"
 
 #include <algorithm>
-#include <map>
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "core/checkpoint/checkpoint.h"
 #include "core/sharding/named_sharding.h"
 
 namespace meshrun {
@@ -136,10 +133,9 @@ std::string TrainStep::Plan() const {
   return out;
 }
 
-absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingConfig& sharding,
-                                         const OptimizerConfig& optimizer,
-                                         const std::vector<BatchSpec>& batch, const LossFn& loss_fn,
-                                         uint64_t seed, int num_minibatches) {
+namespace {
+
+absl::Status CheckStepOptions(const OptimizerConfig& optimizer, int num_minibatches) {
   if (num_minibatches < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_minibatches ", num_minibatches, ": expected >= 1"));
@@ -151,6 +147,151 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
         optimizer.kind == OptimizerConfig::kSgd ? "sgd" : "adam",
         ": expected f32, or bf16 with adam or adamw (the update that reduces its gradient)"));
   }
+  return absl::OkStatus();
+}
+
+// The step program's values: its inputs (the TrainState's arrays, in out->state's order, then
+// the batch) and what the step computes from them.
+struct StepValues {
+  nn::Value step, rng;
+  std::vector<nn::Value> params, mu, nu, batch;
+  std::vector<nn::Value> grads, metrics;  // metrics: summed over the minibatches
+  nn::Value loss;
+  std::vector<nn::Value> new_params, new_mu, new_nu;
+};
+
+// Declares the step program's inputs, in order step, rng, params, mu, nu (Adam) and the batch,
+// and records the TrainState's arrays in out->state.
+void DeclareInputs(JitBuilder& jit, nn::Scope& scope, bool adam, TrainStep* out, StepValues& v) {
+  for (const nn::ParamInfo& p : out->params) {
+    out->state.push_back({p.name, p.shape, p.spec, BytesPerWorker(out->mesh, p.shape, p.spec)});
+  }
+  v.params = scope.param_values();
+  if (adam) {
+    for (const char* moment : {"mu", "nu"}) {
+      for (const nn::ParamInfo& p : out->params) {
+        out->state.push_back({absl::StrCat("opt_state/", moment, "/", p.name), p.shape, p.spec,
+                              BytesPerWorker(out->mesh, p.shape, p.spec)});
+        (moment[0] == 'm' ? v.mu : v.nu).push_back(jit.Input(v1::DTYPE_F32, p.shape, p.spec));
+      }
+    }
+  }
+  for (const PlannedArray& a : out->batch) v.batch.push_back(jit.Input(a.dtype, a.shape, a.spec));
+}
+
+// The loss, gradients and metrics of the step, over `num_minibatches` minibatches (the seed's
+// accumulate_gradients: gradients and metrics summed, the loss averaged).
+absl::Status AccumulateGradients(JitBuilder& jit, nn::Scope& scope, const LossFn& loss_fn,
+                                 int num_minibatches, size_t num_metrics, StepValues& v) {
+  for (int k = 0; k < num_minibatches; ++k) {
+    std::vector<nn::Value> mb;
+    for (nn::Value x : v.batch) mb.push_back(num_minibatches > 1 ? jit.Index(x, k) : x);
+    scope.SetRng(jit.FoldIn(jit.FoldIn(v.rng, v.step), jit.Constant(static_cast<float>(k), {})));
+    nn::Value loss = loss_fn(scope, mb);
+    if (!scope.status().ok()) return scope.status();
+    std::vector<std::pair<std::string, nn::Value>> sown = scope.TakeSown();
+    for (size_t m = 0; m < sown.size() && m < num_metrics; ++m) {
+      v.metrics.resize(num_metrics);
+      v.metrics[m] = k == 0 ? sown[m].second : jit.Add(v.metrics[m], sown[m].second);
+    }
+    // The seed's accumulate_gradients averages the minibatch gradients: each is taken of
+    // loss / k, which scales the small cotangents rather than the whole summed gradient.
+    std::vector<nn::Value> g = jit.Grad(
+        num_minibatches > 1 ? jit.Scale(loss, 1.0f / static_cast<float>(num_minibatches)) : loss,
+        v.params);
+    v.loss = k == 0 ? loss : jit.Add(v.loss, loss);
+    if (k == 0) {
+      v.grads = g;
+    } else {
+      for (size_t j = 0; j < g.size(); ++j) v.grads[j] = jit.Add(v.grads[j], g[j]);
+    }
+  }
+  if (num_minibatches > 1) {
+    // The mean of the minibatch losses, as the seed's accumulate_gradients reports it.
+    v.loss = jit.Scale(v.loss, 1.0f / static_cast<float>(num_minibatches));
+  }
+  return absl::OkStatus();
+}
+
+// The updated parameters (and Adam moments) from the gradients.
+void ApplyOptimizer(JitBuilder& jit, const OptimizerConfig& optimizer,
+                    const std::vector<nn::ParamInfo>& params, StepValues& v) {
+  v1::AdamWAttrs hp;
+  hp.set_learning_rate(optimizer.learning_rate);
+  hp.set_b1(optimizer.b1);
+  hp.set_b2(optimizer.b2);
+  hp.set_eps(optimizer.eps);
+  hp.set_weight_decay(optimizer.kind == OptimizerConfig::kAdamW ? optimizer.weight_decay : 0.0f);
+  if (optimizer.reduce_dtype == v1::DTYPE_BF16) hp.set_reduce_dtype(v1::DTYPE_BF16);
+  for (size_t j = 0; j < v.params.size(); ++j) {
+    if (optimizer.kind != OptimizerConfig::kSgd) {
+      // The update brings the gradient into its parameter's layout itself: a psum over the axes
+      // it was summed over (fused with the update), or a psum_scatter where the parameter is
+      // sharded over them (FSDP).
+      std::vector<nn::Value> u =
+          jit.AdamUpdate(v.params[j], v.grads[j], v.mu[j], v.nu[j], v.step, hp);
+      if (u.size() != 3) break;
+      v.new_params.push_back(u[0]);
+      v.new_mu.push_back(u[1]);
+      v.new_nu.push_back(u[2]);
+    } else {
+      // The gradient in its parameter's layout: psum over the axes it was summed over, or
+      // psum_scatter where the parameter is sharded over them (FSDP).
+      nn::Value g = jit.WithShardingConstraint(v.grads[j], params[j].spec);
+      v.new_params.push_back(jit.Sub(v.params[j], jit.Scale(g, optimizer.learning_rate)));
+    }
+  }
+}
+
+// optax.apply_if_finite: every state array keeps its old value unless the loss and every updated
+// parameter are finite.
+void KeepStateIfNonFinite(JitBuilder& jit, StepValues& v) {
+  // x - x is 0 for a finite x and NaN otherwise: one scalar that is 0 exactly when the loss
+  // and every updated parameter are finite; each state array takes its old or new value.
+  nn::Value total = jit.Sub(v.loss, v.loss);
+  for (nn::Value p : v.new_params) {
+    const int64_t rank = static_cast<int64_t>(jit.shape(p).size());
+    std::vector<int64_t> all(rank);
+    for (int64_t d = 0; d < rank; ++d) all[d] = d;
+    total = jit.Add(total, jit.Reduce("sum", jit.Sub(p, p), all));
+  }
+  const nn::Value finite = jit.Binary("eq", total, jit.Constant(0.0f, {}));
+  auto keep = [&](const std::vector<nn::Value>& old, std::vector<nn::Value>& updated) {
+    for (size_t j = 0; j < updated.size(); ++j) updated[j] = jit.Select(finite, old[j], updated[j]);
+  };
+  keep(v.params, v.new_params);
+  keep(v.mu, v.new_mu);
+  keep(v.nu, v.new_nu);
+}
+
+// The init program: each worker draws its own blocks of the parameters (zeros for the moments).
+absl::StatusOr<v1::ShardMapProgram> BuildInitProgram(const Mesh& mesh,
+                                                     const std::vector<nn::ParamInfo>& params,
+                                                     uint64_t seed, bool adam) {
+  ShardMapBuilder init(mesh);
+  init.Output(init.Full(v1::DTYPE_F32, {}, 0.0), PartitionSpec());
+  for (const nn::ParamInfo& p : params) {
+    absl::StatusOr<nn::Draw> d = nn::ResolveInitializer(p.init, p.shape, p.batch_dims);
+    if (!d.ok()) return d.status();
+    init.Output(init.RandomInit(p.shape, p.spec, d->fn, d->scale, nn::ParamKey(seed, p.name)),
+                p.spec);
+  }
+  if (adam) {
+    for (int moment = 0; moment < 2; ++moment) {
+      for (const nn::ParamInfo& p : params)
+        init.Output(init.RandomInit(p.shape, p.spec, "zeros", 0, {0, 0}), p.spec);
+    }
+  }
+  return init.Build();
+}
+
+}  // namespace
+
+absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingConfig& sharding,
+                                         const OptimizerConfig& optimizer,
+                                         const std::vector<BatchSpec>& batch, const LossFn& loss_fn,
+                                         uint64_t seed, int num_minibatches) {
+  if (absl::Status s = CheckStepOptions(optimizer, num_minibatches); !s.ok()) return s;
   TrainStep out;
   out.mesh = mesh;
   out.sharding = sharding;
@@ -168,131 +309,34 @@ absl::StatusOr<TrainStep> BuildTrainStep(const Mesh& mesh, const nn::ShardingCon
   // Trace 2: the step program.
   JitBuilder jit(mesh);
   const bool adam = optimizer.kind != OptimizerConfig::kSgd;
+  StepValues v;
   out.state.push_back({"step", {}, PartitionSpec(), 4});
-  nn::Value step = jit.Input(v1::DTYPE_F32, {}, PartitionSpec());
+  v.step = jit.Input(v1::DTYPE_F32, {}, PartitionSpec());
   out.state.push_back({"rng", {2}, PartitionSpec(), 8, v1::DTYPE_U32});
-  nn::Value rng = jit.Input(v1::DTYPE_U32, {2}, PartitionSpec());
-  nn::Scope scope(jit, sharding, out.params);
-  for (const nn::ParamInfo& p : out.params) {
-    out.state.push_back({p.name, p.shape, p.spec, BytesPerWorker(mesh, p.shape, p.spec)});
+  v.rng = jit.Input(v1::DTYPE_U32, {2}, PartitionSpec());
+  nn::Scope scope(jit, sharding, out.params);  // the parameters' inputs
+  DeclareInputs(jit, scope, adam, &out, v);
+  if (absl::Status s =
+          AccumulateGradients(jit, scope, loss_fn, num_minibatches, out.metrics.size(), v);
+      !s.ok())
+    return s;
+  ApplyOptimizer(jit, optimizer, out.params, v);
+  if (optimizer.apply_if_finite && v.new_params.size() == v.params.size()) {
+    KeepStateIfNonFinite(jit, v);
   }
-  std::vector<nn::Value> mu, nu;
-  if (adam) {
-    for (const char* moment : {"mu", "nu"}) {
-      for (const nn::ParamInfo& p : out.params) {
-        out.state.push_back({absl::StrCat("opt_state/", moment, "/", p.name), p.shape, p.spec,
-                             BytesPerWorker(mesh, p.shape, p.spec)});
-        (moment[0] == 'm' ? mu : nu).push_back(jit.Input(v1::DTYPE_F32, p.shape, p.spec));
-      }
-    }
-  }
-  std::vector<nn::Value> batch_values;
-  for (const PlannedArray& a : out.batch)
-    batch_values.push_back(jit.Input(a.dtype, a.shape, a.spec));
-
-  const std::vector<nn::Value> params = scope.param_values();
-  std::vector<nn::Value> grads, metrics;  // metrics: summed over the minibatches
-  nn::Value loss_sum;
-  for (int k = 0; k < num_minibatches; ++k) {
-    std::vector<nn::Value> mb;
-    for (nn::Value v : batch_values) mb.push_back(num_minibatches > 1 ? jit.Index(v, k) : v);
-    scope.SetRng(jit.FoldIn(jit.FoldIn(rng, step), jit.Constant(static_cast<float>(k), {})));
-    nn::Value loss = loss_fn(scope, mb);
-    if (!scope.status().ok()) return scope.status();
-    std::vector<std::pair<std::string, nn::Value>> sown = scope.TakeSown();
-    for (size_t m = 0; m < sown.size() && m < out.metrics.size(); ++m) {
-      metrics.resize(out.metrics.size());
-      metrics[m] = k == 0 ? sown[m].second : jit.Add(metrics[m], sown[m].second);
-    }
-    // The seed's accumulate_gradients averages the minibatch gradients: each is taken of
-    // loss / k, which scales the small cotangents rather than the whole summed gradient.
-    std::vector<nn::Value> g = jit.Grad(
-        num_minibatches > 1 ? jit.Scale(loss, 1.0f / static_cast<float>(num_minibatches)) : loss,
-        params);
-    loss_sum = k == 0 ? loss : jit.Add(loss_sum, loss);
-    if (k == 0) {
-      grads = g;
-    } else {
-      for (size_t j = 0; j < g.size(); ++j) grads[j] = jit.Add(grads[j], g[j]);
-    }
-  }
-  if (num_minibatches > 1) {
-    // The mean of the minibatch losses, as the seed's accumulate_gradients reports it.
-    loss_sum = jit.Scale(loss_sum, 1.0f / static_cast<float>(num_minibatches));
-  }
-  v1::AdamWAttrs hp;
-  hp.set_learning_rate(optimizer.learning_rate);
-  hp.set_b1(optimizer.b1);
-  hp.set_b2(optimizer.b2);
-  hp.set_eps(optimizer.eps);
-  hp.set_weight_decay(optimizer.kind == OptimizerConfig::kAdamW ? optimizer.weight_decay : 0.0f);
-  if (optimizer.reduce_dtype == v1::DTYPE_BF16) hp.set_reduce_dtype(v1::DTYPE_BF16);
-  std::vector<nn::Value> new_params, new_mu, new_nu;
-  for (size_t j = 0; j < params.size(); ++j) {
-    if (adam) {
-      // The update brings the gradient into its parameter's layout itself: a psum over the axes
-      // it was summed over (fused with the update), or a psum_scatter where the parameter is
-      // sharded over them (FSDP).
-      std::vector<nn::Value> u = jit.AdamUpdate(params[j], grads[j], mu[j], nu[j], step, hp);
-      if (u.size() != 3) break;
-      new_params.push_back(u[0]);
-      new_mu.push_back(u[1]);
-      new_nu.push_back(u[2]);
-    } else {
-      // The gradient in its parameter's layout: psum over the axes it was summed over, or
-      // psum_scatter where the parameter is sharded over them (FSDP).
-      nn::Value g = jit.WithShardingConstraint(grads[j], out.params[j].spec);
-      new_params.push_back(jit.Sub(params[j], jit.Scale(g, optimizer.learning_rate)));
-    }
-  }
-  if (optimizer.apply_if_finite && new_params.size() == params.size()) {
-    // x - x is 0 for a finite x and NaN otherwise: one scalar that is 0 exactly when the loss
-    // and every updated parameter are finite; each state array takes its old or new value.
-    nn::Value total = jit.Sub(loss_sum, loss_sum);
-    for (nn::Value p : new_params) {
-      const int64_t rank = static_cast<int64_t>(jit.shape(p).size());
-      std::vector<int64_t> all(rank);
-      for (int64_t d = 0; d < rank; ++d) all[d] = d;
-      total = jit.Add(total, jit.Reduce("sum", jit.Sub(p, p), all));
-    }
-    const nn::Value finite = jit.Binary("eq", total, jit.Constant(0.0f, {}));
-    auto keep = [&](const std::vector<nn::Value>& old, std::vector<nn::Value>& updated) {
-      for (size_t j = 0; j < updated.size(); ++j)
-        updated[j] = jit.Select(finite, old[j], updated[j]);
-    };
-    keep(params, new_params);
-    keep(mu, new_mu);
-    keep(nu, new_nu);
-  }
-  jit.Output(jit.Add(step, jit.Constant(1.0f, {})), PartitionSpec());
-  jit.Output(rng, PartitionSpec());
-  for (size_t j = 0; j < new_params.size(); ++j) jit.Output(new_params[j], out.params[j].spec);
-  for (size_t j = 0; j < new_mu.size(); ++j) jit.Output(new_mu[j], out.params[j].spec);
-  for (size_t j = 0; j < new_nu.size(); ++j) jit.Output(new_nu[j], out.params[j].spec);
-  jit.Output(loss_sum, PartitionSpec());
-  for (nn::Value m : metrics) jit.Output(m, PartitionSpec());
+  jit.Output(jit.Add(v.step, jit.Constant(1.0f, {})), PartitionSpec());
+  jit.Output(v.rng, PartitionSpec());
+  for (size_t j = 0; j < v.new_params.size(); ++j) jit.Output(v.new_params[j], out.params[j].spec);
+  for (size_t j = 0; j < v.new_mu.size(); ++j) jit.Output(v.new_mu[j], out.params[j].spec);
+  for (size_t j = 0; j < v.new_nu.size(); ++j) jit.Output(v.new_nu[j], out.params[j].spec);
+  jit.Output(v.loss, PartitionSpec());
+  for (nn::Value m : v.metrics) jit.Output(m, PartitionSpec());
   absl::StatusOr<v1::ShardMapProgram> program = jit.Build();
   if (!program.ok()) return program.status();
   out.step = *std::move(program);
   out.step_global = jit.global_program();
   out.collectives = jit.collectives();
-
-  // The init program: each worker draws its own blocks.
-  ShardMapBuilder init(mesh);
-  init.Output(init.Full(v1::DTYPE_F32, {}, 0.0), PartitionSpec());
-  for (const nn::ParamInfo& p : out.params) {
-    absl::StatusOr<nn::Draw> d = nn::ResolveInitializer(p.init, p.shape, p.batch_dims);
-    if (!d.ok()) return d.status();
-    init.Output(init.RandomInit(p.shape, p.spec, d->fn, d->scale, nn::ParamKey(seed, p.name)),
-                p.spec);
-  }
-  if (adam) {
-    for (int moment = 0; moment < 2; ++moment) {
-      for (const nn::ParamInfo& p : out.params)
-        init.Output(init.RandomInit(p.shape, p.spec, "zeros", 0, {0, 0}), p.spec);
-    }
-  }
-  absl::StatusOr<v1::ShardMapProgram> init_program = init.Build();
+  absl::StatusOr<v1::ShardMapProgram> init_program = BuildInitProgram(mesh, out.params, seed, adam);
   if (!init_program.ok()) return init_program.status();
   out.init = *std::move(init_program);
   return out;
@@ -324,190 +368,6 @@ absl::StatusOr<v1::GlobalProgram> BuildEvalStep(const TrainStep& step,
   }
   if (absl::StatusOr<v1::ShardMapProgram> p = jit.Build(); !p.ok()) return p.status();
   return jit.global_program();
-}
-
-absl::StatusOr<TrainState> TrainState::Init(Client* client, const TrainStep* step,
-                                            std::string prefix) {
-  TrainState state(client, step, std::move(prefix));
-  std::vector<std::string> ids;
-  for (const PlannedArray& a : step->state)
-    if (a.name != "rng") ids.push_back(state.Id(a.name));
-  absl::StatusOr<std::vector<v1::ArrayInfo>> out = client->ShardMap(step->init, {}, ids);
-  if (!out.ok()) return out.status();
-  // jax.random.PRNGKey(seed), put from here (two words; no float constant can carry them).
-  Tensor key(v1::DTYPE_U32, {2});
-  key.data<uint32_t>()[0] = static_cast<uint32_t>(step->seed >> 32);
-  key.data<uint32_t>()[1] = static_cast<uint32_t>(step->seed & 0xFFFFFFFFu);
-  absl::StatusOr<v1::ArrayInfo> put = client->Put(key, PartitionSpec(), state.Id("rng"));
-  if (!put.ok()) return put.status();
-  return state;
-}
-
-v1::SaveCheckpointRequest TrainState::SaveRequest(const std::string& root, int keep,
-                                                  const std::string& id_prefix) const {
-  v1::SaveCheckpointRequest req;
-  req.set_root(root);
-  req.set_step(steps_);
-  req.set_keep(keep);
-  for (const PlannedArray& a : step_->state) {
-    v1::CheckpointArray* c = req.add_arrays();
-    c->set_name(a.name);
-    c->set_id(Id(id_prefix + a.name));
-  }
-  return req;
-}
-
-absl::StatusOr<std::string> TrainState::Save(const std::string& root, int keep) {
-  absl::StatusOr<v1::SaveCheckpointResponse> resp =
-      client_->SaveCheckpoint(SaveRequest(root, keep, ""));
-  if (!resp.ok()) return resp.status();
-  return resp->path();
-}
-
-absl::StatusOr<TrainState> TrainState::InitFrom(Client* client, const TrainStep* step,
-                                                const std::string& path, std::string prefix) {
-  absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> file =
-      checkpoint::ReadSafetensors(path);
-  if (!file.ok()) return file.status();
-  std::map<std::string, const Tensor*> by_name;
-  for (const auto& [name, t] : *file) by_name[name] = &t;
-  for (const nn::ParamInfo& p : step->params) {
-    auto it = by_name.find(p.name);
-    if (it == by_name.end())
-      return absl::NotFoundError(absl::StrCat(path, " has no tensor ", p.name));
-    if (it->second->dims() != p.shape || it->second->dtype() != v1::DTYPE_F32) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": ", p.name, " is ", DTypeName(it->second->dtype()),
-          DimsToString(it->second->dims()), "; the model wants f32", DimsToString(p.shape)));
-    }
-  }
-  absl::StatusOr<TrainState> state = Init(client, step, std::move(prefix));
-  if (!state.ok()) return state.status();
-  for (const nn::ParamInfo& p : step->params) {
-    if (absl::Status s = client->Delete(state->Id(p.name)); !s.ok()) return s;
-    absl::StatusOr<v1::ArrayInfo> put = client->Put(*by_name[p.name], p.spec, state->Id(p.name));
-    if (!put.ok()) return put.status();
-  }
-  return state;
-}
-
-TrainState::~TrainState() {
-  if (pending_save_.valid()) pending_save_.wait();
-}
-
-absl::Status TrainState::SaveAsync(const std::string& root, int keep) {
-  if (pending_save_.valid()) {
-    if (absl::StatusOr<std::string> previous = pending_save_.get(); !previous.ok())
-      return previous.status();
-  }
-  // The snapshot: an identity shard_map copies every state block on its worker.
-  const std::string snapshot = "snapshot/";
-  ShardMapBuilder copy(step_->mesh);
-  std::vector<std::string> ids, snapshot_ids;
-  for (const PlannedArray& a : step_->state) {
-    copy.Output(copy.Input(a.dtype, a.shape, a.spec), a.spec);
-    ids.push_back(Id(a.name));
-    snapshot_ids.push_back(Id(snapshot + a.name));
-  }
-  absl::StatusOr<v1::ShardMapProgram> program = copy.Build();
-  if (!program.ok()) return program.status();
-  absl::StatusOr<std::vector<v1::ArrayInfo>> out = client_->ShardMap(*program, ids, snapshot_ids);
-  if (!out.ok()) return out.status();
-  const v1::SaveCheckpointRequest req = SaveRequest(root, keep, snapshot);
-  Client* client = client_;
-  pending_save_ =
-      std::async(std::launch::async, [client, req, snapshot_ids]() -> absl::StatusOr<std::string> {
-        absl::StatusOr<v1::SaveCheckpointResponse> resp = client->SaveCheckpoint(req);
-        for (const std::string& id : snapshot_ids) client->Delete(id).IgnoreError();
-        if (!resp.ok()) return resp.status();
-        return resp->path();
-      });
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> TrainState::WaitForSave() {
-  if (!pending_save_.valid()) return absl::FailedPreconditionError("no async save in flight");
-  return pending_save_.get();
-}
-
-absl::StatusOr<TrainState> TrainState::Restore(Client* client, const TrainStep* step,
-                                               const std::string& path, std::string prefix) {
-  TrainState state(client, step, std::move(prefix));
-  v1::RestoreCheckpointRequest req;
-  req.set_path(path);
-  for (const PlannedArray& a : step->state) {
-    v1::CheckpointArray* c = req.add_arrays();
-    c->set_name(a.name);
-    c->set_id(state.Id(a.name));
-    *c->mutable_spec() = a.spec.ToProto();
-  }
-  absl::StatusOr<v1::RestoreCheckpointResponse> resp = client->RestoreCheckpoint(req);
-  if (!resp.ok()) return resp.status();
-  state.steps_ = resp->step();
-  return state;
-}
-
-absl::StatusOr<float> TrainState::Step(const std::vector<std::string>& batch_ids) {
-  absl::StatusOr<std::vector<float>> losses = Steps({batch_ids});
-  if (!losses.ok()) return losses.status();
-  return losses->front();
-}
-
-absl::StatusOr<std::vector<float>> TrainState::Steps(
-    const std::vector<std::vector<std::string>>& batches) {
-  if (batches.empty()) return absl::InvalidArgumentError("Steps: no batches");
-  std::vector<std::string> state, outputs;
-  std::vector<int> donate;
-  for (const PlannedArray& a : step_->state) {
-    donate.push_back(static_cast<int>(state.size()));
-    state.push_back(Id(a.name));
-    outputs.push_back(Id(a.name));
-  }
-  // The loss and the metrics come back in the response.
-  std::vector<int> fetch;
-  for (size_t m = 0; m <= step_->metrics.size(); ++m) {
-    fetch.push_back(static_cast<int>(outputs.size()));
-    outputs.push_back("");
-  }
-  std::vector<std::vector<std::string>> runs;  // each step's arguments: the state, then its batch
-  for (size_t k = 0; k < batches.size(); ++k) {
-    if (batches[k].size() != step_->batch.size()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("train step takes ", step_->batch.size(), " batch arrays; got ",
-                       batches[k].size(), batches.size() > 1 ? absl::StrCat(" for step ", k) : ""));
-    }
-    runs.push_back(state);
-    runs.back().insert(runs.back().end(), batches[k].begin(), batches[k].end());
-  }
-  const std::vector<std::vector<std::string>> more_runs(runs.begin() + 1, runs.end());
-  // The coordinator partitions the global step (once; then from its cache) and runs it.
-  absl::StatusOr<Client::JitResult> out = client_->Jit(step_->step_global, runs.front(), outputs,
-                                                       absl::Seconds(30), donate, fetch, more_runs);
-  if (!out.ok()) return out.status();
-  std::vector<float> losses;
-  for (size_t f = 0; f < out->fetched.size(); f += fetch.size()) {
-    const Tensor& loss = out->fetched[f];
-    if (loss.num_elements() != 1)
-      return absl::InternalError("the train step returned no scalar loss");
-    losses.push_back(loss.data<float>()[0]);
-  }
-  if (losses.size() != batches.size()) {
-    return absl::InternalError(absl::StrCat("the train steps returned ", losses.size(),
-                                            " losses for ", batches.size(), " steps"));
-  }
-  steps_ += static_cast<int64_t>(batches.size());
-  return losses;
-}
-
-absl::StatusOr<Tensor> TrainState::Get(const std::string& name) const {
-  return client_->Get(Id(name));
-}
-
-absl::Status TrainState::Delete() {
-  for (const PlannedArray& a : step_->state) {
-    if (absl::Status s = client_->Delete(Id(a.name)); !s.ok()) return s;
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace meshrun
