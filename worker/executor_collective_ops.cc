@@ -15,6 +15,153 @@
 
 namespace meshrun {
 
+namespace {
+
+// An op running `fn`, its time added to `*timer` (the executor's collective time).
+Executor::CompiledOp Timed(absl::Duration* timer, std::function<absl::Status()> fn) {
+  return [timer, fn = std::move(fn)](const RunContext&) {
+    const absl::Time start = absl::Now();
+    absl::Status s = fn();
+    *timer += absl::Now() - start;
+    return s;
+  };
+}
+
+// jax.lax.all_gather(x, axis=op.dim, tiled=op.tiled) over comm's group.
+absl::StatusOr<Executor::CompiledOp> CompileAllGather(const v1::Op& op, Communicator* comm,
+                                                      const Tensor* x, Tensor* y,
+                                                      absl::Duration* timer) {
+  const int64_t n = comm->size();
+  const Dims& d = x->dims();
+  const DType dtype = x->dtype();
+  const size_t elem = DTypeSize(dtype);
+  auto timed = [timer](std::function<absl::Status()> fn) { return Timed(timer, std::move(fn)); };
+  const int64_t a = op.dim();
+  if (a < 0 || a > static_cast<int64_t>(d.size()) ||
+      (op.tiled() && a == static_cast<int64_t>(d.size()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("all_gather axis ", a, " is out of range for ", DimsToString(d)));
+  }
+  Dims expected = d;
+  if (op.tiled()) {
+    expected[a] *= n;
+  } else {
+    expected.insert(expected.begin() + a, n);
+  }
+  if (y->dims() != expected) return OpOutputMismatch(op, *y, DimsToString(expected));
+  const int64_t outer = NumElements(d, 0, a), inner = NumElements(d, a, d.size());
+  if (outer == 1) {  // the blocks are already in the result's order: gather straight into it
+    return timed([=] { return comm->AllGather(x->raw(), x->num_elements(), dtype, y->raw()); });
+  }
+  auto scratch = std::make_shared<std::vector<char>>(n * x->size_bytes());
+  return timed([=] {
+    // Gather blocks as [n, outer, inner], then move the group axis inside: [outer, n, inner].
+    if (absl::Status s = comm->AllGather(x->raw(), x->num_elements(), dtype, scratch->data());
+        !s.ok())
+      return s;
+    SwapLeadingAxes(scratch->data(), n, outer, inner, elem, y->raw());
+    return absl::OkStatus();
+  });
+}
+
+// jax.lax.psum_scatter(x, scatter_dimension=op.dim, tiled=op.tiled) over comm's group.
+absl::StatusOr<Executor::CompiledOp> CompilePsumScatter(const v1::Op& op, Communicator* comm,
+                                                        const Tensor* x, Tensor* y,
+                                                        absl::Duration* timer) {
+  const int64_t n = comm->size();
+  const Dims& d = x->dims();
+  const DType dtype = x->dtype();
+  const size_t elem = DTypeSize(dtype);
+  auto timed = [timer](std::function<absl::Status()> fn) { return Timed(timer, std::move(fn)); };
+  const int64_t s_dim = op.dim();
+  if (s_dim < 0 || s_dim >= static_cast<int64_t>(d.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("psum_scatter dimension ", s_dim, " is out of range for ", DimsToString(d)));
+  }
+  if (op.tiled() ? d[s_dim] % n != 0 : d[s_dim] != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("psum_scatter: dim ", s_dim, " of ", DimsToString(d), " (", d[s_dim],
+                     ") must be ", op.tiled() ? "divisible by" : "equal to", " the axis size ", n));
+  }
+  Dims expected = d;
+  if (op.tiled()) {
+    expected[s_dim] /= n;
+  } else {
+    expected.erase(expected.begin() + s_dim);
+  }
+  if (y->dims() != expected) return OpOutputMismatch(op, *y, DimsToString(expected));
+  const int64_t outer = NumElements(d, 0, s_dim),
+                block = x->num_elements() / std::max<int64_t>(1, outer * n);
+  if (outer == 1) {  // block j of the scatter dim is already flat block j: no repacking
+    return timed(
+        [=] { return comm->ReduceScatter(x->raw(), block, dtype, ReduceOp::kSum, y->raw()); });
+  }
+  // A Tensor, so a large one lives where peers can read it (the direct psum_scatter).
+  auto packed = std::make_shared<Tensor>(Tensor::Uninitialized(dtype, {x->num_elements()}));
+  return timed([=] {
+    // [outer, n, block] -> [n, outer, block]: block j of the scatter dim becomes flat block j.
+    SwapLeadingAxes(x->raw(), outer, n, block, elem, packed->raw());
+    return comm->ReduceScatter(packed->raw(), outer * block, dtype, ReduceOp::kSum, y->raw());
+  });
+}
+
+// jax.lax.ppermute(x, perm=op.perm's (source, destination) pairs) over comm's group.
+absl::StatusOr<Executor::CompiledOp> CompilePpermute(const v1::Op& op, Communicator* comm,
+                                                     const Tensor* x, Tensor* y,
+                                                     absl::Duration* timer) {
+  const int64_t n = comm->size();
+  const Dims& d = x->dims();
+  const DType dtype = x->dtype();
+  auto timed = [timer](std::function<absl::Status()> fn) { return Timed(timer, std::move(fn)); };
+  if (y->dims() != d) return OpOutputMismatch(op, *y, DimsToString(d));
+  if (op.perm_size() % 2 != 0)
+    return absl::InvalidArgumentError("ppermute perm must hold (source, destination) pairs");
+  std::vector<std::pair<int, int>> perm;
+  for (int i = 0; i < op.perm_size(); i += 2) perm.emplace_back(op.perm(i), op.perm(i + 1));
+  if (absl::Status s = ValidatePermutation(perm, static_cast<int>(n)); !s.ok()) return s;
+  return timed([=] { return comm->Permute(x->raw(), x->num_elements(), dtype, perm, y->raw()); });
+}
+
+// jax.lax.all_to_all(x, split_axis=op.split_dim, concat_axis=op.concat_dim) over comm's group.
+absl::StatusOr<Executor::CompiledOp> CompileAllToAll(const v1::Op& op, Communicator* comm,
+                                                     const Tensor* x, Tensor* y,
+                                                     absl::Duration* timer) {
+  const int64_t n = comm->size();
+  const Dims& d = x->dims();
+  const DType dtype = x->dtype();
+  const size_t elem = DTypeSize(dtype);
+  auto timed = [timer](std::function<absl::Status()> fn) { return Timed(timer, std::move(fn)); };
+  const int64_t sd = op.split_dim(), cd = op.concat_dim();
+  if (sd < 0 || cd < 0 || sd >= static_cast<int64_t>(d.size()) ||
+      cd >= static_cast<int64_t>(d.size()) || d[sd] % n != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("all_to_all: split_axis ", sd,
+                                                   " and concat_axis ", cd, " do not fit ",
+                                                   DimsToString(d), " over an axis of size ", n));
+  }
+  Dims block = d;
+  block[sd] /= n;
+  Dims expected = block;
+  expected[cd] *= n;
+  if (y->dims() != expected) return OpOutputMismatch(op, *y, DimsToString(expected));
+  const int64_t outer_s = NumElements(d, 0, sd),
+                inner_s = x->num_elements() / std::max<int64_t>(1, outer_s * n);
+  const int64_t outer_c = NumElements(block, 0, cd), inner_c = NumElements(block, cd, block.size());
+  auto packed = std::make_shared<std::vector<char>>(x->size_bytes());
+  auto received = std::make_shared<std::vector<char>>(x->size_bytes());
+  return timed([=] {
+    SwapLeadingAxes(x->raw(), outer_s, n, inner_s, elem, packed->data());
+    if (absl::Status s =
+            comm->AllToAll(packed->data(), x->num_elements() / n, dtype, received->data());
+        !s.ok()) {
+      return s;
+    }
+    SwapLeadingAxes(received->data(), n, outer_c, inner_c, elem, y->raw());
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace
+
 absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& op,
                                                                  const std::vector<Tensor*>& in,
                                                                  const std::vector<Tensor*>& out) {
@@ -28,20 +175,11 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
   if (absl::Status s = OpArity(op, 1, 1); !s.ok()) return s;
   const Tensor* x = in[0];
   Tensor* y = out[0];
-  const int64_t n = comm->size();
   const Dims& d = x->dims();
   const DType dtype = x->dtype();
-  const size_t elem = DTypeSize(dtype);
   if (y->dtype() != dtype) return OpOutputMismatch(op, *y, DTypeName(dtype));
   absl::Duration* timer = &collective_time_;
-  auto timed = [timer](std::function<absl::Status()> fn) -> CompiledOp {
-    return [timer, fn](const RunContext&) {
-      const absl::Time start = absl::Now();
-      absl::Status s = fn();
-      *timer += absl::Now() - start;
-      return s;
-    };
-  };
+  auto timed = [timer](std::function<absl::Status()> fn) { return Timed(timer, std::move(fn)); };
   switch (op.kind()) {
     case v1::OP_PSUM:
     case v1::OP_PMEAN:
@@ -62,106 +200,14 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
         return comm->AllReduce(y->raw(), y->num_elements(), dtype, rop);
       });
     }
-    case v1::OP_ALL_GATHER: {
-      const int64_t a = op.dim();
-      if (a < 0 || a > static_cast<int64_t>(d.size()) ||
-          (op.tiled() && a == static_cast<int64_t>(d.size()))) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("all_gather axis ", a, " is out of range for ", DimsToString(d)));
-      }
-      Dims expected = d;
-      if (op.tiled()) {
-        expected[a] *= n;
-      } else {
-        expected.insert(expected.begin() + a, n);
-      }
-      if (y->dims() != expected) return OpOutputMismatch(op, *y, DimsToString(expected));
-      const int64_t outer = NumElements(d, 0, a), inner = NumElements(d, a, d.size());
-      if (outer == 1) {  // the blocks are already in the result's order: gather straight into it
-        return timed([=] { return comm->AllGather(x->raw(), x->num_elements(), dtype, y->raw()); });
-      }
-      auto scratch = std::make_shared<std::vector<char>>(n * x->size_bytes());
-      return timed([=] {
-        // Gather blocks as [n, outer, inner], then move the group axis inside: [outer, n, inner].
-        if (absl::Status s = comm->AllGather(x->raw(), x->num_elements(), dtype, scratch->data());
-            !s.ok())
-          return s;
-        SwapLeadingAxes(scratch->data(), n, outer, inner, elem, y->raw());
-        return absl::OkStatus();
-      });
-    }
-    case v1::OP_PSUM_SCATTER: {
-      const int64_t s_dim = op.dim();
-      if (s_dim < 0 || s_dim >= static_cast<int64_t>(d.size())) {
-        return absl::InvalidArgumentError(absl::StrCat("psum_scatter dimension ", s_dim,
-                                                       " is out of range for ", DimsToString(d)));
-      }
-      if (op.tiled() ? d[s_dim] % n != 0 : d[s_dim] != n) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "psum_scatter: dim ", s_dim, " of ", DimsToString(d), " (", d[s_dim], ") must be ",
-            op.tiled() ? "divisible by" : "equal to", " the axis size ", n));
-      }
-      Dims expected = d;
-      if (op.tiled()) {
-        expected[s_dim] /= n;
-      } else {
-        expected.erase(expected.begin() + s_dim);
-      }
-      if (y->dims() != expected) return OpOutputMismatch(op, *y, DimsToString(expected));
-      const int64_t outer = NumElements(d, 0, s_dim),
-                    block = x->num_elements() / std::max<int64_t>(1, outer * n);
-      if (outer == 1) {  // block j of the scatter dim is already flat block j: no repacking
-        return timed(
-            [=] { return comm->ReduceScatter(x->raw(), block, dtype, ReduceOp::kSum, y->raw()); });
-      }
-      // A Tensor, so a large one lives where peers can read it (the direct psum_scatter).
-      auto packed = std::make_shared<Tensor>(Tensor::Uninitialized(dtype, {x->num_elements()}));
-      return timed([=] {
-        // [outer, n, block] -> [n, outer, block]: block j of the scatter dim becomes flat block j.
-        SwapLeadingAxes(x->raw(), outer, n, block, elem, packed->raw());
-        return comm->ReduceScatter(packed->raw(), outer * block, dtype, ReduceOp::kSum, y->raw());
-      });
-    }
-    case v1::OP_PPERMUTE: {
-      if (y->dims() != d) return OpOutputMismatch(op, *y, DimsToString(d));
-      if (op.perm_size() % 2 != 0)
-        return absl::InvalidArgumentError("ppermute perm must hold (source, destination) pairs");
-      std::vector<std::pair<int, int>> perm;
-      for (int i = 0; i < op.perm_size(); i += 2) perm.emplace_back(op.perm(i), op.perm(i + 1));
-      if (absl::Status s = ValidatePermutation(perm, static_cast<int>(n)); !s.ok()) return s;
-      return timed(
-          [=] { return comm->Permute(x->raw(), x->num_elements(), dtype, perm, y->raw()); });
-    }
-    case v1::OP_ALL_TO_ALL: {
-      const int64_t sd = op.split_dim(), cd = op.concat_dim();
-      if (sd < 0 || cd < 0 || sd >= static_cast<int64_t>(d.size()) ||
-          cd >= static_cast<int64_t>(d.size()) || d[sd] % n != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("all_to_all: split_axis ", sd, " and concat_axis ", cd, " do not fit ",
-                         DimsToString(d), " over an axis of size ", n));
-      }
-      Dims block = d;
-      block[sd] /= n;
-      Dims expected = block;
-      expected[cd] *= n;
-      if (y->dims() != expected) return OpOutputMismatch(op, *y, DimsToString(expected));
-      const int64_t outer_s = NumElements(d, 0, sd),
-                    inner_s = x->num_elements() / std::max<int64_t>(1, outer_s * n);
-      const int64_t outer_c = NumElements(block, 0, cd),
-                    inner_c = NumElements(block, cd, block.size());
-      auto packed = std::make_shared<std::vector<char>>(x->size_bytes());
-      auto received = std::make_shared<std::vector<char>>(x->size_bytes());
-      return timed([=] {
-        SwapLeadingAxes(x->raw(), outer_s, n, inner_s, elem, packed->data());
-        if (absl::Status s =
-                comm->AllToAll(packed->data(), x->num_elements() / n, dtype, received->data());
-            !s.ok()) {
-          return s;
-        }
-        SwapLeadingAxes(received->data(), n, outer_c, inner_c, elem, y->raw());
-        return absl::OkStatus();
-      });
-    }
+    case v1::OP_ALL_GATHER:
+      return CompileAllGather(op, comm, x, y, timer);
+    case v1::OP_PSUM_SCATTER:
+      return CompilePsumScatter(op, comm, x, y, timer);
+    case v1::OP_PPERMUTE:
+      return CompilePpermute(op, comm, x, y, timer);
+    case v1::OP_ALL_TO_ALL:
+      return CompileAllToAll(op, comm, x, y, timer);
     default:
       return absl::InvalidArgumentError(absl::StrCat("unsupported collective op kind ", op.kind()));
   }
