@@ -148,6 +148,27 @@ class WorkerService final : public v1::Worker::Service {
   // arguments, runs, stores or returns the results.
   grpc::Status RunProgram(const v1::RunShardMapRequest* req, v1::RunShardMapResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
+  // What RunProgram checked of a request (worker_service.cc).
+  struct RunPlan;
+  // One run (run k of the call) over the arrays `ids`: binds them, runs, and returns or stores
+  // the results into `resp` and the store. On a failed run the executor is dropped from the
+  // cache (recompiled on the next call, from a clean state).
+  absl::Status RunOnce(const RunPlan& plan,
+                       const google::protobuf::RepeatedPtrField<std::string>& ids, int k,
+                       v1::RunShardMapResponse* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
+  // Binds run k's arguments: fed blocks into `blocks`, the others from the store (taken where
+  // donated and not shared); `kept` holds the arguments that stay in the store.
+  absl::Status BindArguments(const RunPlan& plan,
+                             const google::protobuf::RepeatedPtrField<std::string>& ids, int k,
+                             std::vector<Tensor>& blocks,
+                             std::vector<std::shared_ptr<const Tensor>>& kept)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
+  // Returns the requested results in `resp`, stores the others (a copy where one shares memory
+  // with a `kept` argument) and consumes the donated arguments.
+  absl::Status StoreResults(const RunPlan& plan,
+                            const google::protobuf::RepeatedPtrField<std::string>& ids,
+                            const std::vector<std::shared_ptr<const Tensor>>& kept,
+                            v1::RunShardMapResponse* resp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
 
   // worker_inputs.cc: the dataset of `spec` (IDX ones kept once read).
   absl::StatusOr<std::shared_ptr<const Dataset>> OpenDataset(const v1::InputSpec& spec);
