@@ -146,6 +146,26 @@ void WorkerRegistry::ReleaseIfWaitingLocked(int rank, const std::string& address
 absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(
     const v1::RegisterRequest& req, absl::Time deadline, const std::function<bool()>& cancelled) {
   absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckClusterIdLocked(req); !s.ok()) return s;
+  if (RegisteredRankLocked(req) < 0) {
+    absl::StatusOr<int> taken = TakeRankLocked(req, deadline, cancelled);
+    if (!taken.ok()) return taken.status();
+  }
+  absl::StatusOr<int> rank = AwaitFormedLocked(req, deadline, cancelled);
+  if (!rank.ok()) return rank.status();
+  v1::RegisterResponse resp;
+  resp.set_rank(*rank);
+  *resp.mutable_mesh() = mesh_.ToProto();
+  for (int c : mesh_.Coords(*rank)) resp.add_coords(c);
+  for (const auto& w : workers_) *resp.add_peers() = w.peer;
+  resp.set_ring_prev((*rank + ExpectedLocked() - 1) % ExpectedLocked());
+  resp.set_ring_next((*rank + 1) % ExpectedLocked());
+  resp.set_cluster_id(cluster_id_);
+  resp.set_generation(generation_);
+  return resp;
+}
+
+absl::Status WorkerRegistry::CheckClusterIdLocked(const v1::RegisterRequest& req) {
   if (!req.cluster_id().empty() && req.cluster_id() != cluster_id_) {
     if (!adopt_cluster_id_ || RegisteredCountLocked() > 0) {
       return absl::FailedPreconditionError(
@@ -155,6 +175,10 @@ absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(
     cluster_id_ = req.cluster_id();  // a restarted coordinator resumes its workers' cluster
   }
   adopt_cluster_id_ = false;
+  return absl::OkStatus();
+}
+
+int WorkerRegistry::RegisteredRankLocked(const v1::RegisterRequest& req) {
   int rank = -1;
   for (int r = 0; r < ExpectedLocked(); ++r) {
     const Entry& e = workers_[r];
@@ -169,40 +193,50 @@ absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(
                                        " in place of rank ", r, " (pid ", e.peer.pid(), ")"));
     }
   }
-  if (rank < 0) {
-    bool full = false;
-    absl::StatusOr<int> assigned = AssignRankLocked(req, &full);
-    // A full mesh: a replacement often starts (respawned) before its predecessor's loss is known.
-    // Wait until a rank frees or a holder has been silent past the heartbeat timeout, then refuse.
-    const absl::Time full_until =
-        std::min(deadline, absl::Now() + heartbeat_timeout_ + absl::Milliseconds(200));
-    while (!assigned.ok() && full && absl::Now() < full_until && !(cancelled && cancelled())) {
-      auto not_full = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return RegisteredCountLocked() < ExpectedLocked();
-      };
-      mu_.AwaitWithDeadline(absl::Condition(&not_full),
-                            std::min(full_until, absl::Now() + absl::Milliseconds(100)));
-      assigned = AssignRankLocked(req, &full);
-    }
-    if (!assigned.ok()) return assigned.status();
-    rank = *assigned;
-    Entry& e = workers_[rank];
-    e.registered = true;
-    e.ready = false;
-    e.kept_for_survivor = false;
-    e.incarnation = req.incarnation();
-    e.peer.set_rank(rank);
-    e.peer.set_address(req.address());
-    e.peer.set_pid(req.pid());
-    e.peer.set_hostname(req.hostname());
-    e.peer.set_metrics_address(req.metrics_address());
-    e.peer.set_shm_host_id(req.shm_host_id());
-    e.peer.set_process_identity(req.process_identity());
-    e.last_heartbeat = absl::Now();
-    WatchOomKillsLocked(e.peer);
-    if (RegisteredCountLocked() == ExpectedLocked()) formed_at_ = absl::Now();
+  return rank;
+}
+
+absl::StatusOr<int> WorkerRegistry::TakeRankLocked(const v1::RegisterRequest& req,
+                                                   absl::Time deadline,
+                                                   const std::function<bool()>& cancelled) {
+  bool full = false;
+  absl::StatusOr<int> assigned = AssignRankLocked(req, &full);
+  // A full mesh: a replacement often starts (respawned) before its predecessor's loss is known.
+  // Wait until a rank frees or a holder has been silent past the heartbeat timeout, then refuse.
+  const absl::Time full_until =
+      std::min(deadline, absl::Now() + heartbeat_timeout_ + absl::Milliseconds(200));
+  while (!assigned.ok() && full && absl::Now() < full_until && !(cancelled && cancelled())) {
+    auto not_full = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+      return RegisteredCountLocked() < ExpectedLocked();
+    };
+    mu_.AwaitWithDeadline(absl::Condition(&not_full),
+                          std::min(full_until, absl::Now() + absl::Milliseconds(100)));
+    assigned = AssignRankLocked(req, &full);
   }
-  // The rank this registration holds: the one assigned above, unless the mesh shrank (ranks
+  if (!assigned.ok()) return assigned.status();
+  const int rank = *assigned;
+  Entry& e = workers_[rank];
+  e.registered = true;
+  e.ready = false;
+  e.kept_for_survivor = false;
+  e.incarnation = req.incarnation();
+  e.peer.set_rank(rank);
+  e.peer.set_address(req.address());
+  e.peer.set_pid(req.pid());
+  e.peer.set_hostname(req.hostname());
+  e.peer.set_metrics_address(req.metrics_address());
+  e.peer.set_shm_host_id(req.shm_host_id());
+  e.peer.set_process_identity(req.process_identity());
+  e.last_heartbeat = absl::Now();
+  WatchOomKillsLocked(e.peer);
+  if (RegisteredCountLocked() == ExpectedLocked()) formed_at_ = absl::Now();
+  return rank;
+}
+
+absl::StatusOr<int> WorkerRegistry::AwaitFormedLocked(const v1::RegisterRequest& req,
+                                                      absl::Time deadline,
+                                                      const std::function<bool()>& cancelled) {
+  // The rank this registration holds: the one assigned, unless the mesh shrank (ranks
   // renumbered) or re-formed meanwhile (-1: not in the mesh).
   const auto held = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
     for (int r = 0; r < ExpectedLocked(); ++r) {
@@ -232,17 +266,7 @@ absl::StatusOr<v1::RegisterResponse> WorkerRegistry::Register(
     if (left) return absl::CancelledError(absl::StrCat(why, "; the worker left, its rank is free"));
     return absl::DeadlineExceededError(why);
   }
-  rank = held();
-  v1::RegisterResponse resp;
-  resp.set_rank(rank);
-  *resp.mutable_mesh() = mesh_.ToProto();
-  for (int c : mesh_.Coords(rank)) resp.add_coords(c);
-  for (const auto& w : workers_) *resp.add_peers() = w.peer;
-  resp.set_ring_prev((rank + ExpectedLocked() - 1) % ExpectedLocked());
-  resp.set_ring_next((rank + 1) % ExpectedLocked());
-  resp.set_cluster_id(cluster_id_);
-  resp.set_generation(generation_);
-  return resp;
+  return held();
 }
 
 absl::StatusOr<int> WorkerRegistry::AssignRankLocked(const v1::RegisterRequest& req, bool* full) {

@@ -138,6 +138,23 @@ class WorkerRegistry {
   // free. Errors: FailedPrecondition as Register's; `*full` says the mesh is whole and alive.
   absl::StatusOr<int> AssignRankLocked(const v1::RegisterRequest& req, bool* full)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Register's steps. FailedPrecondition when `req` names another cluster than this one (a
+  // restarted coordinator adopts the first one it hears of).
+  absl::Status CheckClusterIdLocked(const v1::RegisterRequest& req)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rank `req`'s process already holds (a retried call, a rejoin), or -1; a new process at a
+  // registered address takes its place while the mesh forms, or starts a recovery once formed.
+  int RegisteredRankLocked(const v1::RegisterRequest& req) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Assigns `req` a rank (AssignRankLocked), waiting while the mesh is full for a rank to free,
+  // and records the worker in it.
+  absl::StatusOr<int> TakeRankLocked(const v1::RegisterRequest& req, absl::Time deadline,
+                                     const std::function<bool()>& cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until every rank has registered; the rank `req` holds then. DeadlineExceeded when the
+  // mesh did not form in time or re-formed without it; Cancelled when the caller left.
+  absl::StatusOr<int> AwaitFormedLocked(const v1::RegisterRequest& req, absl::Time deadline,
+                                        const std::function<bool()>& cancelled)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees `rank` if `address` still holds it and the mesh is incomplete (a worker that left).
   void ReleaseIfWaitingLocked(int rank, const std::string& address)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
