@@ -22,19 +22,10 @@ namespace fs = std::filesystem;
 
 Dims ToDims(const v1::Shape& s) { return Dims(s.dims().begin(), s.dims().end()); }
 
-}  // namespace
-
-absl::StatusOr<v1::SaveCheckpointResponse> WriteCheckpoint(
-    const std::string& root, int64_t step, int keep, const Mesh& mesh,
-    const std::vector<CheckpointArray>& arrays, const ForEachWorker& for_each) {
-  if (root.empty()) return absl::InvalidArgumentError("save checkpoint: empty root directory");
-  std::set<std::string> names;
-  for (const CheckpointArray& a : arrays) {
-    if (!names.insert(a.name).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("save checkpoint: array name '", a.name, "' appears twice"));
-    }
-  }
+// A fresh temporary directory for step `step`'s checkpoint under `root` (created, with the
+// uncommitted leftovers of earlier saves removed); `*final_dir` is where it will be committed.
+absl::StatusOr<std::string> MakeTmpDir(const std::string& root, int64_t step,
+                                       std::string* final_dir) {
   std::error_code ec;
   fs::create_directories(root, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", root, ": ", ec.message()));
@@ -43,32 +34,21 @@ absl::StatusOr<v1::SaveCheckpointResponse> WriteCheckpoint(
     if (entry.path().filename().string().find(".tmp-") != std::string::npos)
       fs::remove_all(entry.path(), ec);
   }
-  const std::string final_dir = (fs::path(root) / checkpoint::StepDirName(step)).string();
-  const std::string tmp_dir = absl::StrFormat("%s.tmp-%08x", final_dir, std::random_device{}());
+  *final_dir = (fs::path(root) / checkpoint::StepDirName(step)).string();
+  const std::string tmp_dir = absl::StrFormat("%s.tmp-%08x", *final_dir, std::random_device{}());
   fs::create_directories(tmp_dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", tmp_dir, ": ", ec.message()));
+  return tmp_dir;
+}
 
-  std::vector<v1::SaveShardsResponse> responses(mesh.size());
-  absl::Status s = for_each([&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
-    v1::SaveShardsRequest req;
-    req.set_path((fs::path(tmp_dir) / absl::StrCat("shard-", r, ".safetensors")).string());
-    for (const CheckpointArray& a : arrays) {
-      v1::SaveItem* item = req.add_items();
-      item->set_array_id(a.array_id);
-      item->set_name(a.name);
-      for (int64_t d : a.shape) item->mutable_global_shape()->add_dims(d);
-      *item->mutable_spec() = a.spec.ToProto();
-    }
-    return stub.SaveShards(ctx, req, &responses[r]);
-  });
-  if (!s.ok()) {
-    fs::remove_all(tmp_dir, ec);
-    return s;
-  }
+// The manifest of the blocks the workers wrote (`responses`, by rank); `*bytes` their total.
+// Internal when an array's blocks do not cover it.
+absl::StatusOr<checkpoint::Manifest> ManifestOf(
+    int64_t step, const Mesh& mesh, const std::vector<CheckpointArray>& arrays,
+    const std::vector<v1::SaveShardsResponse>& responses, int64_t* bytes) {
   checkpoint::Manifest m;
   m.step = step;
   m.mesh = mesh.ToString();
-  int64_t bytes = 0;
   for (const CheckpointArray& want : arrays) {
     checkpoint::ArrayEntry a;
     a.name = want.name;
@@ -87,21 +67,27 @@ absl::StatusOr<v1::SaveCheckpointResponse> WriteCheckpoint(
                                 b.nbytes(),
                                 b.crc32()};
         elements += NumElements(block.shape);
-        bytes += b.nbytes();
+        *bytes += b.nbytes();
         a.blocks.push_back(std::move(block));
       }
     }
     if (elements != NumElements(a.shape)) {
-      fs::remove_all(tmp_dir, ec);
       return absl::InternalError(absl::StrCat("save checkpoint: the workers wrote ", elements,
                                               " of the ", NumElements(a.shape), " elements of ",
                                               a.name));
     }
     m.arrays.push_back(std::move(a));
   }
-  // Commit: the manifest last, then the rename.
-  s = checkpoint::WriteFileSynced((fs::path(tmp_dir) / "manifest.json").string(),
-                                  checkpoint::ToJson(m));
+  return m;
+}
+
+// Commits `tmp_dir` as `final_dir` (replacing a checkpoint of the same step): the manifest
+// written and synced last, then the rename, then the root synced.
+absl::Status Commit(const std::string& root, const std::string& tmp_dir,
+                    const std::string& final_dir, const checkpoint::Manifest& m) {
+  std::error_code ec;
+  absl::Status s = checkpoint::WriteFileSynced((fs::path(tmp_dir) / "manifest.json").string(),
+                                               checkpoint::ToJson(m));
   if (s.ok()) s = checkpoint::SyncDir(tmp_dir);
   if (s.ok()) {
     fs::remove_all(final_dir, ec);  // a re-save of the same step replaces it
@@ -111,8 +97,46 @@ absl::StatusOr<v1::SaveCheckpointResponse> WriteCheckpoint(
           absl::StrCat("cannot commit ", tmp_dir, " as ", final_dir, ": ", ec.message()));
   }
   if (s.ok()) s = checkpoint::SyncDir(root);
+  return s;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::SaveCheckpointResponse> WriteCheckpoint(
+    const std::string& root, int64_t step, int keep, const Mesh& mesh,
+    const std::vector<CheckpointArray>& arrays, const ForEachWorker& for_each) {
+  if (root.empty()) return absl::InvalidArgumentError("save checkpoint: empty root directory");
+  std::set<std::string> names;
+  for (const CheckpointArray& a : arrays) {
+    if (!names.insert(a.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("save checkpoint: array name '", a.name, "' appears twice"));
+    }
+  }
+  std::string final_dir;
+  absl::StatusOr<std::string> tmp_dir = MakeTmpDir(root, step, &final_dir);
+  if (!tmp_dir.ok()) return tmp_dir.status();
+  std::vector<v1::SaveShardsResponse> responses(mesh.size());
+  absl::Status s = for_each([&](int r, v1::Worker::Stub& stub, grpc::ClientContext* ctx) {
+    v1::SaveShardsRequest req;
+    req.set_path((fs::path(*tmp_dir) / absl::StrCat("shard-", r, ".safetensors")).string());
+    for (const CheckpointArray& a : arrays) {
+      v1::SaveItem* item = req.add_items();
+      item->set_array_id(a.array_id);
+      item->set_name(a.name);
+      for (int64_t d : a.shape) item->mutable_global_shape()->add_dims(d);
+      *item->mutable_spec() = a.spec.ToProto();
+    }
+    return stub.SaveShards(ctx, req, &responses[r]);
+  });
+  int64_t bytes = 0;
+  if (s.ok()) {
+    absl::StatusOr<checkpoint::Manifest> m = ManifestOf(step, mesh, arrays, responses, &bytes);
+    s = m.ok() ? Commit(root, *tmp_dir, final_dir, *m) : m.status();
+  }
+  std::error_code ec;
   if (!s.ok()) {
-    fs::remove_all(tmp_dir, ec);
+    fs::remove_all(*tmp_dir, ec);
     return s;
   }
   if (keep > 0) {
