@@ -35,7 +35,6 @@ absl::StatusOr<Executor::CompiledOp> CompileAllGather(const v1::Op& op, Communic
   const Dims& d = x->dims();
   const DType dtype = x->dtype();
   const size_t elem = DTypeSize(dtype);
-  auto timed = [timer](std::function<absl::Status()> fn) { return Timed(timer, std::move(fn)); };
   const int64_t a = op.dim();
   if (a < 0 || a > static_cast<int64_t>(d.size()) ||
       (op.tiled() && a == static_cast<int64_t>(d.size()))) {
@@ -51,10 +50,11 @@ absl::StatusOr<Executor::CompiledOp> CompileAllGather(const v1::Op& op, Communic
   if (y->dims() != expected) return OpOutputMismatch(op, *y, DimsToString(expected));
   const int64_t outer = NumElements(d, 0, a), inner = NumElements(d, a, d.size());
   if (outer == 1) {  // the blocks are already in the result's order: gather straight into it
-    return timed([=] { return comm->AllGather(x->raw(), x->num_elements(), dtype, y->raw()); });
+    return Timed(timer,
+                 [=] { return comm->AllGather(x->raw(), x->num_elements(), dtype, y->raw()); });
   }
   auto scratch = std::make_shared<std::vector<char>>(n * x->size_bytes());
-  return timed([=] {
+  return Timed(timer, [=] {
     // Gather blocks as [n, outer, inner], then move the group axis inside: [outer, n, inner].
     if (absl::Status s = comm->AllGather(x->raw(), x->num_elements(), dtype, scratch->data());
         !s.ok())
@@ -72,7 +72,6 @@ absl::StatusOr<Executor::CompiledOp> CompilePsumScatter(const v1::Op& op, Commun
   const Dims& d = x->dims();
   const DType dtype = x->dtype();
   const size_t elem = DTypeSize(dtype);
-  auto timed = [timer](std::function<absl::Status()> fn) { return Timed(timer, std::move(fn)); };
   const int64_t s_dim = op.dim();
   if (s_dim < 0 || s_dim >= static_cast<int64_t>(d.size())) {
     return absl::InvalidArgumentError(
@@ -93,12 +92,13 @@ absl::StatusOr<Executor::CompiledOp> CompilePsumScatter(const v1::Op& op, Commun
   const int64_t outer = NumElements(d, 0, s_dim),
                 block = x->num_elements() / std::max<int64_t>(1, outer * n);
   if (outer == 1) {  // block j of the scatter dim is already flat block j: no repacking
-    return timed(
-        [=] { return comm->ReduceScatter(x->raw(), block, dtype, ReduceOp::kSum, y->raw()); });
+    return Timed(timer, [=] {
+      return comm->ReduceScatter(x->raw(), block, dtype, ReduceOp::kSum, y->raw());
+    });
   }
   // A Tensor, so a large one lives where peers can read it (the direct psum_scatter).
   auto packed = std::make_shared<Tensor>(Tensor::Uninitialized(dtype, {x->num_elements()}));
-  return timed([=] {
+  return Timed(timer, [=] {
     // [outer, n, block] -> [n, outer, block]: block j of the scatter dim becomes flat block j.
     SwapLeadingAxes(x->raw(), outer, n, block, elem, packed->raw());
     return comm->ReduceScatter(packed->raw(), outer * block, dtype, ReduceOp::kSum, y->raw());
@@ -112,14 +112,14 @@ absl::StatusOr<Executor::CompiledOp> CompilePpermute(const v1::Op& op, Communica
   const int64_t n = comm->size();
   const Dims& d = x->dims();
   const DType dtype = x->dtype();
-  auto timed = [timer](std::function<absl::Status()> fn) { return Timed(timer, std::move(fn)); };
   if (y->dims() != d) return OpOutputMismatch(op, *y, DimsToString(d));
   if (op.perm_size() % 2 != 0)
     return absl::InvalidArgumentError("ppermute perm must hold (source, destination) pairs");
   std::vector<std::pair<int, int>> perm;
   for (int i = 0; i < op.perm_size(); i += 2) perm.emplace_back(op.perm(i), op.perm(i + 1));
   if (absl::Status s = ValidatePermutation(perm, static_cast<int>(n)); !s.ok()) return s;
-  return timed([=] { return comm->Permute(x->raw(), x->num_elements(), dtype, perm, y->raw()); });
+  return Timed(timer,
+               [=] { return comm->Permute(x->raw(), x->num_elements(), dtype, perm, y->raw()); });
 }
 
 // jax.lax.all_to_all(x, split_axis=op.split_dim, concat_axis=op.concat_dim) over comm's group.
@@ -130,7 +130,6 @@ absl::StatusOr<Executor::CompiledOp> CompileAllToAll(const v1::Op& op, Communica
   const Dims& d = x->dims();
   const DType dtype = x->dtype();
   const size_t elem = DTypeSize(dtype);
-  auto timed = [timer](std::function<absl::Status()> fn) { return Timed(timer, std::move(fn)); };
   const int64_t sd = op.split_dim(), cd = op.concat_dim();
   if (sd < 0 || cd < 0 || sd >= static_cast<int64_t>(d.size()) ||
       cd >= static_cast<int64_t>(d.size()) || d[sd] % n != 0) {
@@ -148,7 +147,7 @@ absl::StatusOr<Executor::CompiledOp> CompileAllToAll(const v1::Op& op, Communica
   const int64_t outer_c = NumElements(block, 0, cd), inner_c = NumElements(block, cd, block.size());
   auto packed = std::make_shared<std::vector<char>>(x->size_bytes());
   auto received = std::make_shared<std::vector<char>>(x->size_bytes());
-  return timed([=] {
+  return Timed(timer, [=] {
     SwapLeadingAxes(x->raw(), outer_s, n, inner_s, elem, packed->data());
     if (absl::Status s =
             comm->AllToAll(packed->data(), x->num_elements() / n, dtype, received->data());
@@ -179,7 +178,6 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
   const DType dtype = x->dtype();
   if (y->dtype() != dtype) return OpOutputMismatch(op, *y, DTypeName(dtype));
   absl::Duration* timer = &collective_time_;
-  auto timed = [timer](std::function<absl::Status()> fn) { return Timed(timer, std::move(fn)); };
   switch (op.kind()) {
     case v1::OP_PSUM:
     case v1::OP_PMEAN:
@@ -190,12 +188,12 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileCollective(const v1::Op& o
                                                        : ReduceOp::kMax;
       if (reduce_in_place_.count(&op)) {
         views_.insert(op.outputs(0));  // its memory is the input's, re-pointed at each run
-        return timed([=] {
+        return Timed(timer, [=] {
           y->ShareMemory(*x, 0);
           return comm->AllReduce(y->raw(), y->num_elements(), dtype, rop);
         });
       }
-      return timed([=] {
+      return Timed(timer, [=] {
         std::memcpy(y->raw(), x->raw(), x->size_bytes());
         return comm->AllReduce(y->raw(), y->num_elements(), dtype, rop);
       });

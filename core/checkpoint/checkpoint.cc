@@ -21,7 +21,6 @@
 #include "nlohmann/json.hpp"
 
 namespace meshrun::checkpoint {
-namespace internal {
 
 // A JSON array of int64 integers.
 std::vector<int64_t> Integers(const json& v) {
@@ -79,15 +78,6 @@ absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& pat
   return absl::OkStatus();
 }
 
-}  // namespace internal
-
-using internal::ErrnoStatus;
-using internal::FromSafetensorsDType;
-using internal::Integer;
-using internal::Integers;
-using internal::json;
-using internal::SafetensorsDType;
-using internal::WriteAll;
 namespace fs = std::filesystem;
 
 const ArrayEntry* Manifest::Find(const std::string& name) const {

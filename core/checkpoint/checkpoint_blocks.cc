@@ -12,7 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/checkpoint/checkpoint.h"
-#include "core/checkpoint/checkpoint_internal.h"
 #include "core/sharding/named_sharding.h"
 
 namespace meshrun::checkpoint {

@@ -1,4 +1,4 @@
-// Helpers shared by the checkpoint files (checkpoint.cc, checkpoint_blocks.cc, safetensors.cc):
+// Helpers shared by core/checkpoint/checkpoint.cc and safetensors.cc, not part of the API:
 // strict JSON integers, safetensors' dtype names and POSIX writes with their errors as Status.
 #ifndef MESHRUN_CORE_CHECKPOINT_CHECKPOINT_INTERNAL_H_
 #define MESHRUN_CORE_CHECKPOINT_CHECKPOINT_INTERNAL_H_
@@ -14,7 +14,7 @@
 #include "core/tensor.h"
 #include "nlohmann/json.hpp"
 
-namespace meshrun::checkpoint::internal {
+namespace meshrun::checkpoint {
 
 using json = nlohmann::json;
 
@@ -51,6 +51,6 @@ absl::Status ErrnoStatus(const std::string& what, const std::string& path, int e
 // Writes all `n` bytes to `fd`, retrying after EINTR; ErrnoStatus on failure.
 absl::Status WriteAll(int fd, const void* data, size_t n, const std::string& path);
 
-}  // namespace meshrun::checkpoint::internal
+}  // namespace meshrun::checkpoint
 
 #endif  // MESHRUN_CORE_CHECKPOINT_CHECKPOINT_INTERNAL_H_

@@ -17,13 +17,6 @@
 
 namespace meshrun::checkpoint {
 
-using internal::ErrnoStatus;
-using internal::FromSafetensorsDType;
-using internal::Integer;
-using internal::Integers;
-using internal::json;
-using internal::SafetensorsDType;
-using internal::WriteAll;
 namespace fs = std::filesystem;
 
 absl::StatusOr<std::vector<int64_t>> WriteSafetensors(
