@@ -1,6 +1,6 @@
 // JobDriver's run of one job (server/job_driver.h): its arrays, inputs and programs, the step
 // loop with its reports, checkpoints and peers' state copies, and evaluation. Internal to the
-// job driver (job_driver.cc, job_runner.cc, job_recovery.cc).
+// job driver (job_driver.cc, job_runner.cc, job_runner_state.cc, job_recovery.cc).
 #ifndef MESHRUN_SERVER_JOB_RUNNER_H_
 #define MESHRUN_SERVER_JOB_RUNNER_H_
 

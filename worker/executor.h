@@ -148,7 +148,8 @@ class Executor {
   static bool IsViewKind(v1::OpKind kind);
   // A view op if `op` is in view_ops_ and its result is one contiguous block of its input.
   std::optional<CompiledOp> CompileView(const v1::Op& op, const Tensor* x, Tensor* y);
-  // The shard_map ops other than collectives (executor_general_ops.cc).
+  // The shard_map ops other than collectives (executor_general_ops.cc; data movement, random
+  // and Adam ops in the files named below).
   absl::StatusOr<CompiledOp> CompileGeneral(const v1::Op& op, const std::vector<Tensor*>& in,
                                             const std::vector<Tensor*>& out);
   // The ops that move data: broadcast, reshape, transpose, concatenate, slices, conversions,
