@@ -1,4 +1,5 @@
-// The coordinator's registry of workers: rank assignment, mesh coordinates, liveness.
+// The coordinator's registry of workers: rank assignment, mesh coordinates, liveness. Registration
+// (rank assignment and the wait for the mesh to form) is in worker_registration.cc.
 #ifndef MESHRUN_SERVER_WORKER_REGISTRY_H_
 #define MESHRUN_SERVER_WORKER_REGISTRY_H_
 

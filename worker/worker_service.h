@@ -148,7 +148,7 @@ class WorkerService final : public v1::Worker::Service {
   // arguments, runs, stores or returns the results.
   grpc::Status RunProgram(const v1::RunShardMapRequest* req, v1::RunShardMapResponse* resp)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
-  // What RunProgram checked of a request (worker_service.cc).
+  // What RunProgram checked of a request (worker_run_program.cc, with RunProgram and its steps).
   struct RunPlan;
   // One run (run k of the call) over the arrays `ids`: binds them, runs, and returns or stores
   // the results into `resp` and the store. On a failed run the executor is dropped from the
