@@ -4,6 +4,7 @@
 // longer reads.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,6 +16,7 @@
 #include "core/collectives/mailbox.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "net/grpc_util.h"
 #include "worker/grpc_transport.h"
 #include "worker/ring_frame.h"
 
@@ -40,9 +42,10 @@ TEST(BorrowedPayloadTest, ReleasedOnlyWhenTheLastSliceGoes) {
 // stopped process (SIGSTOP) does: a large write fills the socket and blocks there.
 class StoppedPeer {
  public:
-  // `dies_after`: the peer then closes its end unread (the kernel resets the connection), as a
-  // killed process does; absl::InfiniteDuration(): it stays stopped.
-  explicit StoppedPeer(absl::Duration dies_after = absl::InfiniteDuration()) {
+  // `dies_mid_write`: once a sender's bytes fill its receive queue (64 KiB unread), the peer
+  // closes its end unread (the kernel resets the connection), as a killed process does.
+  // Otherwise it stays stopped. It accepts one connection; later ones are refused.
+  explicit StoppedPeer(bool dies_mid_write = false) {
     listener_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -52,14 +55,20 @@ class StoppedPeer {
     socklen_t len = sizeof(addr);
     getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
     port_ = ntohs(addr.sin_port);
-    acceptor_ = std::thread([this, dies_after] {
+    acceptor_ = std::thread([this, dies_mid_write] {
       const int fd = accept(listener_, nullptr, nullptr);
+      shutdown(listener_, SHUT_RDWR);
       if (fd < 0) return;
       connection_ = fd;
       const std::string frames = Settings() + WindowUpdate();
       EXPECT_EQ(write(fd, frames.data(), frames.size()), static_cast<ssize_t>(frames.size()));
-      if (dies_after == absl::InfiniteDuration()) return;
-      absl::SleepFor(dies_after);
+      if (!dies_mid_write) return;
+      int unread = 0;
+      const absl::Time give_up = absl::Now() + absl::Seconds(30);
+      while (ioctl(fd, FIONREAD, &unread) == 0 && unread < (64 << 10) && absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      EXPECT_GE(unread, 64 << 10);
       close(connection_.exchange(-1));
     });
   }
@@ -92,7 +101,8 @@ class StoppedPeer {
 constexpr size_t kStuckBytes = size_t{64} << 20;
 
 TEST(BorrowedPayloadTest, SendToAPeerThatDiesMidWriteFailsNamingItAndGrpcLetsGo) {
-  StoppedPeer peer(absl::Milliseconds(300));
+  GrpcLifetime grpc;  // as the worker holds it (else the last channel's close shuts gRPC down)
+  StoppedPeer peer(/*dies_mid_write=*/true);
   Mailbox mailbox(2);
   GrpcTransport t(0, {"127.0.0.1:1", peer.address()}, "c", &mailbox);
   std::string payload(kStuckBytes, 'p');
@@ -115,6 +125,7 @@ TEST(BorrowedPayloadTest, SendToAPeerThatDiesMidWriteFailsNamingItAndGrpcLetsGo)
 // socket drains or the connection closes, and there is no public way to close the connection
 // under a call in flight. This test hangs in Send until that is fixed.
 TEST(BorrowedPayloadTest, DISABLED_SendStuckAtAStoppedPeerFailsAtItsDeadline) {
+  GrpcLifetime grpc;
   StoppedPeer peer;
   Mailbox mailbox(2);
   GrpcTransport t(0, {"127.0.0.1:1", peer.address()}, "c", &mailbox);
