@@ -47,8 +47,10 @@ if [ "$netns" = 1 ]; then
   exit 0
 fi
 mpi() {  # $1: btl list, $2: ranks
-  mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl "$1" -n "$2" \
-    "$tmp/allreduce_mpi" $sizes | tail -n +2
+  # TCP on loopback, as meshrun's side: left to choose, MPI also tries the host's other interfaces
+  # and hangs on one it cannot reach (a docker0 that is down).
+  mpirun --allow-run-as-root --oversubscribe --bind-to none --mca btl "$1" \
+    --mca btl_tcp_if_include lo -n "$2" "$tmp/allreduce_mpi" $sizes | tail -n +2
 }
 for n in $workers; do
   echo "== $n ranks: Open MPI over TCP (btl tcp,self)"
