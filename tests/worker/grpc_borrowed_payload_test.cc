@@ -16,6 +16,7 @@
 #include "core/collectives/mailbox.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "net/credentials.h"
 #include "net/grpc_util.h"
 #include "worker/grpc_transport.h"
 #include "worker/ring_frame.h"
@@ -102,6 +103,7 @@ constexpr size_t kStuckBytes = size_t{64} << 20;
 
 TEST(BorrowedPayloadTest, SendToAPeerThatDiesMidWriteFailsNamingItAndGrpcLetsGo) {
   GrpcLifetime grpc;  // as the worker holds it (else the last channel's close shuts gRPC down)
+  SetProcessCredentials(Credentials::Insecure());  // the peer speaks plaintext HTTP/2
   StoppedPeer peer(/*dies_mid_write=*/true);
   Mailbox mailbox(2);
   GrpcTransport t(0, {"127.0.0.1:1", peer.address()}, "c", &mailbox);
@@ -126,6 +128,7 @@ TEST(BorrowedPayloadTest, SendToAPeerThatDiesMidWriteFailsNamingItAndGrpcLetsGo)
 // under a call in flight. This test hangs in Send until that is fixed.
 TEST(BorrowedPayloadTest, DISABLED_SendStuckAtAStoppedPeerFailsAtItsDeadline) {
   GrpcLifetime grpc;
+  SetProcessCredentials(Credentials::Insecure());
   StoppedPeer peer;
   Mailbox mailbox(2);
   GrpcTransport t(0, {"127.0.0.1:1", peer.address()}, "c", &mailbox);
