@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
@@ -95,29 +94,22 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* RingService::Transfer(
 // ---------------------------------------------------------------------------------------------
 // Sending side: one stream per peer, written by the caller's thread.
 
-namespace {
-
-// Payloads at least this large go out borrowed (BorrowedPayload) rather than copied into a slice
-// of gRPC's: below it the copy costs less than tracking the slice.
-constexpr size_t kBorrowBytes = size_t{64} << 10;
-// How long a failed send waits, after closing its connection, for gRPC to drop a borrowed
-// payload. gRPC drops it as soon as the socket closes; past this the process cannot go on safely
-// (the caller would free memory gRPC still reads), so it ends.
-constexpr absl::Duration kReleaseAfterClose = absl::Seconds(30);
-
-}  // namespace
-
 class GrpcTransport::PeerLink {
  public:
   PeerLink(int self, int peer, int lane, const std::string& address, const std::string& cluster_id)
-      : self_(self), peer_(peer), lane_(lane), address_(address), cluster_id_(cluster_id) {}
+      : self_(self),
+        peer_(peer),
+        lane_(lane),
+        address_(address),
+        cluster_id_(cluster_id),
+        channel_(CreateChannel(address)),
+        method_(kTransferMethod, grpc::internal::RpcMethod::CLIENT_STREAMING, channel_) {}
 
   // Sends goodbye (so the peer knows the close is deliberate) and ends the stream. Each write is
   // bounded by a 2 s deadline that the transport's watchdog enforces.
   void Close() {
     absl::MutexLock lock(&mu_);
-    Stream* stream = current();
-    if (stream == nullptr) return;
+    if (writer_ == nullptr) return;
     if (failed_.ok()) {
       SetWriteDeadline(absl::Now() + absl::Seconds(2));
       FrameHeader bye;
@@ -126,12 +118,11 @@ class GrpcTransport::PeerLink {
       bye.lane = lane_;
       grpc::Slice header(EncodeFrameHeader(bye));
       grpc::ByteBuffer frame(&header, 1);
-      if (stream->writer->Write(frame)) stream->writer->WritesDone();
-      SetWriteDeadline(absl::Now() + absl::Seconds(2));
-      stream->writer->Finish();
-      stream->finished = true;
+      if (writer_->Write(frame)) writer_->WritesDone();
     }
-    DropStream();
+    SetWriteDeadline(absl::Now() + absl::Seconds(2));
+    writer_->Finish();
+    writer_.reset();
   }
 
   // `stripes`: on lane 0, how many lanes carry this message (this is piece 0); otherwise 1.
@@ -139,13 +130,18 @@ class GrpcTransport::PeerLink {
                     absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
+    const bool first = writer_ == nullptr;
     // Armed before the stream opens: opening waits for the connection (wait_for_ready), and a
     // peer that is unreachable must fail this send at its deadline, not hang it.
     SetWriteDeadline(deadline);
     in_write_.store(true);
-    Stream* stream = current();
-    const bool first = stream == nullptr;
-    if (first) stream = Open();
+    if (first) {
+      ctx_.set_wait_for_ready(
+          true);  // the peer may still be starting; the deadline bounds the wait
+      // What the generated stub's Transfer does, with raw frames for messages.
+      writer_.reset(grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
+          channel_.get(), method_, &ctx_, &response_));
+    }
     FrameHeader h;
     h.src_rank = self_;
     h.lane = lane_;
@@ -153,38 +149,25 @@ class GrpcTransport::PeerLink {
     h.epoch = epoch;
     h.tag = tag;
     if (first) h.cluster_id = cluster_id_;
-    std::optional<BorrowedPayload> borrowed;
-    if (data.size() >= kBorrowBytes) borrowed.emplace(data);
-    bool ok;
-    {
-      grpc::Slice slices[2] = {
-          grpc::Slice(EncodeFrameHeader(h)),
-          borrowed ? borrowed->slice() : grpc::Slice(data.data(), data.size())};
-      grpc::ByteBuffer frame(slices, data.empty() ? 1 : 2);
-      ok = stream->writer->Write(frame);
-    }
+    // The payload's one copy on this side (see the header for why it is not a slice that points
+    // at the caller's memory).
+    grpc::Slice slices[2] = {grpc::Slice(EncodeFrameHeader(h)),
+                             grpc::Slice(data.data(), data.size())};
+    grpc::ByteBuffer frame(slices, data.empty() ? 1 : 2);
+    const bool ok = writer_->Write(frame);
     in_write_.store(false);
     SetWriteDeadline(absl::InfiniteFuture());
-    bool timed_out = cancelled_for_deadline_;
-    if (borrowed) {
-      borrowed->DropOwnReference();
-      // Normally gRPC has dropped the slice by the time the write completes.
-      if (ok && !borrowed->AwaitRelease(deadline)) ok = false, timed_out = true;
+    if (!ok) {
+      failed_ = cancelled_for_deadline_
+                    ? absl::DeadlineExceededError(
+                          absl::StrCat("send to rank ", peer_, " at ", address_, " (lane ", lane_,
+                                       ") timed out (peer not reading or unreachable)"))
+                    : absl::UnavailableError(
+                          absl::StrCat("ring link to rank ", peer_, " at ", address_, " (lane ",
+                                       lane_, ") is broken (peer died or unreachable)"));
+      return failed_;
     }
-    if (ok) return absl::OkStatus();
-    failed_ = timed_out ? absl::DeadlineExceededError(
-                              absl::StrCat("send to rank ", peer_, " at ", address_, " (lane ",
-                                           lane_, ") timed out (peer not reading or unreachable)"))
-                        : absl::UnavailableError(
-                              absl::StrCat("ring link to rank ", peer_, " at ", address_, " (lane ",
-                                           lane_, ") is broken (peer died or unreachable)"));
-    // The bytes gRPC still holds of the payload stay queued until the connection closes.
-    DropStream();
-    if (borrowed && !borrowed->AwaitRelease(absl::Now() + kReleaseAfterClose)) {
-      LOG(FATAL) << "gRPC still holds the payload of a failed send to rank " << peer_ << " "
-                 << absl::FormatDuration(kReleaseAfterClose) << " after its connection closed";
-    }
-    return failed_;
+    return absl::OkStatus();
   }
 
   bool failed() {
@@ -199,68 +182,19 @@ class GrpcTransport::PeerLink {
   void CancelWrite() {
     if (!in_write_.load()) return;
     cancelled_.store(true);
-    absl::MutexLock lock(&deadline_mu_);
-    if (stream_ != nullptr) stream_->ctx.TryCancel();
+    ctx_.TryCancel();
   }
 
   // Called by the transport's watchdog: cancels a write blocked past its deadline.
   void CheckDeadline(absl::Time now) {
     absl::MutexLock lock(&deadline_mu_);
-    if (now > write_deadline_ && !cancelled_for_deadline_ && stream_ != nullptr) {
+    if (now > write_deadline_ && !cancelled_for_deadline_) {
       cancelled_for_deadline_ = true;
-      stream_->ctx.TryCancel();
+      ctx_.TryCancel();
     }
   }
 
  private:
-  // One client stream, on a TCP connection of its own (CreateChannel's channels share none).
-  struct Stream {
-    explicit Stream(const std::string& address)
-        : channel(CreateChannel(address)),
-          method(kTransferMethod, grpc::internal::RpcMethod::CLIENT_STREAMING, channel) {}
-    const std::shared_ptr<grpc::Channel> channel;
-    const grpc::internal::RpcMethod method;
-    grpc::ClientContext ctx;
-    grpc::ByteBuffer response;
-    std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer;
-    bool finished = false;  // Finish was called (once only)
-  };
-
-  // The open stream, or null. Only the holder of mu_ replaces it, so it stays valid while mu_ is
-  // held.
-  Stream* current() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::MutexLock lock(&deadline_mu_);
-    return stream_.get();
-  }
-
-  // Opens the stream, waiting for the connection (bounded by the write deadline the caller set).
-  Stream* Open() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    auto stream = std::make_unique<Stream>(address_);
-    Stream* s = stream.get();
-    s->ctx.set_wait_for_ready(true);  // the peer may still be starting; the deadline bounds it
-    {
-      absl::MutexLock lock(&deadline_mu_);  // published first, so the watchdog can cancel it
-      stream_ = std::move(stream);
-    }
-    // What the generated stub's Transfer does, with raw frames for messages.
-    s->writer.reset(grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
-        s->channel.get(), s->method, &s->ctx, &s->response));
-    return s;
-  }
-
-  // Ends the stream and closes its connection (the channel is the connection's only user), so
-  // gRPC drops whatever it still holds.
-  void DropStream() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::unique_ptr<Stream> stream;
-    {
-      absl::MutexLock lock(&deadline_mu_);
-      stream = std::move(stream_);
-    }
-    if (stream == nullptr || stream->finished) return;
-    stream->ctx.TryCancel();  // so Finish returns at once
-    stream->writer->Finish();
-  }
-
   void SetWriteDeadline(absl::Time t) {
     absl::MutexLock lock(&deadline_mu_);
     write_deadline_ = t;
@@ -268,10 +202,14 @@ class GrpcTransport::PeerLink {
 
   const int self_, peer_, lane_;
   const std::string address_, cluster_id_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const grpc::internal::RpcMethod method_;
   absl::Mutex mu_;  // one writer at a time
+  grpc::ClientContext ctx_;
+  grpc::ByteBuffer response_;
+  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer_ ABSL_GUARDED_BY(mu_);
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex deadline_mu_ ABSL_ACQUIRED_AFTER(mu_);
-  std::unique_ptr<Stream> stream_ ABSL_GUARDED_BY(deadline_mu_);
+  absl::Mutex deadline_mu_;
   absl::Time write_deadline_ ABSL_GUARDED_BY(deadline_mu_) = absl::InfiniteFuture();
   bool cancelled_for_deadline_ = false;  // written under deadline_mu_, read after the write fails
   std::atomic<bool> cancelled_{false};

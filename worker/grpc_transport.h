@@ -13,17 +13,18 @@
 // encryption, which writes a new buffer anyway):
 //   - before (a protobuf Chunk): 3. The sender copied the chunk into the message's bytes field,
 //     serialisation copied it into gRPC's slices, and parsing copied it out of them again.
-//   - a payload under 64 KiB: 1. The sender copies it into one gRPC-owned slice (cheaper than
-//     tracking a borrowed one). The receiver copies nothing: RecvInto's sink reduces or copies
-//     straight out of gRPC's received slices, handed over piece by piece when the receive is
-//     posted, or, for a frame that comes first, kept in the mailbox's queue as they are (an
-//     absl::Cord holding references to them; pieces under 256 bytes, inlined ones among them,
-//     are copied: worker/ring_frame.h).
-//   - a payload of 64 KiB or more: 0 (the receiver's side as above). The sender's slice
-//     points at the caller's memory (BorrowedPayload, worker/ring_frame.h), and Send returns
-//     only once gRPC has dropped it: normally by the time the write completes; after a failed
-//     write, once Send has closed the link's connection, which makes gRPC drop the bytes still
-//     queued in it.
+//   - now: 1. The sender copies the chunk into one gRPC-owned slice. The receiver copies
+//     nothing: RecvInto's sink reduces or copies straight out of gRPC's received slices, handed
+//     over piece by piece when the receive is posted, or, for a frame that comes first, kept in
+//     the mailbox's queue as they are (an absl::Cord holding references to them; pieces under
+//     256 bytes, inlined ones among them, are copied: worker/ring_frame.h).
+//   The sender's copy stays because a slice that pointed at the caller's memory could still be
+//   read by gRPC after Send returns: a write cancelled by Abort or the watchdog (a stopped peer
+//   whose socket is full) leaves its bytes queued in the connection until it drains or closes,
+//   while the collective frees the buffer as soon as it returns its error. A borrowed slice
+//   whose release the sender awaits was tried (c8fabcc, reverted): over plaintext gRPC dropped it
+//   by the time the write completed, but over TLS it keeps it until the connection's next write,
+//   so a sender waiting for it stalled until its deadline.
 #ifndef MESHRUN_WORKER_GRPC_TRANSPORT_H_
 #define MESHRUN_WORKER_GRPC_TRANSPORT_H_
 
@@ -86,7 +87,7 @@ struct GrpcStripeOptions {
 // on loopback): gRPC 1.51 completes it only when the socket drains or the connection closes, and
 // offers no public way to close the connection under a call in flight, so a collective with
 // chunks that large waits in Send past its deadline until the peer resumes or the connection
-// closes (tests/worker/grpc_borrowed_payload_test.cc,
+// closes (tests/worker/grpc_stopped_peer_test.cc,
 // DISABLED_SendStuckAtAStoppedPeerFailsAtItsDeadline). Thread-safe as Transport requires.
 class GrpcTransport : public Transport {
  public:

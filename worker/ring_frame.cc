@@ -41,22 +41,6 @@ std::string EncodeFrameHeader(const FrameHeader& h) {
   return out;
 }
 
-BorrowedPayload::BorrowedPayload(absl::string_view data)
-    : state_(std::make_shared<State>()),
-      slice_(const_cast<char*>(data.data()), data.size(), &BorrowedPayload::Release,
-             new std::shared_ptr<State>(state_)) {}
-
-void BorrowedPayload::Release(void* state) {
-  std::unique_ptr<std::shared_ptr<State>> owner(static_cast<std::shared_ptr<State>*>(state));
-  absl::MutexLock lock(&(*owner)->mu);
-  (*owner)->released = true;
-}
-
-bool BorrowedPayload::AwaitRelease(absl::Time deadline) {
-  absl::MutexLock lock(&state_->mu);
-  return state_->mu.AwaitWithDeadline(absl::Condition(&state_->released), deadline);
-}
-
 FrameReader::FrameReader(std::vector<grpc::Slice> slices) : slices_(std::move(slices)) {
   for (const grpc::Slice& s : slices_) remaining_ += s.size();
 }

@@ -12,8 +12,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/cord.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "core/collectives/mailbox.h"
 #include "grpcpp/support/slice.h"
 
@@ -43,34 +41,6 @@ struct FrameHeader {
 
 // The header's 24 little-endian bytes, then the cluster id.
 std::string EncodeFrameHeader(const FrameHeader& header);
-
-// A payload sent without copying it: a gRPC slice that points at the caller's memory, and the
-// wait until gRPC has dropped every reference to it, after which the caller may write or free
-// that memory. gRPC drops them once the bytes are in the socket (or, for TLS, encrypted into
-// buffers of its own), or when the connection closes. Thread-safe.
-class BorrowedPayload {
- public:
-  // REQUIRES: `data` stays valid and unchanged until Released() or AwaitRelease() says so.
-  explicit BorrowedPayload(absl::string_view data);
-  BorrowedPayload(const BorrowedPayload&) = delete;
-  BorrowedPayload& operator=(const BorrowedPayload&) = delete;
-
-  // A slice over the payload (each copy holds a reference that gRPC drops).
-  grpc::Slice slice() const { return slice_; }
-  // Drops this object's own reference; call it once the frame is handed to gRPC.
-  void DropOwnReference() { slice_ = grpc::Slice(); }
-  // Whether every reference is gone by `deadline` (after DropOwnReference).
-  bool AwaitRelease(absl::Time deadline);
-
- private:
-  struct State {
-    absl::Mutex mu;
-    bool released ABSL_GUARDED_BY(mu) = false;
-  };
-  static void Release(void* state);  // gRPC's destroy callback: takes a shared_ptr<State>*
-  const std::shared_ptr<State> state_;
-  grpc::Slice slice_;
-};
 
 // Reads a received frame where gRPC's slices hold it: the header is copied out (it may straddle
 // slices), the payload is passed on where it lies. Not thread-safe.

@@ -1,7 +1,6 @@
-// Large payloads go out of GrpcTransport::Send without a copy (BorrowedPayload): gRPC's slice
-// points at the caller's memory. These tests pin that Send returns only once gRPC has dropped
-// that slice, also when the write fails with its bytes stuck in a socket that a stopped peer no
-// longer reads.
+// GrpcTransport against a peer that stops reading: one that dies in the middle of a large write
+// (the send fails naming it, within bounded time), and one that stays stopped (the known gap in
+// worker/grpc_transport.h: the send outlives its deadline; disabled until it is fixed).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/ioctl.h>
@@ -19,24 +18,11 @@
 #include "net/credentials.h"
 #include "net/grpc_util.h"
 #include "worker/grpc_transport.h"
-#include "worker/ring_frame.h"
 
 namespace meshrun {
 namespace {
 
 using ::testing::HasSubstr;
-
-TEST(BorrowedPayloadTest, ReleasedOnlyWhenTheLastSliceGoes) {
-  const std::string data(1 << 20, 'x');
-  BorrowedPayload payload(data);
-  grpc::Slice held = payload.slice();
-  EXPECT_EQ(held.begin(), reinterpret_cast<const uint8_t*>(data.data()));  // no copy
-  EXPECT_EQ(held.size(), data.size());
-  payload.DropOwnReference();
-  EXPECT_FALSE(payload.AwaitRelease(absl::Now() + absl::Milliseconds(50)));
-  held = grpc::Slice();
-  EXPECT_TRUE(payload.AwaitRelease(absl::Now()));
-}
 
 // A peer that speaks just enough HTTP/2 for the client to send (a SETTINGS frame and a
 // WINDOW_UPDATE that open the flow-control windows to 2 GiB), then never reads again, as a
@@ -101,7 +87,7 @@ class StoppedPeer {
 // 64 MiB: far more than loopback's socket buffers hold.
 constexpr size_t kStuckBytes = size_t{64} << 20;
 
-TEST(BorrowedPayloadTest, SendToAPeerThatDiesMidWriteFailsNamingItAndGrpcLetsGo) {
+TEST(GrpcStoppedPeerTest, SendToAPeerThatDiesMidWriteFailsNamingIt) {
   GrpcLifetime grpc;  // as the worker holds it (else the last channel's close shuts gRPC down)
   SetProcessCredentials(Credentials::Insecure());  // the peer speaks plaintext HTTP/2
   StoppedPeer peer(/*dies_mid_write=*/true);
@@ -116,17 +102,13 @@ TEST(BorrowedPayloadTest, SendToAPeerThatDiesMidWriteFailsNamingItAndGrpcLetsGo)
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("rank 1"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-  // Send returned only once gRPC had dropped the payload (a LOG(FATAL) otherwise): the memory is
-  // the caller's again.
-  payload.assign(payload.size(), 'q');
-  std::string().swap(payload);
 }
 
 // A known gap (worker/grpc_transport.h): the watchdog's cancel does not end a write whose bytes
 // fill the socket of a peer that stopped reading; in gRPC 1.51 the write completes only when the
 // socket drains or the connection closes, and there is no public way to close the connection
 // under a call in flight. This test hangs in Send until that is fixed.
-TEST(BorrowedPayloadTest, DISABLED_SendStuckAtAStoppedPeerFailsAtItsDeadline) {
+TEST(GrpcStoppedPeerTest, DISABLED_SendStuckAtAStoppedPeerFailsAtItsDeadline) {
   GrpcLifetime grpc;
   SetProcessCredentials(Credentials::Insecure());
   StoppedPeer peer;
