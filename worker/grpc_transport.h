@@ -22,9 +22,9 @@
 //   read by gRPC after Send returns: a write cancelled by Abort or the watchdog (a stopped peer
 //   whose socket is full) leaves its bytes queued in the connection until it drains or closes,
 //   while the collective frees the buffer as soon as it returns its error. A borrowed slice
-//   whose release the sender awaits was tried (c8fabcc, reverted): over plaintext gRPC dropped it
-//   by the time the write completed, but over TLS it keeps it until the connection's next write,
-//   so a sender waiting for it stalled until its deadline.
+//   whose release the sender awaits was tried (c8fabcc, reverted): faster on loopback, but in
+//   the docker-compose cluster (8 workers, mutual TLS) a send waiting for gRPC to drop its slice
+//   hit its deadline in the first step, in both runs; the cause was not found.
 #ifndef MESHRUN_WORKER_GRPC_TRANSPORT_H_
 #define MESHRUN_WORKER_GRPC_TRANSPORT_H_
 
