@@ -23,8 +23,8 @@
 //   whose socket is full) leaves its bytes queued in the connection until it drains or closes,
 //   while the collective frees the buffer as soon as it returns its error. A borrowed slice
 //   whose release the sender awaits was tried (c8fabcc, reverted): faster on loopback, but in
-//   the docker-compose cluster (8 workers, mutual TLS) a send waiting for gRPC to drop its slice
-//   hit its deadline in the first step, in both runs; the cause was not found.
+//   the docker-compose cluster (8 workers, mutual TLS) the first step's all-reduce failed with a
+//   send timing out, in both runs; the cause was not found.
 #ifndef MESHRUN_WORKER_GRPC_TRANSPORT_H_
 #define MESHRUN_WORKER_GRPC_TRANSPORT_H_
 
