@@ -1,9 +1,14 @@
 #include "worker/grpc_transport.h"
 
+#include <grpcpp/completion_queue.h>
+#include <grpcpp/support/async_stream.h>
+
 #include <algorithm>
 #include <atomic>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "glog/logging.h"
 #include "net/grpc_util.h"
 #include "worker/ring_frame.h"
@@ -92,7 +97,74 @@ grpc::ServerReadReactor<grpc::ByteBuffer>* RingService::Transfer(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Sending side: one stream per peer, written by the caller's thread.
+// Sending side: one stream per peer, written by the caller's thread, which waits for each write
+// on the stream's own completion queue up to the write's deadline.
+
+namespace {
+
+// Tags of a stream's operations on its completion queue.
+void* const kWriteTag = reinterpret_cast<void*>(1);
+void* const kWritesDoneTag = reinterpret_cast<void*>(2);
+void* const kFinishTag = reinterpret_cast<void*>(3);
+
+// How often a waiting sender looks whether Abort cancelled its write.
+constexpr absl::Duration kCancelPoll = absl::Milliseconds(100);
+
+}  // namespace
+
+// The gRPC objects of one client stream. A stream whose operation did not come back by its
+// deadline (a peer that stopped reading, with the socket full) is abandoned: a detached thread
+// keeps it until gRPC returns the operation (the socket drains or the connection closes) and
+// then frees it, so no sender waits on it.
+struct GrpcTransport::Stream {
+  grpc::CompletionQueue cq;
+  grpc::ClientContext ctx;
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  // Allocated in the call's arena: destroyed before ctx, which frees the call.
+  std::unique_ptr<grpc::ClientAsyncWriter<grpc::ByteBuffer>> writer;
+  int pending = 0;  // operations posted whose tags have not come back
+
+  enum class Wait { kOk, kFailed, kTimedOut, kCancelled };
+
+  // Waits for `tag` until `deadline`, or until `cancelled` is set (checked every kCancelPoll).
+  Wait Await(void* tag, absl::Time deadline, const std::atomic<bool>* cancelled) {
+    for (;;) {
+      const absl::Time until = std::min(deadline, absl::Now() + kCancelPoll);
+      void* got = nullptr;
+      bool ok = false;
+      switch (cq.AsyncNext(&got, &ok, absl::ToChronoTime(until))) {
+        case grpc::CompletionQueue::GOT_EVENT:
+          --pending;
+          if (got == tag) return ok ? Wait::kOk : Wait::kFailed;
+          break;  // another operation of this stream (Close waits for two)
+        case grpc::CompletionQueue::TIMEOUT:
+          if (absl::Now() >= deadline) return Wait::kTimedOut;
+          if (cancelled != nullptr && cancelled->load()) return Wait::kCancelled;
+          break;
+        case grpc::CompletionQueue::SHUTDOWN:
+          return Wait::kFailed;
+      }
+    }
+  }
+
+  // Frees the stream once every posted operation is back, without waiting for them here.
+  static void Release(std::unique_ptr<Stream> stream) {
+    stream->ctx.TryCancel();  // a no-op for a call that finished
+    stream->cq.Shutdown();
+    auto drain = [](std::unique_ptr<Stream> s) {
+      void* tag;
+      bool ok;
+      while (s->cq.Next(&tag, &ok)) {
+      }
+    };
+    if (stream->pending == 0) {
+      drain(std::move(stream));
+    } else {
+      std::thread(drain, std::move(stream)).detach();
+    }
+  }
+};
 
 class GrpcTransport::PeerLink {
  public:
@@ -105,24 +177,15 @@ class GrpcTransport::PeerLink {
         channel_(CreateChannel(address)),
         method_(kTransferMethod, grpc::internal::RpcMethod::CLIENT_STREAMING, channel_) {}
 
-  // Sends goodbye (so the peer knows the close is deliberate) and ends the stream. Each write is
-  // bounded by a 2 s deadline that the transport's watchdog enforces.
+  ~PeerLink() { Close(); }
+
+  // Sends goodbye (so the peer knows the close is deliberate) and ends the stream, waiting at
+  // most 2 s for each; a stream with a write still out is abandoned (Stream::Release).
   void Close() {
     absl::MutexLock lock(&mu_);
-    if (writer_ == nullptr) return;
-    if (failed_.ok()) {
-      SetWriteDeadline(absl::Now() + absl::Seconds(2));
-      FrameHeader bye;
-      bye.src_rank = self_;
-      bye.flags = kGoodbye;
-      bye.lane = lane_;
-      grpc::Slice header(EncodeFrameHeader(bye));
-      grpc::ByteBuffer frame(&header, 1);
-      if (writer_->Write(frame)) writer_->WritesDone();
-    }
-    SetWriteDeadline(absl::Now() + absl::Seconds(2));
-    writer_->Finish();
-    writer_.reset();
+    if (stream_ == nullptr) return;
+    if (failed_.ok() && !cancelled_.load() && stream_->pending == 0) SayGoodbye();
+    Stream::Release(std::move(stream_));
   }
 
   // `stripes`: on lane 0, how many lanes carry this message (this is piece 0); otherwise 1.
@@ -130,18 +193,8 @@ class GrpcTransport::PeerLink {
                     absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
-    const bool first = writer_ == nullptr;
-    // Armed before the stream opens: opening waits for the connection (wait_for_ready), and a
-    // peer that is unreachable must fail this send at its deadline, not hang it.
-    SetWriteDeadline(deadline);
-    in_write_.store(true);
-    if (first) {
-      ctx_.set_wait_for_ready(
-          true);  // the peer may still be starting; the deadline bounds the wait
-      // What the generated stub's Transfer does, with raw frames for messages.
-      writer_.reset(grpc::internal::ClientWriterFactory<grpc::ByteBuffer>::Create(
-          channel_.get(), method_, &ctx_, &response_));
-    }
+    const bool first = stream_ == nullptr;
+    if (first) Open();
     FrameHeader h;
     h.src_rank = self_;
     h.lane = lane_;
@@ -153,21 +206,30 @@ class GrpcTransport::PeerLink {
     // at the caller's memory).
     grpc::Slice slices[2] = {grpc::Slice(EncodeFrameHeader(h)),
                              grpc::Slice(data.data(), data.size())};
-    grpc::ByteBuffer frame(slices, data.empty() ? 1 : 2);
-    const bool ok = writer_->Write(frame);
-    in_write_.store(false);
-    SetWriteDeadline(absl::InfiniteFuture());
-    if (!ok) {
-      failed_ = cancelled_for_deadline_
-                    ? absl::DeadlineExceededError(
-                          absl::StrCat("send to rank ", peer_, " at ", address_, " (lane ", lane_,
-                                       ") timed out (peer not reading or unreachable)"))
-                    : absl::UnavailableError(
-                          absl::StrCat("ring link to rank ", peer_, " at ", address_, " (lane ",
-                                       lane_, ") is broken (peer died or unreachable)"));
-      return failed_;
+    const grpc::ByteBuffer frame(slices, data.empty() ? 1 : 2);
+    {
+      absl::MutexLock cancel_lock(&cancel_mu_);
+      writing_ = &stream_->ctx;
     }
-    return absl::OkStatus();
+    // The first write also opens the stream, which waits for the connection (wait_for_ready):
+    // the deadline bounds that wait too.
+    stream_->writer->Write(frame, kWriteTag);
+    ++stream_->pending;
+    const Stream::Wait outcome = stream_->Await(kWriteTag, deadline, &cancelled_);
+    {
+      absl::MutexLock cancel_lock(&cancel_mu_);
+      writing_ = nullptr;
+    }
+    if (outcome == Stream::Wait::kOk) return absl::OkStatus();
+    stream_->ctx.TryCancel();
+    failed_ = outcome == Stream::Wait::kTimedOut
+                  ? absl::DeadlineExceededError(
+                        absl::StrCat("send to rank ", peer_, " at ", address_, " (lane ", lane_,
+                                     ") timed out (peer not reading or unreachable)"))
+                  : absl::UnavailableError(absl::StrCat("ring link to rank ", peer_, " at ",
+                                                        address_, " (lane ", lane_,
+                                                        ") is broken (peer died or unreachable)"));
+    return failed_;
   }
 
   bool failed() {
@@ -176,28 +238,47 @@ class GrpcTransport::PeerLink {
     return !failed_.ok();
   }
 
-  // Cancels the stream if a write is in flight (it returns at once); the link then counts as
-  // failed, so Reset() replaces it. Idle links are left alone: cancelling them would show peers
-  // a disconnect instead of the abort.
+  // Cancels the stream if a write is in flight (its Send returns at once, or within kCancelPoll
+  // when the write is stuck in a full socket); the link then counts as failed, so Reset()
+  // replaces it. Idle links are left alone: cancelling them would show peers a disconnect
+  // instead of the abort.
   void CancelWrite() {
-    if (!in_write_.load()) return;
+    absl::MutexLock lock(&cancel_mu_);
+    if (writing_ == nullptr) return;
     cancelled_.store(true);
-    ctx_.TryCancel();
-  }
-
-  // Called by the transport's watchdog: cancels a write blocked past its deadline.
-  void CheckDeadline(absl::Time now) {
-    absl::MutexLock lock(&deadline_mu_);
-    if (now > write_deadline_ && !cancelled_for_deadline_) {
-      cancelled_for_deadline_ = true;
-      ctx_.TryCancel();
-    }
+    writing_->TryCancel();
   }
 
  private:
-  void SetWriteDeadline(absl::Time t) {
-    absl::MutexLock lock(&deadline_mu_);
-    write_deadline_ = t;
+  void Open() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    stream_ = std::make_unique<Stream>();
+    stream_->ctx.set_wait_for_ready(true);  // the peer may still be starting
+    // The stream's headers go out with its first frame (one operation to wait for).
+    stream_->ctx.set_initial_metadata_corked(true);
+    // What the generated stub's AsyncTransfer does, with raw frames for messages.
+    stream_->writer.reset(grpc::internal::ClientAsyncWriterFactory<grpc::ByteBuffer>::Create(
+        channel_.get(), &stream_->cq, method_, &stream_->ctx, &stream_->response,
+        /*start=*/true, /*tag=*/nullptr));
+  }
+
+  void SayGoodbye() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    FrameHeader bye;
+    bye.src_rank = self_;
+    bye.flags = kGoodbye;
+    bye.lane = lane_;
+    grpc::Slice header(EncodeFrameHeader(bye));
+    stream_->writer->Write(grpc::ByteBuffer(&header, 1), kWriteTag);
+    ++stream_->pending;
+    if (stream_->Await(kWriteTag, absl::Now() + absl::Seconds(2), nullptr) != Stream::Wait::kOk) {
+      return;
+    }
+    stream_->writer->WritesDone(kWritesDoneTag);
+    stream_->writer->Finish(&stream_->status, kFinishTag);
+    stream_->pending += 2;
+    // Both come back in either order; Await counts the other one as it goes by.
+    const absl::Time deadline = absl::Now() + absl::Seconds(2);
+    if (stream_->Await(kFinishTag, deadline, nullptr) == Stream::Wait::kTimedOut) return;
+    if (stream_->pending > 0) stream_->Await(kWritesDoneTag, deadline, nullptr);
   }
 
   const int self_, peer_, lane_;
@@ -205,15 +286,12 @@ class GrpcTransport::PeerLink {
   const std::shared_ptr<grpc::Channel> channel_;
   const grpc::internal::RpcMethod method_;
   absl::Mutex mu_;  // one writer at a time
-  grpc::ClientContext ctx_;
-  grpc::ByteBuffer response_;
-  std::unique_ptr<grpc::ClientWriter<grpc::ByteBuffer>> writer_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Stream> stream_ ABSL_GUARDED_BY(mu_);
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
-  absl::Mutex deadline_mu_;
-  absl::Time write_deadline_ ABSL_GUARDED_BY(deadline_mu_) = absl::InfiniteFuture();
-  bool cancelled_for_deadline_ = false;  // written under deadline_mu_, read after the write fails
+  absl::Mutex cancel_mu_;
+  // The context of the write in flight, for CancelWrite; cleared before Send lets go of mu_.
+  grpc::ClientContext* writing_ ABSL_GUARDED_BY(cancel_mu_) = nullptr;
   std::atomic<bool> cancelled_{false};
-  std::atomic<bool> in_write_{false};
 };
 
 GrpcTransport::GrpcTransport(int rank, std::vector<std::string> addresses, std::string cluster_id,
@@ -224,36 +302,15 @@ GrpcTransport::GrpcTransport(int rank, std::vector<std::string> addresses, std::
       mailbox_(mailbox),
       stripes_(stripes),
       lanes_(std::clamp(stripes.max_stripes, 1, kMaxLanes)),
-      links_(addresses_.size() * lanes_) {
-  watchdog_ = std::thread([this] { WatchdogLoop(); });
-}
+      links_(addresses_.size() * lanes_) {}
 
 GrpcTransport::~GrpcTransport() {
-  std::vector<PeerLink*> links;
+  std::vector<std::unique_ptr<PeerLink>> links;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& link : links_) {
-      if (link) links.push_back(link.get());
-    }
+    links.swap(links_);
   }
-  for (PeerLink* link : links) link->Close();  // the watchdog still guards these writes
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-  }
-  watchdog_.join();
-}
-
-void GrpcTransport::WatchdogLoop() {
-  absl::MutexLock lock(&mu_);
-  while (!stopping_) {
-    auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
-    mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(100));
-    const absl::Time now = absl::Now();
-    for (auto& link : links_) {
-      if (link) link->CheckDeadline(now);
-    }
-  }
+  links.clear();  // each closes its stream, sending goodbye
 }
 
 absl::StatusOr<GrpcTransport::PeerLink*> GrpcTransport::Link(int peer, int lane) {
@@ -332,8 +389,7 @@ void GrpcTransport::Reset(uint64_t epoch) {
       if (link && link->failed()) broken.push_back(std::move(link));
     }
   }
-  for (auto& link : broken) link->Close();  // outside the lock: the watchdog guards the close
-  broken.clear();
+  broken.clear();  // outside the lock: each closes its stream
   mailbox_->Reset(epoch);
 }
 

@@ -19,18 +19,17 @@
 //     the mailbox's queue as they are (an absl::Cord holding references to them; pieces under
 //     256 bytes, inlined ones among them, are copied: worker/ring_frame.h).
 //   The sender's copy stays because a slice that pointed at the caller's memory could still be
-//   read by gRPC after Send returns: a write cancelled by Abort or the watchdog (a stopped peer
-//   whose socket is full) leaves its bytes queued in the connection until it drains or closes,
-//   while the collective frees the buffer as soon as it returns its error. A borrowed slice
-//   whose release the sender awaits was tried (c8fabcc, reverted): faster on loopback, but in
-//   the docker-compose cluster (8 workers, mutual TLS) the first step's all-reduce failed with a
-//   send timing out, in both runs; the cause was not found.
+//   read by gRPC after Send returns: a write cancelled by Abort or abandoned at its deadline (a
+//   stopped peer whose socket is full) leaves its bytes queued in the connection until it
+//   drains or closes, while the collective frees the buffer as soon as it returns its error. A
+//   borrowed slice whose release the sender awaits was tried (c8fabcc, reverted): faster on
+//   loopback, but in the docker-compose cluster (8 workers, mutual TLS) the first step's
+//   all-reduce failed with a send timing out, in both runs; the cause was not found.
 #ifndef MESHRUN_WORKER_GRPC_TRANSPORT_H_
 #define MESHRUN_WORKER_GRPC_TRANSPORT_H_
 
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -78,17 +77,15 @@ struct GrpcStripeOptions {
   size_t stripe_bytes = size_t{4} << 20;
 };
 
-// Transport over gRPC. Send writes the chunk on the peer's stream from the calling thread; with
-// large HTTP/2 windows (net/grpc_util.cc) the write returns once the bytes are in the socket, so
-// the caller goes on reducing the next chunk while this one is on the wire. A watchdog cancels a
-// write still blocked at its deadline (a peer that stopped reading), failing it with
-// DeadlineExceeded naming the peer. Known gap: that cancel does not end a write whose bytes fill
-// the socket of a peer that stopped reading (a message larger than the socket buffers, a few MiB
-// on loopback): gRPC 1.51 completes it only when the socket drains or the connection closes, and
-// offers no public way to close the connection under a call in flight, so a collective with
-// chunks that large waits in Send past its deadline until the peer resumes or the connection
-// closes (tests/worker/grpc_stopped_peer_test.cc,
-// DISABLED_SendStuckAtAStoppedPeerFailsAtItsDeadline). Thread-safe as Transport requires.
+// Transport over gRPC. Send writes the chunk on the peer's stream from the calling thread and
+// waits for the write on the stream's own completion queue; with large HTTP/2 windows
+// (net/grpc_util.cc) the write returns once the bytes are in the socket, so the caller goes on
+// reducing the next chunk while this one is on the wire. A write not back by its deadline (a
+// peer that stopped reading, or one never reached) fails with DeadlineExceeded naming the peer;
+// its stream is cancelled and abandoned to a thread that frees it once gRPC lets go of it (in
+// gRPC 1.51 a cancel does not end a write stuck in a full socket: only the socket draining or
+// the connection closing does), and the link is replaced on Reset() by one on a new
+// connection. Thread-safe as Transport requires.
 class GrpcTransport : public Transport {
  public:
   // `addresses[r]` is rank r's host:port. `mailbox` is the one attached to this worker's
@@ -110,10 +107,10 @@ class GrpcTransport : public Transport {
   uint64_t epoch() const override { return mailbox_->epoch(); }
 
  private:
+  struct Stream;
   class PeerLink;
   absl::StatusOr<PeerLink*> Link(int peer, int lane);
   int StripesFor(size_t bytes) const;
-  void WatchdogLoop();
 
   const int rank_;
   const std::vector<std::string> addresses_;
@@ -125,8 +122,6 @@ class GrpcTransport : public Transport {
   // Peer p's lane l at p * lanes_ + l, opened on first use.
   std::vector<std::unique_ptr<PeerLink>> links_ ABSL_GUARDED_BY(mu_);
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread watchdog_;
 };
 
 }  // namespace meshrun

@@ -1,6 +1,6 @@
 // GrpcTransport against a peer that stops reading: one that dies in the middle of a large write
-// (the send fails naming it, within bounded time), and one that stays stopped (the known gap in
-// worker/grpc_transport.h: the send outlives its deadline; disabled until it is fixed).
+// (the send fails naming it, within bounded time), and one that stays stopped with the write
+// stuck in a full socket (the send fails at its deadline, or at once when aborted).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/ioctl.h>
@@ -104,11 +104,10 @@ TEST(GrpcStoppedPeerTest, SendToAPeerThatDiesMidWriteFailsNamingIt) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
-// A known gap (worker/grpc_transport.h): the watchdog's cancel does not end a write whose bytes
-// fill the socket of a peer that stopped reading; in gRPC 1.51 the write completes only when the
-// socket drains or the connection closes, and there is no public way to close the connection
-// under a call in flight. This test hangs in Send until that is fixed.
-TEST(GrpcStoppedPeerTest, DISABLED_SendStuckAtAStoppedPeerFailsAtItsDeadline) {
+// The write fills the socket of a peer that never reads again: gRPC 1.51 would complete it only
+// when the socket drains or the connection closes, so the send must give up on it at its
+// deadline, name the peer, and keep failing on that link without writing again.
+TEST(GrpcStoppedPeerTest, SendStuckAtAStoppedPeerFailsAtItsDeadline) {
   GrpcLifetime grpc;
   SetProcessCredentials(Credentials::Insecure());
   StoppedPeer peer;
@@ -119,6 +118,28 @@ TEST(GrpcStoppedPeerTest, DISABLED_SendStuckAtAStoppedPeerFailsAtItsDeadline) {
   const absl::Status s = t.Send(1, 1, payload, start + absl::Milliseconds(500));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_THAT(s.message(), HasSubstr("rank 1"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  const absl::Status again = t.Send(1, 2, "x", absl::Now() + absl::Seconds(60));
+  EXPECT_EQ(again, s);
+}
+
+// Abort ends a send stuck in a full socket long before its deadline, with the abort's reason.
+TEST(GrpcStoppedPeerTest, AbortEndsASendStuckAtAStoppedPeer) {
+  GrpcLifetime grpc;
+  SetProcessCredentials(Credentials::Insecure());
+  StoppedPeer peer;
+  Mailbox mailbox(2);
+  GrpcTransport t(0, {"127.0.0.1:1", peer.address()}, "c", &mailbox);
+  std::string payload(kStuckBytes, 'p');
+  const absl::Status reason = absl::AbortedError("rank 3 failed its step");
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(500));
+    t.Abort(reason);
+  });
+  const absl::Time start = absl::Now();
+  const absl::Status s = t.Send(1, 1, payload, start + absl::Seconds(60));
+  aborter.join();
+  EXPECT_EQ(s, reason);
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
 }
 
