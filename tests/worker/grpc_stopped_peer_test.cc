@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/collectives/mailbox.h"
@@ -87,18 +89,30 @@ class StoppedPeer {
 // 64 MiB: far more than loopback's socket buffers hold.
 constexpr size_t kStuckBytes = size_t{64} << 20;
 
-TEST(GrpcStoppedPeerTest, SendToAPeerThatDiesMidWriteFailsNamingIt) {
-  GrpcLifetime grpc;  // as the worker holds it (else the last channel's close shuts gRPC down)
-  SetProcessCredentials(Credentials::Insecure());  // the peer speaks plaintext HTTP/2
+// Rank 0 of a world of two whose rank 1 is the StoppedPeer.
+class GrpcStoppedPeerTest : public ::testing::Test {
+ protected:
+  GrpcStoppedPeerTest() {
+    SetProcessCredentials(Credentials::Insecure());  // the peer speaks plaintext HTTP/2
+  }
+  std::unique_ptr<GrpcTransport> TransportTo(const StoppedPeer& peer) {
+    return std::make_unique<GrpcTransport>(
+        0, std::vector<std::string>{"127.0.0.1:1", peer.address()}, "c", &mailbox_);
+  }
+
+  GrpcLifetime grpc_;  // as the worker holds it (else the last channel's close shuts gRPC down)
+  Mailbox mailbox_{2};
+  const std::string payload_ = std::string(kStuckBytes, 'p');
+};
+
+TEST_F(GrpcStoppedPeerTest, SendToAPeerThatDiesMidWriteFailsNamingIt) {
   StoppedPeer peer(/*dies_mid_write=*/true);
-  Mailbox mailbox(2);
-  GrpcTransport t(0, {"127.0.0.1:1", peer.address()}, "c", &mailbox);
-  std::string payload(kStuckBytes, 'p');
+  auto t = TransportTo(peer);
   const absl::Time start = absl::Now();
   // gRPC may count the write as done before the reset comes (Send promises delivery to the
   // connection, not to the peer); the next send on the link fails, naming the peer.
-  absl::Status s = t.Send(1, 1, payload, start + absl::Seconds(60));
-  if (s.ok()) s = t.Send(1, 2, payload, absl::Now() + absl::Seconds(60));
+  absl::Status s = t->Send(1, 1, payload_, start + absl::Seconds(60));
+  if (s.ok()) s = t->Send(1, 2, payload_, absl::Now() + absl::Seconds(60));
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   EXPECT_THAT(s.message(), HasSubstr("rank 1"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
@@ -107,37 +121,29 @@ TEST(GrpcStoppedPeerTest, SendToAPeerThatDiesMidWriteFailsNamingIt) {
 // The write fills the socket of a peer that never reads again: gRPC 1.51 would complete it only
 // when the socket drains or the connection closes, so the send must give up on it at its
 // deadline, name the peer, and keep failing on that link without writing again.
-TEST(GrpcStoppedPeerTest, SendStuckAtAStoppedPeerFailsAtItsDeadline) {
-  GrpcLifetime grpc;
-  SetProcessCredentials(Credentials::Insecure());
+TEST_F(GrpcStoppedPeerTest, SendStuckAtAStoppedPeerFailsAtItsDeadline) {
   StoppedPeer peer;
-  Mailbox mailbox(2);
-  GrpcTransport t(0, {"127.0.0.1:1", peer.address()}, "c", &mailbox);
-  std::string payload(kStuckBytes, 'p');
+  auto t = TransportTo(peer);
   const absl::Time start = absl::Now();
-  const absl::Status s = t.Send(1, 1, payload, start + absl::Milliseconds(500));
+  const absl::Status s = t->Send(1, 1, payload_, start + absl::Milliseconds(500));
   EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
   EXPECT_THAT(s.message(), HasSubstr("rank 1"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  const absl::Status again = t.Send(1, 2, "x", absl::Now() + absl::Seconds(60));
+  const absl::Status again = t->Send(1, 2, "x", absl::Now() + absl::Seconds(60));
   EXPECT_EQ(again, s);
 }
 
 // Abort ends a send stuck in a full socket long before its deadline, with the abort's reason.
-TEST(GrpcStoppedPeerTest, AbortEndsASendStuckAtAStoppedPeer) {
-  GrpcLifetime grpc;
-  SetProcessCredentials(Credentials::Insecure());
+TEST_F(GrpcStoppedPeerTest, AbortEndsASendStuckAtAStoppedPeer) {
   StoppedPeer peer;
-  Mailbox mailbox(2);
-  GrpcTransport t(0, {"127.0.0.1:1", peer.address()}, "c", &mailbox);
-  std::string payload(kStuckBytes, 'p');
+  auto t = TransportTo(peer);
   const absl::Status reason = absl::AbortedError("rank 3 failed its step");
   std::thread aborter([&] {
     absl::SleepFor(absl::Milliseconds(500));
-    t.Abort(reason);
+    t->Abort(reason);
   });
   const absl::Time start = absl::Now();
-  const absl::Status s = t.Send(1, 1, payload, start + absl::Seconds(60));
+  const absl::Status s = t->Send(1, 1, payload_, start + absl::Seconds(60));
   aborter.join();
   EXPECT_EQ(s, reason);
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
