@@ -127,7 +127,26 @@ struct GrpcTransport::Stream {
 
   enum class Wait { kOk, kFailed, kTimedOut, kCancelled };
 
+  // Writes `frame` and waits for the write until `deadline`, or until `cancelled` is set.
+  Wait Write(const grpc::ByteBuffer& frame, absl::Time deadline,
+             const std::atomic<bool>* cancelled) {
+    writer->Write(frame, kWriteTag);
+    ++pending;
+    return Await(kWriteTag, deadline, cancelled);
+  }
+
+  // Half-closes the stream and waits until `deadline` for the peer's status.
+  void Finish(absl::Time deadline) {
+    writer->WritesDone(kWritesDoneTag);
+    writer->Finish(&status, kFinishTag);
+    pending += 2;
+    // Both come back in either order; Await counts the other one as it goes by.
+    if (Await(kFinishTag, deadline, nullptr) == Wait::kTimedOut) return;
+    if (pending > 0) Await(kWritesDoneTag, deadline, nullptr);
+  }
+
   // Waits for `tag` until `deadline`, or until `cancelled` is set (checked every kCancelPoll).
+  // Counts every operation that comes back, `tag`'s or another's.
   Wait Await(void* tag, absl::Time deadline, const std::atomic<bool>* cancelled) {
     for (;;) {
       const absl::Time until = std::min(deadline, absl::Now() + kCancelPoll);
@@ -213,9 +232,7 @@ class GrpcTransport::PeerLink {
     }
     // The first write also opens the stream, which waits for the connection (wait_for_ready):
     // the deadline bounds that wait too.
-    stream_->writer->Write(frame, kWriteTag);
-    ++stream_->pending;
-    const Stream::Wait outcome = stream_->Await(kWriteTag, deadline, &cancelled_);
+    const Stream::Wait outcome = stream_->Write(frame, deadline, &cancelled_);
     {
       absl::MutexLock cancel_lock(&cancel_mu_);
       writing_ = nullptr;
@@ -267,18 +284,10 @@ class GrpcTransport::PeerLink {
     bye.flags = kGoodbye;
     bye.lane = lane_;
     grpc::Slice header(EncodeFrameHeader(bye));
-    stream_->writer->Write(grpc::ByteBuffer(&header, 1), kWriteTag);
-    ++stream_->pending;
-    if (stream_->Await(kWriteTag, absl::Now() + absl::Seconds(2), nullptr) != Stream::Wait::kOk) {
-      return;
+    if (stream_->Write(grpc::ByteBuffer(&header, 1), absl::Now() + absl::Seconds(2), nullptr) ==
+        Stream::Wait::kOk) {
+      stream_->Finish(absl::Now() + absl::Seconds(2));
     }
-    stream_->writer->WritesDone(kWritesDoneTag);
-    stream_->writer->Finish(&stream_->status, kFinishTag);
-    stream_->pending += 2;
-    // Both come back in either order; Await counts the other one as it goes by.
-    const absl::Time deadline = absl::Now() + absl::Seconds(2);
-    if (stream_->Await(kFinishTag, deadline, nullptr) == Stream::Wait::kTimedOut) return;
-    if (stream_->pending > 0) stream_->Await(kWritesDoneTag, deadline, nullptr);
   }
 
   const int self_, peer_, lane_;
