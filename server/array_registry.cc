@@ -11,19 +11,35 @@
 
 namespace meshrun {
 
+void ArrayRegistry::ForgetIfReformed() {
+  if (stubs_ == nullptr || workers_->generation() == stubs_generation_) return;
+  // The cluster re-formed: its workers started afresh, so the arrays and inputs they held are
+  // gone, and they may listen elsewhere.
+  LOG(WARNING) << "the cluster re-formed: " << arrays_.size() << " arrays and " << inputs_.size()
+               << " inputs of the previous workers are gone";
+  stubs_.reset();
+  gone_.clear();
+  for (const auto& [id, info] : arrays_) gone_.insert(id);
+  arrays_.clear();
+  inputs_.clear();
+}
+
+absl::Status ArrayRegistry::NoSuchArray(const std::string& id) const {
+  if (gone_.count(id)) {
+    return absl::NotFoundError(absl::StrCat(
+        "array '", id, "' is gone: the cluster re-formed after a worker was lost, and the arrays ",
+        "its previous workers held went with them (put it again, or restore a checkpoint)"));
+  }
+  std::vector<std::string> ids;
+  for (const auto& [k, v] : arrays_) ids.push_back(k);
+  return absl::NotFoundError(absl::StrCat("no array '", id, "' on this cluster (arrays: ",
+                                          ids.empty() ? "none" : absl::StrJoin(ids, ", "), ")"));
+}
+
 absl::StatusOr<ArrayRegistry::StubsRef> ArrayRegistry::EnsureStubs() {
   absl::MutexLock lock(&mu_);
-  const uint64_t generation = workers_->generation();
-  if (stubs_ != nullptr && generation == stubs_generation_) return stubs_;
-  if (stubs_ != nullptr) {
-    // The cluster re-formed (WorkerRegistry::BeginRecovery): its workers started afresh, so the
-    // arrays and inputs they held are gone, and they may listen elsewhere.
-    LOG(WARNING) << "the cluster re-formed: " << arrays_.size() << " arrays and " << inputs_.size()
-                 << " inputs of the previous workers are gone";
-    stubs_.reset();
-    arrays_.clear();
-    inputs_.clear();
-  }
+  ForgetIfReformed();
+  if (stubs_ != nullptr) return stubs_;
   if (absl::Status s = workers_->WaitUntilReady(absl::Now() + absl::Seconds(10)); !s.ok()) return s;
   auto stubs = std::make_shared<Stubs>();
   for (const auto& p : workers_->Peers())
@@ -138,18 +154,15 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const Par
                             DTypeSize(global.dtype()));
   absl::MutexLock lock(&mu_);
   arrays_[id] = info;
+  gone_.erase(id);  // an id put again names the new array
   return info;
 }
 
 absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Info(const std::string& id) {
   absl::MutexLock lock(&mu_);
+  ForgetIfReformed();
   auto it = arrays_.find(id);
-  if (it == arrays_.end()) {
-    std::vector<std::string> ids;
-    for (const auto& [k, v] : arrays_) ids.push_back(k);
-    return absl::NotFoundError(absl::StrCat("no array '", id, "' on this cluster (arrays: ",
-                                            ids.empty() ? "none" : absl::StrJoin(ids, ", "), ")"));
-  }
+  if (it == arrays_.end()) return NoSuchArray(id);
   return it->second;
 }
 

@@ -139,6 +139,13 @@ class ArrayRegistry {
   // Stubs for the current membership; after the cluster re-formed (a new generation), the arrays
   // and inputs the old workers held are forgotten. Waits up to 10 s for the workers.
   absl::StatusOr<StubsRef> EnsureStubs();
+  // After the cluster re-formed (WorkerRegistry::BeginRecovery: its workers started afresh),
+  // forgets the arrays and inputs the previous workers held and the stubs that reach them, keeping
+  // the arrays' ids for GoneError. Called before any lookup, so a request naming such an array
+  // is refused here rather than by every worker.
+  void ForgetIfReformed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // NotFound for `id`: "gone" with the reason where the last re-form forgot it, else the ids held.
+  absl::Status NoSuchArray(const std::string& id) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The stubs EnsureStubs made last, without waiting; FailedPrecondition before the first (an
   // array exists only after it ran, so calls about arrays use these).
   absl::StatusOr<StubsRef> CurrentStubs();
@@ -216,6 +223,7 @@ class ArrayRegistry {
   uint64_t stubs_generation_ ABSL_GUARDED_BY(mu_) = 0;  // the membership the stubs reach
   std::map<std::string, v1::ArrayInfo> arrays_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::InputInfo> inputs_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> gone_ ABSL_GUARDED_BY(mu_);  // array ids the last re-form forgot
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -14,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "core/port/process.h"
 #include "core/sharding/mesh.h"
 #include "gmock/gmock.h"
@@ -368,6 +370,37 @@ TEST_F(RecoveryTest, WithoutAReplacementTheJobContinuesOnFewerWorkers) {
   auto next = (*client)->Train(testing::PerStepJobConfig(3));
   EXPECT_TRUE(next.ok()) << next.status();
   ASSERT_TRUE(cluster->Stop().ok());
+}
+
+// Arrays made before a worker was lost do not survive the re-form (the workers start afresh): a
+// later call naming one is refused by the coordinator as gone, naming the array, rather than by
+// every worker as missing; a fresh array works.
+TEST_F(RecoveryTest, AnArrayFromBeforeTheClusterReformedIsReportedGoneByName) {
+  auto cluster = StartRespawningCluster("data=4", "recovery-gone", /*respawn=*/true);
+  ASSERT_NE(cluster, nullptr);
+  auto client = Client::Connect(cluster->coordinator_address());
+  ASSERT_TRUE(client.ok()) << client.status();
+  const Tensor x = testing::NormalTensor({8, 3}, 7);
+  auto before = (*client)->Put(x, PartitionSpec::Of({"data", ""}));
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_TRUE((*client)->Get(before->id()).ok());
+  ASSERT_EQ(kill(cluster->worker_pids()[1], SIGKILL), 0);
+  // Unreachable until the respawned worker has joined; then gone.
+  absl::Status s;
+  for (const absl::Time deadline = absl::Now() + absl::Seconds(60); absl::Now() < deadline;
+       absl::SleepFor(absl::Milliseconds(200))) {
+    s = (*client)->Get(before->id()).status();
+    if (s.code() == absl::StatusCode::kNotFound) break;
+  }
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s.message(),
+              HasSubstr(absl::StrCat("array '", before->id(), "' is gone: the cluster re-formed")));
+  auto after = (*client)->Put(x, PartitionSpec::Of({"data", ""}));
+  ASSERT_TRUE(after.ok()) << after.status();
+  auto got = (*client)->Get(after->id());
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->dims(), x.dims());
+  EXPECT_EQ(std::memcmp(got->raw(), x.raw(), x.size_bytes()), 0);
 }
 
 }  // namespace
