@@ -141,7 +141,7 @@ class ArrayRegistry {
   absl::StatusOr<StubsRef> EnsureStubs();
   // After the cluster re-formed (WorkerRegistry::BeginRecovery: its workers started afresh),
   // forgets the arrays and inputs the previous workers held and the stubs that reach them, keeping
-  // the arrays' ids for GoneError. Called before any lookup, so a request naming such an array
+  // the arrays' ids for NoSuchArray. Called before any lookup, so a request naming such an array
   // is refused here rather than by every worker.
   void ForgetIfReformed() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // NotFound for `id`: "gone" with the reason where the last re-form forgot it, else the ids held.
