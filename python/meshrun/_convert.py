@@ -64,7 +64,7 @@ SUPPORTED = {
              "converting; at most 1000 trips)",
     "concatenate": "CONCATENATE (the dim unsharded)",
     "pad": "SLICE / CONCATENATE with the padding value; interior: interleaved by CONCATENATE and RESHAPE",
-    "split": "SLICEs",
+    "split": "SLICEs", "unstack": "SLICEs and RESHAPEs",
     **{k: f"CUMULATIVE {k[3:]} (the dim gathered)" for k in ("cumsum", "cumprod", "cummax", "cummin")},
     "rev": "REVERSE (jnp.flip, x[::-1]; the reversed dims gathered)",
     "sort": "SORT per result (stable; the sorted dim gathered)",
@@ -350,7 +350,7 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise):
             value = self.scalar(_EMPTY_IDENTITY[name])
             vid = self.emit(G.BROADCAST_IN_DIM, [value], shape=list(out_shape), dims=[])
             return [self._convert(name, eqn, _V(vid, out_shape, np.float32, F32), np.dtype(out_dtype))]
-        if any(empty_in) or name not in ("split",):
+        if any(empty_in) or name not in ("split", "unstack"):
             self._unsupported(name, eqn, "a zero-size operand" if any(empty_in) else "a zero-size result")
         return None
 

@@ -44,6 +44,18 @@ class _Layout:
             parts = [self._reshape(v, v.shape[:axis] + (1,) + v.shape[axis:]) for v in ins]
             v = parts[0] if len(parts) == 1 else self._joined(parts, axis)
             return [_V(v.id, out_shape, out_dtype, v.store)]
+        if name == "unstack":  # jnp.unstack (and the transpose of stack): unit SLICEs, RESHAPEd
+            (x,) = ins
+            axis = int(p["axis"])
+            shape = x.shape[:axis] + x.shape[axis + 1:]
+            outs = []
+            for i in range(x.shape[axis]):
+                starts, limits = [0] * len(x.shape), list(x.shape)
+                starts[axis], limits[axis] = i, i + 1
+                part = x if x.shape[axis] == 1 else _V(
+                    self.emit(G.SLICE, [x], dims=starts, shape=limits), tuple(limits), x.dtype, x.store)
+                outs.append(self._reshape(part, shape))
+            return outs
         if name == "tile":  # [n0, n1] broadcast to [r0, n0, r1, n1], then merged to [r0 n0, r1 n1]
             (x,) = ins
             reps = tuple(int(r) for r in p["reps"])
