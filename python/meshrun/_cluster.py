@@ -215,11 +215,28 @@ def _find_binary(bin_dir):
     return found
 
 
+def _mesh_flag(mesh):
+    """`meshrun up --mesh`'s value from "data=2,model=4" or {"data": 2, "model": 4}."""
+    if isinstance(mesh, str):
+        return mesh
+    if isinstance(mesh, dict) and mesh and all(
+            isinstance(k, str) and isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0
+            for k, v in mesh.items()):
+        return ",".join(f"{k}={int(v)}" for k, v in mesh.items())
+    raise TypeError(f"mesh={mesh!r}: expected axis sizes as a string 'data=2,model=4' or a dict "
+                    "{'data': 2, 'model': 4} of axis name to a positive int, in mesh order (row-major)")
+
+
 @contextlib.contextmanager
 def local_cluster(mesh="data=8", *, bin_dir=None, insecure=False, shm=True, start_timeout=120.0):
     """Starts a cluster on this machine (`meshrun up`: a coordinator and one worker process per
-    mesh device), yields a connected Cluster, and stops every process on exit. TLS and a token are
-    on unless insecure=True: fresh credentials are made in a temporary directory."""
+    mesh device), yields a connected Cluster, and stops every process on exit. `mesh` gives the
+    axes and their sizes in order, as "data=2,model=4" or {"data": 2, "model": 4} (the devices laid
+    out row-major, as jax.make_mesh((2, 4), ("data", "model"))). TLS and a token are on unless
+    insecure=True: fresh credentials are made in a temporary directory. Errors: TypeError for a
+    `mesh` of another form; ClusterConnectionError if the cluster does not start (with `meshrun up`'s
+    output)."""
+    mesh = _mesh_flag(mesh)
     meshrun = _find_binary(bin_dir)
     work = tempfile.mkdtemp(prefix="meshrun-py-")
     cmd = [meshrun, "up", "--mesh", mesh, "--port", "0", "--log-dir", os.path.join(work, "logs")]

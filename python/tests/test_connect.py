@@ -41,3 +41,14 @@ def test_a_wrong_or_missing_token_is_refused(cluster, tmp_path):
     shutil.copy(os.path.join(tls_dir_of(cluster), "ca.pem"), tmp_path / "ca.pem")  # no token file
     with pytest.raises(meshrun.errors.PermissionDeniedError):
         meshrun.Cluster(cluster.address, tls_dir=tmp_path)
+
+
+def test_local_cluster_takes_the_mesh_as_a_dict_and_names_a_mesh_of_another_form():
+    with meshrun.local_cluster({"data": 1, "model": 2}, insecure=True) as c:
+        assert (c.mesh.axis_names, c.mesh.shape) == (("data", "model"), {"data": 1, "model": 2})
+        x = np.arange(6, dtype=np.float32).reshape(3, 2)
+        np.testing.assert_array_equal(np.asarray(c.device_put(x, P(None, "model"))), x)
+    for bad in [{"data": 0}, {"data": 2.0}, {}, ("data", 2), 8]:
+        with pytest.raises(TypeError, match=r"mesh=.*expected axis sizes"):
+            with meshrun.local_cluster(bad, insecure=True):
+                pass
