@@ -48,8 +48,8 @@ JitBuilder::Value JitBuilder::Binary(const std::string& fn, Value a, Value b) {
   if ((fn == "add" || fn == "sub") && !sa.partial.empty() && sa.partial == sb.partial &&
       linear_partial && sa.partial_fn == sb.partial_fn && sa.spec == sb.spec) {
     // Sums of partial sums (or means) stay partial (one psum later, not two now): accumulated
-    // gradients and losses.
-    State out = sa;
+    // gradients and losses. A scalar operand is broadcast: the result has the other's shape.
+    State out = sa.global.empty() ? sb : sa;
     out.local = sm_.Binary(fn, sa.local, sb.local);
     out.scaled = nullptr;
     return Push(std::move(out), std::move(node));

@@ -1,6 +1,7 @@
 """Reductions under cluster.jit beyond sum / max / min: jnp.prod (reduce_prod) over one and
 several axes of odd and even sizes, in f32 and in wrapping int32, and its gradient; the
-gradients of cumulative reductions, whose JVPs hold zero-size arrays."""
+gradients of cumulative reductions, whose JVPs hold zero-size arrays; sums over a sharded dim
+(partial sums until reduced) broadcast into arrays."""
 
 import jax
 import jax.numpy as jnp
@@ -46,3 +47,19 @@ def test_zero_size_intermediates_of_cumulative_gradients_match_jax(cluster):
         np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=2e-6, err_msg=key)
     with pytest.raises(ValueError, match=r"zero-size array \(4, 0\)"):
         cluster.jit(lambda x: x[:, :0] * 2, out_shardings=P())(cluster.device_put(x, P()))
+
+
+def test_a_sum_over_the_sharded_dim_added_to_a_matrix_product_over_it_matches_jax(cluster):
+    """jnp.trace(x) + jnp.eye(8) @ x with x sharded over rows: a scalar and a [8, 12] array, each
+    a partial sum over 'data' until reduced, broadcast together."""
+    x = np.random.default_rng(6).normal(size=(8, 12)).astype(np.float32)
+
+    def f(x):
+        y = jnp.trace(x[:, :8]) + jnp.eye(8) @ x
+        z = jnp.sum(x) - jnp.ones((8, 8)) @ x
+        return {"y": y, "z": z, "grad": jax.grad(lambda x: jnp.sum((jnp.trace(x[:, :8]) + jnp.eye(8) @ x) ** 2))(x)}
+
+    want = jax.jit(f)(x)
+    got = cluster.jit(f, in_shardings=(P("data"),), out_shardings=P())(cluster.device_put(x, P("data")))
+    for k in want:
+        np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-5, err_msg=k)

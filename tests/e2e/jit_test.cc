@@ -126,65 +126,6 @@ TEST(JitPartitionTest, InsertsTheCollectivesEachLayoutNeeds) {
   EXPECT_EQ(tp.collectives()[0].bytes_per_device, 2 * 3 * (4 * 64 * 4 / 4));
 }
 
-TEST(JitPartitionTest, ReportsBadAnnotations) {
-  JitBuilder jit(*Mesh::Parse("data=2,model=4"));
-  auto x = jit.Input(v1::DTYPE_F32, {6, 64}, P({"model", ""}));  // 6 rows over 4 devices
-  jit.Output(x, PartitionSpec());
-  EXPECT_THAT(std::string(jit.Build().status().message()), ::testing::HasSubstr("input 0"));
-  JitBuilder jit2(*Mesh::Parse("data=2,model=4"));
-  auto a = jit2.Input(v1::DTYPE_F32, {8, 64}, PartitionSpec());
-  auto b = jit2.Input(v1::DTYPE_F32, {8, 32}, PartitionSpec());
-  jit2.Output(jit2.Binary("add", a, b), PartitionSpec());
-  EXPECT_THAT(std::string(jit2.Build().status().message()), ::testing::HasSubstr("differ"));
-}
-
-// Layouts for what JAX's jaxprs hold (the Python SDK's programs): reshapes keep a sharding of a
-// group's major dim when it divides, broadcasts with no spec carry the operand's layout, and an
-// element-wise op follows its sharded operand rather than gathering it.
-TEST(JitPartitionTest, ReshapeBroadcastAndElementwiseFollowTheShardedOperand) {
-  JitBuilder jit(*Mesh::Parse("data=2,model=4"));
-  auto x = jit.Input(v1::DTYPE_F32, {8, 16}, P({"data", "model"}));
-  auto split = jit.Reshape(x, {2, 4, 4, 4});  // [8] -> [2, 4]: data moves to dim 0
-  EXPECT_EQ(jit.sharding(split), P({"data", "", "model"}));
-  auto merged = jit.Reshape(x, {128});  // 'model' sharding a minor dim of the group: gathered
-  EXPECT_EQ(jit.sharding(merged), P({"data"}));
-  auto unit = jit.Reshape(x, {1, 8, 1, 16});
-  EXPECT_EQ(jit.sharding(unit), P({"", "data", "", "model"}));
-  auto b = jit.Input(v1::DTYPE_F32, {1, 16}, P({"", "model"}));
-  auto grown = jit.BroadcastInDimPropagated(b, {8, 16}, {0, 1});
-  EXPECT_EQ(jit.sharding(grown), P({"", "model"}));
-  auto replicated = jit.Constant(1.0f, {8, 16});
-  auto sum = jit.Add(replicated, x);  // lhs replicated: the result follows x, no gather
-  EXPECT_EQ(jit.sharding(sum), P({"data", "model"}));
-  jit.Output(sum, P({"data", "model"}));
-  jit.Output(jit.Reshape(grown, {16, 8}), PartitionSpec());
-  ASSERT_TRUE(jit.Build().ok()) << jit.Build().status();
-  std::vector<std::string> gathers;
-  for (const auto& c : jit.collectives()) gathers.push_back(c.Short());
-  EXPECT_EQ(gathers, (std::vector<std::string>{"all_gather(model)@1", "all_gather(model)@1"}));
-  JitBuilder bad(*Mesh::Parse("data=2,model=4"));
-  bad.Reshape(bad.Input(v1::DTYPE_F32, {8, 16}, PartitionSpec()), {8, 15});
-  EXPECT_THAT(std::string(bad.Build().status().message()), ::testing::HasSubstr("element count"));
-}
-
-// A padding block (replicated) concatenated before a batch-sharded array (lax.pad of an image, a
-// convolution's input): the result keeps the batch sharding and the block is sliced locally;
-// no collective moves the data.
-TEST(JitPartitionTest, ConcatenateFollowsItsMostPartitionedOperand) {
-  JitBuilder jit(*Mesh::Parse("data=2,model=4"));
-  auto x = jit.Input(v1::DTYPE_F32, {8, 6, 4}, P({"data", "", "model"}));
-  auto lo = jit.Constant(0.0f, {8, 1, 4});
-  auto hi = jit.Constant(0.0f, {8, 2, 4});
-  auto padded = jit.Concatenate({lo, x, hi}, 1);
-  EXPECT_EQ(jit.sharding(padded), P({"data", "", "model"}));
-  auto y = jit.Input(v1::DTYPE_F32, {8, 6, 4}, P({"data", "", ""}));
-  auto mixed = jit.Concatenate({y, x}, 1);  // x is the more partitioned: y is sliced over 'model'
-  EXPECT_EQ(jit.sharding(mixed), P({"data", "", "model"}));
-  jit.Output(padded, P({"data", "", "model"}));
-  ASSERT_TRUE(jit.Build().ok()) << jit.Build().status();
-  EXPECT_TRUE(jit.collectives().empty()) << ::testing::PrintToString(Describe(jit.collectives()));
-}
-
 class JitE2ETest : public testing::ClusterSuite<JitE2ETest> {
  public:
   static constexpr const char* kMesh = "data=2,model=4";
