@@ -47,6 +47,7 @@ SUPPORTED = {
     **{k: f"BINARY {v} (f32 1/0)" for k, v in _COMPARE.items()},
     "integer_pow": "UNARY square / BINARY mul chains (div for negative powers; integers in their own wrapping mul)",
     "round": "UNARY round_away / round_even",
+    "reduce_precision": "CONVERTs to bf16 and back (8 exponent, 7 mantissa bits; none for more)",
     "select_n": "SELECT (two cases)",
     "and": "mul (bool); BINARY and (integers)", "or": "max (bool); BINARY or (integers)",
     "not": "1 - x (bool); BINARY xor with all ones (integers)",

@@ -2,6 +2,7 @@
 integers where lax computes in them), comparisons (lax's total order included), selects,
 integer powers, cbrt, dot_general and dtype conversions, and the tables that map lax's
 element-wise primitives to meshrun's UNARY / BINARY fns."""
+import jax.numpy as jnp
 import numpy as np
 
 from meshrun import _sharding
@@ -95,7 +96,20 @@ class _Elementwise:
             return [self._dot(p, ins, out_dtype, out_shape, eqn)]
         if name == "convert_element_type":
             return [self._convert(name, eqn, ins[0], np.dtype(p["new_dtype"]))]
+        if name == "reduce_precision":
+            return [self._reduce_precision(name, eqn, ins[0], int(p["exponent_bits"]), int(p["mantissa_bits"]))]
         return None
+
+    def _reduce_precision(self, name, eqn, x, exponent_bits, mantissa_bits):
+        """lax.reduce_precision: to bf16's 8 exponent and 7 mantissa bits by a round trip through
+        bf16 (round to nearest even, as XLA's); as many bits as x's type holds or more: x itself."""
+        have = (8, 7) if str(x.dtype) == "bfloat16" else (8, 23)
+        if exponent_bits >= have[0] and mantissa_bits >= have[1]:
+            return x
+        if (exponent_bits, mantissa_bits) != (8, 7):
+            self._unsupported(name, eqn, f"exponent_bits={exponent_bits}, mantissa_bits={mantissa_bits} "
+                              "(only bf16's 8 and 7, or at least the operand's own)")
+        return self._convert(name, eqn, self._convert(name, eqn, x, np.dtype(jnp.bfloat16)), x.dtype)
 
     def _cbrt(self, name, eqn, x):
         """lax.cbrt within an ulp: |x| ** (1/3), refined by one Newton step y - (y^3 - |x|) / 3y^2,

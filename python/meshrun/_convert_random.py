@@ -25,7 +25,7 @@ _ELEMENTWISE = {
     "neg", "exp", "log", "tanh", "logistic", "sqrt", "rsqrt", "abs", "square", "erf", "erfc", "erf_inv",
     "sin", "cos", "log1p", "expm1", "floor", "ceil", "round", "sign", "add", "add_any", "sub", "mul", "div",
     "max", "min", "pow", "integer_pow", "nextafter", "convert_element_type", "bitcast_convert_type",
-    "select_n", "clamp", "stop_gradient", "eq", "ne", "lt", "le", "gt", "ge",
+    "select_n", "clamp", "stop_gradient", "eq", "ne", "lt", "le", "gt", "ge", "reduce_precision",
 } | set(_INT_BINARY) | {"not"}
 
 SUPPORTED_RANDOM = {

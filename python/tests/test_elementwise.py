@@ -1,11 +1,15 @@
 """Element-wise primitives under cluster.jit beyond the seeds': cbrt within an ulp of JAX's, with
 its specials (signed zeros, infinities, NaN) as themselves, and its gradient; asinh, acosh,
-lgamma and digamma (jax.scipy.special's gammaln and digamma) with their poles and gradients."""
+lgamma and digamma (jax.scipy.special's gammaln and digamma) with their poles and gradients;
+lax.reduce_precision to bf16's bits."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from jax.sharding import PartitionSpec as P
+
+import meshrun
 
 
 def test_cbrt_is_within_an_ulp_of_jax_and_keeps_its_specials(cluster):
@@ -48,3 +52,25 @@ def test_inverse_hyperbolics_lgamma_and_digamma_with_their_gradients_match_jax(c
         np.testing.assert_array_equal(np.isnan(g), np.isnan(w), err_msg=name)
     assert np.isnan(np.asarray(got[3])[-13:-9]).all()  # digamma's poles 0, -0, -1, -2
     assert (np.asarray(got[2])[-13:-9] == np.inf).all()  # lgamma's
+
+
+def test_reduce_precision_to_bf16_bits_matches_jax_bit_for_bit(cluster):
+    """lax.reduce_precision(x, 8, 7), as mixed-precision code (jmp) casts: round to nearest even,
+    ties and values past bf16's largest (to inf) included; its gradient, the same rounding of the
+    cotangent; 8 and 23 bits leave f32 as it is; other widths are refused by name."""
+    rng = np.random.default_rng(2)
+    ties = (np.arange(64, dtype=np.uint32) << 16 | 0x8000).view(np.float32)  # halfway between bf16s
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 3.3961e38, 3.4e38, -3.4e38, 1e-38], np.float32)
+    x = np.concatenate([rng.normal(size=999).astype(np.float32) * 100, ties, specials])
+
+    def f(x):
+        w = jnp.linspace(0.5, 1.5, 100)
+        grad = jax.grad(lambda v: jnp.sum(jax.lax.reduce_precision(v, 8, 7) * w))(x[:100])
+        return jax.lax.reduce_precision(x, 8, 7), jax.lax.reduce_precision(x, 8, 23), grad
+
+    got = cluster.jit(f, out_shardings=P())(cluster.device_put(x, P("data")))
+    want = jax.jit(f)(x)
+    for name, g, w in zip(["bf16 bits", "f32 bits", "gradient"], got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=name)
+    with pytest.raises(meshrun.errors.UnsupportedPrimitiveError, match="exponent_bits=5, mantissa_bits=10"):
+        cluster.jit(lambda v: jax.lax.reduce_precision(v, 5, 10))(cluster.device_put(x, P()))
