@@ -56,9 +56,15 @@ void SplitSmallUpdates(v1::StepProgram* program, size_t max_bytes, size_t direct
             Bytes(partial->second) < static_cast<int64_t>(direct_min_bytes));
   };
   // Emits the reduction of `update`'s input `p` into a new buffer, which the update then reads.
+  // Each split has its own buffer: two updates may reduce the same operand (a comparison and a
+  // select over one partial sum), and that operand may be rewritten in between.
   auto split = [&](v1::Op* update, int p) {
     v1::BufferDecl reduced = decls.at(update->inputs(p));
-    reduced.set_name(absl::StrCat(update->inputs(p), "/reduced"));
+    std::string name = absl::StrCat(update->inputs(p), "/reduced");
+    for (int k = 2; decls.count(name) > 0; ++k)
+      name = absl::StrCat(update->inputs(p), "/reduced", k);
+    reduced.set_name(name);
+    decls[name] = reduced;
     *program->add_buffers() = reduced;
     v1::Op* reduce = out.Add();
     reduce->set_kind(update->fn() == "sum" ? v1::OP_PSUM : v1::OP_PMEAN);

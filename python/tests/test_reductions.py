@@ -49,9 +49,10 @@ def test_zero_size_intermediates_of_cumulative_gradients_match_jax(cluster):
         cluster.jit(lambda x: x[:, :0] * 2, out_shardings=P())(cluster.device_put(x, P()))
 
 
-def test_a_sum_over_the_sharded_dim_added_to_a_matrix_product_over_it_matches_jax(cluster):
+def test_sums_over_the_sharded_dim_combined_with_each_other_match_jax(cluster):
     """jnp.trace(x) + jnp.eye(8) @ x with x sharded over rows: a scalar and a [8, 12] array, each
-    a partial sum over 'data' until reduced, broadcast together."""
+    a partial sum over 'data' until reduced, broadcast together; jnp.where(s > t, s, t) over two
+    partial sums, where the comparison and the select each reduce them."""
     x = np.random.default_rng(6).normal(size=(8, 12)).astype(np.float32)
 
     def f(x):
@@ -59,7 +60,15 @@ def test_a_sum_over_the_sharded_dim_added_to_a_matrix_product_over_it_matches_ja
         z = jnp.sum(x) - jnp.ones((8, 8)) @ x
         return {"y": y, "z": z, "grad": jax.grad(lambda x: jnp.sum((jnp.trace(x[:, :8]) + jnp.eye(8) @ x) ** 2))(x)}
 
-    want = jax.jit(f)(x)
-    got = cluster.jit(f, in_shardings=(P("data"),), out_shardings=P())(cluster.device_put(x, P("data")))
-    for k in want:
-        np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-5, err_msg=k)
+    def where(x):  # alone: each partial sum's only readers are the comparison and the select
+        def pick(x):
+            s, t = jnp.sum(x), jnp.sum(x, axis=0)
+            return jnp.where(s > t, s, t)
+
+        return {"where": pick(x), "where_grad": jax.grad(lambda x: jnp.sum(pick(x) ** 2))(x)}
+
+    for fn in (f, where):
+        want = jax.jit(fn)(x)
+        got = cluster.jit(fn, in_shardings=(P("data"),), out_shardings=P())(cluster.device_put(x, P("data")))
+        for k in want:
+            np.testing.assert_allclose(np.asarray(got[k]), np.asarray(want[k]), rtol=1e-5, atol=1e-5, err_msg=k)

@@ -1,6 +1,8 @@
 #include "worker/combine_reductions.h"
 
 #include <functional>
+#include <set>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -201,6 +203,43 @@ TEST(CombineReductionsTest, AnElementwiseUpdateThatReducesItsInputComputesWhatTh
   EXPECT_EQ(split.functions(0).ops(0).kind(), v1::OP_PSUM);
   EXPECT_EQ(split.functions(0).ops(1).axis_names_size(), 0);
   EXPECT_EQ(split.functions(0).ops(1).inputs(0), "g/reduced");
+}
+
+// Two updates that reduce the same small operand themselves (a comparison and a select over one
+// partial sum, as jnp.where(s > t, s, t) gives) are each split into a reduction into a buffer of
+// its own, and compute what the psum then the two updates do.
+TEST(CombineReductionsTest, TwoUpdatesThatReduceTheSameOperandGetABufferEach) {
+  const auto program = [](bool fused) {
+    std::string text;
+    for (const char* name : {"g", "gs", "a", "b"})
+      text += absl::StrCat("buffers { name: '", name, "' dtype: DTYPE_F32 shape { dims: 5 } }");
+    const std::string reduce = fused ? "axis_names: 'data' fn: 'sum' " : "";
+    const std::string in = fused ? "g" : "gs";
+    text += "functions { name: 'main' ";
+    if (!fused) text += "ops { kind: OP_PSUM inputs: 'g' outputs: 'gs' axis_names: 'data' } ";
+    for (const char* out : {"a", "b"}) {
+      text += absl::StrCat("ops { kind: OP_FUSED_ELEMENTWISE inputs: '", in, "' ", reduce,
+                           "fused { fn: '", out[0] == 'a' ? "mul" : "add",
+                           "' args: 0 args: 0 } fused_outputs: 0 outputs: '", out, "' } ");
+    }
+    return ParseText(text + "}");
+  };
+  v1::StepProgram split = program(true);
+  CombineReductions(&split, 1 << 20, 0);
+  std::set<std::string> names;
+  for (const v1::BufferDecl& d : split.buffers())
+    EXPECT_TRUE(names.insert(d.name()).second) << d.name() << " is declared twice";
+  EXPECT_THAT(names, ::testing::IsSupersetOf({"g/reduced", "g/reduced2"}));
+  CollectiveOptions collectives;
+  collectives.combine_max_bytes = 1 << 20;
+  const auto value = [](const std::string&, int r, int64_t i) { return r + 0.5f * i; };
+  const std::vector<std::vector<float>> got =
+      RunOnTwoRanks(program(true), collectives, {"g"}, value, {"a", "b"});
+  const std::vector<std::vector<float>> want =
+      RunOnTwoRanks(program(false), collectives, {"g"}, value, {"a", "b"});
+  ASSERT_EQ(want[0].size(), 10);
+  EXPECT_FLOAT_EQ(want[0][6], 2 * (1 + 2 * 0.5f));  // b[1] = 2 * (g0[1] + g1[1])
+  for (int r = 0; r < 2; ++r) EXPECT_EQ(got[r], want[r]) << "rank " << r;
 }
 
 // The loss's pmean next to a single-copy element-wise update rides with it (fn "sum:m"), and
