@@ -220,6 +220,20 @@ void CombineReductions(v1::StepProgram* program, size_t max_bytes, size_t direct
   for (int i = 0; i < ops.size(); ++i) {
     for (const std::string& o : ops[i].outputs()) writers[o].push_back(i);
   }
+  // The combinable reductions, in order, with their axes and their operand's writers (a flush
+  // looks at these alone: linear in the reductions, not in the program, per flush).
+  std::vector<int> candidates;
+  std::vector<char> combinable(ops.size(), 0);
+  std::vector<std::string> axes_of(ops.size());
+  std::vector<const std::vector<int>*> operand_writers(ops.size(), nullptr);
+  for (int i = 0; i < ops.size(); ++i) {
+    if (!Combinable(ops[i], decls, max_bytes)) continue;
+    candidates.push_back(i);
+    combinable[i] = 1;
+    axes_of[i] = absl::StrJoin(ops[i].axis_names(), ",");
+    auto w = writers.find(ops[i].inputs(0));
+    if (w != writers.end()) operand_writers[i] = &w->second;
+  }
   std::vector<char> taken(ops.size(), 0);  // 0: to do, 2: pending in a group, 1: emitted
   google::protobuf::RepeatedPtrField<v1::Op> out;
   std::vector<Group> pending;  // by axes, in the order of their first member
@@ -231,14 +245,15 @@ void CombineReductions(v1::StepProgram* program, size_t max_bytes, size_t direct
     for (int m : group.members) taken[m] = 1;
     // Not a reduction of one of the group's own results: that one needs the group done first.
     std::set<int> in_group(group.members.begin(), group.members.end());
-    for (int j = at; j < ops.size(); ++j) {
-      if (taken[j] || !Combinable(ops[j], decls, max_bytes) ||
-          absl::StrJoin(ops[j].axis_names(), ",") != group.axes) {
-        continue;
-      }
+    for (auto c = std::lower_bound(candidates.begin(), candidates.end(), at); c != candidates.end();
+         ++c) {
+      const int j = *c;
+      if (taken[j] || axes_of[j] != group.axes) continue;
       bool ready = true;
-      for (int w : writers[ops[j].inputs(0)])
-        ready = ready && w < at && taken[w] != 2 && !in_group.count(w);
+      if (operand_writers[j] != nullptr) {
+        for (int w : *operand_writers[j])
+          ready = ready && w < at && taken[w] != 2 && !in_group.count(w);
+      }
       if (!ready) continue;
       AddMember(&group, ops[j]);
       in_group.insert(j);
@@ -270,8 +285,8 @@ void CombineReductions(v1::StepProgram* program, size_t max_bytes, size_t direct
       }
       flush(g, i);
     }
-    if (Combinable(op, decls, max_bytes)) {
-      const std::string axes = absl::StrJoin(op.axis_names(), ",");
+    if (combinable[i]) {
+      const std::string& axes = axes_of[i];
       auto it = std::find_if(pending.begin(), pending.end(),
                              [&](const Group& g) { return g.axes == axes; });
       if (it == pending.end()) {

@@ -192,6 +192,9 @@ class Fuser {
       result_of[op.outputs(0)] = static_cast<int>(k);
     }
     const int n = fused.inputs_size();
+    std::map<std::string, int> inside;  // reads of each buffer by the group's members
+    for (int m : group)
+      for (const std::string& name : in.Get(m).inputs()) ++inside[name];
     for (size_t k = 0; k < group.size(); ++k) {
       const v1::Op& op = in.Get(group[k]);
       v1::FusedInstr* instr = fused.add_fused();
@@ -199,12 +202,10 @@ class Fuser {
       for (auto [is_result, index] : args[k]) instr->add_args(is_result ? n + index : index);
       // Kept when anything outside the group reads it, or the caller sees it.
       const std::string& o = op.outputs(0);
-      int inside = 0;
-      for (int m : group)
-        for (const std::string& name : in.Get(m).inputs()) inside += name == o;
       auto r = reads_.find(o);
       const int total = r == reads_.end() ? 0 : r->second;
-      if (boundary_.count(o) || total > inside) {
+      auto i = inside.find(o);
+      if (boundary_.count(o) || total > (i == inside.end() ? 0 : i->second)) {
         fused.add_outputs(o);
         fused.add_fused_outputs(static_cast<int>(k));
       }

@@ -57,39 +57,48 @@ std::map<std::string, const v1::BufferDecl*> Decls(const v1::StepProgram& progra
   return decls;
 }
 
+// Drops the ops marked deleted (a sweep marks them, so that its Uses' indices stay valid).
+void Compact(Ops* ops, const std::vector<bool>& deleted) {
+  Ops kept;
+  for (int i = 0; i < ops->size(); ++i)
+    if (!deleted[i]) *kept.Add() = std::move(*ops->Mutable(i));
+  *ops = std::move(kept);
+}
+
 std::vector<int64_t> DimsOf(const v1::BufferDecl* b) {
   if (b == nullptr) return {};
   return std::vector<int64_t>(b->shape().dims().begin(), b->shape().dims().end());
 }
 
-// Every later read of `from` reads `to` instead.
-void Rename(Ops* ops, int first, const std::string& from, const std::string& to) {
-  for (int k = first; k < ops->size(); ++k) {
-    for (std::string& in : *ops->Mutable(k)->mutable_inputs())
-      if (in == from) in = to;
-  }
-}
-
 // An op that computes what an earlier one computed (same kind, attributes, inputs, output
-// dtypes and shapes, inputs fixed) is deleted and its readers read the earlier results.
-bool EliminateCommonSubexpressions(v1::ShardMapProgram* p) {
+// dtypes and shapes, inputs fixed) is deleted and its readers read the earlier results. One
+// sweep in program order: reads are renamed before an op's key is made, so an op whose inputs
+// became duplicates' is found in the same sweep (linear in the program, as an unrolled
+// lax.scan's thousands of ops need).
+void EliminateCommonSubexpressions(v1::ShardMapProgram* p) {
   const Uses uses(*p);
   const auto decls = Decls(p->program());
   Ops* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
-  std::map<std::string, int> seen;  // key -> op index
+  std::map<std::string, int> seen;             // key -> op index
+  std::map<std::string, std::string> renamed;  // a deleted op's output -> the earlier one's
+  std::vector<bool> deleted(ops->size());
   for (int i = 0; i < ops->size(); ++i) {
-    const v1::Op& op = ops->Get(i);
-    if (!IsPure(op) || op.outputs_size() == 0) continue;
+    v1::Op* op = ops->Mutable(i);
+    for (std::string& in : *op->mutable_inputs()) {
+      auto r = renamed.find(in);
+      if (r != renamed.end()) in = r->second;
+    }
+    if (!IsPure(*op) || op->outputs_size() == 0) continue;
     bool eligible = true;
-    for (const std::string& in : op.inputs()) eligible = eligible && uses.Fixed(in);
-    for (const std::string& out : op.outputs())
+    for (const std::string& in : op->inputs()) eligible = eligible && uses.Fixed(in);
+    for (const std::string& out : op->outputs())
       eligible = eligible && uses.Writer(out) == i && !uses.boundary.count(out);
     if (!eligible) continue;
-    v1::Op key_op = op;
+    v1::Op key_op = *op;
     key_op.clear_outputs();
     std::string key;
     key_op.SerializeToString(&key);
-    for (const std::string& out : op.outputs()) {
+    for (const std::string& out : op->outputs()) {
       auto d = decls.find(out);
       if (d == decls.end()) {
         eligible = false;
@@ -103,14 +112,13 @@ bool EliminateCommonSubexpressions(v1::ShardMapProgram* p) {
       key += "|" + s;
     }
     if (!eligible) continue;
-    auto [it, inserted] = seen.emplace(key, i);
+    auto [it, inserted] = seen.emplace(std::move(key), i);
     if (inserted) continue;
     const v1::Op& first = ops->Get(it->second);
-    for (int o = 0; o < op.outputs_size(); ++o) Rename(ops, i + 1, op.outputs(o), first.outputs(o));
-    ops->DeleteSubrange(i, 1);
-    return true;  // indices moved: the caller runs the pass again
+    for (int o = 0; o < op->outputs_size(); ++o) renamed[op->outputs(o)] = first.outputs(o);
+    deleted[i] = true;
   }
-  return false;
+  Compact(ops, deleted);
 }
 
 // `y = slice(broadcast(x))` (OP_SLICE or OP_DYNAMIC_SLICE) where x has extent 1 on every dim
@@ -204,10 +212,12 @@ bool PlainMatmul(const v1::Op& op) {
 
 // `c = add(matmul(a, b), bias)` with bias [1, N] or [N] over the matmul's [M, N] result becomes
 // one OP_MATMUL with a bias (the GEMM's epilogue) writing c, when nothing else reads the product.
-bool FuseMatmulBias(v1::ShardMapProgram* p) {
+// One sweep (the fused op is no plain matmul: it enables no other fusion here).
+void FuseMatmulBias(v1::ShardMapProgram* p) {
   const Uses uses(*p);
   const auto decls = Decls(p->program());
   Ops* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
+  std::vector<bool> deleted(ops->size());
   for (int i = 0; i < ops->size(); ++i) {
     const v1::Op& add = ops->Get(i);
     if (add.kind() != v1::OP_BINARY || add.fn() != "add" || add.inputs_size() != 2 ||
@@ -216,7 +226,8 @@ bool FuseMatmulBias(v1::ShardMapProgram* p) {
     }
     const std::string product = add.inputs(0), bias = add.inputs(1), sum = add.outputs(0);
     const int m = uses.Writer(product);
-    if (m < 0 || uses.boundary.count(product) || uses.NumReaders(product) != 1) continue;
+    if (m < 0 || deleted[m] || uses.boundary.count(product) || uses.NumReaders(product) != 1)
+      continue;
     const v1::Op& matmul = ops->Get(m);
     if (!PlainMatmul(matmul) || matmul.inputs_size() != 2) continue;
     auto pd = decls.find(product), bd = decls.find(bias), sd = decls.find(sum);
@@ -237,20 +248,20 @@ bool FuseMatmulBias(v1::ShardMapProgram* p) {
     fused.add_inputs(bias);
     fused.set_outputs(0, sum);
     *ops->Mutable(i) = std::move(fused);
-    ops->DeleteSubrange(m, 1);
-    return true;
+    deleted[m] = true;
   }
-  return false;
+  Compact(ops, deleted);
 }
 
 // `q = convert(matmul(a, b))` to f32 of a bf16 GEMM's result read by nothing else: the matmul
 // writes q itself, f32 (its f32 accumulator unrounded, as XLA's dot with preferred_element_type
-// f32), so a bias or an accumulated gradient can join it in f32 next.
-bool FoldConvertIntoMatmul(v1::ShardMapProgram* p) {
+// f32), so a bias or an accumulated gradient can join it in f32 next. One sweep.
+void FoldConvertIntoMatmul(v1::ShardMapProgram* p) {
   const Uses uses(*p);
   const auto decls = Decls(p->program());
   const std::set<std::string> args(p->inputs().begin(), p->inputs().end());
   Ops* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
+  std::vector<bool> deleted(ops->size());
   for (int i = 0; i < ops->size(); ++i) {
     const v1::Op& convert = ops->Get(i);
     if (convert.kind() != v1::OP_CONVERT || convert.inputs_size() != 1 ||
@@ -259,13 +270,14 @@ bool FoldConvertIntoMatmul(v1::ShardMapProgram* p) {
     }
     const std::string product = convert.inputs(0), q = convert.outputs(0);
     const int m = uses.Writer(product);
-    if (m < 0 || uses.boundary.count(product) || uses.NumReaders(product) != 1) continue;
+    if (m < 0 || deleted[m] || uses.boundary.count(product) || uses.NumReaders(product) != 1)
+      continue;
     const v1::Op& matmul = ops->Get(m);
     auto pd = decls.find(product), qd = decls.find(q);
-    if (matmul.kind() != v1::OP_MATMUL || matmul.accumulate() || !matmul.fn().empty() ||
-        pd == decls.end() || qd == decls.end() || pd->second->dtype() != v1::DTYPE_BF16 ||
-        qd->second->dtype() != v1::DTYPE_F32 || DimsOf(pd->second) != DimsOf(qd->second) ||
-        args.count(q) || !uses.Fixed(q)) {
+    if (deleted[m] || matmul.kind() != v1::OP_MATMUL || matmul.accumulate() ||
+        !matmul.fn().empty() || pd == decls.end() || qd == decls.end() ||
+        pd->second->dtype() != v1::DTYPE_BF16 || qd->second->dtype() != v1::DTYPE_F32 ||
+        DimsOf(pd->second) != DimsOf(qd->second) || args.count(q) || !uses.Fixed(q)) {
       continue;
     }
     // q now exists from the matmul on: nothing between may read it.
@@ -275,17 +287,16 @@ bool FoldConvertIntoMatmul(v1::ShardMapProgram* p) {
       continue;
     }
     ops->Mutable(m)->set_outputs(0, q);
-    ops->DeleteSubrange(i, 1);
-    return true;
+    deleted[i] = true;
   }
-  return false;
+  Compact(ops, deleted);
 }
 
 // `dx = unary_grad(relu, x, dy)` where an earlier `y = unary(relu, x)` (y written once, not an
 // argument) exists reads y instead (grad_from_output): the same bits (but at a NaN x, see
 // program.proto), and the backward pass no longer keeps x, so the matmul that writes x can take
 // the relu next (FuseMatmulActivation).
-bool ReluGradFromOutput(v1::ShardMapProgram* p) {
+void ReluGradFromOutput(v1::ShardMapProgram* p) {
   const Uses uses(*p);
   const std::set<std::string> args(p->inputs().begin(), p->inputs().end());
   Ops* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
@@ -305,10 +316,9 @@ bool ReluGradFromOutput(v1::ShardMapProgram* p) {
       v1::Op* g = ops->Mutable(i);
       g->set_inputs(0, relu.outputs(0));
       g->set_grad_from_output(true);
-      return true;
+      break;
     }
   }
-  return false;
 }
 
 // `y = unary(fn, c)` of a matmul's f32 result c that nothing else reads becomes that matmul with
@@ -316,7 +326,7 @@ bool ReluGradFromOutput(v1::ShardMapProgram* p) {
 // accumulator, which the f32 result holds unrounded, so the bits are the same). fn: OP_MATMUL's
 // activations (program.proto; the worker's kernels::EltwiseAlgs but pow and log, which refuses
 // others), but tanh, exp and logistic.
-bool FuseMatmulActivation(v1::ShardMapProgram* p) {
+void FuseMatmulActivation(v1::ShardMapProgram* p) {
   // Not tanh, exp or logistic: their unaries are XLA's approximations (CreateUnary), oneDNN's
   // post-ops are not.
   static const std::set<std::string> kActivations = {"sqrt",   "rsqrt", "neg", "abs",
@@ -325,6 +335,7 @@ bool FuseMatmulActivation(v1::ShardMapProgram* p) {
   const auto decls = Decls(p->program());
   const std::set<std::string> args(p->inputs().begin(), p->inputs().end());
   Ops* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
+  std::vector<bool> deleted(ops->size());
   for (int i = 0; i < ops->size(); ++i) {
     const v1::Op& unary = ops->Get(i);
     if (unary.kind() != v1::OP_UNARY || !kActivations.count(unary.fn()) ||
@@ -333,7 +344,8 @@ bool FuseMatmulActivation(v1::ShardMapProgram* p) {
     }
     const std::string product = unary.inputs(0), y = unary.outputs(0);
     const int m = uses.Writer(product);
-    if (m < 0 || uses.boundary.count(product) || uses.NumReaders(product) != 1) continue;
+    if (m < 0 || deleted[m] || uses.boundary.count(product) || uses.NumReaders(product) != 1)
+      continue;
     const v1::Op& matmul = ops->Get(m);
     auto pd = decls.find(product);
     if (!PlainMatmul(matmul) || pd == decls.end() || pd->second->dtype() != v1::DTYPE_F32 ||
@@ -348,10 +360,9 @@ bool FuseMatmulActivation(v1::ShardMapProgram* p) {
     fused.set_fn(unary.fn());
     fused.set_outputs(0, y);
     *ops->Mutable(i) = std::move(fused);
-    ops->DeleteSubrange(m, 1);
-    return true;
+    deleted[m] = true;
   }
-  return false;
+  Compact(ops, deleted);
 }
 
 // Deletes pure ops none of whose results is read or returned, and declarations of buffers that
@@ -363,6 +374,7 @@ void EliminateDeadCode(v1::ShardMapProgram* p) {
   std::map<std::string, int> reads;
   for (const v1::Op& op : *ops)
     for (const std::string& in : op.inputs()) ++reads[in];
+  std::vector<bool> deleted(ops->size());
   for (int i = ops->size() - 1; i >= 0; --i) {
     const v1::Op& op = ops->Get(i);
     if (!IsPure(op)) continue;
@@ -371,8 +383,9 @@ void EliminateDeadCode(v1::ShardMapProgram* p) {
     });
     if (!dead) continue;
     for (const std::string& in : op.inputs()) --reads[in];
-    ops->DeleteSubrange(i, 1);
+    deleted[i] = true;
   }
+  Compact(ops, deleted);
   EraseUnnamedBuffers(p);
 }
 
@@ -394,17 +407,12 @@ void EraseUnnamedBuffers(v1::ShardMapProgram* p) {
 void SimplifyProgram(v1::ShardMapProgram* program) {
   if (program->program().functions_size() != 1) return;
   SliceBroadcasts(program);
-  while (EliminateCommonSubexpressions(program)) {
-  }
-  while (FoldConvertIntoMatmul(program)) {
-  }
+  EliminateCommonSubexpressions(program);
+  FoldConvertIntoMatmul(program);
   FoldBroadcasts(program);
-  while (FuseMatmulBias(program)) {
-  }
-  while (ReluGradFromOutput(program)) {
-  }
-  while (FuseMatmulActivation(program)) {
-  }
+  FuseMatmulBias(program);
+  ReluGradFromOutput(program);
+  FuseMatmulActivation(program);
   EliminateDeadCode(program);
 }
 

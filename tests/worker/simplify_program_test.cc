@@ -1,6 +1,7 @@
 // SimplifyProgram (core/spmd/fusion.h) on a Dense layer and a max-subtracted logit as a traced step
 // spells them: what it rewrites, and that the executor computes the same bits before and after.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <string>
@@ -286,6 +287,80 @@ TEST(SimplifyProgramTest, SlicesOfABroadcastConstantAreThatConstantAtTheBlockSha
     EXPECT_EQ(std::memcmp(after.at(name).data(), values.data(), values.size() * sizeof(float)), 0)
         << name;
   }
+}
+
+// An unrolled lax.scan as the Python SDK spells it: kSteps copies of h = relu(h @ w + b) with
+// the scale 0.5 filled afresh and h scaled by it (h * 0.5 twice per step: the second a repeat
+// whose readers must move to the first). One SimplifyProgram finds every repeat, bias and
+// activation in its sweeps, and the program computes the same bits.
+TEST(SimplifyProgramTest, AnUnrolledLoopIsSimplifiedWholeInOneCall) {
+  constexpr int kSteps = 60;
+  v1::ShardMapProgram p;
+  v1::StepProgram* prog = p.mutable_program();
+  auto decl = [&](const std::string& name, std::vector<int64_t> dims) {
+    v1::BufferDecl* b = prog->add_buffers();
+    b->set_name(name);
+    b->set_dtype(v1::DTYPE_F32);
+    for (int64_t d : dims) b->mutable_shape()->add_dims(d);
+  };
+  auto op = [&](v1::OpKind kind, const std::string& fn, std::vector<std::string> in,
+                const std::string& out) {
+    v1::Op* o = prog->mutable_functions(0)->add_ops();
+    o->set_kind(kind);
+    if (!fn.empty()) o->set_fn(fn);
+    for (const std::string& x : in) o->add_inputs(x);
+    o->add_outputs(out);
+    return o;
+  };
+  prog->add_functions()->set_name("main");
+  decl("h_0", {4, 6});
+  decl("w", {6, 6});
+  decl("b", {1, 6});
+  for (int k = 0; k < kSteps; ++k) {
+    const std::string s = "_" + std::to_string(k), h = "h" + s, next = "h_" + std::to_string(k + 1);
+    for (const char* name : {"half", "p", "q", "a", "c1", "c2"}) {
+      decl(name + s, std::string(name).rfind("half", 0) == 0 ? std::vector<int64_t>{1, 1}
+                                                             : std::vector<int64_t>{4, 6});
+    }
+    decl(next, {4, 6});
+    op(v1::OP_FILL_VALUE, "", {}, "half" + s)->set_value(0.5f);
+    op(v1::OP_MATMUL, "", {h, "w"}, "p" + s);
+    op(v1::OP_BINARY, "add", {"p" + s, "b"}, "q" + s);
+    op(v1::OP_UNARY, "relu", {"q" + s}, "a" + s);
+    op(v1::OP_BINARY, "mul", {"a" + s, "half" + s}, "c1" + s);
+    op(v1::OP_BINARY, "mul", {"a" + s, "half" + s}, "c2" + s);
+    op(v1::OP_BINARY, "add", {"c1" + s, "c2" + s}, next);
+  }
+  p.add_inputs("h_0");
+  p.add_inputs("w");
+  p.add_inputs("b");
+  p.add_outputs("h_" + std::to_string(kSteps));
+  v1::ShardMapProgram simplified = p;
+  SimplifyProgram(&simplified);
+  std::map<int, int> kinds;
+  for (const v1::Op& o : simplified.program().functions(0).ops()) {
+    ++kinds[o.kind()];
+    if (o.kind() == v1::OP_MATMUL) {
+      EXPECT_EQ(o.inputs_size(), 3) << "the bias is in every GEMM";
+      EXPECT_EQ(o.fn(), "relu") << "and the relu";
+    }
+  }
+  EXPECT_EQ(kinds[v1::OP_FILL_VALUE], 1) << "one 0.5 for every step";
+  EXPECT_EQ(kinds[v1::OP_MATMUL], kSteps);
+  EXPECT_EQ(kinds[v1::OP_UNARY], 0);
+  EXPECT_EQ(kinds[v1::OP_BINARY], 2 * kSteps) << "one h * 0.5 per step, and the add";
+  const auto positive = [](const std::string& name, Tensor& t) {  // relu passes something
+    for (int64_t i = 0; i < t.num_elements(); ++i)
+      t.data<float>()[i] = std::abs(t.data<float>()[i]) / (name == "w" ? 4.0f : 1.0f);
+  };
+  const auto before = testing::RunProgramOnce(p, positive),
+             after = testing::RunProgramOnce(simplified, positive);
+  const std::string out = "h_" + std::to_string(kSteps);
+  ASSERT_EQ(before.count(out), 1u);
+  ASSERT_EQ(after.count(out), 1u);
+  EXPECT_EQ(after.at(out), before.at(out));
+  const std::vector<float>& h = before.at(out);
+  EXPECT_GT(*std::max_element(h.begin(), h.end()), 0.0f) << "not a chain of zeros";
 }
 
 }  // namespace
