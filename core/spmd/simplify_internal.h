@@ -48,6 +48,11 @@ struct Uses {
     auto w = writers.find(name);
     return w == writers.end() || w->second.size() != 1 ? -1 : w->second[0];
   }
+  // The op that writes `name` once, where one op alone reads it and the caller does not see it
+  // (a product that the reader may take into the op that computes it); -1 otherwise.
+  int PrivateWriter(const std::string& name) const {
+    return boundary.count(name) || NumReaders(name) != 1 ? -1 : Writer(name);
+  }
   size_t NumReaders(const std::string& name) const {
     auto r = readers.find(name);
     return r == readers.end() ? 0 : r->second.size();

@@ -35,9 +35,8 @@ void FuseMatmulBias(v1::ShardMapProgram* p) {
       continue;
     }
     const std::string product = add.inputs(0), bias = add.inputs(1), sum = add.outputs(0);
-    const int m = uses.Writer(product);
-    if (m < 0 || deleted[m] || uses.boundary.count(product) || uses.NumReaders(product) != 1)
-      continue;
+    const int m = uses.PrivateWriter(product);
+    if (m < 0 || deleted[m]) continue;
     const v1::Op& matmul = ops->Get(m);
     if (!PlainMatmul(matmul) || matmul.inputs_size() != 2) continue;
     auto pd = decls.find(product), bd = decls.find(bias), sd = decls.find(sum);
@@ -79,15 +78,14 @@ void FoldConvertIntoMatmul(v1::ShardMapProgram* p) {
       continue;
     }
     const std::string product = convert.inputs(0), q = convert.outputs(0);
-    const int m = uses.Writer(product);
-    if (m < 0 || deleted[m] || uses.boundary.count(product) || uses.NumReaders(product) != 1)
-      continue;
+    const int m = uses.PrivateWriter(product);
+    if (m < 0 || deleted[m]) continue;
     const v1::Op& matmul = ops->Get(m);
     auto pd = decls.find(product), qd = decls.find(q);
-    if (deleted[m] || matmul.kind() != v1::OP_MATMUL || matmul.accumulate() ||
-        !matmul.fn().empty() || pd == decls.end() || qd == decls.end() ||
-        pd->second->dtype() != v1::DTYPE_BF16 || qd->second->dtype() != v1::DTYPE_F32 ||
-        DimsOf(pd->second) != DimsOf(qd->second) || args.count(q) || !uses.Fixed(q)) {
+    if (matmul.kind() != v1::OP_MATMUL || matmul.accumulate() || !matmul.fn().empty() ||
+        pd == decls.end() || qd == decls.end() || pd->second->dtype() != v1::DTYPE_BF16 ||
+        qd->second->dtype() != v1::DTYPE_F32 || DimsOf(pd->second) != DimsOf(qd->second) ||
+        args.count(q) || !uses.Fixed(q)) {
       continue;
     }
     // q now exists from the matmul on: nothing between may read it.
@@ -153,9 +151,8 @@ void FuseMatmulActivation(v1::ShardMapProgram* p) {
       continue;
     }
     const std::string product = unary.inputs(0), y = unary.outputs(0);
-    const int m = uses.Writer(product);
-    if (m < 0 || deleted[m] || uses.boundary.count(product) || uses.NumReaders(product) != 1)
-      continue;
+    const int m = uses.PrivateWriter(product);
+    if (m < 0 || deleted[m]) continue;
     const v1::Op& matmul = ops->Get(m);
     auto pd = decls.find(product);
     if (!PlainMatmul(matmul) || pd == decls.end() || pd->second->dtype() != v1::DTYPE_F32 ||
