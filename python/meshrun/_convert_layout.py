@@ -44,18 +44,11 @@ class _Layout:
             parts = [self._reshape(v, v.shape[:axis] + (1,) + v.shape[axis:]) for v in ins]
             v = parts[0] if len(parts) == 1 else self._joined(parts, axis)
             return [_V(v.id, out_shape, out_dtype, v.store)]
-        if name == "unstack":  # jnp.unstack (and the transpose of stack): unit SLICEs, RESHAPEd
+        if name == "unstack":  # jnp.unstack (and the transpose of stack): unit parts, RESHAPEd
             (x,) = ins
             axis = int(p["axis"])
             shape = x.shape[:axis] + x.shape[axis + 1:]
-            outs = []
-            for i in range(x.shape[axis]):
-                starts, limits = [0] * len(x.shape), list(x.shape)
-                starts[axis], limits[axis] = i, i + 1
-                part = x if x.shape[axis] == 1 else _V(
-                    self.emit(G.SLICE, [x], dims=starts, shape=limits), tuple(limits), x.dtype, x.store)
-                outs.append(self._reshape(part, shape))
-            return outs
+            return [self._reshape(v, shape) for v in self._split(x, axis, [1] * x.shape[axis])]
         if name == "tile":  # [n0, n1] broadcast to [r0, n0, r1, n1], then merged to [r0 n0, r1 n1]
             (x,) = ins
             reps = tuple(int(r) for r in p["reps"])
@@ -64,22 +57,8 @@ class _Layout:
             big = [v for pair in zip(reps, x.shape) for v in pair]
             vid = self.emit(G.BROADCAST_IN_DIM, [x], shape=big, dims=[2 * i + 1 for i in range(len(reps))])
             return [self._reshape(_V(vid, tuple(big), x.dtype, x.store), out_shape)]
-        if name == "split":  # lax.split: consecutive slices along `axis`
-            (x,) = ins
-            axis, outs, start = int(p["axis"]), [], 0
-            for size in p["sizes"]:
-                starts = [0] * len(x.shape)
-                limits = list(x.shape)
-                starts[axis], limits[axis] = start, start + size
-                shape = tuple(limits[d] - starts[d] for d in range(len(limits)))
-                if shape == x.shape:
-                    outs.append(x)
-                elif size == 0:  # (a zero-size part: no op, meshrun._convert's empty value)
-                    outs.append(_V(EMPTY, shape, x.dtype, x.store))
-                else:
-                    outs.append(_V(self.emit(G.SLICE, [x], dims=starts, shape=limits), shape, x.dtype, x.store))
-                start += size
-            return outs
+        if name == "split":
+            return self._split(ins[0], int(p["axis"]), p["sizes"])
         if name == "pad":
             return [self._pad(name, eqn, ins[0], ins[1], p["padding_config"], out_dtype)]
         if name == "slice":
@@ -241,6 +220,23 @@ class _Layout:
         best = _V(self.emit(G.REDUCE, [neg], fn="max", dims=[axis]), out_shape, np.float32, F32)
         v = self.unary("neg", best)
         return _V(v.id, out_shape, out_dtype, F32)
+
+    def _split(self, x, axis, sizes):
+        """lax.split: consecutive SLICEs of `sizes` along `axis`."""
+        outs, start = [], 0
+        for size in sizes:
+            starts = [0] * len(x.shape)
+            limits = list(x.shape)
+            starts[axis], limits[axis] = start, start + size
+            shape = tuple(limits[d] - starts[d] for d in range(len(limits)))
+            if shape == x.shape:
+                outs.append(x)
+            elif size == 0:  # (a zero-size part: no op, meshrun._convert's empty value)
+                outs.append(_V(EMPTY, shape, x.dtype, x.store))
+            else:
+                outs.append(_V(self.emit(G.SLICE, [x], dims=starts, shape=limits), shape, x.dtype, x.store))
+            start += size
+        return outs
 
     def _reshape(self, x, shape):
         shape = tuple(shape)
