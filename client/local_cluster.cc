@@ -134,6 +134,16 @@ std::string ExecutableDir() {
 
 namespace {
 
+// The last non-empty line of a process's log: where a process that exits at start says why.
+std::string LastLogLine(const std::string& path) {
+  std::ifstream in(path);
+  std::string last;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) last = std::move(line);
+  }
+  return last;
+}
+
 // `log_dir`, created if missing, or a fresh directory under $TMPDIR (/tmp) when it is empty.
 absl::StatusOr<std::string> MakeLogDir(const std::string& log_dir) {
   if (!log_dir.empty()) {
@@ -176,8 +186,9 @@ absl::Status LocalCluster::StartCoordinator(const LocalClusterOptions& o,
     int status;
     if (waitpid(coordinator_pid_, &status, WNOHANG) == coordinator_pid_) {
       coordinator_pid_ = -1;
+      const std::string log = log_dir_ + "/coordinator.log";
       return absl::UnavailableError(
-          absl::StrCat("coordinator exited at start; see ", log_dir_, "/coordinator.log"));
+          absl::StrCat("coordinator exited at start (", LastLogLine(log), "); see ", log));
     }
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(absl::StrCat("coordinator did not start; see ", log_dir_));

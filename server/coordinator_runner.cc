@@ -68,7 +68,10 @@ absl::Status RunCoordinator(const CoordinatorOptions& o) {
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0)
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", o.host, ":", o.port));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot listen on ", o.host, ":", o.port,
+        ": the port is held by another process (another cluster's coordinator? port 0 picks a "
+        "free one) or the address is not local"));
   LOG(INFO) << "coordinator for " << mesh->ToString() << " serving on " << o.host << ":" << port
             << " (cluster " << cluster_id << ")";
   if (!o.port_file.empty()) {

@@ -2,6 +2,8 @@
 // the loopback interface and the cores, and each cluster's collectives must see only its own
 // workers' data (shared-memory rings and arenas are named per cluster; ports are each worker's
 // own).
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -9,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/tensor.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
@@ -78,6 +81,27 @@ TEST(SideBySideTest, TwoClustersOnOneHostEachSumOnlyTheirOwnData) {
   other.join();
   EXPECT_EQ(ShmSetupFailures(a->log_dir()), "");
   EXPECT_EQ(ShmSetupFailures(b->log_dir()), "");
+}
+
+// A second cluster started on a live cluster's coordinator port (two users' `meshrun up` with the
+// default port) fails at start, saying which port and why, and the first cluster serves on.
+TEST(SideBySideTest, ASecondClusterOnALiveCoordinatorsPortIsRefusedNamingThePort) {
+  auto a = testing::StartCluster("x=2", "side_port_a");
+  ASSERT_NE(a, nullptr);
+  const std::string address = a->coordinator_address();
+  const std::string port = address.substr(address.rfind(':') + 1);
+  LocalClusterOptions o;
+  o.mesh = "x=2";
+  o.port = std::stoi(port);
+  o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-side_port_b-", getpid());
+  auto b = LocalCluster::Start(o);
+  ASSERT_FALSE(b.ok());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable) << b.status();
+  EXPECT_THAT(b.status().message(), ::testing::HasSubstr("cannot listen on 127.0.0.1:" + port));
+  EXPECT_THAT(b.status().message(), ::testing::HasSubstr("held by another process"));
+  auto client = Client::Connect(address);
+  ASSERT_TRUE(client.ok()) << client.status();
+  RunPsums(**client, 0, 1);
 }
 
 }  // namespace
