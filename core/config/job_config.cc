@@ -247,8 +247,12 @@ absl::Status CheckAcrossKeys(const json& root, JobConfig& c) {
 }  // namespace
 
 absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
-  json root = json::parse(json_text.begin(), json_text.end(), nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) return absl::InvalidArgumentError("job config is not valid JSON");
+  json root;
+  try {
+    root = json::parse(json_text.begin(), json_text.end());
+  } catch (const json::parse_error& e) {  // e.g. "parse error at line 3, column 9: ..."
+    return absl::InvalidArgumentError(absl::StrCat("job config is not valid JSON: ", e.what()));
+  }
   if (!root.is_object()) return absl::InvalidArgumentError("job config must be a JSON object");
   JobConfig c;
   int64_t seed = static_cast<int64_t>(c.train.seed);

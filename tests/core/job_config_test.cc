@@ -134,6 +134,9 @@ TEST(JobConfigTest, RejectsBadValuesNamingAllowedOnes) {
   EXPECT_THAT(ParseJobConfig(R"({"data": {"batch_size": 130}})").status().message(),
               HasSubstr("divisible by 'optimizer.num_minibatches'"));
   EXPECT_THAT(ParseJobConfig("{").status().message(), HasSubstr("not valid JSON"));
+  // Where: the parser's line and column.
+  EXPECT_THAT(ParseJobConfig("{\n  \"mesh\": {\"data\": 2},\n  \"model\": ,\n}").status().message(),
+              HasSubstr("line 3, column 12"));
   EXPECT_THAT(LoadJobConfig("/nonexistent/job.json").status().message(),
               HasSubstr("/nonexistent/job.json"));
 }
