@@ -384,10 +384,10 @@ std::string FormatRecoveryEvent(const v1::JobEvent& e) {
 
 std::string FormatProgress(const v1::StepReport& r) {
   const int64_t eta = static_cast<int64_t>(r.eta_seconds());
-  return absl::StrFormat(
-      "step %d/%d | epoch %.2f | %.0f samples/s | loss %.4f | acc %.3f | ETA %d:%02d", r.step(),
-      r.total_steps(), r.epoch(), r.samples_per_second(), r.loss(), r.accuracy(), eta / 60,
-      eta % 60);
+  const std::string acc = r.has_accuracy() ? absl::StrFormat(" | acc %.3f", r.accuracy()) : "";
+  return absl::StrFormat("step %d/%d | epoch %.2f | %.0f samples/s | loss %.4f%s | ETA %d:%02d",
+                         r.step(), r.total_steps(), r.epoch(), r.samples_per_second(), r.loss(),
+                         acc, eta / 60, eta % 60);
 }
 
 }  // namespace meshrun

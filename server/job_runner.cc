@@ -167,7 +167,7 @@ void JobDriver::Runner::Report(int64_t steps_done, const std::vector<std::vector
   rep->set_total_steps(total_);
   rep->set_epoch(steps_per_epoch_ > 0 ? static_cast<double>(step_) / steps_per_epoch_ : 0);
   rep->set_loss(loss / std::max(1, finite));
-  rep->set_accuracy(accuracy);
+  if (correct_at < job_.metrics_size()) rep->set_accuracy(accuracy);
   rep->set_samples_per_second(steps_done * job_.examples_per_step() /
                               std::max(1e-9, absl::ToDoubleSeconds(interval)));
   rep->set_eta_seconds(absl::ToDoubleSeconds(absl::Now() - start_) /
@@ -270,7 +270,8 @@ absl::Status JobDriver::Runner::Evaluate() {
   const int64_t examples = in->num_steps() * job_.eval_input().global_batch_size();
   v1::JobEvent e;
   e.mutable_eval()->set_loss(loss / std::max<int64_t>(1, in->num_steps()));
-  e.mutable_eval()->set_accuracy(correct / std::max<int64_t>(1, examples));
+  if (correct_at < job_.metrics_size())
+    e.mutable_eval()->set_accuracy(correct / std::max<int64_t>(1, examples));
   e.mutable_eval()->set_num_examples(examples);
   emit_(e);
   return absl::OkStatus();

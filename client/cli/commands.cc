@@ -129,9 +129,13 @@ int Train(const TrainArgs& args) {
       std::printf(tty ? "\r%s" : "%s\n", FormatProgress(e.step()).c_str());
     }
     if (e.has_eval()) {
-      std::printf("%stest accuracy %.4f (loss %.4f, %lld examples)\n", tty ? "\n" : "",
-                  e.eval().accuracy(), e.eval().loss(),
-                  static_cast<long long>(e.eval().num_examples()));
+      const long long n = e.eval().num_examples();
+      if (e.eval().has_accuracy()) {
+        std::printf("%stest accuracy %.4f (loss %.4f, %lld examples)\n", tty ? "\n" : "",
+                    e.eval().accuracy(), e.eval().loss(), n);
+      } else {  // a regression loss: no accuracy to report
+        std::printf("%stest loss %.4f (%lld examples)\n", tty ? "\n" : "", e.eval().loss(), n);
+      }
     }
     std::fflush(stdout);
   });

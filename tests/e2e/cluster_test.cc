@@ -114,6 +114,9 @@ TEST(ClusterE2ETest, EightWorkersTrainOneHundredStepsAndShutDownCleanly) {
   EXPECT_EQ(result->reports.back().step(), 100);
   EXPECT_GT(result->reports.front().loss(), result->reports.back().loss());
   EXPECT_LT(result->reports.back().loss(), 0.8);
+  ASSERT_TRUE(result->reports.back().has_accuracy());  // a classifier's accuracy
+  EXPECT_GT(result->reports.back().accuracy(), 0.5);
+  EXPECT_THAT(FormatProgress(result->reports.back()), HasSubstr(" | acc 0."));
   ASSERT_TRUE(result->evaluated);
   EXPECT_EQ(result->test_examples, 10000);
   EXPECT_GT(result->test_accuracy, 0.7);

@@ -24,6 +24,7 @@ namespace fs = std::filesystem;
 using ::meshrun::testing::HttpGet;
 using ::meshrun::testing::RunCommand;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // Runs a numpy script with the test environment's Python (scripts/python-env.sh makes it).
 void Numpy(const std::string& script) {
@@ -91,6 +92,9 @@ TEST(InputPipelineE2ETest, ANumpyDatasetTrainsAWorkloadAndEachWorkerReadsOnlyIts
     last += loss[loss.size() - 1 - k];
   }
   EXPECT_LT(last, 0.7 * first) << "the loss falls";
+  // A regression loss has no accuracy: the reports carry none, and the progress line shows none.
+  EXPECT_FALSE(r->reports.back().has_accuracy());
+  EXPECT_THAT(FormatProgress(r->reports.back()), Not(HasSubstr("acc")));
   // Each worker read 80 steps x its 2 of the 8 rows x (1024 + 1024) f32: its block, not the batch.
   auto st = (*client)->GetStatus();
   ASSERT_TRUE(st.ok());
