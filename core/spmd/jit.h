@@ -153,9 +153,9 @@ class JitBuilder {
   // jax.lax.slice(x, starts, limits) (unit strides): each dim cut to [starts[d], limits[d]). A
   // dim cut short is all_gathered first; whole dims keep their layout. Not differentiable.
   Value Slice(Value x, const std::vector<int64_t>& starts, const std::vector<int64_t>& limits);
-  // jax.lax.cumsum / cumprod / cummax / cummin (fn sum prod max min) of x along `dim`, from its
-  // end when `reverse`: `dim` is gathered, the others keep their layout. Not differentiated by
-  // Grad (a jaxpr carries its transpose, a reverse cumsum).
+  // jax.lax.cumsum / cumprod / cummax / cummin / cumlogsumexp (fn sum prod max min logsumexp) of
+  // x along `dim`, from its end when `reverse`: `dim` is gathered, the others keep their layout.
+  // Not differentiated by Grad (a jaxpr carries its transpose, a reverse cumsum).
   Value Cumulative(Value x, const std::string& fn, int64_t dim, bool reverse);
   // jax.lax.rev(x, dims) (jnp.flip, x[::-1]): the reversed dims are gathered, the others keep
   // their layout. Not differentiated by Grad (a jaxpr carries its transpose, another rev).

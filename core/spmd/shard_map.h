@@ -98,8 +98,9 @@ class ShardMapBuilder {
   Value DynamicSlice(Value x, const std::vector<Value>& starts, const Dims& sizes);
   // jax.lax.dynamic_update_slice(x, update, starts), the starts clamped as DynamicSlice's.
   Value DynamicUpdateSlice(Value x, Value update, const std::vector<Value>& starts);
-  // jax.lax.cumsum / cumprod / cummax / cummin (fn sum prod max min) of x along `dim`, from its
-  // end when `reverse`; bf16 computed in f32, i32 and u32 in their integers.
+  // jax.lax.cumsum / cumprod / cummax / cummin / cumlogsumexp (fn sum prod max min logsumexp) of
+  // x along `dim`, from its end when `reverse`; bf16 computed in f32, i32 and u32 in their
+  // integers (logsumexp: f32 and bf16 only).
   Value Cumulative(Value x, const std::string& fn, int64_t dim, bool reverse);
   // Operand `result` of jax.lax.sort(operands, dimension=dim, num_keys) (stable): operands of
   // one shape, f32, i32 or u32.

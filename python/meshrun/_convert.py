@@ -67,6 +67,7 @@ SUPPORTED = {
     "pad": "SLICE / CONCATENATE with the padding value; interior: interleaved by CONCATENATE and RESHAPE",
     "split": "SLICEs", "unstack": "SLICEs and RESHAPEs",
     **{k: f"CUMULATIVE {k[3:]} (the dim gathered)" for k in ("cumsum", "cumprod", "cummax", "cummin")},
+    "cumlogsumexp": "CUMULATIVE logsumexp, each step jnp.logaddexp in f32 (the dim gathered)",
     "rev": "REVERSE (jnp.flip, x[::-1]; the reversed dims gathered)",
     "sort": "SORT per result (stable; the sorted dim gathered)",
     "top_k": "SORT by (not NaN, -x) with an IOTA, SLICEd to k along its axis (NaN ranks first, as XLA's)",

@@ -100,7 +100,7 @@ class _Layout:
                 return [x]
             vid = self.emit(G.REVERSE, [x], dims=[int(d) for d in p["dimensions"]])
             return [_V(vid, x.shape, x.dtype, x.store)]
-        if name in ("cumsum", "cumprod", "cummax", "cummin"):
+        if name in ("cumsum", "cumprod", "cummax", "cummin", "cumlogsumexp"):
             (x,) = ins
             if x.store not in (F32, BF16) and not (x.store in (I32, U32) and x.dtype in (np.int32, np.uint32)):
                 x = self.f32(x)  # (int32 / uint32 scan in their integers)

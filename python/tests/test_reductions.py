@@ -1,6 +1,6 @@
 """Reductions under cluster.jit beyond sum / max / min: jnp.prod (reduce_prod) over one and
 several axes of odd and even sizes, in f32 and in wrapping int32, and its gradient; the
-gradients of cumulative reductions, whose JVPs hold zero-size arrays; sums over a sharded dim
+gradients of cumulative reductions, whose JVPs hold zero-size arrays; lax.cumlogsumexp; sums over a sharded dim
 (partial sums until reduced) broadcast into arrays."""
 
 import jax
@@ -47,6 +47,28 @@ def test_zero_size_intermediates_of_cumulative_gradients_match_jax(cluster):
         np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=2e-6, err_msg=key)
     with pytest.raises(ValueError, match=r"zero-size array \(4, 0\)"):
         cluster.jit(lambda x: x[:, :0] * 2, out_shardings=P())(cluster.device_put(x, P()))
+
+
+def test_cumlogsumexp_and_its_gradient_match_jax(cluster):
+    """lax.cumlogsumexp (and jax.nn's log-space cumulative sums) along a sharded and an unsharded
+    dim, forward and reverse, with values near 1000 (no overflow) and -inf; bf16 computed in f32;
+    and its gradient (JAX differentiates it as an associative scan: pads, slices and logaddexps)."""
+    x = np.random.default_rng(7).normal(size=(8, 6)).astype(np.float32)
+    x[1, :] += 1000.0
+    x[2, 3] = -np.inf
+
+    def f(x):
+        return {"rows": jax.lax.cumlogsumexp(x, axis=1), "cols": jax.lax.cumlogsumexp(x, axis=0),
+                "reverse": jax.lax.cumlogsumexp(x, axis=1, reverse=True),
+                "bf16": jax.lax.cumlogsumexp(x.astype(jnp.bfloat16), axis=1).astype(jnp.float32),
+                "grad": jax.grad(lambda x: jnp.sum(jnp.tanh(jax.lax.cumlogsumexp(x * 0.5, axis=0))))(x[3:])}
+
+    want = jax.jit(f)(x)
+    got = cluster.jit(f, in_shardings=P("data"), out_shardings=P())(cluster.device_put(x, P("data")))
+    for key in ("rows", "cols", "reverse", "grad"):  # a sequential scan against XLA's tree: a few ulp
+        np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=2e-6, atol=1e-6, err_msg=key)
+    # bf16: XLA adds in bf16, meshrun in f32 rounded once; within bf16's rounding of the result.
+    np.testing.assert_allclose(np.asarray(got["bf16"]), np.asarray(want["bf16"]), rtol=2e-2)
 
 
 def test_sums_over_the_sharded_dim_combined_with_each_other_match_jax(cluster):

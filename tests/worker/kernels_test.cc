@@ -359,5 +359,53 @@ TEST(ReduceKernelTest, ReducingOnlyUnitDimsCopies) {
   }
 }
 
+// lax.cumlogsumexp: each prefix's log(sum(exp)) without overflow (values near 1000), -inf terms
+// adding nothing, +inf and NaN carried on as jnp.logaddexp carries them; from either end.
+TEST(CumulativeKernelTest, LogSumExpIsEachPrefixsLogSumExp) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<std::vector<float>> rows = {{1000.0f, 999.0f, -3.0f, 1001.5f},
+                                                {-inf, -inf, 0.5f, -inf},
+                                                {0.25f, inf, 2.0f, -1.0f},
+                                                {-2.0f, NAN, 1.0f, 3.0f}};
+  Tensor x(v1::DTYPE_F32, {4, 4}), y(v1::DTYPE_F32, {4, 4});
+  for (int r = 0; r < 4; ++r) std::copy(rows[r].begin(), rows[r].end(), x.data<float>() + 4 * r);
+  for (bool reverse : {false, true}) {
+    auto k = CreateCumulative("logsumexp", 1, reverse, x, y);
+    ASSERT_TRUE(k.ok()) << k.status();
+    ASSERT_TRUE((*k)->Run().ok());
+    for (int r = 0; r < 4; ++r) {
+      for (int c = 0; c < 4; ++c) {
+        std::vector<double> terms;  // the prefix (or suffix) ending at c
+        for (int j = reverse ? 3 : 0; reverse ? j >= c : j <= c; j += reverse ? -1 : 1)
+          terms.push_back(rows[r][j]);
+        const double m = *std::max_element(terms.begin(), terms.end());
+        double want = m;
+        bool nan = false;
+        for (double t : terms) nan |= std::isnan(t);
+        if (nan) {
+          want = NAN;
+        } else if (std::isfinite(m)) {
+          double sum = 0;
+          for (double t : terms) sum += std::exp(t - m);
+          want = m + std::log(sum);
+        }
+        const float got = y.data<float>()[4 * r + c];
+        SCOPED_TRACE(absl::StrCat("row ", r, " col ", c, reverse ? " reverse" : ""));
+        if (std::isnan(want)) {
+          EXPECT_TRUE(std::isnan(got)) << got;
+        } else if (std::isinf(want)) {
+          EXPECT_EQ(got, static_cast<float>(want));
+        } else {
+          EXPECT_NEAR(got, want, 1e-6 * std::max(1.0, std::abs(want)));
+        }
+      }
+    }
+  }
+  Tensor i(v1::DTYPE_I32, {4}), iy(v1::DTYPE_I32, {4});
+  auto bad = CreateCumulative("logsumexp", 0, false, i, iy);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), ::testing::HasSubstr("cumulative logsumexp of i32"));
+}
+
 }  // namespace
 }  // namespace meshrun

@@ -1,4 +1,5 @@
-// Reductions as loops: cumulative ones along one dim (jax.lax.cumsum, cumprod, cummax, cummin),
+// Reductions as loops: cumulative ones along one dim (jax.lax.cumsum, cumprod, cummax, cummin,
+// cumlogsumexp),
 // as oneDNN has no scan primitive; f32 max / min over dims (reduce_max, reduce_min), whose NaN
 // oneDNN's reduction primitive drops (core/float_ops.h); and integer sum / max / min, which
 // oneDNN's f32 reduction would round above 2^24.
@@ -62,8 +63,10 @@ class CumulativeKernel : public Kernel {
           return acc * v;
         case 2:
           return NanPropagatingMax(acc, v);
-        default:
+        case 3:
           return NanPropagatingMin(acc, v);
+        default:
+          return LogAddExp(acc, v);
       }
     } else {
       switch (fn_) {
@@ -77,6 +80,14 @@ class CumulativeKernel : public Kernel {
           return std::min(acc, v);
       }
     }
+  }
+
+  // jnp.logaddexp's definition: max(a, b) + log1p(exp(-|a - b|)), and a + b where a - b is NaN
+  // (a NaN operand, or infinities of one sign: -inf stays -inf, +inf stays +inf).
+  static float LogAddExp(float a, float b) {
+    const float delta = a - b;
+    if (std::isnan(delta)) return a + b;
+    return std::max(a, b) + std::log1p(std::exp(-std::abs(delta)));
   }
 
   int fn_;
@@ -180,12 +191,21 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateLoopReduce(const std::string& fn, 
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateCumulative(const std::string& fn, int64_t dim,
                                                          bool reverse, const Tensor& x, Tensor& y) {
-  const int code = fn == "sum" ? 0 : fn == "prod" ? 1 : fn == "max" ? 2 : fn == "min" ? 3 : -1;
+  const int code = fn == "sum"         ? 0
+                   : fn == "prod"      ? 1
+                   : fn == "max"       ? 2
+                   : fn == "min"       ? 3
+                   : fn == "logsumexp" ? 4
+                                       : -1;
   if (code < 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unknown cumulative fn '", fn, "'; allowed: sum prod max min"));
+        absl::StrCat("unknown cumulative fn '", fn, "'; allowed: sum prod max min logsumexp"));
   }
   const DType dt = x.dtype();
+  if (code == 4 && dt != v1::DTYPE_F32) {
+    return absl::InvalidArgumentError(absl::StrCat("cumulative logsumexp of ", DTypeName(dt),
+                                                   "; expected f32 (as lax.cumlogsumexp)"));
+  }
   if ((dt != v1::DTYPE_F32 && dt != v1::DTYPE_I32 && dt != v1::DTYPE_U32) || y.dtype() != dt ||
       x.dims() != y.dims() || dim < 0 || dim >= static_cast<int64_t>(x.dims().size())) {
     return absl::InvalidArgumentError(

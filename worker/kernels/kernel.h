@@ -117,6 +117,10 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
 absl::StatusOr<std::unique_ptr<Kernel>> CreateLoopReduce(const std::string& fn, const Tensor& x,
                                                          Tensor& out);
 
+// y = the running `fn` of x along `dim` (from its end when `reverse`), as jax.lax.cumsum, cumprod,
+// cummax, cummin and cumlogsumexp: fn "sum", "prod", "max", "min" (f32, i32 or u32; integer sums
+// and products wrap modulo 2^32, f32 max / min propagate NaN) or "logsumexp" (f32 only, each step
+// jnp.logaddexp). Errors: InvalidArgument for another fn, dtype, shape or dim.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateCumulative(const std::string& fn, int64_t dim,
                                                          bool reverse, const Tensor& x, Tensor& y);
 
