@@ -189,6 +189,38 @@ class Cluster:
                          else ("└" + "┴".join("─" * width for _ in range(cols)) + "┘"))
         print("\n".join(lines), file=file)
 
+    # -- checkpoints ----------------------------------------------------------------------------
+
+    def save_checkpoint(self, ckpt_dir, target, step, *, keep=0):
+        """Mirrors flax.training.checkpoints.save_checkpoint(ckpt_dir, target, step, keep=): saves
+        a pytree of meshrun.Arrays as a sharded checkpoint, each worker writing only its own
+        blocks (one replica of each) under `ckpt_dir`/step_<step>, committed atomically; keep > 0
+        deletes all but the newest `keep` committed steps. `ckpt_dir` is a path the workers see,
+        under the cluster's --checkpoint_root. Leaves are named by their tree path
+        (jax.tree_util.keystr), so restore_checkpoint needs a target of the same structure.
+        A step already committed there is replaced. Returns the committed directory. Errors:
+        InvalidArgumentError for a leaf that is not a live meshrun.Array or a bad step / keep;
+        PermissionDeniedError for a directory outside the root."""
+        from meshrun import _checkpoint
+
+        return _checkpoint.save(self, ckpt_dir, target, step, keep)
+
+    def restore_checkpoint(self, path, target, shardings=None):
+        """Mirrors flax.training.checkpoints.restore_checkpoint: the checkpoint committed at
+        `path` (what save_checkpoint returned), in `target`'s pytree structure, each worker
+        reading only the blocks of its own shards, laid out as `shardings` (a PartitionSpec or a
+        pytree prefix of them, as device_put's) or, without it, as each target leaf (a
+        meshrun.Array) is; the layout may differ from the saved one, and the cluster's mesh may
+        differ from the saving one's. Target leaves may be meshrun.Arrays, numpy or jax arrays or
+        jax.ShapeDtypeStructs: their shape and dtype must match the saved ones (bool and typed
+        PRNG keys come back as such). Returns a pytree of new meshrun.Arrays. Errors:
+        NotFoundError for a leaf name not in the checkpoint or no checkpoint at `path`;
+        InvalidArgumentError for a shape or dtype that differs (nothing restored stays on the
+        cluster) or a target without shardings whose leaves are not meshrun.Arrays."""
+        from meshrun import _checkpoint
+
+        return _checkpoint.restore(self, path, target, shardings)
+
     def jit(self, fun, in_shardings=None, out_shardings=None, static_argnums=(), donate_argnums=(),
             static_argnames=(), donate_argnames=()):
         """jax.jit on the cluster; see meshrun._jit.Jitted."""
