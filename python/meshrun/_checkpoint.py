@@ -11,14 +11,22 @@ from meshrun._convert_random import is_key_dtype
 from meshrun.v1 import coordinator_pb2
 
 
+def _key_name(k):
+    """One tree-path entry as a name part: a dict key, a sequence index, an attribute name."""
+    for attr in ("key", "idx", "name"):  # DictKey, SequenceKey / FlattenedIndexKey, GetAttrKey
+        if hasattr(k, attr):
+            return str(getattr(k, attr))
+    return str(k)
+
+
 def _leaves_with_names(tree):
-    """(name, leaf) per leaf in tree_flatten order; a leaf's name is its tree path
-    (jax.tree_util.keystr, e.g. "['params']['Dense_0']['kernel']"), so a restore needs a target
-    of the same structure."""
+    """(name, leaf) per leaf in tree_flatten order; a leaf's name is its tree path joined by "/"
+    (e.g. "params/Dense_0/kernel", "opt/0/mu/w"), as orbax and the C++ SDK's TrainState name
+    theirs, so a restore needs a target of the same structure."""
     import jax
 
     flat, _ = jax.tree_util.tree_flatten_with_path(tree)
-    return [(jax.tree_util.keystr(path) or "[]", leaf) for path, leaf in flat]
+    return [("/".join(_key_name(k) for k in path) or "value", leaf) for path, leaf in flat]
 
 
 def save(cluster, ckpt_dir, target, step, keep):

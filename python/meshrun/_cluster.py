@@ -196,8 +196,8 @@ class Cluster:
         a pytree of meshrun.Arrays as a sharded checkpoint, each worker writing only its own
         blocks (one replica of each) under `ckpt_dir`/step_<step>, committed atomically; keep > 0
         deletes all but the newest `keep` committed steps. `ckpt_dir` is a path the workers see,
-        under the cluster's --checkpoint_root. Leaves are named by their tree path
-        (jax.tree_util.keystr), so restore_checkpoint needs a target of the same structure.
+        under the cluster's --checkpoint_root. Leaves are named by their tree path joined by "/"
+        ("params/Dense_0/kernel"), so restore_checkpoint needs a target of the same structure.
         A step already committed there is replaced. Returns the committed directory. Errors:
         InvalidArgumentError for a leaf that is not a live meshrun.Array or a bad step / keep;
         PermissionDeniedError for a directory outside the root."""
