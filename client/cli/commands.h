@@ -110,6 +110,10 @@ int CkptValidate(const std::string& path, const WorkloadTrainArgs& workload);
 // sharding) on its mesh (or `mesh` when non-empty).
 int CkptValidateJob(const std::string& path, const std::string& config_path,
                     const std::string& mesh);
+// Checks a checkpoint by itself (any arrays, e.g. the Python SDK's save_checkpoint): every block's
+// size and CRC-32, and, with a `mesh` ("data=4"), that each array can be restored on it in its
+// saved layout and the bytes each worker would read. Exit 0 when sound.
+int CkptValidateAlone(const std::string& path, const std::string& mesh);
 // Writes a checkpoint's parameters, unsharded, to one safetensors file under their names
 // (params/dot1/kernel).
 int Export(const std::string& path, const std::string& out);

@@ -115,7 +115,10 @@ void AddCheckpointCommands(CLI::App& app, int* exit_code) {
   auto* ckpt_cmd = app.add_subcommand("ckpt", "sharded checkpoints");
   ckpt_cmd->require_subcommand(1);
   auto* validate = ckpt_cmd->add_subcommand(
-      "validate", "check a checkpoint against a job or workload, allocating nothing");
+      "validate",
+      "check a checkpoint, allocating nothing: against a job (--config) or a workload "
+      "(--workload, --layout, --mesh), else by itself (every block's size and CRC-32; with "
+      "--mesh, each array restorable on it as saved)");
   validate->add_option("checkpoint", a->path, "a committed checkpoint directory")->required();
   validate->add_option("--config", a->config,
                        "job config (JSON): check against its TrainState and mesh");
@@ -125,6 +128,10 @@ void AddCheckpointCommands(CLI::App& app, int* exit_code) {
   validate->callback([a, validate, exit_code] {
     if (!a->config.empty()) {
       *exit_code = CkptValidateJob(a->path, a->config, validate->count("--mesh") ? a->mesh : "");
+      return;
+    }
+    if (!validate->count("--workload") && !validate->count("--layout")) {
+      *exit_code = CkptValidateAlone(a->path, validate->count("--mesh") ? a->mesh : "");
       return;
     }
     WorkloadTrainArgs w;

@@ -181,6 +181,28 @@ int CkptValidateJob(const std::string& path, const std::string& config_path,
                        absl::StrCat("the TrainState of ", config_path), job->step.mesh.ToString());
 }
 
+int CkptValidateAlone(const std::string& path, const std::string& mesh_text) {
+  const std::string cmd = "ckpt validate";
+  absl::StatusOr<checkpoint::Manifest> m = checkpoint::ReadManifest(path);
+  if (!m.ok()) return Fail(cmd, m.status());
+  std::vector<checkpoint::WantedArray> wanted;
+  for (const checkpoint::ArrayEntry& a : m->arrays)
+    wanted.push_back({a.name, a.dtype, a.shape, a.spec});
+  if (!mesh_text.empty()) {
+    absl::StatusOr<Mesh> mesh = Mesh::Parse(mesh_text);
+    if (!mesh.ok()) return Fail(cmd, mesh.status());
+    return ReportRestore(path, &*m, wanted, *mesh, "saved", mesh_text);
+  }
+  const std::vector<std::string> errors = checkpoint::VerifyBlocks(path, *m);
+  std::printf("checkpoint %s: step %lld, saved on %s, %zu arrays\n", path.c_str(),
+              static_cast<long long>(m->step), m->mesh.c_str(), m->arrays.size());
+  for (const std::string& e : errors) std::printf("  ERROR %s\n", e.c_str());
+  std::printf(errors.empty() ? "OK: every block is sound (size and CRC-32)\n"
+                             : "NOT sound: %zu bad blocks\n",
+              errors.size());
+  return errors.empty() ? 0 : 1;
+}
+
 int Export(const std::string& path, const std::string& out) {
   const std::string cmd = "export";
   absl::StatusOr<checkpoint::Manifest> m = checkpoint::ReadManifest(path);

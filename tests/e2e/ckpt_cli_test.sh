@@ -62,8 +62,17 @@ for damage in flip truncate; do
     cat "$tmp/damaged.txt"; echo "FAIL: validate accepted a checkpoint with a $damage"; exit 1
   fi
   grep -q "$want" "$tmp/damaged.txt" || { cat "$tmp/damaged.txt"; echo "FAIL: $damage not named"; exit 1; }
+  # By itself (no job or workload, as for the Python SDK's checkpoints): the same damage found.
+  if "$bin/meshrun" ckpt validate "$tmp/damaged" > "$tmp/damaged.txt" 2>&1; then
+    cat "$tmp/damaged.txt"; echo "FAIL: validate alone accepted a checkpoint with a $damage"; exit 1
+  fi
+  grep -q "$want" "$tmp/damaged.txt" || { cat "$tmp/damaged.txt"; echo "FAIL: $damage not named alone"; exit 1; }
 done
-echo "validate: a flipped byte and a truncated shard are found"
+"$bin/meshrun" ckpt validate "$tmp/ckpt/step_00000010" | grep -q "OK: every block is sound" \
+  || { echo "FAIL: validate alone refused a sound checkpoint"; exit 1; }
+"$bin/meshrun" ckpt validate "$tmp/ckpt/step_00000010" --mesh data=4,model=2 | grep -q "OK: restorable as saved on data=4,model=2" \
+  || { echo "FAIL: validate alone with --mesh refused a sound checkpoint"; exit 1; }
+echo "validate: a flipped byte and a truncated shard are found, with and without a workload"
 
 # A full disk: a 40 MB tmpfs holds one checkpoint of this state (25 MB), not two. The second
 # save fails with a clear error, and the first stays committed and valid.
