@@ -128,6 +128,13 @@ absl::StatusOr<std::unique_ptr<InputPipeline>> InputPipeline::Create(
     const Dims example(g.begin() + std::min<size_t>(g.size(), batch_rank), g.end());
     const bool example_ok = example == want.example_dims ||
                             (example.size() == 1 && example[0] == NumElements(want.example_dims));
+    if (batch_ok && !example_ok) {  // the data's examples, not the batch, differ
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": the dataset's examples have shape ", DimsToString(want.example_dims),
+          " but the program takes ", DimsToString(example), " per example (its input is ",
+          DimsToString(g), ", a global batch of ", batch,
+          "); the field's examples must have the model's input shape, or its flattening"));
+    }
     if (!batch_ok || !example_ok) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ": the program's input has shape ", DimsToString(g), "; expected ",

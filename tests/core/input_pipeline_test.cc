@@ -209,9 +209,13 @@ TEST(InputPipelineTest, BadFieldsAndLayoutsNameTheValue) {
   EXPECT_THAT(InputPipeline::Create(ds, o).status().message(),
               HasSubstr("takes f32 but the dataset holds i32"));
   o = Options("data=4", 0, 8, 1, PartitionSpec::Of({"data"}), PartitionSpec::Of({"data"}));
-  o.fields[0].global_shape = {8, 5};
+  o.fields[0].global_shape = {8, 5};  // the batch right, the examples not
   EXPECT_THAT(InputPipeline::Create(ds, o).status().message(),
-              HasSubstr("has shape [8, 5]; expected [8] (global batch 8) followed by the field's "
+              HasSubstr("the dataset's examples have shape [6] but the program takes [5] per "
+                        "example (its input is [8, 5], a global batch of 8)"));
+  o.fields[0].global_shape = {4, 6};  // the batch wrong
+  EXPECT_THAT(InputPipeline::Create(ds, o).status().message(),
+              HasSubstr("has shape [4, 6]; expected [8] (global batch 8) followed by the field's "
                         "example shape [6]"));
   // A global batch of 6 does not divide over 4 workers along 'data'.
   o = Options("data=4", 0, 6, 1, PartitionSpec::Of({"data"}), PartitionSpec::Of({"data"}));
