@@ -71,6 +71,51 @@ class Array:
         x = self.fetch()
         return x if dtype is None else x.astype(dtype)
 
+    @property
+    def itemsize(self):
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self):
+        """The global array's bytes (as jax.Array.nbytes; each worker holds its block of it)."""
+        return self.size * self.itemsize
+
+    def block_until_ready(self):
+        """Returns self, as jax.Array.block_until_ready: cluster.jit and device_put return once
+        the workers hold the result, so it is always ready (a deleted or donated array raises
+        RuntimeError)."""
+        self._check_live()
+        return self
+
+    def copy_to_host_async(self):
+        """Accepted for jax.Array's API; the copy happens when the array is read (np.asarray)."""
+        self._check_live()
+
+    def item(self, *args):
+        """The element as a Python scalar (numpy.ndarray.item), fetched from the cluster."""
+        return self.fetch().item(*args)
+
+    def tolist(self):
+        """The array fetched from the cluster as nested Python lists (numpy.ndarray.tolist)."""
+        return self.fetch().tolist()
+
+    def __float__(self):
+        return float(self.fetch())
+
+    def __int__(self):
+        return int(self.fetch())
+
+    def __format__(self, spec):
+        """f"{loss:.4f}" formats the fetched value, as a jax.Array of one element formats."""
+        if not spec:
+            return repr(self)
+        x = self.fetch()
+        return format(x.item() if x.size == 1 else x, spec)
+
+    def __getitem__(self, index):
+        """numpy indexing of the array fetched from the cluster (the whole array is fetched)."""
+        return self.fetch()[index]
+
     def delete(self):
         """Frees the array on the cluster. Idempotent."""
         if not self._deleted:

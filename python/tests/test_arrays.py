@@ -42,6 +42,23 @@ def test_pytrees_and_dtypes_round_trip(cluster):
     np.testing.assert_array_equal(got["w"], tree["w"])
 
 
+def test_the_jax_array_conveniences_seed_code_calls_work(cluster):
+    """Seeds 000 and 003 time steps with jax.tree_util.tree_map(lambda x: x.block_until_ready(),
+    xs); train loops print f"{loss:.4f}" and float(loss); all fetch (or return) the array."""
+    xs = cluster.device_put({"w": np.arange(8, dtype=np.float32).reshape(2, 4), "m": np.array([True, False])},
+                            {"w": P("data"), "m": P()})
+    assert jax.tree_util.tree_map(lambda x: x.block_until_ready(), xs)["w"] is xs["w"]
+    loss = cluster.jit(lambda s: jax.numpy.sum(s["w"]) / 8)(xs)
+    assert f"{loss:.3f}" == "3.500" and float(loss) == 3.5 and loss.item() == 3.5 and int(loss) == 3
+    assert xs["w"].tolist() == [[0.0, 1.0, 2.0, 3.0], [4.0, 5.0, 6.0, 7.0]]
+    assert xs["w"][1, 2] == 6.0 and xs["m"][1].item() is False
+    assert (xs["w"].nbytes, xs["w"].itemsize, xs["m"].nbytes) == (32, 4, 2)
+    assert f"{xs['w']}".startswith("meshrun.Array(")  # no format spec: the repr, nothing fetched
+    loss.delete()
+    with pytest.raises(RuntimeError, match="deleted"):
+        loss.block_until_ready()
+
+
 def test_visualize_array_sharding_draws_the_blocks(cluster):
     a = cluster.device_put(np.zeros((4, 8), np.float32), P("data", "model"))
     out = io.StringIO()
