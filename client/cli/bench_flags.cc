@@ -5,9 +5,11 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/bench.h"
 #include "client/cli/flags.h"
+#include "core/sharding/mesh.h"
 
 namespace meshrun::cli {
 namespace {
@@ -16,8 +18,11 @@ std::vector<int> ParseInts(const std::string& csv) {
   std::vector<int> out;
   for (absl::string_view p : absl::StrSplit(csv, ',', absl::SkipEmpty())) {
     int v;
-    if (!absl::SimpleAtoi(p, &v) || v < 1)
-      throw CLI::ValidationError("--workers", "expected positive integers, e.g. 2,4,8");
+    if (!absl::SimpleAtoi(p, &v) || v < 1 || v > Mesh::kMaxDevices) {
+      throw CLI::ValidationError(
+          "--workers", absl::StrCat("'", p, "': expected integers in [1, ", Mesh::kMaxDevices,
+                                    "] (a worker process each), e.g. 2,4,8"));
+    }
     out.push_back(v);
   }
   return out;

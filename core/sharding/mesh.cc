@@ -12,6 +12,7 @@ namespace meshrun {
 
 absl::StatusOr<Mesh> Mesh::Create(std::vector<std::pair<std::string, int>> axes) {
   std::set<std::string> seen;
+  int64_t devices = 1;
   for (const auto& [name, size] : axes) {
     if (name.empty()) return absl::InvalidArgumentError("mesh axis name is empty");
     if (!seen.insert(name).second) {
@@ -21,6 +22,14 @@ absl::StatusOr<Mesh> Mesh::Create(std::vector<std::pair<std::string, int>> axes)
       return absl::InvalidArgumentError(
           absl::StrCat("mesh axis '", name, "' has size ", size, "; expected >= 1"));
     }
+    devices = std::min<int64_t>(devices * size, int64_t{kMaxDevices} + 1);  // no overflow
+  }
+  if (devices > kMaxDevices) {
+    std::vector<std::string> parts;
+    for (const auto& [name, size] : axes) parts.push_back(absl::StrCat(name, "=", size));
+    return absl::InvalidArgumentError(absl::StrCat("mesh ", absl::StrJoin(parts, ","),
+                                                   " has more than ", kMaxDevices,
+                                                   " devices (one worker process each)"));
   }
   Mesh mesh;
   mesh.axes_ = std::move(axes);
@@ -33,8 +42,8 @@ absl::StatusOr<Mesh> Mesh::Parse(absl::string_view text) {
     std::vector<std::string> kv = absl::StrSplit(part, '=');
     int size = 0;
     if (kv.size() != 2 || !absl::SimpleAtoi(kv[1], &size)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bad mesh axis '", part, "' in '", text, "'; expected NAME=SIZE, e.g. data=2,model=4"));
+      return absl::InvalidArgumentError(absl::StrCat("bad mesh axis '", part, "' in '", text,
+                                                     "'; expected NAME=SIZE, e.g. data=2,model=4"));
     }
     axes.emplace_back(std::string(absl::StripAsciiWhitespace(kv[0])), size);
   }
@@ -132,7 +141,8 @@ std::vector<std::vector<int>> Mesh::AxisSubsets() const {
     }
     out.push_back(subset);
   }
-  std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.size() < b.size(); });
+  std::stable_sort(out.begin(), out.end(),
+                   [](const auto& a, const auto& b) { return a.size() < b.size(); });
   return out;
 }
 
@@ -142,7 +152,8 @@ absl::StatusOr<std::vector<int>> Mesh::AxisIndices(const std::vector<std::string
     absl::StatusOr<int> i = AxisIndex(n);
     if (!i.ok()) return i.status();
     for (int seen : out) {
-      if (seen == *i) return absl::InvalidArgumentError(absl::StrCat("mesh axis '", n, "' is named twice"));
+      if (seen == *i)
+        return absl::InvalidArgumentError(absl::StrCat("mesh axis '", n, "' is named twice"));
     }
     out.push_back(*i);
   }

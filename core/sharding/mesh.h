@@ -17,8 +17,12 @@ namespace meshrun {
 // (r / 4, r % 4). Immutable value type; thread-compatible.
 class Mesh {
  public:
+  // The most devices a mesh may have (a worker process each), as the job config's mesh keys.
+  static constexpr int kMaxDevices = 4096;
+
   Mesh() = default;
-  // Errors: InvalidArgument for an empty axis name, a duplicate name, or a size < 1.
+  // Errors: InvalidArgument for an empty axis name, a duplicate name, a size < 1, or more than
+  // kMaxDevices devices.
   static absl::StatusOr<Mesh> Create(std::vector<std::pair<std::string, int>> axes);
   // Parses "data=2,model=4". Errors as Create, plus malformed text.
   static absl::StatusOr<Mesh> Parse(absl::string_view text);

@@ -23,6 +23,19 @@ TEST(MeshTest, RejectsBadAxes) {
   EXPECT_THAT(Mesh::Parse("data=2,data=4").status().message(), HasSubstr("'data' appears twice"));
   EXPECT_THAT(Mesh::Parse("data=0").status().message(), HasSubstr("size 0"));
   EXPECT_THAT(Mesh::Parse("data").status().message(), HasSubstr("expected NAME=SIZE"));
+  // A worker process per device: at most 4096 (a local cluster of 99999 would fork them all),
+  // and a product past int's range is refused, not wrapped.
+  EXPECT_TRUE(Mesh::Parse("data=64,model=64").ok());
+  EXPECT_THAT(Mesh::Parse("data=99999").status().message(),
+              HasSubstr("mesh data=99999 has more than 4096 devices"));
+  EXPECT_FALSE(Mesh::Parse("data=65536,model=65536,x=2").ok());
+  v1::Mesh proto;  // off the wire, too
+  for (const char* axis : {"a", "b", "c"}) {
+    v1::MeshAxis* a = proto.add_axes();
+    a->set_name(axis);
+    a->set_size(2000);
+  }
+  EXPECT_FALSE(Mesh::FromProto(proto).ok());
 }
 
 TEST(NamedShardingTest, ShardsBlocksAndReplicas) {
@@ -40,9 +53,10 @@ TEST(NamedShardingTest, ShardsBlocksAndReplicas) {
 
 TEST(NamedShardingTest, ValidateNamesTheProblem) {
   Mesh mesh = *Mesh::Parse("data=4");
-  EXPECT_EQ(NamedSharding(mesh, PartitionSpec::Of({"data", ""})).Validate({6, 4}).message(),
-            "PartitionSpec('data', None) does not fit shape [6, 4]: dim 0 (6) is not divisible by 4 (the "
-            "product of its mesh axes)");
+  EXPECT_EQ(
+      NamedSharding(mesh, PartitionSpec::Of({"data", ""})).Validate({6, 4}).message(),
+      "PartitionSpec('data', None) does not fit shape [6, 4]: dim 0 (6) is not divisible by 4 (the "
+      "product of its mesh axes)");
   EXPECT_THAT(NamedSharding(mesh, PartitionSpec::Of({"model"})).Validate({8}).message(),
               HasSubstr("names axis 'model' which is not in Mesh('data': 4)"));
   EXPECT_THAT(NamedSharding(mesh, PartitionSpec::Of({"data", "data"})).Validate({8, 8}).message(),
@@ -54,7 +68,8 @@ TEST(NamedShardingTest, ValidateNamesTheProblem) {
 TEST(PartitionSpecTest, TrailingNonesAreEqual) {
   EXPECT_EQ(PartitionSpec::Of({"model"}), PartitionSpec::Of({"model", ""}));
   EXPECT_NE(PartitionSpec::Of({"model"}), PartitionSpec::Of({"", "model"}));
-  EXPECT_EQ(PartitionSpec::FromProto(PartitionSpec::Of({"a", ""}).ToProto()), PartitionSpec::Of({"a"}));
+  EXPECT_EQ(PartitionSpec::FromProto(PartitionSpec::Of({"a", ""}).ToProto()),
+            PartitionSpec::Of({"a"}));
 }
 
 }  // namespace

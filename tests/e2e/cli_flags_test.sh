@@ -36,4 +36,8 @@ expect_refused "--shm_receive_spin 2s is out of range; expected 0..1s" "$bin/mes
 expect_refused "--grpc_stripes 17 is out of range; expected 1..16" "$bin/meshrun-worker" --grpc_stripes=17
 expect_refused "--grpc_stripe_bytes 4 is out of range" "$bin/meshrun-worker" --grpc_stripe_bytes=4
 expect_refused "--grpc-stripes: Value 0 not in range" "$bin/meshrun" bench allreduce --grpc-stripes 0
+# A worker process per device: a mesh past 4096 devices is refused before any process is forked.
+expect_refused "mesh data=99999 has more than 4096 devices" "$bin/meshrun" up --mesh data=99999 --insecure
+expect_refused "mesh data=99999 has more than 4096 devices" "$bin/meshrun-coordinator" --mesh=data=99999 --insecure
+expect_refused "--workers: '9999': expected integers in [1, 4096]" "$bin/meshrun" bench allreduce --workers 2,9999
 exit $fail
