@@ -6,6 +6,7 @@
 #include <atomic>
 #include <random>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/sharding/shard_layout.h"
@@ -18,6 +19,12 @@ namespace meshrun {
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& address,
                                                         absl::Duration timeout) {
+  // A numeric port past 65535 can never answer: say so rather than "no coordinator answers".
+  const std::string port = address.substr(address.rfind(':') + 1);
+  int64_t p = 0;
+  if (address.find(':') != std::string::npos && absl::SimpleAtoi(port, &p) && (p < 1 || p > 65535))
+    return absl::InvalidArgumentError(absl::StrCat("coordinator address '", address, "': port ",
+                                                   port, " is out of range; expected 1..65535"));
   auto channel = CreateChannel(address);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
     const Credentials& creds = ProcessCredentials();

@@ -40,4 +40,5 @@ expect_refused "--grpc-stripes: Value 0 not in range" "$bin/meshrun" bench allre
 expect_refused "mesh data=99999 has more than 4096 devices" "$bin/meshrun" up --mesh data=99999 --insecure
 expect_refused "mesh data=99999 has more than 4096 devices" "$bin/meshrun-coordinator" --mesh=data=99999 --insecure
 expect_refused "--workers: '9999': expected integers in [1, 4096]" "$bin/meshrun" bench allreduce --workers 2,9999
+expect_refused "coordinator address '127.0.0.1:99999': port 99999 is out of range" "$bin/meshrun" status --coordinator 127.0.0.1:99999
 exit $fail
