@@ -53,6 +53,10 @@ class Cluster:
     ``close()``."""
 
     def __init__(self, address, *, tls_dir=None, token=None, insecure=None, timeout=60.0):
+        port = str(address).rpartition(":")[2]
+        if ":" in str(address) and port.isdigit() and not 1 <= int(port) <= 65535:
+            raise errors.InvalidArgumentError(
+                f"coordinator address '{address}': port {port} is out of range; expected 1..65535")
         self.address = address
         self.timeout = float(timeout)  # seconds, for every control RPC
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE),

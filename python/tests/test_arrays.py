@@ -91,6 +91,11 @@ def test_an_unknown_array_is_a_key_error(cluster):
         cluster._get("no-such-array")
 
 
+def test_a_port_out_of_range_is_refused_at_once():
+    with pytest.raises(ValueError, match=r"port 99999 is out of range; expected 1..65535"):
+        meshrun.connect("127.0.0.1:99999", insecure=True)
+
+
 def test_a_dead_cluster_is_a_connection_error_not_a_hang():
     start = time.monotonic()
     with pytest.raises(ConnectionError):
