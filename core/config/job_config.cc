@@ -250,7 +250,8 @@ absl::StatusOr<JobConfig> ParseJobConfig(absl::string_view json_text) {
   json root;
   try {
     root = json::parse(json_text.begin(), json_text.end());
-  } catch (const json::parse_error& e) {  // e.g. "parse error at line 3, column 9: ..."
+  } catch (const json::exception& e) {  // a syntax error ("parse error at line 3, column 9:
+    // ..."), or a number past double's range (out_of_range 406)
     return absl::InvalidArgumentError(absl::StrCat("job config is not valid JSON: ", e.what()));
   }
   if (!root.is_object()) return absl::InvalidArgumentError("job config must be a JSON object");

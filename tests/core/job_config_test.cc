@@ -137,6 +137,9 @@ TEST(JobConfigTest, RejectsBadValuesNamingAllowedOnes) {
   // Where: the parser's line and column.
   EXPECT_THAT(ParseJobConfig("{\n  \"mesh\": {\"data\": 2},\n  \"model\": ,\n}").status().message(),
               HasSubstr("line 3, column 12"));
+  // A number past double's range is nlohmann's out_of_range, not a parse_error: still an error.
+  EXPECT_THAT(ParseJobConfig("{\"train\": {\"seed\": 1e400}}").status().message(),
+              HasSubstr("not valid JSON: [json.exception.out_of_range.406] number overflow"));
   EXPECT_THAT(LoadJobConfig("/nonexistent/job.json").status().message(),
               HasSubstr("/nonexistent/job.json"));
 }
