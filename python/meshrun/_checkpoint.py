@@ -97,9 +97,7 @@ def _mismatch(leaf, a):
     shape = tuple(shape)
     if is_key_dtype(dtype):
         shape, dtype = shape + (2,), np.uint32  # a jax key array: its words
-    stored = {np.dtype(np.bool_): np.float32, np.dtype(np.float64): np.float32,  # as device_put stores
-              np.dtype(np.int64): np.int32}.get(np.dtype(dtype), dtype)
-    got = np.float32 if a.dtype == np.bool_ else a.dtype
-    if shape == a.shape and np.dtype(stored) == np.dtype(got):
+    stored, got = _sharding.stored_dtype(dtype), _sharding.stored_dtype(a.dtype)
+    if shape == a.shape and stored == got:
         return ""
-    return f"is saved as {np.dtype(got)}{list(a.shape)}; the target has {np.dtype(stored)}{list(shape)}"
+    return f"is saved as {got}{list(a.shape)}; the target has {stored}{list(shape)}"

@@ -141,14 +141,8 @@ class Cluster:
         return self._put(np.asarray(leaf), spec)
 
     def _put(self, x, spec):
-        logical = None
-        if x.dtype == np.bool_:
-            logical = np.bool_
-            x = x.astype(np.float32)
-        elif x.dtype == np.float64:
-            x = x.astype(np.float32)
-        elif x.dtype == np.int64:
-            x = x.astype(np.int32)
+        logical = np.bool_ if x.dtype == np.bool_ else None
+        x = x.astype(_sharding.stored_dtype(x.dtype), copy=False)
         entries = _sharding.normalize_spec(spec, self.mesh)
         req = coordinator_pb2.PutArrayRequest(array=_sharding.tensor_to_proto(x),
                                               spec=_sharding.spec_to_proto(entries))

@@ -35,6 +35,17 @@ def dtype_to_proto(dtype) -> int:
     return _TO_PROTO[dt]
 
 
+# The dtype the cluster holds a host array of as (device_put's conversions): bool as f32 0 / 1,
+# float64 and int64 narrowed as JAX does without x64; any other dtype as itself.
+_STORED_AS = {np.dtype(np.bool_): np.dtype(np.float32), np.dtype(np.float64): np.dtype(np.float32),
+              np.dtype(np.int64): np.dtype(np.int32)}
+
+
+def stored_dtype(dtype) -> np.dtype:
+    dt = np.dtype(dtype)
+    return _STORED_AS.get(dt, dt)
+
+
 def dtype_from_proto(dtype: int) -> np.dtype:
     if dtype not in _FROM_PROTO:
         raise errors.InvalidArgumentError(f"unknown meshrun dtype {dtype}")
