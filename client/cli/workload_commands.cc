@@ -130,14 +130,19 @@ int TrainWorkload(const WorkloadTrainArgs& args) {
 
 namespace {
 
+// The first line of every `ckpt validate` report: the checkpoint and what it holds.
+void PrintCheckpointHeader(const std::string& path, const checkpoint::Manifest& m) {
+  std::printf("checkpoint %s: step %lld, saved on %s, %zu arrays\n", path.c_str(),
+              static_cast<long long>(m.step), m.mesh.c_str(), m.arrays.size());
+}
+
 // Prints what ValidateRestore found; exit 0 when restorable.
 int ReportRestore(const std::string& path, const checkpoint::Manifest* m,
                   const std::vector<checkpoint::WantedArray>& wanted, const Mesh& mesh,
                   const std::string& layout, const std::string& mesh_text) {
   checkpoint::RestoreReport r = checkpoint::ValidateRestore(*m, wanted, mesh);
   for (std::string& e : checkpoint::VerifyBlocks(path, *m)) r.errors.push_back(std::move(e));
-  std::printf("checkpoint %s: step %lld, saved on %s, %zu arrays\n", path.c_str(),
-              static_cast<long long>(m->step), m->mesh.c_str(), m->arrays.size());
+  PrintCheckpointHeader(path, *m);
   for (const std::string& e : r.extra) std::printf("  extra array (not restored): %s\n", e.c_str());
   for (const std::string& e : r.errors) std::printf("  ERROR %s\n", e.c_str());
   for (size_t rank = 0; rank < r.bytes_per_worker.size(); ++rank) {
@@ -194,8 +199,7 @@ int CkptValidateAlone(const std::string& path, const std::string& mesh_text) {
     return ReportRestore(path, &*m, wanted, *mesh, "saved", mesh_text);
   }
   const std::vector<std::string> errors = checkpoint::VerifyBlocks(path, *m);
-  std::printf("checkpoint %s: step %lld, saved on %s, %zu arrays\n", path.c_str(),
-              static_cast<long long>(m->step), m->mesh.c_str(), m->arrays.size());
+  PrintCheckpointHeader(path, *m);
   for (const std::string& e : errors) std::printf("  ERROR %s\n", e.c_str());
   std::printf(errors.empty() ? "OK: every block is sound (size and CRC-32)\n"
                              : "NOT sound: %zu bad blocks\n",
