@@ -11,12 +11,14 @@ their own (wrapping) integers, as XLA's; the bit operations (and, or, xor, not, 
 bitcast_convert_type) and JAX's PRNG keys and bits stay integers (meshrun._convert_random).
 
 The primitives live in mixins by kind: _convert_elementwise, _convert_layout, _convert_indexing,
-_convert_windows (convolutions, pooling), _convert_regions (calls, scan, while, cond, shard_map)
-and _convert_random; this module holds the table, the emitting and the jaxpr walk.
+_convert_windows (convolutions, pooling), _convert_regions (calls, scan, while, cond, shard_map),
+_convert_random and _convert_callbacks (jax.debug.print, jax.debug.callback); this module holds
+the table, the emitting and the jaxpr walk.
 """
 import numpy as np
 
 from meshrun import _sharding, errors
+from meshrun._convert_callbacks import DEBUG_CALLBACKS, SUPPORTED_CALLBACKS, _Callbacks
 from meshrun._convert_indexing import _Indexing
 from meshrun._convert_elementwise import (_BINARY, _COMPARE, _IDENTITY, _INTEGER_ARITHMETIC, _UNARY,
                                          _Elementwise, _integer_store)
@@ -102,10 +104,11 @@ SUPPORTED = {
     **{k: "its body, inlined" for k in _CALLS},
     **SUPPORTED_RANDOM,
     **SUPPORTED_WINDOWS,
+    **SUPPORTED_CALLBACKS,
 }
 
 
-class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise):
+class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _Callbacks):
     """Converts one closed jaxpr. Not thread-safe; one per program."""
 
     def __init__(self, mesh):
@@ -123,6 +126,10 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise):
         self._known_index = {}  # value id -> the constant branch index it holds (platform_index)
         self._concrete = {}  # value id -> the constant (numpy) it holds, for while loops' trip counts
         self.out_entries = []  # the results' layouts, after convert()
+        self.callbacks = []  # host callbacks (meshrun._convert_callbacks.Callback), in program order
+        self.extra_results = []  # the values they read, results after the function's own
+        self._guards = []  # the cond branches being converted: (index, branch, count, in shard_map)
+        self._stacked = {}  # block value id -> every device's block stacked (_convert_callbacks)
 
     def where(self, eqn):
         """The user's file:line of an equation; inside a library's nested jit (jnp.cumsum's), the
@@ -235,6 +242,7 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise):
             if v.store != want:
                 v = _V(self.emit(G.CONVERT, [v], dtype=want), v.shape, v.dtype, want)
             self.emit(G.OUTPUT, [v], spec=_sharding.spec_to_proto(entries))
+        self.emit_extra_results()
         return self.program, self.consts
 
     def const(self, value):
@@ -338,7 +346,7 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise):
         identity. None where no zero-size value is involved (or a nested body handles it)."""
         sizes = [int(np.prod(getattr(v.aval, "shape", ()))) for v in eqn.outvars]
         empty_in = [v.id == EMPTY for v in ins]
-        if not any(empty_in) and all(sizes) or name in _CALLS or name in _REGIONS:
+        if not any(empty_in) and all(sizes) or name in _CALLS or name in _REGIONS or name in DEBUG_CALLBACKS:
             return None
         if not any(sizes):
             return [_V(EMPTY, aval_of(v.aval)[0], aval_of(v.aval)[1], F32 if _integer_store(aval_of(v.aval)[1]) is None
@@ -363,6 +371,8 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise):
 
     def _equation(self, name, p, ins, out_dtype, out_shape, eqn):
         outs = self._region_equation(name, p, ins, eqn)
+        if outs is None and name in DEBUG_CALLBACKS:
+            outs = self._debug_callback(name, eqn, p, ins)
         if outs is None:
             outs = self._random_equation(name, p, ins, out_dtype, out_shape, eqn)
         if outs is None:

@@ -3,6 +3,7 @@ unrolled, jax.shard_map regions with their collectives."""
 import numpy as np
 
 from meshrun import _sharding
+from meshrun._convert_callbacks import without_callbacks
 from meshrun._ir import BF16, F32, G, I32, U32, _V
 
 # Collectives in a shard_map body -> JitBuilder::ManualCollective's fn.
@@ -71,10 +72,17 @@ class _Regions:
         branches = list(p["branches"])
         if index.id in self._known_index:  # (platform_index's): only that branch runs
             branches = [branches[min(max(self._known_index[index.id], 0), len(branches) - 1)]]
+        results = []
         self._sites.append(self.where(eqn))
         try:
-            results = [self.run(getattr(b, "jaxpr", b), list(getattr(b, "consts", [])), list(operands))
-                       for b in branches]
+            for i, b in enumerate(branches):
+                # (a host callback in the branch runs only when it is taken: _convert_callbacks)
+                guard = [(index, i, len(branches), self._manual_depth > 0)] if len(branches) > 1 else []
+                self._guards.extend(guard)
+                try:
+                    results.append(self.run(getattr(b, "jaxpr", b), list(getattr(b, "consts", [])), list(operands)))
+                finally:
+                    del self._guards[len(self._guards) - len(guard):]
         finally:
             self._sites.pop()
         outs = list(results[0])
@@ -154,8 +162,9 @@ class _Regions:
         cn, bn = int(p["cond_nconsts"]), int(p["body_nconsts"])
         cconsts, bconsts, init = ins[:cn], ins[cn:cn + bn], ins[cn + bn:]
         cond, body = p["cond_jaxpr"], p["body_jaxpr"]
-        cjaxpr = pe.convert_constvars_jaxpr(cond.jaxpr)  # invars: closed consts, consts, carries
-        bjaxpr = pe.convert_constvars_jaxpr(body.jaxpr)
+        # invars: closed consts, consts, carries; evaluated below without printing
+        cjaxpr = pe.convert_constvars_jaxpr(without_callbacks(cond.jaxpr))
+        bjaxpr = pe.convert_constvars_jaxpr(without_callbacks(body.jaxpr))
 
         def concrete(vals):
             return [self._concrete.get(v.id) for v in vals]

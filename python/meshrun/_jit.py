@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 
-from meshrun import _array, _sharding, _tree, errors
+from meshrun import _array, _convert_callbacks, _sharding, _tree, errors
 from meshrun._convert_random import is_key_dtype
 from meshrun.v1 import coordinator_pb2
 
@@ -44,7 +44,8 @@ def _as_tuple(x):
 
 
 class _Compiled:
-    def __init__(self, program, const_ids, out_treedef, out_avals, out_key_dtypes, out_entries, trace_seconds):
+    def __init__(self, program, const_ids, out_treedef, out_avals, out_key_dtypes, out_entries, trace_seconds,
+                 callbacks=()):
         self.program = program
         self.const_ids = const_ids
         self.out_treedef = out_treedef
@@ -52,6 +53,9 @@ class _Compiled:
         self.out_key_dtypes = out_key_dtypes
         self.out_entries = out_entries
         self.trace_seconds = trace_seconds
+        # jax.debug.print / jax.debug.callback sites; their values are the results after out_avals'
+        self.callbacks = list(callbacks)
+        self.extra_results = 0  # how many (set by _compile)
         self.reuse = []  # per result: the argument whose place it takes (_reused_arguments), or None
 
 
@@ -236,8 +240,10 @@ class Jitted:
         program, consts = conv.convert(closed, [(a.shape, a.dtype, a._entries) for a in arrays], out_entries)
         out_entries = conv.out_entries
         const_ids = [self._cluster._put(c, None).id for c in consts]
-        return _Compiled(program, const_ids, out_treedef, out_avals, out_key_dtypes, out_entries,
-                         time.perf_counter() - start)
+        compiled = _Compiled(program, const_ids, out_treedef, out_avals, out_key_dtypes, out_entries,
+                             time.perf_counter() - start, conv.callbacks)
+        compiled.extra_results = len(conv.extra_results)
+        return compiled
 
     def _run(self, compiled, arrays, donated):
         import jax
@@ -248,6 +254,8 @@ class Jitted:
         req.input_ids.extend([a.id for a in arrays] + compiled.const_ids)
         req.donate_argnums.extend(i for i, d in enumerate(donated) if d)
         req.output_ids.extend("" if i is None else arrays[i].id for i in compiled.reuse)
+        if req.output_ids:
+            req.output_ids.extend("" for _ in range(compiled.extra_results))
         try:
             resp = self._cluster._call("Jit", req, timeout=max(self._cluster.timeout, 600.0))
         except errors.MeshrunError as e:
@@ -261,4 +269,13 @@ class Jitted:
                 a._deleted = True  # consumed, as jax.jit's donated buffers (the cluster dropped them)
         outs = [_array.Array(self._cluster, info, np.bool_ if np.dtype(aval.dtype) == np.bool_ else None, k)
                 for info, aval, k in zip(resp.outputs, compiled.out_avals, compiled.out_key_dtypes)]
+        extra = [_array.Array(self._cluster, info) for info in resp.outputs[len(compiled.out_avals):]]
+        if extra:
+            try:
+                _convert_callbacks.run_callbacks(compiled.callbacks, extra)
+            except BaseException:
+                for a in outs:  # the call raises, as jax.jit's does when a callback fails
+                    if not any(a.id == x.id and not x._deleted for x in arrays):
+                        a.delete()
+                raise
         return jax.tree_util.tree_unflatten(compiled.out_treedef, outs)
