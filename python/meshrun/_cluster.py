@@ -220,12 +220,12 @@ class Cluster:
         return _checkpoint.restore(self, path, target, shardings)
 
     def jit(self, fun, in_shardings=None, out_shardings=None, static_argnums=(), donate_argnums=(),
-            static_argnames=(), donate_argnames=()):
+            static_argnames=(), donate_argnames=(), while_trips=None):
         """jax.jit on the cluster; see meshrun._jit.Jitted."""
         from meshrun import _jit
 
         return _jit.Jitted(self, fun, in_shardings, out_shardings, static_argnums, donate_argnums,
-                           static_argnames, donate_argnames)
+                           static_argnames, donate_argnames, while_trips)
 
 
 def connect(address, *, tls_dir=None, token=None, insecure=None, timeout=60.0) -> Cluster:

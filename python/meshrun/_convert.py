@@ -36,6 +36,10 @@ _REGIONS = {"scan", "cond", "while", "shard_map"}
 _EMPTY_IDENTITY = {"reduce_sum": 0.0, "reduce_max": float("-inf"), "reduce_min": float("inf"), "reduce_prod": 1.0,
                    "dot_general": 0.0, "argmax": 0.0, "argmin": 0.0}
 
+# The iterations a while loop whose trip count depends on traced values is unrolled to, each
+# guarded by its predicate (cluster.jit's while_trips).
+DEFAULT_WHILE_TRIPS = 16
+
 # Primitives whose results on constants are computed while converting (Converter._fold).
 _FOLDABLE = {"add", "sub", "mul", "div", "rem", "max", "min", "neg", "abs", "sign", "floor", "ceil", "round",
              "convert_element_type", "lt", "le", "gt", "ge", "eq", "ne", "and", "or", "not", "xor", "select_n",
@@ -63,8 +67,9 @@ SUPPORTED = {
     "reduce_or": "REDUCE max of bools (jnp.any)", "convert_element_type": "CONVERT (or none)",
     "iota": "IOTA", "sharding_constraint": "CONSTRAINT", "reshard": "CONSTRAINT",
     "scan": "unrolled: INDEX of xs[i], the body inlined, STACK of the ys",
-    "while": "unrolled, when its trip count follows from constant-started counters (evaluated while "
-             "converting; at most 1000 trips)",
+    "while": "unrolled: a trip count that follows from constant-started counters is counted while "
+             "converting (at most 1000 trips); any other, while_trips iterations each SELECTed by the "
+             "predicate, and a run-time check that the loop finished",
     "concatenate": "CONCATENATE (the dim unsharded)",
     "pad": "SLICE / CONCATENATE with the padding value; interior: interleaved by CONCATENATE and RESHAPE",
     "split": "SLICEs", "unstack": "SLICEs and RESHAPEs",
@@ -111,8 +116,9 @@ SUPPORTED = {
 class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _Callbacks):
     """Converts one closed jaxpr. Not thread-safe; one per program."""
 
-    def __init__(self, mesh):
+    def __init__(self, mesh, while_trips=DEFAULT_WHILE_TRIPS):
         self.mesh = mesh
+        self.while_trips = while_trips  # a while loop with a traced trip count: the iterations unrolled
         self.program = program_pb2.GlobalProgram()
         self.next_id = 0
         self.consts = []  # arrays uploaded as extra (replicated) inputs, after the arguments
@@ -121,12 +127,14 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
         self._dots = {}  # value id -> (lhs, rhs, lhs_contracting, rhs_contracting) of 2-D dots
         self._manual_depth = 0  # > 0 inside a shard_map body
         self._int_scalars = {}  # (value, dtype) -> integer constant (meshrun._convert_random)
+        self._counts = {}  # draw shape -> its threefry counters, uploaded (meshrun._convert_random)
         self._hints = []  # per jaxpr being run: {var: spec entries} wanted (backward_hints)
         self._layouts = {}  # value id -> spec entries it is known to be laid out as
         self._known_index = {}  # value id -> the constant branch index it holds (platform_index)
         self._concrete = {}  # value id -> the constant (numpy) it holds, for while loops' trip counts
         self.out_entries = []  # the results' layouts, after convert()
         self.callbacks = []  # host callbacks (meshrun._convert_callbacks.Callback), in program order
+        self.checks = []  # run-time checks (meshrun._convert_callbacks.Check)
         self.extra_results = []  # the values they read, results after the function's own
         self._guards = []  # the cond branches being converted: (index, branch, count, in shard_map)
         self._stacked = {}  # block value id -> every device's block stacked (_convert_callbacks)

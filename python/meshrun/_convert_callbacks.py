@@ -1,4 +1,5 @@
-"""Host callbacks in meshrun._convert: jax.debug.print and jax.debug.callback.
+"""What the client does with a program's results after a call: host callbacks (jax.debug.print,
+jax.debug.callback) and run-time checks (a while loop that ran past the iterations unrolled).
 
 A program cannot call back into the client while it runs, so the values a callback reads leave
 the program as extra results (after the function's own), the client fetches them once the call
@@ -18,10 +19,14 @@ Every callback of a call runs after the whole program has run, in program order 
 holds; JAX may interleave unordered ones with the computation).
 
 Not supported (refused by name): `partitioned=True` outside a shard_map body.
+
+A check is a bool the program computes that must be false (a while loop's predicate after the
+iterations unrolled): the client raises FailedPreconditionError with its message, before any
+callback runs, when it holds (for a check in a cond branch: when that branch was taken).
 """
 import numpy as np
 
-from meshrun import _sharding
+from meshrun import _sharding, errors
 from meshrun._ir import EMPTY, F32, G, _V, _is_bool
 
 # The host-callback primitives (jax.debug.print has its own since jax 0.6).
@@ -48,6 +53,16 @@ class Callback:
         self.devices = devices  # 0: called once with global values; n: once per device's blocks
 
 
+class Check:
+    """A run-time check of a program: raise `message` if its extra result holds."""
+
+    def __init__(self, result, message, guards, devices):
+        self.result = result  # the bool's extra result index
+        self.message = message
+        self.guards = guards  # as Callback's
+        self.devices = devices
+
+
 class _Callbacks:
     """Converter's host callbacks (a mixin: uses its emit, mesh, _layouts, _manual_depth,
     _unsupported, and its callbacks, extra_results, _guards and _stacked)."""
@@ -63,11 +78,23 @@ class _Callbacks:
                 operands.append(("value", np.zeros(shape, dtype=v.dtype)))
                 continue
             operands.append(("result", self._extra_result(self._per_device(v) if devices else v)))
-        # A cond inside the shard_map body has an index per device; one outside it, one in all.
-        guards = [(self._extra_result(self._per_device(index) if manual else index), branch, count, manual)
-                  for index, branch, count, manual in self._guards]
-        self.callbacks.append(Callback(eqn.primitive, dict(p), operands, guards, devices))
+        self.callbacks.append(Callback(eqn.primitive, dict(p), operands, self._guard_results(), devices))
         return []
+
+    def add_check(self, pred, message):
+        """After each call, the client raises FailedPreconditionError(message) if `pred` (a bool
+        value) holds, on any device in a shard_map body, and only if the cond branches around
+        this point were taken."""
+        devices = int(np.prod(list(self.mesh.shape.values()))) if self._manual_depth else 0
+        index = self._extra_result(self._per_device(pred) if devices else pred)
+        self.checks.append(Check(index, message, self._guard_results(), devices))
+
+    def _guard_results(self):
+        """The cond branches around this point as (extra result index of the branch index, branch,
+        count, per device): a cond in a shard_map body has an index per device; one outside it,
+        one for all."""
+        return [(self._extra_result(self._per_device(index) if manual else index), branch, count, manual)
+                for index, branch, count, manual in self._guards]
 
     def _per_device(self, block):
         """A block in a shard_map body as a global value stacking every device's block along a new
@@ -104,14 +131,20 @@ class _Callbacks:
             self.emit(G.OUTPUT, [v], spec=_sharding.spec_to_proto(entries))
 
 
-def run_callbacks(callbacks, extra):
-    """Runs a call's callbacks with its extra results `extra` (meshrun.Array, in program order),
-    then deletes those from the cluster, also when a callback raises (its exception propagates,
-    as jax.jit's call raises it)."""
+def after_call(callbacks, checks, extra):
+    """Makes a call's checks, then runs its callbacks, with its extra results `extra`
+    (meshrun.Array, in program order); then deletes those from the cluster, also when a check
+    fails (FailedPreconditionError) or a callback raises (its exception propagates, as jax.jit's
+    call raises it)."""
     try:
-        if not callbacks:
-            return
         fetched = [np.asarray(a) for a in extra]
+        for check in checks:
+            for d in range(check.devices) if check.devices else [None]:
+                if all(_taken(fetched[i][d] if manual else fetched[i], branch, count)
+                       for i, branch, count, manual in check.guards):
+                    held = fetched[check.result] if d is None else fetched[check.result][d]
+                    if bool(np.asarray(held).reshape(-1)[0]):
+                        raise errors.FailedPreconditionError(check.message)
         for cb in callbacks:
             for d in range(cb.devices) if cb.devices else [None]:
                 if all(_taken(fetched[i][d] if manual else fetched[i], branch, count)

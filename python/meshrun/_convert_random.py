@@ -38,6 +38,8 @@ SUPPORTED_RANDOM = {
     "shift_left": "BINARY (integers)", "shift_right_logical": "BINARY (integers)",
     "shift_right_arithmetic": "BINARY (integers)", "xor": "ne (bool); BINARY xor (integers)",
     "nextafter": "BINARY nextafter", "erf_inv": "UNARY erf_inv (XLA's polynomial)",
+    "random_gamma": "JAX's own lowering inlined (Marsaglia-Tsang rejection per element: vmapped while loops, "
+                    "each unrolled to while_trips iterations and checked)",
 }
 
 
@@ -159,10 +161,28 @@ class _Random:
             self._unsupported(name, eqn, "over typed PRNG keys (pass their jax.random.key_data words)")
         return p, ins
 
+    def _gamma(self, eqn, p, ins):
+        """random_gamma as jax.jit lowers it on the CPU (jax._src.random.core._gamma_impl with
+        use_vmap=True), traced and inlined: the draws are jax.jit's."""
+        import functools
+
+        import jax
+        from jax._src.random import core as random_core
+
+        impl = functools.partial(random_core._gamma_impl, log_space=p["log_space"], use_vmap=True)
+        closed = jax.make_jaxpr(impl)(*[jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars])
+        self._sites.append(self.where(eqn))
+        try:
+            return self.run(closed.jaxpr, list(closed.consts), list(ins))
+        finally:
+            self._sites.pop()
+
     def _random_equation(self, name, p, ins, out_dtype, out_shape, eqn):
         """The outputs of a PRNG or integer-bit primitive; None for another primitive."""
         if name in _KEY_IDENTITY:
             return ins
+        if name == "random_gamma":  # jax.random.gamma, beta, dirichlet
+            return self._gamma(eqn, p, ins)
         if name in _INT_BINARY or (name == "not" and _is_int(out_dtype)):
             if not _is_int(out_dtype):
                 return None  # bool and/or/not: meshrun._convert's
@@ -241,9 +261,15 @@ class _Random:
         return _V(vid, shape, np.uint32, U32)
 
     def _batched_random_bits(self, name, p, key, eqn):
-        """random_bits / random_split of a batch of keys [K..., 2] (jax.vmap over keys): each key
+        """random_bits / random_split of a batch of keys [K..., 2] (jax.vmap over keys). With
+        partitionable threefry (JAX's default), as JAX computes it: THREEFRY2X32 of each key's
+        words against the draw's row-major counters, all keys at once. Legacy threefry: each key
         draws its own block as a single key does, stacked to [K..., shape...] (at most
         _MAX_KEY_BATCH keys: each is an op)."""
+        import jax
+
+        if bool(jax.config.jax_threefry_partitionable):
+            return self._threefry_keys(name, p, key, eqn)
         batch = tuple(key.shape[:-1])
         count = int(np.prod(batch))
         if count > _MAX_KEY_BATCH:
@@ -256,6 +282,35 @@ class _Random:
             draws.append(self._reshape(d, (1,) + tuple(d.shape)))
         out = draws[0] if count == 1 else self._joined(draws, 0)
         return self._reshape(out, batch + tuple(out.shape[1:]))
+
+
+    def _threefry_keys(self, name, p, key, eqn):
+        """jax._src.random.threefry2x32's partitionable random_bits (32 bits: the two words
+        xor-ed) and split (the two words stacked), for a batch of keys [K..., 2] at once."""
+        if name != "random_split" and int(p["bit_width"]) != 32:
+            self._unsupported(name, eqn, f"bit_width {p['bit_width']} (32 only: f32 draws)")
+        batch, shape = tuple(key.shape[:-1]), tuple(p["shape"])
+        full, size = batch + shape, int(np.prod(shape))
+        if size >= 2**32:
+            self._unsupported(name, eqn, f"a draw of {size} values per key (below 2**32)")
+
+        def spread(v, dims):  # v broadcast to `full`, its dims landing on `dims`
+            return _V(self.emit(G.BROADCAST_IN_DIM, [v], shape=list(full), dims=list(dims)), full, np.uint32, U32)
+
+        words = []
+        for w in (0, 1):
+            starts, limits = [0] * len(key.shape), list(key.shape)
+            starts[-1], limits[-1] = w, w + 1
+            word = _V(self.emit(G.SLICE, [key], dims=starts, shape=limits), tuple(limits), np.uint32, U32)
+            words.append(spread(self._reshape(word, batch), range(len(batch))))
+        if shape not in self._counts:  # iota_2x32_shape's low words (its high ones are 0)
+            self._counts[shape] = self.upload(np.arange(size, dtype=np.uint32).reshape(shape))
+        counts = self._counts[shape]
+        args = words + [self.int_scalar(0, np.uint32), spread(counts, range(len(batch), len(full)))]
+        bits = [_V(self.emit(G.THREEFRY2X32, args, index=w), full, np.uint32, U32) for w in (0, 1)]
+        if name != "random_split":
+            return _V(self.emit(G.BINARY, bits, fn="xor"), full, np.uint32, U32)
+        return self._joined([self._reshape(b, full + (1,)) for b in bits], len(full))
 
 
 # The most keys a batched draw (vmap over keys) unrolls into single draws.

@@ -1,5 +1,6 @@
 """Nested bodies in meshrun._convert: calls (jit, custom_jvp/vjp, remat) inlined, lax.scan
-unrolled, jax.shard_map regions with their collectives."""
+unrolled, while loops unrolled (a traced trip count: guarded iterations and a run-time check),
+jax.shard_map regions with their collectives."""
 import numpy as np
 
 from meshrun import _sharding
@@ -155,7 +156,7 @@ class _Regions:
         """lax.while_loop (and fori_loop with traced-free bounds) whose trip count is known while
         converting: the carries that start as constants and are updated from such carries alone
         (a counter) are evaluated on the client with JAX, the predicate counted down, and the
-        body unrolled that many times. A predicate that reads a traced value is refused."""
+        body unrolled that many times. A predicate that reads a traced value: _while_masked."""
         from jax._src import core
         from jax._src.interpreters import partial_eval as pe
 
@@ -179,14 +180,12 @@ class _Regions:
             if still == known:
                 break
             known = still
+        if tuple(cjaxpr.outvars[0].aval.shape) != ():  # a vmapped loop: a predicate per element
+            return self._while_masked(eqn, cond, body, cconsts, bconsts, init)
         cfixed = [True] * len(cond.consts) + [v is not None for v in concrete(cconsts)]
         cused = pe.dce_jaxpr(cjaxpr, [True])[1]
         if not all(ok for ok, used in zip(cfixed + known, cused) if used):
-            self._unsupported("while", eqn, "a trip count that depends on traced values (only loops whose "
-                              "predicate reads constant-started counters are unrolled)")
-        if tuple(cjaxpr.outvars[0].aval.shape) != ():
-            self._unsupported("while", eqn, f"a predicate of shape {tuple(cjaxpr.outvars[0].aval.shape)} (a vmapped "
-                              "loop); expected one bool")
+            return self._while_masked(eqn, cond, body, cconsts, bconsts, init)
         kbody, kused = pe.dce_jaxpr(bjaxpr, known)
         kcond = pe.dce_jaxpr(cjaxpr, [True])[0]
 
@@ -213,6 +212,41 @@ class _Regions:
         finally:
             self._sites.pop()
         return carry
+
+    def _while_masked(self, eqn, cond, body, cconsts, bconsts, init):
+        """A while loop whose trip count depends on traced values: the body unrolled while_trips
+        times, each iteration's carries kept only where the predicate held before it (SELECT); the
+        predicate after the last must be false (a run-time check, meshrun._convert_callbacks),
+        else the loop had not finished and the call fails. A vmapped loop's predicate has the
+        batch's leading dims: it selects per element and the loop runs while any holds, as
+        XLA's lowering of a batched while does."""
+        carry = list(init)
+        where = self.where(eqn)
+        self._sites.append(where)
+        try:
+            for _ in range(self.while_trips):
+                pred = self.run(cond.jaxpr, list(cond.consts), list(cconsts) + carry)[0]
+                new = self.run(body.jaxpr, list(body.consts), list(bconsts) + carry)
+                carry = [c if n.id == c.id else
+                         self._select("while", eqn, [self._spread(pred, c.shape), c, n], _stored_dtype(c))
+                         for c, n in zip(carry, new)]
+            pred = self.run(cond.jaxpr, list(cond.consts), list(cconsts) + carry)[0]
+            if pred.shape:  # any element's
+                pred = _V(self.emit(G.REDUCE, [pred], fn="max", dims=list(range(len(pred.shape)))), (), pred.dtype,
+                          pred.store)
+        finally:
+            self._sites.pop()
+        self.add_check(pred, f"lax.while_loop at {where} had not finished after the {self.while_trips} iterations "
+                             "meshrun unrolls a loop whose trip count depends on traced values to, so its results "
+                             "would be wrong; pass a larger cluster.jit(..., while_trips=N)")
+        return carry
+
+    def _spread(self, pred, shape):
+        """A batched while's predicate (the batch's leading dims) broadcast to a carry's shape."""
+        if pred.shape == tuple(shape):
+            return pred
+        vid = self.emit(G.BROADCAST_IN_DIM, [pred], shape=list(shape), dims=list(range(len(pred.shape))))
+        return _V(vid, tuple(shape), pred.dtype, pred.store)
 
     def _scan(self, eqn, p, ins):
         """lax.scan unrolled: iteration i reads xs[i] (INDEX along the stacked dim 0) and the ys
@@ -241,6 +275,12 @@ class _Regions:
             vid = self.emit(G.STACK, parts)
             stacked.append(_V(vid, (length,) + parts[0].shape, parts[0].dtype, parts[0].store))
         return list(carry) + stacked
+
+
+def _stored_dtype(v):
+    """The dtype a SELECT between v and its next value runs in: integers (PRNG keys' words
+    among them) as themselves."""
+    return {I32: np.dtype(np.int32), U32: np.dtype(np.uint32)}.get(v.store, v.dtype)
 
 
 # The most iterations of a while loop unrolled into a program.

@@ -45,7 +45,7 @@ def _as_tuple(x):
 
 class _Compiled:
     def __init__(self, program, const_ids, out_treedef, out_avals, out_key_dtypes, out_entries, trace_seconds,
-                 callbacks=()):
+                 callbacks=(), checks=()):
         self.program = program
         self.const_ids = const_ids
         self.out_treedef = out_treedef
@@ -55,6 +55,7 @@ class _Compiled:
         self.trace_seconds = trace_seconds
         # jax.debug.print / jax.debug.callback sites; their values are the results after out_avals'
         self.callbacks = list(callbacks)
+        self.checks = list(checks)  # run-time checks (a while loop past its unrolled iterations)
         self.extra_results = 0  # how many (set by _compile)
         self.reuse = []  # per result: the argument whose place it takes (_reused_arguments), or None
 
@@ -88,10 +89,26 @@ class Jitted:
     primitive and the user's file:line; InvalidArgumentError for shardings over another mesh,
     shapes the mesh does not divide, an argument laid out other than its in_sharding, or an
     argnames entry that is not a positional parameter; TypeError for keyword-only arguments; the
-    coordinator's errors as meshrun.errors. Not thread-safe."""
+    coordinator's errors as meshrun.errors. Not thread-safe.
+
+    `while_trips` (meshrun's, default 16, 1..1000): a lax.while_loop whose trip count depends on
+    traced values (a loop until convergence, jax.random.gamma's rejection sampling) has no loop op
+    to run as: its body is unrolled this many times, each iteration applied only where the
+    predicate still holds (as a vmapped while_loop runs), so the results are jax.jit's whenever
+    the loop finishes within that many iterations; a call in which it does not raises
+    FailedPreconditionError naming the loop's file:line (its results are deleted). Programs grow
+    with it (nested loops multiply). jax.debug.print / jax.debug.callback run after the call
+    (meshrun._convert_callbacks)."""
 
     def __init__(self, cluster, fun, in_shardings, out_shardings, static_argnums, donate_argnums,
-                 static_argnames=(), donate_argnames=()):
+                 static_argnames=(), donate_argnames=(), while_trips=None):
+        from meshrun import _convert
+
+        if while_trips is None:
+            while_trips = _convert.DEFAULT_WHILE_TRIPS
+        if isinstance(while_trips, bool) or not isinstance(while_trips, int) or not 1 <= while_trips <= 1000:
+            raise errors.InvalidArgumentError(f"while_trips {while_trips!r}: expected an int in 1..1000")
+        self._while_trips = while_trips
         self._cluster = cluster
         self._fun = fun
         self._in_shardings = in_shardings
@@ -236,12 +253,12 @@ class Jitted:
         else:
             out_entries = [_sharding.normalize_spec(s, mesh)
                            for s in _tree.flat_specs(self._out_shardings, out_shape)]
-        conv = _convert.Converter(mesh)
+        conv = _convert.Converter(mesh, self._while_trips)
         program, consts = conv.convert(closed, [(a.shape, a.dtype, a._entries) for a in arrays], out_entries)
         out_entries = conv.out_entries
         const_ids = [self._cluster._put(c, None).id for c in consts]
         compiled = _Compiled(program, const_ids, out_treedef, out_avals, out_key_dtypes, out_entries,
-                             time.perf_counter() - start, conv.callbacks)
+                             time.perf_counter() - start, conv.callbacks, conv.checks)
         compiled.extra_results = len(conv.extra_results)
         return compiled
 
@@ -272,7 +289,7 @@ class Jitted:
         extra = [_array.Array(self._cluster, info) for info in resp.outputs[len(compiled.out_avals):]]
         if extra:
             try:
-                _convert_callbacks.run_callbacks(compiled.callbacks, extra)
+                _convert_callbacks.after_call(compiled.callbacks, compiled.checks, extra)
             except BaseException:
                 for a in outs:  # the call raises, as jax.jit's does when a callback fails
                     if not any(a.id == x.id and not x._deleted for x in arrays):

@@ -1,12 +1,20 @@
 """lax.while_loop and fori_loop under cluster.jit: a trip count that follows from constants is
-counted while converting and the body unrolled (results as jax.jit's); one that reads a traced
-value is refused by name."""
+counted while converting and the body unrolled (results as jax.jit's); one that reads traced
+values is unrolled to while_trips guarded iterations, and a call whose loop had not finished by
+then fails naming the loop."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
+
+from meshrun import errors
+from meshrun.v1 import coordinator_pb2
+
+
+def listed(cluster):
+    return {a.id for a in cluster._call("ListArrays", coordinator_pb2.ListArraysRequest()).arrays}
 
 
 def test_while_loops_with_constant_trip_counts_match_jax(cluster):
@@ -33,7 +41,57 @@ def test_while_loops_with_constant_trip_counts_match_jax(cluster):
         np.testing.assert_allclose(np.asarray(g), np.asarray(v), rtol=1e-6, atol=1e-6)
 
 
-def test_a_while_loop_whose_trip_count_reads_a_traced_value_is_refused(cluster):
-    f = cluster.jit(lambda x: jax.lax.while_loop(lambda s: jnp.sum(s) < 100.0, lambda s: s * 2.0, x))
-    with pytest.raises(Exception, match=r"'while' at .*test_control.py.*trip count that depends on traced"):
-        f(cluster.device_put(np.ones((4, 4), np.float32), P()))
+def test_a_while_loop_whose_trip_count_reads_traced_values_runs_as_jax(cluster):
+    """A loop until convergence, and a vmapped one (a predicate per element, each element
+    iterating its own number of times): unrolled to while_trips iterations, each applied where
+    the predicate held, as jax.jit's results."""
+
+    def loops(x, a):
+        doubled = jax.lax.while_loop(lambda s: jnp.sum(s) < 100.0, lambda s: s * 2.0, x)
+
+        def newton(a):  # sqrt(a) to a relative tolerance, counting the steps
+            return jax.lax.while_loop(lambda c: jnp.abs(c[0] * c[0] - a) > 1e-4 * a,
+                                      lambda c: ((c[0] + a / c[0]) / 2, c[1] + 1), (a, 0))
+
+        return doubled, jax.vmap(newton)(a)
+
+    x = np.full((4, 4), 0.5, np.float32)
+    a = np.linspace(1, 50, 8).astype(np.float32)
+    got = cluster.jit(loops)(cluster.device_put(x, P("data")), cluster.device_put(a, P("data")))
+    want = jax.jit(loops)(x, a)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6)
+    assert len(set(np.asarray(got[1][1]).tolist())) > 1  # the elements took different step counts
+
+
+def test_a_loop_that_runs_past_while_trips_fails_naming_it_and_leaves_nothing(cluster):
+    def grow(x):
+        return jax.lax.while_loop(lambda s: jnp.sum(s) < 100.0, lambda s: s * 2.0, x) + 1
+
+    small = cluster.device_put(np.full((4, 4), 1e-9, np.float32), P())
+    before = listed(cluster)
+    with pytest.raises(errors.FailedPreconditionError,
+                       match=r"lax.while_loop at .*test_control.py:\d+ .* had not finished after the 16 iterations"):
+        cluster.jit(grow)(small)
+    assert listed(cluster) - before <= set()  # the failed call's results are deleted
+    # With more iterations unrolled it finishes, as jax.jit's loop does.
+    got = cluster.jit(grow, while_trips=40)(small)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(grow)(np.full((4, 4), 1e-9, np.float32))))
+    with pytest.raises(errors.InvalidArgumentError, match="while_trips 0: expected an int in 1..1000"):
+        cluster.jit(grow, while_trips=0)
+
+
+def test_a_loop_in_a_branch_not_taken_is_not_checked(cluster):
+    """A cond runs every branch on meshrun; a loop in the branch not taken may not finish (its
+    inputs are not the ones it would get), which must not fail the call."""
+
+    def f(x):
+        return jax.lax.cond(jnp.sum(x) > 0, lambda v: v * 3.0,
+                            lambda v: jax.lax.while_loop(lambda s: jnp.sum(s) < 100.0, lambda s: s * 2.0, v), x)
+
+    # The loop would need 33 doublings from 1e-9 (past the 16 unrolled), but its branch is not taken.
+    x = np.full((4, 4), 1e-9, np.float32)
+    np.testing.assert_array_equal(np.asarray(cluster.jit(f)(cluster.device_put(x, P()))), x * 3.0)
+    zeros = np.zeros((4, 4), np.float32)  # sum 0: the loop's branch is taken, and cannot finish
+    with pytest.raises(errors.FailedPreconditionError, match="had not finished"):
+        cluster.jit(f)(cluster.device_put(zeros, P()))

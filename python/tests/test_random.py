@@ -257,3 +257,39 @@ def test_draws_from_a_batch_of_keys_under_vmap_match_jax(cluster):
     np.testing.assert_array_equal(np.asarray(bits), np.asarray(want_bits))
     np.testing.assert_array_equal(np.asarray(sub), np.asarray(want_sub))
     assert_within_ulp(noise, want_noise)
+
+
+def test_a_batch_of_more_keys_than_ops_could_unroll_draws_as_jax(cluster):
+    """1024 keys (once refused above 256): one THREEFRY2X32 over every key's counters, as JAX's
+    partitionable threefry computes it, splits and bits exactly as JAX's."""
+
+    def f(key):
+        keys = jax.random.split(key, 1024)
+        return (jax.vmap(lambda k: jax.random.bits(k, (3, 2)))(keys),
+                jax.random.key_data(jax.vmap(jax.random.split)(keys)),
+                jax.vmap(lambda k: jax.random.uniform(k))(keys))
+
+    got, want = cluster.jit(f)(jax.random.key(11)), jax.jit(f)(jax.random.key(11))
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_gamma_beta_dirichlet_and_poisson_draws_match_jax(cluster):
+    """jax.random.gamma (and beta, dirichlet, built on it) and poisson sample by rejection in
+    while loops whose trip counts depend on the draws: their loops are unrolled to while_trips
+    iterations, each applied where the loop had not finished, so the draws are JAX's."""
+
+    def f(key, x):
+        k = jax.random.split(key, 4)
+        lam = jax.random.beta(k[0], 0.4, 0.4, (x.shape[0],))  # mixup's coefficient per example
+        return (jax.random.gamma(k[1], jnp.array([0.3, 1.0, 2.5, 9.0]), (16, 4)), lam[:, None] * x,
+                jax.random.dirichlet(k[2], jnp.ones(3), (5,)), jax.random.poisson(k[3], 3.0, (8, 4)))
+
+    x = np.random.default_rng(0).normal(size=(8, 4)).astype(np.float32)
+    key = jax.random.key(5)
+    got = cluster.jit(f)(key, cluster.device_put(x, P("data")))
+    want = jax.jit(f)(key, x)
+    for g, w in zip(got, want):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-6)
