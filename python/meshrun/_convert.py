@@ -12,8 +12,8 @@ bitcast_convert_type) and JAX's PRNG keys and bits stay integers (meshrun._conve
 
 The primitives live in mixins by kind: _convert_elementwise, _convert_layout, _convert_indexing,
 _convert_windows (convolutions, pooling), _convert_regions (calls, scan, while, cond, shard_map),
-_convert_random and _convert_callbacks (jax.debug.print, jax.debug.callback); this module holds
-the table, the emitting and the jaxpr walk.
+_convert_random, _convert_linalg (qr) and _convert_callbacks (jax.debug.print, jax.debug.callback);
+this module holds the table, the emitting and the jaxpr walk.
 """
 import numpy as np
 
@@ -23,6 +23,7 @@ from meshrun._convert_indexing import _Indexing
 from meshrun._convert_elementwise import (_BINARY, _COMPARE, _IDENTITY, _INTEGER_ARITHMETIC, _UNARY,
                                          _Elementwise, _integer_store)
 from meshrun._convert_layout import _Layout
+from meshrun._convert_linalg import SUPPORTED_LINALG, _Linalg
 from meshrun._convert_random import SUPPORTED_RANDOM, _Random, aval_of, backward_hints
 from meshrun._convert_regions import _CALLS, _MANUAL, _Regions
 from meshrun._convert_windows import SUPPORTED_WINDOWS, _Windows
@@ -110,10 +111,11 @@ SUPPORTED = {
     **SUPPORTED_RANDOM,
     **SUPPORTED_WINDOWS,
     **SUPPORTED_CALLBACKS,
+    **SUPPORTED_LINALG,
 }
 
 
-class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _Callbacks):
+class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _Callbacks, _Linalg):
     """Converts one closed jaxpr. Not thread-safe; one per program."""
 
     def __init__(self, mesh, while_trips=DEFAULT_WHILE_TRIPS):
@@ -391,6 +393,8 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
             outs = self._indexing_equation(name, p, ins, out_dtype, out_shape, eqn)
         if outs is None:
             outs = self._window_equation(name, p, ins, out_dtype, out_shape, eqn)
+        if outs is None:
+            outs = self._linalg_equation(name, p, ins, eqn)
         if outs is None:
             self._unsupported(name, eqn)
         return outs
