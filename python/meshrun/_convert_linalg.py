@@ -1,6 +1,13 @@
-"""Linear algebra in meshrun._convert: jnp.linalg.qr (the `qr` primitive), which
-jax.nn.initializers.orthogonal calls, so Flax's LSTMCell / GRUCell (whose recurrent kernels are
-orthogonal by default) and orthogonally initialised policies initialise on the cluster.
+"""Linear algebra in meshrun._convert, from the program's ops (SLICE, DOT_GENERAL, element-wise
+ops and SELECTs), one column or row at a time, as LAPACK's unblocked routines compute it:
+  - jnp.linalg.qr (the `qr` primitive), which jax.nn.initializers.orthogonal calls, so Flax's
+    LSTMCell / GRUCell (whose recurrent kernels are orthogonal by default) and orthogonally
+    initialised policies initialise on the cluster;
+  - jnp.linalg.cholesky (`cholesky`, spotf2: the lower factor; all NaN for a matrix that is not
+    positive definite, as JAX returns it) and `triangular_solve` (forward or back substitution,
+    strsm's cases), so jax.scipy.linalg.cho_solve / solve_triangular and
+    jax.random.multivariate_normal run.
+Each takes one matrix (f32; bf16 computed in f32); a batch of matrices is refused by name.
 
 QR as LAPACK's unblocked sgeqr2 / sorg2r compute it, from the program's ops: for each column j,
 the Householder reflector H_j = I - tau_j v_j v_j^T that zeroes R's column j below the diagonal
@@ -18,6 +25,8 @@ from meshrun._ir import BF16, F32, G, _V
 SUPPORTED_LINALG = {
     "qr": "Householder reflections as LAPACK's sgeqr2 / sorg2r, from SLICE, DOT_GENERAL, element-wise ops and "
           "SELECTs (one [m, n] matrix, f32; about 20 ops per column)",
+    "cholesky": "column by column as LAPACK's spotf2 (one [n, n] matrix; all NaN unless positive definite)",
+    "triangular_solve": "forward or back substitution, a row (or column) at a time (one [m, m] matrix)",
 }
 
 
@@ -27,6 +36,10 @@ class _Linalg:
 
     def _linalg_equation(self, name, p, ins, eqn):
         """The outputs of a linear-algebra primitive; None for another primitive."""
+        if name == "cholesky":
+            return [self._in_f32(ins[0], name, eqn, self._cholesky)]
+        if name == "triangular_solve":
+            return [self._triangular_solve(name, p, ins, eqn)]
         if name != "qr":
             return None
         if p.get("pivoting"):
@@ -73,6 +86,79 @@ class _Linalg:
         for v, tau in reversed(reflectors):
             q = self._reflect(q, v, tau)
         return q, (r if full else self._cut(r, [0, 0], [k, n]))
+
+    def _in_f32(self, a, name, eqn, fn):
+        """fn(a as f32) for one square matrix a, converted back to a's dtype."""
+        if len(a.shape) != 2 or a.shape[0] != a.shape[1]:
+            self._unsupported(name, eqn, f"an operand of shape {a.shape}; expected one [n, n] matrix")
+        out = fn(self.f32(a))
+        return _V(self.emit(G.CONVERT, [out], dtype=BF16), out.shape, a.dtype, BF16) if a.store == BF16 else out
+
+    def _cholesky(self, a):
+        """The lower Cholesky factor of a (its lower triangle read): column j is
+        (a[:, j] - L L[j, :]^T) / sqrt of its diagonal entry, below the diagonal; zeros above. A
+        pivot that is not positive makes every entry NaN (JAX's result for LAPACK's info > 0)."""
+        n = a.shape[0]
+        rows, cols = self._iota((n,), 0), self._iota((n, n), 1)
+        zero = self.scalar(0.0)
+        low = _V(self.emit(G.BROADCAST_IN_DIM, [zero], shape=[n, n], dims=[]), (n, n), np.float32, F32)
+        ok = None
+        for j in range(n):
+            row = self._reshape(self._cut(low, [j, 0], [j + 1, n]), (n,))
+            done = _V(self.emit(G.DOT_GENERAL, [low, row], lhs_contracting=[1], rhs_contracting=[0]), (n,), np.float32,
+                      F32)
+            c = self.binary("sub", self._reshape(self._cut(a, [0, j], [n, j + 1]), (n,)), done)
+            pivot = self._reshape(self._cut(c, [j], [j + 1]), ())
+            good = self.binary("gt", pivot, zero)  # (NaN is not)
+            ok = good if ok is None else self.binary("mul", ok, good)
+            d = self.unary("sqrt", pivot)
+            at_j, below_j = self.binary("eq", rows, self.scalar(j)), self.binary("gt", rows, self.scalar(j))
+            col = self._select("cholesky", None, [at_j, self._select("cholesky", None, [below_j, zero,
+                                                                                          self.binary("div", c, d)],
+                                                                      np.float32), d], np.float32)
+            spread = _V(self.emit(G.BROADCAST_IN_DIM, [col], shape=[n, n], dims=[0]), (n, n), np.float32, F32)
+            low = self._select("cholesky", None, [self.binary("eq", cols, self.scalar(j)), low, spread], np.float32)
+        return self._select("cholesky", None, [ok, self.scalar(float("nan")), low], np.float32)
+
+    def _triangular_solve(self, name, p, ins, eqn):
+        """x with op(a) x = b (left_side) or x op(a) = b, op(a) = a or a^T, a's `lower` or upper
+        triangle read (its diagonal taken as ones with unit_diagonal): substitution one row of x
+        at a time, each from the rows already solved (strsm's)."""
+        a, b = ins
+        if len(b.shape) != 2:
+            self._unsupported(name, eqn, f"a right-hand side of shape {b.shape}; expected one matrix")
+        out_dtype = b.dtype
+        if len(a.shape) != 2 or a.shape[0] != a.shape[1]:
+            self._unsupported(name, eqn, f"a of shape {a.shape}; expected one [m, m] matrix")
+        t = self.f32(a)
+        lower, left = bool(p["lower"]), bool(p["left_side"])
+        if p["transpose_a"]:  # op(a) = a^T: the other triangle of a matrix read transposed
+            t, lower = self._transposed(t, [1, 0]), not lower
+        rhs = self.f32(b)
+        if not left:  # x t = b  <=>  t^T x^T = b^T
+            t, lower, rhs = self._transposed(t, [1, 0]), not lower, self._transposed(rhs, [1, 0])
+        m, n = rhs.shape
+        if t.shape[0] != m:
+            self._unsupported(name, eqn, f"a of shape {a.shape} against b of shape {b.shape}")
+        rows, row_of = self._iota((m,), 0), self._iota((m, n), 0)
+        zero = self.scalar(0.0)
+        x = _V(self.emit(G.BROADCAST_IN_DIM, [zero], shape=[m, n], dims=[]), (m, n), np.float32, F32)
+        for i in (range(m) if lower else range(m - 1, -1, -1)):
+            row = self._reshape(self._cut(t, [i, 0], [i + 1, m]), (m,))
+            solved = self.binary("lt" if lower else "gt", rows, self.scalar(i))
+            coef = self._select(name, eqn, [solved, zero, row], np.float32)
+            known = _V(self.emit(G.DOT_GENERAL, [coef, x], lhs_contracting=[0], rhs_contracting=[0]), (n,),
+                       np.float32, F32)
+            xi = self.binary("sub", self._reshape(self._cut(rhs, [i, 0], [i + 1, n]), (n,)), known)
+            if not p["unit_diagonal"]:
+                xi = self.binary("div", xi, self._reshape(self._cut(row, [i], [i + 1]), ()))
+            spread = _V(self.emit(G.BROADCAST_IN_DIM, [xi], shape=[m, n], dims=[1]), (m, n), np.float32, F32)
+            x = self._select(name, eqn, [self.binary("eq", row_of, self.scalar(i)), x, spread], np.float32)
+        if not left:
+            x = self._transposed(x, [1, 0])
+        if b.store == BF16:
+            x = _V(self.emit(G.CONVERT, [x], dtype=BF16), x.shape, out_dtype, BF16)
+        return x
 
     def _reflect(self, x, v, tau):
         """(I - tau v v^T) x for x [m, c], v [m], tau a scalar."""

@@ -1,6 +1,7 @@
-"""jnp.linalg.qr on the cluster (Householder reflections, as LAPACK computes them) equals JAX's,
-signs included, so orthogonal initialisers (Flax's LSTMCell's recurrent kernels) initialise on
-the cluster as jax.jit initialises them."""
+"""jnp.linalg.qr, cholesky and triangular solves on the cluster (as LAPACK's unblocked routines
+compute them) equal JAX's, signs included, so orthogonal initialisers (Flax's LSTMCell's
+recurrent kernels) initialise on the cluster as jax.jit initialises them, and cho_solve,
+solve_triangular and multivariate_normal run."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -42,3 +43,38 @@ def test_an_lstm_initialised_on_the_cluster_equals_jaxs_init(cluster):
 def test_a_batch_of_matrices_is_refused_by_name(cluster):
     with pytest.raises(errors.UnsupportedPrimitiveError, match=r"'qr' .*a batch of matrices \(2, 3, 3\)"):
         cluster.jit(jnp.linalg.qr)(cluster.device_put(np.ones((2, 3, 3), np.float32), P()))
+
+
+def spd(n, seed):
+    a = np.random.default_rng(seed).normal(size=(n, n)).astype(np.float32)
+    return (a @ a.T + n * np.eye(n)).astype(np.float32), a
+
+
+def test_cholesky_and_triangular_solves_equal_jaxs(cluster):
+    import jax.scipy.linalg as jsl
+
+    s, a = spd(6, 1)
+    b = np.random.default_rng(2).normal(size=(6, 3)).astype(np.float32)
+
+    def f(s, a, b):
+        solves = [jsl.solve_triangular(s, b, lower=lo, trans=tr, unit_diagonal=u)
+                  for lo in (True, False) for tr in (0, 1) for u in (False, True)]
+        right = [jax.lax.linalg.triangular_solve(s, b.T, left_side=False, lower=lo, transpose_a=tr)
+                 for lo in (True, False) for tr in (False, True)]
+        # the GP marginal likelihood's terms and their gradient (the factor's JVP solves too)
+        nll = lambda s: (jsl.cho_solve((jnp.linalg.cholesky(s), True), b) ** 2).sum() + 2 * jnp.log(  # noqa: E731
+            jnp.diag(jnp.linalg.cholesky(s))).sum()
+        return jnp.linalg.cholesky(s), jnp.linalg.cholesky(a), solves, right, jax.grad(nll)(s)
+
+    got, want = cluster.jit(f)(s, a, b), jax.jit(f)(s, a, b)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-5, atol=2e-6)
+    # not positive definite: NaN throughout the factor (jnp.linalg.cholesky zeroes above it), as JAX's
+    assert np.isnan(np.asarray(got[1])[np.tril_indices(6)]).all()
+
+
+def test_multivariate_normal_draws_equal_jaxs(cluster):
+    s, _ = spd(5, 3)
+    f = lambda key: jax.random.multivariate_normal(key, jnp.arange(5.0), jnp.asarray(s), (16,))  # noqa: E731
+    np.testing.assert_allclose(np.asarray(cluster.jit(f)(jax.random.key(4))), np.asarray(jax.jit(f)(jax.random.key(4))),
+                               rtol=1e-5, atol=2e-6)
