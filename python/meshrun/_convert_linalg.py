@@ -6,7 +6,9 @@ ops and SELECTs), one column or row at a time, as LAPACK's unblocked routines co
   - jnp.linalg.cholesky (`cholesky`, spotf2: the lower factor; all NaN for a matrix that is not
     positive definite, as JAX returns it) and `triangular_solve` (forward or back substitution,
     strsm's cases), so jax.scipy.linalg.cho_solve / solve_triangular and
-    jax.random.multivariate_normal run.
+    jax.random.multivariate_normal run;
+  - `lu` (sgetf2: partial pivoting, the first row holding the column's largest magnitude), and
+    `custom_linear_solve` (its solve body inlined), so jnp.linalg.solve, inv, det and slogdet run.
 Each takes one matrix (f32; bf16 computed in f32); a batch of matrices is refused by name.
 
 QR as LAPACK's unblocked sgeqr2 / sorg2r compute it, from the program's ops: for each column j,
@@ -20,13 +22,15 @@ rounding (the same signs: R's diagonal is beta). f32 (a bf16 matrix is factored 
 """
 import numpy as np
 
-from meshrun._ir import BF16, F32, G, _V
+from meshrun._ir import BF16, F32, G, I32, _V
 
 SUPPORTED_LINALG = {
     "qr": "Householder reflections as LAPACK's sgeqr2 / sorg2r, from SLICE, DOT_GENERAL, element-wise ops and "
           "SELECTs (one [m, n] matrix, f32; about 20 ops per column)",
     "cholesky": "column by column as LAPACK's spotf2 (one [n, n] matrix; all NaN unless positive definite)",
     "triangular_solve": "forward or back substitution, a row (or column) at a time (one [m, m] matrix)",
+    "lu": "Gaussian elimination with partial pivoting as LAPACK's sgetf2 (one [m, n] matrix): row swaps as SELECTs",
+    "custom_linear_solve": "its solve body inlined (jnp.linalg.solve)",
 }
 
 
@@ -40,6 +44,13 @@ class _Linalg:
             return [self._in_f32(ins[0], name, eqn, self._cholesky)]
         if name == "triangular_solve":
             return [self._triangular_solve(name, p, ins, eqn)]
+        if name == "lu":
+            return self._lu(name, ins[0], eqn)
+        if name == "custom_linear_solve":  # as JAX's impl: the solve jaxpr on its consts and b
+            lengths = list(p["const_lengths"])
+            start = sum(lengths[:2])
+            solve = p["jaxprs"].solve
+            return self.run(solve.jaxpr, list(solve.consts), list(ins[start:start + lengths[2]]) + list(ins[sum(lengths):]))
         if name != "qr":
             return None
         if p.get("pivoting"):
@@ -160,6 +171,73 @@ class _Linalg:
             x = _V(self.emit(G.CONVERT, [x], dtype=BF16), x.shape, out_dtype, BF16)
         return x
 
+    def _lu(self, name, a, eqn):
+        """[lu, pivots, permutation] of a as lax.linalg.lu gives them: for each column j, the first
+        row at or below j holding the largest magnitude is swapped into row j (pivots[j], i32),
+        the entries below the pivot divided by it (left as they are when it is 0: a singular
+        matrix, as sgetf2 leaves it) and the trailing block updated; permutation (i32) is
+        where each row of the factored matrix came from."""
+        if len(a.shape) != 2:
+            self._unsupported(name, eqn, f"a batch of matrices {a.shape}; expected one [m, n] matrix")
+        x = self.f32(a)
+        m, n = x.shape
+        rows, row_of, col_of = self._iota((m,), 0), self._iota((m, n), 0), self._iota((m, n), 1)
+        zero = self.scalar(0.0)
+        perm, pivots = rows, []
+        for j in range(min(m, n)):
+            col = self._reshape(self._cut(x, [0, j], [m, j + 1]), (m,))
+            above = self.binary("lt", rows, self.scalar(j))
+            score = self._select(name, eqn, [above, self.unary("abs", col), self.scalar(-1.0)], np.float32)
+            best = self.binary("eq", score, self._reduce("max", score))
+            # the first such row: m - max((m - row) where best)
+            p = self.binary("sub", self.scalar(m), self._reduce("max", self.binary(
+                "mul", best, self.binary("sub", self.scalar(m), rows))))
+            pivots.append(p)
+            at_p = self.binary("eq", rows, p)
+            x = self._swap_rows(x, j, p, at_p, row_of)
+            perm = self._swap_rows(perm, j, p, at_p, rows)
+            col = self._reshape(self._cut(x, [0, j], [m, j + 1]), (m,))
+            pivot = self._reshape(self._cut(col, [j], [j + 1]), ())
+            below = self.binary("gt", rows, self.scalar(j))
+            scaled = self._select(name, eqn, [self.binary("eq", pivot, zero), self.binary("div", col, pivot), col],
+                                  np.float32)
+            low = self._select(name, eqn, [below, zero, scaled], np.float32)
+            right = self.binary("mul", self._reshape(self._cut(x, [j, 0], [j + 1, n]), (n,)),
+                                self.binary("gt", self._iota((n,), 0), self.scalar(j)))
+            outer = self.binary(
+                "mul", _V(self.emit(G.BROADCAST_IN_DIM, [low], shape=[m, n], dims=[0]), (m, n), np.float32, F32),
+                _V(self.emit(G.BROADCAST_IN_DIM, [right], shape=[m, n], dims=[1]), (m, n), np.float32, F32))
+            x = self.binary("sub", x, outer)
+            spread = _V(self.emit(G.BROADCAST_IN_DIM, [self._select(name, eqn, [below, col, low], np.float32)],
+                                  shape=[m, n], dims=[0]), (m, n), np.float32, F32)
+            x = self._select(name, eqn, [self.binary("eq", col_of, self.scalar(j)), x, spread], np.float32)
+        if a.store == BF16:
+            x = _V(self.emit(G.CONVERT, [x], dtype=BF16), x.shape, a.dtype, BF16)
+        piv = self._joined([self._reshape(v, (1,)) for v in pivots], 0) if len(pivots) > 1 else self._reshape(
+            pivots[0], (1,))
+        as_i32 = lambda v: _V(self.emit(G.CONVERT, [v], dtype=I32), v.shape, np.int32, I32)  # noqa: E731
+        return [x, as_i32(piv), as_i32(perm)]
+
+    def _swap_rows(self, x, j, p, at_p, row_index):
+        """x with rows j and p (a scalar value; at_p: rows == p) swapped; x [m] or [m, n]."""
+        if len(x.shape) == 1:
+            xj = self._reshape(self._cut(x, [j], [j + 1]), ())
+            xp = self._reduce("sum", self.binary("mul", x, at_p))
+            out = self._select("lu", None, [at_p, x, xj], np.float32)
+            return self._select("lu", None, [self.binary("eq", row_index, self.scalar(j)), out, xp], np.float32)
+        m, n = x.shape
+        xj = self._reshape(self._cut(x, [j, 0], [j + 1, n]), (n,))
+        xp = _V(self.emit(G.DOT_GENERAL, [at_p, x], lhs_contracting=[0], rhs_contracting=[0]), (n,), np.float32, F32)
+
+        def spread(v):
+            return _V(self.emit(G.BROADCAST_IN_DIM, [v], shape=[m, n], dims=[1]), (m, n), np.float32, F32)
+
+        out = self._select("lu", None, [self.binary("eq", row_index, p), x, spread(xj)], np.float32)
+        return self._select("lu", None, [self.binary("eq", row_index, self.scalar(j)), out, spread(xp)], np.float32)
+
+    def _reduce(self, fn, x):
+        return _V(self.emit(G.REDUCE, [x], fn=fn, dims=list(range(len(x.shape)))), (), x.dtype, x.store)
+
     def _reflect(self, x, v, tau):
         """(I - tau v v^T) x for x [m, c], v [m], tau a scalar."""
         m, c = x.shape
@@ -175,4 +253,4 @@ class _Linalg:
                   tuple(hi - lo for lo, hi in zip(starts, limits)), x.dtype, x.store)
 
     def _sum(self, x):
-        return _V(self.emit(G.REDUCE, [x], fn="sum", dims=list(range(len(x.shape)))), (), x.dtype, x.store)
+        return self._reduce("sum", x)

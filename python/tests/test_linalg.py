@@ -1,7 +1,7 @@
-"""jnp.linalg.qr, cholesky and triangular solves on the cluster (as LAPACK's unblocked routines
-compute them) equal JAX's, signs included, so orthogonal initialisers (Flax's LSTMCell's
-recurrent kernels) initialise on the cluster as jax.jit initialises them, and cho_solve,
-solve_triangular and multivariate_normal run."""
+"""jnp.linalg.qr, cholesky, triangular solves and LU on the cluster (as LAPACK's unblocked
+routines compute them) equal JAX's, signs and pivots included, so orthogonal initialisers (Flax's
+LSTMCell's recurrent kernels) initialise on the cluster as jax.jit initialises them, and
+cho_solve, solve_triangular, multivariate_normal, solve, inv, det and slogdet run."""
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -78,3 +78,27 @@ def test_multivariate_normal_draws_equal_jaxs(cluster):
     f = lambda key: jax.random.multivariate_normal(key, jnp.arange(5.0), jnp.asarray(s), (16,))  # noqa: E731
     np.testing.assert_allclose(np.asarray(cluster.jit(f)(jax.random.key(4))), np.asarray(jax.jit(f)(jax.random.key(4))),
                                rtol=1e-5, atol=2e-6)
+
+
+def test_lu_solve_inv_det_and_their_gradients_equal_jaxs(cluster):
+    rng = np.random.default_rng(5)
+    a = rng.normal(size=(6, 6)).astype(np.float32)
+    b = rng.normal(size=(6, 3)).astype(np.float32)
+    wide = rng.normal(size=(5, 7)).astype(np.float32)
+    singular = a.copy()
+    singular[:, 2] = 0.0  # a zero pivot: its column is left unscaled, as LAPACK leaves it
+
+    def f(a, b, wide, singular):
+        return (jax.lax.linalg.lu(a), jax.lax.linalg.lu(wide), jax.lax.linalg.lu(wide.T), jax.lax.linalg.lu(singular),
+                jnp.linalg.solve(a, b), jnp.linalg.solve(a, b[:, 0]), jnp.linalg.inv(a), jnp.linalg.det(a),
+                jnp.linalg.slogdet(a), jnp.linalg.det(singular),
+                jax.grad(lambda a: (jnp.linalg.solve(a, b) ** 2).sum())(a), jax.grad(lambda a: jnp.linalg.slogdet(a)[1])(a))
+
+    got, want = cluster.jit(f)(a, b, wide, singular), jax.jit(f)(a, b, wide, singular)
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, w.dtype, g.shape, w.shape)
+        if w.dtype.kind == "i":  # pivots and permutations: the same rows chosen
+            np.testing.assert_array_equal(g, w)
+        else:
+            np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-6)
