@@ -135,11 +135,7 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
         self._known_index = {}  # value id -> the constant branch index it holds (platform_index)
         self._concrete = {}  # value id -> the constant (numpy) it holds, for while loops' trip counts
         self.out_entries = []  # the results' layouts, after convert()
-        self.callbacks = []  # host callbacks (meshrun._convert_callbacks.Callback), in program order
-        self.checks = []  # run-time checks (meshrun._convert_callbacks.Check)
-        self.extra_results = []  # the values they read, results after the function's own
-        self._guards = []  # the cond branches being converted: (index, branch, count, in shard_map)
-        self._stacked = {}  # block value id -> every device's block stacked (_convert_callbacks)
+        self.init_callbacks()  # callbacks, checks, extra_results (meshrun._convert_callbacks)
 
     def where(self, eqn):
         """The user's file:line of an equation; inside a library's nested jit (jnp.cumsum's), the

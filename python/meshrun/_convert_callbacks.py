@@ -64,8 +64,16 @@ class Check:
 
 
 class _Callbacks:
-    """Converter's host callbacks (a mixin: uses its emit, mesh, _layouts, _manual_depth,
-    _unsupported, and its callbacks, extra_results, _guards and _stacked)."""
+    """Converter's host callbacks and checks (a mixin: uses its emit, binary, mesh, _layouts,
+    _manual_depth and _unsupported)."""
+
+    def init_callbacks(self):
+        self.callbacks = []  # host callbacks (Callback), in program order
+        self.checks = []  # run-time checks (Check), once emit_extra_results has run
+        self._pending_checks = {}  # (message, devices, guards) -> (predicate, guard results)
+        self.extra_results = []  # the values they read: results after the function's own
+        self._guards = []  # the cond branches being converted: (index, branch, count, in shard_map)
+        self._stacked = {}  # block value id -> every device's block stacked (_per_device)
 
     def _debug_callback(self, name, eqn, p, ins):
         if p.get("partitioned") and not self._manual_depth:
@@ -84,10 +92,16 @@ class _Callbacks:
     def add_check(self, pred, message):
         """After each call, the client raises FailedPreconditionError(message) if `pred` (a bool
         value) holds, on any device in a shard_map body, and only if the cond branches around
-        this point were taken."""
+        this point were taken. Checks with one message under the same branches (a loop nested
+        in another's unrolled iterations) are one result, their predicates max-ed."""
         devices = int(np.prod(list(self.mesh.shape.values()))) if self._manual_depth else 0
-        index = self._extra_result(self._per_device(pred) if devices else pred)
-        self.checks.append(Check(index, message, self._guard_results(), devices))
+        value = self._per_device(pred) if devices else pred
+        key = (message, devices, tuple((index.id, branch) for index, branch, _, _ in self._guards))
+        if key in self._pending_checks:
+            held, guards = self._pending_checks[key]
+            self._pending_checks[key] = (self.binary("max", held, value), guards)
+        else:
+            self._pending_checks[key] = (value, self._guard_results())
 
     def _guard_results(self):
         """The cond branches around this point as (extra result index of the branch index, branch,
@@ -121,8 +135,11 @@ class _Callbacks:
         return len(self.extra_results) - 1
 
     def emit_extra_results(self):
-        """OUTPUT ops for the callbacks' values, after the function's results, each in the layout
-        it has (the fetch assembles it)."""
+        """OUTPUT ops for the checks' and callbacks' values, after the function's results, each
+        in the layout it has (the fetch assembles it)."""
+        for (message, devices, _), (value, guards) in self._pending_checks.items():
+            self.checks.append(Check(self._extra_result(value), message, guards, devices))
+        self._pending_checks = {}
         for v in self.extra_results:
             entries = self._layouts.get(v.id, ())
             want = F32 if _is_bool(v.dtype) else _sharding.dtype_to_proto(v.dtype)

@@ -95,3 +95,22 @@ def test_a_loop_in_a_branch_not_taken_is_not_checked(cluster):
     zeros = np.zeros((4, 4), np.float32)  # sum 0: the loop's branch is taken, and cannot finish
     with pytest.raises(errors.FailedPreconditionError, match="had not finished"):
         cluster.jit(f)(cluster.device_put(zeros, P()))
+
+
+def test_a_nested_loop_that_runs_past_while_trips_in_one_outer_iteration_is_caught(cluster):
+    """The inner loop's checks, one per unrolled outer iteration, are one result: the failure in
+    the second outer iteration alone still fails the call, naming the inner loop."""
+
+    def f(n):
+        def outer(c):
+            i, v = c
+            target = jnp.where(i == 1, 2.0 ** 20, 2.0)  # 1 doubling, then 19
+            v = jax.lax.while_loop(lambda s: s < target, lambda s: s * 2.0, v)  # the inner loop
+            return i + 1, v
+
+        return jax.lax.while_loop(lambda c: c[0] < n, outer, (0, jnp.float32(1.0)))[1]
+
+    n = cluster.device_put(np.int32(2), P())
+    with pytest.raises(errors.FailedPreconditionError, match=r"test_control.py:\d+ \(.*f.<locals>.outer\) had not"):
+        cluster.jit(f)(n)
+    np.testing.assert_array_equal(np.asarray(cluster.jit(f, while_trips=20)(n)), np.asarray(jax.jit(f)(np.int32(2))))
