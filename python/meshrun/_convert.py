@@ -218,12 +218,13 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
         shape = a.shape or b.shape
         return _V(self.emit(G.BINARY, [a, b], fn=fn), shape, dtype or a.dtype, a.store)
 
-    def broadcast(self, v, shape):
-        """v broadcast to `shape` (same rank, v's dims equal or 1), laid out as v is."""
+    def broadcast(self, v, shape, dims=None):
+        """v broadcast to `shape`, laid out as v is: its dims landing on `dims` (default: the same
+        rank, v's dims equal or 1)."""
         if v.shape == tuple(shape):
             return v
-        vid = self.emit(G.BROADCAST_IN_DIM, [v], shape=list(shape), dims=list(range(len(shape))))
-        return _V(vid, shape, v.dtype, v.store)
+        dims = list(range(len(shape))) if dims is None else list(dims)
+        return _V(self.emit(G.BROADCAST_IN_DIM, [v], shape=list(shape), dims=dims), tuple(shape), v.dtype, v.store)
 
     # -- the program ----------------------------------------------------------------------------
 

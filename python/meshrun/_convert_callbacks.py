@@ -78,7 +78,7 @@ class _Callbacks:
     def _debug_callback(self, name, eqn, p, ins):
         if p.get("partitioned") and not self._manual_depth:
             self._unsupported(name, eqn, "partitioned=True (a callback per shard) outside a shard_map body")
-        devices = int(np.prod(list(self.mesh.shape.values()))) if self._manual_depth else 0
+        devices = self._devices()
         operands = []
         for v in ins:
             if v.id == EMPTY:
@@ -94,7 +94,7 @@ class _Callbacks:
         value) holds, on any device in a shard_map body, and only if the cond branches around
         this point were taken. Checks with one message under the same branches (a loop nested
         in another's unrolled iterations) are one result, their predicates max-ed."""
-        devices = int(np.prod(list(self.mesh.shape.values()))) if self._manual_depth else 0
+        devices = self._devices()
         value = self._per_device(pred) if devices else pred
         key = (message, devices, tuple((index.id, branch) for index, branch, _, _ in self._guards))
         if key in self._pending_checks:
@@ -102,6 +102,11 @@ class _Callbacks:
             self._pending_checks[key] = (self.binary("max", held, value), guards)
         else:
             self._pending_checks[key] = (value, self._guard_results())
+
+    def _devices(self):
+        """How many calls a callback or check here makes: one per device in a shard_map body; 0
+        (one call with global values) outside."""
+        return self.mesh.size if self._manual_depth else 0
 
     def _guard_results(self):
         """The cond branches around this point as (extra result index of the branch index, branch,
@@ -122,8 +127,7 @@ class _Callbacks:
         vid = self.emit(G.SHARD_MAP_EXIT, [_V(one, shape, block.dtype, block.store)],
                         spec=_sharding.spec_to_proto(entries))
         self._layouts[vid] = entries
-        devices = int(np.prod(list(self.mesh.shape.values())))
-        self._stacked[block.id] = _V(vid, (devices,) + tuple(block.shape), block.dtype, block.store)
+        self._stacked[block.id] = _V(vid, (self.mesh.size,) + tuple(block.shape), block.dtype, block.store)
         return self._stacked[block.id]
 
     def _extra_result(self, v):
@@ -156,17 +160,13 @@ def after_call(callbacks, checks, extra):
     try:
         fetched = [np.asarray(a) for a in extra]
         for check in checks:
-            for d in range(check.devices) if check.devices else [None]:
-                if all(_taken(fetched[i][d] if manual else fetched[i], branch, count)
-                       for i, branch, count, manual in check.guards):
-                    held = fetched[check.result] if d is None else fetched[check.result][d]
-                    if bool(np.asarray(held).reshape(-1)[0]):
-                        raise errors.FailedPreconditionError(check.message)
+            for d in _taken_calls(check, fetched):
+                held = fetched[check.result] if d is None else fetched[check.result][d]
+                if bool(np.asarray(held).reshape(-1)[0]):
+                    raise errors.FailedPreconditionError(check.message)
         for cb in callbacks:
-            for d in range(cb.devices) if cb.devices else [None]:
-                if all(_taken(fetched[i][d] if manual else fetched[i], branch, count)
-                       for i, branch, count, manual in cb.guards):
-                    cb.primitive.impl(*[_operand(op, fetched, d) for op in cb.operands], **cb.params)
+            for d in _taken_calls(cb, fetched):
+                cb.primitive.impl(*[_operand(op, fetched, d) for op in cb.operands], **cb.params)
     finally:
         for a in extra:
             a.delete()
@@ -176,6 +176,15 @@ def _operand(op, fetched, device):
     """A callback's operand for one call (device: the device's index, or None for the one call)."""
     x = op[1] if op[0] == "value" else fetched[op[1]]
     return x if device is None else x[device]
+
+
+def _taken_calls(site, fetched):
+    """The calls of a Callback or Check whose cond branches were taken: device indices in a
+    shard_map body, else [None] (one call with global values) or []."""
+    for d in range(site.devices) if site.devices else [None]:
+        if all(_taken(fetched[i][d] if manual else fetched[i], branch, count)
+               for i, branch, count, manual in site.guards):
+            yield d
 
 
 def _taken(index, branch, count):

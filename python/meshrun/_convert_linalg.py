@@ -22,7 +22,7 @@ rounding (the same signs: R's diagonal is beta). f32 (a bf16 matrix is factored 
 """
 import numpy as np
 
-from meshrun._ir import BF16, F32, G, I32, _V
+from meshrun._ir import F32, G, I32, _V
 
 SUPPORTED_LINALG = {
     "qr": "Householder reflections as LAPACK's sgeqr2 / sorg2r, from SLICE, DOT_GENERAL, element-wise ops and "
@@ -35,13 +35,16 @@ SUPPORTED_LINALG = {
 
 
 class _Linalg:
-    """Converter's linear algebra (a mixin: uses its emit, binary, unary, scalar, f32, _select,
-    _reshape, _iota, upload and _unsupported)."""
+    """Converter's linear algebra (a mixin: uses its emit, binary, unary, scalar, f32, broadcast,
+    _select, _convert, _reshape, _transposed, _joined, _iota, upload and _unsupported)."""
 
     def _linalg_equation(self, name, p, ins, eqn):
         """The outputs of a linear-algebra primitive; None for another primitive."""
         if name == "cholesky":
-            return [self._in_f32(ins[0], name, eqn, self._cholesky)]
+            a = ins[0]
+            if len(a.shape) != 2 or a.shape[0] != a.shape[1]:
+                self._unsupported(name, eqn, f"an operand of shape {a.shape}; expected one [n, n] matrix")
+            return [self._convert(name, eqn, self._cholesky(self.f32(a)), a.dtype)]
         if name == "triangular_solve":
             return [self._triangular_solve(name, p, ins, eqn)]
         if name == "lu":
@@ -50,7 +53,8 @@ class _Linalg:
             lengths = list(p["const_lengths"])
             start = sum(lengths[:2])
             solve = p["jaxprs"].solve
-            return self.run(solve.jaxpr, list(solve.consts), list(ins[start:start + lengths[2]]) + list(ins[sum(lengths):]))
+            operands = list(ins[start:start + lengths[2]]) + list(ins[sum(lengths):])
+            return self.run(solve.jaxpr, list(solve.consts), operands)
         if name != "qr":
             return None
         if p.get("pivoting"):
@@ -59,9 +63,7 @@ class _Linalg:
         if len(a.shape) != 2:
             self._unsupported(name, eqn, f"a batch of matrices {a.shape}; expected one [m, n] matrix")
         q, r = self._householder_qr(eqn, self.f32(a), bool(p.get("full_matrices", True)))
-        if a.store == BF16:
-            q, r = [_V(self.emit(G.CONVERT, [x], dtype=BF16), x.shape, a.dtype, BF16) for x in (q, r)]
-        return [q, r]
+        return [self._convert(name, eqn, x, a.dtype) for x in (q, r)]
 
     def _householder_qr(self, eqn, r, full):
         m, n = r.shape
@@ -75,8 +77,9 @@ class _Linalg:
             alpha = self._reshape(self._cut(col, [j], [j + 1]), ())
             at_j, below_j = self.binary("eq", rows, self.scalar(j)), self.binary("gt", rows, self.scalar(j))
             x = self.binary("mul", col, below_j)
-            xnorm = self.unary("sqrt", self._sum(self.binary("mul", x, x)))
-            h = self.unary("sqrt", self.binary("add", self.binary("mul", alpha, alpha), self.binary("mul", xnorm, xnorm)))
+            xnorm = self.unary("sqrt", self._reduce("sum", self.binary("mul", x, x)))
+            squares = self.binary("add", self.binary("mul", alpha, alpha), self.binary("mul", xnorm, xnorm))
+            h = self.unary("sqrt", squares)
             beta = self._select("qr", eqn, [self.binary("ge", alpha, zero), h, self.unary("neg", h)], np.float32)
             # The column already zero below the diagonal: H = I (tau 0), R's column unchanged.
             flat = self.binary("eq", xnorm, zero)
@@ -89,7 +92,7 @@ class _Linalg:
             # Column j exactly (beta, then zeros; the rows above it are H's fixed rows).
             fixed = self._select("qr", eqn, [at_j, self._select("qr", eqn, [below_j, col, zero], np.float32), beta],
                                  np.float32)
-            spread = _V(self.emit(G.BROADCAST_IN_DIM, [fixed], shape=[m, n], dims=[0]), (m, n), np.float32, F32)
+            spread = self.broadcast(fixed, (m, n), [0])
             r = self._select("qr", eqn, [self.binary("eq", cols, self.scalar(j)), r, spread], np.float32)
             reflectors.append((v, tau))
         width = m if full else k
@@ -98,13 +101,6 @@ class _Linalg:
             q = self._reflect(q, v, tau)
         return q, (r if full else self._cut(r, [0, 0], [k, n]))
 
-    def _in_f32(self, a, name, eqn, fn):
-        """fn(a as f32) for one square matrix a, converted back to a's dtype."""
-        if len(a.shape) != 2 or a.shape[0] != a.shape[1]:
-            self._unsupported(name, eqn, f"an operand of shape {a.shape}; expected one [n, n] matrix")
-        out = fn(self.f32(a))
-        return _V(self.emit(G.CONVERT, [out], dtype=BF16), out.shape, a.dtype, BF16) if a.store == BF16 else out
-
     def _cholesky(self, a):
         """The lower Cholesky factor of a (its lower triangle read): column j is
         (a[:, j] - L L[j, :]^T) / sqrt of its diagonal entry, below the diagonal; zeros above. A
@@ -112,12 +108,11 @@ class _Linalg:
         n = a.shape[0]
         rows, cols = self._iota((n,), 0), self._iota((n, n), 1)
         zero = self.scalar(0.0)
-        low = _V(self.emit(G.BROADCAST_IN_DIM, [zero], shape=[n, n], dims=[]), (n, n), np.float32, F32)
+        low = self.broadcast(zero, (n, n), [])
         ok = None
         for j in range(n):
             row = self._reshape(self._cut(low, [j, 0], [j + 1, n]), (n,))
-            done = _V(self.emit(G.DOT_GENERAL, [low, row], lhs_contracting=[1], rhs_contracting=[0]), (n,), np.float32,
-                      F32)
+            done = self._contract(low, 1, row)
             c = self.binary("sub", self._reshape(self._cut(a, [0, j], [n, j + 1]), (n,)), done)
             pivot = self._reshape(self._cut(c, [j], [j + 1]), ())
             good = self.binary("gt", pivot, zero)  # (NaN is not)
@@ -127,7 +122,7 @@ class _Linalg:
             col = self._select("cholesky", None, [at_j, self._select("cholesky", None, [below_j, zero,
                                                                                           self.binary("div", c, d)],
                                                                       np.float32), d], np.float32)
-            spread = _V(self.emit(G.BROADCAST_IN_DIM, [col], shape=[n, n], dims=[0]), (n, n), np.float32, F32)
+            spread = self.broadcast(col, (n, n), [0])
             low = self._select("cholesky", None, [self.binary("eq", cols, self.scalar(j)), low, spread], np.float32)
         return self._select("cholesky", None, [ok, self.scalar(float("nan")), low], np.float32)
 
@@ -138,7 +133,6 @@ class _Linalg:
         a, b = ins
         if len(b.shape) != 2:
             self._unsupported(name, eqn, f"a right-hand side of shape {b.shape}; expected one matrix")
-        out_dtype = b.dtype
         if len(a.shape) != 2 or a.shape[0] != a.shape[1]:
             self._unsupported(name, eqn, f"a of shape {a.shape}; expected one [m, m] matrix")
         t = self.f32(a)
@@ -153,23 +147,20 @@ class _Linalg:
             self._unsupported(name, eqn, f"a of shape {a.shape} against b of shape {b.shape}")
         rows, row_of = self._iota((m,), 0), self._iota((m, n), 0)
         zero = self.scalar(0.0)
-        x = _V(self.emit(G.BROADCAST_IN_DIM, [zero], shape=[m, n], dims=[]), (m, n), np.float32, F32)
+        x = self.broadcast(zero, (m, n), [])
         for i in (range(m) if lower else range(m - 1, -1, -1)):
             row = self._reshape(self._cut(t, [i, 0], [i + 1, m]), (m,))
             solved = self.binary("lt" if lower else "gt", rows, self.scalar(i))
             coef = self._select(name, eqn, [solved, zero, row], np.float32)
-            known = _V(self.emit(G.DOT_GENERAL, [coef, x], lhs_contracting=[0], rhs_contracting=[0]), (n,),
-                       np.float32, F32)
+            known = self._contract(coef, 0, x)
             xi = self.binary("sub", self._reshape(self._cut(rhs, [i, 0], [i + 1, n]), (n,)), known)
             if not p["unit_diagonal"]:
                 xi = self.binary("div", xi, self._reshape(self._cut(row, [i], [i + 1]), ()))
-            spread = _V(self.emit(G.BROADCAST_IN_DIM, [xi], shape=[m, n], dims=[1]), (m, n), np.float32, F32)
+            spread = self.broadcast(xi, (m, n), [1])
             x = self._select(name, eqn, [self.binary("eq", row_of, self.scalar(i)), x, spread], np.float32)
         if not left:
             x = self._transposed(x, [1, 0])
-        if b.store == BF16:
-            x = _V(self.emit(G.CONVERT, [x], dtype=BF16), x.shape, out_dtype, BF16)
-        return x
+        return self._convert(name, eqn, x, b.dtype)
 
     def _lu(self, name, a, eqn):
         """[lu, pivots, permutation] of a as lax.linalg.lu gives them: for each column j, the first
@@ -205,14 +196,12 @@ class _Linalg:
             right = self.binary("mul", self._reshape(self._cut(x, [j, 0], [j + 1, n]), (n,)),
                                 self.binary("gt", self._iota((n,), 0), self.scalar(j)))
             outer = self.binary(
-                "mul", _V(self.emit(G.BROADCAST_IN_DIM, [low], shape=[m, n], dims=[0]), (m, n), np.float32, F32),
-                _V(self.emit(G.BROADCAST_IN_DIM, [right], shape=[m, n], dims=[1]), (m, n), np.float32, F32))
+                "mul", self.broadcast(low, (m, n), [0]),
+                self.broadcast(right, (m, n), [1]))
             x = self.binary("sub", x, outer)
-            spread = _V(self.emit(G.BROADCAST_IN_DIM, [self._select(name, eqn, [below, col, low], np.float32)],
-                                  shape=[m, n], dims=[0]), (m, n), np.float32, F32)
+            spread = self.broadcast(self._select(name, eqn, [below, col, low], np.float32), (m, n), [0])
             x = self._select(name, eqn, [self.binary("eq", col_of, self.scalar(j)), x, spread], np.float32)
-        if a.store == BF16:
-            x = _V(self.emit(G.CONVERT, [x], dtype=BF16), x.shape, a.dtype, BF16)
+        x = self._convert(name, eqn, x, a.dtype)
         piv = self._joined([self._reshape(v, (1,)) for v in pivots], 0) if len(pivots) > 1 else self._reshape(
             pivots[0], (1,))
         as_i32 = lambda v: _V(self.emit(G.CONVERT, [v], dtype=I32), v.shape, np.int32, I32)  # noqa: E731
@@ -227,13 +216,17 @@ class _Linalg:
             return self._select("lu", None, [self.binary("eq", row_index, self.scalar(j)), out, xp], np.float32)
         m, n = x.shape
         xj = self._reshape(self._cut(x, [j, 0], [j + 1, n]), (n,))
-        xp = _V(self.emit(G.DOT_GENERAL, [at_p, x], lhs_contracting=[0], rhs_contracting=[0]), (n,), np.float32, F32)
+        xp = self._contract(at_p, 0, x)
+        out = self._select("lu", None, [self.binary("eq", row_index, p), x, self.broadcast(xj, (m, n), [1])],
+                           np.float32)
+        return self._select("lu", None, [self.binary("eq", row_index, self.scalar(j)), out,
+                                         self.broadcast(xp, (m, n), [1])], np.float32)
 
-        def spread(v):
-            return _V(self.emit(G.BROADCAST_IN_DIM, [v], shape=[m, n], dims=[1]), (m, n), np.float32, F32)
-
-        out = self._select("lu", None, [self.binary("eq", row_index, p), x, spread(xj)], np.float32)
-        return self._select("lu", None, [self.binary("eq", row_index, self.scalar(j)), out, spread(xp)], np.float32)
+    def _contract(self, a, a_dim, b):
+        """f32 a and b contracted over a's dim a_dim and b's dim 0 (a DOT_GENERAL)."""
+        shape = tuple(d for i, d in enumerate(a.shape) if i != a_dim) + tuple(b.shape[1:])
+        vid = self.emit(G.DOT_GENERAL, [a, b], lhs_contracting=[a_dim], rhs_contracting=[0])
+        return _V(vid, shape, np.float32, F32)
 
     def _reduce(self, fn, x):
         return _V(self.emit(G.REDUCE, [x], fn=fn, dims=list(range(len(x.shape)))), (), x.dtype, x.store)
@@ -241,16 +234,13 @@ class _Linalg:
     def _reflect(self, x, v, tau):
         """(I - tau v v^T) x for x [m, c], v [m], tau a scalar."""
         m, c = x.shape
-        w = _V(self.emit(G.DOT_GENERAL, [v, x], lhs_contracting=[0], rhs_contracting=[0]), (c,), np.float32, F32)
+        w = self._contract(v, 0, x)
         tv = self.binary("mul", v, tau)
         outer = self.binary(
-            "mul", _V(self.emit(G.BROADCAST_IN_DIM, [tv], shape=[m, c], dims=[0]), (m, c), np.float32, F32),
-            _V(self.emit(G.BROADCAST_IN_DIM, [w], shape=[m, c], dims=[1]), (m, c), np.float32, F32))
+            "mul", self.broadcast(tv, (m, c), [0]),
+            self.broadcast(w, (m, c), [1]))
         return self.binary("sub", x, outer)
 
     def _cut(self, x, starts, limits):
         return _V(self.emit(G.SLICE, [x], dims=list(starts), shape=list(limits)),
                   tuple(hi - lo for lo, hi in zip(starts, limits)), x.dtype, x.store)
-
-    def _sum(self, x):
-        return self._reduce("sum", x)

@@ -294,19 +294,16 @@ class _Random:
         if size >= 2**32:
             self._unsupported(name, eqn, f"a draw of {size} values per key (below 2**32)")
 
-        def spread(v, dims):  # v broadcast to `full`, its dims landing on `dims`
-            return _V(self.emit(G.BROADCAST_IN_DIM, [v], shape=list(full), dims=list(dims)), full, np.uint32, U32)
-
         words = []
         for w in (0, 1):
             starts, limits = [0] * len(key.shape), list(key.shape)
             starts[-1], limits[-1] = w, w + 1
             word = _V(self.emit(G.SLICE, [key], dims=starts, shape=limits), tuple(limits), np.uint32, U32)
-            words.append(spread(self._reshape(word, batch), range(len(batch))))
+            words.append(self.broadcast(self._reshape(word, batch), full, range(len(batch))))
         if shape not in self._counts:  # iota_2x32_shape's low words (its high ones are 0)
             self._counts[shape] = self.upload(np.arange(size, dtype=np.uint32).reshape(shape))
         counts = self._counts[shape]
-        args = words + [self.int_scalar(0, np.uint32), spread(counts, range(len(batch), len(full)))]
+        args = words + [self.int_scalar(0, np.uint32), self.broadcast(counts, full, range(len(batch), len(full)))]
         bits = [_V(self.emit(G.THREEFRY2X32, args, index=w), full, np.uint32, U32) for w in (0, 1)]
         if name != "random_split":
             return _V(self.emit(G.BINARY, bits, fn="xor"), full, np.uint32, U32)

@@ -227,9 +227,9 @@ class _Regions:
             for _ in range(self.while_trips):
                 pred = self.run(cond.jaxpr, list(cond.consts), list(cconsts) + carry)[0]
                 new = self.run(body.jaxpr, list(body.consts), list(bconsts) + carry)
-                carry = [c if n.id == c.id else
-                         self._select("while", eqn, [self._spread(pred, c.shape), c, n], _stored_dtype(c))
-                         for c, n in zip(carry, new)]
+                carry = [c if n.id == c.id else self._select(
+                    "while", eqn, [self.broadcast(pred, c.shape, range(len(pred.shape))), c, n], _select_dtype(c))
+                    for c, n in zip(carry, new)]
             pred = self.run(cond.jaxpr, list(cond.consts), list(cconsts) + carry)[0]
             if pred.shape:  # any element's
                 pred = _V(self.emit(G.REDUCE, [pred], fn="max", dims=list(range(len(pred.shape)))), (), pred.dtype,
@@ -240,13 +240,6 @@ class _Regions:
                              "meshrun unrolls a loop whose trip count depends on traced values to, so its results "
                              "would be wrong; pass a larger cluster.jit(..., while_trips=N)")
         return carry
-
-    def _spread(self, pred, shape):
-        """A batched while's predicate (the batch's leading dims) broadcast to a carry's shape."""
-        if pred.shape == tuple(shape):
-            return pred
-        vid = self.emit(G.BROADCAST_IN_DIM, [pred], shape=list(shape), dims=list(range(len(pred.shape))))
-        return _V(vid, tuple(shape), pred.dtype, pred.store)
 
     def _scan(self, eqn, p, ins):
         """lax.scan unrolled: iteration i reads xs[i] (INDEX along the stacked dim 0) and the ys
@@ -277,10 +270,10 @@ class _Regions:
         return list(carry) + stacked
 
 
-def _stored_dtype(v):
+def _select_dtype(v):
     """The dtype a SELECT between v and its next value runs in: integers (PRNG keys' words
-    among them) as themselves."""
-    return {I32: np.dtype(np.int32), U32: np.dtype(np.uint32)}.get(v.store, v.dtype)
+    among them) as their store."""
+    return _sharding.dtype_from_proto(v.store) if v.store in (I32, U32) else v.dtype
 
 
 # The most iterations of a while loop unrolled into a program.

@@ -45,7 +45,7 @@ def _as_tuple(x):
 
 class _Compiled:
     def __init__(self, program, const_ids, out_treedef, out_avals, out_key_dtypes, out_entries, trace_seconds,
-                 callbacks=(), checks=()):
+                 callbacks=(), checks=(), extra_results=0):
         self.program = program
         self.const_ids = const_ids
         self.out_treedef = out_treedef
@@ -56,7 +56,7 @@ class _Compiled:
         # jax.debug.print / jax.debug.callback sites; their values are the results after out_avals'
         self.callbacks = list(callbacks)
         self.checks = list(checks)  # run-time checks (a while loop past its unrolled iterations)
-        self.extra_results = 0  # how many (set by _compile)
+        self.extra_results = extra_results  # how many
         self.reuse = []  # per result: the argument whose place it takes (_reused_arguments), or None
 
 
@@ -257,10 +257,8 @@ class Jitted:
         program, consts = conv.convert(closed, [(a.shape, a.dtype, a._entries) for a in arrays], out_entries)
         out_entries = conv.out_entries
         const_ids = [self._cluster._put(c, None).id for c in consts]
-        compiled = _Compiled(program, const_ids, out_treedef, out_avals, out_key_dtypes, out_entries,
-                             time.perf_counter() - start, conv.callbacks, conv.checks)
-        compiled.extra_results = len(conv.extra_results)
-        return compiled
+        return _Compiled(program, const_ids, out_treedef, out_avals, out_key_dtypes, out_entries,
+                         time.perf_counter() - start, conv.callbacks, conv.checks, len(conv.extra_results))
 
     def _run(self, compiled, arrays, donated):
         import jax
