@@ -5,10 +5,13 @@ Each supported primitive maps to GlobalOps as the table below says (`SUPPORTED`,
 it and the user's file:line. Values are numbered as JitBuilder numbers them (core/spmd/jit.h):
 each op below makes exactly one value, OUTPUT none.
 
-Dtypes: f32 and bf16 compute as themselves; bool values are f32 0/1 on the cluster (as the
+Dtypes: f32 and bf16 compute as themselves, each bf16 op's result rounded to bf16 as XLA's (an
+operand held as f32, a literal, converted first); bool values are f32 0/1 on the cluster (as the
 comparisons give them); int32 / uint32 arithmetic, comparisons, selects and reductions run in
-their own (wrapping) integers, as XLA's; the bit operations (and, or, xor, not, shifts,
-bitcast_convert_type) and JAX's PRNG keys and bits stay integers (meshrun._convert_random).
+their own (wrapping) integers, as XLA's; uint8 / uint16 values (bf16 draws' 8-bit random bits)
+are u32 wrapped to their width, through the primitives _NARROW_OK names; the bit operations (and,
+or, xor, not, shifts, bitcast_convert_type) and JAX's PRNG keys and bits stay integers
+(meshrun._convert_random).
 
 The primitives live in mixins by kind: _convert_elementwise, _convert_layout, _convert_indexing,
 _convert_windows (convolutions, pooling), _convert_regions (calls, scan, while, cond, shard_map),
@@ -27,7 +30,7 @@ from meshrun._convert_linalg import SUPPORTED_LINALG, _Linalg
 from meshrun._convert_random import SUPPORTED_RANDOM, _Random, aval_of, backward_hints
 from meshrun._convert_regions import _CALLS, _MANUAL, _Regions
 from meshrun._convert_windows import SUPPORTED_WINDOWS, _Windows
-from meshrun._ir import BF16, EMPTY, F32, G, I32, U32, _V, _is_bool, _summary
+from meshrun._ir import BF16, EMPTY, F32, G, I32, U32, _V, _is_bf16, _is_bool, _summary
 from meshrun.v1 import common_pb2, program_pb2
 
 
@@ -36,6 +39,15 @@ _REGIONS = {"scan", "cond", "while", "shard_map"}
 # The value of a reduction (or a contraction) over a zero-size dim.
 _EMPTY_IDENTITY = {"reduce_sum": 0.0, "reduce_max": float("-inf"), "reduce_min": float("inf"), "reduce_prod": 1.0,
                    "dot_general": 0.0, "argmax": 0.0, "argmin": 0.0}
+
+# Primitives that take or make uint8 / uint16 values (u32-held, their results wrapped to their
+# width where they could leave it: Converter.wrap): what JAX's bf16 samplers do with their 8-bit
+# random bits, and layout around them.
+_NARROW_OK = {"random_bits", "convert_element_type", "bitcast_convert_type", "and", "or", "xor", "not",
+              "shift_left", "shift_right_logical", "add", "add_any", "sub", "mul", "div", "rem", "max", "min",
+              "clamp", "eq", "ne", "lt", "le", "gt", "ge", "select_n", "broadcast_in_dim", "reshape", "squeeze",
+              "expand_dims", "transpose", "slice", "dynamic_slice", "rev", "concatenate", "copy", "copy_p",
+              "stop_gradient", "optimization_barrier", "sharding_constraint", "reshard", "pvary"}
 
 # The iterations a while loop whose trip count depends on traced values is unrolled to, each
 # guarded by its predicate (cluster.jit's while_trips).
@@ -210,13 +222,30 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
             return _V(v.id, v.shape, np.bool_, F32)
         if store is not None:
             a, b = self.integer(a, store, out), self.integer(b, store, out)
-            return _V(self.emit(G.BINARY, [a, b], fn=fn), a.shape or b.shape, np.dtype(out), store)
+            v = _V(self.emit(G.BINARY, [a, b], fn=fn), a.shape or b.shape, np.dtype(out), store)
+            return self.wrap(v) if fn in ("add", "sub", "mul") else v
         if fn == "rem" and (a.store == BF16 or b.store == BF16):
             a, b = self.f32(a), self.f32(b)  # fmod is an f32 loop on the workers
+        elif _is_bf16(out) and {a.store, b.store} == {F32, BF16}:
+            a, b = self.bf16(a), self.bf16(b)  # a bf16 literal (held as f32) is exact in bf16
         if a.store != b.store or a.store not in (F32, BF16):
             a, b = self.f32(a), self.f32(b)
         shape = a.shape or b.shape
-        return _V(self.emit(G.BINARY, [a, b], fn=fn), shape, dtype or a.dtype, a.store)
+        return self.rounded(_V(self.emit(G.BINARY, [a, b], fn=fn), shape, out, a.store))
+
+    def bf16(self, v):
+        """v as bf16 on the cluster (rounded to nearest even; integers through f32)."""
+        if v.store == BF16:
+            return v
+        v = self.f32(v)
+        return _V(self.emit(G.CONVERT, [v], dtype=BF16), v.shape, v.dtype, BF16)
+
+    def rounded(self, v):
+        """v, a bf16 value computed in f32, rounded to bf16 as XLA rounds every bf16 op's
+        result (its CPU computes them in f32); any other v as it is."""
+        if _is_bf16(v.dtype) and v.store == F32:
+            return _V(self.bf16(v).id, v.shape, v.dtype, BF16)
+        return v
 
     def broadcast(self, v, shape, dims=None):
         """v broadcast to `shape`, laid out as v is: its dims landing on `dims` (default: the same
@@ -245,6 +274,10 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
         out_entries = [self._layouts.get(v.id, ()) if e is None else e for v, e in zip(outs, out_entries)]
         self.out_entries = out_entries
         for v, entries in zip(outs, out_entries):
+            if v.dtype == np.uint16:
+                raise errors.InvalidArgumentError(
+                    f"a result of dtype uint16 {list(v.shape)}: meshrun holds no uint16 arrays; convert it "
+                    "(to uint32, int32 or a float) inside the function")
             want = _sharding.dtype_to_proto(v.dtype) if not _is_bool(v.dtype) else F32
             if v.store != want:
                 v = _V(self.emit(G.CONVERT, [v], dtype=want), v.shape, v.dtype, want)
@@ -273,6 +306,7 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
 
     def upload(self, x):
         """The numpy array x as a program input, put on the cluster replicated (self.consts)."""
+        x = x.astype(_sharding.carrier_dtype(x.dtype)) if x.dtype == np.uint16 else x
         store = _sharding.dtype_to_proto(x.dtype)
         self.consts.append(x)
         vid = self.emit(G.INPUT, dtype=store, shape=list(x.shape), spec=common_pb2.PartitionSpec())
@@ -340,6 +374,7 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
                 return outs
             if not name.startswith("random_") and name not in _CALLS:
                 p, ins = self.key_words(name, p, ins, eqn)
+            self._check_narrow(name, eqn, ins)
             return self._equation(name, p, ins, out_dtype, out_shape, eqn)
         except errors.MeshrunError as e:
             if isinstance(e, errors.UnsupportedPrimitiveError) or "(at " in str(e):
@@ -370,6 +405,19 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
         if any(empty_in) or name not in ("split", "unstack"):
             self._unsupported(name, eqn, "a zero-size operand" if any(empty_in) else "a zero-size result")
         return None
+
+    def _check_narrow(self, name, eqn, ins):
+        """Refuses, by name, a primitive over uint8 / uint16 values held in u32 (_sharding.
+        NARROW_UNSIGNED: drawn bits and what is computed from them; a uint8 argument stays u8, as
+        before) that would not wrap them to their width as XLA does."""
+        if name in _NARROW_OK or name in _CALLS or name in _REGIONS:
+            return
+        carried = [v.dtype for v in ins if v.dtype in _sharding.NARROW_UNSIGNED and v.store == U32]
+        outs = [aval_of(v.aval)[1] for v in eqn.outvars]
+        carried += [d for d in outs if d is not None and np.dtype(d) == np.uint16]
+        if carried:
+            self._unsupported(name, eqn, f"over {carried[0]} values (uint8 / uint16 run through "
+                              f"{', '.join(sorted(_NARROW_OK))}; convert to uint32 first)")
 
     def _unsupported(self, name, eqn, why=""):
         raise errors.UnsupportedPrimitiveError(

@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from meshrun import _sharding
-from meshrun._ir import BF16, F32, G, I32, _V, _is_bool, _is_int
+from meshrun._ir import BF16, F32, G, I32, U32, _V, _is_bool, _is_int
 
 
 _UNARY = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "logistic": "logistic",
@@ -23,11 +23,15 @@ _INTEGER_ARITHMETIC = {"add", "sub", "mul", "div", "rem", "max", "min"}
 
 
 def _integer_store(dtype):
-    """I32 / U32 for an int32 / uint32 dtype, whose arithmetic and selects run in its integers;
-    None for any other dtype (computed in f32 or bf16)."""
-    if dtype is None or np.dtype(dtype) not in (np.dtype(np.int32), np.dtype(np.uint32)):
+    """I32 / U32 for an int32 / uint32 dtype, whose arithmetic and selects run in its integers,
+    and U32 for uint8 / uint16 (their carrier, _sharding.carrier_dtype); None for any other dtype
+    (computed in f32 or bf16)."""
+    if dtype is None:
         return None
-    return _sharding.dtype_to_proto(dtype)
+    dt = _sharding.carrier_dtype(dtype)
+    if dt not in (np.dtype(np.int32), np.dtype(np.uint32)):
+        return None
+    return _sharding.dtype_to_proto(dt)
 _COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
 _IDENTITY = {"stop_gradient", "copy", "copy_p", "optimization_barrier", "pvary"}
 
@@ -48,7 +52,7 @@ class _Elementwise:
             (x,) = ins
             if x.store not in (F32, BF16):
                 x = self.f32(x)
-            return [_V(self.unary(_UNARY[name], x).id, x.shape, out_dtype, x.store)]
+            return [self.rounded(_V(self.unary(_UNARY[name], x).id, x.shape, out_dtype, x.store))]
         if name in _BINARY:
             return [self.binary(_BINARY[name], ins[0], ins[1], out_dtype)]
         if name in _COMPARE:
@@ -220,8 +224,15 @@ class _Elementwise:
             v = self.binary("ne", x, self.scalar(0.0))
             return _V(v.id, v.shape, np.bool_, F32)
         if _is_int(to):
-            if to not in (np.int32, np.uint32):
+            narrow = _sharding.NARROW_UNSIGNED.get(np.dtype(to))
+            if to not in (np.int32, np.uint32) and narrow is None:
                 self._unsupported(name, eqn, f"conversion to {to}")
+            if narrow is not None and not _is_bool(x.dtype):
+                if not _is_int(x.dtype):
+                    self._unsupported(name, eqn, f"conversion from {x.dtype} to {to} (from integers only)")
+                if _sharding.NARROW_UNSIGNED.get(np.dtype(x.dtype), 32) > narrow:  # the low bits, as XLA's
+                    bits = self.integer(self.integer(x, _integer_store(x.dtype), x.dtype), U32, np.uint32)
+                    return self.wrap(_V(bits.id, x.shape, to, U32))
             if _is_int(x.dtype) or _is_bool(x.dtype):
                 return _V(x.id, x.shape, to, x.store)  # integers stay exact in f32 below 2**24
             v = self.f32(x)

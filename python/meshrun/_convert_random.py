@@ -11,7 +11,7 @@ import numpy as np
 
 from meshrun import _sharding
 from meshrun._convert_regions import _CALLS
-from meshrun._ir import F32, G, I32, U32, _V, _is_int
+from meshrun._ir import BF16, F32, G, I32, U32, _V, _is_int
 
 # Integer (i32, u32) element-wise primitives -> the worker's integer binary fns.
 _INT_BINARY = {"and": "and", "or": "or", "xor": "xor", "shift_left": "shift_left",
@@ -31,10 +31,11 @@ _ELEMENTWISE = {
 SUPPORTED_RANDOM = {
     "random_seed": "[0, u32(seed)] (CONCATENATE)", "random_wrap": "none (the key's u32 words)",
     "random_unwrap": "none", "random_clone": "none",
-    "random_bits": "RANDOM_BITS (32 bits; partitionable or legacy threefry; each device its block)",
+    "random_bits": "RANDOM_BITS (32 bits: partitionable or legacy threefry; 8 and 16 bits, bf16's draws: "
+                   "partitionable, the 32-bit draw's low bits; each device its block)",
     "random_split": "RANDOM_BITS split", "random_fold_in": "FOLD_IN",
     "threefry2x32": "THREEFRY2X32 (one op per output word)",
-    "bitcast_convert_type": "BITCAST_CONVERT (f32, i32, u32)",
+    "bitcast_convert_type": "BITCAST_CONVERT (f32, i32, u32); bf16 <-> uint16 through the f32 whose high half it is",
     "shift_left": "BINARY (integers)", "shift_right_logical": "BINARY (integers)",
     "shift_right_arithmetic": "BINARY (integers)", "xor": "ne (bool); BINARY xor (integers)",
     "nextafter": "BINARY nextafter", "erf_inv": "UNARY erf_inv (XLA's polynomial)",
@@ -117,13 +118,14 @@ class _Random:
         """A replicated 0-d integer constant stored as itself (not as f32), cached."""
         key = (int(value), np.dtype(dtype).str)
         if key not in self._int_scalars:
-            self._int_scalars[key] = self.upload(np.asarray(value, dtype=dtype))
+            v = self.upload(np.asarray(value, dtype=_sharding.carrier_dtype(dtype)))
+            self._int_scalars[key] = _V(v.id, (), dtype, v.store)
         return self._int_scalars[key]
 
     def as_int(self, v, var, dtype):
         """v stored as the integer `dtype` (u32 or i32): a literal as an integer constant, an
         f32-held integer converted."""
-        store = _sharding.dtype_to_proto(dtype)
+        store = _sharding.dtype_to_proto(_sharding.carrier_dtype(dtype))
         if v.store != store and type(var).__name__ == "Literal":
             return self.int_scalar(var.val, dtype)
         return self.integer(v, store, dtype)
@@ -133,6 +135,31 @@ class _Random:
         overflow (unlike -v at INT_MIN), so min(x) = ~max(~x)."""
         ones = self.int_scalar(np.iinfo(v.dtype).max if np.dtype(v.dtype).kind == "u" else -1, v.dtype)
         return _V(self.emit(G.BINARY, [v, ones], fn="xor"), v.shape, v.dtype, v.store)
+
+    def wrap(self, v):
+        """v (u32-held) reduced modulo 2**bits where its dtype is a narrow unsigned integer
+        (_sharding.NARROW_UNSIGNED): what XLA's uint8 / uint16 arithmetic leaves; else v."""
+        bits = _sharding.NARROW_UNSIGNED.get(np.dtype(v.dtype))
+        if bits is None:
+            return v
+        mask = self.int_scalar((1 << bits) - 1, np.uint32)
+        return _V(self.emit(G.BINARY, [v, mask], fn="and"), v.shape, v.dtype, U32)
+
+    def _bitcast_bf16(self, x, out_dtype):
+        """bitcast_convert_type between bf16 and uint16 (held in u32): through the f32 whose high
+        half the 16 bits are. bf16 -> f32 is exact, and so is f32 -> bf16 of an f32 whose low half
+        is 0 (a NaN's payload aside, which the conversion may make quiet)."""
+        sixteen = self.int_scalar(16, np.uint32)
+        if str(out_dtype) == "bfloat16":  # uint16 -> bf16
+            bits = self.integer(x, U32, x.dtype)
+            high = _V(self.emit(G.BINARY, [bits, sixteen], fn="shift_left"), x.shape, np.uint32, U32)
+            f = _V(self.emit(G.BITCAST_CONVERT, [high], dtype=F32), x.shape, np.float32, F32)
+            return _V(self.emit(G.CONVERT, [f], dtype=BF16), x.shape, out_dtype, BF16)
+        if x.store != BF16:  # a bf16 value held as f32 (erf_inv's): rounded to bf16 first
+            x = _V(self.emit(G.CONVERT, [x], dtype=BF16), x.shape, x.dtype, BF16)
+        f = self.f32(x)
+        bits = _V(self.emit(G.BITCAST_CONVERT, [f], dtype=U32), x.shape, np.uint32, U32)
+        return _V(self.emit(G.BINARY, [bits, sixteen], fn="shift_right_logical"), x.shape, out_dtype, U32)
 
     def key_words(self, name, p, ins, eqn):
         """(params, ins) of a layout primitive over typed keys (a split key unpacked, a key array
@@ -194,9 +221,12 @@ class _Random:
                 b, fn = self.as_int(ins[1], eqn.invars[1], out_dtype), _INT_BINARY[name]
             if a.shape != b.shape and a.shape and b.shape:
                 self._unsupported(name, eqn, f"operand shapes {a.shape} and {b.shape}")
-            return [_V(self.emit(G.BINARY, [a, b], fn=fn), a.shape or b.shape, out_dtype, a.store)]
+            v = _V(self.emit(G.BINARY, [a, b], fn=fn), a.shape or b.shape, out_dtype, a.store)
+            return [self.wrap(v) if name == "shift_left" else v]
         if name == "bitcast_convert_type":
             (x,) = ins
+            if {str(x.dtype), str(out_dtype)} == {"uint16", "bfloat16"}:
+                return [self._bitcast_bf16(x, out_dtype)]
             if out_dtype.itemsize != 4 or x.dtype.itemsize != 4:
                 self._unsupported(name, eqn, f"{x.dtype} -> {out_dtype} (only 32-bit f32/i32/u32)")
             store = _sharding.dtype_to_proto(out_dtype)
@@ -207,9 +237,12 @@ class _Random:
             return [_V(self.emit(G.BITCAST_CONVERT, [x], dtype=store), x.shape, out_dtype, store)]
         if name == "nextafter":
             return [self.binary("nextafter", ins[0], ins[1], out_dtype)]
-        if name == "erf_inv":
+        if name == "erf_inv":  # in f32; a bf16 result rounded to bf16, as XLA's CPU computes it
             x = ins[0] if ins[0].store == F32 else self.f32(ins[0])
-            return [_V(self.emit(G.UNARY, [x], fn="erf_inv"), x.shape, out_dtype, F32)]
+            v = _V(self.emit(G.UNARY, [x], fn="erf_inv"), x.shape, out_dtype, F32)
+            if str(out_dtype) == "bfloat16":
+                v = _V(self.emit(G.CONVERT, [v], dtype=BF16), x.shape, out_dtype, BF16)
+            return [v]
         if name == "threefry2x32":
             args = [self.as_int(v, var, np.dtype(np.uint32)) for v, var in zip(ins, eqn.invars)]
             shape = tuple(out_shape)
@@ -250,15 +283,34 @@ class _Random:
             shape = tuple(p["shape"]) + (2,)
             fn = "split" if partitionable else "legacy"
         else:
-            if int(p["bit_width"]) != 32:
-                self._unsupported(name, eqn, f"bit_width {p['bit_width']} (32 only: f32 draws)")
+            self._check_bit_width(p, partitionable, eqn)
             shape = tuple(p["shape"])
             fn = "partitionable" if partitionable else "legacy"
         entries = self._hints[-1].get(eqn.outvars[0]) if self._hints else None
         if entries is None or not _divides(self.mesh, entries, shape):
             entries = ()
         vid = self.emit(G.RANDOM_BITS, [key], fn=fn, shape=list(shape), spec=_sharding.spec_to_proto(entries))
-        return _V(vid, shape, np.uint32, U32)
+        bits = _V(vid, shape, np.uint32, U32)
+        return bits if name == "random_split" else self._narrowed(bits, p)
+
+    def _check_bit_width(self, p, partitionable, eqn):
+        """random_bits' widths: 32 bits (f32 draws), and 8 or 16 (bf16 draws) with partitionable
+        threefry, which takes them from the 32-bit draw; legacy threefry packs them 4 or 2 to a
+        word, which is not supported."""
+        width = int(p["bit_width"])
+        if width == 32 or (width in (8, 16) and partitionable):
+            return
+        why = ("with legacy threefry (jax_threefry_partitionable=False; partitionable, JAX's default, "
+               "is supported)" if width in (8, 16) else "(8, 16 or 32 bits: f32 and bf16 draws)")
+        self._unsupported("random_bits", eqn, f"bit_width {width} {why}")
+
+    def _narrowed(self, bits, p):
+        """Partitionable threefry's `bit_width`-bit draw from its 32 bits (bits1 ^ bits2): their
+        low bits, as lax.convert_element_type to uint8 / uint16 keeps them."""
+        width = int(p["bit_width"])
+        if width == 32:
+            return bits
+        return self.wrap(_V(bits.id, bits.shape, np.dtype(f"uint{width}"), U32))
 
     def _batched_random_bits(self, name, p, key, eqn):
         """random_bits / random_split of a batch of keys [K..., 2] (jax.vmap over keys). With
@@ -287,8 +339,8 @@ class _Random:
     def _threefry_keys(self, name, p, key, eqn):
         """jax._src.random.threefry2x32's partitionable random_bits (32 bits: the two words
         xor-ed) and split (the two words stacked), for a batch of keys [K..., 2] at once."""
-        if name != "random_split" and int(p["bit_width"]) != 32:
-            self._unsupported(name, eqn, f"bit_width {p['bit_width']} (32 only: f32 draws)")
+        if name != "random_split":
+            self._check_bit_width(p, True, eqn)
         batch, shape = tuple(key.shape[:-1]), tuple(p["shape"])
         full, size = batch + shape, int(np.prod(shape))
         if size >= 2**32:
@@ -306,7 +358,7 @@ class _Random:
         args = words + [self.int_scalar(0, np.uint32), self.broadcast(counts, full, range(len(batch), len(full)))]
         bits = [_V(self.emit(G.THREEFRY2X32, args, index=w), full, np.uint32, U32) for w in (0, 1)]
         if name != "random_split":
-            return _V(self.emit(G.BINARY, bits, fn="xor"), full, np.uint32, U32)
+            return self._narrowed(_V(self.emit(G.BINARY, bits, fn="xor"), full, np.uint32, U32), p)
         return self._joined([self._reshape(b, full + (1,)) for b in bits], len(full))
 
 

@@ -40,5 +40,9 @@ def _is_int(dt):
     return np.issubdtype(np.dtype(dt), np.integer)
 
 
+def _is_bf16(dt):
+    return str(np.dtype(dt)) == "bfloat16"
+
+
 def _is_bool(dt):
     return np.dtype(dt) == np.bool_

@@ -41,6 +41,20 @@ _STORED_AS = {np.dtype(np.bool_): np.dtype(np.float32), np.dtype(np.float64): np
               np.dtype(np.int64): np.dtype(np.int32)}
 
 
+# JAX's unsigned integers narrower than 32 bits -> their width. Inside a program (meshrun._convert)
+# they are u32 values within their range: JAX's 8-bit random bits, which its bf16 samplers draw,
+# and the bit arithmetic those samplers do on them; the converter wraps what could leave the range.
+# Not an array dtype of the cluster's for uint16 (device_put's uint8 stays u8, datasets' bytes).
+NARROW_UNSIGNED = {np.dtype(np.uint8): 8, np.dtype(np.uint16): 16}
+
+
+def carrier_dtype(dtype) -> np.dtype:
+    """The dtype a program holds values of `dtype` in: u32 for a narrow unsigned integer
+    (NARROW_UNSIGNED), else `dtype` itself."""
+    dt = np.dtype(dtype)
+    return np.dtype(np.uint32) if dt in NARROW_UNSIGNED else dt
+
+
 def stored_dtype(dtype) -> np.dtype:
     dt = np.dtype(dtype)
     return _STORED_AS.get(dt, dt)

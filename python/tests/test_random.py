@@ -1,5 +1,6 @@
 """JAX's PRNG on the cluster: draws equal JAX's (bits exactly, floats within 2 ulp), each worker
-draws only its block of a partitioned draw, and flax initialises and drops out on the cluster."""
+draws only its block of a partitioned draw, and flax initialises and drops out on the cluster;
+bf16 draws (JAX's 8-bit random bits) and the uint8 / uint16 arithmetic on them wrap as JAX's."""
 
 import flax.linen as nn
 from flax import nnx
@@ -7,9 +8,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from jax.sharding import PartitionSpec as P
 
 from jaxcompare import emulated_mesh
+import meshrun
 from meshrun import _sharding
 from meshrun.seeds import MLP
 from meshrun.v1 import program_pb2
@@ -293,3 +296,75 @@ def test_gamma_beta_dirichlet_and_poisson_draws_match_jax(cluster):
         g, w = np.asarray(g), np.asarray(w)
         assert g.dtype == w.dtype and g.shape == w.shape
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-6)
+
+
+def bit_equal(got, want):
+    for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
+        np.testing.assert_array_equal(g.reshape(-1).view(np.uint8), w.reshape(-1).view(np.uint8))
+
+
+def test_bf16_draws_and_a_bf16_flax_init_equal_jaxs_bit_for_bit(cluster):
+    """bf16 draws come from 8-bit random bits (partitionable threefry: the 32-bit draw's low 8)
+    and bf16 arithmetic, each op rounded to bf16 as XLA's: uniform, normal, truncated normal, a
+    vmap over keys, and a flax Dense with param_dtype=bf16 initialised on the cluster, its kernel
+    drawn in its layout. They were refused (bit_width 8)."""
+    dense = nn.Dense(16, param_dtype=jnp.bfloat16,
+                     kernel_init=nn.with_partitioning(nn.initializers.lecun_normal(), ("data", "model")))
+
+    def f(key):
+        k = jax.random.split(key, 5)
+        return (jax.random.uniform(k[0], (16, 8), jnp.bfloat16, -3.0, 5.0),
+                jax.random.normal(k[1], (16, 8), jnp.bfloat16),
+                jax.random.truncated_normal(k[2], -2.0, 2.0, (64, 32), jnp.bfloat16),
+                jax.vmap(lambda kk: jax.random.uniform(kk, (3,), jnp.bfloat16))(jax.random.split(k[3], 6)),
+                nn.unbox(dense.init(k[4], jnp.ones((2, 8), jnp.bfloat16))))
+
+    key = jax.random.key(3)
+    out_specs = (P(), P("data", "model"), P(), P(), P())
+    mesh = emulated_mesh()
+    with jax.set_mesh(mesh):
+        fn = cluster.jit(f, out_shardings=out_specs)
+        bit_equal(fn(key), jax.jit(f)(key))
+    specs = random_bits_specs(fn.last_program)
+    assert (("data",), ("model",)) in specs, specs
+
+
+def test_8_and_16_bit_integers_wrap_as_jaxs(cluster):
+    """uint8 / uint16 values are u32 on the cluster, wrapped to their width wherever XLA's would
+    wrap: sums and products past 2**16, shifts past the top bit, not, integer conversions (a
+    negative int32 to uint16, a uint32 to uint8), and bf16 <-> uint16 bitcasts both ways."""
+
+    def f(key, x):
+        b8 = jax.random.bits(key, (6, 8), jnp.uint8)
+        b16 = jax.random.bits(jax.random.fold_in(key, 1), (6, 8), jnp.uint16)
+        wrapped = (b16 * jnp.uint16(7) + jnp.uint16(65000)) ^ (b16 << jnp.uint16(9)) ^ ~(b16 >> jnp.uint16(3))
+        small = (b8 + jnp.uint8(200)) * jnp.uint8(3) - (b8 << jnp.uint8(6))
+        narrowed = (x.astype(jnp.int32) * -977).astype(jnp.uint16), jnp.uint32(0xDEADBEEF).astype(jnp.uint8)
+        bits_of = jax.lax.bitcast_convert_type(x.astype(jnp.bfloat16) * jnp.bfloat16(3.3), jnp.uint16)
+        back = jax.lax.bitcast_convert_type(bits_of | jnp.uint16(1), jnp.bfloat16)
+        as32 = [v.astype(jnp.uint32) for v in (b8, b16, wrapped, small, narrowed[0], narrowed[1], bits_of)]
+        return as32, back, jnp.maximum(b16, jnp.uint16(40000)).astype(jnp.float32), b8 > jnp.uint8(128)
+
+    x = np.random.default_rng(1).normal(size=(6, 8)).astype(np.float32) * 50
+    key = jax.random.key(9)
+    bit_equal(cluster.jit(f)(key, cluster.device_put(x, P("data"))), jax.jit(f)(key, x))
+
+
+def test_narrow_integers_are_refused_where_they_would_not_wrap(cluster):
+    """What meshrun cannot give as JAX does is refused by name, before anything runs: a
+    reduction over uint16 values, a uint16 result (the cluster holds no uint16 arrays), and
+    8-bit draws with legacy threefry (which packs four to a word)."""
+    key = jax.random.key(0)
+    with pytest.raises(meshrun.errors.UnsupportedPrimitiveError, match=r"'reduce_sum' at .*over uint16"):
+        cluster.jit(lambda k: jax.lax.reduce(jax.random.bits(k, (5,), jnp.uint16), np.uint16(0),
+                                             jax.lax.add, (0,)).astype(jnp.uint32))(key)
+    with pytest.raises(meshrun.errors.InvalidArgumentError, match="a result of dtype uint16"):
+        cluster.jit(lambda k: jax.random.bits(k, (5,), jnp.uint16))(key)
+    with jax.threefry_partitionable(False):
+        with pytest.raises(meshrun.errors.UnsupportedPrimitiveError, match="bit_width 8 with legacy threefry"):
+            cluster.jit(lambda k: jax.random.uniform(k, (4,), jnp.bfloat16))(jax.random.key(0))
+    # The cluster serves the next program.
+    bit_equal(cluster.jit(lambda k: jax.random.uniform(k, (4,), jnp.bfloat16))(key),
+              jax.jit(lambda k: jax.random.uniform(k, (4,), jnp.bfloat16))(key))
