@@ -155,9 +155,7 @@ class _Random:
             high = _V(self.emit(G.BINARY, [bits, sixteen], fn="shift_left"), x.shape, np.uint32, U32)
             f = _V(self.emit(G.BITCAST_CONVERT, [high], dtype=F32), x.shape, np.float32, F32)
             return _V(self.emit(G.CONVERT, [f], dtype=BF16), x.shape, out_dtype, BF16)
-        if x.store != BF16:  # a bf16 value held as f32 (erf_inv's): rounded to bf16 first
-            x = _V(self.emit(G.CONVERT, [x], dtype=BF16), x.shape, x.dtype, BF16)
-        f = self.f32(x)
+        f = self.f32(self.bf16(x))  # a bf16 value held as f32: rounded to bf16 first
         bits = _V(self.emit(G.BITCAST_CONVERT, [f], dtype=U32), x.shape, np.uint32, U32)
         return _V(self.emit(G.BINARY, [bits, sixteen], fn="shift_right_logical"), x.shape, out_dtype, U32)
 
@@ -239,10 +237,7 @@ class _Random:
             return [self.binary("nextafter", ins[0], ins[1], out_dtype)]
         if name == "erf_inv":  # in f32; a bf16 result rounded to bf16, as XLA's CPU computes it
             x = ins[0] if ins[0].store == F32 else self.f32(ins[0])
-            v = _V(self.emit(G.UNARY, [x], fn="erf_inv"), x.shape, out_dtype, F32)
-            if str(out_dtype) == "bfloat16":
-                v = _V(self.emit(G.CONVERT, [v], dtype=BF16), x.shape, out_dtype, BF16)
-            return [v]
+            return [self.rounded(_V(self.emit(G.UNARY, [x], fn="erf_inv"), x.shape, out_dtype, F32))]
         if name == "threefry2x32":
             args = [self.as_int(v, var, np.dtype(np.uint32)) for v, var in zip(ins, eqn.invars)]
             shape = tuple(out_shape)
