@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from meshrun import _sharding
-from meshrun._ir import BF16, F32, G, I32, U32, _V, _is_bool, _is_int
+from meshrun._ir import BF16, F32, G, I32, U32, _V, _is_bf16, _is_bool, _is_int
 
 
 _UNARY = {"neg": "neg", "exp": "exp", "log": "log", "tanh": "tanh", "logistic": "logistic",
@@ -32,6 +32,9 @@ def _integer_store(dtype):
     if dt not in (np.dtype(np.int32), np.dtype(np.uint32)):
         return None
     return _sharding.dtype_to_proto(dt)
+# Unary primitives that JAX lowers as a chain of ops, each of which XLA rounds to bf16 for a bf16
+# operand (_Elementwise._bf16_steps).
+_BF16_STEPS = {"logistic", "exp2"}
 _COMPARE = {"eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge"}
 _IDENTITY = {"stop_gradient", "copy", "copy_p", "optimization_barrier", "pvary"}
 
@@ -48,6 +51,8 @@ class _Elementwise:
             (x,) = ins
             neg = self.binary("sub", self.int_scalar(0, out_dtype), x, out_dtype)
             return [neg if name == "neg" else self.binary("max", x, neg, out_dtype)]
+        if name in _BF16_STEPS and _is_bf16(out_dtype):
+            return [self._bf16_steps(name, ins[0])]
         if name in _UNARY:
             (x,) = ins
             if x.store not in (F32, BF16):
@@ -103,6 +108,15 @@ class _Elementwise:
         if name == "reduce_precision":
             return [self._reduce_precision(name, eqn, ins[0], int(p["exponent_bits"]), int(p["mantissa_bits"]))]
         return None
+
+    def _bf16_steps(self, name, x):
+        """A bf16 logistic or exp2 as JAX lowers it, each op rounded to bf16 as XLA's: the sigmoid
+        is 1 / (1 + exp(-x)), exp2 is exp(x * log 2) with log 2 in bf16."""
+        x, one = self.bf16(x), self.scalar(1.0)
+        if name == "logistic":
+            denominator = self.binary("add", self.unary("exp", self.unary("neg", x)), one, x.dtype)
+            return self.binary("div", one, denominator, x.dtype)
+        return self.unary("exp", self.binary("mul", x, self.scalar(float(np.log(2.0))), x.dtype))
 
     def _reduce_precision(self, name, eqn, x, exponent_bits, mantissa_bits):
         """lax.reduce_precision: to bf16's 8 exponent and 7 mantissa bits by a round trip through

@@ -80,12 +80,15 @@ def test_bf16_arithmetic_with_literals_rounds_every_op_as_jax(cluster):
     """Each bf16 op's result is rounded to bf16, as XLA's CPU rounds it, also where an operand is
     a Python literal held as f32 and where a unary op or erf_inv computes in f32: a chain of
     them equals jax.jit's bit for bit (without the rounding, 44 of these 1024 values kept f32
-    digits and differed)."""
+    digits and differed). A bf16 sigmoid (so SiLU) and exp2 run as JAX lowers them, 1 / (1 +
+    exp(-x)) and exp(x * log 2), each step rounded (computed in f32 and rounded once, a quarter of
+    the sigmoids differed by an ulp)."""
 
     def f(x):
         y = x.astype(jnp.bfloat16)
         z = jnp.maximum(-0.99, (y - 1.0) * 1.99609375 + 0.3)
-        return jax.lax.erf_inv(jnp.clip(z, -0.99, 0.99)) * 1.4140625, jnp.exp(z * 0.7) / 3.0, jnp.tanh(z) ** 2
+        return (jax.lax.erf_inv(jnp.clip(z, -0.99, 0.99)) * 1.4140625, jnp.exp(z * 0.7) / 3.0, jnp.tanh(z) ** 2,
+                jax.nn.sigmoid(z), jax.nn.silu(y), jnp.exp2(z))
 
     x = np.random.default_rng(2).uniform(0, 2, size=(64, 16)).astype(np.float32)
     got, want = cluster.jit(f)(cluster.device_put(x, P("data"))), jax.jit(f)(x)
