@@ -32,6 +32,8 @@ def _integer_store(dtype):
     if dt not in (np.dtype(np.int32), np.dtype(np.uint32)):
         return None
     return _sharding.dtype_to_proto(dt)
+
+
 # Unary primitives that JAX lowers as a chain of ops, each of which XLA rounds to bf16 for a bf16
 # operand (_Elementwise._bf16_steps).
 _BF16_STEPS = {"logistic", "exp2"}
