@@ -11,7 +11,7 @@ import numpy as np
 
 from meshrun import _sharding
 from meshrun._convert_regions import _CALLS
-from meshrun._ir import BF16, F32, G, I32, U32, _V, _is_int
+from meshrun._ir import F32, G, I32, U32, _V, _is_bf16, _is_int
 
 # Integer (i32, u32) element-wise primitives -> the worker's integer binary fns.
 _INT_BINARY = {"and": "and", "or": "or", "xor": "xor", "shift_left": "shift_left",
@@ -150,11 +150,11 @@ class _Random:
         half the 16 bits are. bf16 -> f32 is exact, and so is f32 -> bf16 of an f32 whose low half
         is 0 (a NaN's payload aside, which the conversion may make quiet)."""
         sixteen = self.int_scalar(16, np.uint32)
-        if str(out_dtype) == "bfloat16":  # uint16 -> bf16
+        if _is_bf16(out_dtype):  # uint16 -> bf16
             bits = self.integer(x, U32, x.dtype)
             high = _V(self.emit(G.BINARY, [bits, sixteen], fn="shift_left"), x.shape, np.uint32, U32)
-            f = _V(self.emit(G.BITCAST_CONVERT, [high], dtype=F32), x.shape, np.float32, F32)
-            return _V(self.emit(G.CONVERT, [f], dtype=BF16), x.shape, out_dtype, BF16)
+            f = _V(self.emit(G.BITCAST_CONVERT, [high], dtype=F32), x.shape, out_dtype, F32)
+            return self.bf16(f)
         f = self.f32(self.bf16(x))  # a bf16 value held as f32: rounded to bf16 first
         bits = _V(self.emit(G.BITCAST_CONVERT, [f], dtype=U32), x.shape, np.uint32, U32)
         return _V(self.emit(G.BINARY, [bits, sixteen], fn="shift_right_logical"), x.shape, out_dtype, U32)
