@@ -134,9 +134,13 @@ Tensor Tensor::Shareable(DType dtype, Dims dims) {
   return t;
 }
 
-void Tensor::ZeroFill() { std::memset(data_.get(), 0, size_bytes()); }
+void Tensor::ZeroFill() {
+  std::memset(data_.get(), 0, size_bytes());
+  bf16_copy_.reset();
+}
 
-Tensor::Tensor(const Tensor& other) : dtype_(other.dtype_), dims_(other.dims_) {
+Tensor::Tensor(const Tensor& other)
+    : dtype_(other.dtype_), dims_(other.dims_), bf16_copy_(other.bf16_copy_) {
   data_ = Allocate(size_bytes());  // every byte is overwritten: no zero-fill first
   std::memcpy(raw(), other.raw(), size_bytes());
 }
@@ -146,14 +150,19 @@ Tensor Tensor::Alias() const {
   alias.dtype_ = dtype_;
   alias.dims_ = dims_;
   alias.data_ = data_;
+  alias.bf16_copy_ = bf16_copy_;
   return alias;
 }
 
 void Tensor::ShareMemory(const Tensor& other, size_t byte_offset) {
   data_ = std::shared_ptr<void>(other.data_, static_cast<char*>(other.data_.get()) + byte_offset);
+  bf16_copy_.reset();
 }
 
-void Tensor::ReplaceStorage() { data_ = Allocate(size_bytes()); }
+void Tensor::ReplaceStorage() {
+  data_ = Allocate(size_bytes());
+  bf16_copy_.reset();
+}
 
 Tensor& Tensor::operator=(const Tensor& other) {
   if (this != &other) *this = Tensor(other);

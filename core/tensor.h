@@ -97,6 +97,16 @@ class Tensor {
   // Sets every element to zero.
   void ZeroFill();
 
+  // This f32 array's values rounded to bf16 (F32ToBf16's bits, core/collectives/reduce_kernels.h),
+  // written by whoever wrote the values, or null: an Adam update writes each new master weight's
+  // bf16 compute copy beside it, as DeepSpeed's bf16 optimizer does, so the next step's convert
+  // to bf16 reads the copy instead of converting again (worker/executor.h). Immutable and shared:
+  // copies and aliases of this Tensor carry it. ShareMemory, ReplaceStorage and ZeroFill drop
+  // it; whoever writes this Tensor's memory otherwise must drop it (set_bf16_copy(nullptr)).
+  const std::shared_ptr<const Tensor>& bf16_copy() const { return bf16_copy_; }
+  // REQUIRES: copy is null, or a bf16 array of dims() holding these values' F32ToBf16 bits.
+  void set_bf16_copy(std::shared_ptr<const Tensor> copy) { bf16_copy_ = std::move(copy); }
+
   v1::Tensor ToProto() const;
   // Errors: those of CheckedByteSize; InvalidArgument if the byte count does not match dtype and
   // shape (checked before anything is allocated).
@@ -108,6 +118,7 @@ class Tensor {
   DType dtype_ = v1::DTYPE_UNSPECIFIED;
   Dims dims_;
   std::shared_ptr<void> data_;
+  std::shared_ptr<const Tensor> bf16_copy_;  // see bf16_copy()
 };
 
 }  // namespace meshrun

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -125,6 +127,7 @@ absl::Status Executor::BindInput(const std::string& name, const Tensor& value, b
   }
   if (b->aliased()) b->ReplaceStorage();
   std::memcpy(b->raw(), value.raw(), b->size_bytes());
+  b->set_bf16_copy(nullptr);  // an op writes it: the copy would go stale
   return absl::OkStatus();
 }
 
@@ -132,7 +135,10 @@ absl::StatusOr<Tensor> Executor::TakeOutput(const std::string& name) {
   Tensor* b = buffer(name);
   if (b == nullptr)
     return absl::InvalidArgumentError(absl::StrCat("no output buffer '", name, "'"));
-  return b->Alias();
+  Tensor result = b->Alias();
+  if (const Bf16Copy* copy = Bf16CopyOf(name); copy != nullptr && copy->written)
+    result.set_bf16_copy(std::make_shared<const Tensor>(copy->values.Alias()));
+  return result;
 }
 
 Tensor* Executor::buffer(const std::string& name) {
@@ -205,6 +211,15 @@ absl::Status Executor::Run(const std::string& name, const RunContext& ctx) {
   }
   for (const Placement& p : placements_)
     buffers_.at(p.part).ShareMemory(buffers_.at(p.whole), p.byte_offset);
+  for (auto& [name, copy] : bf16_copies_) {
+    copy.written = false;
+    // (A copy handed out stays as it is.)
+    if (copy.values.aliased()) copy.values = Tensor::Shareable(v1::DTYPE_BF16, copy.values.dims());
+  }
+  // An input that a result is written over loses its copy with the run: it would be stale.
+  absl::Cleanup forget_copies = [&] {
+    for (const std::string& x : taken) buffers_.at(x).set_bf16_copy(nullptr);
+  };
   const bool record = !cf.recorders.empty();
   int collective_index = 0;
   for (size_t i = 0; i < cf.ops.size(); ++i) {

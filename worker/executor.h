@@ -142,6 +142,7 @@ class Executor {
   void PlanViews(BufferUses& u);
   std::set<std::string> PlanPlacements(BufferUses& u);  // the parts placed
   void PlanReductionsInPlace(BufferUses& u, const std::set<std::string>& placed);
+  void PlanBf16Copies(BufferUses& u);
   // Every input some output may be written over (over_donated_'s candidates).
   std::set<std::string> DonationSources() const;
   // Reshapes and slices: their result may be a view of their input (CompileView).
@@ -228,6 +229,22 @@ class Executor {
   // psum / pmean / pmax ops that reduce in their input's memory: the output becomes a view of
   // the input (which nothing reads afterwards), so no copy of the input is made first.
   std::set<const v1::Op*> reduce_in_place_;
+  // The bf16 compute copies of master weights (Tensor::bf16_copy), as DeepSpeed's bf16 optimizer
+  // keeps them: an Adam update whose param some OP_CONVERT of the program turns to bf16 also
+  // writes its new param rounded to bf16 (`values`, shareable memory, so that a single-copy
+  // update writes every member's); TakeOutput hands it out with the new param, and a later
+  // step's convert of that param reads it instead of converting again (bf16_copy_converts_).
+  struct Bf16Copy {
+    Tensor values;
+    bool written = false;  // whole, by this Run's update
+  };
+  std::map<std::string, Bf16Copy> bf16_copies_;  // by the update's param output
+  // OP_CONVERTs f32 -> bf16 of an input that no op writes, whose one-writer output nothing
+  // writes in place or hands out: the output is a view of the input's bf16 copy when it has
+  // one, else converted into memory of its own (CompileConvertReadingCopy).
+  std::set<const v1::Op*> bf16_copy_converts_;
+  // The copy that the update writing `param_out` writes, or null.
+  Bf16Copy* Bf16CopyOf(const std::string& param_out);
   std::map<std::string, v1::BufferRole> roles_;
   std::map<std::string, CompiledFunction> functions_;
   std::map<std::string, std::unique_ptr<Communicator>> communicators_;
@@ -241,6 +258,10 @@ class Executor {
 absl::Status OpArity(const v1::Op& op, int inputs, int outputs);
 // InvalidArgument naming the op, its output's dtype and dims, and what was `expected`.
 absl::Status OpOutputMismatch(const v1::Op& op, const Tensor& got, const std::string& expected);
+// A convert f32 -> bf16 planned to read its input's bf16 copy (Executor::bf16_copy_converts_,
+// executor_buffers.cc): y becomes a view of the copy when x has one (Tensor::bf16_copy, the
+// same bits a conversion gives), else x is converted into y's own memory.
+Executor::CompiledOp CompileConvertReadingCopy(const Tensor* x, Tensor* y);
 // An op that runs `k`'s kernel (k must be OK; a null kernel makes an op that does nothing).
 Executor::CompiledOp FromKernel(absl::StatusOr<std::unique_ptr<Kernel>> k);
 // An OP_ADAM_UPDATE's hyperparameters (its reduce_dtype aside) as core/optim takes them.

@@ -170,13 +170,15 @@ absl::StatusOr<const float*> RingAllReduce(const FusedReduction& f, bool shared)
 }
 
 // One run: single-copy where `f.direct` and no output shares the partial's memory (`shared`:
-// an output would be overwritten while it is still read), each member reducing and updating
+// an output would be overwritten while it is still read; `out_elems`: each output's element
+// bytes), each member reducing and updating
 // one segment (`update(begin, len, g)`, g's element 0 the segment's first) and storing it into
 // every member's `outputs`, the riders summed in the same session; otherwise the riders'
 // bucket and the partial all-reduced on the ring and the whole update. With a bf16 wire the
 // partial is rounded to bf16 first and each reduced segment widened to f32 for the update.
 absl::Status RunFusedReduction(
-    const FusedReduction& f, const std::vector<void*>& outputs, bool shared,
+    const FusedReduction& f, const std::vector<void*>& outputs,
+    const std::vector<size_t>& out_elems, bool shared,
     const std::function<absl::Status(int64_t, int64_t, const float*)>& update) {
   const absl::Time start = absl::Now();
   const int64_t n = f.partial->num_elements();
@@ -193,7 +195,7 @@ absl::Status RunFusedReduction(
     std::vector<float> wide;  // bf16: a reduced segment widened
     absl::StatusOr<DirectResult> done = DirectAllReduceUpdate(
         *f.replicas, bf16 ? f.narrow->raw() : f.partial->raw(), n, f.wire, f.reduce, outputs,
-        sizeof(float),
+        out_elems,
         [&](int64_t begin, int64_t len, const void* g) {
           const float* reduced = static_cast<const float*>(g);
           if (bf16) {
@@ -284,12 +286,16 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
   std::shared_ptr<Riders> rider = *std::move(made);
   const AdamWHyperParams hp = AdamWHyperParamsOf(op.adamw());
   Tensor *p_out = out[0], *mu_out = out[1], *nu_out = out[2];
+  Bf16Copy* copy = Bf16CopyOf(op.outputs(0));  // the new param in bf16 too, or null
   // Elements [begin, begin + len) of the update, from the gradient `g` (its element 0 is
   // element `begin`).
   auto update = [=](int64_t count, const float* g, int64_t begin, int64_t len) {
     AdamWUpdate(hp, count, param->data<float>() + begin, g, mu->data<float>() + begin,
                 nu->data<float>() + begin, p_out->data<float>() + begin,
                 mu_out->data<float>() + begin, nu_out->data<float>() + begin, len);
+    if (copy != nullptr) {
+      F32ToBf16(p_out->data<float>() + begin, copy->values.data<uint16_t>() + begin, len);
+    }
   };
   const int64_t n = param->num_elements();
   Communicator* replicas = nullptr;  // the grad axes' group, if the gradient is partial
@@ -309,10 +315,17 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
       }
       // A sweep of one segment: every compute thread takes part (JoinAdamUpdates joins runs of
       // several such updates; this one stands alone).
-      const AdamWSegment segment{
-          param->data<float>(), grad->data<float>(),   mu->data<float>(),     nu->data<float>(),
-          p_out->data<float>(), mu_out->data<float>(), nu_out->data<float>(), n};
+      const AdamWSegment segment{param->data<float>(),
+                                 grad->data<float>(),
+                                 mu->data<float>(),
+                                 nu->data<float>(),
+                                 p_out->data<float>(),
+                                 mu_out->data<float>(),
+                                 nu_out->data<float>(),
+                                 n,
+                                 copy != nullptr ? copy->values.data<uint16_t>() : nullptr};
       AdamWSweep(hp, *count, {&segment, 1});
+      if (copy != nullptr) copy->written = true;
       return absl::OkStatus();
     });
   }
@@ -325,12 +338,19 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamUpdate(const v1::Op& o
     // (Read at each run: a step binds its arguments and results anew.)
     absl::StatusOr<int64_t> count = AdamWCount(*step);
     if (!count.ok()) return count.status();
-    const std::vector<void*> outputs = {p_out->raw(), mu_out->raw(), nu_out->raw()};
-    return RunFusedReduction(f, outputs, /*shared=*/false,
-                             [&](int64_t begin, int64_t len, const float* g) {
-                               update(*count, g, begin, len);
-                               return absl::OkStatus();
-                             });
+    std::vector<void*> outputs = {p_out->raw(), mu_out->raw(), nu_out->raw()};
+    std::vector<size_t> elems(3, sizeof(float));
+    if (copy != nullptr) {  // (every member's, written by the segment's owner)
+      outputs.push_back(copy->values.raw());
+      elems.push_back(sizeof(uint16_t));
+    }
+    absl::Status s = RunFusedReduction(f, outputs, elems, /*shared=*/false,
+                                       [&](int64_t begin, int64_t len, const float* g) {
+                                         update(*count, g, begin, len);
+                                         return absl::OkStatus();
+                                       });
+    if (copy != nullptr) copy->written = s.ok();
+    return s;
   });
 }
 
@@ -390,9 +410,10 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileFusedReduceUpdate(
       shared = shared || (ob < pe && pb < ob + t->size_bytes());
       outputs.push_back(t->raw());
     }
-    return RunFusedReduction(f, outputs, shared, [&](int64_t begin, int64_t len, const float* g) {
-      return kernel->RunRange(begin, len, g);
-    });
+    return RunFusedReduction(f, outputs, std::vector<size_t>(outputs.size(), sizeof(float)), shared,
+                             [&](int64_t begin, int64_t len, const float* g) {
+                               return kernel->RunRange(begin, len, g);
+                             });
   });
 }
 

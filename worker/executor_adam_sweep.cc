@@ -69,6 +69,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamSweep(
   struct Arrays {
     const Tensor *param, *grad, *mu, *nu;
     Tensor *p_out, *mu_out, *nu_out;
+    Bf16Copy* copy;  // or null
   };
   std::vector<Arrays> arrays;
   // Joined reductions over a group of one: their sums are their operands.
@@ -88,7 +89,7 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamSweep(
       if (!b.ok()) return b.status();
       t.push_back(*b);
     }
-    arrays.push_back({t[0], t[1], t[2], t[3], t[4], t[5], t[6]});
+    arrays.push_back({t[0], t[1], t[2], t[3], t[4], t[5], t[6], Bf16CopyOf(op->outputs(0))});
   }
   absl::StatusOr<Tensor*> step = Buffer(*run[0], run[0]->inputs(4));
   if (!step.ok()) return step.status();
@@ -102,11 +103,15 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileAdamSweep(
     for (const Arrays& a : arrays) {
       segments.push_back({a.param->data<float>(), a.grad->data<float>(), a.mu->data<float>(),
                           a.nu->data<float>(), a.p_out->data<float>(), a.mu_out->data<float>(),
-                          a.nu_out->data<float>(), a.param->num_elements()});
+                          a.nu_out->data<float>(), a.param->num_elements(),
+                          a.copy != nullptr ? a.copy->values.data<uint16_t>() : nullptr});
     }
     absl::StatusOr<int64_t> count = AdamWCount(*t);
     if (!count.ok()) return count.status();
     AdamWSweep(hp, *count, segments);
+    for (const Arrays& a : arrays) {
+      if (a.copy != nullptr) a.copy->written = true;
+    }
     return absl::OkStatus();
   });
 }

@@ -1,13 +1,16 @@
 // Executor::AnalyzeBuffers (executor.h): which buffers may share memory, as XLA's buffer
 // assignment decides: views of their input, results written over donated inputs, concatenation
-// parts computed where the concatenation puts them, all-reductions in their operand's memory.
+// parts computed where the concatenation puts them, all-reductions in their operand's memory,
+// converts to bf16 that read their input's bf16 copy (Tensor::bf16_copy) where it lies.
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "core/array_ops.h"
 #include "worker/executor.h"
 
 namespace meshrun {
@@ -60,6 +63,7 @@ void Executor::AnalyzeBuffers() {
   PlanDonations(u);
   PlanViews(u);
   PlanReductionsInPlace(u, PlanPlacements(u));
+  PlanBf16Copies(u);
 }
 
 void Executor::PlanDonations(BufferUses& u) {
@@ -224,6 +228,69 @@ void Executor::PlanReductionsInPlace(BufferUses& u, const std::set<std::string>&
       if (ok) reduce_in_place_.insert(&op);
     }
   }
+}
+
+void Executor::PlanBf16Copies(BufferUses& u) {
+  // Buffers whose memory some op other than their writer may write: placed parts and wholes,
+  // and the operands of all-reductions done in place.
+  std::set<std::string> shared;
+  for (const Placement& p : placements_) shared.insert({p.part, p.whole});
+  for (const v1::Op* op : reduce_in_place_)
+    shared.insert(op->inputs(op->kind() == v1::OP_ADAM_UPDATE ? 1 : 0));
+  auto sole_writer = [&](const std::string& b, int f, int i) {
+    return u.writers[b] == std::vector<std::pair<int, int>>{{f, i}} && !shared.count(b);
+  };
+  auto has = [&](const std::string& b, DType dtype, const Dims* dims) {
+    auto it = buffers_.find(b);
+    return it != buffers_.end() && it->second.dtype() == dtype &&
+           (dims == nullptr || it->second.dims() == *dims);
+  };
+  std::set<std::string> converted;  // f32 inputs some planned convert reads
+  for (int f = 0; f < program_.functions_size(); ++f) {
+    const v1::Function& fn = program_.functions(f);
+    for (int i = 0; i < fn.ops_size(); ++i) {
+      const v1::Op& op = fn.ops(i);
+      if (op.kind() != v1::OP_CONVERT || op.inputs_size() != 1 || op.outputs_size() != 1) continue;
+      const std::string &x = op.inputs(0), &y = op.outputs(0);
+      if (!has(x, v1::DTYPE_F32, nullptr) || !has(y, v1::DTYPE_BF16, &buffers_.at(x).dims()) ||
+          !u.writers[x].empty() || !sole_writer(y, f, i) || u.results.count(y))
+        continue;
+      bf16_copy_converts_.insert(&op);
+      converted.insert(x);
+    }
+  }
+  for (int f = 0; f < program_.functions_size(); ++f) {
+    const v1::Function& fn = program_.functions(f);
+    for (int i = 0; i < fn.ops_size(); ++i) {
+      const v1::Op& op = fn.ops(i);
+      if (op.kind() != v1::OP_ADAM_UPDATE || op.inputs_size() < 5 || op.outputs_size() < 3 ||
+          !converted.count(op.inputs(0)))
+        continue;
+      const std::string& p_out = op.outputs(0);
+      const Dims& dims = buffers_.at(op.inputs(0)).dims();
+      if (!has(p_out, v1::DTYPE_F32, &dims) || !sole_writer(p_out, f, i)) continue;
+      bf16_copies_[p_out].values = Tensor::Shareable(v1::DTYPE_BF16, dims);
+    }
+  }
+}
+
+Executor::Bf16Copy* Executor::Bf16CopyOf(const std::string& param_out) {
+  auto it = bf16_copies_.find(param_out);
+  return it == bf16_copies_.end() ? nullptr : &it->second;
+}
+
+Executor::CompiledOp CompileConvertReadingCopy(const Tensor* x, Tensor* y) {
+  auto own = std::make_shared<Tensor>(Tensor::Uninitialized(y->dtype(), y->dims()));
+  return [x, y, own](const RunContext&) {
+    const std::shared_ptr<const Tensor>& copy = x->bf16_copy();
+    if (copy != nullptr && copy->dtype() == v1::DTYPE_BF16 && copy->dims() == x->dims()) {
+      y->ShareMemory(*copy, 0);  // (nothing writes y: the plan's condition)
+      return absl::OkStatus();
+    }
+    y->ShareMemory(*own, 0);
+    Convert(*x, *y);
+    return absl::OkStatus();
+  };
 }
 
 std::set<std::string> Executor::DonationSources() const {

@@ -323,6 +323,10 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileLayout(const v1::Op& op,
     case v1::OP_CONCATENATE:
       return CompileConcatenate(op, in, out);
     case v1::OP_CONVERT:
+      if (bf16_copy_converts_.count(&op)) {
+        views_.insert(op.outputs(0));  // another's memory or its own, never the buffer's
+        return CompileConvertReadingCopy(in[0], out[0]);
+      }
       return CompileConvert(op, in, out);
     case v1::OP_BITCAST_CONVERT:
       return CompileBitcastConvert(op, in, out);

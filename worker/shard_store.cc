@@ -38,7 +38,10 @@ absl::Status ShardStore::Delete(const std::string& id) {
 int64_t ShardStore::TotalBytes() {
   absl::MutexLock lock(&mu_);
   int64_t total = 0;
-  for (const auto& [id, t] : shards_) total += t->size_bytes();
+  for (const auto& [id, t] : shards_) {
+    total += t->size_bytes();
+    if (t->bf16_copy() != nullptr) total += t->bf16_copy()->size_bytes();
+  }
   return total;
 }
 

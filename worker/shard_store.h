@@ -24,6 +24,7 @@ class ShardStore {
   absl::StatusOr<std::shared_ptr<const Tensor>> Take(const std::string& id);
   // Errors: NotFound naming the id.
   absl::Status Delete(const std::string& id);
+  // The bytes of every shard, with their bf16 copies (Tensor::bf16_copy).
   int64_t TotalBytes();
 
  private:

@@ -152,14 +152,19 @@ absl::StatusOr<DirectResult> DirectAllReduce(Communicator& comm, void* data, int
 
 absl::StatusOr<DirectResult> DirectAllReduceUpdate(
     Communicator& comm, const void* partial, int64_t count, DType dtype, ReduceOp op,
-    const std::vector<void*>& outputs, size_t out_elem,
+    const std::vector<void*>& outputs, const std::vector<size_t>& out_elems,
     absl::FunctionRef<void(int64_t begin, int64_t len, const void* reduced)> update,
     const DirectExtraSum* extra) {
   if (absl::Status s = CheckReducible(dtype, op); !s.ok()) return s;
+  if (out_elems.size() != outputs.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("direct all_reduce + update: ", outputs.size(),
+                                                   " outputs but ", out_elems.size(),
+                                                   " element sizes"));
+  }
   const size_t elem = DTypeSize(dtype);
   Session session(comm, "direct all_reduce + update");
   std::vector<std::pair<const void*, size_t>> mine = {{partial, count * elem}};
-  for (void* out : outputs) mine.emplace_back(out, count * out_elem);
+  for (size_t k = 0; k < outputs.size(); ++k) mine.emplace_back(outputs[k], count * out_elems[k]);
   if (extra != nullptr) {
     if (absl::Status s = CheckReducible(extra->dtype, ReduceOp::kSum); !s.ok()) return s;
     mine.emplace_back(extra->partial, extra->count * DTypeSize(extra->dtype));
@@ -190,7 +195,8 @@ absl::StatusOr<DirectResult> DirectAllReduceUpdate(
     for (int q = 0; q < comm.size(); ++q) {
       if (q == p) continue;
       for (size_t k = 1; k < b[q].size(); ++k) {
-        StreamCopy(b[q][k] + begin * out_elem, b[p][k] + begin * out_elem, len * out_elem);
+        const size_t e = out_elems[k - 1];
+        StreamCopy(b[q][k] + begin * e, b[p][k] + begin * e, len * e);
       }
     }
   }

@@ -65,7 +65,8 @@ absl::StatusOr<DirectResult> DirectAllGather(Communicator& comm, const void* in,
 // rank's `count` elements to reduce (not modified). Position p reduces segment p of every
 // member's `partial` (cut and reduced as DirectAllReduce does, so the same bits) chunk by chunk
 // into a scratch chunk, calls update(begin, len, reduced) to write elements [begin, begin + len)
-// of this rank's `outputs` (each `count` elements of `out_elem` bytes) from it, and stores them
+// of this rank's `outputs` (each `count` elements, of out_elems[k] bytes for output k: a master
+// weight's bf16 copy beside its f32 update) from it, and stores them
 // into every other member's outputs. Each rank reads the reduced buffer's size once and does
 // 1/P of the update, instead of every rank doing all of it. kFellBack: nothing computed or
 // touched. REQUIRES: update reads no output element outside [begin, begin + len) (an output may
@@ -87,7 +88,7 @@ struct DirectExtraSum {
 };
 absl::StatusOr<DirectResult> DirectAllReduceUpdate(
     Communicator& comm, const void* partial, int64_t count, DType dtype, ReduceOp op,
-    const std::vector<void*>& outputs, size_t out_elem,
+    const std::vector<void*>& outputs, const std::vector<size_t>& out_elems,
     absl::FunctionRef<void(int64_t begin, int64_t len, const void* reduced)> update,
     const DirectExtraSum* extra = nullptr);
 

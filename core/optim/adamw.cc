@@ -4,6 +4,8 @@
 #include <cmath>
 #include <vector>
 
+#include "core/collectives/reduce_kernels.h"
+
 namespace meshrun {
 
 // Built for AVX2+FMA and for the baseline ISA; the loader picks the best the CPU has. Element i
@@ -55,6 +57,8 @@ void AdamWSweep(const AdamWHyperParams& hp, int64_t count,
     const int64_t i = blocks[b].begin;
     AdamWUpdate(hp, count, s.param_in + i, s.grad + i, s.mu_in + i, s.nu_in + i, s.param_out + i,
                 s.mu_out + i, s.nu_out + i, blocks[b].len);
+    // (The block's new values are still in cache.)
+    if (s.param_bf16 != nullptr) F32ToBf16(s.param_out + i, s.param_bf16 + i, blocks[b].len);
   }
 }
 

@@ -30,7 +30,9 @@ void AdamWUpdate(const AdamWHyperParams& hp, int64_t count, const float* param_i
 
 // One parameter's part of an AdamWSweep: n elements, read from the *_in arrays and grad and
 // written to the *_out ones, with AdamWUpdate's out-of-place rules (an output may be its own
-// input, nothing else may alias).
+// input, nothing else may alias). `param_bf16`, if not null: n more elements, written with
+// param_out's values rounded to bf16 (F32ToBf16's bits; the bf16 compute copy of a master
+// weight, Tensor::bf16_copy), aliasing nothing else.
 struct AdamWSegment {
   const float* param_in;
   const float* grad;
@@ -40,6 +42,7 @@ struct AdamWSegment {
   float* mu_out;
   float* nu_out;
   int64_t n;
+  uint16_t* param_bf16 = nullptr;
 };
 
 // One optax.adamw step over every segment (a model's parameters) in one sweep, as PyTorch's

@@ -149,7 +149,8 @@ TEST_P(DirectCollectivesTest, PsumScatterAndAllGatherReadPeersBlocksInPlace) {
 
 // An all-reduce fused with a replicated elementwise update (an optimizer step): every rank's
 // outputs get every element, each computed once, by the owner of its segment, from the same
-// reduced bits DirectAllReduce gives; the partial buffers are only read.
+// reduced bits DirectAllReduce gives; the partial buffers are only read. The second output has
+// 2-byte elements (a master weight's bf16 copy beside the f32 update).
 TEST_P(DirectCollectivesTest, AllReduceUpdateStoresEachOwnersSegmentIntoEveryMembersOutputs) {
   TransportSet ts(kind(), world(), SetOptions());
   const int n = world();
@@ -169,7 +170,7 @@ TEST_P(DirectCollectivesTest, AllReduceUpdateStoresEachOwnersSegmentIntoEveryMem
       out_a[r] = Buffer(count());
       out_b[r] = Buffer(count());
       std::fill_n(static_cast<float*>(out_a[r].get()), count(), -1000.0f - r);
-      std::fill_n(static_cast<float*>(out_b[r].get()), count(), -2000.0f - r);
+      std::fill_n(static_cast<uint16_t*>(out_b[r].get()), count(), static_cast<uint16_t>(r + 1));
     }
     std::vector<absl::Status> status(n);
     std::vector<int> done(n, 0);
@@ -177,14 +178,14 @@ TEST_P(DirectCollectivesTest, AllReduceUpdateStoresEachOwnersSegmentIntoEveryMem
     ts.RunRanks([&](int r) {
       Communicator comm(ts.at(r), Iota(n), SmallChunks());
       float* a = static_cast<float*>(out_a[r].get());
-      float* b = static_cast<float*>(out_b[r].get());
+      uint16_t* b = static_cast<uint16_t*>(out_b[r].get());
       absl::StatusOr<DirectResult> d = DirectAllReduceUpdate(
-          comm, partial[r].get(), count(), v1::DTYPE_F32, op, {a, b}, sizeof(float),
-          [&](int64_t begin, int64_t len, const void* reduced) {
+          comm, partial[r].get(), count(), v1::DTYPE_F32, op, {a, b},
+          {sizeof(float), sizeof(uint16_t)}, [&](int64_t begin, int64_t len, const void* reduced) {
             const float* g = static_cast<const float*>(reduced);
             for (int64_t i = 0; i < len; ++i) {
               a[begin + i] = w[begin + i] - 0.5f * g[i];
-              b[begin + i] = g[i] * g[i];
+              b[begin + i] = F32ToBf16(g[i] * g[i]);
             }
             updated[r] += len;
           });
@@ -207,7 +208,7 @@ TEST_P(DirectCollectivesTest, AllReduceUpdateStoresEachOwnersSegmentIntoEveryMem
       for (int r = 0; r < n; ++r) {
         ASSERT_EQ(static_cast<float*>(out_a[r].get())[i], w[i] - 0.5f * g)
             << "rank " << r << " element " << i;
-        ASSERT_EQ(static_cast<float*>(out_b[r].get())[i], g * g)
+        ASSERT_EQ(static_cast<uint16_t*>(out_b[r].get())[i], F32ToBf16(g * g))
             << "rank " << r << " element " << i;
         ASSERT_EQ(static_cast<float*>(partial[r].get())[i], inputs[r][i])
             << "partial of rank " << r << " changed";
@@ -236,7 +237,7 @@ TEST_P(DirectFallbackTest, OneUnshareableOutputMakesEveryRankFallBackFromTheFuse
   ts.RunRanks([&](int r) {
     Communicator comm(ts.at(r), Iota(n), SmallChunks());
     direct[r] = DirectAllReduceUpdate(comm, partial[r].get(), count(), v1::DTYPE_F32,
-                                      ReduceOp::kSum, {out(r)}, sizeof(float),
+                                      ReduceOp::kSum, {out(r)}, {sizeof(float)},
                                       [&](int64_t, int64_t, const void*) { ++calls[r]; });
   });
   for (int r = 0; r < n; ++r) {
