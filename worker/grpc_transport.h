@@ -46,6 +46,8 @@ namespace meshrun {
 // thread in between). Until Attach() is called, Transfer fails with FailedPrecondition. When a
 // peer's stream ends without its goodbye chunk (the process died or the connection broke), later
 // receives from that rank fail with Unavailable naming it. Thread-safe.
+// Serving it instead on the async API, from a completion queue that a thread of its own drives,
+// was measured and was no faster in a worker (README, Collectives: who wakes whom).
 class RingService final : public v1::Ring::WithRawCallbackMethod_Transfer<v1::Ring::Service> {
  public:
   // REQUIRES: `mailbox` outlives this service.
