@@ -127,12 +127,29 @@ struct GrpcTransport::Stream {
 
   enum class Wait { kOk, kFailed, kTimedOut, kCancelled };
 
+  // Posts a write of `frame` (one at a time: the last one's tag must be back first).
+  void StartWrite(const grpc::ByteBuffer& frame) {
+    writer->Write(frame, kWriteTag);
+    ++pending;
+  }
+
   // Writes `frame` and waits for the write until `deadline`, or until `cancelled` is set.
   Wait Write(const grpc::ByteBuffer& frame, absl::Time deadline,
              const std::atomic<bool>* cancelled) {
-    writer->Write(frame, kWriteTag);
-    ++pending;
+    StartWrite(frame);
     return Await(kWriteTag, deadline, cancelled);
+  }
+
+  // Takes `tag`'s event if it is back already (kOk or kFailed); kTimedOut if it is not.
+  Wait Poll(void* tag) {
+    void* got = nullptr;
+    bool ok = false;
+    while (cq.AsyncNext(&got, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) ==
+           grpc::CompletionQueue::GOT_EVENT) {
+      --pending;
+      if (got == tag) return ok ? Wait::kOk : Wait::kFailed;
+    }
+    return Wait::kTimedOut;
   }
 
   // Half-closes the stream and waits until `deadline` for the peer's status.
@@ -187,22 +204,28 @@ struct GrpcTransport::Stream {
 
 class GrpcTransport::PeerLink {
  public:
-  PeerLink(int self, int peer, int lane, const std::string& address, const std::string& cluster_id)
+  PeerLink(int self, int peer, int lane, const std::string& address, const std::string& cluster_id,
+           size_t eager_send_bytes)
       : self_(self),
         peer_(peer),
         lane_(lane),
         address_(address),
         cluster_id_(cluster_id),
+        eager_send_bytes_(eager_send_bytes),
         channel_(CreateChannel(address)),
         method_(kTransferMethod, grpc::internal::RpcMethod::CLIENT_STREAMING, channel_) {}
 
   ~PeerLink() { Close(); }
 
   // Sends goodbye (so the peer knows the close is deliberate) and ends the stream, waiting at
-  // most 2 s for each; a stream with a write still out is abandoned (Stream::Release).
+  // most 2 s for each (and for a small write still posted); a stream with a write still out is
+  // abandoned (Stream::Release).
   void Close() {
     absl::MutexLock lock(&mu_);
     if (stream_ == nullptr) return;
+    if (posted_ && failed_.ok() && !cancelled_.load()) {
+      AwaitWrite(absl::Now() + absl::Seconds(2)).IgnoreError();
+    }
     if (failed_.ok() && !cancelled_.load() && stream_->pending == 0) SayGoodbye();
     Stream::Release(std::move(stream_));
   }
@@ -212,6 +235,10 @@ class GrpcTransport::PeerLink {
                     absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
+    // The last small write is waited for now, before this one is posted.
+    if (posted_) {
+      if (absl::Status s = AwaitWrite(deadline); !s.ok()) return s;
+    }
     const bool first = stream_ == nullptr;
     if (first) Open();
     FrameHeader h;
@@ -226,17 +253,58 @@ class GrpcTransport::PeerLink {
     grpc::Slice slices[2] = {grpc::Slice(EncodeFrameHeader(h)),
                              grpc::Slice(data.data(), data.size())};
     const grpc::ByteBuffer frame(slices, data.empty() ? 1 : 2);
+    stream_->StartWrite(frame);
+    posted_ = true;
+    // A small write is left to complete while the caller goes on (it holds its own copy of the
+    // payload); the next Send on this link, or Close, waits for it. The first write also opens
+    // the stream, which waits for the connection (wait_for_ready): it is waited for here, so
+    // the deadline bounds that wait.
+    if (!first && data.size() <= eager_send_bytes_) return absl::OkStatus();
+    return AwaitWrite(deadline);
+  }
+
+  // Whether the link is broken; a small write posted and failed since counts.
+  bool failed() {
+    if (cancelled_.load()) return true;
+    absl::MutexLock lock(&mu_);
+    if (posted_ && failed_.ok()) {
+      const Stream::Wait outcome = stream_->Poll(kWriteTag);
+      if (outcome != Stream::Wait::kTimedOut) Completed(outcome).IgnoreError();  // kept in failed_
+    }
+    return !failed_.ok();
+  }
+
+  // Cancels the stream if a sender waits for its write (its Send returns at once, or within
+  // kCancelPoll when the write is stuck in a full socket); the link then counts as failed, so
+  // Reset() replaces it. Idle links, and links whose last small write was posted but not yet
+  // waited for, are left alone: cancelling them would show peers a disconnect instead of the
+  // abort (such a write stuck at a stopped peer fails the link's next Send at its deadline).
+  void CancelWrite() {
+    absl::MutexLock lock(&cancel_mu_);
+    if (writing_ == nullptr) return;
+    cancelled_.store(true);
+    writing_->TryCancel();
+  }
+
+ private:
+  // Waits for the posted write until `deadline`; a write not back by then, or failed, fails the
+  // link.
+  absl::Status AwaitWrite(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     {
       absl::MutexLock cancel_lock(&cancel_mu_);
       writing_ = &stream_->ctx;
     }
-    // The first write also opens the stream, which waits for the connection (wait_for_ready):
-    // the deadline bounds that wait too.
-    const Stream::Wait outcome = stream_->Write(frame, deadline, &cancelled_);
+    const Stream::Wait outcome = stream_->Await(kWriteTag, deadline, &cancelled_);
     {
       absl::MutexLock cancel_lock(&cancel_mu_);
       writing_ = nullptr;
     }
+    return Completed(outcome);
+  }
+
+  // Takes the posted write's outcome; a write that failed or timed out fails the link.
+  absl::Status Completed(Stream::Wait outcome) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    posted_ = false;
     if (outcome == Stream::Wait::kOk) return absl::OkStatus();
     stream_->ctx.TryCancel();
     failed_ = outcome == Stream::Wait::kTimedOut
@@ -249,24 +317,6 @@ class GrpcTransport::PeerLink {
     return failed_;
   }
 
-  bool failed() {
-    if (cancelled_.load()) return true;
-    absl::MutexLock lock(&mu_);
-    return !failed_.ok();
-  }
-
-  // Cancels the stream if a write is in flight (its Send returns at once, or within kCancelPoll
-  // when the write is stuck in a full socket); the link then counts as failed, so Reset()
-  // replaces it. Idle links are left alone: cancelling them would show peers a disconnect
-  // instead of the abort.
-  void CancelWrite() {
-    absl::MutexLock lock(&cancel_mu_);
-    if (writing_ == nullptr) return;
-    cancelled_.store(true);
-    writing_->TryCancel();
-  }
-
- private:
   void Open() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     stream_ = std::make_unique<Stream>();
     stream_->ctx.set_wait_for_ready(true);  // the peer may still be starting
@@ -292,10 +342,13 @@ class GrpcTransport::PeerLink {
 
   const int self_, peer_, lane_;
   const std::string address_, cluster_id_;
+  const size_t eager_send_bytes_;
   const std::shared_ptr<grpc::Channel> channel_;
   const grpc::internal::RpcMethod method_;
   absl::Mutex mu_;  // one writer at a time
   std::unique_ptr<Stream> stream_ ABSL_GUARDED_BY(mu_);
+  // A write was posted whose tag has not been taken back yet (a small one left to complete).
+  bool posted_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);
   absl::Mutex cancel_mu_;
   // The context of the write in flight, for CancelWrite; cleared before Send lets go of mu_.
@@ -304,12 +357,13 @@ class GrpcTransport::PeerLink {
 };
 
 GrpcTransport::GrpcTransport(int rank, std::vector<std::string> addresses, std::string cluster_id,
-                             Mailbox* mailbox, GrpcStripeOptions stripes)
+                             Mailbox* mailbox, GrpcStripeOptions stripes, size_t eager_send_bytes)
     : rank_(rank),
       addresses_(std::move(addresses)),
       cluster_id_(std::move(cluster_id)),
       mailbox_(mailbox),
       stripes_(stripes),
+      eager_send_bytes_(eager_send_bytes),
       lanes_(std::clamp(stripes.max_stripes, 1, kMaxLanes)),
       links_(addresses_.size() * lanes_) {}
 
@@ -330,7 +384,10 @@ absl::StatusOr<GrpcTransport::PeerLink*> GrpcTransport::Link(int peer, int lane)
   absl::MutexLock lock(&mu_);
   if (!aborted_.ok()) return aborted_;
   std::unique_ptr<PeerLink>& link = links_[peer * lanes_ + lane];
-  if (!link) link = std::make_unique<PeerLink>(rank_, peer, lane, addresses_[peer], cluster_id_);
+  if (!link) {
+    link = std::make_unique<PeerLink>(rank_, peer, lane, addresses_[peer], cluster_id_,
+                                      eager_send_bytes_);
+  }
   return link.get();
 }
 

@@ -82,8 +82,14 @@ struct GrpcStripeOptions {
 // Transport over gRPC. Send writes the chunk on the peer's stream from the calling thread and
 // waits for the write on the stream's own completion queue; with large HTTP/2 windows
 // (net/grpc_util.cc) the write returns once the bytes are in the socket, so the caller goes on
-// reducing the next chunk while this one is on the wire. A write not back by its deadline (a
-// peer that stopped reading, or one never reached) fails with DeadlineExceeded naming the peer;
+// reducing the next chunk while this one is on the wire. A chunk of at most `eager_send_bytes`
+// is sent eagerly, as MPI sends small messages: Send returns once the write is posted (gRPC
+// holds its own copy of the payload), and the link's next Send, or its close, waits for that
+// write first. The sending thread then does not wait on gRPC's executor, which completes a write
+// started while another of gRPC's threads works on the connection (the peer's window updates
+// after every message): README, Collectives, has the measurements. A write not back by its
+// deadline (a peer that stopped reading, or one never reached) fails with DeadlineExceeded
+// naming the peer (for an eager write, the deadline of the Send that waits for it);
 // its stream is cancelled and abandoned to a thread that frees it once gRPC lets go of it (in
 // gRPC 1.51 a cancel does not end a write stuck in a full socket: only the socket draining or
 // the connection closing does), and the link is replaced on Reset() by one on a new
@@ -93,7 +99,10 @@ class GrpcTransport : public Transport {
   // `addresses[r]` is rank r's host:port. `mailbox` is the one attached to this worker's
   // RingService and must outlive the transport.
   GrpcTransport(int rank, std::vector<std::string> addresses, std::string cluster_id,
-                Mailbox* mailbox, GrpcStripeOptions stripes = {});
+                Mailbox* mailbox, GrpcStripeOptions stripes = {},
+                size_t eager_send_bytes = kEagerSendBytes);
+  // The default `eager_send_bytes` (0: every Send waits for its write).
+  static constexpr size_t kEagerSendBytes = 64 << 10;
   // Closes every link (sending goodbye, so peers know the close was deliberate).
   ~GrpcTransport() override;
 
@@ -119,6 +128,7 @@ class GrpcTransport : public Transport {
   const std::string cluster_id_;
   Mailbox* mailbox_;
   const GrpcStripeOptions stripes_;
+  const size_t eager_send_bytes_;
   const int lanes_;  // links per peer
   absl::Mutex mu_;
   // Peer p's lane l at p * lanes_ + l, opened on first use.

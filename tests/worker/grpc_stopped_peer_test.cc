@@ -1,6 +1,8 @@
 // GrpcTransport against a peer that stops reading: one that dies in the middle of a large write
 // (the send fails naming it, within bounded time), and one that stays stopped with the write
-// stuck in a full socket (the send fails at its deadline, or at once when aborted).
+// stuck in a full socket (the send fails at its deadline, or at once when aborted), or stuck in
+// gRPC behind a flow-control window the peer never opens (small sends are eager: the one whose
+// write is stuck returns, and the next fails at its deadline).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/ioctl.h>
@@ -34,7 +36,9 @@ class StoppedPeer {
   // `dies_mid_write`: once a sender's bytes fill its receive queue (64 KiB unread), the peer
   // closes its end unread (the kernel resets the connection), as a killed process does.
   // Otherwise it stays stopped. It accepts one connection; later ones are refused.
-  explicit StoppedPeer(bool dies_mid_write = false) {
+  // `open_windows`: false, and the connection's window stays at HTTP/2's initial 65,535 bytes
+  // (only the streams' are opened): gRPC writes no more than that and holds the rest.
+  explicit StoppedPeer(bool dies_mid_write = false, bool open_windows = true) {
     listener_ = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
@@ -44,12 +48,12 @@ class StoppedPeer {
     socklen_t len = sizeof(addr);
     getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
     port_ = ntohs(addr.sin_port);
-    acceptor_ = std::thread([this, dies_mid_write] {
+    acceptor_ = std::thread([this, dies_mid_write, open_windows] {
       const int fd = accept(listener_, nullptr, nullptr);
       shutdown(listener_, SHUT_RDWR);
       if (fd < 0) return;
       connection_ = fd;
-      const std::string frames = Settings() + WindowUpdate();
+      const std::string frames = open_windows ? Settings() + WindowUpdate() : Settings();
       EXPECT_EQ(write(fd, frames.data(), frames.size()), static_cast<ssize_t>(frames.size()));
       if (!dies_mid_write) return;
       int unread = 0;
@@ -95,9 +99,11 @@ class GrpcStoppedPeerTest : public ::testing::Test {
   GrpcStoppedPeerTest() {
     SetProcessCredentials(Credentials::Insecure());  // the peer speaks plaintext HTTP/2
   }
-  std::unique_ptr<GrpcTransport> TransportTo(const StoppedPeer& peer) {
-    return std::make_unique<GrpcTransport>(
-        0, std::vector<std::string>{"127.0.0.1:1", peer.address()}, "c", &mailbox_);
+  std::unique_ptr<GrpcTransport> TransportTo(
+      const StoppedPeer& peer, size_t eager_send_bytes = GrpcTransport::kEagerSendBytes) {
+    return std::make_unique<GrpcTransport>(0,
+                                           std::vector<std::string>{"127.0.0.1:1", peer.address()},
+                                           "c", &mailbox_, GrpcStripeOptions(), eager_send_bytes);
   }
 
   GrpcLifetime grpc_;  // as the worker holds it (else the last channel's close shuts gRPC down)
@@ -147,6 +153,52 @@ TEST_F(GrpcStoppedPeerTest, AbortEndsASendStuckAtAStoppedPeer) {
   aborter.join();
   EXPECT_EQ(s, reason);
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+// Sends 32 KiB messages (each with a 1 s deadline) to a peer that leaves the connection's
+// window at 65,535 bytes, until one fails: the first message fits the window, and the second's
+// write never completes (gRPC completes a write once all of it is sent). Returns how many sends
+// returned OK and the failure, which must come at its deadline.
+struct UntilStuck {
+  int ok = 0;
+  absl::Status failure;
+};
+UntilStuck SendUntilStuck(GrpcTransport& t) {
+  const std::string chunk(32 << 10, 'c');
+  UntilStuck out;
+  for (uint64_t tag = 1; tag < 100000; ++tag) {
+    const absl::Time start = absl::Now();
+    absl::Status s = t.Send(1, tag, chunk, start + absl::Seconds(1));
+    if (!s.ok()) {
+      EXPECT_GE(absl::Now() - start, absl::Milliseconds(900)) << "failed before its deadline";
+      EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+      out.failure = s;
+      return out;
+    }
+    ++out.ok;
+  }
+  ADD_FAILURE() << "no send got stuck";
+  return out;
+}
+
+// A small send returns once its write is posted: the send whose write is the first that can
+// never complete returns OK (a waiting send would fail there), and the next send, which waits for
+// it first, fails at its own deadline naming the peer; the link then keeps failing.
+TEST_F(GrpcStoppedPeerTest, ASmallSendReturnsBeforeItsWriteCompletesAndTheNextWaitsForIt) {
+  StoppedPeer waiting_peer(/*dies_mid_write=*/false, /*open_windows=*/false);
+  auto waiting = TransportTo(waiting_peer, /*eager_send_bytes=*/0);
+  const UntilStuck waited = SendUntilStuck(*waiting);
+  StoppedPeer eager_peer(/*dies_mid_write=*/false, /*open_windows=*/false);
+  auto eager = TransportTo(eager_peer);
+  const UntilStuck eagerly = SendUntilStuck(*eager);
+
+  EXPECT_EQ(waited.ok, 1);   // the second send waits for its own write, and fails
+  EXPECT_EQ(eagerly.ok, 2);  // the second returns; the third waits for the second's write
+  for (const absl::Status& s : {waited.failure, eagerly.failure}) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_THAT(s.message(), HasSubstr("rank 1"));
+  }
+  EXPECT_EQ(eager->Send(1, 0, "x", absl::Now() + absl::Seconds(60)), eagerly.failure);
 }
 
 }  // namespace
