@@ -18,10 +18,11 @@
 //     over piece by piece when the receive is posted, or, for a frame that comes first, kept in
 //     the mailbox's queue as they are (an absl::Cord holding references to them; pieces under
 //     256 bytes, inlined ones among them, are copied: worker/ring_frame.h).
-//   The sender's copy stays because a slice that pointed at the caller's memory could still be
-//   read by gRPC after Send returns: a write cancelled by Abort or abandoned at its deadline (a
-//   stopped peer whose socket is full) leaves its bytes queued in the connection until it
-//   drains or closes, while the collective frees the buffer as soon as it returns its error. A
+//   The sender's copy stays (it is also what lets a small Send return before its write
+//   completes: GrpcTransport's eager sends) because a slice that pointed at the caller's memory
+//   could still be read by gRPC after Send returns: a write cancelled by Abort or abandoned at its
+//   deadline (a stopped peer whose socket is full) leaves its bytes queued in the connection until
+//   it drains or closes, while the collective frees the buffer as soon as it returns its error. A
 //   borrowed slice whose release the sender awaits was tried (c8fabcc, reverted): faster on
 //   loopback, but in the docker-compose cluster (8 workers, mutual TLS) the first step's
 //   all-reduce failed with a send timing out, in both runs; the cause was not found.
