@@ -140,18 +140,6 @@ struct GrpcTransport::Stream {
     return Await(kWriteTag, deadline, cancelled);
   }
 
-  // Takes `tag`'s event if it is back already (kOk or kFailed); kTimedOut if it is not.
-  Wait Poll(void* tag) {
-    void* got = nullptr;
-    bool ok = false;
-    while (cq.AsyncNext(&got, &ok, gpr_time_0(GPR_CLOCK_MONOTONIC)) ==
-           grpc::CompletionQueue::GOT_EVENT) {
-      --pending;
-      if (got == tag) return ok ? Wait::kOk : Wait::kFailed;
-    }
-    return Wait::kTimedOut;
-  }
-
   // Half-closes the stream and waits until `deadline` for the peer's status.
   void Finish(absl::Time deadline) {
     writer->WritesDone(kWritesDoneTag);
@@ -268,7 +256,8 @@ class GrpcTransport::PeerLink {
     if (cancelled_.load()) return true;
     absl::MutexLock lock(&mu_);
     if (posted_ && failed_.ok()) {
-      const Stream::Wait outcome = stream_->Poll(kWriteTag);
+      // A deadline already here: only an outcome that is back is taken.
+      const Stream::Wait outcome = stream_->Await(kWriteTag, absl::Now(), nullptr);
       if (outcome != Stream::Wait::kTimedOut) Completed(outcome).IgnoreError();  // kept in failed_
     }
     return !failed_.ok();
