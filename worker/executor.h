@@ -239,10 +239,16 @@ class Executor {
     bool written = false;  // whole, by this Run's update
   };
   std::map<std::string, Bf16Copy> bf16_copies_;  // by the update's param output
-  // OP_CONVERTs f32 -> bf16 of an input that no op writes, whose one-writer output nothing
-  // writes in place or hands out: the output is a view of the input's bf16 copy when it has
-  // one, else converted into memory of its own (CompileConvertReadingCopy).
-  std::set<const v1::Op*> bf16_copy_converts_;
+  // OP_CONVERTs f32 -> bf16 whose one-writer output nothing writes in place or hands out, of an
+  // input that no op writes, or of a contiguous block of one that slices and reshapes cut out
+  // (a scanned layer's weight indexed out of the stacked param, as flax's nn.scan does): the
+  // output is a view of that block of the input's bf16 copy when it has one, else converted
+  // into memory of its own (CompileConvertReadingCopy).
+  struct CopyBlock {
+    std::string root;  // the buffer that no op writes
+    int64_t offset;    // of the convert's input in it, in elements
+  };
+  std::map<const v1::Op*, CopyBlock> bf16_copy_converts_;
   // The copy that the update writing `param_out` writes, or null.
   Bf16Copy* Bf16CopyOf(const std::string& param_out);
   std::map<std::string, v1::BufferRole> roles_;
@@ -261,7 +267,12 @@ absl::Status OpOutputMismatch(const v1::Op& op, const Tensor& got, const std::st
 // A convert f32 -> bf16 planned to read its input's bf16 copy (Executor::bf16_copy_converts_,
 // executor_buffers.cc): y becomes a view of the copy when x has one (Tensor::bf16_copy, the
 // same bits a conversion gives), else x is converted into y's own memory.
-Executor::CompiledOp CompileConvertReadingCopy(const Tensor* x, Tensor* y);
+Executor::CompiledOp CompileConvertReadingCopy(const Tensor* root, int64_t offset, const Tensor* x,
+                                               Tensor* y);
+// The element offset in x (dims `xd`, row-major) of an OP_SLICE's result (dims `yd`) when that
+// result is one contiguous block of x (the dims before its first partial one single indices,
+// those after it whole); nullopt otherwise, or for another kind of op.
+std::optional<int64_t> SliceBlockOffset(const v1::Op& op, const Dims& xd, const Dims& yd);
 // An op that runs `k`'s kernel (k must be OK; a null kernel makes an op that does nothing).
 Executor::CompiledOp FromKernel(absl::StatusOr<std::unique_ptr<Kernel>> k);
 // An OP_ADAM_UPDATE's hyperparameters (its reduce_dtype aside) as core/optim takes them.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
@@ -245,7 +246,30 @@ void Executor::PlanBf16Copies(BufferUses& u) {
     return it != buffers_.end() && it->second.dtype() == dtype &&
            (dims == nullptr || it->second.dims() == *dims);
   };
-  std::set<std::string> converted;  // f32 inputs some planned convert reads
+  // The buffer that no op writes of which op i of function f reads `x` as a contiguous block
+  // (x itself, or through the slices and reshapes before op i that are the sole writers of x
+  // and its ancestors), with x's element offset in it; nullopt if there is none.
+  auto block_of = [&](std::string x, int f, int i) -> std::optional<CopyBlock> {
+    const v1::Function& fn = program_.functions(f);
+    CopyBlock block{x, 0};
+    while (!u.writers[block.root].empty()) {
+      if (!sole_writer(block.root, f, u.writers[block.root][0].second)) return std::nullopt;
+      const int w = u.writers[block.root][0].second;
+      const v1::Op& view = fn.ops(w);
+      if (w >= i || view.inputs_size() < 1 || view.outputs_size() != 1) return std::nullopt;
+      const std::string& in = view.inputs(0);
+      if (!has(in, buffers_.at(block.root).dtype(), nullptr)) return std::nullopt;
+      std::optional<int64_t> offset;
+      if (view.kind() == v1::OP_RESHAPE) offset = 0;
+      if (view.kind() == v1::OP_SLICE)
+        offset = SliceBlockOffset(view, buffers_.at(in).dims(), buffers_.at(block.root).dims());
+      if (!offset.has_value()) return std::nullopt;
+      block = {in, block.offset + *offset};
+      i = w;
+    }
+    return block;
+  };
+  std::set<std::string> converted;  // f32 buffers some planned convert reads (a block of)
   for (int f = 0; f < program_.functions_size(); ++f) {
     const v1::Function& fn = program_.functions(f);
     for (int i = 0; i < fn.ops_size(); ++i) {
@@ -253,10 +277,12 @@ void Executor::PlanBf16Copies(BufferUses& u) {
       if (op.kind() != v1::OP_CONVERT || op.inputs_size() != 1 || op.outputs_size() != 1) continue;
       const std::string &x = op.inputs(0), &y = op.outputs(0);
       if (!has(x, v1::DTYPE_F32, nullptr) || !has(y, v1::DTYPE_BF16, &buffers_.at(x).dims()) ||
-          !u.writers[x].empty() || !sole_writer(y, f, i) || u.results.count(y))
+          !sole_writer(y, f, i) || u.results.count(y))
         continue;
-      bf16_copy_converts_.insert(&op);
-      converted.insert(x);
+      const std::optional<CopyBlock> block = block_of(x, f, i);
+      if (!block.has_value() || !has(block->root, v1::DTYPE_F32, nullptr)) continue;
+      bf16_copy_converts_[&op] = *block;
+      converted.insert(block->root);
     }
   }
   for (int f = 0; f < program_.functions_size(); ++f) {
@@ -279,12 +305,15 @@ Executor::Bf16Copy* Executor::Bf16CopyOf(const std::string& param_out) {
   return it == bf16_copies_.end() ? nullptr : &it->second;
 }
 
-Executor::CompiledOp CompileConvertReadingCopy(const Tensor* x, Tensor* y) {
+Executor::CompiledOp CompileConvertReadingCopy(const Tensor* root, int64_t offset, const Tensor* x,
+                                               Tensor* y) {
   auto own = std::make_shared<Tensor>(Tensor::Uninitialized(y->dtype(), y->dims()));
-  return [x, y, own](const RunContext&) {
-    const std::shared_ptr<const Tensor>& copy = x->bf16_copy();
-    if (copy != nullptr && copy->dtype() == v1::DTYPE_BF16 && copy->dims() == x->dims()) {
-      y->ShareMemory(*copy, 0);  // (nothing writes y: the plan's condition)
+  return [root, offset, x, y, own](const RunContext&) {
+    const std::shared_ptr<const Tensor>& copy = root->bf16_copy();
+    if (copy != nullptr && copy->dtype() == v1::DTYPE_BF16 && copy->dims() == root->dims() &&
+        offset >= 0 && offset + y->num_elements() <= copy->num_elements()) {
+      // (nothing writes y: the plan's condition)
+      y->ShareMemory(*copy, offset * DTypeSize(v1::DTYPE_BF16));
       return absl::OkStatus();
     }
     y->ShareMemory(*own, 0);

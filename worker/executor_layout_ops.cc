@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -255,6 +256,27 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileDynamicSlice(
   });
 }
 
+std::optional<int64_t> SliceBlockOffset(const v1::Op& op, const Dims& xd, const Dims& yd) {
+  const int64_t rank = static_cast<int64_t>(xd.size());
+  if (op.kind() != v1::OP_SLICE || static_cast<int64_t>(yd.size()) != rank ||
+      op.starts_size() != rank)
+    return std::nullopt;
+  // The block is contiguous when the dims before its first partial one are single indices and
+  // those after it are whole.
+  int64_t partial = 0;
+  while (partial < rank && yd[partial] == 1) ++partial;
+  if (partial == rank) partial = rank - 1;
+  for (int64_t d = partial + 1; d < rank; ++d) {
+    if (yd[d] != xd[d]) return std::nullopt;
+  }
+  int64_t offset = 0, stride = 1;
+  for (int64_t d = rank - 1; d >= 0; --d) {
+    offset += op.starts(d) * stride;
+    stride *= xd[d];
+  }
+  return offset;
+}
+
 std::optional<Executor::CompiledOp> Executor::CompileView(const v1::Op& op, const Tensor* x,
                                                           Tensor* y) {
   if (!view_ops_.count(&op)) return std::nullopt;
@@ -281,13 +303,9 @@ std::optional<Executor::CompiledOp> Executor::CompileView(const v1::Op& op, cons
         return absl::OkStatus();
       });
     case v1::OP_SLICE: {
-      int64_t partial = 0;
-      while (partial < static_cast<int64_t>(xd.size()) && yd[partial] == 1) ++partial;
-      if (partial == static_cast<int64_t>(xd.size())) partial = static_cast<int64_t>(xd.size()) - 1;
-      if (!contiguous(partial)) break;
-      int64_t offset = 0;
-      for (size_t d = 0; d < xd.size(); ++d) offset += op.starts(d) * stride[d];
-      const size_t byte_offset = offset * elem;
+      const std::optional<int64_t> offset = SliceBlockOffset(op, xd, yd);
+      if (!offset.has_value()) break;
+      const size_t byte_offset = *offset * elem;
       return CompiledOp([x, y, byte_offset](const RunContext&) {
         y->ShareMemory(*x, byte_offset);
         return absl::OkStatus();
@@ -323,9 +341,10 @@ absl::StatusOr<Executor::CompiledOp> Executor::CompileLayout(const v1::Op& op,
     case v1::OP_CONCATENATE:
       return CompileConcatenate(op, in, out);
     case v1::OP_CONVERT:
-      if (bf16_copy_converts_.count(&op)) {
+      if (auto block = bf16_copy_converts_.find(&op); block != bf16_copy_converts_.end()) {
         views_.insert(op.outputs(0));  // another's memory or its own, never the buffer's
-        return CompileConvertReadingCopy(in[0], out[0]);
+        return CompileConvertReadingCopy(buffer(block->second.root), block->second.offset, in[0],
+                                         out[0]);
       }
       return CompileConvert(op, in, out);
     case v1::OP_BITCAST_CONVERT:

@@ -251,5 +251,127 @@ TEST(Bf16CopyTest, FusedUpdatesWriteEveryMembersWholeCopy) {
   }
 }
 
+// A stacked param (4 layers of kRow elements, as nn.scan stacks a layer's weights) whose layer 2
+// is sliced out and reshaped, then converted (as an indexed, scanned layer casts its weight);
+// and its column block [0, 100) of every layer, which is not contiguous, converted too. Then
+// the stacked param's Adam update.
+constexpr int64_t kLayers = 4, kRow = 250;
+
+v1::StepProgram StackedProgram() {
+  std::string text;
+  auto decl = [&](const std::string& name, const char* dtype, const std::string& dims) {
+    text += absl::StrCat("buffers { name: '", name, "' dtype: ", dtype, " shape { ", dims, " } }");
+  };
+  const std::string stacked = absl::StrCat("dims: ", kLayers, " dims: ", kRow);
+  decl("step", "DTYPE_F32", "");
+  for (const std::string name : {"w", "gw", "muw", "nuw", "new_w", "new_muw", "new_nuw"})
+    decl(name, "DTYPE_F32", stacked);
+  decl("layer", "DTYPE_F32", absl::StrCat("dims: 1 dims: ", kRow));
+  decl("kernel", "DTYPE_F32", absl::StrCat("dims: ", kRow));
+  decl("kernel16", "DTYPE_BF16", absl::StrCat("dims: ", kRow));
+  decl("seen_w", "DTYPE_F32", absl::StrCat("dims: ", kRow));
+  decl("cols", "DTYPE_F32", absl::StrCat("dims: ", kLayers, " dims: 100"));
+  decl("cols16", "DTYPE_BF16", absl::StrCat("dims: ", kLayers, " dims: 100"));
+  text += R"pb(
+    functions {
+      name: "main"
+      ops { kind: OP_SLICE inputs: "w" outputs: "layer" starts: 2 starts: 0 }
+      ops { kind: OP_RESHAPE inputs: "layer" outputs: "kernel" }
+      ops { kind: OP_CONVERT inputs: "kernel" outputs: "kernel16" }
+      ops { kind: OP_CONVERT inputs: "kernel16" outputs: "seen_w" }
+      ops { kind: OP_SLICE inputs: "w" outputs: "cols" starts: 0 starts: 0 }
+      ops { kind: OP_CONVERT inputs: "cols" outputs: "cols16" }
+      ops {
+        kind: OP_ADAM_UPDATE
+        inputs: "w"
+        inputs: "gw"
+        inputs: "muw"
+        inputs: "nuw"
+        inputs: "step"
+        outputs: "new_w"
+        outputs: "new_muw"
+        outputs: "new_nuw"
+        adamw { learning_rate: 0.01 b1: 0.9 b2: 0.999 eps: 1e-8 }
+      }
+    })pb";
+  return ParseText(text);
+}
+
+Tensor Stacked(float scale, int seed) {
+  const Tensor flat = Filled(kLayers * kRow, scale, seed);
+  Tensor t(v1::DTYPE_F32, {kLayers, kRow});
+  std::memcpy(t.raw(), flat.raw(), flat.size_bytes());
+  return t;
+}
+
+// Runs one step of StackedProgram over `s`; returns seen_w and, through `cols`, cols16.
+Tensor StackedStep(Executor& ex, State& s, int step, Tensor* cols) {
+  Tensor t(v1::DTYPE_F32, {});
+  t.data<float>()[0] = static_cast<float>(step);
+  EXPECT_TRUE(ex.BindInput("step", t).ok());
+  EXPECT_TRUE(ex.BindInput("gw", Stacked(1e-3f, step + 5)).ok());
+  for (const std::string k : {"w", "muw", "nuw"})
+    EXPECT_TRUE(ex.BindInput(k, std::move(s.arrays[k]), /*donated=*/true).ok());
+  s.arrays.clear();
+  const absl::Status ran = ex.Run("main", RunContext{});
+  EXPECT_TRUE(ran.ok()) << ran;
+  for (const std::string k : {"w", "muw", "nuw"}) s.arrays[k] = *ex.TakeOutput("new_" + k);
+  *cols = *ex.TakeOutput("cols16");
+  return *ex.TakeOutput("seen_w");
+}
+
+// The convert of the sliced layer reads that layer's block of the stacked param's copy: with
+// another array's copy attached (to see which one is read) it shows the copy's layer 2; over
+// three steps of real copies every array has the bits of a run without copies; the columns,
+// not a contiguous block, are converted from the param each time.
+TEST(Bf16CopyTest, AConvertOfASlicedLayerReadsThatLayersBlockOfTheCopy) {
+  Executor::Options o;
+  o.results = {"new_w", "new_muw", "new_nuw", "seen_w", "cols16"};
+  auto with = Executor::Create(StackedProgram(), o);
+  auto without = Executor::Create(StackedProgram(), o);
+  ASSERT_TRUE(with.ok()) << with.status();
+  ASSERT_TRUE(without.ok()) << without.status();
+  auto initial = [] {
+    State s;
+    s.arrays["w"] = Stacked(1e-3f, 1);
+    s.arrays["muw"] = Tensor(v1::DTYPE_F32, {kLayers, kRow});
+    s.arrays["nuw"] = Tensor(v1::DTYPE_F32, {kLayers, kRow});
+    return s;
+  };
+  State a = initial(), b = initial();
+  Tensor cols_a, cols_b;
+  {
+    State fake = initial();
+    const Tensor other = Stacked(0.5f, 9);
+    auto copy = std::make_shared<Tensor>(v1::DTYPE_BF16, Dims{kLayers, kRow});
+    F32ToBf16(other.data<float>(), copy->data<uint16_t>(), kLayers * kRow);
+    fake.arrays["w"].set_bf16_copy(copy);
+    const Tensor seen = StackedStep(**with, fake, 0, &cols_a);
+    for (int64_t i = 0; i < kRow; ++i) {
+      ASSERT_EQ(seen.data<float>()[i], Bf16ToF32(copy->data<uint16_t>()[2 * kRow + i])) << i;
+    }
+    const std::vector<uint16_t> want = Rounded(initial().arrays["w"]);
+    for (int64_t l = 0; l < kLayers; ++l) {
+      for (int64_t c = 0; c < 100; ++c) {
+        ASSERT_EQ(cols_a.data<uint16_t>()[l * 100 + c], want[l * kRow + c]) << l << ", " << c;
+      }
+    }
+  }
+  for (int step = 0; step < 3; ++step) {
+    const Tensor w = a.arrays["w"];
+    const Tensor seen_a = StackedStep(**with, a, step, &cols_a);
+    b.arrays["w"].set_bf16_copy(nullptr);
+    const Tensor seen_b = StackedStep(**without, b, step, &cols_b);
+    const std::vector<uint16_t> want = Rounded(w);
+    for (int64_t i = 0; i < kRow; ++i)
+      ASSERT_EQ(seen_a.data<float>()[i], Bf16ToF32(want[2 * kRow + i])) << "step " << step;
+    EXPECT_TRUE(SameBits(seen_a, seen_b)) << "step " << step;
+    EXPECT_TRUE(SameBits(cols_a, cols_b)) << "step " << step;
+    for (const std::string k : {"w", "muw", "nuw"})
+      EXPECT_TRUE(SameBits(a.arrays[k], b.arrays[k])) << k << " at step " << step;
+    EXPECT_TRUE(HasExactCopy(a.arrays["w"])) << "step " << step;
+  }
+}
+
 }  // namespace
 }  // namespace meshrun
