@@ -14,11 +14,18 @@
 //   BM_AdamWEachParam / BM_AdamWSweep: the main job's model (784-512-10: four parameters, 407,050
 //     elements) updated one AdamWUpdate per parameter, as before the executor joined them, and
 //     as one AdamWSweep over all four on the OpenMP team (OMP_NUM_THREADS; all cores by default).
+//   BM_SumTwoPartials/n/fused: the reduction a single-copy all-reduce + update does before the
+//     update, of two members' partial gradients, 64 KiB chunk by chunk into a scratch chunk:
+//     fused 0 copies the first partial and adds the second in (memcpy, then AddInto), fused 1
+//     adds both in one pass (Add); the same bits.
 // Run: OMP_NUM_THREADS=1 build/bin/fused_update_bench   (items_per_second: elements per second;
 // one thread, as each worker of a local cluster computes)
+#include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "core/collectives/reduce_kernels.h"
 #include "core/optim/adamw.h"
 #include "core/tensor.h"
 #include "worker/kernels/kernel.h"
@@ -144,6 +151,27 @@ void BM_AdamWSweep(benchmark::State& bench) {
 
 BENCHMARK(BM_AdamWEachParam)->UseRealTime();
 BENCHMARK(BM_AdamWSweep)->UseRealTime();
+
+void BM_SumTwoPartials(benchmark::State& bench) {
+  const int64_t n = bench.range(0);
+  const bool fused = bench.range(1) != 0;
+  std::vector<float> a(n, 0.25f), b(n, 0.5f), scratch(kChunk);
+  for (auto _ : bench) {
+    for (int64_t c = 0; c < n; c += kChunk) {
+      const int64_t len = std::min(kChunk, n - c);
+      if (fused) {
+        Add(v1::DTYPE_F32, scratch.data(), a.data() + c, b.data() + c, len);
+      } else {
+        std::memcpy(scratch.data(), a.data() + c, len * sizeof(float));
+        AddInto(v1::DTYPE_F32, scratch.data(), b.data() + c, len);
+      }
+      benchmark::DoNotOptimize(scratch.data());
+    }
+  }
+  bench.SetItemsProcessed(bench.iterations() * n);
+}
+
+BENCHMARK(BM_SumTwoPartials)->ArgsProduct({{1 << 18, 1 << 22}, {0, 1}});
 
 // 256 Ki elements stay in L2; 4 Mi elements (64 MiB of state) stream from memory.
 BENCHMARK(BM_FusedElementwiseAdam)->ArgsProduct({{1 << 18, 1 << 22}, {0, 1, 2}});

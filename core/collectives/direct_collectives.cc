@@ -121,8 +121,14 @@ class Session {
 void ReduceAll(DType dtype, ReduceOp op, char* dst, const std::vector<char*>& src, size_t offset,
                int64_t len) {
   const size_t elem = DTypeSize(dtype);
-  std::memcpy(dst, src[0] + offset, len * elem);
-  for (size_t q = 1; q < src.size(); ++q) Reduce(dtype, op, dst, src[q] + offset, len);
+  size_t q = 1;
+  if (op != ReduceOp::kMax && src.size() >= 2) {
+    Add(dtype, dst, src[0] + offset, src[1] + offset, len);  // (the bits of copy, then add)
+    q = 2;
+  } else {
+    std::memcpy(dst, src[0] + offset, len * elem);
+  }
+  for (; q < src.size(); ++q) Reduce(dtype, op, dst, src[q] + offset, len);
   if (op == ReduceOp::kMean) Scale(dtype, dst, len, 1.0f / src.size());
 }
 

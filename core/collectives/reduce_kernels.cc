@@ -84,12 +84,33 @@ absl::Status CheckReducible(DType dtype, ReduceOp op) {
   }
 }
 
+namespace {
+
+// dst[i] = a[i] + b[i] in f32; dst may be a. Built for AVX-512, AVX2 and the baseline ISA, each
+// version adding element by element (no reassociation), so all give the same bits.
+__attribute__((target_clones("avx512f", "avx2", "default"))) void AddF32(float* dst, const float* a,
+                                                                         const float* b,
+                                                                         int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = a[i] + b[i];
+}
+
+}  // namespace
+
+void Add(DType dtype, void* dst, const void* a, const void* b, int64_t count) {
+  if (dtype == v1::DTYPE_F32) {
+    AddF32(static_cast<float*>(dst), static_cast<const float*>(a), static_cast<const float*>(b),
+           count);
+    return;
+  }
+  if (dst != a) std::memmove(dst, a, count * DTypeSize(dtype));
+  AddInto(dtype, dst, b, count);
+}
+
 void AddInto(DType dtype, void* dst, const void* src, int64_t count) {
   switch (dtype) {
     case v1::DTYPE_F32: {
       float* d = static_cast<float*>(dst);
-      const float* s = static_cast<const float*>(src);
-      for (int64_t i = 0; i < count; ++i) d[i] += s[i];
+      AddF32(d, d, static_cast<const float*>(src), count);
       break;
     }
     case v1::DTYPE_BF16: {

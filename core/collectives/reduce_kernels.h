@@ -14,6 +14,9 @@ namespace meshrun {
 absl::Status CheckReducible(DType dtype, ReduceOp op);
 // dst[i] += src[i] for i < count. REQUIRES: CheckReducible(dtype, kSum).ok().
 void AddInto(DType dtype, void* dst, const void* src, int64_t count);
+// dst[i] = a[i] + b[i] for i < count, in one pass over a and b: the bits of copying a into dst
+// and then AddInto(dst, b). dst may be a; it must not overlap b otherwise. REQUIRES: as AddInto.
+void Add(DType dtype, void* dst, const void* a, const void* b, int64_t count);
 // dst[i] = op(dst[i], src[i]): sum for kSum and kMean, max for kMax.
 void Reduce(DType dtype, ReduceOp op, void* dst, const void* src, int64_t count);
 // dst[i] *= factor (floating dtypes only).

@@ -1,6 +1,8 @@
 #include "core/collectives/ring_all_reduce.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -69,7 +71,8 @@ TEST_P(RingAllReduceTest, MatchesPlainSumAndMean) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizesAndCounts, RingAllReduceTest,
-                         ::testing::Combine(::testing::Range(1, 9), ::testing::Values<int64_t>(0, 1, 13, 1001)));
+                         ::testing::Combine(::testing::Range(1, 9),
+                                            ::testing::Values<int64_t>(0, 1, 13, 1001)));
 
 TEST(RingAllReduceBf16Test, SumsInBf16) {
   const int world = 4;
@@ -134,7 +137,8 @@ TEST(RingAllReduceTest, PmeanOfIntegersIsRejected) {
   auto transports = CreateInProcessTransports(1);
   Communicator comm(transports[0].get(), {0});
   int32_t x = 1;
-  EXPECT_EQ(comm.AllReduce(&x, 1, v1::DTYPE_I32, ReduceOp::kMean).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(comm.AllReduce(&x, 1, v1::DTYPE_I32, ReduceOp::kMean).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
@@ -218,6 +222,47 @@ TEST(StreamCopyTest, CopiesEveryByteAtAnyAlignmentAndNoMore) {
               << " bytes)";
         }
       }
+    }
+  }
+}
+
+// Add(dst, a, b) gives the bits of a[i] + b[i] in f32 (its vector loop: counts on and off the
+// vector widths, signed zeros, infinities, NaN, subnormals) and of a copy of a with b added in
+// (AddInto) in bf16, into another buffer and in place (dst == a), touching nothing past `count`.
+TEST(AddTest, GivesTheBitsOfCopyThenAddIntoAndNothingPast) {
+  const float specials[] = {0.0f, -0.0f, 1e-40f, -3.5f, 1e30f, INFINITY, -INFINITY, NAN, 0.1f};
+  for (const DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16}) {
+    const size_t elem = DTypeSize(dtype);
+    for (int64_t count : {0, 1, 7, 15, 16, 17, 33, 100}) {
+      std::vector<float> fa(count + 4), fb(count + 4);
+      for (int64_t i = 0; i < count + 4; ++i) {
+        fa[i] = i % 3 == 0 ? specials[i % 9] : 0.37f * static_cast<float>(i) - 11.0f;
+        fb[i] = i % 4 == 1 ? specials[(i * 5) % 9] : -0.61f * static_cast<float>(i) + 2.5f;
+      }
+      std::vector<char> a(fa.size() * elem), b(fb.size() * elem);
+      if (dtype == v1::DTYPE_F32) {
+        std::memcpy(a.data(), fa.data(), a.size());
+        std::memcpy(b.data(), fb.data(), b.size());
+      } else {
+        F32ToBf16(fa.data(), reinterpret_cast<uint16_t*>(a.data()), fa.size());
+        F32ToBf16(fb.data(), reinterpret_cast<uint16_t*>(b.data()), fb.size());
+      }
+      std::vector<char> want(a.size(), 0x5A), got(a.size(), 0x5A);
+      if (dtype == v1::DTYPE_F32) {
+        for (int64_t i = 0; i < count; ++i) {
+          const float sum = fa[i] + fb[i];
+          std::memcpy(want.data() + i * elem, &sum, elem);
+        }
+      } else {
+        std::memcpy(want.data(), a.data(), count * elem);
+        AddInto(dtype, want.data(), b.data(), count);
+      }
+      Add(dtype, got.data(), a.data(), b.data(), count);
+      EXPECT_EQ(got, want) << DTypeName(dtype) << ", " << count << " elements";
+      std::vector<char> in_place = a;
+      Add(dtype, in_place.data(), in_place.data(), b.data(), count);
+      std::memcpy(want.data() + count * elem, a.data() + count * elem, (a.size() - count * elem));
+      EXPECT_EQ(in_place, want) << DTypeName(dtype) << ", " << count << " elements in place";
     }
   }
 }
