@@ -253,10 +253,10 @@ void Executor::PlanBf16Copies(BufferUses& u) {
     const v1::Function& fn = program_.functions(f);
     CopyBlock block{x, 0};
     while (!u.writers[block.root].empty()) {
-      if (!sole_writer(block.root, f, u.writers[block.root][0].second)) return std::nullopt;
       const int w = u.writers[block.root][0].second;
+      if (!sole_writer(block.root, f, w) || w >= i) return std::nullopt;
       const v1::Op& view = fn.ops(w);
-      if (w >= i || view.inputs_size() < 1 || view.outputs_size() != 1) return std::nullopt;
+      if (view.inputs_size() < 1 || view.outputs_size() != 1) return std::nullopt;
       const std::string& in = view.inputs(0);
       if (!has(in, buffers_.at(block.root).dtype(), nullptr)) return std::nullopt;
       std::optional<int64_t> offset;
@@ -279,8 +279,8 @@ void Executor::PlanBf16Copies(BufferUses& u) {
       if (!has(x, v1::DTYPE_F32, nullptr) || !has(y, v1::DTYPE_BF16, &buffers_.at(x).dims()) ||
           !sole_writer(y, f, i) || u.results.count(y))
         continue;
-      const std::optional<CopyBlock> block = block_of(x, f, i);
-      if (!block.has_value() || !has(block->root, v1::DTYPE_F32, nullptr)) continue;
+      const std::optional<CopyBlock> block = block_of(x, f, i);  // (f32, as x)
+      if (!block.has_value()) continue;
       bf16_copy_converts_[&op] = *block;
       converted.insert(block->root);
     }
