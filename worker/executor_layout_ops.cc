@@ -168,7 +168,8 @@ absl::StatusOr<Executor::CompiledOp> CompileFillValue(const v1::Op& op,
   Tensor* y = out[0];
   const double value = op.value();
   return Executor::CompiledOp([y, value](const RunContext&) {
-    for (int64_t i = 0; i < y->num_elements(); ++i) SetFromDouble(*y, i, value);
+    const int64_t n = y->num_elements();
+    for (int64_t i = 0; i < n; ++i) SetFromDouble(*y, i, value);
     return absl::OkStatus();
   });
 }
@@ -207,7 +208,8 @@ absl::StatusOr<Executor::CompiledOp> CompileIota(const v1::Op& op, const std::ve
   }
   const int64_t inner = NumElements(y->dims(), dim + 1, y->dims().size()), size = y->dims()[dim];
   return Executor::CompiledOp([y, inner, size](const RunContext&) {
-    for (int64_t i = 0; i < y->num_elements(); ++i) SetFromDouble(*y, i, (i / inner) % size);
+    const int64_t n = y->num_elements();
+    for (int64_t i = 0; i < n; ++i) SetFromDouble(*y, i, (i / inner) % size);
     return absl::OkStatus();
   });
 }

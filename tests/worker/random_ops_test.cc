@@ -1,10 +1,12 @@
 // JAX's PRNG ops on a worker: a device's block of a global draw equals that block of the whole
 // draw, whatever the layout, and bitcasts keep bits.
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/random/threefry.h"
 #include "core/sharding/mesh.h"
 #include "gtest/gtest.h"
 #include "worker/executor.h"
@@ -103,6 +105,69 @@ TEST(RandomOpsTest, ABlockThatIsNotTheLayoutsOrAnUnknownFnIsRefused) {
   absl::StatusOr<std::unique_ptr<Executor>> odd =
       Executor::Create(DrawProgram("split", {}, "", {4, 3}), o);
   EXPECT_FALSE(odd.ok()) << "a split's shape ends in 2";
+}
+
+v1::BufferDecl* AddBuffer(v1::StepProgram& p, const std::string& name, v1::DType dtype,
+                          const std::vector<int64_t>& dims) {
+  v1::BufferDecl* b = p.add_buffers();
+  b->set_name(name);
+  b->set_dtype(dtype);
+  for (int64_t d : dims) b->mutable_shape()->add_dims(d);
+  return b;
+}
+
+Tensor Words(const std::vector<int64_t>& dims, uint32_t first, uint32_t step) {
+  Tensor t(v1::DTYPE_U32, dims);
+  for (int64_t i = 0; i < t.num_elements(); ++i)
+    t.data<uint32_t>()[i] = first + static_cast<uint32_t>(i) * step;
+  return t;
+}
+
+// flax's Dropout mask and jax's threefry2x32 primitive, element by element, over a count that is
+// no multiple of a vector's lanes, with a scalar operand broadcast beside full ones.
+TEST(RandomOpsTest, ADropoutMaskAndAThreefryOpGiveEachElementItsOwnWord) {
+  constexpr int64_t kRows = 3, kCols = 37, kN = kRows * kCols;
+  v1::StepProgram p;
+  p.add_functions()->set_name("main");
+  AddBuffer(p, "key", v1::DTYPE_U32, {2});
+  AddBuffer(p, "mask", v1::DTYPE_F32, {kRows, kCols});
+  AddBuffer(p, "k0", v1::DTYPE_U32, {});
+  for (const char* name : {"k1", "c0", "c1", "y"}) AddBuffer(p, name, v1::DTYPE_U32, {kN});
+  v1::Op* dropout = p.mutable_functions(0)->add_ops();
+  dropout->set_kind(v1::OP_DROPOUT_MASK);
+  dropout->set_rate(0.3f);
+  dropout->add_inputs("key");
+  dropout->add_outputs("mask");
+  v1::Op* threefry = p.mutable_functions(0)->add_ops();
+  threefry->set_kind(v1::OP_THREEFRY2X32);
+  threefry->set_dim(1);
+  for (const char* name : {"k0", "k1", "c0", "c1"}) threefry->add_inputs(name);
+  threefry->add_outputs("y");
+  absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(p, Executor::Options{});
+  ASSERT_TRUE(ex.ok()) << ex.status();
+  const std::map<std::string, Tensor> args = {
+      {"key", Words({2}, 0, 42)}, {"k0", Words({}, 7, 0)},          {"k1", Words({kN}, 11, 977)},
+      {"c0", Words({kN}, 0, 1)},  {"c1", Words({kN}, 1u << 31, 3)},
+  };
+  for (const auto& [name, t] : args) ASSERT_TRUE((*ex)->BindInput(name, t).ok()) << name;
+  for (int run = 0; run < 2; ++run) {  // the second run reuses the op's buffers
+    ASSERT_TRUE((*ex)->Run("main", RunContext{}).ok());
+    const std::vector<uint32_t> bits = RandomBits(MakePRNGKey(42), kN);
+    const float* mask = (*ex)->buffer("mask")->data<float>();
+    const uint32_t* y = (*ex)->buffer("y")->data<uint32_t>();
+    int64_t dropped = 0;
+    for (int64_t i = 0; i < kN; ++i) {
+      const float want = BitsToUnitFloat(bits[i]) < 0.7f ? 1.0f / 0.7f : 0.0f;
+      ASSERT_EQ(mask[i], want) << "mask element " << i;
+      dropped += want == 0.0f;
+      const uint32_t word =
+          Threefry2x32({7, 11 + static_cast<uint32_t>(i) * 977}, static_cast<uint32_t>(i),
+                       (1u << 31) + static_cast<uint32_t>(i) * 3)[1];
+      ASSERT_EQ(y[i], word) << "threefry element " << i;
+    }
+    EXPECT_GT(dropped, 0);
+    EXPECT_LT(dropped, kN);
+  }
 }
 
 }  // namespace
