@@ -36,6 +36,23 @@ void ForEachGlobalIndex(const Block& b, const Dims& local, Fn fn) {
   }
 }
 
+// Calls fn(i, flat, len) for each run along the last dimension of `local` (the block at `b`):
+// elements i .. i + len of the block, row-major, are the global array's flat .. flat + len.
+template <typename Fn>
+void ForEachGlobalRun(const Block& b, const Dims& local, Fn fn) {
+  if (local.empty()) {
+    fn(0, 0, 1);
+    return;
+  }
+  const int64_t len = local.back(), global_len = b.global.back(), offset = b.offsets.back();
+  if (len == 0) return;
+  const Block rows{Dims(b.global.begin(), b.global.end() - 1),
+                   std::vector<int64_t>(b.offsets.begin(), b.offsets.end() - 1)};
+  ForEachGlobalIndex(rows, Dims(local.begin(), local.end() - 1), [&](int64_t r, int64_t flat) {
+    fn(r * len, flat * global_len + offset, len);
+  });
+}
+
 absl::Status RequireKey(const v1::Op& op, const Tensor& key) {
   if (key.dtype() == v1::DTYPE_U32 && key.num_elements() == 2) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(v1::OpKind_Name(op.kind()), ": key is ",
@@ -152,8 +169,9 @@ absl::StatusOr<Executor::CompiledOp> CompileRandomBits(const v1::Op& op,
       ForEachGlobalIndex(b, y->dims(),
                          [&](int64_t i, int64_t flat) { o[i] = RandomBitsAt(k, n, flat); });
     } else if (fn == "partitionable") {
-      ForEachGlobalIndex(b, y->dims(),
-                         [&](int64_t i, int64_t flat) { o[i] = PartitionableBitsAt(k, flat); });
+      ForEachGlobalRun(b, y->dims(), [&](int64_t i, int64_t flat, int64_t len) {
+        PartitionableBits(k, flat, len, o + i);  // vectorised
+      });
     } else {
       ForEachGlobalIndex(b, y->dims(), [&](int64_t i, int64_t flat) {
         o[i] = PartitionableSplitWordAt(k, flat / 2, static_cast<int>(flat % 2));

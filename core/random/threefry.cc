@@ -77,13 +77,15 @@ inline void Round(Lanes& x0, Lanes& x1) {
   x1 = ((x1 << R) | (x1 >> (32 - R))) ^ x0;
 }
 
+// Lane j hashes the counts (c0 + j * d0, c1 + j * d1), d0 and d1 each 0 or 1.
 __attribute__((target_clones("avx512f", "avx2", "default"))) void ThreefryLanes(
-    const PRNGKey& key, uint32_t c0, uint32_t c1, uint32_t* y0, uint32_t* y1) {
+    const PRNGKey& key, uint32_t c0, uint32_t d0, uint32_t c1, uint32_t d1, uint32_t* y0,
+    uint32_t* y1) {
   const uint32_t ks[3] = {key[0], key[1], key[0] ^ key[1] ^ 0x1BD11BDAu};
   Lanes x0, x1;
   for (int j = 0; j < kLanes; ++j) {
-    x0[j] = c0 + static_cast<uint32_t>(j) + ks[0];
-    x1[j] = c1 + static_cast<uint32_t>(j) + ks[1];
+    x0[j] = c0 + static_cast<uint32_t>(j) * d0 + ks[0];
+    x1[j] = c1 + static_cast<uint32_t>(j) * d1 + ks[1];
   }
   // Threefry2x32's 5 blocks of 4 rounds (rotations 13 15 26 6, then 17 29 16 24), each followed
   // by a key injection, as Threefry2x32 loops over them.
@@ -110,7 +112,7 @@ void RandomBits(const PRNGKey& key, int64_t n, uint32_t* out) {
   uint32_t y0[kLanes], y1[kLanes];
   int64_t i = 0;
   for (; i + kLanes <= full; i += kLanes) {
-    ThreefryLanes(key, static_cast<uint32_t>(i), static_cast<uint32_t>(i + half), y0, y1);
+    ThreefryLanes(key, static_cast<uint32_t>(i), 1, static_cast<uint32_t>(i + half), 1, y0, y1);
     std::copy(y0, y0 + kLanes, out + i);
     std::copy(y1, y1 + kLanes, out + half + i);
   }
@@ -126,6 +128,24 @@ std::vector<uint32_t> RandomBits(const PRNGKey& key, int64_t n) {
   std::vector<uint32_t> out(static_cast<size_t>(n));
   RandomBits(key, n, out.data());
   return out;
+}
+
+void PartitionableBits(const PRNGKey& key, int64_t first, int64_t n, uint32_t* out) {
+  uint32_t y0[kLanes], y1[kLanes];
+  int64_t j = 0;
+  while (j < n) {
+    const uint64_t i = static_cast<uint64_t>(first + j);
+    const uint32_t hi = static_cast<uint32_t>(i >> 32), lo = static_cast<uint32_t>(i);
+    // A block of lanes whose low words do not wrap shares one high word.
+    if (j + kLanes <= n && lo <= std::numeric_limits<uint32_t>::max() - (kLanes - 1)) {
+      ThreefryLanes(key, hi, 0, lo, 1, y0, y1);
+      for (int l = 0; l < kLanes; ++l) out[j + l] = y0[l] ^ y1[l];
+      j += kLanes;
+    } else {
+      out[j] = PartitionableBitsAt(key, first + j);
+      ++j;
+    }
+  }
 }
 
 uint32_t PartitionableBitsAt(const PRNGKey& key, int64_t i) {

@@ -47,6 +47,9 @@ float NormalAt(const PRNGKey& key, int64_t n, int64_t i, float scale);
 // jax_threefry_partitionable=True (JAX's default): o0 ^ o1 of Threefry2x32(key, (hi32(i),
 // lo32(i))), so a device draws any block of a global array alone. REQUIRES: i >= 0.
 uint32_t PartitionableBitsAt(const PRNGKey& key, int64_t i);
+// PartitionableBitsAt(key, first + j) for j in [0, n), written to out[0..n): vectorised as
+// RandomBits is. REQUIRES: first >= 0, n >= 0.
+void PartitionableBits(const PRNGKey& key, int64_t first, int64_t n, uint32_t* out);
 // Word w (0 or 1) of key j of jax.random.split(key, shape) under jax_threefry_partitionable=True:
 // Threefry2x32(key, (hi32(j), lo32(j)))[w], key j being the row-major j-th of `shape`
 // (split(key, n)[j] equals fold_in(key, j)). The legacy split is RandomBitsAt over 2 * n words.

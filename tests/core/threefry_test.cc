@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -62,6 +64,28 @@ TEST(ThreefryTest, PartitionableBitsAndSplitMatchJax) {
   }
   // An index past 2^32 uses the high count word.
   EXPECT_NE(PartitionableBitsAt(key, (int64_t{1} << 32) + 1), PartitionableBitsAt(key, 1));
+}
+
+// The vectorised run equals the element-wise words: from 0, at odd starts and lengths off the
+// lanes, and across 2^32, where the low count word wraps and the high one steps.
+TEST(ThreefryTest, PartitionableBitsOfARunAreEachIndexsWord) {
+  const PRNGKey key = MakePRNGKey(42);
+  const int64_t wrap = int64_t{1} << 32;
+  for (const auto& [first, n] : std::vector<std::pair<int64_t, int64_t>>{{0, 0},
+                                                                         {0, 1},
+                                                                         {0, 16},
+                                                                         {3, 37},
+                                                                         {1000, 259},
+                                                                         {wrap - 20, 50},
+                                                                         {wrap - 16, 16},
+                                                                         {wrap - 15, 33},
+                                                                         {3 * wrap + 5, 40}}) {
+    std::vector<uint32_t> got(n + 1, 0xDEADBEEFu);
+    PartitionableBits(key, first, n, got.data());
+    for (int64_t j = 0; j < n; ++j)
+      ASSERT_EQ(got[j], PartitionableBitsAt(key, first + j)) << "first " << first << " + " << j;
+    EXPECT_EQ(got[n], 0xDEADBEEFu) << "nothing past n, first " << first;
+  }
 }
 
 // jax.lax.erf_inv's f32 values (JAX 0.10.2 on x86-64), within 2 ulp.

@@ -78,6 +78,19 @@ TEST(RandomOpsTest, EachDeviceDrawsItsBlockOfTheWholeDraw) {
               << fn << " rank " << r << " (" << i << ", " << j << ")";
     }
   }
+  // Blocks whose rows are longer than a vector's lanes: [6, 70] as blocks of [3, 35].
+  for (const std::string fn : {"partitionable", "legacy"}) {
+    const std::vector<uint32_t> whole = Draw(DrawProgram(fn, {}, "", {6, 70}), nullptr, 0);
+    ASSERT_EQ(whole.size(), 420u);
+    for (int r = 0; r < 4; ++r) {
+      const std::vector<uint32_t> block = Draw(DrawProgram(fn, {6, 70}, "dm", {3, 35}), &*mesh, r);
+      ASSERT_EQ(block.size(), 105u);
+      for (int i = 0; i < 3; ++i)
+        for (int j = 0; j < 35; ++j)
+          ASSERT_EQ(block[i * 35 + j], whole[(3 * (r / 2) + i) * 70 + 35 * (r % 2) + j])
+              << fn << " rank " << r << " (" << i << ", " << j << ")";
+    }
+  }
   // Partitionable bits are JAX's: jax.random.bits(PRNGKey(42), (2, 3)).
   const std::vector<uint32_t> jax = Draw(DrawProgram("partitionable", {}, "", {2, 3}), nullptr, 0);
   EXPECT_EQ(jax, (std::vector<uint32_t>{2098992034u, 2919706841u, 2646866425u, 2409546199u,
