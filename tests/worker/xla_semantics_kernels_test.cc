@@ -297,6 +297,49 @@ TEST(BinaryKernelTest, PowBroadcastsItsExponentAsTheOtherFnsDo) {
               ::testing::HasSubstr("pow"));
 }
 
+// A loop fn broadcasts b along any of a's dims where b has 1, a scalar b included, with each
+// element a's own fn(a, b) (sub and atan2: the operands' order shows).
+TEST(BinaryKernelTest, ALoopFnBroadcastsBAlongAnyDimsOfSizeOne) {
+  const Dims ad = {2, 3, 5};
+  const std::vector<Dims> bds = {{2, 3, 5}, {1, 1, 1}, {2, 1, 5}, {2, 3, 1},
+                                 {1, 3, 1}, {1, 1, 5}, {2, 1, 1}};
+  Tensor fa = Random(ad, 7), ua(v1::DTYPE_U32, ad);
+  for (int64_t i = 0; i < ua.num_elements(); ++i)
+    ua.data<uint32_t>()[i] = 0x9E3779B9u * static_cast<uint32_t>(i + 1);
+  for (const Dims& bd : bds) {
+    Tensor fb = Random(bd, 11), ub(v1::DTYPE_U32, bd);
+    for (int64_t i = 0; i < ub.num_elements(); ++i)
+      ub.data<uint32_t>()[i] = 1000u + 17u * static_cast<uint32_t>(i);
+    Tensor fo(v1::DTYPE_F32, ad), uo(v1::DTYPE_U32, ad);
+    auto fk = CreateBinary("atan2", fa, fb, fo);
+    auto uk = CreateBinary("sub", ua, ub, uo);
+    ASSERT_TRUE(fk.ok() && uk.ok()) << fk.status() << uk.status();
+    ASSERT_TRUE((*fk)->Run().ok() && (*uk)->Run().ok());
+    for (int64_t i = 0; i < 2; ++i)
+      for (int64_t j = 0; j < 3; ++j)
+        for (int64_t k = 0; k < 5; ++k) {
+          const int64_t at = (i * 3 + j) * 5 + k;
+          const int64_t bt =
+              ((bd[0] == 1 ? 0 : i) * bd[1] + (bd[1] == 1 ? 0 : j)) * bd[2] + (bd[2] == 1 ? 0 : k);
+          ASSERT_EQ(fo.data<float>()[at], std::atan2(fa.data<float>()[at], fb.data<float>()[bt]))
+              << DimsToString(bd) << " element " << at;
+          ASSERT_EQ(uo.data<uint32_t>()[at], ua.data<uint32_t>()[at] - ub.data<uint32_t>()[bt])
+              << DimsToString(bd) << " element " << at;
+        }
+  }
+  // A scalar against a scalar, and an empty a.
+  Tensor x(v1::DTYPE_U32, {}), y(v1::DTYPE_U32, {}), z(v1::DTYPE_U32, {});
+  x.data<uint32_t>()[0] = 5;
+  y.data<uint32_t>()[0] = 7;
+  auto k = CreateBinary("sub", x, y, z);
+  ASSERT_TRUE(k.ok() && (*k)->Run().ok());
+  EXPECT_EQ(z.data<uint32_t>()[0], 0xFFFFFFFEu);
+  Tensor e(v1::DTYPE_U32, {0, 3}), eb(v1::DTYPE_U32, {1, 3}), eo(v1::DTYPE_U32, {0, 3});
+  auto ek = CreateBinary("sub", e, eb, eo);
+  ASSERT_TRUE(ek.ok()) << ek.status();
+  EXPECT_TRUE((*ek)->Run().ok());
+}
+
 // jax.lax's integer ops, as JAX's samplers use them: wrapping arithmetic, bitwise ops, shifts
 // (by 32 or more: 0, or -1 for an arithmetic shift of a negative), a broadcast operand.
 TEST(BinaryKernelTest, IntegerFnsFollowJaxLax) {

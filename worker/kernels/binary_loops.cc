@@ -21,30 +21,49 @@
 namespace meshrun {
 namespace {
 
-// out = fn(a, b) element-wise in T, b broadcast over a's dims of size 1.
-template <typename T>
+// out = Fn(a, b) element-wise in T, b broadcast over a's dims of size 1. Fn is a template
+// argument, so each fn's loop is compiled on its own (inlined, vectorised where it can be) rather
+// than calling through a pointer per element. Broadcasting walks a's rows (its last dim): b's row
+// is found once per row, and read along it, or held as one value where b's last dim is 1.
+template <typename T, T (*Fn)(T, T)>
 class BroadcastLoopKernel : public Kernel {
  public:
-  using Fn = T (*)(T, T);
-  BroadcastLoopKernel(Fn fn, const Tensor& a, const Tensor& b, Tensor& out)
-      : fn_(fn), a_(a), b_(b), out_(out) {}
+  BroadcastLoopKernel(const Tensor& a, const Tensor& b, Tensor& out) : a_(a), b_(b), out_(out) {}
   absl::Status Run() override {
     const T* a = a_.data<T>();
     const T* b = b_.data<T>();
     T* out = out_.data<T>();
     const int64_t n = a_.num_elements();
-    if (b_.dims() == a_.dims()) {
-      for (int64_t i = 0; i < n; ++i) out[i] = fn_(a[i], b[i]);
-      return absl::OkStatus();
-    }
     const Dims& ad = a_.dims();
     const Dims& bd = b_.dims();
-    std::vector<int64_t> index(ad.size(), 0);
-    for (int64_t i = 0; i < n; ++i) {
-      int64_t j = 0;  // b's flat index of a's element i
-      for (size_t d = 0; d < ad.size(); ++d) j = j * bd[d] + (bd[d] == 1 ? 0 : index[d]);
-      out[i] = fn_(a[i], b[j]);
-      for (size_t d = ad.size(); d-- > 0;) {
+    if (bd == ad) {
+      for (int64_t i = 0; i < n; ++i) out[i] = Fn(a[i], b[i]);
+      return absl::OkStatus();
+    }
+    if (b_.num_elements() == 1) {
+      const T v = b[0];
+      for (int64_t i = 0; i < n; ++i) out[i] = Fn(a[i], v);
+      return absl::OkStatus();
+    }
+    // (a has rank >= 1 here: a scalar a has a scalar b, caught above.)
+    const size_t rank = ad.size();
+    const int64_t len = ad[rank - 1];
+    if (len == 0) return absl::OkStatus();
+    std::vector<int64_t> index(rank - 1, 0);  // of the row, over a's leading dims
+    for (int64_t row = 0; row < n / len; ++row) {
+      int64_t j = 0;  // b's flat index of the row's first element
+      for (size_t d = 0; d + 1 < rank; ++d) j = j * bd[d] + (bd[d] == 1 ? 0 : index[d]);
+      j *= bd[rank - 1];
+      const T* x = a + row * len;
+      T* y = out + row * len;
+      if (bd[rank - 1] == 1) {
+        const T v = b[j];
+        for (int64_t k = 0; k < len; ++k) y[k] = Fn(x[k], v);
+      } else {
+        const T* z = b + j;
+        for (int64_t k = 0; k < len; ++k) y[k] = Fn(x[k], z[k]);
+      }
+      for (size_t d = rank - 1; d-- > 0;) {
         if (++index[d] < ad[d]) break;
         index[d] = 0;
       }
@@ -53,26 +72,44 @@ class BroadcastLoopKernel : public Kernel {
   }
 
  private:
-  Fn fn_;
   const Tensor& a_;
   const Tensor& b_;
   Tensor& out_;
 };
 
-const std::map<std::string, float (*)(float, float)>& FloatFns() {
-  static const auto* fns = new std::map<std::string, float (*)(float, float)>{
-      {"pow", [](float x, float y) { return std::pow(x, y); }},
-      {"nextafter", [](float x, float y) { return std::nextafter(x, y); }},
-      {"rem", [](float x, float y) { return std::fmod(x, y); }},
-      {"atan2", [](float x, float y) { return std::atan2(x, y); }},
-      {"max", &NanPropagatingMax},
-      {"min", &NanPropagatingMin},
-      {"eq", [](float x, float y) { return x == y ? 1.0f : 0.0f; }},
-      {"ne", [](float x, float y) { return x != y ? 1.0f : 0.0f; }},
-      {"lt", [](float x, float y) { return x < y ? 1.0f : 0.0f; }},
-      {"le", [](float x, float y) { return x <= y ? 1.0f : 0.0f; }},
-      {"gt", [](float x, float y) { return x > y ? 1.0f : 0.0f; }},
-      {"ge", [](float x, float y) { return x >= y ? 1.0f : 0.0f; }}};
+using LoopFactory = std::unique_ptr<Kernel> (*)(const Tensor&, const Tensor&, Tensor&);
+
+template <typename T, T (*Fn)(T, T)>
+std::unique_ptr<Kernel> MakeLoop(const Tensor& a, const Tensor& b, Tensor& out) {
+  return std::make_unique<BroadcastLoopKernel<T, Fn>>(a, b, out);
+}
+
+float Pow(float x, float y) { return std::pow(x, y); }
+float NextAfter(float x, float y) { return std::nextafter(x, y); }
+float Fmod(float x, float y) { return std::fmod(x, y); }
+float Atan2(float x, float y) { return std::atan2(x, y); }
+float FloatEq(float x, float y) { return x == y ? 1.0f : 0.0f; }
+float FloatNe(float x, float y) { return x != y ? 1.0f : 0.0f; }
+float FloatLt(float x, float y) { return x < y ? 1.0f : 0.0f; }
+float FloatLe(float x, float y) { return x <= y ? 1.0f : 0.0f; }
+float FloatGt(float x, float y) { return x > y ? 1.0f : 0.0f; }
+float FloatGe(float x, float y) { return x >= y ? 1.0f : 0.0f; }
+
+const std::map<std::string, LoopFactory>& FloatFns() {
+  using F = float;
+  static const auto* fns =
+      new std::map<std::string, LoopFactory>{{"pow", &MakeLoop<F, &Pow>},
+                                             {"nextafter", &MakeLoop<F, &NextAfter>},
+                                             {"rem", &MakeLoop<F, &Fmod>},
+                                             {"atan2", &MakeLoop<F, &Atan2>},
+                                             {"max", &MakeLoop<F, &NanPropagatingMax>},
+                                             {"min", &MakeLoop<F, &NanPropagatingMin>},
+                                             {"eq", &MakeLoop<F, &FloatEq>},
+                                             {"ne", &MakeLoop<F, &FloatNe>},
+                                             {"lt", &MakeLoop<F, &FloatLt>},
+                                             {"le", &MakeLoop<F, &FloatLe>},
+                                             {"gt", &MakeLoop<F, &FloatGt>},
+                                             {"ge", &MakeLoop<F, &FloatGe>}};
   return *fns;
 }
 
@@ -96,32 +133,53 @@ T IntegerRem(T x, T y) {
 
 // Integer fns over T (int32_t or uint32_t); arithmetic wraps modulo 2^32, as XLA's does.
 template <typename T>
-const std::map<std::string, T (*)(T, T)>& IntegerFns() {
+struct Int {
   using U = uint32_t;
-  static const auto* fns = new std::map<std::string, T (*)(T, T)>{
-      {"add", [](T x, T y) { return static_cast<T>(U(x) + U(y)); }},
-      {"sub", [](T x, T y) { return static_cast<T>(U(x) - U(y)); }},
-      {"mul", [](T x, T y) { return static_cast<T>(U(x) * U(y)); }},
-      {"div", &IntegerDiv<T>},
-      {"rem", &IntegerRem<T>},
-      {"max", [](T x, T y) { return x > y ? x : y; }},
-      {"min", [](T x, T y) { return x < y ? x : y; }},
-      {"and", [](T x, T y) { return static_cast<T>(x & y); }},
-      {"or", [](T x, T y) { return static_cast<T>(x | y); }},
-      {"xor", [](T x, T y) { return static_cast<T>(x ^ y); }},
-      {"eq", [](T x, T y) { return static_cast<T>(x == y); }},
-      {"ne", [](T x, T y) { return static_cast<T>(x != y); }},
-      {"lt", [](T x, T y) { return static_cast<T>(x < y); }},
-      {"le", [](T x, T y) { return static_cast<T>(x <= y); }},
-      {"gt", [](T x, T y) { return static_cast<T>(x > y); }},
-      {"ge", [](T x, T y) { return static_cast<T>(x >= y); }},
-      {"shift_left", [](T x, T y) { return U(y) >= 32 ? T(0) : static_cast<T>(U(x) << U(y)); }},
-      {"shift_right_logical",
-       [](T x, T y) { return U(y) >= 32 ? T(0) : static_cast<T>(U(x) >> U(y)); }},
-      {"shift_right_arithmetic", [](T x, T y) {
-         const int32_t s = static_cast<int32_t>(x);
-         return static_cast<T>(U(y) >= 32 ? (s < 0 ? -1 : 0) : s >> U(y));
-       }}};
+  static T Add(T x, T y) { return static_cast<T>(U(x) + U(y)); }
+  static T Sub(T x, T y) { return static_cast<T>(U(x) - U(y)); }
+  static T Mul(T x, T y) { return static_cast<T>(U(x) * U(y)); }
+  static T Max(T x, T y) { return x > y ? x : y; }
+  static T Min(T x, T y) { return x < y ? x : y; }
+  static T And(T x, T y) { return static_cast<T>(x & y); }
+  static T Or(T x, T y) { return static_cast<T>(x | y); }
+  static T Xor(T x, T y) { return static_cast<T>(x ^ y); }
+  static T Eq(T x, T y) { return static_cast<T>(x == y); }
+  static T Ne(T x, T y) { return static_cast<T>(x != y); }
+  static T Lt(T x, T y) { return static_cast<T>(x < y); }
+  static T Le(T x, T y) { return static_cast<T>(x <= y); }
+  static T Gt(T x, T y) { return static_cast<T>(x > y); }
+  static T Ge(T x, T y) { return static_cast<T>(x >= y); }
+  static T ShiftLeft(T x, T y) { return U(y) >= 32 ? T(0) : static_cast<T>(U(x) << U(y)); }
+  static T ShiftRightLogical(T x, T y) { return U(y) >= 32 ? T(0) : static_cast<T>(U(x) >> U(y)); }
+  static T ShiftRightArithmetic(T x, T y) {
+    const int32_t s = static_cast<int32_t>(x);
+    return static_cast<T>(U(y) >= 32 ? (s < 0 ? -1 : 0) : s >> U(y));
+  }
+};
+
+template <typename T>
+const std::map<std::string, LoopFactory>& IntegerFns() {
+  using I = Int<T>;
+  static const auto* fns = new std::map<std::string, LoopFactory>{
+      {"add", &MakeLoop<T, &I::Add>},
+      {"sub", &MakeLoop<T, &I::Sub>},
+      {"mul", &MakeLoop<T, &I::Mul>},
+      {"div", &MakeLoop<T, &IntegerDiv<T>>},
+      {"rem", &MakeLoop<T, &IntegerRem<T>>},
+      {"max", &MakeLoop<T, &I::Max>},
+      {"min", &MakeLoop<T, &I::Min>},
+      {"and", &MakeLoop<T, &I::And>},
+      {"or", &MakeLoop<T, &I::Or>},
+      {"xor", &MakeLoop<T, &I::Xor>},
+      {"eq", &MakeLoop<T, &I::Eq>},
+      {"ne", &MakeLoop<T, &I::Ne>},
+      {"lt", &MakeLoop<T, &I::Lt>},
+      {"le", &MakeLoop<T, &I::Le>},
+      {"gt", &MakeLoop<T, &I::Gt>},
+      {"ge", &MakeLoop<T, &I::Ge>},
+      {"shift_left", &MakeLoop<T, &I::ShiftLeft>},
+      {"shift_right_logical", &MakeLoop<T, &I::ShiftRightLogical>},
+      {"shift_right_arithmetic", &MakeLoop<T, &I::ShiftRightArithmetic>}};
   return *fns;
 }
 
@@ -158,27 +216,13 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateLoopBinary(const std::string& fn, 
         absl::StrCat("binary ", fn, ": operands ", DTypeName(dt), " and ", DTypeName(b.dtype()),
                      ", output ", DTypeName(out.dtype()), "; expected one dtype (convert first)"));
   }
-  switch (dt) {
-    case v1::DTYPE_F32: {
-      auto it = FloatFns().find(fn);
-      if (it == FloatFns().end()) break;
-      return std::unique_ptr<Kernel>(
-          std::make_unique<BroadcastLoopKernel<float>>(it->second, a, b, out));
-    }
-    case v1::DTYPE_I32: {
-      auto it = IntegerFns<int32_t>().find(fn);
-      if (it == IntegerFns<int32_t>().end()) break;
-      return std::unique_ptr<Kernel>(
-          std::make_unique<BroadcastLoopKernel<int32_t>>(it->second, a, b, out));
-    }
-    case v1::DTYPE_U32: {
-      auto it = IntegerFns<uint32_t>().find(fn);
-      if (it == IntegerFns<uint32_t>().end()) break;
-      return std::unique_ptr<Kernel>(
-          std::make_unique<BroadcastLoopKernel<uint32_t>>(it->second, a, b, out));
-    }
-    default:
-      break;
+  const std::map<std::string, LoopFactory>* fns = dt == v1::DTYPE_F32   ? &FloatFns()
+                                                  : dt == v1::DTYPE_I32 ? &IntegerFns<int32_t>()
+                                                  : dt == v1::DTYPE_U32 ? &IntegerFns<uint32_t>()
+                                                                        : nullptr;
+  if (fns != nullptr) {
+    auto it = fns->find(fn);
+    if (it != fns->end()) return it->second(a, b, out);
   }
   return absl::InvalidArgumentError(absl::StrCat("unknown binary fn '", fn, "' for ", DTypeName(dt),
                                                  "; allowed: ", LoopBinaryFns(dt)));
