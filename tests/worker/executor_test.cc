@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/array_ops.h"
 #include "core/collectives/in_process_transport.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
@@ -833,6 +834,43 @@ TEST(ExecutorBindingTest, AFusedAdamUpdateStepsOnThePsumOfItsPartialGradient) {
         if (read_g_later) {
           EXPECT_EQ(ex[r]->buffer("seen")->data<float>()[0], 2 * (r * 10 + 1))
               << "the partial, read later";
+        }
+      }
+    }
+  }
+}
+
+// lax.iota along each dim of a rank-3 array, in f32, i32 and bf16 (each element its index along
+// the dim), a dim of 1 and an empty array among them; a second run writes the same.
+TEST(ExecutorTest, IotaGivesEachElementItsIndexAlongTheDim) {
+  const Dims dims = {3, 5, 7};
+  for (const v1::DType dtype : {v1::DTYPE_F32, v1::DTYPE_I32, v1::DTYPE_BF16}) {
+    for (const Dims& shape : {dims, Dims{1, 4, 1}, Dims{2, 0, 3}}) {
+      for (int64_t dim = 0; dim < 3; ++dim) {
+        v1::StepProgram p;
+        v1::BufferDecl* b = p.add_buffers();
+        b->set_name("y");
+        b->set_dtype(dtype);
+        for (int64_t d : shape) b->mutable_shape()->add_dims(d);
+        v1::Function* f = p.add_functions();
+        f->set_name("main");
+        v1::Op* op = f->add_ops();
+        op->set_kind(v1::OP_IOTA);
+        op->set_dim(dim);
+        op->add_outputs("y");
+        absl::StatusOr<std::unique_ptr<Executor>> ex = Executor::Create(p, Executor::Options{});
+        ASSERT_TRUE(ex.ok()) << ex.status();
+        for (int run = 0; run < 2; ++run) {
+          ASSERT_TRUE((*ex)->Run("main", RunContext{}).ok());
+          const Tensor* y = (*ex)->buffer("y");
+          for (int64_t i = 0; i < shape[0]; ++i)
+            for (int64_t j = 0; j < shape[1]; ++j)
+              for (int64_t k = 0; k < shape[2]; ++k) {
+                const int64_t at = (i * shape[1] + j) * shape[2] + k;
+                const int64_t want = dim == 0 ? i : dim == 1 ? j : k;
+                ASSERT_EQ(GetAsDouble(*y, at), static_cast<double>(want))
+                    << DTypeName(dtype) << DimsToString(shape) << " dim " << dim << " at " << at;
+              }
         }
       }
     }
