@@ -26,6 +26,20 @@ inline float NanPropagatingMin(float a, float b) {
   return absl::bit_cast<float>(absl::bit_cast<uint32_t>(a) | absl::bit_cast<uint32_t>(b));
 }
 
+// 2^k as an f32, for k in [-126, 127] (the normal exponents): its bits built directly.
+inline float PowerOfTwo(int k) {
+  return absl::bit_cast<float>(static_cast<uint32_t>(k + 127) << 23);
+}
+
+// std::ldexp(y, n), bit for bit, for n in [-150, 128] and normal y of magnitude under 2, in two
+// multiplications by powers of two that compile inline and vectorise (ldexp is a libm call per
+// element). The first is exact (its result stays normal); the second rounds once, as ldexp does,
+// where the result overflows or is subnormal.
+inline float ScaleByPowerOfTwo(float y, int n) {
+  const int first = n > 127 ? 64 : (n < -126 ? n + 126 : 0);
+  return (y * PowerOfTwo(first)) * PowerOfTwo(n - first);
+}
+
 }  // namespace meshrun
 
 #endif  // MESHRUN_CORE_FLOAT_OPS_H_

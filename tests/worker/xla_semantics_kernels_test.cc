@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "core/collectives/reduce_kernels.h"
 #include "core/float_ops.h"
@@ -43,6 +44,22 @@ TEST(FloatOpsTest, MaxAndMinPropagateNanAndOrderSignedZerosAsXla) {
   EXPECT_EQ(NanPropagatingMax(1.0f, -inf), 1.0f);
   EXPECT_EQ(NanPropagatingMin(-2.0f, 1.0f), -2.0f);
   EXPECT_EQ(NanPropagatingMin(inf, 1.0f), 1.0f);
+}
+
+// ScaleByPowerOfTwo is std::ldexp over the range XLA's exp scales by: every n from -150 (deep in
+// the subnormals, where it rounds) to 128 (overflow) and values of y across [0.5, 2), their
+// rounding bits included.
+TEST(FloatOpsTest, ScaleByPowerOfTwoIsLdexpBitForBit) {
+  std::vector<float> ys = {0.5f, 0.70710677f, 1.0f, 1.4142135f, std::nextafter(2.0f, 0.0f)};
+  for (uint32_t bits = 0x3F000000u; bits < 0x40000000u; bits += 0x1357u)
+    ys.push_back(absl::bit_cast<float>(bits));
+  for (const float y : ys)
+    for (int n = -150; n <= 128; ++n)
+      for (const float v : {y, -y}) {
+        const float want = std::ldexp(v, n), got = ScaleByPowerOfTwo(v, n);
+        ASSERT_EQ(absl::bit_cast<uint32_t>(got), absl::bit_cast<uint32_t>(want))
+            << v << " * 2^" << n << ": " << got << " against " << want;
+      }
 }
 
 // Each comparison fn of CreateBinary over a and b (of T, one shape) against C++'s operator on
@@ -338,6 +355,33 @@ TEST(BinaryKernelTest, ALoopFnBroadcastsBAlongAnyDimsOfSizeOne) {
   auto ek = CreateBinary("sub", e, eb, eo);
   ASSERT_TRUE(ek.ok()) << ek.status();
   EXPECT_TRUE((*ek)->Run().ok());
+}
+
+// f32 add, sub, mul and div where b broadcasts along a's last dim (a softmax's row max and sum),
+// which oneDNN 2.6 runs only in its reference code, and along its first: IEEE's result per element.
+TEST(BinaryKernelTest, ArithmeticWithARowBroadcastGivesEachElementsIeeeResult) {
+  const Dims ad = {2, 3, 4, 37};
+  Tensor a = Random(ad, 5);
+  for (const Dims& bd : {Dims{2, 3, 4, 1}, Dims{1, 3, 4, 37}}) {
+    Tensor b = Random(bd, 9);
+    for (int64_t i = 0; i < b.num_elements(); ++i) b.data<float>()[i] += 2.0f;  // no 0 divisor
+    for (const std::string fn : {"add", "sub", "mul", "div"}) {
+      Tensor out(v1::DTYPE_F32, ad);
+      auto k = CreateBinary(fn, a, b, out);
+      ASSERT_TRUE(k.ok()) << fn << ": " << k.status();
+      ASSERT_TRUE((*k)->Run().ok());
+      for (int64_t i = 0; i < a.num_elements(); ++i) {
+        const int64_t j = bd[3] == 1 ? i / 37 : i % (3 * 4 * 37);
+        const float x = a.data<float>()[i], y = b.data<float>()[j];
+        const float want = fn == "add" ? x + y : fn == "sub" ? x - y : fn == "mul" ? x * y : x / y;
+        ASSERT_EQ(out.data<float>()[i], want) << fn << " " << DimsToString(bd) << " element " << i;
+      }
+    }
+  }
+  Tensor x = Random({2, 1}, 3), y = Random({2, 1}, 4), z(v1::DTYPE_U32, {2, 1});
+  EXPECT_THAT(std::string(CreateArithmeticLoop("pow", x, y, x).status().message()),
+              ::testing::HasSubstr("pow"));
+  EXPECT_FALSE(CreateArithmeticLoop("add", x, y, z).ok()) << "a u32 output";
 }
 
 // jax.lax's integer ops, as JAX's samplers use them: wrapping arithmetic, bitwise ops, shifts

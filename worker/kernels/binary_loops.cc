@@ -84,6 +84,10 @@ std::unique_ptr<Kernel> MakeLoop(const Tensor& a, const Tensor& b, Tensor& out) 
   return std::make_unique<BroadcastLoopKernel<T, Fn>>(a, b, out);
 }
 
+float Add(float x, float y) { return x + y; }
+float Sub(float x, float y) { return x - y; }
+float Mul(float x, float y) { return x * y; }
+float Div(float x, float y) { return x / y; }
 float Pow(float x, float y) { return std::pow(x, y); }
 float NextAfter(float x, float y) { return std::nextafter(x, y); }
 float Fmod(float x, float y) { return std::fmod(x, y); }
@@ -202,6 +206,22 @@ bool IsLoopBinary(const std::string& fn, DType dtype) {
     default:
       return false;
   }
+}
+
+absl::StatusOr<std::unique_ptr<Kernel>> CreateArithmeticLoop(const std::string& fn, const Tensor& a,
+                                                             const Tensor& b, Tensor& out) {
+  static const auto* fns = new std::map<std::string, LoopFactory>{{"add", &MakeLoop<float, &Add>},
+                                                                  {"sub", &MakeLoop<float, &Sub>},
+                                                                  {"mul", &MakeLoop<float, &Mul>},
+                                                                  {"div", &MakeLoop<float, &Div>}};
+  auto it = fns->find(fn);
+  if (it == fns->end() || a.dtype() != v1::DTYPE_F32 || b.dtype() != v1::DTYPE_F32 ||
+      out.dtype() != v1::DTYPE_F32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("arithmetic loop ", fn, " over ", DTypeName(a.dtype()), " and ",
+                     DTypeName(b.dtype()), "; expected add, sub, mul or div over f32"));
+  }
+  return it->second(a, b, out);
 }
 
 std::string LoopBinaryFns(DType dtype) {

@@ -5,9 +5,12 @@
 #include <map>
 #include <vector>
 
+#include "absl/base/casts.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/array_ops.h"
+#include "core/float_ops.h"
 #include "core/random/threefry.h"
 #include "worker/kernels/primitive_kernel.h"
 
@@ -140,6 +143,26 @@ const std::map<std::string, float (*)(float)>& LibmFns() {
   return *fns;
 }
 
+// The elementwise fns below choose between values by bit masks rather than `?:`: GCC moves the
+// arithmetic feeding a `?:` into a branch (where an FP op may trap, it then cannot make it
+// branch-free again), which keeps the loops that call them from vectorising.
+__attribute__((always_inline)) inline float Select(bool c, float a, float b) {
+  const uint32_t m = c ? ~0u : 0u;
+  return absl::bit_cast<float>((absl::bit_cast<uint32_t>(a) & m) |
+                               (absl::bit_cast<uint32_t>(b) & ~m));
+}
+
+// x within [lo, hi] (x itself when NaN).
+__attribute__((always_inline)) inline float Clamp(float x, float lo, float hi) {
+  return Select(x < lo, lo, Select(x > hi, hi, x));
+}
+
+// XLA's CPU backend flushes denormal results to zero (its threads run with FTZ), keeping the sign.
+__attribute__((always_inline)) inline float FlushDenormal(float v) {
+  const float zero = absl::bit_cast<float>(absl::bit_cast<uint32_t>(v) & 0x80000000u);
+  return Select(std::fabs(v) < std::numeric_limits<float>::min(), zero, v);
+}
+
 // jnp.tanh as XLA's CPU backend computes it (xla/codegen/intrinsic/tanh.cc, f32 with FMA):
 // x itself below 4e-4 in magnitude, +-1 from 20 on, else a rational function of x clamped to
 // +-7.99881172, evaluated by Horner's rule in fused multiply-adds. Bitwise equal to jax.jit's
@@ -147,46 +170,45 @@ const std::map<std::string, float (*)(float)>& LibmFns() {
 // does not saturate to exactly 1 (1 - tanh(x)^2, GELU's tail, then differ from JAX's by far more
 // than an ulp). always_inline: each loop below compiles it for its own instruction set.
 __attribute__((always_inline)) inline float XlaTanh(float x) {
-  if (x != x) return x;
-  const float a = std::fabs(x);
-  if (a < 0.0004f) return x;
-  if (a >= 20.0f) return std::copysign(1.0f, x);
   constexpr float kClamp = 7.99881172180175781f;
-  const float c = x < -kClamp ? -kClamp : (x > kClamp ? kClamp : x);
+  const float a = std::fabs(x);
+  const float c = Clamp(x, -kClamp, kClamp);
   const float c2 = c * c;
   float p = -2.76076847742355e-16f;
-  for (float k : {2.00018790482477e-13f, -8.60467152213735e-11f, 5.12229709037114e-08f,
-                  1.48572235717979e-05f, 6.37261928875436e-04f, 4.89352455891786e-03f}) {
-    p = __builtin_fmaf(c2, p, k);
-  }
+  p = __builtin_fmaf(c2, p, 2.00018790482477e-13f);
+  p = __builtin_fmaf(c2, p, -8.60467152213735e-11f);
+  p = __builtin_fmaf(c2, p, 5.12229709037114e-08f);
+  p = __builtin_fmaf(c2, p, 1.48572235717979e-05f);
+  p = __builtin_fmaf(c2, p, 6.37261928875436e-04f);
+  p = __builtin_fmaf(c2, p, 4.89352455891786e-03f);
   float q = 1.19825839466702e-06f;
-  for (float k : {1.18534705686654e-04f, 2.26843463243900e-03f, 4.89352518554385e-03f})
-    q = __builtin_fmaf(c2, q, k);
-  return c * p / q;
-}
-
-// XLA's CPU backend flushes denormal results to zero (its threads run with FTZ).
-__attribute__((always_inline)) inline float FlushDenormal(float v) {
-  return std::fabs(v) < std::numeric_limits<float>::min() ? 0.0f * v : v;
+  q = __builtin_fmaf(c2, q, 1.18534705686654e-04f);
+  q = __builtin_fmaf(c2, q, 2.26843463243900e-03f);
+  q = __builtin_fmaf(c2, q, 4.89352518554385e-03f);
+  const float t = Select(a >= 20.0f, std::copysign(1.0f, x), c * p / q);
+  return Select(a < 0.0004f || x != x, x, t);
 }
 
 // jnp.exp as XLA's CPU backend computes it: Cephes' range reduction x = n ln 2 + r (ln 2 in two
 // parts) and degree-7 polynomial, in FMAs, scaled by 2^n, denormals flushed to zero. Bitwise
 // jax.jit's for |x| < 88.4 (checked on 400k inputs); between 88.4 and 88.72 up to an ulp apart
-// (XLA scales by 2^128 otherwise), then +inf.
+// (XLA scales by 2^128 otherwise), then +inf. (floor of t as an integer: t is in [-150, 130).)
 __attribute__((always_inline)) inline float XlaExp(float x) {
-  if (x != x) return x;
-  const float c = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
-  const float n = std::floor(__builtin_fmaf(c, 1.44269504088896341f, 0.5f));
+  const float c = Clamp(Select(x != x, 0.0f, x), -104.0f, 89.0f);
+  const float t = __builtin_fmaf(c, 1.44269504088896341f, 0.5f);
+  const int truncated = static_cast<int>(t);
+  const int k = truncated - static_cast<int>(static_cast<float>(truncated) > t);  // floor(t)
+  const float n = static_cast<float>(k);
   float r = __builtin_fmaf(n, -0.693359375f, c);
   r = __builtin_fmaf(n, 2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
-  for (float k :
-       {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f}) {
-    p = __builtin_fmaf(p, r, k);
-  }
+  p = __builtin_fmaf(p, r, 1.3981999507e-3f);
+  p = __builtin_fmaf(p, r, 8.3334519073e-3f);
+  p = __builtin_fmaf(p, r, 4.1665795894e-2f);
+  p = __builtin_fmaf(p, r, 1.6666665459e-1f);
+  p = __builtin_fmaf(p, r, 5.0000001201e-1f);
   const float y = __builtin_fmaf(p, r * r, r) + 1.0f;
-  return FlushDenormal(std::ldexp(y, static_cast<int>(n)));
+  return Select(x != x, x, FlushDenormal(ScaleByPowerOfTwo(y, k)));
 }
 
 // jax.nn.sigmoid as JAX lowers it, 1 / (1 + exp(-x)), on XLA's exp; a denormal result is 0.
@@ -301,16 +323,21 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, cons
   if (absl::Status s = RequireF32("binary", b); !s.ok()) return s;
   if (a.num_elements() == 0) return std::unique_ptr<Kernel>(nullptr);
   std::unique_ptr<Kernel> kernel;
+  bool reference = false;
   absl::Status s = Guard("binary", [&] {
     auto a_md = RowMajorDesc(a.dims());
     auto b_md = RowMajorDesc(b.dims());
     dnnl::binary::primitive_desc pd(dnnl::binary::desc(it->second, a_md, b_md, a_md), CpuEngine());
+    // oneDNN 2.6 falls back to its reference code for some broadcasts (b along the last dim).
+    reference = absl::StartsWith(pd.impl_info_str(), "ref");
+    if (reference) return;
     kernel = std::make_unique<PrimitiveKernel>("binary", dnnl::binary(pd),
                                                kernels::Args{{DNNL_ARG_SRC_0, Bind(a_md, a)},
                                                              {DNNL_ARG_SRC_1, Bind(b_md, b)},
                                                              {DNNL_ARG_DST, Bind(a_md, out)}});
   });
   if (!s.ok()) return s;
+  if (reference) return CreateArithmeticLoop(fn, a, b, out);
   return kernel;
 }
 

@@ -99,6 +99,13 @@ bool IsLoopBinary(const std::string& fn, DType dtype);
 std::string LoopBinaryFns(DType dtype);
 absl::StatusOr<std::unique_ptr<Kernel>> CreateLoopBinary(const std::string& fn, const Tensor& a,
                                                          const Tensor& b, Tensor& out);
+// f32 add, sub, mul or div (IEEE's, element by element, as oneDNN's binary primitive) as a
+// loop: CreateBinary's kernel where oneDNN has only its reference implementation for the
+// broadcast (b broadcast along the last dim, as a softmax's row max and sum are: about 100x
+// slower than the loop). Errors: InvalidArgument for another fn or dtype. REQUIRES: as
+// CreateLoopBinary.
+absl::StatusOr<std::unique_ptr<Kernel>> CreateArithmeticLoop(const std::string& fn, const Tensor& a,
+                                                             const Tensor& b, Tensor& out);
 
 absl::StatusOr<std::unique_ptr<Kernel>> CreateBinary(const std::string& fn, const Tensor& a,
                                                      const Tensor& b, Tensor& out);
