@@ -65,8 +65,8 @@ void Coalesce(const Dims& out_dims, const std::vector<int64_t>& strides, Dims* d
 
 // Copies out's elements from x: out[idx] = x[base + sum(idx[d] * strides[d])] (offsets in
 // elements), over out's dims coalesced. Runs that are contiguous in x (stride 1 along the last
-// dim) are copied whole, a transposed pair of trailing dims in cache-sized tiles, anything else
-// along the last dim at its stride.
+// dim) are copied whole, a row broadcast from one element (stride 0) filled with it, a transposed
+// pair of trailing dims in cache-sized tiles, anything else along the last dim at its stride.
 template <size_t kElem>
 void StridedCopy(const char* src, const std::vector<int64_t>& out_strides, int64_t base,
                  const Dims& raw_dims, char* dst) {
@@ -82,7 +82,8 @@ void StridedCopy(const char* src, const std::vector<int64_t>& out_strides, int64
   }
   const int64_t inner = out_dims[rank - 1];
   const bool runs = strides[rank - 1] == 1;
-  const bool tiles = !runs && rank >= 2 && strides[rank - 2] == 1;
+  const bool fill = strides[rank - 1] == 0;  // a broadcast along the last dim
+  const bool tiles = !runs && !fill && rank >= 2 && strides[rank - 2] == 1;
   const int outer_rank = tiles ? rank - 2 : rank - 1;
   const Dims outer(out_dims.begin(), out_dims.begin() + outer_rank);
   const int64_t block =
@@ -105,6 +106,10 @@ void StridedCopy(const char* src, const std::vector<int64_t>& out_strides, int64
           }
         }
       }
+    } else if (fill) {  // one value along the row
+      char value[kElem];
+      std::memcpy(value, src + from * kElem, kElem);
+      for (int64_t j = 0; j < inner; ++j) std::memcpy(to + j * kElem, value, kElem);
     } else {
       const int64_t s = strides[rank - 1];
       for (int64_t j = 0; j < inner; ++j)

@@ -175,14 +175,18 @@ TEST(ArrayOpsTest, SliceAndBroadcastMatchTheReference) {
       ASSERT_EQ(out.data<float>()[i], x.data<float>()[Flat(c, dims)]) << "element " << i;
     }
   }
-  for (const Dims& from : std::vector<Dims>{{1, 6, 33}, {4, 1, 33}, {4, 6, 1}, {1, 1, 1}}) {
-    const Tensor small = Iota(v1::DTYPE_F32, from);
-    Tensor out(v1::DTYPE_F32, dims);
-    Broadcast(small, out);
-    for (int64_t i = 0; i < out.num_elements(); ++i) {
-      std::vector<int64_t> c = Coords(i, dims);
-      for (size_t d = 0; d < c.size(); ++d) c[d] = from[d] == 1 ? 0 : c[d];
-      ASSERT_EQ(out.data<float>()[i], small.data<float>()[Flat(c, from)]) << "element " << i;
+  // (bf16 and i32 too: each element width's copy, a fill along a broadcast last dim among them)
+  for (const DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_I32}) {
+    for (const Dims& from : std::vector<Dims>{{1, 6, 33}, {4, 1, 33}, {4, 6, 1}, {1, 1, 1}}) {
+      const Tensor small = Iota(dtype, from);
+      Tensor out(dtype, dims);
+      Broadcast(small, out);
+      for (int64_t i = 0; i < out.num_elements(); ++i) {
+        std::vector<int64_t> c = Coords(i, dims);
+        for (size_t d = 0; d < c.size(); ++d) c[d] = from[d] == 1 ? 0 : c[d];
+        ASSERT_EQ(GetAsDouble(out, i), GetAsDouble(small, Flat(c, from)))
+            << DTypeName(dtype) << DimsToString(from) << " element " << i;
+      }
     }
   }
 }
