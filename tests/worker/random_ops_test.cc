@@ -3,6 +3,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -61,34 +62,27 @@ std::vector<uint32_t> Draw(const v1::StepProgram& p, const Mesh* mesh, int rank)
   return std::vector<uint32_t>(out->data<uint32_t>(), out->data<uint32_t>() + out->num_elements());
 }
 
-// On a data=2,model=2 mesh, [4, 6] laid out (data, model): rank r holds rows 2 (r / 2) .. + 2,
-// columns 3 (r % 2) .. + 3 of the whole draw, for each fn.
+// On a data=2,model=2 mesh, [R, C] laid out (data, model): rank r holds rows R/2 (r / 2) .. + R/2,
+// columns C/2 (r % 2) .. + C/2 of the whole draw, for each fn; [4, 6], and [6, 70], whose rows
+// are longer than a vector's lanes.
 TEST(RandomOpsTest, EachDeviceDrawsItsBlockOfTheWholeDraw) {
   absl::StatusOr<Mesh> mesh = Mesh::Parse("data=2,model=2");
   ASSERT_TRUE(mesh.ok()) << mesh.status();
-  for (const std::string fn : {"partitionable", "legacy"}) {
-    const std::vector<uint32_t> whole = Draw(DrawProgram(fn, {}, "", {4, 6}), nullptr, 0);
-    ASSERT_EQ(whole.size(), 24u);
-    for (int r = 0; r < 4; ++r) {
-      const std::vector<uint32_t> block = Draw(DrawProgram(fn, {4, 6}, "dm", {2, 3}), &*mesh, r);
-      ASSERT_EQ(block.size(), 6u);
-      for (int i = 0; i < 2; ++i)
-        for (int j = 0; j < 3; ++j)
-          EXPECT_EQ(block[i * 3 + j], whole[(2 * (r / 2) + i) * 6 + 3 * (r % 2) + j])
-              << fn << " rank " << r << " (" << i << ", " << j << ")";
-    }
-  }
-  // Blocks whose rows are longer than a vector's lanes: [6, 70] as blocks of [3, 35].
-  for (const std::string fn : {"partitionable", "legacy"}) {
-    const std::vector<uint32_t> whole = Draw(DrawProgram(fn, {}, "", {6, 70}), nullptr, 0);
-    ASSERT_EQ(whole.size(), 420u);
-    for (int r = 0; r < 4; ++r) {
-      const std::vector<uint32_t> block = Draw(DrawProgram(fn, {6, 70}, "dm", {3, 35}), &*mesh, r);
-      ASSERT_EQ(block.size(), 105u);
-      for (int i = 0; i < 3; ++i)
-        for (int j = 0; j < 35; ++j)
-          ASSERT_EQ(block[i * 35 + j], whole[(3 * (r / 2) + i) * 70 + 35 * (r % 2) + j])
-              << fn << " rank " << r << " (" << i << ", " << j << ")";
+  for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{4, 6}, {6, 70}}) {
+    const int64_t h = rows / 2, w = cols / 2;
+    for (const std::string fn : {"partitionable", "legacy"}) {
+      const std::vector<uint32_t> whole = Draw(DrawProgram(fn, {}, "", {rows, cols}), nullptr, 0);
+      ASSERT_EQ(whole.size(), static_cast<size_t>(rows * cols));
+      for (int r = 0; r < 4; ++r) {
+        const std::vector<uint32_t> block =
+            Draw(DrawProgram(fn, {rows, cols}, "dm", {h, w}), &*mesh, r);
+        ASSERT_EQ(block.size(), static_cast<size_t>(h * w));
+        for (int64_t i = 0; i < h; ++i)
+          for (int64_t j = 0; j < w; ++j)
+            ASSERT_EQ(block[i * w + j], whole[(h * (r / 2) + i) * cols + w * (r % 2) + j])
+                << fn << " [" << rows << ", " << cols << "] rank " << r << " (" << i << ", " << j
+                << ")";
+      }
     }
   }
   // Partitionable bits are JAX's: jax.random.bits(PRNGKey(42), (2, 3)).
