@@ -247,6 +247,15 @@ double GetAsDouble(const Tensor& x, int64_t i) {
   }
 }
 
+void FillFromDouble(Tensor& x, int64_t begin, int64_t count, double v) {
+  if (count <= 0) return;
+  SetFromDouble(x, begin, v);
+  const size_t width = DTypeSize(x.dtype());
+  char* run = static_cast<char*>(x.raw()) + begin * width;
+  for (int64_t k = 1; k < count; k *= 2)  // doubling copies of what is set so far
+    std::memcpy(run + k * width, run, std::min(k, count - k) * width);
+}
+
 void SetFromDouble(Tensor& x, int64_t i, double v) {
   switch (x.dtype()) {
     case v1::DTYPE_F32:

@@ -44,6 +44,9 @@ inline constexpr int64_t kConvertParallelMin = 65536;
 // Element i of x as a double / stored from a double, for any dtype.
 double GetAsDouble(const Tensor& x, int64_t i);
 void SetFromDouble(Tensor& x, int64_t i, double v);
+// Elements [begin, begin + count) of x set to v as SetFromDouble sets one: v converted once,
+// its bytes then copied over the run. REQUIRES: the run lies within x.
+void FillFromDouble(Tensor& x, int64_t begin, int64_t count, double v);
 
 }  // namespace meshrun
 

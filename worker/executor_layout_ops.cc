@@ -168,8 +168,7 @@ absl::StatusOr<Executor::CompiledOp> CompileFillValue(const v1::Op& op,
   Tensor* y = out[0];
   const double value = op.value();
   return Executor::CompiledOp([y, value](const RunContext&) {
-    const int64_t n = y->num_elements();
-    for (int64_t i = 0; i < n; ++i) SetFromDouble(*y, i, value);
+    FillFromDouble(*y, 0, y->num_elements(), value);
     return absl::OkStatus();
   });
 }
@@ -208,19 +207,13 @@ absl::StatusOr<Executor::CompiledOp> CompileIota(const v1::Op& op, const std::ve
   }
   const int64_t inner = NumElements(y->dims(), dim + 1, y->dims().size()), size = y->dims()[dim];
   return Executor::CompiledOp([y, inner, size](const RunContext&) {
-    // One period (size runs of `inner` equal values) element by element, then copied over the
-    // rest: one conversion per value rather than a division and a conversion per element.
+    // One period (size runs of `inner` equal values), then copied over the rest: one
+    // conversion per value rather than a division and a conversion per element.
     const int64_t n = y->num_elements();
     if (n == 0) return absl::OkStatus();
-    const size_t width = DTypeSize(y->dtype());
+    for (int64_t v = 0; v < size; ++v) FillFromDouble(*y, v * inner, inner, static_cast<double>(v));
     char* base = static_cast<char*>(y->raw());
-    for (int64_t v = 0; v < size; ++v) {
-      SetFromDouble(*y, v * inner, static_cast<double>(v));
-      char* run = base + v * inner * width;
-      for (int64_t k = 1; k < inner; k *= 2)
-        std::memcpy(run + k * width, run, std::min(k, inner - k) * width);
-    }
-    const size_t period = size * inner * width;
+    const size_t period = size * inner * DTypeSize(y->dtype());
     for (int64_t p = 1; p < n / (size * inner); ++p) std::memcpy(base + p * period, base, period);
     return absl::OkStatus();
   });

@@ -224,5 +224,24 @@ TEST(ArrayOpsTest, CopiesWithUnitAndMergeableDimsMatchTheReference) {
   }
 }
 
+// FillFromDouble sets exactly its run, to what SetFromDouble stores, in each element width:
+// runs of 0, 1, a power of two and not, at the start, the middle and the end.
+TEST(ArrayOpsTest, FillFromDoubleSetsItsRunAndNothingElse) {
+  for (const DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_I32, v1::DTYPE_U8}) {
+    for (const auto& [begin, count] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 0}, {0, 1}, {3, 16}, {5, 37}, {0, 100}, {61, 39}}) {
+      Tensor x = Iota(dtype, {100});
+      Tensor one(dtype, {1});
+      SetFromDouble(one, 0, 7.25);
+      FillFromDouble(x, begin, count, 7.25);
+      for (int64_t i = 0; i < 100; ++i) {
+        const bool inside = i >= begin && i < begin + count;
+        ASSERT_EQ(GetAsDouble(x, i), inside ? GetAsDouble(one, 0) : static_cast<double>(i))
+            << DTypeName(dtype) << " run " << begin << "+" << count << " element " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace meshrun
