@@ -57,12 +57,15 @@ std::string ShmHostId() {
 // The sending end of one link: the ring this process created in /dev/shm for one peer.
 class ShmTransport::Sender {
  public:
-  explicit Sender(std::unique_ptr<ShmRing> ring) : ring_(std::move(ring)) {}
+  Sender(std::unique_ptr<ShmRing> ring, uint64_t epoch) : ring_(std::move(ring)), epoch_(epoch) {}
   ~Sender() { ring_->Unlink(); }  // in case the peer never opened it
   ShmRing& ring() { return *ring_; }
+  // The collective epoch in which the ring was announced.
+  uint64_t announced_in() const { return epoch_; }
 
  private:
   std::unique_ptr<ShmRing> ring_;
+  const uint64_t epoch_;
 };
 
 // The receiving end of one link: a thread that moves messages from the ring to the Mailbox, or
@@ -259,7 +262,7 @@ absl::StatusOr<ShmTransport::Sender*> ShmTransport::SenderFor(int peer, absl::Ti
     state_[peer] = LinkState::kRemote;
     return nullptr;
   }
-  auto sender = std::make_unique<Sender>(*std::move(ring));
+  auto sender = std::make_unique<Sender>(*std::move(ring), remote_->epoch());
   if (absl::Status s = remote_->Send(peer, kAnnounceTag, sender->ring().name(), deadline); !s.ok())
     return s;
   absl::MutexLock lock(&mu_);
@@ -365,10 +368,25 @@ void ShmTransport::OnWait(int src, Mailbox::WaitEvent event) {
 
 void ShmTransport::Reset(uint64_t epoch) {
   if (epoch <= remote_->epoch()) return;
+  std::vector<std::unique_ptr<Sender>> unannounced;
   {
     absl::MutexLock lock(&mu_);
+    if (!aborted_.ok()) {
+      // An announcement made in the epoch being left may have been lost: the abort cancels the
+      // remote transport's streams, and a write that gRPC reported done can still die with its
+      // stream before the peer reads it. Such a peer never drains the ring, so the link is set up
+      // again (a new ring, announced in the new epoch); a peer that did open the old one replaces
+      // it when the new announcement comes.
+      const uint64_t left = remote_->epoch();
+      for (size_t peer = 0; peer < senders_.size(); ++peer) {
+        if (senders_[peer] == nullptr || senders_[peer]->announced_in() != left) continue;
+        unannounced.push_back(std::move(senders_[peer]));
+        state_[peer] = LinkState::kUnset;
+      }
+    }
     aborted_ = absl::OkStatus();
   }
+  unannounced.clear();  // outside mu_: unlinks the rings no peer may ever open
   // The rings may still hold earlier epochs' messages: the Mailbox drops them as they come out.
   remote_->Reset(epoch);
 }

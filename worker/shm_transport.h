@@ -15,7 +15,10 @@
 // remote transport, as a control message the receiver's Mailbox hands to ShmTransport instead of
 // queuing it. The receiver maps the ring, unlinks its name (so a crash leaves nothing behind)
 // and starts draining it. Messages sent before the announcement travelled through the remote
-// transport and were delivered before it, so per-peer order holds across the switch.
+// transport and were delivered before it, so per-peer order holds across the switch. A link set
+// up in a collective epoch that is then aborted is set up again in the next epoch (Reset), with a
+// new ring: the abort cancels the remote transport's streams, and its announcement may have died
+// with them.
 //
 // Failures: a receiver that dies while a sender waits for ring space is seen by its pid (same
 // host and pid namespace, which the host id guarantees) and the Send fails with Unavailable

@@ -180,6 +180,12 @@ TEST(ShmTransportTest, SendToADeadPeerFailsNamingItsRank) {
 
 TEST(ShmTransportTest, AbortWakesASendWaitingForRingSpace) {
   TransportSet ts(TransportKind::kShm, 2, UndrainedPeer(getpid()));
+  // The link is set up in an epoch that ends cleanly, so the Reset below keeps its ring. The
+  // message is one whole fragment (half the 8 KiB ring, less a 32-byte frame header), as each of
+  // the large message's are: the ring then fills up to its last byte.
+  ASSERT_TRUE(
+      ts.at(0)->Send(1, 1, Pattern(8192 / 2 - 32, 0), absl::Now() + absl::Seconds(20)).ok());
+  ts.at(0)->Reset(ts.at(0)->epoch() + 1);
   absl::Status s;
   const absl::Time start = absl::Now();
   std::thread sender(
@@ -196,6 +202,39 @@ TEST(ShmTransportTest, AbortWakesASendWaitingForRingSpace) {
   EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded)
       << "the ring is still full after Reset: " << late;
   EXPECT_THAT(late.message(), HasSubstr("send to rank 1 timed out"));
+}
+
+// Rank 1 has no shared-memory receiver: the announcements of rank 0's rings reach its Mailbox as
+// plain messages (the ring names). A link set up in an epoch that was aborted is announced again
+// in the next epoch, with a new ring, since the abort may have cut the first announcement off; a
+// link set up in an epoch that ended cleanly is kept.
+TEST(ShmTransportTest, ALinkSetUpInAnAbortedEpochIsAnnouncedAgain) {
+  TransportSet ts(TransportKind::kShm, 2, UndrainedPeer(getpid()));
+  Transport* sender = ts.at(0);
+  Transport* peer = ts.at(1);
+  auto next_epoch = [&] {
+    const uint64_t e = sender->epoch() + 1;
+    sender->Reset(e);
+    peer->Reset(e);
+  };
+  auto announcement = [&](absl::Duration wait) {
+    return peer->Recv(0, ShmTransport::kAnnounceTag, absl::Now() + wait);
+  };
+  next_epoch();
+  ASSERT_TRUE(sender->Send(1, 1, "a", absl::Now() + absl::Seconds(20)).ok());
+  absl::StatusOr<std::string> first = announcement(absl::Seconds(20));
+  ASSERT_TRUE(first.ok()) << first.status();
+  sender->Abort(absl::AbortedError("a rank failed"));
+  next_epoch();
+  ASSERT_TRUE(sender->Send(1, 1, "b", absl::Now() + absl::Seconds(20)).ok());
+  absl::StatusOr<std::string> second = announcement(absl::Seconds(20));
+  ASSERT_TRUE(second.ok()) << "no new announcement after the aborted epoch: " << second.status();
+  EXPECT_NE(*second, *first);
+
+  next_epoch();  // the last epoch ended cleanly: its link stays
+  ASSERT_TRUE(sender->Send(1, 1, "c", absl::Now() + absl::Seconds(20)).ok());
+  absl::StatusOr<std::string> third = announcement(absl::Milliseconds(300));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kDeadlineExceeded) << third.status();
 }
 
 }  // namespace
