@@ -290,8 +290,9 @@ void ShmTransport::OnAnnounce(int src, const std::string& ring_name) {
     receiver->SetWakeOnData(true);
     receiver->WakeDrain();
   }
-  // A peer that announces again replaces its ring; the old one's thread may be delivering (and so
-  // waiting for the lock the mailbox holds while this runs): it stops in the destructor.
+  // A peer that announces again (after an aborted epoch) replaces its ring; the old one's thread
+  // may be delivering (and so waiting for the lock the mailbox holds while this runs): it stops
+  // at the next Reset, or in the destructor.
   if (receivers_[src] != nullptr) retired_.push_back(std::move(receivers_[src]));
   receivers_[src] = std::move(receiver);
 }
@@ -362,15 +363,21 @@ void ShmTransport::OnWait(int src, Mailbox::WaitEvent event) {
     }
   }
   // Outside mu_ (the drain calls into the Mailbox). A receiver replaced meanwhile stays alive in
-  // retired_, and the destructor removes this listener before it destroys any.
+  // retired_ until Reset, which never runs during a receive, and the destructor removes this
+  // listener before it destroys any.
   if (receiver != nullptr && event != Mailbox::WaitEvent::kAwake) receiver->DrainNow();
 }
 
 void ShmTransport::Reset(uint64_t epoch) {
   if (epoch <= remote_->epoch()) return;
   std::vector<std::unique_ptr<Sender>> unannounced;
+  std::vector<std::unique_ptr<Receiver>> retired;
   {
     absl::MutexLock lock(&mu_);
+    // Rings their peers replaced (OnAnnounce) hold only messages of aborted epochs: their drain
+    // threads stop now. No receive runs (Reset's contract), so no OnWait holds one.
+    retired = std::move(retired_);
+    retired_.clear();
     if (!aborted_.ok()) {
       // An announcement made in the epoch being left may have been lost: the abort cancels the
       // remote transport's streams, and a write that gRPC reported done can still die with its
@@ -386,7 +393,10 @@ void ShmTransport::Reset(uint64_t epoch) {
     }
     aborted_ = absl::OkStatus();
   }
-  unannounced.clear();  // outside mu_: unlinks the rings no peer may ever open
+  // Outside mu_: unlinks the rings no peer may ever open, and joins the retired drain threads
+  // (one may be delivering an announcement, whose handler waits for mu_).
+  unannounced.clear();
+  retired.clear();
   // The rings may still hold earlier epochs' messages: the Mailbox drops them as they come out.
   remote_->Reset(epoch);
 }

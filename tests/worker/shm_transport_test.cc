@@ -3,6 +3,7 @@
 // its own mapping of the rings (the e2e tests run them as separate processes).
 #include "worker/shm_transport.h"
 
+#include <dirent.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -235,6 +236,39 @@ TEST(ShmTransportTest, ALinkSetUpInAnAbortedEpochIsAnnouncedAgain) {
   ASSERT_TRUE(sender->Send(1, 1, "c", absl::Now() + absl::Seconds(20)).ok());
   absl::StatusOr<std::string> third = announcement(absl::Milliseconds(300));
   EXPECT_EQ(third.status().code(), absl::StatusCode::kDeadlineExceeded) << third.status();
+}
+
+int ThreadsOfThisProcess() {
+  int n = 0;
+  DIR* dir = opendir("/proc/self/task");
+  if (dir == nullptr) return -1;
+  while (const dirent* e = readdir(dir)) n += e->d_name[0] != '.';
+  closedir(dir);
+  return n;
+}
+
+// Every aborted epoch in which rank 0 first sends to rank 1 has it set the link up again in the
+// next, and rank 1 replace its receiver of the old ring: the replaced receivers' drain threads
+// stop at the next Reset instead of piling up, one per aborted epoch.
+TEST(ShmTransportTest, RingsReplacedAfterAbortedEpochsDoNotPileUp) {
+  TransportSet ts(TransportKind::kShm, 2);
+  auto aborted_epoch = [&](int k) {
+    const std::string m = Pattern(100, k);
+    ASSERT_TRUE(ts.at(0)->Send(1, 1, m, absl::Now() + absl::Seconds(20)).ok());
+    absl::StatusOr<std::string> got = ts.at(1)->Recv(0, 1, absl::Now() + absl::Seconds(20));
+    ASSERT_TRUE(got.ok()) << "epoch " << k << ": " << got.status();
+    ASSERT_EQ(*got, m) << "epoch " << k;
+    ASSERT_TRUE(static_cast<ShmTransport*>(ts.at(0))->SendsThroughShm(1));
+    for (int r = 0; r < 2; ++r) ts.at(r)->Abort(absl::AbortedError("a rank failed"));
+    const uint64_t next = ts.at(0)->epoch() + 1;
+    for (int r = 0; r < 2; ++r) ts.at(r)->Reset(next);
+  };
+  for (int k = 0; k < 3; ++k) aborted_epoch(k);
+  const int threads = ThreadsOfThisProcess();
+  for (int k = 3; k < 23; ++k) aborted_epoch(k);
+  // At most one replaced receiver waits for the next Reset; a few threads of slack for gRPC's
+  // pools, which grow on demand (20 piled-up drain threads would be far over).
+  EXPECT_LE(ThreadsOfThisProcess(), threads + 5) << "threads after 3 aborted epochs: " << threads;
 }
 
 }  // namespace
