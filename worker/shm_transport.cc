@@ -393,8 +393,8 @@ void ShmTransport::Reset(uint64_t epoch) {
     }
     aborted_ = absl::OkStatus();
   }
-  // Outside mu_: unlinks the rings no peer may ever open, and joins the retired drain threads
-  // (one may be delivering an announcement, whose handler waits for mu_).
+  // Outside mu_: unlinks the rings no peer may ever open, and joins the retired drain threads (one
+  // may wait in the Mailbox behind an announcement being handled, and that handler for mu_).
   unannounced.clear();
   retired.clear();
   // The rings may still hold earlier epochs' messages: the Mailbox drops them as they come out.
