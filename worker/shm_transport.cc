@@ -5,12 +5,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <thread>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/port/process.h"
 #include "glog/logging.h"
+#include "worker/shm_receiver.h"
 #include "worker/shm_ring.h"
 
 namespace meshrun {
@@ -66,78 +65,6 @@ class ShmTransport::Sender {
  private:
   std::unique_ptr<ShmRing> ring_;
   const uint64_t epoch_;
-};
-
-// The receiving end of one link: a thread that moves messages from the ring to the Mailbox, or
-// straight into a receive posted there. The collective's thread consumes too when it starts to
-// wait (DrainNow), so a message already in the ring goes into its receive with no thread switch.
-class ShmTransport::Receiver : private ShmRing::Consumer {
- public:
-  Receiver(std::unique_ptr<ShmRing> ring, int src, Mailbox* mailbox, absl::Duration poll)
-      : ring_(std::move(ring)), src_(src), mailbox_(mailbox), poll_(poll), thread_([this] {
-          Loop();
-        }) {}
-  ~Receiver() override {
-    stop_.store(true);
-    ring_->WakeConsumer();
-    thread_.join();
-  }
-  // A receive from src started to wait: hands over what the ring holds on this thread, or, if
-  // the drain thread is at it, makes that thread look again.
-  void DrainNow() {
-    if (!consume_mu_.TryLock()) {
-      ring_->WakeConsumer();
-      return;
-    }
-    bool idle = false;
-    const absl::Status s = ring_->Consume(*this, &idle);
-    consume_mu_.Unlock();
-    if (!s.ok()) ring_->WakeConsumer();  // the drain thread meets the corrupt frame and reports it
-  }
-  // Whether the sender wakes the drain thread for each message (ShmRing::SetWakeOnData).
-  void SetWakeOnData(bool on) { ring_->SetWakeOnData(on); }
-  void WakeDrain() { ring_->WakeConsumer(); }
-
- private:
-  const RecvSink* BeginInPlace(uint64_t epoch, uint64_t tag, size_t size) override {
-    return mailbox_->BeginInPlace(src_, epoch, tag, size);
-  }
-  void EndInPlace() override { mailbox_->EndInPlace(src_); }
-  // A message no one receives yet stays in the ring, to go straight into the receive when it is
-  // posted (the Mailbox's wait listener calls DrainNow then).
-  bool Defer(uint64_t tag) override { return !mailbox_->Waiting(src_); }
-  // A message of an earlier epoch is dropped there: the ring needs no flushing on Reset.
-  void Deliver(uint64_t epoch, uint64_t tag, std::string message) override {
-    mailbox_->Deliver(src_, epoch, tag, std::move(message));
-  }
-
-  void Loop() {
-    while (!stop_.load()) {
-      const uint32_t seq = ring_->DataSeq();
-      bool idle = false;
-      absl::Status s;
-      {
-        absl::MutexLock lock(&consume_mu_);
-        s = ring_->Consume(*this, &idle);
-      }
-      if (!s.ok()) {
-        LOG(ERROR) << "shared-memory link from rank " << src_ << ": " << s;
-        mailbox_->MarkPeerFailed(
-            src_, absl::DataLossError(absl::StrCat("shared-memory link from rank ", src_,
-                                                   " is corrupt: ", s.message())));
-        return;
-      }
-      if (idle) ring_->WaitForData(seq, poll_);
-    }
-  }
-
-  std::unique_ptr<ShmRing> ring_;
-  const int src_;
-  Mailbox* const mailbox_;
-  const absl::Duration poll_;
-  absl::Mutex consume_mu_;  // one consumer of the ring at a time
-  std::atomic<bool> stop_{false};
-  std::thread thread_;  // last: starts once the rest is set
 };
 
 // PeerMemory over the arenas of co-located workers: a handle names a segment of the peer's arena,
@@ -216,7 +143,7 @@ ShmTransport::ShmTransport(int rank, std::string cluster_id, std::vector<ShmPeer
 ShmTransport::~ShmTransport() {
   mailbox_->SetControlHandler(kAnnounceTag, nullptr);  // waits for an announcement being handled
   mailbox_->SetWaitListener(nullptr);
-  std::vector<std::unique_ptr<Receiver>> receivers;
+  std::vector<std::unique_ptr<ShmReceiver>> receivers;
   std::vector<std::unique_ptr<Sender>> senders;
   {
     absl::MutexLock lock(&mu_);
@@ -282,7 +209,8 @@ void ShmTransport::OnAnnounce(int src, const std::string& ring_name) {
                                        "'s shared-memory ring: ", ring.status().message())));
     return;
   }
-  auto receiver = std::make_unique<Receiver>(*std::move(ring), src, mailbox_, options_.drain_poll);
+  auto receiver =
+      std::make_unique<ShmReceiver>(*std::move(ring), src, mailbox_, options_.drain_poll);
   absl::MutexLock lock(&mu_);
   // A receive from src may sleep already: its wake-up is armed, and the drain thread, which may
   // have gone to sleep before, looks at the ring again.
@@ -351,7 +279,7 @@ void ShmTransport::Abort(const absl::Status& reason) {
 
 void ShmTransport::OnWait(int src, Mailbox::WaitEvent event) {
   if (src < 0 || src >= static_cast<int>(peers_.size())) return;
-  Receiver* receiver = nullptr;
+  ShmReceiver* receiver = nullptr;
   {
     absl::MutexLock lock(&mu_);
     receiver = receivers_[src].get();
@@ -371,7 +299,7 @@ void ShmTransport::OnWait(int src, Mailbox::WaitEvent event) {
 void ShmTransport::Reset(uint64_t epoch) {
   if (epoch <= remote_->epoch()) return;
   std::vector<std::unique_ptr<Sender>> unannounced;
-  std::vector<std::unique_ptr<Receiver>> retired;
+  std::vector<std::unique_ptr<ShmReceiver>> retired;
   {
     absl::MutexLock lock(&mu_);
     // Rings their peers replaced (OnAnnounce) hold only messages of aborted epochs: their drain

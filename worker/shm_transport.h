@@ -43,6 +43,8 @@
 
 namespace meshrun {
 
+class ShmReceiver;  // worker/shm_receiver.h
+
 // What "the same host" means for shared memory: the kernel's boot id, the filesystem behind
 // /dev/shm and the pid and network namespaces. Two processes with equal ids can map each other's
 // /dev/shm segments and see each other's pids; processes in different containers or network
@@ -129,14 +131,13 @@ class ShmTransport : public Transport {
  private:
   class Ring;
   class Sender;
-  class Receiver;
   class ArenaPeerMemory;
   ShmTransport(int rank, std::string cluster_id, std::vector<ShmPeer> peers, Mailbox* mailbox,
                std::unique_ptr<Transport> remote, const Options& options);
   // The peer's sender, set up at the first call; null when the peer goes through `remote`.
   absl::StatusOr<Sender*> SenderFor(int peer, absl::Time deadline);
   void OnAnnounce(int src, const std::string& ring_name);
-  // The Mailbox's wait listener: hands over what src's ring holds (Receiver::DrainNow), and
+  // The Mailbox's wait listener: hands over what src's ring holds (ShmReceiver::DrainNow), and
   // has the ring's sender wake the drain thread only while a receive from src sleeps.
   void OnWait(int src, Mailbox::WaitEvent event);
   absl::Status AbortStatus();
@@ -152,8 +153,8 @@ class ShmTransport : public Transport {
   enum class LinkState { kUnset, kShm, kRemote };
   std::vector<LinkState> state_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Sender>> senders_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<Receiver>> receivers_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<Receiver>> retired_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<ShmReceiver>> receivers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<ShmReceiver>> retired_ ABSL_GUARDED_BY(mu_);
   std::vector<int> sleeping_ ABSL_GUARDED_BY(mu_);  // receives from each src that sleep
   absl::Status aborted_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> shm_sent_{0};
