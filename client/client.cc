@@ -190,6 +190,13 @@ absl::StatusOr<TrainResult> Client::Train(const v1::JobSpec& job,
 
 absl::StatusOr<v1::ArrayInfo> Client::Put(const Tensor& host, const PartitionSpec& spec,
                                           const std::string& id) {
+  if (static_cast<int64_t>(host.size_bytes()) > kMaxArrayMessageBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Put: the array's ", host.size_bytes(), " bytes (", DimsToString(host.dims()),
+        ") exceed the ", kMaxArrayMessageBytes,
+        " bytes one PutArray message carries (protobuf's 2 GiB limit); put it in pieces, or ",
+        "read it on the workers through an input (OpenInput)"));
+  }
   grpc::ClientContext ctx;
   Prepare(ctx, absl::Seconds(120));
   v1::PutArrayRequest req;

@@ -7,7 +7,6 @@
 namespace meshrun {
 
 namespace {
-constexpr int kMaxMessageBytes = 256 << 20;
 constexpr int kMaxFrameBytes = 4 << 20;
 constexpr int kWindowBytes = 8 << 20;
 }  // namespace

@@ -3,6 +3,8 @@
 #ifndef MESHRUN_NET_GRPC_UTIL_H_
 #define MESHRUN_NET_GRPC_UTIL_H_
 
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -17,9 +19,16 @@ absl::Status FromGrpcStatus(const grpc::Status& status);
 // FromGrpcStatus with "`what`: " before the message (e.g. "worker rank 3 at 127.0.0.1:4567").
 absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what);
 
-// A channel to `address` (host:port) that carries messages up to 256 MiB, with the process's
-// credentials (net/credentials.h: TLS to a node, the node certificate and the bearer token when
-// held; plaintext when they are insecure).
+// The largest message a channel or server of CreateChannel / ConfigureServerBuilder carries:
+// protobuf's own limit (2 GiB - 1 byte).
+inline constexpr int kMaxMessageBytes = std::numeric_limits<int>::max();
+// The largest array that PutArray carries whole: the message's limit less 1 MiB for the rest of
+// the request. The SDKs refuse a larger one up front (InvalidArgument naming its size).
+inline constexpr int64_t kMaxArrayMessageBytes = kMaxMessageBytes - (int64_t{1} << 20);
+
+// A channel to `address` (host:port) that carries messages up to kMaxMessageBytes, with the
+// process's credentials (net/credentials.h: TLS to a node, the node certificate and the bearer
+// token when held; plaintext when they are insecure).
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address);
 // The gRPC metadata key of a client's session (server/client_leases.h): the arrays its calls
 // create belong to it, and are freed when it stops calling and sending KeepAlive.

@@ -1,8 +1,10 @@
 #include "server/array_registry.h"
 
+#include <algorithm>
 #include <numeric>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/sharding/shard_layout.h"
@@ -127,15 +129,7 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const Par
   }
   std::vector<int> ranks(workers_->expected());
   std::iota(ranks.begin(), ranks.end(), 0);
-  absl::Status s = ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
-    absl::StatusOr<Tensor> shard = ExtractShard(global, sharding, r);
-    if (!shard.ok()) return ToGrpcStatus(shard.status());
-    v1::PutShardRequest req;
-    req.set_array_id(id);
-    *req.mutable_shard() = shard->ToProto();
-    v1::PutShardResponse resp;
-    return (**stubs)[r]->PutShard(ctx, req, &resp);
-  });
+  absl::Status s = SendShards(**stubs, ranks, global, sharding, id);
   if (!s.ok()) {
     ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
       v1::DeleteShardRequest req;
@@ -156,6 +150,61 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const Par
   arrays_[id] = info;
   gone_.erase(id);  // an id put again names the new array
   return info;
+}
+
+absl::Status ArrayRegistry::SendShards(const Stubs& stubs, const std::vector<int>& ranks,
+                                       const Tensor& global, const NamedSharding& sharding,
+                                       const std::string& id) {
+  // One request per distinct block, built by the first of its holders to need it and shared by
+  // the others (a replicated array's block is the whole array), freed after its last call.
+  struct Block {
+    std::shared_ptr<const v1::PutShardRequest> request;
+    int calls_left = 0;
+  };
+  const std::vector<std::vector<int>> holders = BlockHolders(global.dims(), sharding);
+  std::vector<Block> blocks(holders.size());
+  std::vector<int> block_of(ranks.size(), -1);
+  for (size_t b = 0; b < holders.size(); ++b) {
+    for (int r : holders[b]) block_of[r] = static_cast<int>(b);
+    blocks[b].calls_left = static_cast<int>(holders[b].size());
+  }
+  // Each call in flight holds the block once more (gRPC's serialization of the request): the
+  // calls are bounded by those bytes, not by the worker count.
+  const int64_t shard_bytes =
+      NumElements(sharding.ShardDims(global.dims())) * DTypeSize(global.dtype());
+  const int64_t budget = std::max(kPutBytesInFlight, shard_bytes);
+  absl::Mutex mu;
+  int64_t in_flight = 0;
+  auto fits = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return in_flight + shard_bytes <= budget; };
+  return ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
+    Block& block = blocks[block_of[r]];
+    std::shared_ptr<const v1::PutShardRequest> req;
+    {
+      absl::MutexLock lock(&mu);
+      mu.Await(absl::Condition(&fits));
+      in_flight += shard_bytes;
+      if (block.request == nullptr) {
+        absl::StatusOr<Tensor> shard = ExtractShard(global, sharding, r);
+        if (!shard.ok()) {
+          in_flight -= shard_bytes;
+          return ToGrpcStatus(shard.status());
+        }
+        auto built = std::make_shared<v1::PutShardRequest>();
+        built->set_array_id(id);
+        *built->mutable_shard() = shard->ToProto();
+        block.request = std::move(built);
+      }
+      req = block.request;
+      if (--block.calls_left == 0) block.request.reset();  // the last holder's call owns it
+    }
+    absl::Cleanup release = [&] {
+      absl::MutexLock lock(&mu);
+      in_flight -= shard_bytes;
+    };
+    SetTimeout(*ctx, rpc_timeout_);  // from now: the wait for the budget is not the call's
+    v1::PutShardResponse resp;
+    return stubs[r]->PutShard(ctx, *req, &resp);
+  });
 }
 
 absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Info(const std::string& id) {

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "core/checkpoint/checkpoint_root.h"
+#include "core/sharding/named_sharding.h"
 #include "core/sharding/partition_spec.h"
 #include "core/tensor.h"
 #include "meshrun/v1/coordinator.pb.h"
@@ -47,7 +48,10 @@ class ArrayRegistry {
         checkpoint_root_(checkpoint_root, "the coordinator's") {}
 
   // Errors: InvalidArgument for a spec that does not fit the array on the mesh (naming the spec,
-  // shape and dim), an unsupported dtype, or an id in use; worker errors.
+  // shape and dim), an unsupported dtype, or an id in use; worker errors. The shards go to the
+  // workers at once while their bytes in flight stay within kPutBytesInFlight (or one shard,
+  // if larger), so the coordinator's memory follows the array's size, not the worker count.
+  static constexpr int64_t kPutBytesInFlight = int64_t{256} << 20;
   absl::StatusOr<v1::ArrayInfo> Put(const Tensor& global, const PartitionSpec& spec,
                                     std::string id);
   // One replica of every distinct block, with the rank it came from (device_get's transfer; the
@@ -176,6 +180,9 @@ class ArrayRegistry {
     std::string dead_why;    // ... as WorkerRegistry::DeadRanks says
     bool cancelled = false;  // `cancel` was set while the run was in flight
   };
+  // Put's transfer: each rank's block of `global` to it, as PutShard `id`.
+  absl::Status SendShards(const Stubs& stubs, const std::vector<int>& ranks, const Tensor& global,
+                          const NamedSharding& sharding, const std::string& id);
   // Sends runs[r] to rank r, all at once, and waits for every answer; the first failure (or a
   // dead worker, or `cancel`) has the others aborted. REQUIRES: run_mu_ held.
   WorkerRun RunOnWorkers(const Stubs& stubs, const std::vector<v1::RunShardMapRequest>& runs,

@@ -20,6 +20,9 @@ from meshrun.v1 import coordinator_pb2, coordinator_pb2_grpc
 
 NODE_NAME = "meshrun-node"  # the name every node certificate carries (net/credentials.h)
 _MAX_MESSAGE = -1  # arrays travel whole in one message, as the C++ SDK sends them
+# The largest array one PutArray carries: the cluster's 2 GiB message limit (protobuf's) less
+# 1 MiB for the rest of the request (net/grpc_util.h's kMaxArrayMessageBytes).
+MAX_ARRAY_BYTES = 2**31 - 1 - 2**20
 
 
 def _credentials(tls_dir, token, insecure):
@@ -123,9 +126,9 @@ class Cluster:
         """jax.device_put onto the cluster: a pytree of arrays and a PartitionSpec/NamedSharding
         (or a pytree of them, a prefix of x's). Each worker receives only its own block. Returns
         the same pytree of meshrun.Array. Errors: InvalidArgumentError for a shape that the
-        sharding does not divide, an unknown axis, or an unsupported dtype (f32, bf16, i32, u32,
+        sharding does not divide, an unknown axis, an unsupported dtype (f32, bf16, i32, u32,
         u8; bool is stored as f32 0/1 and Python scalars as f32/i32; typed PRNG keys as their
-        words, see meshrun.Array)."""
+        words, see meshrun.Array), or an array over MAX_ARRAY_BYTES (2 GiB - 1 MiB, as stored)."""
         from meshrun import _tree
 
         return _tree.map_with_prefix(self._put_value, sharding, x)
@@ -143,6 +146,11 @@ class Cluster:
     def _put(self, x, spec):
         logical = np.bool_ if x.dtype == np.bool_ else None
         x = x.astype(_sharding.stored_dtype(x.dtype), copy=False)
+        if x.nbytes > MAX_ARRAY_BYTES:
+            raise errors.InvalidArgumentError(
+                f"device_put: the array's {x.nbytes} bytes ({list(x.shape)} {x.dtype}) exceed the "
+                f"{MAX_ARRAY_BYTES} bytes one PutArray message carries (protobuf's 2 GiB limit); put "
+                "it in pieces and join them on the cluster (jnp.concatenate under cluster.jit)")
         entries = _sharding.normalize_spec(spec, self.mesh)
         req = coordinator_pb2.PutArrayRequest(array=_sharding.tensor_to_proto(x),
                                               spec=_sharding.spec_to_proto(entries))

@@ -77,6 +77,21 @@ def test_a_shape_the_mesh_does_not_divide_is_a_value_error(cluster):
     assert "6" in str(e.value) and "model" in str(e.value)
 
 
+def test_arrays_over_the_old_256_mib_message_limit_round_trip(cluster):
+    """Messages up to protobuf's 2 GiB: a 288 MiB array (over gRPC's 256 MiB the cluster used to
+    allow) goes to the workers and comes back whole."""
+    x = np.arange(72 << 20, dtype=np.uint32).reshape(8, 9 << 20)
+    a = cluster.device_put(x, P("data"))
+    np.testing.assert_array_equal(np.asarray(a), x)
+    a.delete()
+
+
+def test_an_array_over_the_message_limit_is_refused_before_it_is_sent(cluster):
+    x = np.zeros((2**29 + 1,), np.float32)  # 2 GiB + 4 bytes; zeros are not touched until read
+    with pytest.raises(meshrun.errors.InvalidArgumentError, match=r"2147483652 bytes \(\[536870913\] float32\) exceed"):
+        cluster.device_put(x, P())
+
+
 def test_a_sharding_over_another_mesh_is_refused(cluster):
     other = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
     with pytest.raises(ValueError, match="differs from the cluster's mesh"):

@@ -1,4 +1,6 @@
 // Sharded arrays through the real cluster: 8 worker processes on the seed's 4x2 ('i', 'j') mesh.
+#include <cstdlib>
+#include <fstream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -22,7 +24,9 @@ class ArraysE2ETest : public testing::ClusterSuite<ArraysE2ETest> {
   static constexpr const char* kTag = "arrays";
 
  protected:
-  static Tensor Normal(Dims dims, uint32_t seed) { return testing::NormalTensor(std::move(dims), seed); }
+  static Tensor Normal(Dims dims, uint32_t seed) {
+    return testing::NormalTensor(std::move(dims), seed);
+  }
   static void ExpectEqual(const Tensor& a, const Tensor& b) {
     ASSERT_EQ(a.dims(), b.dims());
     ASSERT_EQ(a.dtype(), b.dtype());
@@ -39,7 +43,8 @@ TEST_F(ArraysE2ETest, PutAndGetRoundTripTheSeedsArrays) {
   ASSERT_TRUE(xi.ok() && wi.ok() && bi.ok()) << xi.status() << wi.status() << bi.status();
   EXPECT_EQ(xi->bytes_per_worker(), 48 * 64 * 4);  // each worker holds only its block
   EXPECT_EQ(wi->bytes_per_worker(), 64 * 64 * 4);
-  for (const auto& [id, ref] : {std::pair<std::string, const Tensor*>{"x", &x}, {"w", &w}, {"b", &b}}) {
+  for (const auto& [id, ref] :
+       {std::pair<std::string, const Tensor*>{"x", &x}, {"w", &w}, {"b", &b}}) {
     auto got = client_->Get(id);
     ASSERT_TRUE(got.ok()) << got.status();
     ExpectEqual(*got, *ref);
@@ -66,7 +71,8 @@ TEST_F(ArraysE2ETest, PutAndGetRoundTripTheSeedsArrays) {
 TEST_F(ArraysE2ETest, EveryDtypeAndMultiAxisSpecsRoundTrip) {
   for (DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_I32, v1::DTYPE_U32}) {
     Tensor t(dtype, {16, 6});
-    for (size_t i = 0; i < t.size_bytes(); ++i) static_cast<uint8_t*>(t.raw())[i] = static_cast<uint8_t>(i * 7 + 1);
+    for (size_t i = 0; i < t.size_bytes(); ++i)
+      static_cast<uint8_t*>(t.raw())[i] = static_cast<uint8_t>(i * 7 + 1);
     auto info = client_->Put(t, PartitionSpec(std::vector<PartitionSpec::Entry>{{"i", "j"}}));
     ASSERT_TRUE(info.ok()) << info.status();
     auto got = client_->Get(info->id());
@@ -81,10 +87,12 @@ TEST_F(ArraysE2ETest, BadInputGetsAClearErrorAndTheClusterKeepsServing) {
   auto r = client_->Put(t, PartitionSpec::Of({"i", ""}));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status().message(),
-            "PartitionSpec('i', None) does not fit shape [6, 4]: dim 0 (6) is not divisible by 4 (the product of its "
+            "PartitionSpec('i', None) does not fit shape [6, 4]: dim 0 (6) is not divisible by 4 "
+            "(the product of its "
             "mesh axes)");
   r = client_->Put(Tensor(v1::DTYPE_F32, {8}), PartitionSpec::Of({"model"}));
-  EXPECT_THAT(r.status().message(), HasSubstr("names axis 'model' which is not in Mesh('i': 4, 'j': 2)"));
+  EXPECT_THAT(r.status().message(),
+              HasSubstr("names axis 'model' which is not in Mesh('i': 4, 'j': 2)"));
   r = client_->Put(Tensor(v1::DTYPE_F32, {8, 8}), PartitionSpec::Of({"i", "i"}));
   EXPECT_THAT(r.status().message(), HasSubstr("uses mesh axis 'i' more than once"));
   auto g = client_->Get("no-such-array");
@@ -96,6 +104,42 @@ TEST_F(ArraysE2ETest, BadInputGetsAClearErrorAndTheClusterKeepsServing) {
   EXPECT_TRUE(client_->Delete("dup").ok());
   auto ok = client_->Put(Normal({8, 8}, 3), PartitionSpec::Of({"i", "j"}));
   EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+// A field of /proc/<pid>/status in bytes ("VmRSS", "VmHWM": the resident set, its peak).
+int64_t StatusBytes(pid_t pid, const std::string& field) {
+  const std::string status = testing::ReadFile(absl::StrCat("/proc/", pid, "/status"));
+  const size_t at = status.find(field + ":");
+  if (at == std::string::npos) return -1;
+  return std::strtoll(status.c_str() + at + field.size() + 1, nullptr, 10) << 10;  // kB
+}
+
+// A replicated array's shard is the whole array. The coordinator used to build each worker's
+// request apart and send them all at once, each call holding the block about three times (the
+// block, the request, gRPC's serialization) until it returned: its peak grew by 27x the array on
+// 8 workers, and a 1 GiB replicated put on 4 workers had it killed for memory. Now the holders of
+// a block share one request, and the calls in flight are bounded by their bytes.
+TEST_F(ArraysE2ETest, AReplicatedPutHoldsTheArrayOnTheCoordinatorAFewTimesNotOncePerWorker) {
+  Tensor big(v1::DTYPE_F32, {int64_t{40} << 20});  // 160 MiB: one call in flight at a time
+  float* v = static_cast<float*>(big.raw());
+  for (int64_t i = 0; i < big.num_elements(); ++i) v[i] = static_cast<float>(i % 100003);
+  const pid_t coordinator = cluster_->coordinator_pid();
+  // Resets the peak to the current resident set (proc(5), clear_refs).
+  std::ofstream(absl::StrCat("/proc/", coordinator, "/clear_refs")) << "5";
+  const int64_t before = StatusBytes(coordinator, "VmRSS");
+  ASSERT_GT(before, 0);
+  auto info = client_->Put(big, PartitionSpec(), "big");
+  ASSERT_TRUE(info.ok()) << info.status();
+  const int64_t grew = StatusBytes(coordinator, "VmHWM") - before;
+  const int64_t size = static_cast<int64_t>(big.size_bytes());
+  // Now 6.7-8.3x (the request, the array, the shared block, a call's serialization and its TLS
+  // records, and the allocator's slack); before, 27x.
+  EXPECT_LT(grew, 16 * size) << "the coordinator's peak grew by " << grew << " bytes for a " << size
+                             << "-byte array on 8 workers";
+  auto got = client_->Get("big");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectEqual(*got, big);
+  EXPECT_TRUE(client_->Delete("big").ok());
 }
 
 }  // namespace

@@ -82,7 +82,8 @@ class Client {
 
   // jax.device_put(host, NamedSharding(cluster mesh, spec)): each worker receives only its own
   // block (replicated dims are replicated). `host` is row-major, f32 / bf16 / i32 / u32.
-  // Errors: InvalidArgument naming the spec, shape and dim that do not fit; an id in use.
+  // Errors: InvalidArgument naming the spec, shape and dim that do not fit; an id in use; an
+  // array over kMaxArrayMessageBytes (net/grpc_util.h: 2 GiB - 1 MiB), naming its size.
   absl::StatusOr<v1::ArrayInfo> Put(const Tensor& host, const PartitionSpec& spec,
                                     const std::string& id = "");
   // jax.device_get: the global array assembled from the workers' blocks. Errors: NotFound.
