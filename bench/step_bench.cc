@@ -3,28 +3,18 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "bench/bench.h"
 #include "bench/collective_timer.h"
+#include "core/port/process.h"
 #include "meshrun/client.h"
 #include "meshrun/local_cluster.h"
 #include "meshrun/workloads.h"
 
 namespace meshrun {
 namespace {
-
-// Peak resident set of a process (VmHWM), in bytes; 0 if it cannot be read.
-int64_t PeakRssBytes(pid_t pid) {
-  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
-  }
-  return 0;
-}
 
 int Fail(const absl::Status& s, const std::string& what) {
   std::fprintf(stderr, "meshrun bench step: %s: %s\n", what.c_str(),
@@ -89,7 +79,8 @@ int RunStepBench(const StepBenchOptions& o) {
       std::sort(ms.begin(), ms.end());
       const double p50 = ms.empty() ? 0 : ms[ms.size() / 2];
       int64_t peak = 0;
-      for (pid_t pid : cluster->worker_pids()) peak = std::max(peak, PeakRssBytes(pid));
+      for (pid_t pid : cluster->worker_pids())
+        peak = std::max(peak, ProcessStatusBytes(pid, "VmHWM"));
       std::printf("%-13s %-8s %7d %11.1f %11.0f %10.4f %10.4f %14.1f %14.1f\n", name.c_str(),
                   layout.c_str(), mesh->size(), p50, p50 > 0 ? w->examples_per_step * 1e3 / p50 : 0,
                   losses.front(), losses.back(), step->StateBytesPerWorker() / 1e6, peak / 1e6);

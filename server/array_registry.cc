@@ -156,16 +156,19 @@ absl::Status ArrayRegistry::SendShards(const Stubs& stubs, const std::vector<int
                                        const Tensor& global, const NamedSharding& sharding,
                                        const std::string& id) {
   // One request per distinct block, built by the first of its holders to need it and shared by
-  // the others (a replicated array's block is the whole array), freed after its last call.
+  // the others (a replicated array's block is the whole array), freed after its last call. Each
+  // block has its own lock, so distinct blocks are built at once.
   struct Block {
-    std::shared_ptr<const v1::PutShardRequest> request;
-    int calls_left = 0;
+    absl::Mutex mu;
+    std::shared_ptr<const v1::PutShardRequest> request ABSL_GUARDED_BY(mu);
+    int calls_left ABSL_GUARDED_BY(mu) = 0;
   };
   const std::vector<std::vector<int>> holders = BlockHolders(global.dims(), sharding);
   std::vector<Block> blocks(holders.size());
   std::vector<int> block_of(ranks.size(), -1);
   for (size_t b = 0; b < holders.size(); ++b) {
     for (int r : holders[b]) block_of[r] = static_cast<int>(b);
+    absl::MutexLock lock(&blocks[b].mu);
     blocks[b].calls_left = static_cast<int>(holders[b].size());
   }
   // Each call in flight holds the block once more (gRPC's serialization of the request): the
@@ -176,34 +179,37 @@ absl::Status ArrayRegistry::SendShards(const Stubs& stubs, const std::vector<int
   absl::Mutex mu;
   int64_t in_flight = 0;
   auto fits = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return in_flight + shard_bytes <= budget; };
-  return ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
+  // Rank r's request: its block's, built under the block's lock if no holder has built it yet.
+  auto request_of = [&](int r) -> absl::StatusOr<std::shared_ptr<const v1::PutShardRequest>> {
     Block& block = blocks[block_of[r]];
-    std::shared_ptr<const v1::PutShardRequest> req;
+    absl::MutexLock lock(&block.mu);
+    if (block.request == nullptr) {
+      absl::StatusOr<Tensor> shard = ExtractShard(global, sharding, r);
+      if (!shard.ok()) return shard.status();
+      auto built = std::make_shared<v1::PutShardRequest>();
+      built->set_array_id(id);
+      *built->mutable_shard() = shard->ToProto();
+      block.request = std::move(built);
+    }
+    std::shared_ptr<const v1::PutShardRequest> req = block.request;
+    if (--block.calls_left == 0) block.request.reset();  // the last holder's call owns it
+    return req;
+  };
+  return ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
     {
       absl::MutexLock lock(&mu);
       mu.Await(absl::Condition(&fits));
       in_flight += shard_bytes;
-      if (block.request == nullptr) {
-        absl::StatusOr<Tensor> shard = ExtractShard(global, sharding, r);
-        if (!shard.ok()) {
-          in_flight -= shard_bytes;
-          return ToGrpcStatus(shard.status());
-        }
-        auto built = std::make_shared<v1::PutShardRequest>();
-        built->set_array_id(id);
-        *built->mutable_shard() = shard->ToProto();
-        block.request = std::move(built);
-      }
-      req = block.request;
-      if (--block.calls_left == 0) block.request.reset();  // the last holder's call owns it
     }
     absl::Cleanup release = [&] {
       absl::MutexLock lock(&mu);
       in_flight -= shard_bytes;
     };
+    absl::StatusOr<std::shared_ptr<const v1::PutShardRequest>> req = request_of(r);
+    if (!req.ok()) return ToGrpcStatus(req.status());
     SetTimeout(*ctx, rpc_timeout_);  // from now: the wait for the budget is not the call's
     v1::PutShardResponse resp;
-    return stubs[r]->PutShard(ctx, *req, &resp);
+    return stubs[r]->PutShard(ctx, **req, &resp);
   });
 }
 

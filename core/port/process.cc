@@ -147,4 +147,20 @@ int64_t PhysicalMemoryBytes() {
   return static_cast<int64_t>(pages) * page;
 }
 
+int64_t ProcessStatusBytes(int64_t pid, const std::string& field) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  const std::string prefix = field + ":";
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind(prefix, 0) != 0) continue;
+    // "VmHWM:\t  123456 kB"
+    std::vector<absl::string_view> words = absl::StrSplit(
+        absl::string_view(line).substr(prefix.size()), absl::ByAnyChar(" \t"), absl::SkipEmpty());
+    int64_t kib = 0;
+    if (words.size() != 2 || words[1] != "kB" || !absl::SimpleAtoi(words[0], &kib)) return -1;
+    return kib * 1024;
+  }
+  return -1;
+}
+
 }  // namespace meshrun

@@ -54,6 +54,11 @@ bool OomKilledSince(const OomKillWatch& watch);
 // This host's physical memory in bytes (sysconf), or 2^46 if it cannot be read.
 int64_t PhysicalMemoryBytes();
 
+// A memory field of /proc/PID/status in bytes: "VmRSS" (the resident set), "VmHWM" (its peak
+// since start or since "5" was written to /proc/PID/clear_refs), "VmSize"... -1 if the process
+// or the field cannot be read. Thread-safe.
+int64_t ProcessStatusBytes(int64_t pid, const std::string& field);
+
 }  // namespace meshrun
 
 #endif  // MESHRUN_CORE_PORT_PROCESS_H_

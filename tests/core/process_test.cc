@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -91,6 +92,19 @@ TEST(OomKillWatchTest, FindsTheMemoryCgroupsCounterAndSeesItGrow) {
   EXPECT_EQ(none.kills, -1);
   EXPECT_FALSE(OomKilledSince(none));
   std::filesystem::remove_all(root);
+}
+
+// The resident set of this process, in bytes, grows by what it touches; its peak is at least it.
+TEST(ProcessStatusBytesTest, ReadsTheResidentSetAndItsPeak) {
+  const int64_t before = ProcessStatusBytes(getpid(), "VmRSS");
+  ASSERT_GT(before, 0);
+  std::vector<char> touched(64 << 20, 1);  // 64 MiB, every page written
+  const int64_t after = ProcessStatusBytes(getpid(), "VmRSS");
+  EXPECT_GE(after - before, int64_t{48} << 20) << "before " << before << ", after " << after;
+  EXPECT_GE(ProcessStatusBytes(getpid(), "VmHWM"), after);
+  EXPECT_EQ(touched[12345], 1);
+  EXPECT_EQ(ProcessStatusBytes(getpid(), "NoSuchField"), -1);
+  EXPECT_EQ(ProcessStatusBytes(-5, "VmRSS"), -1);
 }
 
 }  // namespace

@@ -1,10 +1,10 @@
 // Sharded arrays through the real cluster: 8 worker processes on the seed's 4x2 ('i', 'j') mesh.
-#include <cstdlib>
 #include <fstream>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "core/collectives/reduce_kernels.h"
+#include "core/port/process.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "meshrun/client.h"
@@ -88,8 +88,7 @@ TEST_F(ArraysE2ETest, BadInputGetsAClearErrorAndTheClusterKeepsServing) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status().message(),
             "PartitionSpec('i', None) does not fit shape [6, 4]: dim 0 (6) is not divisible by 4 "
-            "(the product of its "
-            "mesh axes)");
+            "(the product of its mesh axes)");
   r = client_->Put(Tensor(v1::DTYPE_F32, {8}), PartitionSpec::Of({"model"}));
   EXPECT_THAT(r.status().message(),
               HasSubstr("names axis 'model' which is not in Mesh('i': 4, 'j': 2)"));
@@ -106,14 +105,6 @@ TEST_F(ArraysE2ETest, BadInputGetsAClearErrorAndTheClusterKeepsServing) {
   EXPECT_TRUE(ok.ok()) << ok.status();
 }
 
-// A field of /proc/<pid>/status in bytes ("VmRSS", "VmHWM": the resident set, its peak).
-int64_t StatusBytes(pid_t pid, const std::string& field) {
-  const std::string status = testing::ReadFile(absl::StrCat("/proc/", pid, "/status"));
-  const size_t at = status.find(field + ":");
-  if (at == std::string::npos) return -1;
-  return std::strtoll(status.c_str() + at + field.size() + 1, nullptr, 10) << 10;  // kB
-}
-
 // A replicated array's shard is the whole array. The coordinator used to build each worker's
 // request apart and send them all at once, each call holding the block about three times (the
 // block, the request, gRPC's serialization) until it returned: its peak grew by 27x the array on
@@ -126,11 +117,11 @@ TEST_F(ArraysE2ETest, AReplicatedPutHoldsTheArrayOnTheCoordinatorAFewTimesNotOnc
   const pid_t coordinator = cluster_->coordinator_pid();
   // Resets the peak to the current resident set (proc(5), clear_refs).
   std::ofstream(absl::StrCat("/proc/", coordinator, "/clear_refs")) << "5";
-  const int64_t before = StatusBytes(coordinator, "VmRSS");
+  const int64_t before = ProcessStatusBytes(coordinator, "VmRSS");
   ASSERT_GT(before, 0);
   auto info = client_->Put(big, PartitionSpec(), "big");
   ASSERT_TRUE(info.ok()) << info.status();
-  const int64_t grew = StatusBytes(coordinator, "VmHWM") - before;
+  const int64_t grew = ProcessStatusBytes(coordinator, "VmHWM") - before;
   const int64_t size = static_cast<int64_t>(big.size_bytes());
   // Now 6.7-8.3x (the request, the array, the shared block, a call's serialization and its TLS
   // records, and the allocator's slack); before, 27x.
