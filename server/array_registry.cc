@@ -175,7 +175,9 @@ absl::Status ArrayRegistry::SendShards(const Stubs& stubs, const std::vector<int
   // calls are bounded by those bytes, not by the worker count.
   const int64_t shard_bytes =
       NumElements(sharding.ShardDims(global.dims())) * DTypeSize(global.dtype());
-  const int64_t budget = std::max(kPutBytesInFlight, shard_bytes);
+  // At least two calls: with one, a worker's receive (parsing and storing the block) left the
+  // coordinator idle, and a replicated put took about twice as long.
+  const int64_t budget = std::max(kPutBytesInFlight, 2 * shard_bytes);
   absl::Mutex mu;
   int64_t in_flight = 0;
   auto fits = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return in_flight + shard_bytes <= budget; };

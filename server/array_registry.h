@@ -49,8 +49,9 @@ class ArrayRegistry {
 
   // Errors: InvalidArgument for a spec that does not fit the array on the mesh (naming the spec,
   // shape and dim), an unsupported dtype, or an id in use; worker errors. The shards go to the
-  // workers at once while their bytes in flight stay within kPutBytesInFlight (or one shard,
-  // if larger), so the coordinator's memory follows the array's size, not the worker count.
+  // workers at once while their bytes in flight stay within kPutBytesInFlight (or two shards,
+  // if larger: one worker receives while the next call is sent), so the coordinator's memory
+  // follows the array's size, not the worker count.
   static constexpr int64_t kPutBytesInFlight = int64_t{256} << 20;
   absl::StatusOr<v1::ArrayInfo> Put(const Tensor& global, const PartitionSpec& spec,
                                     std::string id);

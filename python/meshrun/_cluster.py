@@ -71,6 +71,10 @@ class Cluster:
             options.append(("grpc.ssl_target_name_override", NODE_NAME))
             self._channel = grpc.secure_channel(address, creds, options=options)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
+        # PutArray taking its request already serialised (Cluster._put builds the bytes).
+        self._put_wire = self._channel.unary_unary(
+            "/meshrun.v1.Coordinator/PutArray", request_serializer=None,
+            response_deserializer=coordinator_pb2.PutArrayResponse.FromString)
         self._metadata = (("meshrun-session", secrets.token_hex(16)),)
         if token is not None:
             # The token goes as each call's own metadata, only ever over this TLS channel. As call
@@ -103,10 +107,11 @@ class Cluster:
             except ValueError:
                 return  # the channel was closed
 
-    def _call(self, method, request, timeout=None):
+    def _call(self, method, request, timeout=None, stub=None):
+        """`stub`: the callable to use instead of the generated stub's `method`."""
         try:
-            return getattr(self._stub, method)(request, timeout=timeout or self.timeout,
-                                               metadata=self._metadata)
+            call = stub or getattr(self._stub, method)
+            return call(request, timeout=timeout or self.timeout, metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e, method) from None
 
@@ -152,9 +157,10 @@ class Cluster:
                 f"{MAX_ARRAY_BYTES} bytes one PutArray message carries (protobuf's 2 GiB limit); put "
                 "it in pieces and join them on the cluster (jnp.concatenate under cluster.jit)")
         entries = _sharding.normalize_spec(spec, self.mesh)
-        req = coordinator_pb2.PutArrayRequest(array=_sharding.tensor_to_proto(x),
-                                              spec=_sharding.spec_to_proto(entries))
-        return _array.Array(self, self._call("PutArray", req).info, logical)
+        # PutArrayRequest's wire bytes, x's data copied into them once (tensor_field_bytes).
+        rest = coordinator_pb2.PutArrayRequest(spec=_sharding.spec_to_proto(entries))
+        req = b"".join([rest.SerializeToString()] + _sharding.tensor_field_bytes(1, x))
+        return _array.Array(self, self._call("PutArray", req, stub=self._put_wire).info, logical)
 
     def _get(self, array_id):
         got = self._call("GetArray", coordinator_pb2.GetArrayRequest(id=array_id))
@@ -166,7 +172,7 @@ class Cluster:
         out = np.empty(shape, dtype=_sharding.dtype_from_proto(info.dtype))
         entries = _sharding.spec_from_proto(info.sharding.spec)
         for block, rank in zip(got.blocks, got.block_ranks):
-            b = _sharding.tensor_from_proto(block)
+            b = _sharding.tensor_from_proto(block)  # copied into `out` below
             index = _sharding.block_index(self.mesh, entries, rank, len(shape))
             out[tuple(slice(i * n, (i + 1) * n) for i, n in zip(index, b.shape))] = b
         return out

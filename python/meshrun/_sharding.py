@@ -57,6 +57,8 @@ def carrier_dtype(dtype) -> np.dtype:
 
 def stored_dtype(dtype) -> np.dtype:
     dt = np.dtype(dtype)
+    if not dt.isnative:
+        dt = dt.newbyteorder("=")  # a big-endian array is held as its values, as jnp.asarray does
     return _STORED_AS.get(dt, dt)
 
 
@@ -191,14 +193,36 @@ def blocks_per_dim(mesh: Mesh, entries, ndim: int):
             for d in range(ndim)]
 
 
-def tensor_to_proto(x: np.ndarray):
-    t = common_pb2.Tensor()
-    t.dtype = dtype_to_proto(x.dtype)
-    t.shape.dims.extend(int(d) for d in x.shape)
-    t.data = np.ascontiguousarray(x).astype(x.dtype.newbyteorder("<"), copy=False).tobytes()
-    return t
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def tensor_field_bytes(field: int, x: np.ndarray) -> list:
+    """The wire encoding of a Tensor holding `x` as message field `field` of its parent, as a
+    list of byte strings and one memoryview of x's own memory, for b"".join: x's bytes are copied
+    once, by the join, where building the message and serialising it copies them three times
+    (upb copies a bytes field on assignment and a sub-message on construction, and serialising
+    copies again). The Tensor goes as two occurrences of the field, its dtype and shape then its
+    data, which protobuf parsers merge into one (the wire format's rule for a repeated singular
+    message field)."""
+    meta = common_pb2.Tensor()
+    meta.dtype = dtype_to_proto(x.dtype)
+    meta.shape.dims.extend(int(d) for d in x.shape)
+    meta = meta.SerializeToString()
+    data = np.ascontiguousarray(x).astype(x.dtype.newbyteorder("<"), copy=False)
+    data = memoryview(data.reshape(-1).view(np.uint8))
+    tag = _varint(field << 3 | 2)  # length-delimited
+    data_prefix = b"\x1a" + _varint(data.nbytes)  # Tensor.data: field 3, length-delimited
+    return [tag, _varint(len(meta)), meta,
+            tag, _varint(len(data_prefix) + data.nbytes), data_prefix, data]
 
 
 def tensor_from_proto(t) -> np.ndarray:
+    """A read-only view of the Tensor's bytes, shaped and typed (copy it to write to it)."""
     dt = dtype_from_proto(t.dtype)
-    return np.frombuffer(t.data, dtype=dt).reshape(tuple(t.shape.dims)).copy()
+    return np.frombuffer(t.data, dtype=dt).reshape(tuple(t.shape.dims))

@@ -86,6 +86,31 @@ def test_arrays_over_the_old_256_mib_message_limit_round_trip(cluster):
     a.delete()
 
 
+@pytest.mark.parametrize("x", [np.float32(2.5), np.zeros((0, 3), np.int32),
+                               np.arange(40, dtype=np.uint8),  # lengths under one varint byte
+                               np.arange(5000, dtype=np.float32).reshape(50, 100)[:, ::2],
+                               np.arange(8, dtype=np.float32).astype(ml_dtypes.bfloat16)])
+def test_put_requests_wire_bytes_parse_as_the_message_they_replace(x):
+    """device_put writes PutArrayRequest's wire format itself (the array's bytes copied once);
+    protobuf must read it as the message built field by field."""
+    from meshrun import _sharding
+    from meshrun.v1 import common_pb2, coordinator_pb2
+    spec = _sharding.spec_to_proto([("data",)] if x.ndim else [])
+    wire = b"".join([coordinator_pb2.PutArrayRequest(spec=spec).SerializeToString()]
+                    + _sharding.tensor_field_bytes(1, x))
+    want = coordinator_pb2.PutArrayRequest(spec=spec, array=common_pb2.Tensor(
+        dtype=_sharding.dtype_to_proto(x.dtype), shape=common_pb2.Shape(dims=x.shape),
+        data=np.ascontiguousarray(x).tobytes()))
+    assert coordinator_pb2.PutArrayRequest.FromString(wire) == want
+
+
+def test_a_big_endian_array_is_put_as_its_values(cluster):
+    x = np.arange(32, dtype=">f4").reshape(4, 8) - 7.5  # as jnp.asarray takes it
+    a = cluster.device_put(x, P("data", "model"))
+    assert a.dtype == np.float32
+    np.testing.assert_array_equal(np.asarray(a), x)
+
+
 def test_an_array_over_the_message_limit_is_refused_before_it_is_sent(cluster):
     x = np.zeros((2**29 + 1,), np.float32)  # 2 GiB + 4 bytes; zeros are not touched until read
     with pytest.raises(meshrun.errors.InvalidArgumentError, match=r"2147483652 bytes \(\[536870913\] float32\) exceed"):
