@@ -1,14 +1,20 @@
 #include "server/array_registry.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
+#include <optional>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "core/sharding/shard_layout.h"
 #include "glog/logging.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "grpc/slice.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "net/grpc_util.h"
 
 namespace meshrun {
@@ -44,8 +50,10 @@ absl::StatusOr<ArrayRegistry::StubsRef> ArrayRegistry::EnsureStubs() {
   if (stubs_ != nullptr) return stubs_;
   if (absl::Status s = workers_->WaitUntilReady(absl::Now() + absl::Seconds(10)); !s.ok()) return s;
   auto stubs = std::make_shared<Stubs>();
-  for (const auto& p : workers_->Peers())
-    stubs->push_back(v1::Worker::NewStub(CreateChannel(p.address())));
+  for (const auto& p : workers_->Peers()) {
+    stubs->channels.push_back(CreateChannel(p.address()));
+    stubs->stubs.push_back(v1::Worker::NewStub(stubs->channels.back()));
+  }
   stubs_ = std::move(stubs);
   stubs_generation_ = workers_->generation();
   return stubs_;
@@ -152,16 +160,57 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const Par
   return info;
 }
 
+namespace {
+
+void AppendVarint(std::string& out, uint64_t v) {
+  uint8_t buf[10];  // the longest varint
+  const uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(v, buf);
+  out.append(reinterpret_cast<const char*>(buf), end - buf);
+}
+
+}  // namespace
+
+grpc::ByteBuffer PutShardRequestBytes(const Tensor& global, const NamedSharding& sharding, int rank,
+                                      const std::string& id) {
+  constexpr char kShardTag = (2 << 3) | 2;  // PutShardRequest.shard, length-delimited
+  constexpr char kDataTag = (3 << 3) | 2;   // Tensor.data, length-delimited
+  v1::PutShardRequest head;
+  head.set_array_id(id);
+  v1::Tensor meta;
+  meta.set_dtype(global.dtype());
+  const Dims dims = sharding.ShardDims(global.dims());
+  for (int64_t d : dims) meta.mutable_shape()->add_dims(d);
+  const uint64_t data_bytes = NumElements(dims) * DTypeSize(global.dtype());
+  const std::string meta_bytes = meta.SerializeAsString();
+  // Tensor.data's tag and length; none for no data (proto3 leaves an empty field out).
+  std::string data_head;
+  if (data_bytes > 0) {
+    data_head += kDataTag;
+    AppendVarint(data_head, data_bytes);
+  }
+  std::string prefix = head.SerializeAsString();
+  prefix += kShardTag;
+  AppendVarint(prefix, meta_bytes.size() + data_head.size() + data_bytes);
+  prefix += meta_bytes;
+  prefix += data_head;
+  grpc_slice slice = grpc_slice_malloc(prefix.size() + data_bytes);
+  char* p = reinterpret_cast<char*>(GRPC_SLICE_START_PTR(slice));
+  std::memcpy(p, prefix.data(), prefix.size());
+  ExtractShardInto(global, sharding, rank, p + prefix.size());
+  grpc::Slice owned(slice, grpc::Slice::STEAL_REF);
+  return grpc::ByteBuffer(&owned, 1);
+}
+
 absl::Status ArrayRegistry::SendShards(const Stubs& stubs, const std::vector<int>& ranks,
                                        const Tensor& global, const NamedSharding& sharding,
                                        const std::string& id) {
-  // One request per distinct block, built by the first of its holders to need it and shared by
-  // the others (a replicated array's block is the whole array), freed after its last call. Each
-  // block has its own lock, so distinct blocks are built at once.
+  // One serialised request per distinct block, built by the first of its holders to need it; the
+  // others' calls send the same bytes (a ByteBuffer shares its slices), and it is freed when the
+  // last holder's call ends. Each block has its own lock, so distinct blocks are built at once.
   struct Block {
     absl::Mutex mu;
-    std::shared_ptr<const v1::PutShardRequest> request ABSL_GUARDED_BY(mu);
-    int calls_left ABSL_GUARDED_BY(mu) = 0;
+    std::optional<grpc::ByteBuffer> request ABSL_GUARDED_BY(mu);
+    int calls_left ABSL_GUARDED_BY(mu) = 0;  // holders whose call has not ended
   };
   const std::vector<std::vector<int>> holders = BlockHolders(global.dims(), sharding);
   std::vector<Block> blocks(holders.size());
@@ -171,47 +220,50 @@ absl::Status ArrayRegistry::SendShards(const Stubs& stubs, const std::vector<int
     absl::MutexLock lock(&blocks[b].mu);
     blocks[b].calls_left = static_cast<int>(holders[b].size());
   }
-  // Each call in flight holds the block once more (gRPC's serialization of the request): the
-  // calls are bounded by those bytes, not by the worker count.
+  // The blocks built at once are bounded by their bytes, not by the worker count.
   const int64_t shard_bytes =
       NumElements(sharding.ShardDims(global.dims())) * DTypeSize(global.dtype());
-  // At least two calls: with one, a worker's receive (parsing and storing the block) left the
-  // coordinator idle, and a replicated put took about twice as long.
-  const int64_t budget = std::max(kPutBytesInFlight, 2 * shard_bytes);
+  const int64_t budget = std::max(kPutBytesInFlight, shard_bytes);
   absl::Mutex mu;
-  int64_t in_flight = 0;
-  auto fits = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return in_flight + shard_bytes <= budget; };
+  int64_t built = 0;
+  auto fits = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu) { return built + shard_bytes <= budget; };
   // Rank r's request: its block's, built under the block's lock if no holder has built it yet.
-  auto request_of = [&](int r) -> absl::StatusOr<std::shared_ptr<const v1::PutShardRequest>> {
+  auto request_of = [&](int r) {
     Block& block = blocks[block_of[r]];
     absl::MutexLock lock(&block.mu);
-    if (block.request == nullptr) {
-      absl::StatusOr<Tensor> shard = ExtractShard(global, sharding, r);
-      if (!shard.ok()) return shard.status();
-      auto built = std::make_shared<v1::PutShardRequest>();
-      built->set_array_id(id);
-      *built->mutable_shard() = shard->ToProto();
-      block.request = std::move(built);
+    if (!block.request.has_value()) {
+      {
+        absl::MutexLock budget_lock(&mu);
+        mu.Await(absl::Condition(&fits));
+        built += shard_bytes;
+      }
+      block.request = PutShardRequestBytes(global, sharding, r, id);
     }
-    std::shared_ptr<const v1::PutShardRequest> req = block.request;
-    if (--block.calls_left == 0) block.request.reset();  // the last holder's call owns it
-    return req;
+    return *block.request;
   };
+  auto call_ended = [&](int r) {
+    Block& block = blocks[block_of[r]];
+    absl::MutexLock lock(&block.mu);
+    if (--block.calls_left > 0 || !block.request.has_value()) return;
+    block.request.reset();
+    absl::MutexLock budget_lock(&mu);
+    built -= shard_bytes;
+  };
+  const std::string method = absl::StrCat("/", v1::Worker::service_full_name(), "/PutShard");
   return ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
-    {
-      absl::MutexLock lock(&mu);
-      mu.Await(absl::Condition(&fits));
-      in_flight += shard_bytes;
-    }
-    absl::Cleanup release = [&] {
-      absl::MutexLock lock(&mu);
-      in_flight -= shard_bytes;
-    };
-    absl::StatusOr<std::shared_ptr<const v1::PutShardRequest>> req = request_of(r);
-    if (!req.ok()) return ToGrpcStatus(req.status());
+    absl::Cleanup ended = [&] { call_ended(r); };
+    const grpc::ByteBuffer request = request_of(r);
     SetTimeout(*ctx, rpc_timeout_);  // from now: the wait for the budget is not the call's
-    v1::PutShardResponse resp;
-    return stubs[r]->PutShard(ctx, **req, &resp);
+    grpc::GenericStub generic(stubs.channels[r]);
+    grpc::ByteBuffer response;
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+      status = std::move(s);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return status;
   });
 }
 

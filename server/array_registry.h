@@ -17,6 +17,7 @@
 #include "core/sharding/named_sharding.h"
 #include "core/sharding/partition_spec.h"
 #include "core/tensor.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "meshrun/v1/coordinator.pb.h"
 #include "meshrun/v1/input.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
@@ -25,6 +26,13 @@
 #include "server/worker_registry.h"
 
 namespace meshrun {
+
+// The wire bytes of PutShardRequest{array_id: id, shard: rank's block of `global`} (the block's
+// dtype, shape and row-major data), its fields in protobuf's order, the data last: one slice
+// into which the block is copied straight from `global`, the only copy the coordinator makes of
+// it, shared by every holder's call. REQUIRES: sharding.Validate(global.dims()).ok().
+grpc::ByteBuffer PutShardRequestBytes(const Tensor& global, const NamedSharding& sharding, int rank,
+                                      const std::string& id);
 
 // Thread-safe. Every worker call has a deadline; a failed call fails the operation with the
 // worker's rank in the message, and a failed Put leaves no array registered.
@@ -49,9 +57,9 @@ class ArrayRegistry {
 
   // Errors: InvalidArgument for a spec that does not fit the array on the mesh (naming the spec,
   // shape and dim), an unsupported dtype, or an id in use; worker errors. The shards go to the
-  // workers at once while their bytes in flight stay within kPutBytesInFlight (or two shards,
-  // if larger: one worker receives while the next call is sent), so the coordinator's memory
-  // follows the array's size, not the worker count.
+  // workers at once: each distinct block is serialised once, its holders sent the same bytes, and
+  // the blocks serialised at once stay within kPutBytesInFlight (or one block, if larger), so the
+  // coordinator's memory follows the array's size, not the worker count.
   static constexpr int64_t kPutBytesInFlight = int64_t{256} << 20;
   absl::StatusOr<v1::ArrayInfo> Put(const Tensor& global, const PartitionSpec& spec,
                                     std::string id);
@@ -139,7 +147,13 @@ class ArrayRegistry {
   // One stub per rank, for one membership. Held as a snapshot (shared_ptr): a call keeps using
   // the stubs it started with even if the cluster re-forms meanwhile and EnsureStubs replaces
   // them (the old workers' calls then fail, instead of reading a freed vector).
-  using Stubs = std::vector<std::unique_ptr<v1::Worker::Stub>>;
+  // The channels are kept for raw calls, whose request is serialised once for several workers
+  // (SendShards).
+  struct Stubs {
+    std::vector<std::shared_ptr<grpc::Channel>> channels;
+    std::vector<std::unique_ptr<v1::Worker::Stub>> stubs;
+    const std::unique_ptr<v1::Worker::Stub>& operator[](size_t r) const { return stubs[r]; }
+  };
   using StubsRef = std::shared_ptr<const Stubs>;
   // Stubs for the current membership; after the cluster re-formed (a new generation), the arrays
   // and inputs the old workers held are forgotten. Waits up to 10 s for the workers.

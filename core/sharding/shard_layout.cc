@@ -49,10 +49,14 @@ absl::StatusOr<Tensor> ExtractShard(const Tensor& global, const NamedSharding& s
   if (absl::Status s = sharding.Validate(global.dims()); !s.ok()) return s;
   // Every byte is written by the copy: no zero-fill first.
   Tensor shard = Tensor::Uninitialized(global.dtype(), sharding.ShardDims(global.dims()));
-  CopyBlock(global.dims(), sharding.ShardOffsets(global.dims(), rank), shard.dims(),
-            DTypeSize(global.dtype()), const_cast<char*>(static_cast<const char*>(global.raw())),
-            static_cast<char*>(shard.raw()), true);
+  ExtractShardInto(global, sharding, rank, static_cast<char*>(shard.raw()));
   return shard;
+}
+
+void ExtractShardInto(const Tensor& global, const NamedSharding& sharding, int rank, char* out) {
+  CopyBlock(global.dims(), sharding.ShardOffsets(global.dims(), rank),
+            sharding.ShardDims(global.dims()), DTypeSize(global.dtype()),
+            const_cast<char*>(static_cast<const char*>(global.raw())), out, true);
 }
 
 absl::Status InsertShard(const Tensor& shard, const NamedSharding& sharding, int rank,

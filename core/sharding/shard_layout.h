@@ -15,10 +15,15 @@ namespace meshrun {
 
 // The block of `global` that `rank` holds. Errors: those of sharding.Validate(global.dims()).
 absl::StatusOr<Tensor> ExtractShard(const Tensor& global, const NamedSharding& sharding, int rank);
+// As ExtractShard, into `out`: NumElements(sharding.ShardDims(global.dims())) elements of
+// global's dtype, row-major (e.g. the data field of a request being serialised).
+// REQUIRES: sharding.Validate(global.dims()).ok().
+void ExtractShardInto(const Tensor& global, const NamedSharding& sharding, int rank, char* out);
 
 // Writes `shard` (rank's block) into `global`. Errors: InvalidArgument if the shard's shape or
 // dtype is not the block's.
-absl::Status InsertShard(const Tensor& shard, const NamedSharding& sharding, int rank, Tensor& global);
+absl::Status InsertShard(const Tensor& shard, const NamedSharding& sharding, int rank,
+                         Tensor& global);
 
 // For each distinct block, the ranks holding it (ascending). Blocks are listed row-major by block
 // coordinates. REQUIRES: sharding.Validate(global_dims).ok().
@@ -30,7 +35,8 @@ std::vector<std::vector<int>> BlockHolders(const Dims& global_dims, const NamedS
 //   | CPU 0,4 | CPU 1,5 | CPU 2,6 | CPU 3,7 |
 //   +---------+---------+---------+---------+
 // Errors: InvalidArgument for other ranks (JAX supports only 1-D and 2-D too), those of Validate.
-absl::StatusOr<std::string> VisualizeSharding(const Dims& global_dims, const NamedSharding& sharding);
+absl::StatusOr<std::string> VisualizeSharding(const Dims& global_dims,
+                                              const NamedSharding& sharding);
 
 }  // namespace meshrun
 

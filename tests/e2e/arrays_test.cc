@@ -108,10 +108,10 @@ TEST_F(ArraysE2ETest, BadInputGetsAClearErrorAndTheClusterKeepsServing) {
 // A replicated array's shard is the whole array. The coordinator used to build each worker's
 // request apart and send them all at once, each call holding the block about three times (the
 // block, the request, gRPC's serialization) until it returned: its peak grew by 27x the array on
-// 8 workers, and a 1 GiB replicated put on 4 workers had it killed for memory. Now the holders of
-// a block share one request, and the calls in flight are bounded by their bytes.
+// 8 workers, and a 1 GiB replicated put on 4 workers had it killed for memory. Now a block is
+// serialised once and its holders' calls send those bytes (4.4-4.6x measured).
 TEST_F(ArraysE2ETest, AReplicatedPutHoldsTheArrayOnTheCoordinatorAFewTimesNotOncePerWorker) {
-  Tensor big(v1::DTYPE_F32, {int64_t{40} << 20});  // 160 MiB: one call in flight at a time
+  Tensor big(v1::DTYPE_F32, {int64_t{40} << 20});  // 160 MiB: one block, serialised once
   float* v = static_cast<float*>(big.raw());
   for (int64_t i = 0; i < big.num_elements(); ++i) v[i] = static_cast<float>(i % 100003);
   const pid_t coordinator = cluster_->coordinator_pid();
