@@ -12,10 +12,10 @@
 #include "absl/synchronization/notification.h"
 #include "core/sharding/shard_layout.h"
 #include "glog/logging.h"
-#include "google/protobuf/io/coded_stream.h"
 #include "grpc/slice.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "net/grpc_util.h"
+#include "net/tensor_wire.h"
 
 namespace meshrun {
 
@@ -160,39 +160,14 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const Par
   return info;
 }
 
-namespace {
-
-void AppendVarint(std::string& out, uint64_t v) {
-  uint8_t buf[10];  // the longest varint
-  const uint8_t* end = google::protobuf::io::CodedOutputStream::WriteVarint64ToArray(v, buf);
-  out.append(reinterpret_cast<const char*>(buf), end - buf);
-}
-
-}  // namespace
-
 grpc::ByteBuffer PutShardRequestBytes(const Tensor& global, const NamedSharding& sharding, int rank,
                                       const std::string& id) {
-  constexpr char kShardTag = (2 << 3) | 2;  // PutShardRequest.shard, length-delimited
-  constexpr char kDataTag = (3 << 3) | 2;   // Tensor.data, length-delimited
   v1::PutShardRequest head;
   head.set_array_id(id);
-  v1::Tensor meta;
-  meta.set_dtype(global.dtype());
   const Dims dims = sharding.ShardDims(global.dims());
-  for (int64_t d : dims) meta.mutable_shape()->add_dims(d);
   const uint64_t data_bytes = NumElements(dims) * DTypeSize(global.dtype());
-  const std::string meta_bytes = meta.SerializeAsString();
-  // Tensor.data's tag and length; none for no data (proto3 leaves an empty field out).
-  std::string data_head;
-  if (data_bytes > 0) {
-    data_head += kDataTag;
-    AppendVarint(data_head, data_bytes);
-  }
   std::string prefix = head.SerializeAsString();
-  prefix += kShardTag;
-  AppendVarint(prefix, meta_bytes.size() + data_head.size() + data_bytes);
-  prefix += meta_bytes;
-  prefix += data_head;
+  prefix += TensorFieldPrefix(/*PutShardRequest.shard*/ 2, global.dtype(), dims, data_bytes);
   grpc_slice slice = grpc_slice_malloc(prefix.size() + data_bytes);
   char* p = reinterpret_cast<char*>(GRPC_SLICE_START_PTR(slice));
   std::memcpy(p, prefix.data(), prefix.size());

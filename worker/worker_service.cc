@@ -7,7 +7,9 @@
 #include "absl/strings/str_join.h"
 #include "core/port/process.h"
 #include "glog/logging.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "net/grpc_util.h"
+#include "net/tensor_wire.h"
 #include "worker/kernels/kernel.h"
 
 namespace meshrun {
@@ -131,12 +133,40 @@ grpc::Status WorkerService::PutShard(grpc::ServerContext*, const v1::PutShardReq
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerService::GetShard(grpc::ServerContext*, const v1::GetShardRequest* req,
-                                     v1::GetShardResponse* resp) {
-  absl::StatusOr<std::shared_ptr<const Tensor>> t = shards_.Get(req->array_id());
-  if (!t.ok()) return Error(t.status());
-  *resp->mutable_shard() = (*t)->ToProto();
-  return grpc::Status::OK;
+grpc::ServerUnaryReactor* WorkerService::GetShard(grpc::CallbackServerContext* ctx,
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  grpc::ByteBuffer bytes(*request);  // (shares its slices; parsing consumes it)
+  v1::GetShardRequest req;
+  if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::GetShardRequest>(&bytes, &req).ok()) {
+    reactor->Finish(Error(absl::InvalidArgumentError(absl::StrCat(
+        "GetShard: the request's ", request->Length(), " bytes are not a GetShardRequest"))));
+    return reactor;
+  }
+  absl::StatusOr<grpc::ByteBuffer> out = GetShardBytes(req);
+  if (!out.ok()) {
+    reactor->Finish(Error(out.status()));
+    return reactor;
+  }
+  *response = *std::move(out);
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+absl::StatusOr<grpc::ByteBuffer> WorkerService::GetShardBytes(const v1::GetShardRequest& req) {
+  absl::StatusOr<std::shared_ptr<const Tensor>> t = shards_.Get(req.array_id());
+  if (!t.ok()) return t.status();
+  const Tensor& shard = **t;
+  grpc::Slice slices[2] = {
+      grpc::Slice(TensorFieldPrefix(/*GetShardResponse.shard*/ 1, shard.dtype(), shard.dims(),
+                                    shard.size_bytes())),
+      grpc::Slice()};
+  if (shard.size_bytes() == 0) return grpc::ByteBuffer(slices, 1);
+  const void* data = shard.raw();
+  const size_t bytes = shard.size_bytes();
+  slices[1] = BorrowedSlice(*std::move(t), data, bytes);
+  return grpc::ByteBuffer(slices, 2);
 }
 
 grpc::Status WorkerService::DeleteShard(grpc::ServerContext*, const v1::DeleteShardRequest* req,

@@ -40,8 +40,9 @@ struct Membership {
 
 // Thread-safe. RPCs that run programs (RunShardMap, BenchmarkCollective) run one at a time; Abort
 // may arrive at any moment and fails the collectives in flight. Every error a handler returns
-// starts with "rank R: ".
-class WorkerService final : public v1::Worker::Service {
+// starts with "rank R: ". GetShard is served raw on gRPC's callback API so that a shard's bytes go
+// out without a copy (GetShardBytes); the other RPCs are synchronous.
+class WorkerService final : public v1::Worker::WithRawCallbackMethod_GetShard<v1::Worker::Service> {
  public:
   // `compute_threads`: oneDNN threads per worker (0: library default).
   // `metrics` may be null; it must outlive the service. `arena`: where this worker's large arrays
@@ -78,8 +79,14 @@ class WorkerService final : public v1::Worker::Service {
                           v1::LoadShardsResponse*) override;
   grpc::Status PutShard(grpc::ServerContext*, const v1::PutShardRequest*,
                         v1::PutShardResponse*) override;
-  grpc::Status GetShard(grpc::ServerContext*, const v1::GetShardRequest*,
-                        v1::GetShardResponse*) override;
+  // Parses the request as a v1::GetShardRequest and answers with GetShardBytes.
+  grpc::ServerUnaryReactor* GetShard(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  // GetShardResponse's wire bytes for `req`'s stored shard: a header slice, then a slice over the
+  // stored tensor's own memory (not copied; the slice holds the tensor until gRPC has sent it, so
+  // a donation meanwhile does not reuse it in place). Errors: NotFound for an unknown id.
+  absl::StatusOr<grpc::ByteBuffer> GetShardBytes(const v1::GetShardRequest& req);
   grpc::Status DeleteShard(grpc::ServerContext*, const v1::DeleteShardRequest*,
                            v1::DeleteShardResponse*) override;
   grpc::Status BenchmarkCollective(grpc::ServerContext*, const v1::BenchmarkCollectiveRequest*,

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/sharding/mesh.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "net/credentials.h"
 #include "tests/fuzz/npy.h"
 #include "worker/grpc_transport.h"
@@ -85,10 +86,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Call<v1::PutShardRequest, v1::PutShardResponse>(
           data, size, [&](auto* c, auto* q, auto* r) { return s.PutShard(c, q, r); });
       break;
-    case 2:
-      Call<v1::GetShardRequest, v1::GetShardResponse>(
-          data, size, [&](auto* c, auto* q, auto* r) { return s.GetShard(c, q, r); });
+    case 2: {
+      // The raw handler's bytes (served on the callback API) must parse as the response.
+      v1::GetShardRequest req;
+      if (!req.ParseFromArray(data, static_cast<int>(size))) break;
+      absl::StatusOr<grpc::ByteBuffer> got = s.GetShardBytes(req);
+      v1::GetShardResponse resp;
+      if (got.ok() &&
+          !grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::GetShardResponse>(&*got, &resp)
+               .ok()) {
+        std::abort();
+      }
       break;
+    }
     case 3:
       Call<v1::DeleteShardRequest, v1::DeleteShardResponse>(
           data, size, [&](auto* c, auto* q, auto* r) { return s.DeleteShard(c, q, r); });
