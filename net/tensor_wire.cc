@@ -1,7 +1,10 @@
 #include "net/tensor_wire.h"
 
+#include <algorithm>
+#include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "grpc/slice.h"
 
@@ -40,6 +43,51 @@ grpc::Slice BorrowedSlice(std::shared_ptr<const void> owner, const void* data, s
       const_cast<void*>(data), bytes,
       [](void* p) { delete static_cast<std::shared_ptr<const void>*>(p); }, held);
   return grpc::Slice(slice, grpc::Slice::STEAL_REF);
+}
+
+void AppendField(std::vector<grpc::Slice>& out, int field, std::vector<grpc::Slice> contents) {
+  size_t length = 0;
+  for (const grpc::Slice& s : contents) length += s.size();
+  std::string head;
+  AppendVarint(head, (static_cast<uint64_t>(field) << 3) | 2);
+  AppendVarint(head, length);
+  out.emplace_back(head);
+  for (grpc::Slice& s : contents) out.push_back(std::move(s));
+}
+
+absl::StatusOr<std::vector<grpc::Slice>> SoleFieldContents(const grpc::ByteBuffer& bytes,
+                                                           int field) {
+  std::vector<grpc::Slice> slices;
+  if (grpc::Status s = bytes.Dump(&slices); !s.ok()) {
+    return absl::InvalidArgumentError("the message's bytes cannot be read");
+  }
+  // The tag and length: at most 5 + 10 bytes, perhaps over several slices.
+  uint8_t head[15];
+  size_t have = 0, total = 0;
+  for (const grpc::Slice& s : slices) {
+    const size_t take = std::min(sizeof(head) - have, s.size());
+    std::memcpy(head + have, s.begin(), take);
+    have += take;
+    total += s.size();
+  }
+  google::protobuf::io::CodedInputStream in(head, static_cast<int>(have));
+  uint64_t length = 0;
+  if (in.ReadTag() != ((static_cast<uint32_t>(field) << 3) | 2) || !in.ReadVarint64(&length) ||
+      in.CurrentPosition() + length != total) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the message's ", total, " bytes are not one length-delimited field ", field));
+  }
+  size_t skip = in.CurrentPosition();
+  std::vector<grpc::Slice> contents;
+  for (grpc::Slice& s : slices) {
+    if (skip >= s.size()) {
+      skip -= s.size();
+      continue;
+    }
+    contents.push_back(skip == 0 ? std::move(s) : s.sub(skip, s.size()));
+    skip = 0;
+  }
+  return contents;
 }
 
 }  // namespace meshrun

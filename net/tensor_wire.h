@@ -10,8 +10,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "meshrun/v1/common.pb.h"
 
@@ -33,6 +36,17 @@ std::string TensorFieldPrefix(int field, v1::DType dtype, absl::Span<const int64
 // and `owner` is released when it lets go of it (on any thread). REQUIRES: `owner` keeps the
 // bytes alive and unchanged until then.
 grpc::Slice BorrowedSlice(std::shared_ptr<const void> owner, const void* data, size_t bytes);
+
+// Appends to `out` length-delimited field number `field` whose contents are `contents` (its tag
+// and length in a slice of their own, then `contents`' slices, shared, not copied).
+void AppendField(std::vector<grpc::Slice>& out, int field, std::vector<grpc::Slice> contents);
+
+// The contents of `bytes`, the wire bytes of a message that holds one length-delimited field
+// number `field` and nothing else (what protobuf writes for a message with only that field set,
+// e.g. GetShardResponse{shard}): slices sharing `bytes`' own, not copied. Errors:
+// InvalidArgument for anything else (another first field, bytes beyond the field, too few).
+absl::StatusOr<std::vector<grpc::Slice>> SoleFieldContents(const grpc::ByteBuffer& bytes,
+                                                           int field);
 
 }  // namespace meshrun
 

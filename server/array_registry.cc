@@ -14,6 +14,7 @@
 #include "glog/logging.h"
 #include "grpc/slice.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "net/grpc_util.h"
 #include "net/tensor_wire.h"
 
@@ -250,7 +251,7 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Info(const std::string& id) {
   return it->second;
 }
 
-absl::Status ArrayRegistry::GetBlocks(const std::string& id, v1::GetArrayResponse* response) {
+absl::StatusOr<grpc::ByteBuffer> ArrayRegistry::GetArrayBytes(const std::string& id) {
   absl::StatusOr<v1::ArrayInfo> info = Info(id);
   if (!info.ok()) return info.status();
   absl::StatusOr<StubsRef> stubs = CurrentStubs();
@@ -260,19 +261,47 @@ absl::Status ArrayRegistry::GetBlocks(const std::string& id, v1::GetArrayRespons
   const Dims dims(info->shape().dims().begin(), info->shape().dims().end());
   std::vector<int> ranks;
   for (const auto& holders : BlockHolders(dims, *sharding)) ranks.push_back(holders.front());
-  std::vector<v1::GetShardResponse> shards(workers_->expected());
+  v1::GetShardRequest get;
+  get.set_array_id(id);
+  const grpc::Slice get_bytes(get.SerializeAsString());
+  const grpc::ByteBuffer request(&get_bytes, 1);
+  const std::string method = absl::StrCat("/", v1::Worker::service_full_name(), "/GetShard");
+  std::vector<grpc::ByteBuffer> shards(workers_->expected());
   absl::Status s = ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
-    v1::GetShardRequest req;
-    req.set_array_id(id);
-    return (**stubs)[r]->GetShard(ctx, req, &shards[r]);
+    grpc::GenericStub generic((**stubs).channels[r]);
+    absl::Notification done;
+    grpc::Status status;
+    generic.UnaryCall(ctx, method, grpc::StubOptions(), &request, &shards[r], [&](grpc::Status st) {
+      status = std::move(st);
+      done.Notify();
+    });
+    done.WaitForNotification();
+    return status;
   });
   if (!s.ok()) return s;
-  *response->mutable_info() = *info;
+  // GetArrayResponse{info, blocks, block_ranks}: each block is the Tensor inside a worker's
+  // GetShardResponse, its slices passed on as they came.
+  std::vector<grpc::Slice> out;
+  AppendField(out, /*info*/ 1, {grpc::Slice(info->SerializeAsString())});
+  std::string packed_ranks;
   for (int r : ranks) {
-    *response->add_blocks() = std::move(*shards[r].mutable_shard());
-    response->add_block_ranks(r);
+    absl::StatusOr<std::vector<grpc::Slice>> tensor = SoleFieldContents(shards[r], 1);
+    if (!tensor.ok()) {  // not protobuf's own layout (an empty response): parse it
+      v1::GetShardResponse parsed;
+      grpc::ByteBuffer bytes(shards[r]);
+      if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::GetShardResponse>(&bytes, &parsed)
+               .ok()) {
+        return absl::InternalError(absl::StrCat("worker ", workers_->Describe(r), "'s ",
+                                                shards[r].Length(),
+                                                " bytes for GetShard are not a GetShardResponse"));
+      }
+      tensor = std::vector<grpc::Slice>{grpc::Slice(parsed.shard().SerializeAsString())};
+    }
+    AppendField(out, /*blocks*/ 2, *std::move(tensor));
+    AppendVarint(packed_ranks, static_cast<uint64_t>(r));
   }
-  return absl::OkStatus();
+  AppendField(out, /*block_ranks, packed*/ 3, {grpc::Slice(packed_ranks)});
+  return grpc::ByteBuffer(out.data(), out.size());
 }
 
 absl::Status ArrayRegistry::Delete(const std::string& id) {

@@ -63,9 +63,11 @@ class ArrayRegistry {
   static constexpr int64_t kPutBytesInFlight = int64_t{256} << 20;
   absl::StatusOr<v1::ArrayInfo> Put(const Tensor& global, const PartitionSpec& spec,
                                     std::string id);
-  // One replica of every distinct block, with the rank it came from (device_get's transfer; the
-  // client assembles). Errors: NotFound naming the id; worker errors.
-  absl::Status GetBlocks(const std::string& id, v1::GetArrayResponse* response);
+  // GetArrayResponse's wire bytes for array `id`: its info, one replica of every distinct block
+  // and the rank it came from (device_get's transfer; the client assembles). Each block is the
+  // Tensor of its worker's GetShard response, passed on without a copy. Errors: NotFound naming
+  // the id; worker errors naming the worker.
+  absl::StatusOr<grpc::ByteBuffer> GetArrayBytes(const std::string& id);
   absl::Status Delete(const std::string& id);
   std::vector<v1::ArrayInfo> List();
   // shard_map: runs `request.program` on every worker over the input arrays, whose specs must

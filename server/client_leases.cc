@@ -4,7 +4,7 @@
 
 namespace meshrun {
 
-std::string SessionOf(const grpc::ServerContext& ctx) {
+std::string SessionOf(const grpc::ServerContextBase& ctx) {
   const auto& md = ctx.client_metadata();
   auto it = md.find(kSessionMetadataKey);
   if (it == md.end()) return "";

@@ -20,7 +20,7 @@
 namespace meshrun {
 
 // The session a call carries ("" when none): metadata kSessionMetadataKey (net/grpc_util.h).
-std::string SessionOf(const grpc::ServerContext& ctx);
+std::string SessionOf(const grpc::ServerContextBase& ctx);
 
 // Thread-safe.
 class ClientLeases {

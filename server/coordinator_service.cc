@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
+#include "grpcpp/impl/codegen/proto_utils.h"
 #include "net/grpc_util.h"
 
 namespace meshrun {
@@ -126,10 +127,26 @@ grpc::Status CoordinatorService::PutArray(grpc::ServerContext* ctx, const v1::Pu
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::GetArray(grpc::ServerContext* ctx, const v1::GetArrayRequest* req,
-                                          v1::GetArrayResponse* resp) {
+grpc::ServerUnaryReactor* CoordinatorService::GetArray(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   leases_->Touch(SessionOf(*ctx));
-  return ToGrpcStatus(arrays_->GetBlocks(req->id(), resp));
+  grpc::ByteBuffer bytes(*request);  // (shares its slices; parsing consumes it)
+  v1::GetArrayRequest req;
+  if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::GetArrayRequest>(&bytes, &req).ok()) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 absl::StrCat("GetArray: the request's ", request->Length(),
+                                              " bytes are not a GetArrayRequest")));
+    return reactor;
+  }
+  // The server's shutdown waits for Finish, so the registry outlives the thread's use of it.
+  std::thread([this, reactor, response, id = req.id()] {
+    absl::StatusOr<grpc::ByteBuffer> got = arrays_->GetArrayBytes(id);
+    if (got.ok()) *response = *std::move(got);
+    reactor->Finish(got.ok() ? grpc::Status::OK : ToGrpcStatus(got.status()));
+  }).detach();
+  return reactor;
 }
 
 grpc::Status CoordinatorService::DeleteArray(grpc::ServerContext* ctx,

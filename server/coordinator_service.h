@@ -17,7 +17,10 @@ namespace meshrun {
 
 // Thread-safe. One job runs at a time; a second SubmitJob fails with FailedPrecondition. Every
 // call carrying a client session keeps it alive; arrays a call creates belong to its session.
-class CoordinatorService final : public v1::Coordinator::Service {
+// GetArray is served raw on gRPC's callback API, so that the blocks the workers send go on to the
+// client without a copy here; the other RPCs are synchronous.
+class CoordinatorService final
+    : public v1::Coordinator::WithRawCallbackMethod_GetArray<v1::Coordinator::Service> {
  public:
   // `metrics` may be null.
   // `leases` records which client session owns which array (server/client_leases.h).
@@ -43,8 +46,11 @@ class CoordinatorService final : public v1::Coordinator::Service {
                          v1::GetStatusResponse*) override;
   grpc::Status PutArray(grpc::ServerContext*, const v1::PutArrayRequest*,
                         v1::PutArrayResponse*) override;
-  grpc::Status GetArray(grpc::ServerContext*, const v1::GetArrayRequest*,
-                        v1::GetArrayResponse*) override;
+  // Parses the request as a v1::GetArrayRequest and answers with ArrayRegistry::GetArrayBytes,
+  // from a thread of its own (its calls to the workers block; gRPC's callback threads must not).
+  grpc::ServerUnaryReactor* GetArray(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::Status DeleteArray(grpc::ServerContext*, const v1::DeleteArrayRequest*,
                            v1::DeleteArrayResponse*) override;
   grpc::Status ShardMap(grpc::ServerContext*, const v1::ShardMapRequest*,

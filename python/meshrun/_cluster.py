@@ -45,6 +45,13 @@ def _credentials(tls_dir, token, insecure):
     return grpc.ssl_channel_credentials(root_certificates=ca.read_bytes()), token or None
 
 
+def _method_path(name):
+    """The gRPC path of Coordinator method `name` ("/meshrun.v1.Coordinator/PutArray"), from the
+    generated descriptor."""
+    service = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"]
+    return f"/{service.full_name}/{service.methods_by_name[name].name}"
+
+
 class Cluster:
     """A connection to a running cluster's coordinator. Thread-safe for concurrent calls (gRPC
     channels are); the jit caches are not (one thread per Cluster object for jit).
@@ -71,10 +78,14 @@ class Cluster:
             options.append(("grpc.ssl_target_name_override", NODE_NAME))
             self._channel = grpc.secure_channel(address, creds, options=options)
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
-        # PutArray taking its request already serialised (Cluster._put builds the bytes).
+        # PutArray taking its request already serialised (Cluster._put builds the bytes), and
+        # GetArray returning its response's bytes (Cluster._get reads the blocks in place).
         self._put_wire = self._channel.unary_unary(
-            "/meshrun.v1.Coordinator/PutArray", request_serializer=None,
+            _method_path("PutArray"), request_serializer=None,
             response_deserializer=coordinator_pb2.PutArrayResponse.FromString)
+        self._get_wire = self._channel.unary_unary(
+            _method_path("GetArray"), request_serializer=coordinator_pb2.GetArrayRequest.SerializeToString,
+            response_deserializer=None)
         self._metadata = (("meshrun-session", secrets.token_hex(16)),)
         if token is not None:
             # The token goes as each call's own metadata, only ever over this TLS channel. As call
@@ -163,16 +174,12 @@ class Cluster:
         return _array.Array(self, self._call("PutArray", req, stub=self._put_wire).info, logical)
 
     def _get(self, array_id):
-        got = self._call("GetArray", coordinator_pb2.GetArrayRequest(id=array_id))
-        return self._assemble(got)
-
-    def _assemble(self, got):
-        info = got.info
+        got = self._call("GetArray", coordinator_pb2.GetArrayRequest(id=array_id), stub=self._get_wire)
+        info, blocks, ranks = _sharding.get_array_blocks(got)
         shape = tuple(int(d) for d in info.shape.dims)
         out = np.empty(shape, dtype=_sharding.dtype_from_proto(info.dtype))
         entries = _sharding.spec_from_proto(info.sharding.spec)
-        for block, rank in zip(got.blocks, got.block_ranks):
-            b = _sharding.tensor_from_proto(block)  # copied into `out` below
+        for b, rank in zip(blocks, ranks):  # each block copied once, into `out`
             index = _sharding.block_index(self.mesh, entries, rank, len(shape))
             out[tuple(slice(i * n, (i + 1) * n) for i, n in zip(index, b.shape))] = b
         return out

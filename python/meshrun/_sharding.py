@@ -222,7 +222,91 @@ def tensor_field_bytes(field: int, x: np.ndarray) -> list:
             tag, _varint(len(data_prefix) + data.nbytes), data_prefix, data]
 
 
-def tensor_from_proto(t) -> np.ndarray:
-    """A read-only view of the Tensor's bytes, shaped and typed (copy it to write to it)."""
-    dt = dtype_from_proto(t.dtype)
-    return np.frombuffer(t.data, dtype=dt).reshape(tuple(t.shape.dims))
+def _read_varint(buf, i: int):
+    """The varint at buf[i] and the offset after it."""
+    value, shift = 0, 0
+    while True:
+        if i >= len(buf) or shift > 63:
+            raise errors.InternalError("a truncated or overlong varint in a response")
+        b = buf[i]
+        value |= (b & 0x7F) << shift
+        i, shift = i + 1, shift + 7
+        if b < 0x80:
+            return value, i
+
+
+def _fields(buf, begin: int, end: int):
+    """(field number, wire type, value) of each field in buf[begin:end], in order: an int for a
+    varint, the (begin, end) offsets of a length-delimited field's bytes; fixed-width fields are
+    skipped (none of the messages read this way has them)."""
+    i = begin
+    while i < end:
+        key, i = _read_varint(buf, i)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _read_varint(buf, i)
+            yield field, wire, value
+        elif wire == 2:
+            n, i = _read_varint(buf, i)
+            if i + n > end:
+                raise errors.InternalError("a length-delimited field runs past its message")
+            yield field, wire, (i, i + n)
+            i += n
+        elif wire in (1, 5):
+            i += 8 if wire == 1 else 4
+        else:
+            raise errors.InternalError(f"wire type {wire} in a response")
+
+
+def _varints(buf, field_wire, value):
+    """A repeated integer field's occurrence: one varint, or a packed run of them."""
+    if field_wire == 0:
+        return [value]
+    out, i = [], value[0]
+    while i < value[1]:
+        v, i = _read_varint(buf, i)
+        out.append(v)
+    return out
+
+
+def _int32(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _tensor_view(buf, begin: int, end: int) -> np.ndarray:
+    """A read-only view of the Tensor message at buf[begin:end]: its data is not copied."""
+    dtype, dims, data = 0, [], (begin, begin)
+    for field, wire, value in _fields(buf, begin, end):
+        if field == 1 and wire == 0:
+            dtype = value
+        elif field == 2 and wire == 2:
+            for f, w, v in _fields(buf, *value):
+                if f == 1 and w in (0, 2):
+                    dims.extend(_varints(buf, w, v))
+        elif field == 3 and wire == 2:
+            data = value
+    dt = dtype_from_proto(dtype)
+    count = int(np.prod(dims, dtype=np.int64))
+    if count * dt.itemsize != data[1] - data[0]:
+        raise errors.InternalError(f"a block of shape {dims} {dt} came with {data[1] - data[0]} bytes")
+    return np.frombuffer(buf, dtype=dt, count=count, offset=data[0]).reshape(dims)
+
+
+def get_array_blocks(buf: bytes):
+    """GetArrayResponse's wire bytes -> (ArrayInfo, [block], [rank]): each block a read-only view
+    of `buf` (not copied, as parsing the message would copy it), shaped and typed, beside the rank
+    it came from. Errors: InternalError for bytes that are not such a message."""
+    from meshrun.v1 import coordinator_pb2
+
+    info, blocks, ranks = coordinator_pb2.ArrayInfo(), [], []
+    mv = memoryview(buf)
+    for field, wire, value in _fields(buf, 0, len(buf)):
+        if field == 1 and wire == 2:
+            info.MergeFromString(mv[value[0]:value[1]])
+        elif field == 2 and wire == 2:
+            blocks.append(_tensor_view(buf, *value))
+        elif field == 3 and wire in (0, 2):
+            ranks.extend(_int32(r) for r in _varints(buf, wire, value))
+    if len(blocks) != len(ranks):
+        raise errors.InternalError(f"{len(blocks)} blocks came with {len(ranks)} ranks")
+    return info, blocks, ranks

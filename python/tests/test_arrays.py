@@ -104,6 +104,46 @@ def test_put_requests_wire_bytes_parse_as_the_message_they_replace(x):
     assert coordinator_pb2.PutArrayRequest.FromString(wire) == want
 
 
+def _tensor(x):
+    from meshrun import _sharding
+    from meshrun.v1 import common_pb2
+    return common_pb2.Tensor(dtype=_sharding.dtype_to_proto(x.dtype), shape=common_pb2.Shape(dims=x.shape),
+                             data=np.ascontiguousarray(x).tobytes())
+
+
+def test_get_responses_are_read_in_place_as_protobuf_reads_them():
+    """device_get reads GetArrayResponse's wire bytes itself (the blocks are views of them, not
+    copied by a parse): it must see what protobuf sees, whatever the field order, packed or not,
+    with fields it does not know; and refuse bytes that are not such a message."""
+    from meshrun import _sharding, errors
+    from meshrun.v1 import coordinator_pb2
+    blocks = [np.float32(2.5).reshape(()), np.zeros((0, 3), np.int32), np.arange(40, dtype=np.uint8),
+              np.arange(5000, dtype=np.float32).reshape(50, 100),
+              np.arange(8, dtype=np.float32).astype(ml_dtypes.bfloat16)]
+    ranks = [0, 3, 200, 7, 1]  # 200: a two-byte varint
+    info = coordinator_pb2.ArrayInfo(id="x", dtype=1, bytes_per_worker=12)
+    msg = coordinator_pb2.GetArrayResponse(info=info, blocks=[_tensor(b) for b in blocks], block_ranks=ranks)
+    canonical = msg.SerializeToString()
+    # Reordered: the ranks first and unpacked, an unknown varint and string field between, the info last.
+    v = _sharding._varint
+    shuffled = b"".join([v(3 << 3 | 0) + v(r) for r in ranks]
+                        + [v(9 << 3 | 0) + v(5), v(10 << 3 | 2) + v(3) + b"abc"]
+                        + [v(2 << 3 | 2) + v(len(t)) + t for t in (_tensor(b).SerializeToString() for b in blocks)]
+                        + [v(1 << 3 | 2) + v(len(info.SerializeToString())) + info.SerializeToString()])
+    parsed = coordinator_pb2.GetArrayResponse.FromString(shuffled)
+    parsed.DiscardUnknownFields()
+    assert parsed == msg
+    for wire in (canonical, shuffled):
+        got_info, got_blocks, got_ranks = _sharding.get_array_blocks(wire)
+        assert got_info == info and got_ranks == ranks
+        for got, want in zip(got_blocks, blocks, strict=True):
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(got, want)
+    for bad in (canonical[:-1], canonical + b"\x12\x05ab", b"\xff" * 11):
+        with pytest.raises(errors.InternalError):
+            _sharding.get_array_blocks(bad)
+
+
 def test_a_big_endian_array_is_put_as_its_values(cluster):
     x = np.arange(32, dtype=">f4").reshape(4, 8) - 7.5  # as jnp.asarray takes it
     a = cluster.device_put(x, P("data", "model"))

@@ -83,6 +83,12 @@ TEST_F(AuthTest, WithoutTheTokenOrACertificateTheCoordinatorServesNothing) {
     grpc::ClientContext jctx;
     v1::JitResponse jresp;
     EXPECT_EQ(stub->Jit(&jctx, v1::JitRequest(), &jresp).error_code(), grpc::UNAUTHENTICATED);
+    // GetArray is served raw on gRPC's callback API: the same check applies to it.
+    grpc::ClientContext gctx;
+    v1::GetArrayRequest greq;
+    greq.set_id("any");
+    v1::GetArrayResponse gresp;
+    EXPECT_EQ(stub->GetArray(&gctx, greq, &gresp).error_code(), grpc::UNAUTHENTICATED);
   }
   Credentials wrong_token = ca_only;
   wrong_token.token = std::string(64, '0');
@@ -129,6 +135,15 @@ TEST_F(AuthTest, WorkersServeOnlyHoldersOfTheClustersCertificate) {
     req.set_path(target);
     v1::SaveShardsResponse resp;
     grpc::Status s = stub->SaveShards(&ctx, req, &resp);
+    EXPECT_THAT(s.error_code(), AnyOf(grpc::UNAVAILABLE, grpc::UNAUTHENTICATED))
+        << s.error_message();
+    // GetShard, served raw on the callback API, is refused the same way.
+    grpc::ClientContext gctx;
+    gctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+    v1::GetShardRequest greq;
+    greq.set_array_id("any");
+    v1::GetShardResponse gresp;
+    s = stub->GetShard(&gctx, greq, &gresp);
     EXPECT_THAT(s.error_code(), AnyOf(grpc::UNAVAILABLE, grpc::UNAUTHENTICATED))
         << s.error_message();
   }
