@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "google/protobuf/io/zero_copy_stream.h"
+#include "google/protobuf/message_lite.h"
 #include "meshrun/v1/common.pb.h"
 
 namespace meshrun {
@@ -120,6 +122,18 @@ class Tensor {
   std::shared_ptr<void> data_;
   std::shared_ptr<const Tensor> bf16_copy_;  // see bf16_copy()
 };
+
+// Parses the `stream_bytes` wire bytes in `stream` of a message whose field number `tensor_field`
+// is a v1::Tensor: that Tensor into `tensor`, its data copied once, straight from the stream into
+// the Tensor's memory (parsing the message would copy it into a string first, and FromProto again),
+// and every other field into `rest`, which protobuf parses. The wire format's rules hold: fields
+// in any order, unknown ones skipped, a Tensor sent as several occurrences of its field merged
+// (the Python SDK sends dtype and shape, then data). Errors: InvalidArgument for bytes that are
+// not such a message (naming rest's type), and FromProto's for the Tensor. Streams of gRPC
+// messages: grpc::ProtoBufferReader.
+absl::Status ParseWithTensor(google::protobuf::io::ZeroCopyInputStream* stream,
+                             int64_t stream_bytes, int tensor_field,
+                             google::protobuf::MessageLite* rest, Tensor* tensor);
 
 }  // namespace meshrun
 

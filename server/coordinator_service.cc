@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "net/grpc_util.h"
 
 namespace meshrun {
@@ -113,18 +114,42 @@ grpc::Status CoordinatorService::GetStatus(grpc::ServerContext*, const v1::GetSt
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::PutArray(grpc::ServerContext* ctx, const v1::PutArrayRequest* req,
-                                          v1::PutArrayResponse* resp) {
-  const std::string session = SessionOf(*ctx);
+grpc::ServerUnaryReactor* CoordinatorService::PutArray(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* request,
+                                                       grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  std::string session = SessionOf(*ctx);
   leases_->Touch(session);
-  absl::StatusOr<Tensor> array = Tensor::FromProto(req->array());
-  if (!array.ok()) return ToGrpcStatus(array.status());
+  // The server's shutdown waits for Finish, so this service outlives the thread's use of it.
+  std::thread([this, reactor, request, response, session = std::move(session)] {
+    absl::StatusOr<v1::PutArrayResponse> put = PutArrayBytes(*request, session);
+    if (put.ok()) {
+      const grpc::Slice bytes(put->SerializeAsString());
+      *response = grpc::ByteBuffer(&bytes, 1);
+    }
+    reactor->Finish(put.ok() ? grpc::Status::OK : ToGrpcStatus(put.status()));
+  }).detach();
+  return reactor;
+}
+
+absl::StatusOr<v1::PutArrayResponse> CoordinatorService::PutArrayBytes(
+    const grpc::ByteBuffer& request, const std::string& session) {
+  grpc::ByteBuffer bytes(request);  // (shares its slices; the reader consumes them)
+  grpc::ProtoBufferReader reader(&bytes);
+  v1::PutArrayRequest rest;
+  Tensor array;
+  if (absl::Status s = ParseWithTensor(&reader, static_cast<int64_t>(request.Length()),
+                                       /*PutArrayRequest.array*/ 1, &rest, &array);
+      !s.ok()) {
+    return s;
+  }
   absl::StatusOr<v1::ArrayInfo> info =
-      arrays_->Put(*array, PartitionSpec::FromProto(req->spec()), req->id());
-  if (!info.ok()) return ToGrpcStatus(info.status());
+      arrays_->Put(array, PartitionSpec::FromProto(rest.spec()), rest.id());
+  if (!info.ok()) return info.status();
   leases_->Own(session, info->id());
-  *resp->mutable_info() = *std::move(info);
-  return grpc::Status::OK;
+  v1::PutArrayResponse response;
+  *response.mutable_info() = *std::move(info);
+  return response;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetArray(grpc::CallbackServerContext* ctx,

@@ -17,10 +17,12 @@ namespace meshrun {
 
 // Thread-safe. One job runs at a time; a second SubmitJob fails with FailedPrecondition. Every
 // call carrying a client session keeps it alive; arrays a call creates belong to its session.
-// GetArray is served raw on gRPC's callback API, so that the blocks the workers send go on to the
-// client without a copy here; the other RPCs are synchronous.
+// PutArray and GetArray are served raw on gRPC's callback API, so that an array's bytes are read
+// into it with one copy and the blocks the workers send go on to the client with none; the other
+// RPCs are synchronous.
 class CoordinatorService final
-    : public v1::Coordinator::WithRawCallbackMethod_GetArray<v1::Coordinator::Service> {
+    : public v1::Coordinator::WithRawCallbackMethod_PutArray<
+          v1::Coordinator::WithRawCallbackMethod_GetArray<v1::Coordinator::Service>> {
  public:
   // `metrics` may be null.
   // `leases` records which client session owns which array (server/client_leases.h).
@@ -44,8 +46,16 @@ class CoordinatorService final
                          grpc::ServerWriter<v1::JobEvent>*) override;
   grpc::Status GetStatus(grpc::ServerContext*, const v1::GetStatusRequest*,
                          v1::GetStatusResponse*) override;
-  grpc::Status PutArray(grpc::ServerContext*, const v1::PutArrayRequest*,
-                        v1::PutArrayResponse*) override;
+  // Answers with PutArrayBytes, from a thread of its own (its calls to the workers block).
+  grpc::ServerUnaryReactor* PutArray(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  // Puts the array of `request`, a v1::PutArrayRequest's wire bytes, on the workers
+  // (ArrayRegistry::Put), its data copied once from the request's slices (ParseWithTensor), and
+  // gives it to `session`. Errors: InvalidArgument for bytes that are not such a request or a
+  // bad Tensor; those of ArrayRegistry::Put.
+  absl::StatusOr<v1::PutArrayResponse> PutArrayBytes(const grpc::ByteBuffer& request,
+                                                     const std::string& session);
   // Parses the request as a v1::GetArrayRequest and answers with ArrayRegistry::GetArrayBytes,
   // from a thread of its own (its calls to the workers block; gRPC's callback threads must not).
   grpc::ServerUnaryReactor* GetArray(grpc::CallbackServerContext* ctx,

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <numeric>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/port/process.h"
 #include "glog/logging.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "net/grpc_util.h"
 #include "net/tensor_wire.h"
 #include "worker/kernels/kernel.h"
@@ -117,20 +119,47 @@ absl::StatusOr<WorkerService::CachedExecutor*> WorkerService::ExecutorFor(
   return &executors_.back();
 }
 
-grpc::Status WorkerService::PutShard(grpc::ServerContext*, const v1::PutShardRequest* req,
-                                     v1::PutShardResponse*) {
-  if (req->array_id().empty()) return Error(absl::InvalidArgumentError("PutShard: empty array id"));
-  absl::StatusOr<Tensor> t = Tensor::FromProto(req->shard());
-  if (!t.ok()) return Error(t.status());
-  const std::shared_ptr<const Tensor> replaced = shards_.Get(req->array_id()).value_or(nullptr);
-  const int64_t freed = replaced ? static_cast<int64_t>(replaced->size_bytes()) : 0;
-  if (absl::Status s = CheckMemoryBudget(absl::StrCat("PutShard of '", req->array_id(), "'"),
-                                         static_cast<int64_t>(t->size_bytes()) - freed);
-      !s.ok()) {
-    return Error(s);
+grpc::ServerUnaryReactor* WorkerService::PutShard(grpc::CallbackServerContext* ctx,
+                                                  const grpc::ByteBuffer* request,
+                                                  grpc::ByteBuffer* response) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  auto put = [this, reactor, request, response] {
+    absl::Status s = PutShardBytes(*request);
+    if (s.ok()) {
+      const grpc::Slice empty;  // PutShardResponse has no fields
+      *response = grpc::ByteBuffer(&empty, 1);
+    }
+    reactor->Finish(s.ok() ? grpc::Status::OK : Error(s));
+  };
+  // The server's shutdown waits for Finish, so this service outlives the thread's use of it.
+  if (request->Length() >= kPutShardInlineBytes) {
+    std::thread(put).detach();
+  } else {
+    put();
   }
-  shards_.Put(req->array_id(), *std::move(t));
-  return grpc::Status::OK;
+  return reactor;
+}
+
+absl::Status WorkerService::PutShardBytes(const grpc::ByteBuffer& request) {
+  grpc::ByteBuffer bytes(request);  // (shares its slices; the reader consumes them)
+  grpc::ProtoBufferReader reader(&bytes);
+  v1::PutShardRequest rest;
+  Tensor t;
+  if (absl::Status s = ParseWithTensor(&reader, static_cast<int64_t>(request.Length()),
+                                       /*PutShardRequest.shard*/ 2, &rest, &t);
+      !s.ok()) {
+    return s;
+  }
+  if (rest.array_id().empty()) return absl::InvalidArgumentError("PutShard: empty array id");
+  const std::shared_ptr<const Tensor> replaced = shards_.Get(rest.array_id()).value_or(nullptr);
+  const int64_t freed = replaced ? static_cast<int64_t>(replaced->size_bytes()) : 0;
+  if (absl::Status s = CheckMemoryBudget(absl::StrCat("PutShard of '", rest.array_id(), "'"),
+                                         static_cast<int64_t>(t.size_bytes()) - freed);
+      !s.ok()) {
+    return s;
+  }
+  shards_.Put(rest.array_id(), std::move(t));
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetShard(grpc::CallbackServerContext* ctx,

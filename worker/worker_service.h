@@ -40,9 +40,11 @@ struct Membership {
 
 // Thread-safe. RPCs that run programs (RunShardMap, BenchmarkCollective) run one at a time; Abort
 // may arrive at any moment and fails the collectives in flight. Every error a handler returns
-// starts with "rank R: ". GetShard is served raw on gRPC's callback API so that a shard's bytes go
-// out without a copy (GetShardBytes); the other RPCs are synchronous.
-class WorkerService final : public v1::Worker::WithRawCallbackMethod_GetShard<v1::Worker::Service> {
+// starts with "rank R: ". PutShard and GetShard are served raw on gRPC's callback API, so that a
+// shard's bytes go in with one copy (PutShardBytes) and out with none (GetShardBytes); the other
+// RPCs are synchronous.
+class WorkerService final : public v1::Worker::WithRawCallbackMethod_PutShard<
+                                v1::Worker::WithRawCallbackMethod_GetShard<v1::Worker::Service>> {
  public:
   // `compute_threads`: oneDNN threads per worker (0: library default).
   // `metrics` may be null; it must outlive the service. `arena`: where this worker's large arrays
@@ -77,8 +79,18 @@ class WorkerService final : public v1::Worker::WithRawCallbackMethod_GetShard<v1
                           v1::SaveShardsResponse*) override;
   grpc::Status LoadShards(grpc::ServerContext*, const v1::LoadShardsRequest*,
                           v1::LoadShardsResponse*) override;
-  grpc::Status PutShard(grpc::ServerContext*, const v1::PutShardRequest*,
-                        v1::PutShardResponse*) override;
+  // Stores the request's shard (PutShardBytes), on a thread of its own when it is large (the
+  // copy would hold up gRPC's callback thread, which also delivers the ring's chunks).
+  grpc::ServerUnaryReactor* PutShard(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
+  // Stores the shard of `request`, a v1::PutShardRequest's wire bytes, under its array id,
+  // replacing any shard of that id: its data copied once, from the request's slices into the
+  // stored Tensor (ParseWithTensor). Errors: InvalidArgument for bytes that are not such a
+  // request, an empty id or a bad Tensor; ResourceExhausted past the memory budget.
+  absl::Status PutShardBytes(const grpc::ByteBuffer& request);
+  // Requests of at least this many bytes are stored on a thread of their own.
+  static constexpr size_t kPutShardInlineBytes = size_t{1} << 20;
   // Parses the request as a v1::GetShardRequest and answers with GetShardBytes.
   grpc::ServerUnaryReactor* GetShard(grpc::CallbackServerContext* ctx,
                                      const grpc::ByteBuffer* request,

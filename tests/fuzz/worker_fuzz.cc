@@ -6,11 +6,13 @@
 // sanitizer report, a leak or a hang (libFuzzer's -timeout) is a bug; an error Status is not.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/sharding/mesh.h"
@@ -48,8 +50,8 @@ struct Worker {
       put.mutable_shard()->set_dtype(v1::DTYPE_F32);
       put.mutable_shard()->mutable_shape()->add_dims(4);
       put.mutable_shard()->set_data(std::string(16, '\1'));
-      v1::PutShardResponse resp;
-      service->PutShard(nullptr, &put, &resp);
+      const grpc::Slice bytes(put.SerializeAsString());
+      (void)service->PutShardBytes(grpc::ByteBuffer(&bytes, 1));
     }
   }
   std::string root, data;
@@ -82,10 +84,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       Call<v1::RunShardMapRequest, v1::RunShardMapResponse>(
           data, size, [&](auto* c, auto* q, auto* r) { return s.RunShardMap(c, q, r); });
       break;
-    case 1:
-      Call<v1::PutShardRequest, v1::PutShardResponse>(
-          data, size, [&](auto* c, auto* q, auto* r) { return s.PutShard(c, q, r); });
+    case 1: {
+      // The fuzzer's bytes as they come off the wire: PutShard is served raw, its own parse
+      // (ParseWithTensor) reads them, in a few slices as gRPC hands them over.
+      std::vector<grpc::Slice> slices;
+      for (size_t at = 0; at < size; at += 97) {
+        slices.emplace_back(data + at, std::min<size_t>(97, size - at));
+      }
+      (void)s.PutShardBytes(grpc::ByteBuffer(slices.data(), slices.size()));
       break;
+    }
     case 2: {
       // The raw handler's bytes (served on the callback API) must parse as the response.
       v1::GetShardRequest req;
