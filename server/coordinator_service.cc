@@ -120,15 +120,14 @@ grpc::ServerUnaryReactor* CoordinatorService::PutArray(grpc::CallbackServerConte
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   std::string session = SessionOf(*ctx);
   leases_->Touch(session);
-  // The server's shutdown waits for Finish, so this service outlives the thread's use of it.
-  std::thread([this, reactor, request, response, session = std::move(session)] {
+  work_threads_.Start([this, reactor, request, response, session = std::move(session)] {
     absl::StatusOr<v1::PutArrayResponse> put = PutArrayBytes(*request, session);
     if (put.ok()) {
       const grpc::Slice bytes(put->SerializeAsString());
       *response = grpc::ByteBuffer(&bytes, 1);
     }
     reactor->Finish(put.ok() ? grpc::Status::OK : ToGrpcStatus(put.status()));
-  }).detach();
+  });
   return reactor;
 }
 
@@ -165,12 +164,11 @@ grpc::ServerUnaryReactor* CoordinatorService::GetArray(grpc::CallbackServerConte
                                               " bytes are not a GetArrayRequest")));
     return reactor;
   }
-  // The server's shutdown waits for Finish, so the registry outlives the thread's use of it.
-  std::thread([this, reactor, response, id = req.id()] {
+  work_threads_.Start([this, reactor, response, id = req.id()] {
     absl::StatusOr<grpc::ByteBuffer> got = arrays_->GetArrayBytes(id);
     if (got.ok()) *response = *std::move(got);
     reactor->Finish(got.ok() ? grpc::Status::OK : ToGrpcStatus(got.status()));
-  }).detach();
+  });
   return reactor;
 }
 

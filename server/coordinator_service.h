@@ -4,6 +4,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "core/port/work_threads.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "server/array_registry.h"
 #include "server/client_leases.h"
@@ -97,6 +98,8 @@ class CoordinatorService final
   JobQueue jobs_;  // SubmitJob's, one job at a time
   absl::Notification shutdown_;
   Partitioner partitioner_;
+  // PutArray's and GetArray's work (declared last: joined before anything it uses is destroyed).
+  WorkThreads work_threads_;
 };
 
 }  // namespace meshrun

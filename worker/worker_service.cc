@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <numeric>
-#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -131,9 +130,8 @@ grpc::ServerUnaryReactor* WorkerService::PutShard(grpc::CallbackServerContext* c
     }
     reactor->Finish(s.ok() ? grpc::Status::OK : Error(s));
   };
-  // The server's shutdown waits for Finish, so this service outlives the thread's use of it.
   if (request->Length() >= kPutShardInlineBytes) {
-    std::thread(put).detach();
+    put_threads_.Start(put);
   } else {
     put();
   }

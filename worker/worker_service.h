@@ -15,6 +15,7 @@
 #include "core/collectives/communicator.h"
 #include "core/collectives/mailbox.h"
 #include "core/data/input_pipeline.h"
+#include "core/port/work_threads.h"
 #include "core/sharding/mesh.h"
 #include "meshrun/v1/worker.grpc.pb.h"
 #include "worker/compute_thread.h"
@@ -216,6 +217,8 @@ class WorkerService final : public v1::Worker::WithRawCallbackMethod_PutShard<
   absl::StatusOr<CachedExecutor*> ExecutorFor(const v1::RunShardMapRequest& req)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
   std::vector<CachedExecutor> executors_ ABSL_GUARDED_BY(job_mu_);
+  // Large PutShard requests' work (declared last: joined before anything it uses is destroyed).
+  WorkThreads put_threads_;
 };
 
 }  // namespace meshrun
