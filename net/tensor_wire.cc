@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "grpc/slice.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 
 namespace meshrun {
 
@@ -88,6 +89,13 @@ absl::StatusOr<std::vector<grpc::Slice>> SoleFieldContents(const grpc::ByteBuffe
     skip = 0;
   }
   return contents;
+}
+
+absl::Status ParseWithTensor(const grpc::ByteBuffer& bytes, int tensor_field,
+                             google::protobuf::MessageLite* rest, Tensor* tensor) {
+  grpc::ByteBuffer shared(bytes);  // (shares its slices; the reader consumes them)
+  grpc::ProtoBufferReader reader(&shared);
+  return ParseWithTensor(&reader, static_cast<int64_t>(bytes.Length()), tensor_field, rest, tensor);
 }
 
 }  // namespace meshrun

@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "core/tensor.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
 #include "meshrun/v1/common.pb.h"
@@ -47,6 +48,11 @@ void AppendField(std::vector<grpc::Slice>& out, int field, std::vector<grpc::Sli
 // InvalidArgument for anything else (another first field, bytes beyond the field, too few).
 absl::StatusOr<std::vector<grpc::Slice>> SoleFieldContents(const grpc::ByteBuffer& bytes,
                                                            int field);
+
+// ParseWithTensor (core/tensor.h) over the wire bytes of a gRPC message, read in place from its
+// slices: the Tensor field's data copied once, into the Tensor.
+absl::Status ParseWithTensor(const grpc::ByteBuffer& bytes, int tensor_field,
+                             google::protobuf::MessageLite* rest, Tensor* tensor);
 
 }  // namespace meshrun
 

@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
-#include "grpcpp/support/proto_buffer_reader.h"
 #include "net/grpc_util.h"
+#include "net/tensor_wire.h"
 
 namespace meshrun {
 
@@ -133,15 +133,11 @@ grpc::ServerUnaryReactor* CoordinatorService::PutArray(grpc::CallbackServerConte
 
 absl::StatusOr<v1::PutArrayResponse> CoordinatorService::PutArrayBytes(
     const grpc::ByteBuffer& request, const std::string& session) {
-  grpc::ByteBuffer bytes(request);  // (shares its slices; the reader consumes them)
-  grpc::ProtoBufferReader reader(&bytes);
   v1::PutArrayRequest rest;
   Tensor array;
-  if (absl::Status s = ParseWithTensor(&reader, static_cast<int64_t>(request.Length()),
-                                       /*PutArrayRequest.array*/ 1, &rest, &array);
-      !s.ok()) {
+  if (absl::Status s = ParseWithTensor(request, /*PutArrayRequest.array*/ 1, &rest, &array);
+      !s.ok())
     return s;
-  }
   absl::StatusOr<v1::ArrayInfo> info =
       arrays_->Put(array, PartitionSpec::FromProto(rest.spec()), rest.id());
   if (!info.ok()) return info.status();

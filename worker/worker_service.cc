@@ -8,7 +8,6 @@
 #include "core/port/process.h"
 #include "glog/logging.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
-#include "grpcpp/support/proto_buffer_reader.h"
 #include "net/grpc_util.h"
 #include "net/tensor_wire.h"
 #include "worker/kernels/kernel.h"
@@ -139,15 +138,10 @@ grpc::ServerUnaryReactor* WorkerService::PutShard(grpc::CallbackServerContext* c
 }
 
 absl::Status WorkerService::PutShardBytes(const grpc::ByteBuffer& request) {
-  grpc::ByteBuffer bytes(request);  // (shares its slices; the reader consumes them)
-  grpc::ProtoBufferReader reader(&bytes);
   v1::PutShardRequest rest;
   Tensor t;
-  if (absl::Status s = ParseWithTensor(&reader, static_cast<int64_t>(request.Length()),
-                                       /*PutShardRequest.shard*/ 2, &rest, &t);
-      !s.ok()) {
+  if (absl::Status s = ParseWithTensor(request, /*PutShardRequest.shard*/ 2, &rest, &t); !s.ok())
     return s;
-  }
   if (rest.array_id().empty()) return absl::InvalidArgumentError("PutShard: empty array id");
   const std::shared_ptr<const Tensor> replaced = shards_.Get(rest.array_id()).value_or(nullptr);
   const int64_t freed = replaced ? static_cast<int64_t>(replaced->size_bytes()) : 0;
