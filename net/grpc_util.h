@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "meshrun/v1/coordinator.pb.h"
 
 namespace meshrun {
 
@@ -23,8 +24,10 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what)
 // protobuf's own limit (2 GiB - 1 byte).
 inline constexpr int kMaxMessageBytes = std::numeric_limits<int>::max();
 // The largest array that PutArray carries whole: the message's limit less 1 MiB for the rest of
-// the request. The SDKs refuse a larger one up front (InvalidArgument naming its size).
-inline constexpr int64_t kMaxArrayMessageBytes = kMaxMessageBytes - (int64_t{1} << 20);
+// the request (coordinator.proto's MAX_ARRAY_MESSAGE_BYTES, which the Python SDK reads too). The
+// SDKs refuse a larger one up front (InvalidArgument naming its size).
+inline constexpr int64_t kMaxArrayMessageBytes = v1::MAX_ARRAY_MESSAGE_BYTES;
+static_assert(kMaxArrayMessageBytes == kMaxMessageBytes - (int64_t{1} << 20));
 
 // A channel to `address` (host:port) that carries messages up to kMaxMessageBytes, with the
 // process's credentials (net/credentials.h: TLS to a node, the node certificate and the bearer

@@ -21,8 +21,8 @@ from meshrun.v1 import coordinator_pb2, coordinator_pb2_grpc
 NODE_NAME = "meshrun-node"  # the name every node certificate carries (net/credentials.h)
 _MAX_MESSAGE = -1  # arrays travel whole in one message, as the C++ SDK sends them
 # The largest array one PutArray carries: the cluster's 2 GiB message limit (protobuf's) less
-# 1 MiB for the rest of the request (net/grpc_util.h's kMaxArrayMessageBytes).
-MAX_ARRAY_BYTES = 2**31 - 1 - 2**20
+# 1 MiB for the rest of the request (coordinator.proto's ArrayLimit, as the C++ SDK reads it).
+MAX_ARRAY_BYTES = coordinator_pb2.MAX_ARRAY_MESSAGE_BYTES
 
 
 def _credentials(tls_dir, token, insecure):
