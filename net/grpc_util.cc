@@ -1,7 +1,10 @@
 #include "net/grpc_util.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "grpc/grpc.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 #include "net/credentials.h"
 
 namespace meshrun {
@@ -68,6 +71,34 @@ GrpcLifetime::~GrpcLifetime() {
   // the clean-up on a detached thread. Waited for, boundedly: a leaked object must not hang exit.
   const absl::Time give_up = absl::Now() + absl::Seconds(2);
   while (grpc_is_initialized() && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(5));
+}
+
+grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext* ctx,
+                          const std::string& method, const grpc::ByteBuffer& request,
+                          grpc::ByteBuffer* response) {
+  grpc::GenericStub generic(channel);
+  absl::Notification done;
+  grpc::Status status;
+  generic.UnaryCall(ctx, method, grpc::StubOptions(), &request, response, [&](grpc::Status s) {
+    status = std::move(s);
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return status;
+}
+
+std::string MethodPath(const std::string& service, const std::string& method) {
+  return absl::StrCat("/", service, "/", method);
+}
+
+absl::Status ParseMessage(const grpc::ByteBuffer& bytes, google::protobuf::MessageLite* message) {
+  grpc::ByteBuffer copy(bytes);  // (shares its slices: the reader consumes the buffer it reads)
+  grpc::ProtoBufferReader reader(&copy);
+  if (!reader.status().ok() || !message->ParseFromZeroCopyStream(&reader)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", bytes.Length(), " bytes are not a ", message->GetTypeName()));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace meshrun

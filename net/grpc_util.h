@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "google/protobuf/message_lite.h"
 #include "grpcpp/grpcpp.h"
 #include "meshrun/v1/coordinator.pb.h"
 
@@ -41,6 +42,21 @@ void ConfigureServerBuilder(grpc::ServerBuilder& builder);
 
 // Sets `ctx`'s deadline to now + timeout.
 void SetTimeout(grpc::ClientContext& ctx, absl::Duration timeout);
+
+// Calls unary method `method` ("/package.Service/Method", e.g. MethodPath(v1::Worker::
+// service_full_name(), "GetShard")) on `channel` with `request`'s bytes as they are, and waits for
+// the response's bytes (gRPC's generic API: nothing serialised or parsed, slices shared). `ctx`
+// carries the deadline and metadata. Thread-safe.
+grpc::Status RawUnaryCall(const std::shared_ptr<grpc::Channel>& channel, grpc::ClientContext* ctx,
+                          const std::string& method, const grpc::ByteBuffer& request,
+                          grpc::ByteBuffer* response);
+// "/<service>/<method>".
+std::string MethodPath(const std::string& service, const std::string& method);
+
+// Parses `bytes`, a message's wire bytes as a raw handler or RawUnaryCall gets them, into
+// `message` (reading its slices in place). Errors: InvalidArgument "the N bytes are not a
+// <message type>".
+absl::Status ParseMessage(const grpc::ByteBuffer& bytes, google::protobuf::MessageLite* message);
 
 // Holds the gRPC library initialised for a program's whole main(), and shuts it down, joining
 // its threads, when main's objects are gone. Without it the last grpc_shutdown can come from a

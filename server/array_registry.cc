@@ -9,11 +9,9 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/notification.h"
 #include "core/sharding/shard_layout.h"
 #include "glog/logging.h"
 #include "grpc/slice.h"
-#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/impl/codegen/proto_utils.h"
 #include "net/grpc_util.h"
 #include "net/tensor_wire.h"
@@ -225,21 +223,13 @@ absl::Status ArrayRegistry::SendShards(const Stubs& stubs, const std::vector<int
     absl::MutexLock budget_lock(&mu);
     built -= shard_bytes;
   };
-  const std::string method = absl::StrCat("/", v1::Worker::service_full_name(), "/PutShard");
+  const std::string method = MethodPath(v1::Worker::service_full_name(), "PutShard");
   return ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
     absl::Cleanup ended = [&] { call_ended(r); };
     const grpc::ByteBuffer request = request_of(r);
     SetTimeout(*ctx, rpc_timeout_);  // from now: the wait for the budget is not the call's
-    grpc::GenericStub generic(stubs.channels[r]);
     grpc::ByteBuffer response;
-    absl::Notification done;
-    grpc::Status status;
-    generic.UnaryCall(ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
-      status = std::move(s);
-      done.Notify();
-    });
-    done.WaitForNotification();
-    return status;
+    return RawUnaryCall(stubs.channels[r], ctx, method, request, &response);
   });
 }
 
@@ -265,18 +255,10 @@ absl::StatusOr<grpc::ByteBuffer> ArrayRegistry::GetArrayBytes(const std::string&
   get.set_array_id(id);
   const grpc::Slice get_bytes(get.SerializeAsString());
   const grpc::ByteBuffer request(&get_bytes, 1);
-  const std::string method = absl::StrCat("/", v1::Worker::service_full_name(), "/GetShard");
+  const std::string method = MethodPath(v1::Worker::service_full_name(), "GetShard");
   std::vector<grpc::ByteBuffer> shards(workers_->expected());
   absl::Status s = ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
-    grpc::GenericStub generic((**stubs).channels[r]);
-    absl::Notification done;
-    grpc::Status status;
-    generic.UnaryCall(ctx, method, grpc::StubOptions(), &request, &shards[r], [&](grpc::Status st) {
-      status = std::move(st);
-      done.Notify();
-    });
-    done.WaitForNotification();
-    return status;
+    return RawUnaryCall((**stubs).channels[r], ctx, method, request, &shards[r]);
   });
   if (!s.ok()) return s;
   // GetArrayResponse{info, blocks, block_ranks}: each block is the Tensor inside a worker's
@@ -288,12 +270,9 @@ absl::StatusOr<grpc::ByteBuffer> ArrayRegistry::GetArrayBytes(const std::string&
     absl::StatusOr<std::vector<grpc::Slice>> tensor = SoleFieldContents(shards[r], 1);
     if (!tensor.ok()) {  // not protobuf's own layout (an empty response): parse it
       v1::GetShardResponse parsed;
-      grpc::ByteBuffer bytes(shards[r]);
-      if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::GetShardResponse>(&bytes, &parsed)
-               .ok()) {
-        return absl::InternalError(absl::StrCat("worker ", workers_->Describe(r), "'s ",
-                                                shards[r].Length(),
-                                                " bytes for GetShard are not a GetShardResponse"));
+      if (absl::Status s = ParseMessage(shards[r], &parsed); !s.ok()) {
+        return absl::InternalError(
+            absl::StrCat("worker ", workers_->Describe(r), "'s GetShard response: ", s.message()));
       }
       tensor = std::vector<grpc::Slice>{grpc::Slice(parsed.shard().SerializeAsString())};
     }

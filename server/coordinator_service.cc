@@ -4,7 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "glog/logging.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
 #include "net/grpc_util.h"
 #include "net/tensor_wire.h"
 
@@ -152,12 +151,9 @@ grpc::ServerUnaryReactor* CoordinatorService::GetArray(grpc::CallbackServerConte
                                                        grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   leases_->Touch(SessionOf(*ctx));
-  grpc::ByteBuffer bytes(*request);  // (shares its slices; parsing consumes it)
   v1::GetArrayRequest req;
-  if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::GetArrayRequest>(&bytes, &req).ok()) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 absl::StrCat("GetArray: the request's ", request->Length(),
-                                              " bytes are not a GetArrayRequest")));
+  if (absl::Status s = ParseMessage(*request, &req); !s.ok()) {
+    reactor->Finish(ToGrpcStatus(s));
     return reactor;
   }
   work_threads_.Start([this, reactor, response, id = req.id()] {

@@ -7,7 +7,6 @@
 #include "absl/strings/str_join.h"
 #include "core/port/process.h"
 #include "glog/logging.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
 #include "net/grpc_util.h"
 #include "net/tensor_wire.h"
 #include "worker/kernels/kernel.h"
@@ -158,11 +157,9 @@ grpc::ServerUnaryReactor* WorkerService::GetShard(grpc::CallbackServerContext* c
                                                   const grpc::ByteBuffer* request,
                                                   grpc::ByteBuffer* response) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  grpc::ByteBuffer bytes(*request);  // (shares its slices; parsing consumes it)
   v1::GetShardRequest req;
-  if (!grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::GetShardRequest>(&bytes, &req).ok()) {
-    reactor->Finish(Error(absl::InvalidArgumentError(absl::StrCat(
-        "GetShard: the request's ", request->Length(), " bytes are not a GetShardRequest"))));
+  if (absl::Status s = ParseMessage(*request, &req); !s.ok()) {
+    reactor->Finish(Error(s));
     return reactor;
   }
   absl::StatusOr<grpc::ByteBuffer> out = GetShardBytes(req);

@@ -16,8 +16,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/sharding/mesh.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
 #include "net/credentials.h"
+#include "net/grpc_util.h"
 #include "tests/fuzz/npy.h"
 #include "worker/grpc_transport.h"
 #include "worker/worker_service.h"
@@ -100,9 +100,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!req.ParseFromArray(data, static_cast<int>(size))) break;
       absl::StatusOr<grpc::ByteBuffer> got = s.GetShardBytes(req);
       v1::GetShardResponse resp;
-      if (got.ok() &&
-          !grpc::GenericDeserialize<grpc::ProtoBufferReader, v1::GetShardResponse>(&*got, &resp)
-               .ok()) {
+      if (got.ok() && !ParseMessage(*got, &resp).ok()) {
         std::abort();
       }
       break;

@@ -1,15 +1,17 @@
 // net/tensor_wire.h's field surgery on raw bytes: SoleFieldContents takes the Tensor out of a
 // GetShardResponse's bytes without copying it, however its slices split them, and refuses bytes
-// that are not that one field; AppendField wraps slices as a field that parses.
+// that are not that one field; AppendField wraps slices as a field that parses. ParseMessage
+// (net/grpc_util.h) reads a message from a raw call's bytes.
 #include "net/tensor_wire.h"
 
 #include <string>
 #include <vector>
 
-#include "grpcpp/support/proto_buffer_reader.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "meshrun/v1/coordinator.pb.h"
 #include "meshrun/v1/worker.pb.h"
+#include "net/grpc_util.h"
 
 namespace meshrun {
 namespace {
@@ -89,11 +91,34 @@ TEST(TensorWireTest, AppendedFieldsParseAsTheMessage) {
   }
   AppendField(out, 3, {grpc::Slice(ranks)});
   grpc::ByteBuffer bytes(out.data(), out.size());
-  grpc::ProtoBufferReader reader(&bytes);
   v1::GetArrayResponse parsed;
-  ASSERT_TRUE(parsed.ParseFromZeroCopyStream(&reader));
+  ASSERT_TRUE(ParseMessage(bytes, &parsed).ok());
   EXPECT_EQ(parsed.SerializeAsString(), expected.SerializeAsString())
       << parsed.ShortDebugString().substr(0, 300);
+}
+
+TEST(ParseMessageTest, ReadsTheMessageWhereverTheSlicesSplitIt) {
+  v1::GetShardResponse expected;
+  *expected.mutable_shard() = Block(300);
+  const std::string wire = expected.SerializeAsString();
+  for (const std::vector<size_t>& cuts : {std::vector<size_t>{}, {1}, {2, 3, 700}}) {
+    v1::GetShardResponse got;
+    const grpc::ByteBuffer bytes = Split(wire, cuts);
+    ASSERT_TRUE(ParseMessage(bytes, &got).ok());
+    EXPECT_EQ(got.SerializeAsString(), wire);
+    EXPECT_EQ(bytes.Length(), wire.size());  // the caller's buffer is left as it was
+  }
+}
+
+TEST(ParseMessageTest, BytesThatAreNotTheMessageAreInvalidArgumentNamingIt) {
+  v1::GetShardResponse expected;
+  *expected.mutable_shard() = Block(10);
+  const std::string wire = expected.SerializeAsString();
+  v1::GetShardResponse got;
+  absl::Status s = ParseMessage(Split(wire.substr(0, wire.size() - 1), {5}), &got);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            absl::StrCat("the ", wire.size() - 1, " bytes are not a meshrun.v1.GetShardResponse"));
 }
 
 }  // namespace
