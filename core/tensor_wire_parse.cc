@@ -53,7 +53,11 @@ bool ReadData(CodedInputStream& in, TensorParts& t) {
 // One occurrence of the Tensor field (its length comes first).
 bool ReadTensorField(CodedInputStream& in, TensorParts& t) {
   uint32_t length = 0;
-  if (!in.ReadVarint32(&length)) return false;
+  // (A length past the end: a message cut short, whose end a limit-bound read would take for
+  // the Tensor's.)
+  if (!in.ReadVarint32(&length) || static_cast<int64_t>(length) > in.BytesUntilLimit()) {
+    return false;
+  }
   const CodedInputStream::Limit limit = in.PushLimit(static_cast<int>(length));
   while (const uint32_t tag = in.ReadTag()) {
     const int field = WireFormatLite::GetTagFieldNumber(tag);

@@ -110,6 +110,8 @@ TEST(ParseWithTensorTest, BytesThatAreNoMessageAreInvalidArgumentNamingTheType) 
     bad.push_back(wire.substr(0, cut));
   bad.push_back(Field(1, "w") + Varint(2 << 3 | 2) + Varint(6) + "\x08\x01\x1a\xff\xff\x7f");
   bad.push_back(wire + Varint(5 << 3 | 7));
+  // Cut just after the Tensor field's length: nothing of the Tensor is there.
+  bad.push_back(Field(1, "w") + Varint(2 << 3 | 2) + Varint(20));
   for (const std::string& b : bad) {
     v1::PutShardRequest rest;
     Tensor t;
