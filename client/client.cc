@@ -9,7 +9,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "core/sharding/shard_layout.h"
 #include "meshrun/job.h"
 #include "meshrun/workloads.h"
 #include "net/credentials.h"
@@ -37,7 +36,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& addre
                            ": a cluster with other credentials, or without TLS, refuses them"),
         ")"));
   }
-  return std::unique_ptr<Client>(new Client(address, v1::Coordinator::NewStub(channel)));
+  return std::unique_ptr<Client>(new Client(address, std::move(channel)));
 }
 
 namespace {
@@ -47,8 +46,11 @@ std::string NewSessionId() {
 }
 }  // namespace
 
-Client::Client(std::string address, std::unique_ptr<v1::Coordinator::Stub> stub)
-    : address_(std::move(address)), stub_(std::move(stub)), session_(NewSessionId()) {
+Client::Client(std::string address, std::shared_ptr<grpc::Channel> channel)
+    : address_(std::move(address)),
+      channel_(std::move(channel)),
+      stub_(v1::Coordinator::NewStub(channel_)),
+      session_(NewSessionId()) {
   keepalive_ = std::thread([this] { KeepAliveLoop(); });
 }
 
@@ -186,167 +188,6 @@ absl::StatusOr<TrainResult> Client::Train(const v1::JobSpec& job,
   }
   if (!s.ok()) return FromGrpcStatus(s);
   return result;
-}
-
-absl::StatusOr<v1::ArrayInfo> Client::Put(const Tensor& host, const PartitionSpec& spec,
-                                          const std::string& id) {
-  if (static_cast<int64_t>(host.size_bytes()) > kMaxArrayMessageBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Put: the array's ", host.size_bytes(), " bytes (", DimsToString(host.dims()),
-        ") exceed the ", kMaxArrayMessageBytes,
-        " bytes one PutArray message carries (protobuf's 2 GiB limit); put it in pieces, or ",
-        "read it on the workers through an input (OpenInput)"));
-  }
-  grpc::ClientContext ctx;
-  Prepare(ctx, absl::Seconds(120));
-  v1::PutArrayRequest req;
-  *req.mutable_array() = host.ToProto();
-  *req.mutable_spec() = spec.ToProto();
-  req.set_id(id);
-  v1::PutArrayResponse resp;
-  if (grpc::Status s = stub_->PutArray(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
-  return resp.info();
-}
-
-namespace {
-
-// The global array from one replica of each of its blocks (device_get's assembly).
-absl::StatusOr<Tensor> Assemble(const v1::GetArrayResponse& resp) {
-  absl::StatusOr<NamedSharding> sharding = NamedSharding::FromProto(resp.info().sharding());
-  if (!sharding.ok()) return sharding.status();
-  Tensor global(resp.info().dtype(),
-                Dims(resp.info().shape().dims().begin(), resp.info().shape().dims().end()));
-  if (resp.blocks_size() != resp.block_ranks_size())
-    return absl::InternalError("GetArray: blocks without ranks");
-  for (int i = 0; i < resp.blocks_size(); ++i) {
-    absl::StatusOr<Tensor> block = Tensor::FromProto(resp.blocks(i));
-    if (!block.ok()) return block.status();
-    if (absl::Status s = InsertShard(*block, *sharding, resp.block_ranks(i), global); !s.ok())
-      return s;
-  }
-  return global;
-}
-
-}  // namespace
-
-absl::StatusOr<Tensor> Client::Get(const std::string& id) {
-  grpc::ClientContext ctx;
-  Prepare(ctx, absl::Seconds(120));
-  v1::GetArrayRequest req;
-  req.set_id(id);
-  v1::GetArrayResponse resp;
-  if (grpc::Status s = stub_->GetArray(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
-  return Assemble(resp);
-}
-
-absl::Status Client::Delete(const std::string& id) {
-  grpc::ClientContext ctx;
-  Prepare(ctx, absl::Seconds(30));
-  v1::DeleteArrayRequest req;
-  req.set_id(id);
-  v1::DeleteArrayResponse resp;
-  return FromGrpcStatus(stub_->DeleteArray(&ctx, req, &resp));
-}
-
-absl::StatusOr<v1::InputInfo> Client::OpenInput(const v1::InputSpec& spec, const std::string& id) {
-  grpc::ClientContext ctx;
-  Prepare(ctx, absl::Seconds(120));
-  v1::OpenInputRequest req;
-  *req.mutable_spec() = spec;
-  req.set_id(id);
-  v1::OpenInputResponse resp;
-  if (grpc::Status s = stub_->OpenInput(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
-  return resp.info();
-}
-
-absl::Status Client::CloseInput(const std::string& id) {
-  grpc::ClientContext ctx;
-  Prepare(ctx, absl::Seconds(30));
-  v1::CloseInputRequest req;
-  req.set_id(id);
-  v1::CloseInputResponse resp;
-  return FromGrpcStatus(stub_->CloseInput(&ctx, req, &resp));
-}
-
-absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ListArrays() {
-  grpc::ClientContext ctx;
-  Prepare(ctx, absl::Seconds(10));
-  v1::ListArraysResponse resp;
-  if (grpc::Status s = stub_->ListArrays(&ctx, v1::ListArraysRequest(), &resp); !s.ok())
-    return FromGrpcStatus(s);
-  return std::vector<v1::ArrayInfo>(resp.arrays().begin(), resp.arrays().end());
-}
-
-absl::StatusOr<std::string> Client::VisualizeSharding(const std::string& id) {
-  absl::StatusOr<std::vector<v1::ArrayInfo>> arrays = ListArrays();
-  if (!arrays.ok()) return arrays.status();
-  for (const auto& info : *arrays) {
-    if (info.id() != id) continue;
-    absl::StatusOr<NamedSharding> sharding = NamedSharding::FromProto(info.sharding());
-    if (!sharding.ok()) return sharding.status();
-    return meshrun::VisualizeSharding(Dims(info.shape().dims().begin(), info.shape().dims().end()),
-                                      *sharding);
-  }
-  return absl::NotFoundError(absl::StrCat("no array '", id, "' on the cluster at ", address_));
-}
-
-namespace {
-
-// The arguments ShardMapRequest and JitRequest share.
-template <typename Request>
-void SetCall(const std::vector<std::string>& input_ids, const std::vector<std::string>& output_ids,
-             absl::Duration collective_timeout, const std::vector<int>& donate_argnums,
-             Request& req) {
-  for (const auto& id : input_ids) req.add_input_ids(id);
-  for (const auto& id : output_ids) req.add_output_ids(id);
-  for (int a : donate_argnums) req.add_donate_argnums(a);
-  req.set_collective_timeout_seconds(absl::ToDoubleSeconds(collective_timeout));
-}
-
-}  // namespace
-
-absl::StatusOr<std::vector<v1::ArrayInfo>> Client::ShardMap(
-    const v1::ShardMapProgram& program, const std::vector<std::string>& input_ids,
-    const std::vector<std::string>& output_ids, absl::Duration collective_timeout,
-    const std::vector<int>& donate_argnums) {
-  grpc::ClientContext ctx;
-  Prepare(ctx, collective_timeout * 4 + absl::Seconds(60));
-  v1::ShardMapRequest req;
-  *req.mutable_program() = program;
-  SetCall(input_ids, output_ids, collective_timeout, donate_argnums, req);
-  v1::ShardMapResponse resp;
-  if (grpc::Status s = stub_->ShardMap(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
-  return std::vector<v1::ArrayInfo>(resp.outputs().begin(), resp.outputs().end());
-}
-
-absl::StatusOr<Client::JitResult> Client::Jit(
-    const v1::GlobalProgram& program, const std::vector<std::string>& input_ids,
-    const std::vector<std::string>& output_ids, absl::Duration collective_timeout,
-    const std::vector<int>& donate_argnums, const std::vector<int>& fetch_outputs,
-    const std::vector<std::vector<std::string>>& more_runs) {
-  grpc::ClientContext ctx;
-  Prepare(ctx, (collective_timeout * 4 + absl::Seconds(60)) *
-                   static_cast<int64_t>(1 + more_runs.size()));
-  v1::JitRequest req;
-  *req.mutable_program() = program;
-  SetCall(input_ids, output_ids, collective_timeout, donate_argnums, req);
-  for (int f : fetch_outputs) req.add_fetch_outputs(f);
-  for (const std::vector<std::string>& ids : more_runs) {
-    v1::ArgumentIds* run = req.add_more_runs();
-    for (const std::string& id : ids) run->add_input_ids(id);
-  }
-  v1::JitResponse resp;
-  if (grpc::Status s = stub_->Jit(&ctx, req, &resp); !s.ok()) return FromGrpcStatus(s);
-  JitResult r;
-  r.outputs.assign(resp.outputs().begin(), resp.outputs().end());
-  r.collectives.assign(resp.collectives().begin(), resp.collectives().end());
-  r.cache_hit = resp.cache_hit();
-  for (const v1::GetArrayResponse& got : resp.fetched()) {
-    absl::StatusOr<Tensor> t = Assemble(got);
-    if (!t.ok()) return t.status();
-    r.fetched.push_back(*std::move(t));
-  }
-  return r;
 }
 
 absl::StatusOr<v1::SaveCheckpointResponse> Client::SaveCheckpoint(

@@ -134,6 +134,12 @@ class Tensor {
 absl::Status ParseWithTensor(google::protobuf::io::ZeroCopyInputStream* stream,
                              int64_t stream_bytes, int tensor_field,
                              google::protobuf::MessageLite* rest, Tensor* tensor);
+// As ParseWithTensor, for a message whose field number `tensor_field` is a repeated v1::Tensor:
+// each occurrence of the field is one Tensor of `tensors`, in the order they came (protobuf's
+// rule for a repeated message field), each checked as FromProto checks one.
+absl::Status ParseWithTensors(google::protobuf::io::ZeroCopyInputStream* stream,
+                              int64_t stream_bytes, int tensor_field,
+                              google::protobuf::MessageLite* rest, std::vector<Tensor>* tensors);
 
 }  // namespace meshrun
 

@@ -2,6 +2,7 @@
 #include <climits>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/tensor.h"
@@ -105,16 +106,16 @@ absl::StatusOr<Tensor> Assemble(TensorParts& t) {
   return out;
 }
 
-}  // namespace
-
-absl::Status ParseWithTensor(google::protobuf::io::ZeroCopyInputStream* stream,
-                             int64_t stream_bytes, int tensor_field,
-                             google::protobuf::MessageLite* rest, Tensor* tensor) {
+// Reads `stream_bytes` bytes of `stream`, a message's wire bytes: the occurrences of the Tensor
+// field into `parts` (merged into one when `parts` holds one and `repeated` is false, one each
+// otherwise), every other field into `rest`.
+absl::Status ParseFields(google::protobuf::io::ZeroCopyInputStream* stream, int64_t stream_bytes,
+                         int tensor_field, bool repeated, google::protobuf::MessageLite* rest,
+                         std::vector<TensorParts>& parts) {
   if (stream_bytes < 0 || stream_bytes > INT_MAX) {
     return absl::InvalidArgumentError(absl::StrCat("a ", rest->GetTypeName(), " of ", stream_bytes,
                                                    " bytes; protobuf's limit is 2 GiB - 1"));
   }
-  TensorParts parts;
   std::string others;  // every other field's bytes, for `rest`
   bool ok = true;
   {
@@ -126,7 +127,8 @@ absl::Status ParseWithTensor(google::protobuf::io::ZeroCopyInputStream* stream,
     while (const uint32_t tag = in.ReadTag()) {
       if (WireFormatLite::GetTagFieldNumber(tag) == tensor_field &&
           WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
-        ok = ReadTensorField(in, parts);
+        if (repeated || parts.empty()) parts.emplace_back();
+        ok = ReadTensorField(in, parts.back());
       } else {
         ok = WireFormatLite::SkipField(&in, tag, &out);
       }
@@ -136,11 +138,39 @@ absl::Status ParseWithTensor(google::protobuf::io::ZeroCopyInputStream* stream,
   }
   if (!ok || !rest->ParseFromString(others)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("the request's bytes are not a ", rest->GetTypeName()));
+        absl::StrCat("the ", stream_bytes, " bytes are not a ", rest->GetTypeName()));
   }
-  absl::StatusOr<Tensor> t = Assemble(parts);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParseWithTensor(google::protobuf::io::ZeroCopyInputStream* stream,
+                             int64_t stream_bytes, int tensor_field,
+                             google::protobuf::MessageLite* rest, Tensor* tensor) {
+  std::vector<TensorParts> parts(1);
+  absl::Status s = ParseFields(stream, stream_bytes, tensor_field, /*repeated=*/false, rest, parts);
+  if (!s.ok()) return s;
+  absl::StatusOr<Tensor> t = Assemble(parts[0]);
   if (!t.ok()) return t.status();
   *tensor = *std::move(t);
+  return absl::OkStatus();
+}
+
+absl::Status ParseWithTensors(google::protobuf::io::ZeroCopyInputStream* stream,
+                              int64_t stream_bytes, int tensor_field,
+                              google::protobuf::MessageLite* rest, std::vector<Tensor>* tensors) {
+  std::vector<TensorParts> parts;
+  absl::Status s = ParseFields(stream, stream_bytes, tensor_field, /*repeated=*/true, rest, parts);
+  if (!s.ok()) return s;
+  std::vector<Tensor> out;
+  out.reserve(parts.size());
+  for (TensorParts& p : parts) {
+    absl::StatusOr<Tensor> t = Assemble(p);
+    if (!t.ok()) return t.status();
+    out.push_back(*std::move(t));
+  }
+  *tensors = std::move(out);
   return absl::OkStatus();
 }
 

@@ -98,4 +98,12 @@ absl::Status ParseWithTensor(const grpc::ByteBuffer& bytes, int tensor_field,
   return ParseWithTensor(&reader, static_cast<int64_t>(bytes.Length()), tensor_field, rest, tensor);
 }
 
+absl::Status ParseWithTensors(const grpc::ByteBuffer& bytes, int tensor_field,
+                              google::protobuf::MessageLite* rest, std::vector<Tensor>* tensors) {
+  grpc::ByteBuffer shared(bytes);
+  grpc::ProtoBufferReader reader(&shared);
+  return ParseWithTensors(&reader, static_cast<int64_t>(bytes.Length()), tensor_field, rest,
+                          tensors);
+}
+
 }  // namespace meshrun

@@ -53,6 +53,9 @@ absl::StatusOr<std::vector<grpc::Slice>> SoleFieldContents(const grpc::ByteBuffe
 // slices: the Tensor field's data copied once, into the Tensor.
 absl::Status ParseWithTensor(const grpc::ByteBuffer& bytes, int tensor_field,
                              google::protobuf::MessageLite* rest, Tensor* tensor);
+// ParseWithTensors (core/tensor.h) over the wire bytes of a gRPC message, read in place.
+absl::Status ParseWithTensors(const grpc::ByteBuffer& bytes, int tensor_field,
+                              google::protobuf::MessageLite* rest, std::vector<Tensor>* tensors);
 
 }  // namespace meshrun
 

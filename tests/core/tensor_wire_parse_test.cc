@@ -7,6 +7,7 @@
 #include "core/tensor.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "gtest/gtest.h"
+#include "meshrun/v1/coordinator.pb.h"
 #include "meshrun/v1/worker.pb.h"
 
 namespace meshrun {
@@ -119,6 +120,85 @@ TEST(ParseWithTensorTest, BytesThatAreNoMessageAreInvalidArgumentNamingTheType) 
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
     EXPECT_NE(s.message().find("meshrun.v1.PutShardRequest"), std::string::npos) << s;
   }
+}
+
+// ParseWithTensors over `wire` in pieces agrees with protobuf + FromProto of every block.
+void ExpectBlocksAgree(const std::string& wire, const std::string& what) {
+  SCOPED_TRACE(what);
+  v1::GetArrayResponse expected;
+  ASSERT_TRUE(expected.ParseFromString(wire));
+  std::vector<absl::StatusOr<Tensor>> want;
+  absl::Status want_status;
+  for (const v1::Tensor& b : expected.blocks()) {
+    want.push_back(Tensor::FromProto(b));
+    if (!want.back().ok() && want_status.ok()) want_status = want.back().status();
+  }
+  for (int block : {1, 3, 7, 4096}) {
+    google::protobuf::io::ArrayInputStream stream(wire.data(), static_cast<int>(wire.size()),
+                                                  block);
+    v1::GetArrayResponse rest;
+    std::vector<Tensor> got;
+    absl::Status s =
+        ParseWithTensors(&stream, static_cast<int64_t>(wire.size()), /*blocks*/ 2, &rest, &got);
+    EXPECT_EQ(s, want_status);
+    if (!s.ok()) continue;
+    v1::GetArrayResponse without_blocks = expected;
+    without_blocks.clear_blocks();
+    EXPECT_EQ(rest.SerializeAsString(), without_blocks.SerializeAsString());
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].ToProto().SerializeAsString(), want[i]->ToProto().SerializeAsString())
+          << "block " << i;
+    }
+  }
+}
+
+TEST(ParseWithTensorsTest, EachOccurrenceIsOneTensorAsProtobufReadsARepeatedField) {
+  v1::GetArrayResponse resp;
+  resp.mutable_info()->set_id("a");
+  resp.mutable_info()->set_dtype(v1::DTYPE_F32);
+  ExpectBlocksAgree(resp.SerializeAsString(), "no blocks");
+  const std::vector<std::pair<DType, Dims>> blocks = {{v1::DTYPE_F32, {3, 5}},
+                                                      {v1::DTYPE_BF16, {0}},
+                                                      {v1::DTYPE_I32, {64, 17}},
+                                                      {v1::DTYPE_F32, {}}};
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    *resp.add_blocks() = Proto(blocks[i].first, blocks[i].second, static_cast<int>(i));
+    resp.add_block_ranks(static_cast<int>(i) * 2);
+  }
+  ExpectBlocksAgree(resp.SerializeAsString(), "protobuf's own bytes");
+  // Blocks, unpacked ranks and info interleaved, unknown fields between them.
+  v1::Tensor meta = resp.blocks(0);
+  meta.clear_data();
+  v1::Tensor data;
+  data.set_data(resp.blocks(0).data());
+  v1::GetArrayResponse info_only;
+  *info_only.mutable_info() = resp.info();
+  const std::string mixed = Field(2, resp.blocks(2).SerializeAsString()) + Varint(3 << 3 | 0) +
+                            Varint(4) + Field(9, "zz") + info_only.SerializeAsString() +
+                            Field(2, resp.blocks(0).SerializeAsString()) + Varint(3 << 3 | 0) +
+                            Varint(0) + Field(2, resp.blocks(3).SerializeAsString());
+  ExpectBlocksAgree(mixed, "interleaved");
+  // A block sent as dtype and shape, then data, is two blocks for a repeated field (as for
+  // protobuf), the first without its data: FromProto's error.
+  ExpectBlocksAgree(mixed + Field(2, meta.SerializeAsString()) + Field(2, data.SerializeAsString()),
+                    "a block split in two");
+}
+
+TEST(ParseWithTensorsTest, ABlockThatFromProtoRefusesIsItsError) {
+  v1::GetArrayResponse resp;
+  *resp.add_blocks() = Proto(v1::DTYPE_F32, {2, 2}, 1);
+  *resp.add_blocks() = Proto(v1::DTYPE_F32, {4, 4}, 1);
+  resp.mutable_blocks(1)->mutable_data()->resize(12);
+  ExpectBlocksAgree(resp.SerializeAsString(), "short data in the second block");
+  v1::GetArrayResponse rest;
+  std::vector<Tensor> got;
+  const std::string cut = resp.SerializeAsString().substr(0, 30);
+  google::protobuf::io::ArrayInputStream stream(cut.data(), static_cast<int>(cut.size()));
+  absl::Status s =
+      ParseWithTensors(&stream, static_cast<int64_t>(cut.size()), /*blocks*/ 2, &rest, &got);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("meshrun.v1.GetArrayResponse"), std::string::npos) << s;
 }
 
 }  // namespace

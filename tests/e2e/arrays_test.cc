@@ -80,6 +80,19 @@ TEST_F(ArraysE2ETest, EveryDtypeAndMultiAxisSpecsRoundTrip) {
     ExpectEqual(*got, t);
     EXPECT_TRUE(client_->Delete(info->id()).ok());
   }
+  // Arrays without data: zero-size (its Tensor has no data field on the wire) and 0-d.
+  for (const auto& [dims, spec] :
+       std::vector<std::pair<Dims, PartitionSpec>>{{{0, 6}, PartitionSpec::Of({"i", ""})},
+                                                   {{}, PartitionSpec()},
+                                                   {{4, 0}, PartitionSpec()}}) {
+    Tensor t(v1::DTYPE_F32, dims);
+    if (t.num_elements() == 1) t.data<float>()[0] = 2.5f;
+    auto info = client_->Put(t, spec);
+    ASSERT_TRUE(info.ok()) << DimsToString(dims) << ": " << info.status();
+    auto got = client_->Get(info->id());
+    ASSERT_TRUE(got.ok()) << DimsToString(dims) << ": " << got.status();
+    ExpectEqual(*got, t);
+  }
 }
 
 TEST_F(ArraysE2ETest, BadInputGetsAClearErrorAndTheClusterKeepsServing) {

@@ -95,6 +95,15 @@ TEST(TensorWireTest, AppendedFieldsParseAsTheMessage) {
   ASSERT_TRUE(ParseMessage(bytes, &parsed).ok());
   EXPECT_EQ(parsed.SerializeAsString(), expected.SerializeAsString())
       << parsed.ShortDebugString().substr(0, 300);
+  // What the C++ SDK's Get reads from them: the blocks as Tensors, the rest as it was.
+  v1::GetArrayResponse rest;
+  std::vector<Tensor> blocks;
+  ASSERT_TRUE(ParseWithTensors(bytes, 2, &rest, &blocks).ok());
+  EXPECT_EQ(rest.info().id(), "x");
+  EXPECT_EQ(rest.block_ranks_size(), 3);
+  ASSERT_EQ(blocks.size(), 3u);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(blocks[i].ToProto().SerializeAsString(), expected.blocks(i).SerializeAsString());
 }
 
 TEST(ParseMessageTest, ReadsTheMessageWhereverTheSlicesSplitIt) {

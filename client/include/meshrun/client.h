@@ -82,11 +82,13 @@ class Client {
 
   // jax.device_put(host, NamedSharding(cluster mesh, spec)): each worker receives only its own
   // block (replicated dims are replicated). `host` is row-major, f32 / bf16 / i32 / u32.
+  // `host`'s data is sent from its own memory, not copied: do not write it until Put returns.
   // Errors: InvalidArgument naming the spec, shape and dim that do not fit; an id in use; an
   // array over kMaxArrayMessageBytes (net/grpc_util.h: 2 GiB - 1 MiB), naming its size.
   absl::StatusOr<v1::ArrayInfo> Put(const Tensor& host, const PartitionSpec& spec,
                                     const std::string& id = "");
-  // jax.device_get: the global array assembled from the workers' blocks. Errors: NotFound.
+  // jax.device_get: the global array assembled from the workers' blocks, each read straight
+  // from the response's bytes (a replicated array's one block is the result). Errors: NotFound.
   absl::StatusOr<Tensor> Get(const std::string& id);
   absl::Status Delete(const std::string& id);
   absl::StatusOr<std::vector<v1::ArrayInfo>> ListArrays();
@@ -150,12 +152,13 @@ class Client {
   absl::Status Shutdown();
 
  private:
-  Client(std::string address, std::unique_ptr<v1::Coordinator::Stub> stub);
+  Client(std::string address, std::shared_ptr<grpc::Channel> channel);
   // Sets the call's deadline and this client's session (its arrays' owner).
   void Prepare(grpc::ClientContext& ctx, absl::Duration timeout) const;
   // Sends KeepAlive every third of the coordinator's lease until the client is destroyed.
   void KeepAliveLoop();
   std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;  // PutArray and GetArray go out raw on it
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   const std::string session_;  // random, one per Client
   absl::Mutex mu_;
