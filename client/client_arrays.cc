@@ -1,6 +1,6 @@
-// Client's calls on the cluster's arrays (device_put, device_get, ListArrays, shard_map and jit
-// programs over them). PutArray and GetArray go out raw: the array's bytes are sent from the
-// caller's memory and the blocks read straight from the response's slices.
+// Client's calls on the cluster's arrays (device_put, device_get, ListArrays, input pipelines,
+// shard_map and jit programs over them). PutArray and GetArray go out raw: the array's bytes are
+// sent from the caller's memory and the blocks read straight from the response's slices.
 #include <cstdint>
 #include <memory>
 #include <string>
