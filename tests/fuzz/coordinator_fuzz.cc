@@ -7,9 +7,10 @@
 //  - Through the handlers that reach workers: a real coordinator (RunCoordinator) and one real
 //    worker (RunWorker) run in this process on loopback, Mesh('data': 1, 'model': 1), without TLS,
 //    the worker with a 64 MiB memory budget, both with their checkpoint root under $TMPDIR; the
-//    request is sent to the coordinator over gRPC as a client would (PutArray, GetArray,
-//    DeleteArray, ListArrays, GetStatus, ShardMap, Jit, OpenInput, CloseInput, SaveCheckpoint,
-//    RestoreCheckpoint, SubmitJob). Where a request could ask for unbounded work
+//    request is sent to the coordinator over gRPC as a client would: PutArray and GetArray, served
+//    raw, get the fuzzer's bytes as they are; DeleteArray, ListArrays, GetStatus, ShardMap, Jit,
+//    OpenInput, CloseInput, SaveCheckpoint, RestoreCheckpoint and SubmitJob get them if they parse
+//    as the request. Where a request could ask for unbounded work
 //    the target bounds it first (a job's steps, a call's runs, its collective timeout) and points
 //    data paths at a small .npy dataset; Register, Heartbeat and Shutdown (a node's and an
 //    operator's RPCs) are left out, as they would end the cluster the next inputs need.
@@ -37,6 +38,7 @@
 #include "grpcpp/grpcpp.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "net/credentials.h"
+#include "net/grpc_util.h"
 #include "server/coordinator_runner.h"
 #include "server/partitioner.h"
 #include "tests/fuzz/npy.h"
@@ -90,8 +92,8 @@ class Cluster {
     wo.checkpoint_root = root_;
     std::thread([wo] { (void)RunWorker(wo); }).detach();
 
-    stub_ =
-        v1::Coordinator::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+    channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+    stub_ = v1::Coordinator::NewStub(channel_);
     for (int i = 0; i < 1200; ++i) {  // until the worker has joined
       grpc::ClientContext ctx;
       v1::GetStatusResponse status;
@@ -105,11 +107,13 @@ class Cluster {
   }
 
   v1::Coordinator::Stub& stub() { return *stub_; }
+  const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   const std::string& root() const { return root_; }
   const std::string& data() const { return data_; }
 
  private:
   std::string root_, data_, address_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
 
@@ -168,16 +172,15 @@ void CallCluster(Cluster& c, int which, const std::string& bytes) {
   v1::Coordinator::Stub& stub = c.stub();
   std::unique_ptr<grpc::ClientContext> ctx = Context();
   switch (which) {
-    case 0: {
-      v1::PutArrayRequest req;
-      v1::PutArrayResponse resp;
-      if (Parse(bytes, &req)) Report("PutArray", stub.PutArray(ctx.get(), req, &resp));
-      break;
-    }
+    case 0:
     case 1: {
-      v1::GetArrayRequest req;
-      v1::GetArrayResponse resp;
-      if (Parse(bytes, &req)) Report("GetArray", stub.GetArray(ctx.get(), req, &resp));
+      // Served raw (ParseWithTensor, ParseMessage): the bytes go as they are, a message or not.
+      const grpc::Slice slice(bytes);
+      grpc::ByteBuffer response;
+      const char* rpc = which == 0 ? "PutArray" : "GetArray";
+      Report(rpc, RawUnaryCall(c.channel(), ctx.get(),
+                               MethodPath(v1::Coordinator::service_full_name(), rpc),
+                               grpc::ByteBuffer(&slice, 1), &response));
       break;
     }
     case 2: {
