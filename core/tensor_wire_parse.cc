@@ -107,8 +107,8 @@ absl::StatusOr<Tensor> Assemble(TensorParts& t) {
 }
 
 // Reads `stream_bytes` bytes of `stream`, a message's wire bytes: the occurrences of the Tensor
-// field into `parts` (merged into one when `parts` holds one and `repeated` is false, one each
-// otherwise), every other field into `rest`.
+// field into `parts` (one appended for each when `repeated`; else all merged into parts[0]),
+// every other field into `rest`. REQUIRES: parts holds one TensorParts when !repeated.
 absl::Status ParseFields(google::protobuf::io::ZeroCopyInputStream* stream, int64_t stream_bytes,
                          int tensor_field, bool repeated, google::protobuf::MessageLite* rest,
                          std::vector<TensorParts>& parts) {
@@ -127,7 +127,7 @@ absl::Status ParseFields(google::protobuf::io::ZeroCopyInputStream* stream, int6
     while (const uint32_t tag = in.ReadTag()) {
       if (WireFormatLite::GetTagFieldNumber(tag) == tensor_field &&
           WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
-        if (repeated || parts.empty()) parts.emplace_back();
+        if (repeated) parts.emplace_back();
         ok = ReadTensorField(in, parts.back());
       } else {
         ok = WireFormatLite::SkipField(&in, tag, &out);

@@ -12,7 +12,6 @@
 #include "core/sharding/shard_layout.h"
 #include "glog/logging.h"
 #include "grpc/slice.h"
-#include "grpcpp/impl/codegen/proto_utils.h"
 #include "net/grpc_util.h"
 #include "net/tensor_wire.h"
 
