@@ -20,7 +20,9 @@ namespace meshrun {
 //    is one OP_MATMUL with a bias (oneDNN's epilogue), as a Dense layer is;
 //  - a bf16 matmul whose result only a convert to f32 reads writes that f32 result itself (the
 //    GEMM's f32 accumulator, one rounding to bf16 fewer: XLA's dot with preferred_element_type
-//    f32), so that its bias and gradient accumulation fuse as in f32;
+//    f32), so that its bias and gradient accumulation fuse as in f32; a convert the partitioner
+//    inserted to compute a bf16 op in f32 (Op.widened) only where the rounding cannot show, a
+//    relu reading it (XLA rounds the product before a bias add, a tanh or a GELU reads it);
 //  - relu's gradient reads relu's output rather than its input where both exist (oneDNN's
 //    use_dst_for_bwd: the same bits but at a NaN pre-activation, which oneDNN's relu maps to 0
 //    and whose gradient is then 0 rather than dy), and then an activation (relu, silu, sqrt,

@@ -115,7 +115,7 @@ JitBuilder::State JitBuilder::Reduce(const State& in, const PartitionSpec& targe
     // mean / max of per-device results: pmean / pmax (an all-reduce, as psum), then reshard.
     const int64_t bytes =
         spmd::ReductionBytesPerDevice({spmd::Reduction::kPsum, s.partial}, s.global, s.spec, mesh_,
-                                      static_cast<int>(DTypeSize(s.dtype)));
+                                      static_cast<int>(DTypeSize(sm_.dtype(s.local))));
     collectives_.push_back(
         {s.partial_fn == "mean" ? "pmean" : "pmax", s.partial, -1, bytes, reason});
     s.local = s.partial_fn == "mean" ? sm_.Pmean(s.local, s.partial) : sm_.Pmax(s.local, s.partial);
@@ -125,8 +125,8 @@ JitBuilder::State JitBuilder::Reduce(const State& in, const PartitionSpec& targe
       spmd::PlanPartialSum(s.global, s.spec, s.partial, target, mesh_);
   if (!Check(plan.ok(), absl::StrCat(reason, ": ", plan.status().message()))) return s;
   for (const spmd::Reduction& r : plan->reductions) {
-    const int64_t bytes = spmd::ReductionBytesPerDevice(r, s.global, s.spec, mesh_,
-                                                        static_cast<int>(DTypeSize(s.dtype)));
+    const int64_t bytes = spmd::ReductionBytesPerDevice(
+        r, s.global, s.spec, mesh_, static_cast<int>(DTypeSize(sm_.dtype(s.local))));
     std::vector<PartitionSpec::Entry> entries = s.spec.Padded(s.global.size());
     if (r.kind == spmd::Reduction::kPsum) {
       collectives_.push_back({"psum", r.axes, -1, bytes, reason});
@@ -139,6 +139,9 @@ JitBuilder::State JitBuilder::Reduce(const State& in, const PartitionSpec& targe
     s.spec = PartitionSpec(std::move(entries));
   }
   s.partial.clear();
+  // A bf16 value summed from f32 parts (DotGeneral) is rounded once, now that it is complete.
+  if (s.dtype == v1::DTYPE_BF16 && sm_.dtype(s.local) == v1::DTYPE_F32)
+    s.local = sm_.Convert(s.local, s.dtype);
   return ApplyReshards(std::move(s), plan->reshards, reason);
 }
 

@@ -128,8 +128,8 @@ JitBuilder::Value JitBuilder::Stack(const std::vector<Value>& values) {
                             absl::StrJoin(s.global, ", "), ") differ"))) {
       return {};
     }
-    same_partial =
-        same_partial && s.partial == head.partial && s.partial_fn == "sum" && s.spec == head.spec;
+    same_partial = same_partial && s.partial == head.partial && s.partial_fn == "sum" &&
+                   s.spec == head.spec && sm_.dtype(s.local) == sm_.dtype(head.local);
   }
   // Rows that are all partial sums over the same axes in one layout stack as they are (one psum
   // of the stack later, not one per row); otherwise each row is completed and resharded to the

@@ -180,6 +180,11 @@ JitBuilder::Value JitBuilder::DotGeneral(Value a, Value b,
   out.local =
       sm_.DotGeneral(l.local, r.local, lhs_contracting, rhs_contracting, lhs_batch, rhs_batch);
   out.dtype = l.dtype;
+  // A bf16 product whose contraction is split over devices keeps each device's part in f32 (the
+  // GEMM's accumulator, unrounded) until the parts are summed, and is rounded to bf16 once, after
+  // the sum (Reduce), as the unsplit dot rounds it: the same value as jax.jit's on one device.
+  if (out.dtype == v1::DTYPE_BF16 && !plan->partial_sum_axes.empty())
+    out.local = sm_.Convert(out.local, v1::DTYPE_F32);
   for (size_t i = 0; i < lhs_batch.size(); ++i) out.global.push_back(l.global[lhs_batch[i]]);
   for (int64_t d : FreeDims(l.global.size(), dn.lhs_contracting, dn.lhs_batch))
     out.global.push_back(l.global[d]);
@@ -267,7 +272,7 @@ JitBuilder::Value JitBuilder::Convert(Value x, DType dtype) {
                              !in.partial.empty() && in.partial_fn == "sum";
   State s = widen_partial ? in : Complete(in, "convert");
   const bool floats = IsFloat(s.dtype) && IsFloat(dtype);
-  s.local = sm_.Convert(s.local, dtype);
+  if (!widen_partial || sm_.dtype(s.local) != dtype) s.local = sm_.Convert(s.local, dtype);
   s.dtype = dtype;
   // Between float dtypes the gradient converts back; from integers none flows.
   return Push(std::move(s), floats ? Node(Node::kConvert, {x.id}) : Node(Node::kConstant));

@@ -82,7 +82,7 @@ std::vector<JitBuilder::Value> JitBuilder::AdamUpdate(Value param, Value grad, V
   // first, as for any consumer (FSDP's psum_scatter, a reshard).
   const State& g_in = values_[grad.id];
   bool fuse = !g_in.partial.empty() && (g_in.partial_fn == "sum" || g_in.partial_fn == "mean") &&
-              g_in.spec == p.spec;
+              g_in.spec == p.spec && sm_.dtype(g_in.local) == g_in.dtype;
   if (fuse) {
     absl::StatusOr<spmd::PartialSumPlan> plan = spmd::PlanPartialSum(
         g_in.global, g_in.spec,

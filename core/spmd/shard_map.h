@@ -162,7 +162,9 @@ class ShardMapBuilder {
  private:
   Value Add(v1::Op op, DType dtype, Dims dims);
   Value AllReduce(v1::OpKind kind, const char* name, Value x, const std::vector<std::string>& axes);
-  Value ToF32(Value v) { return dtype(v) == v1::DTYPE_BF16 ? Convert(v, v1::DTYPE_F32) : v; }
+  // v as f32 to compute a bf16 op in, the op's result then rounded back (Restore): an
+  // OP_CONVERT marked `widened` (program.proto).
+  Value ToF32(Value v);
   Value Restore(Value v, DType dtype) {
     return dtype == v1::DTYPE_BF16 && this->dtype(v) != dtype ? Convert(v, dtype) : v;
   }

@@ -85,6 +85,13 @@ ShardMapBuilder::Value ShardMapBuilder::Convert(Value x, DType dtype) {
   return Add(MakeOp(v1::OP_CONVERT, {Name(x)}), dtype, shape(x));
 }
 
+ShardMapBuilder::Value ShardMapBuilder::ToF32(Value v) {
+  if (dtype(v) != v1::DTYPE_BF16) return v;  // (an invalid value too: its dtype is unset)
+  v1::Op op = MakeOp(v1::OP_CONVERT, {Name(v)});
+  op.set_widened(true);
+  return Add(std::move(op), v1::DTYPE_F32, shape(v));
+}
+
 ShardMapBuilder::Value ShardMapBuilder::Cumulative(Value x, const std::string& fn, int64_t dim,
                                                    bool reverse) {
   if (!Valid(x)) return {};

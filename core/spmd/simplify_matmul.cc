@@ -18,6 +18,41 @@ bool PlainMatmul(const v1::Op& op) {
          (op.alpha() == 0.0f || op.alpha() == 1.0f) && op.outputs_size() == 1;
 }
 
+// Whether the f32 value `q`, a widened bf16 product (Op.widened), is read only where its bf16
+// rounding makes no difference: by relu's gradient as its input (only the sign of q counts, the
+// same rounded), and by relu and relu's gradient as dy (a mask) where their output is only
+// rounded back to bf16 (rounding to nearest commutes with relu and with a 0 / 1 mask: relu(acc)
+// rounded is relu of acc rounded). Any other reader (a bias add, a tanh, a product) computes on
+// the bf16 value in XLA, so the product's rounding must stay.
+bool OnlyReluReads(const Uses& uses, const Ops& ops, const std::string& q,
+                   const std::map<std::string, const v1::BufferDecl*>& decls) {
+  auto r = uses.readers.find(q);
+  if (r == uses.readers.end()) return false;
+  for (int k : r->second) {
+    const v1::Op& op = ops.Get(k);
+    if (op.fn() != "relu" || op.outputs_size() != 1) return false;
+    if (op.kind() == v1::OP_UNARY_GRAD && op.inputs_size() == 2 && !op.grad_from_output() &&
+        op.inputs(0) == q && op.inputs(1) != q) {
+      continue;  // q's sign alone
+    }
+    const bool as_dy = op.kind() == v1::OP_UNARY_GRAD && op.inputs_size() == 2 &&
+                       op.inputs(0) != q && op.inputs(1) == q;
+    const bool as_x = op.kind() == v1::OP_UNARY && op.inputs_size() == 1 && op.inputs(0) == q;
+    if (!(as_dy || as_x) || uses.boundary.count(op.outputs(0))) return false;
+    auto y = uses.readers.find(op.outputs(0));
+    if (y == uses.readers.end()) return false;
+    for (int j : y->second) {
+      const v1::Op& narrow = ops.Get(j);
+      auto d = narrow.outputs_size() == 1 ? decls.find(narrow.outputs(0)) : decls.end();
+      if (narrow.kind() != v1::OP_CONVERT || d == decls.end() ||
+          d->second->dtype() != v1::DTYPE_BF16) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 // `c = add(matmul(a, b), bias)` with bias [1, N] or [N] over the matmul's [M, N] result becomes
@@ -64,7 +99,8 @@ void FuseMatmulBias(v1::ShardMapProgram* p) {
 
 // `q = convert(matmul(a, b))` to f32 of a bf16 GEMM's result read by nothing else: the matmul
 // writes q itself, f32 (its f32 accumulator unrounded, as XLA's dot with preferred_element_type
-// f32), so a bias or an accumulated gradient can join it in f32 next. One sweep.
+// f32), so a bias or an accumulated gradient can join it in f32 next. A widened convert (a bf16
+// op computed in f32) is folded only where OnlyReluReads. One sweep.
 void FoldConvertIntoMatmul(v1::ShardMapProgram* p) {
   const Uses uses(*p);
   const auto decls = Decls(p->program());
@@ -85,7 +121,8 @@ void FoldConvertIntoMatmul(v1::ShardMapProgram* p) {
     if (matmul.kind() != v1::OP_MATMUL || matmul.accumulate() || !matmul.fn().empty() ||
         pd == decls.end() || qd == decls.end() || pd->second->dtype() != v1::DTYPE_BF16 ||
         qd->second->dtype() != v1::DTYPE_F32 || DimsOf(pd->second) != DimsOf(qd->second) ||
-        args.count(q) || !uses.Fixed(q)) {
+        args.count(q) || !uses.Fixed(q) ||
+        (convert.widened() && !OnlyReluReads(uses, *ops, q, decls))) {
       continue;
     }
     // q now exists from the matmul on: nothing between may read it.

@@ -96,3 +96,34 @@ def test_bf16_arithmetic_with_literals_rounds_every_op_as_jax(cluster):
         g, w = np.asarray(g), np.asarray(w)
         assert g.dtype == w.dtype == jnp.bfloat16
         np.testing.assert_array_equal(g.view(np.uint16), w.view(np.uint16))
+
+
+def test_a_bf16_products_rounding_stays_before_the_ops_that_read_it_as_jax(cluster):
+    """A bf16 dot's result is rounded to bf16 before a bias add, a tanh or a GELU reads it, also
+    where its contraction is split over 'model' (each device's part summed in f32, rounded once
+    after the sum), as jax.jit computes it on one device: bit for bit. Before, the GEMM handed
+    those ops its unrounded f32 accumulator (a quarter to a third of these values differed by an
+    ulp or two), and a split contraction summed parts already rounded to bf16. A dot converted to
+    f32 right away keeps its f32 accumulator, as XLA's does (to f32 rounding)."""
+    bf = jnp.bfloat16
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((8, 64)).astype(np.float32)
+    w = (rng.standard_normal((64, 48)) * 0.3).astype(np.float32)
+    b = (rng.standard_normal((48,)) * 0.3).astype(np.float32)
+
+    def f(x, w, b):
+        y = jnp.dot(x.astype(bf), w.astype(bf))
+        return (y + b.astype(bf), jnp.tanh(y), jax.nn.gelu(y * 2.0), jax.nn.relu(y) + 0.5,
+                jnp.dot((x * 0.5).astype(bf), w.astype(bf)).astype(jnp.float32))
+
+    want = jax.jit(f)(x, w, b)
+    for w_spec in (P(), P(None, "model"), P("model", None)):
+        got = cluster.jit(f, in_shardings=(P("data"), w_spec, P()), out_shardings=P())(
+            cluster.device_put(x, P("data")), cluster.device_put(w, w_spec), cluster.device_put(b, P()))
+        for i, (g, v) in enumerate(zip(got, want)):
+            g, v = np.asarray(g), np.asarray(v)
+            assert g.dtype == v.dtype, (w_spec, i)
+            if v.dtype == jnp.bfloat16:
+                np.testing.assert_array_equal(g.view(np.uint16), v.view(np.uint16), err_msg=f"{w_spec} result {i}")
+            else:
+                np.testing.assert_allclose(g, v, rtol=1e-6, atol=1e-6, err_msg=f"{w_spec}")
