@@ -201,9 +201,17 @@ Value Dense(Scope scope, Value x, int64_t features, const DenseOptions& options)
   Value y = jit.DotGeneral(cast(x), cast(kernel), {rank - 1}, {0});
   if (!options.use_bias) return y;
   Value bias = cast(scope.Param("bias", {features}, {options.kernel_axes.back()}, Zeros()));
+  // In bf16 the sum is taken in f32 and rounded once (nn.h): the GEMM writes its f32
+  // accumulator (FoldConvertIntoMatmul takes this convert into it).
+  const bool narrow = jit.dtype(y) != v1::DTYPE_F32;
+  if (narrow) {
+    y = jit.Convert(y, v1::DTYPE_F32);
+    bias = jit.Convert(bias, v1::DTYPE_F32);
+  }
   const Dims out = jit.shape(y);
-  return jit.Add(
+  Value sum = jit.Add(
       y, jit.BroadcastInDim(bias, out, {static_cast<int64_t>(out.size()) - 1}, jit.sharding(y)));
+  return narrow ? jit.Convert(sum, options.dtype) : sum;
 }
 
 namespace {

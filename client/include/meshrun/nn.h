@@ -154,7 +154,10 @@ class Scope {
 // logical axes `kernel_axes`, bias [features] with the kernel's last axis name.
 // `dtype` is flax's: the computation's dtype. bf16 casts x, the kernel and the bias to bf16 (the
 // matmul a oneDNN bf16 GEMM accumulating in f32, the result bf16); the parameters themselves stay
-// f32 (flax's param_dtype), and their gradients come back f32 through the casts' VJP.
+// f32 (flax's param_dtype), and their gradients come back f32 through the casts' VJP. The bias
+// joins the GEMM's f32 accumulator and the sum is rounded to bf16 once, as torch.autocast's
+// linear and oneDNN's bf16 matmul with a bias compute it (flax's layer under jax.jit rounds the
+// product before the add as well: one rounding more; the Python SDK computes that one).
 struct DenseOptions {
   std::vector<std::string> kernel_axes = {"embed", "hidden"};
   bool use_bias = true;
