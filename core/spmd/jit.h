@@ -327,6 +327,9 @@ class JitBuilder {
   struct Scaled;
   struct State {
     Node node;
+    // `local` holds the value in `dtype`, but for a bf16 partial sum whose device parts are kept
+    // in f32 until they are summed (DotGeneral); Reduce rounds the sum to bf16, and Convert,
+    // Stack and AdamUpdate check sm_.dtype(local) where they take such a part as it is.
     ShardMapBuilder::Value local;
     DType dtype;
     Dims global;
