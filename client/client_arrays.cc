@@ -113,11 +113,11 @@ absl::StatusOr<Tensor> Client::Get(const std::string& id) {
   return Assemble(rest.info(), rest.block_ranks(), std::move(blocks));
 }
 
-absl::Status Client::Delete(const std::string& id) {
+absl::Status Client::Delete(absl::Span<const std::string> ids) {
   grpc::ClientContext ctx;
   Prepare(ctx, absl::Seconds(30));
   v1::DeleteArrayRequest req;
-  req.set_id(id);
+  *req.mutable_ids() = {ids.begin(), ids.end()};
   v1::DeleteArrayResponse resp;
   return FromGrpcStatus(stub_->DeleteArray(&ctx, req, &resp));
 }

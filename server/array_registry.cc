@@ -4,6 +4,7 @@
 #include <cstring>
 #include <numeric>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
@@ -29,6 +30,13 @@ void ArrayRegistry::ForgetIfReformed() {
   arrays_.clear();
   inputs_.clear();
 }
+
+std::string ArrayRegistry::RandomIdPrefix() {
+  std::random_device random;
+  return absl::StrCat("array-", absl::Hex(random(), absl::kZeroPad8), "-");
+}
+
+std::string ArrayRegistry::NewIdLocked() { return absl::StrCat(id_prefix_, next_id_++); }
 
 absl::Status ArrayRegistry::NoSuchArray(const std::string& id) const {
   if (gone_.count(id)) {
@@ -129,7 +137,7 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const Par
   if (!stubs.ok()) return stubs.status();
   {
     absl::MutexLock lock(&mu_);
-    if (id.empty()) id = absl::StrCat("array-", next_id_++);
+    if (id.empty()) id = NewIdLocked();
     if (arrays_.count(id))
       return absl::InvalidArgumentError(absl::StrCat("array id '", id, "' is in use"));
   }
@@ -139,7 +147,7 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const Par
   if (!s.ok()) {
     ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
       v1::DeleteShardRequest req;
-      req.set_array_id(id);
+      req.add_array_ids(id);
       v1::DeleteShardResponse resp;
       return (**stubs)[r]->DeleteShard(ctx, req, &resp);
     }).IgnoreError();
@@ -282,21 +290,41 @@ absl::StatusOr<grpc::ByteBuffer> ArrayRegistry::GetArrayBytes(const std::string&
   return grpc::ByteBuffer(out.data(), out.size());
 }
 
-absl::Status ArrayRegistry::Delete(const std::string& id) {
-  if (absl::StatusOr<v1::ArrayInfo> info = Info(id); !info.ok()) return info.status();
+absl::Status ArrayRegistry::Delete(absl::Span<const std::string> ids) {
+  std::vector<std::string> known, unknown;
+  absl::Status missing;  // NoSuchArray's message for a single unknown id
+  {
+    absl::MutexLock lock(&mu_);
+    ForgetIfReformed();
+    std::set<std::string> seen;
+    for (const std::string& id : ids) {
+      if (!seen.insert(id).second) continue;
+      if (arrays_.count(id)) {
+        known.push_back(id);
+      } else {
+        unknown.push_back(absl::StrCat("'", id, "'"));
+        if (missing.ok()) missing = NoSuchArray(id);
+      }
+    }
+  }
+  if (unknown.size() > 1) {
+    missing = absl::NotFoundError(
+        absl::StrCat("no arrays ", absl::StrJoin(unknown, ", "), " on this cluster"));
+  }
+  if (known.empty()) return missing;
   absl::StatusOr<StubsRef> stubs = CurrentStubs();
   if (!stubs.ok()) return stubs.status();
   std::vector<int> ranks(workers_->expected());
   std::iota(ranks.begin(), ranks.end(), 0);
   absl::Status s = ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
     v1::DeleteShardRequest req;
-    req.set_array_id(id);
+    *req.mutable_array_ids() = {known.begin(), known.end()};
     v1::DeleteShardResponse resp;
     return (**stubs)[r]->DeleteShard(ctx, req, &resp);
   });
   absl::MutexLock lock(&mu_);
-  arrays_.erase(id);
-  return s;
+  for (const std::string& id : known) arrays_.erase(id);
+  return s.ok() ? missing : s;
 }
 
 std::vector<v1::ArrayInfo> ArrayRegistry::List() {

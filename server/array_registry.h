@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "core/checkpoint/checkpoint_root.h"
 #include "core/sharding/named_sharding.h"
 #include "core/sharding/partition_spec.h"
@@ -53,7 +54,8 @@ class ArrayRegistry {
         rpc_timeout_(rpc_timeout),
         heartbeat_timeout_(heartbeat_timeout),
         metrics_(metrics),
-        checkpoint_root_(checkpoint_root, "the coordinator's") {}
+        checkpoint_root_(checkpoint_root, "the coordinator's"),
+        id_prefix_(RandomIdPrefix()) {}
 
   // Errors: InvalidArgument for a spec that does not fit the array on the mesh (naming the spec,
   // shape and dim), an unsupported dtype, or an id in use; worker errors. The shards go to the
@@ -68,7 +70,11 @@ class ArrayRegistry {
   // Tensor of its worker's GetShard response, passed on without a copy. Errors: NotFound naming
   // the id; worker errors naming the worker.
   absl::StatusOr<grpc::ByteBuffer> GetArrayBytes(const std::string& id);
-  absl::Status Delete(const std::string& id);
+  // Frees `ids` on every worker and forgets them; every known id is freed even when others are
+  // unknown. Errors: NotFound naming the unknown ids (a lost worker's arrays say so); worker
+  // errors naming the worker.
+  absl::Status Delete(absl::Span<const std::string> ids);
+  absl::Status Delete(const std::string& id) { return Delete(absl::MakeConstSpan(&id, 1)); }
   std::vector<v1::ArrayInfo> List();
   // shard_map: runs `request.program` on every worker over the input arrays, whose specs must
   // equal the program's in_specs, and registers the outputs laid out by out_specs. On failure
@@ -248,6 +254,12 @@ class ArrayRegistry {
   std::map<std::string, v1::ArrayInfo> arrays_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::InputInfo> inputs_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> gone_ ABSL_GUARDED_BY(mu_);  // array ids the last re-form forgot
+  // Ids the registry picks: "array-<prefix>-<n>". The prefix is random per coordinator, so an id
+  // from before a restart (a client's stale handle, freed when it is garbage-collected) never
+  // names an array of the new coordinator.
+  std::string NewIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static std::string RandomIdPrefix();
+  const std::string id_prefix_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -134,7 +134,7 @@ absl::Status ArrayRegistry::AssignResultIds(const v1::ShardMapProgram& p,
     for (int i = 0; i < p.outputs_size(); ++i) {
       if (fetched.count(i)) continue;  // returned, never registered
       std::string id = request.output_ids_size() ? request.output_ids(i) : "";
-      if (id.empty()) id = absl::StrCat("array-", next_id_++);  // an empty id: ours to pick
+      if (id.empty()) id = NewIdLocked();  // an empty id: ours to pick
       if (arrays_.count(id) && !donated.count(id)) {
         return absl::InvalidArgumentError(absl::StrCat(
             "array id '", id, "' is in use (only a donated argument's id ", "may be reused)"));

@@ -193,14 +193,12 @@ absl::StatusOr<std::vector<v1::LoadShardsRequest>> PlanLoad(
 
 void DeleteOnWorkers(const std::vector<CheckpointArray>& arrays, const ForEachWorker& for_each) {
   for_each([&](int, v1::Worker::Stub& stub, grpc::ClientContext*) {
-    for (const CheckpointArray& a : arrays) {
-      grpc::ClientContext ctx;  // one per call: a context serves a single RPC
-      SetTimeout(ctx, absl::Seconds(10));
-      v1::DeleteShardRequest req;
-      req.set_array_id(a.array_id);
-      v1::DeleteShardResponse resp;
-      stub.DeleteShard(&ctx, req, &resp);
-    }
+    grpc::ClientContext ctx;
+    SetTimeout(ctx, absl::Seconds(10));
+    v1::DeleteShardRequest req;
+    for (const CheckpointArray& a : arrays) req.add_array_ids(a.array_id);
+    v1::DeleteShardResponse resp;
+    stub.DeleteShard(&ctx, req, &resp);  // its own blocks of every array, whichever it held
     return grpc::Status::OK;
   }).IgnoreError();
 }

@@ -168,8 +168,12 @@ grpc::Status CoordinatorService::DeleteArray(grpc::ServerContext* ctx,
                                              const v1::DeleteArrayRequest* req,
                                              v1::DeleteArrayResponse*) {
   leases_->Touch(SessionOf(*ctx));
-  absl::Status s = arrays_->Delete(req->id());
-  if (s.ok()) leases_->Disown(req->id());
+  if (req->ids().empty()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("DeleteArray: no ids; expected at least one"));
+  }
+  const std::vector<std::string> ids(req->ids().begin(), req->ids().end());
+  absl::Status s = arrays_->Delete(ids);
+  for (const std::string& id : ids) leases_->Disown(id);  // a no-op for an unknown id
   return ToGrpcStatus(s);
 }
 

@@ -189,7 +189,14 @@ absl::StatusOr<grpc::ByteBuffer> WorkerService::GetShardBytes(const v1::GetShard
 
 grpc::Status WorkerService::DeleteShard(grpc::ServerContext*, const v1::DeleteShardRequest* req,
                                         v1::DeleteShardResponse*) {
-  if (absl::Status s = shards_.Delete(req->array_id()); !s.ok()) return Error(s);
+  std::vector<std::string> unknown;
+  for (const std::string& id : req->array_ids()) {
+    if (!shards_.Delete(id).ok()) unknown.push_back(absl::StrCat("'", id, "'"));
+  }
+  if (!unknown.empty()) {
+    return Error(absl::NotFoundError(
+        absl::StrCat("no array ", absl::StrJoin(unknown, ", "), " on this worker")));
+  }
   return grpc::Status::OK;
 }
 

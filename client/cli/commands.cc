@@ -187,17 +187,17 @@ int Arrays(const std::string& coordinator, const std::vector<std::string>& to_de
       ids.clear();
       for (const auto& a : *arrays) ids.push_back(a.id());
     }
-    for (const std::string& id : ids) {
-      if (absl::Status s = (*client)->Delete(id); !s.ok()) return Fail(s);
-      std::printf("deleted %s\n", id.c_str());
-    }
+    if (ids.empty()) return 0;
+    // One call: every known id is freed even when the error names an unknown one.
+    if (absl::Status s = (*client)->Delete(ids); !s.ok()) return Fail(s);
+    for (const std::string& id : ids) std::printf("deleted %s\n", id.c_str());
     return 0;
   }
-  std::printf("%-16s %-6s %-16s %-36s %16s  %s\n", "id", "dtype", "shape", "spec", "bytes/worker",
+  std::printf("%-24s %-6s %-16s %-36s %16s  %s\n", "id", "dtype", "shape", "spec", "bytes/worker",
               "owner (client session)");
   for (const auto& a : *arrays) {
     const Dims dims(a.shape().dims().begin(), a.shape().dims().end());
-    std::printf("%-16s %-6s %-16s %-36s %16lld  %s\n", a.id().c_str(), DTypeName(a.dtype()).c_str(),
+    std::printf("%-24s %-6s %-16s %-36s %16lld  %s\n", a.id().c_str(), DTypeName(a.dtype()).c_str(),
                 DimsToString(dims).c_str(),
                 PartitionSpec::FromProto(a.sharding().spec()).ToString().c_str(),
                 static_cast<long long>(a.bytes_per_worker()),

@@ -27,7 +27,10 @@ class Array:
 
     Every worker holds its own block; nothing is on the client until `np.asarray(a)` (or
     `a.fetch()`) assembles the global array from one replica of every block. `a.delete()` frees
-    it on the cluster (as jax.Array.delete). A donated argument of `cluster.jit` is consumed:
+    it on the cluster at once (as jax.Array.delete); an array garbage-collected is freed soon
+    after, as a jax.Array's buffers are (the Cluster's release thread sends the deletes in
+    batches), so a loop that puts a batch per step holds no more than a few. Arrays are
+    immutable: copy.copy and copy.deepcopy return the same Array. A donated argument of `cluster.jit` is consumed:
     using it afterwards raises RuntimeError, as JAX does. An array of typed PRNG keys
     (jax.random.key) is held as its words: `shape` and `dtype` are jax.random.key_data's (u32, the
     keys' shape plus a trailing 2), `np.asarray` gives those words, and `key_dtype` is the keys'
@@ -121,6 +124,19 @@ class Array:
         if not self._deleted:
             self._deleted = True
             self._cluster._delete(self.id)
+
+    def __del__(self):
+        try:
+            if not self._deleted:
+                self._cluster._release(self.id)
+        except Exception:  # noqa: BLE001 (a half-made Array; interpreter shutdown)
+            pass
+
+    def __copy__(self):
+        return self
+
+    def __deepcopy__(self, memo):
+        return self
 
     def is_deleted(self):
         return self._deleted

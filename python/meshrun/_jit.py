@@ -44,10 +44,10 @@ def _as_tuple(x):
 
 
 class _Compiled:
-    def __init__(self, program, const_ids, out_treedef, out_avals, out_key_dtypes, out_entries, trace_seconds,
+    def __init__(self, program, consts, out_treedef, out_avals, out_key_dtypes, out_entries, trace_seconds,
                  callbacks=(), checks=(), extra_results=0):
         self.program = program
-        self.const_ids = const_ids
+        self.consts = consts  # meshrun.Arrays of the program's constants, held as long as it is
         self.out_treedef = out_treedef
         self.out_avals = out_avals
         self.out_key_dtypes = out_key_dtypes
@@ -256,8 +256,7 @@ class Jitted:
         conv = _convert.Converter(mesh, self._while_trips)
         program, consts = conv.convert(closed, [(a.shape, a.dtype, a._entries) for a in arrays], out_entries)
         out_entries = conv.out_entries
-        const_ids = [self._cluster._put(c, None).id for c in consts]
-        return _Compiled(program, const_ids, out_treedef, out_avals, out_key_dtypes, out_entries,
+        return _Compiled(program, [self._cluster._put(c, None) for c in consts], out_treedef, out_avals, out_key_dtypes, out_entries,
                          time.perf_counter() - start, conv.callbacks, conv.checks, len(conv.extra_results))
 
     def _run(self, compiled, arrays, donated):
@@ -266,7 +265,7 @@ class Jitted:
         self.last_trace_seconds = compiled.trace_seconds
         self.last_program = compiled.program
         req = coordinator_pb2.JitRequest(program=compiled.program)
-        req.input_ids.extend([a.id for a in arrays] + compiled.const_ids)
+        req.input_ids.extend([a.id for a in arrays + compiled.consts])
         req.donate_argnums.extend(i for i, d in enumerate(donated) if d)
         req.output_ids.extend("" if i is None else arrays[i].id for i in compiled.reuse)
         if req.output_ids:

@@ -1,4 +1,5 @@
 """device_put / fetch / delete / visualize, and the errors a user meets first."""
+import copy
 import io
 import os
 import time
@@ -10,6 +11,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import meshrun
+from clusterutil import listed
 
 
 def test_mesh_is_the_clusters(cluster):
@@ -204,3 +206,33 @@ def test_arrays_belong_to_the_clients_session(cluster):
     finally:
         other.close()
         mine.delete()
+
+
+def test_arrays_a_train_loop_drops_are_freed_on_the_cluster_as_jax_frees_them(cluster):
+    """A loop that puts a batch per step and keeps the last loss holds only those on the cluster:
+    a meshrun.Array garbage-collected is freed there, as a jax.Array's buffers are (before, every
+    batch and loss stayed until the session ended: 40 arrays after this loop). A jitted function's
+    constants live as long as the function."""
+    offsets = np.random.default_rng(0).normal(size=(8, 64)).astype(np.float32)  # a constant
+    step = cluster.jit(lambda w, x: jax.numpy.sum(w * x + offsets), in_shardings=(P(), P("data")),
+                       out_shardings=P())
+    w = cluster.device_put(np.full((64,), 0.5, np.float32), P())
+    before = listed(cluster)
+    for i in range(20):
+        x = cluster.device_put(np.full((8, 64), i, np.float32), P("data"))
+        loss = step(w, x)
+    np.testing.assert_allclose(float(loss), 19 * 0.5 * 8 * 64 + offsets.sum(), rtol=1e-5)
+    consts = {a.id for c in step._cache.values() for a in c.consts}
+    assert len(consts) == 1
+    assert listed(cluster) - before == {x.id, loss.id} | consts
+    assert float(step(w, x)) == float(loss)  # the constant is still there
+    del x, loss
+    assert listed(cluster) - before == consts
+    del step
+    assert listed(cluster) == before
+    # Donated arguments are the cluster's: dropping them frees nothing twice.
+    inc = cluster.jit(lambda v: v + 1.0, in_shardings=P(), out_shardings=P(), donate_argnums=0)
+    for _ in range(3):
+        w = inc(w)
+    assert listed(cluster) == before and float(np.asarray(w)[0]) == 3.5
+    assert copy.copy(w) is w and copy.deepcopy({"w": w})["w"] is w  # immutable: no second owner

@@ -9,12 +9,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from meshrun import errors
-from meshrun.v1 import coordinator_pb2
 from jaxcompare import emulated_mesh
+from clusterutil import listed
 
 
-def listed(cluster):
-    return {a.id for a in cluster._call("ListArrays", coordinator_pb2.ListArraysRequest()).arrays}
 
 
 def printed(capsys):
@@ -50,7 +48,7 @@ def test_prints_and_callbacks_run_as_under_jax_jit(cluster, capsys):
         got_lines, got_seen = printed(capsys), list(seen)
         # The callbacks' values are not left on the cluster: only the results (and the constants
         # the first call uploads).
-        consts = {i for c in step._cache.values() for i in c.const_ids}
+        consts = {a.id for c in step._cache.values() for a in c.consts}
         assert listed(cluster) - before - consts == {value.id, grad.id}
         seen.clear()
         want_value, want_grad = jax.jit(jax.value_and_grad(loss))(x, key)

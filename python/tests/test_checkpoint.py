@@ -14,11 +14,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from meshrun import errors
-from meshrun.v1 import coordinator_pb2
+from clusterutil import listed
 
 
-def listed(cluster):
-    return {a.id for a in cluster._call("ListArrays", coordinator_pb2.ListArraysRequest()).arrays}
 
 
 def test_a_saved_train_state_restores_under_another_layout_and_trains_on_identically(cluster, tmp_path):

@@ -10,11 +10,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from meshrun import errors
-from meshrun.v1 import coordinator_pb2
+from clusterutil import listed
 
 
-def listed(cluster):
-    return {a.id for a in cluster._call("ListArrays", coordinator_pb2.ListArraysRequest()).arrays}
 
 
 def test_while_loops_with_constant_trip_counts_match_jax(cluster):

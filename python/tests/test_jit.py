@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import meshrun
 from jaxcompare import compare, emulated_mesh
 from meshrun.seeds import MLP, DotReluDot, NnxDotReluDot
+from clusterutil import listed
 
 STEPS = 20
 
@@ -226,10 +227,6 @@ def test_layouts_and_donations_worked_out_once_per_structure_hold_for_every_call
     donated array each result replaces once per compiled program: later calls must still refuse a
     misplaced argument, keep each structure's own specs, and free the donated arrays no result
     takes."""
-    from meshrun.v1 import coordinator_pb2
-
-    def listed():
-        return {a.id for a in cluster._call("ListArrays", coordinator_pb2.ListArraysRequest()).arrays}
 
     def step(s, x):
         return {"w": s["w"] + x, "n": s["n"] * 2.0}, jnp.sum(x)
@@ -245,7 +242,7 @@ def test_layouts_and_donations_worked_out_once_per_structure_hold_for_every_call
         state, total = fn(state, x)
         # each result took its donated argument's place: the ids stay, nothing is left behind
         assert {k: a.id for k, a in state.items()} == ids
-        assert not (set(ids.values()) - listed())
+        assert not (set(ids.values()) - listed(cluster))
     np.testing.assert_array_equal(np.asarray(state["w"]), 1.0 + 3.0 * np.arange(8, dtype=np.float32))
     np.testing.assert_array_equal(np.asarray(state["n"]), np.full(4, 8.0, np.float32))
     assert float(np.asarray(total)) == 28.0
@@ -260,7 +257,7 @@ def test_layouts_and_donations_worked_out_once_per_structure_hold_for_every_call
         for _ in range(2):
             arg = cluster.device_put(np.ones(8, np.float32), P("data"))
             out = other(arg)
-            assert arg.id not in listed() and out.id in listed()
+            assert arg.id not in listed(cluster) and out.id in listed(cluster)
             assert out.sharding.spec == P()
 
 

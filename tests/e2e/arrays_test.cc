@@ -118,6 +118,33 @@ TEST_F(ArraysE2ETest, BadInputGetsAClearErrorAndTheClusterKeepsServing) {
   EXPECT_TRUE(ok.ok()) << ok.status();
 }
 
+// DeleteArray with several ids (the Python SDK frees garbage-collected arrays in batches): the
+// known ones are freed on every worker even when one is unknown, and the error names it.
+TEST_F(ArraysE2ETest, ADeleteOfSeveralIdsFreesEveryKnownOneAndNamesTheUnknown) {
+  for (const char* id : {"d0", "d1", "keep"}) {
+    ASSERT_TRUE(client_->Put(Normal({8, 4}, 4), PartitionSpec::Of({"i", ""}), id).ok()) << id;
+  }
+  const std::vector<std::string> ids = {"d0", "nope", "d1", "d0"};
+  absl::Status s = client_->Delete(ids);
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_THAT(s.message(), HasSubstr("no array 'nope'"));
+  auto listed = client_->ListArrays();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  std::vector<std::string> left;
+  for (const v1::ArrayInfo& a : *listed) left.push_back(a.id());
+  EXPECT_THAT(left, ::testing::Contains("keep"));
+  EXPECT_THAT(left, ::testing::Not(::testing::Contains("d0")));
+  EXPECT_THAT(left, ::testing::Not(::testing::Contains("d1")));
+  // Freed on the workers too: the ids can be put again, laid out otherwise.
+  EXPECT_TRUE(client_->Put(Normal({8}, 5), PartitionSpec(), "d0").ok());
+  const std::vector<std::string> two_unknown = {"d0", "x1", "x2"};
+  s = client_->Delete(two_unknown);
+  EXPECT_THAT(s.message(), HasSubstr("no arrays 'x1', 'x2' on this cluster"));
+  EXPECT_EQ(client_->Get("d0").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(client_->Delete(std::vector<std::string>{}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(client_->Delete("keep").ok());
+}
+
 // A replicated array's shard is the whole array. The coordinator used to build each worker's
 // request apart and send them all at once, each call holding the block about three times (the
 // block, the request, gRPC's serialization) until it returned: its peak grew by 27x the array on

@@ -72,7 +72,7 @@ TEST_F(ShardBytesTest, TheBytesOutliveTheShardsDeletionAndReplacement) {
   absl::StatusOr<grpc::ByteBuffer> before_delete = Get("x");
   ASSERT_TRUE(before_delete.ok()) << before_delete.status();
   v1::DeleteShardRequest del;
-  del.set_array_id("x");
+  del.add_array_ids("x");
   v1::DeleteShardResponse deleted;
   grpc::ServerContext ctx;
   ASSERT_TRUE(service_.DeleteShard(&ctx, &del, &deleted).ok());

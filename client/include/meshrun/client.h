@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "core/config/job_config.h"
 #include "core/sharding/partition_spec.h"
 #include "core/tensor.h"
@@ -90,7 +91,10 @@ class Client {
   // jax.device_get: the global array assembled from the workers' blocks, each read straight
   // from the response's bytes (a replicated array's one block is the result). Errors: NotFound.
   absl::StatusOr<Tensor> Get(const std::string& id);
-  absl::Status Delete(const std::string& id);
+  // jax.Array.delete: frees the arrays `ids` on every worker, in one call. Every known id is freed
+  // even when others are unknown. Errors: NotFound naming the unknown ids.
+  absl::Status Delete(absl::Span<const std::string> ids);
+  absl::Status Delete(const std::string& id) { return Delete(absl::MakeConstSpan(&id, 1)); }
   absl::StatusOr<std::vector<v1::ArrayInfo>> ListArrays();
   // The grid jax.debug.visualize_array_sharding prints for the array (1-D and 2-D arrays).
   absl::StatusOr<std::string> VisualizeSharding(const std::string& id);
