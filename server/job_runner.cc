@@ -280,9 +280,10 @@ absl::Status JobDriver::Runner::Evaluate() {
 void JobDriver::Runner::Release() {
   if (save_thread_.joinable()) save_thread_.join();
   if (abandoned_) return;
-  for (const std::string& id : live_ids_) d_->arrays_->Delete(id).IgnoreError();
-  for (const v1::StateArraySpec& a : job_.state())
-    d_->arrays_->Delete(Id("snapshot/" + a.name())).IgnoreError();
+  // One call for every array: a snapshot never taken is unknown, which frees the rest anyway.
+  std::vector<std::string> ids = live_ids_;
+  for (const v1::StateArraySpec& a : job_.state()) ids.push_back(Id("snapshot/" + a.name()));
+  if (!ids.empty()) d_->arrays_->Delete(ids).IgnoreError();
   for (const std::string& id : {train_input_, eval_input_}) {
     if (!id.empty()) d_->arrays_->CloseInput(id).IgnoreError();
   }
