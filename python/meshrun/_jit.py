@@ -80,16 +80,19 @@ class Jitted:
     """The callable cluster.jit returns. Arguments: pytrees of meshrun.Array (laid out as
     in_shardings when given; numpy arrays, scalars and typed PRNG keys (jax.random.key) are put
     on the cluster first, laid out so), positionally or by keyword as jax.jit takes them (a
-    keyword argument takes its parameter's position). Returns a pytree of meshrun.Array; typed
-    key arguments and results are key arrays (meshrun.Array.key_dtype), traced as keys.
+    keyword argument of a positional parameter takes its position; keyword-only parameters and
+    **kwargs are traced as keywords, and with in_shardings given only static ones are taken, as
+    jax.jit refuses the others). Returns a pytree of meshrun.Array; typed key arguments and
+    results are key arrays (meshrun.Array.key_dtype), traced as keys.
     `static_argnums` / `static_argnames`: hashable Python values the function is traced with
     (one trace per value). `donate_argnums` / `donate_argnames`: those arguments are consumed; a
     result of the same shape, dtype and sharding takes the first unused donated array's place on
     the cluster (a TrainState updated in place). Errors: UnsupportedPrimitiveError naming the
     primitive and the user's file:line; InvalidArgumentError for shardings over another mesh,
-    shapes the mesh does not divide, an argument laid out other than its in_sharding, or an
-    argnames entry that is not a positional parameter; TypeError for keyword-only arguments; the
-    coordinator's errors as meshrun.errors. Not thread-safe.
+    shapes the mesh does not divide, an argument laid out other than its in_sharding, an
+    argnames entry that is none of fun's parameters, or dynamic keyword arguments beside
+    in_shardings; TypeError for arguments that fun's signature does not bind; the coordinator's
+    errors as meshrun.errors. Not thread-safe.
 
     `while_trips` (meshrun's, default 16, 1..1000): a lax.while_loop whose trip count depends on
     traced values (a loop until convergence, jax.random.gamma's rejection sampling) has no loop op
@@ -117,47 +120,64 @@ class Jitted:
             self._signature = inspect.signature(fun)
         except (TypeError, ValueError):  # a callable without one takes positional arguments only
             self._signature = None
-        self._static = tuple(sorted(set(_as_tuple(static_argnums)) | self._positions(static_argnames)))
-        self._donate = set(_as_tuple(donate_argnums)) | self._positions(donate_argnames)
+        static_pos, self._static_names = self._parameters(static_argnums, static_argnames, "static_argnames")
+        self._static = tuple(sorted(static_pos))
+        self._donate, self._donate_names = self._parameters(donate_argnums, donate_argnames, "donate_argnames")
         self._cache = {}
         self._layouts = {}  # (treedef, dynamic positions) -> _layout's
         self.last_trace_seconds = 0.0  # tracing plus conversion of the last cache miss
         self.last_collectives = []  # the partitioner's collectives, "psum(model)", ...
         self.last_program = None  # the GlobalProgram (program_pb2) the last call ran
 
-    def _positions(self, names):
-        """The positions of the parameters `names` (static_argnames, donate_argnames) in fun's
-        signature. Errors: InvalidArgumentError naming one that is not a positional parameter."""
+    def _parameters(self, argnums, argnames, what):
+        """(positions, names) of the parameters that `argnums` and `argnames` select, as jax.jit
+        resolves them: a positional parameter by either (its name also selects it when it is passed
+        by keyword), a keyword-only one, or any name when fun takes **kwargs, by name. Errors:
+        InvalidArgumentError naming a name that is none of fun's parameters."""
         params = list(self._signature.parameters.values()) if self._signature is not None else []
         positional = [q.name for q in params if q.kind in (q.POSITIONAL_ONLY, q.POSITIONAL_OR_KEYWORD)]
-        out = set()
-        for name in _as_tuple(names):
-            if name not in positional:
+        keyword = [q.name for q in params if q.kind == q.KEYWORD_ONLY]
+        var_keyword = any(q.kind == q.VAR_KEYWORD for q in params)
+        positions = set(_as_tuple(argnums))
+        names = {positional[i] for i in positions if 0 <= i < len(positional)}
+        for name in _as_tuple(argnames):
+            if name in positional:
+                positions.add(positional.index(name))
+            elif name not in keyword and not var_keyword:
                 raise errors.InvalidArgumentError(
-                    f"argument name '{name}' is not a positional parameter of {getattr(self._fun, '__name__', 'fun')}"
-                    f" (its parameters: {', '.join(positional) or 'none known'})")
-            out.add(positional.index(name))
-        return out
+                    f"{what}: '{name}' is not a parameter of {getattr(self._fun, '__name__', 'fun')}"
+                    f" (its parameters: {', '.join(positional + keyword) or 'none known'})")
+            names.add(name)
+        return positions, names
 
     def _bind(self, args, kwargs):
-        """Keyword arguments in their parameters' positions (as jax.jit takes them)."""
-        if not kwargs:
-            return args
-        if self._signature is None:
-            raise TypeError(f"keyword arguments {sorted(kwargs)} given to a function without a signature")
+        """(positional, keyword) arguments: a keyword argument of a positional parameter takes its
+        position (as jax.jit binds them); keyword-only ones, **kwargs' and those after a parameter
+        left to its default stay keywords."""
+        if not kwargs or self._signature is None:
+            return args, kwargs
         bound = self._signature.bind(*args, **kwargs)
-        if bound.kwargs:
-            raise TypeError(f"cluster.jit: arguments {sorted(bound.kwargs)} can only be passed by keyword, or "
-                            f"follow a parameter left to its default; pass them by position")
-        return bound.args
+        return bound.args, bound.kwargs
+
+    def _split(self, args, kwargs):
+        """(static values, positions of the dynamic arguments, static keywords, dynamic ones)."""
+        static_vals = tuple(args[i] for i in self._static if i < len(args))
+        dyn_pos = [i for i in range(len(args)) if i not in self._static]
+        static_kw = tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_names))
+        dyn_kw = {k: v for k, v in kwargs.items() if k not in self._static_names}
+        if dyn_kw and self._in_shardings is not None:
+            raise errors.InvalidArgumentError(
+                f"keyword arguments {sorted(dyn_kw)} with in_shardings given: jax.jit takes none either "
+                "('pjit does not support kwargs when in_shardings is specified'); pass them by position, "
+                "or make them static_argnames")
+        return static_vals, dyn_pos, static_kw, dyn_kw
 
     def __call__(self, *args, **kwargs):
         import jax
 
-        args = self._bind(args, kwargs)
-        dyn_pos = [i for i in range(len(args)) if i not in self._static]
-        static_vals = tuple(args[i] for i in self._static)
-        dyn = tuple(args[i] for i in dyn_pos)
+        args, kwargs = self._bind(args, kwargs)
+        static_vals, dyn_pos, static_kw, dyn_kw = self._split(args, kwargs)
+        dyn = (tuple(args[i] for i in dyn_pos), dyn_kw)
         leaves, treedef = jax.tree_util.tree_flatten(dyn)
         specs, normalized, donated = self._layout(treedef, dyn, dyn_pos)
         arrays = []
@@ -171,12 +191,12 @@ class Jitted:
                 arrays.append(leaf)
             else:
                 arrays.append(self._cluster._put_value(leaf, spec))
-        key = (static_vals, treedef,
+        key = (static_vals, len(args), static_kw, treedef,
                tuple((a.shape, a.dtype, a._entries, None if a.key_dtype is None else str(a.key_dtype))
                      for a in arrays), donated)
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = self._compile(static_vals, dyn_pos, treedef, arrays, len(args))
+            compiled = self._compile(static_vals, dyn_pos, static_kw, treedef, arrays, len(args))
             compiled.reuse = _reused_arguments(compiled, arrays, donated)
             self._cache[key] = compiled
         return self._run(compiled, arrays, donated)
@@ -191,39 +211,42 @@ class Jitted:
         layout = self._layouts.get(cache_key)
         if layout is not None:
             return layout
+        dyn_args, dyn_kw = dyn
         if self._in_shardings is None:
             specs = [None] * treedef.num_leaves
-        else:
+        else:  # _split refused dynamic keywords
             prefix = self._in_shardings
             if not _tree._is_spec_leaf(prefix):
                 prefix = tuple(prefix)
-                if len(prefix) != len(dyn):
+                if len(prefix) != len(dyn_args):
                     raise errors.InvalidArgumentError(
-                        f"in_shardings has {len(prefix)} entries for {len(dyn)} non-static arguments")
-            specs = _tree.flat_specs(prefix, dyn)
+                        f"in_shardings has {len(prefix)} entries for {len(dyn_args)} non-static arguments")
+            specs = _tree.flat_specs(prefix, dyn_args)
         mesh = self._cluster.mesh
         normalized = [None if s is None else _sharding.normalize_spec(s, mesh) for s in specs]
         donated = []
-        for pos, arg in zip(dyn_pos, dyn):
+        for pos, arg in zip(dyn_pos, dyn_args):
             donated += [pos in self._donate] * len(jax.tree_util.tree_leaves(arg))
+        for name in sorted(dyn_kw):  # a dict's leaves go in its sorted keys' order
+            donated += [name in self._donate_names] * len(jax.tree_util.tree_leaves(dyn_kw[name]))
         layout = (specs, normalized, tuple(donated))
         self._layouts[cache_key] = layout
         return layout
 
-    def _compile(self, static_vals, dyn_pos, treedef, arrays, nargs):
+    def _compile(self, static_vals, dyn_pos, static_kw, treedef, arrays, nargs):
         import jax
 
         from meshrun import _convert
 
         start = time.perf_counter()
 
-        def flat_fun(*dyn_args):
+        def flat_fun(dyn_args, dyn_kw):
             full = [None] * nargs
-            for i, v in zip(self._static, static_vals):
+            for i, v in zip((i for i in self._static if i < nargs), static_vals):
                 full[i] = v
             for i, v in zip(dyn_pos, dyn_args):
                 full[i] = v
-            return self._fun(*full)
+            return self._fun(*full, **dict(static_kw), **dyn_kw)
 
         # A typed key travels as its u32 words and the function is traced with the key itself, as
         # jax.jit traces it. Under a mesh with Explicit axes (jax.make_mesh's default) the values

@@ -279,8 +279,37 @@ def test_keyword_arguments_static_argnames_and_donate_argnames_as_jax_jit_takes_
     kept, _ = fn(new_state, x, np.float32(2.0), train=False)  # a second trace for train=False
     np.testing.assert_array_equal(np.asarray(kept), 1.0 + 2.0 * x)
     assert traces == [True, False]
-    with pytest.raises(ValueError, match="'steps' is not a positional parameter"):
+    with pytest.raises(ValueError, match="'steps' is not a parameter of step"):
         cluster.jit(step, static_argnames="steps")
+
+
+def test_keyword_only_parameters_and_kwargs_as_jax_jit_takes_them(cluster):
+    def step(state, x, scale=2.0, *, mode, offset, **extra):
+        y = state * scale + x if mode == "mul" else state + x
+        return y + offset + sum(extra.values()), jnp.sum(x)
+
+    x = np.arange(8, dtype=np.float32)
+    ref = jax.jit(step, static_argnames="mode", donate_argnames="offset")
+    fn = cluster.jit(step, static_argnames="mode", donate_argnames="offset")
+    for mode in ("mul", "add"):
+        kw = dict(mode=mode, offset=np.float32(0.5), bias=np.ones(8, np.float32))
+        want = ref(np.ones(8, np.float32), x, **kw)
+        offset = cluster.device_put(np.float32(0.5), P())
+        got = fn(cluster.device_put(np.ones(8, np.float32), P()), x, mode=mode, offset=offset,
+                 bias=np.ones(8, np.float32))
+        np.testing.assert_array_equal(np.asarray(got[0]), want[0])
+        with pytest.raises(RuntimeError, match="donated"):  # a keyword-only parameter donated by name
+            np.asarray(offset)
+    # A static keyword-only parameter traces once per value; a parameter left to its default after
+    # a static position is not passed at all.
+    assert len(fn._cache) == 2
+    fixed = cluster.jit(lambda a, k=3: a * k, static_argnums=1)
+    np.testing.assert_array_equal(np.asarray(fixed(x)), 3 * x)
+    np.testing.assert_array_equal(np.asarray(fixed(x, 4)), 4 * x)
+    with pytest.raises(ValueError, match="pjit does not support kwargs"):  # as jax.jit refuses them
+        cluster.jit(step, in_shardings=(P(), P()), static_argnames="mode")(x, x, mode="mul", offset=1.0)
+    with pytest.raises(TypeError):  # a required keyword-only parameter left out
+        fn(x, x, mode="mul")
 
 
 def test_an_unsupported_primitive_is_named_with_the_users_line(cluster):
