@@ -173,6 +173,16 @@ void JitBuilder::Output(Value v, const PartitionSpec& out_spec) {
   sm_.Output(s.local, out_spec);
 }
 
+void JitBuilder::OutputPropagated(Value v) {
+  Scope rec(this, v1::GlobalOp::OUTPUT);
+  rec.Operands({v});
+  if (rec.op != nullptr) rec.op->set_propagated(true);
+  if (!Valid(v)) return;
+  const PartitionSpec spec = values_[v.id].spec;
+  State s = Resolve(values_[v.id], spec, absl::StrCat("output as propagated, ", spec.ToString()));
+  sm_.Output(s.local, spec);
+}
+
 JitBuilder::Value JitBuilder::WithShardingConstraint(Value v, const PartitionSpec& spec) {
   Scope rec(this, v1::GlobalOp::CONSTRAINT);
   rec.Operands({v});

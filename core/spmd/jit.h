@@ -74,6 +74,11 @@ class JitBuilder {
   Value Input(DType dtype, const Dims& global_dims, const PartitionSpec& in_spec);
   // A result, laid out as `out_spec` (out_shardings).
   void Output(Value v, const PartitionSpec& out_spec);
+  // A result laid out as sharding propagation left it (an argument's layout carried through
+  // elementwise ops, a dot's operands' non-contracted axes, a constraint's), any pending
+  // partial sum completed: jax.jit's result with no out_sharding, which XLA's propagation lays
+  // out. The program's out_specs say which layout that is.
+  void OutputPropagated(Value v);
   // jax.lax.with_sharding_constraint.
   Value WithShardingConstraint(Value v, const PartitionSpec& spec);
 

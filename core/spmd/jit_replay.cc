@@ -33,7 +33,12 @@ absl::StatusOr<std::unique_ptr<JitBuilder>> JitBuilder::FromGlobalProgram(
         if (arity = need(0); arity.ok()) jit->Input(op.dtype(), dims(op.shape()), spec(op));
         break;
       case v1::GlobalOp::OUTPUT:
-        if (arity = need(1); arity.ok()) jit->Output(in[0], spec(op));
+        if (arity = need(1); !arity.ok()) break;
+        if (op.propagated()) {
+          jit->OutputPropagated(in[0]);
+        } else {
+          jit->Output(in[0], spec(op));
+        }
         break;
       case v1::GlobalOp::CONSTRAINT:
         if (arity = need(1); arity.ok()) jit->WithShardingConstraint(in[0], spec(op));

@@ -204,8 +204,10 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
             ins.append(_V(vid, shape, dtype, store))
         outs = self.run(closed.jaxpr, list(closed.consts), ins, list(out_entries))
         # An unspecified out_sharding: the layout the value is known to have (an argument's, a
-        # shard_map's out_specs, a sharding constraint's), as jax.jit keeps it; else replicated.
-        out_entries = [self._layouts.get(v.id, ()) if e is None else e for v, e in zip(outs, out_entries)]
+        # shard_map's out_specs, a sharding constraint's), as jax.jit keeps it; else the layout
+        # the coordinator's sharding propagation gives it, as XLA's lays out jax.jit's results
+        # (None here: the call's response says which).
+        out_entries = [self._layouts.get(v.id) if e is None else e for v, e in zip(outs, out_entries)]
         self.out_entries = out_entries
         for v, entries in zip(outs, out_entries):
             if v.dtype == np.uint16:
@@ -215,7 +217,10 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
             want = _sharding.dtype_to_proto(v.dtype) if not _is_bool(v.dtype) else F32
             if v.store != want:
                 v = _V(self.emit(G.CONVERT, [v], dtype=want), v.shape, v.dtype, want)
-            self.emit(G.OUTPUT, [v], spec=_sharding.spec_to_proto(entries))
+            if entries is None:
+                self.emit(G.OUTPUT, [v], propagated=True)
+            else:
+                self.emit(G.OUTPUT, [v], spec=_sharding.spec_to_proto(entries))
         self.emit_extra_results()
         return self.program, self.consts
 

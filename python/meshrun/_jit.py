@@ -7,8 +7,10 @@ jax.make_jaxpr on abstract values (nothing is computed locally) and converted (m
 the coordinator partitions the program (sharding propagation, with_sharding_constraint, the
 collectives) and caches it by its bytes; later calls reuse both. Results are meshrun.Array pytrees
 that stay on the cluster. A result with no out_sharding keeps the layout it is known to have (an
-argument's, a shard_map's out_specs, a with_sharding_constraint's), as jax.jit keeps a computed
-sharding; any other is replicated.
+argument's, a shard_map's out_specs, a with_sharding_constraint's), and any other gets the layout
+the coordinator's sharding propagation gives it (a sharded argument's carried through elementwise
+ops, a dot's, ...), as XLA's propagation lays out jax.jit's results: a train step's new state
+comes back laid out as its state argument, so it can be passed straight back in.
 """
 import inspect
 import time
@@ -68,6 +70,9 @@ def _reused_arguments(compiled, arrays, donated):
     free = [i for i, d in enumerate(donated) if d]
     reuse = []
     for aval, entries in zip(compiled.out_avals, compiled.out_entries):
+        if entries is None:  # laid out by propagation: known once the first call answers
+            reuse.append(None)
+            continue
         match = next((i for i in free if arrays[i].shape == tuple(aval.shape)
                       and arrays[i].dtype == np.dtype(aval.dtype) and arrays[i]._entries == tuple(entries)), None)
         if match is not None:
@@ -272,7 +277,7 @@ class Jitted:
         out_avals = [jax.ShapeDtypeStruct(*_convert.aval_of(a)) for a in out_avals]
         mesh = self._cluster.mesh
         if self._out_shardings is None:
-            out_entries = [None for _ in out_avals]  # the converter's known layouts, or replicated
+            out_entries = [None for _ in out_avals]  # the converter's known layouts, or propagated
         else:
             out_entries = [_sharding.normalize_spec(s, mesh)
                            for s in _tree.flat_specs(self._out_shardings, out_shape)]
@@ -301,6 +306,10 @@ class Jitted:
                     a._deleted = a._deleted or d
             raise
         self.last_collectives = list(resp.collectives)
+        if any(e is None for e in compiled.out_entries):  # the layouts propagation chose, the same every call
+            compiled.out_entries = [_sharding.spec_from_proto(info.sharding.spec) if e is None else e
+                                    for e, info in zip(compiled.out_entries, resp.outputs)]
+            compiled.reuse = _reused_arguments(compiled, arrays, donated)
         for a, d in zip(arrays, donated):
             if d:
                 a._deleted = True  # consumed, as jax.jit's donated buffers (the cluster dropped them)

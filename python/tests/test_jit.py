@@ -213,6 +213,33 @@ def test_the_second_call_does_not_retrace(cluster):
     assert out.sharding.spec == P("model")
 
 
+def test_results_without_out_shardings_are_laid_out_as_jax_jit_lays_them_out(cluster):
+    """A result with no out_sharding gets the layout sharding propagation gives it, as XLA's does
+    under jax.jit, so a step with in_shardings and no out_shardings takes its new state back."""
+    mesh = emulated_mesh()
+
+    def step(s, x):
+        return s + x.sum(), (s * x).sum(), s.reshape(4, 4).T, jnp.outer(s, s)
+
+    in_specs = (P("model"), P("data"))
+    s0, x = np.arange(16, dtype=np.float32), np.ones((8, 16), np.float32)
+    ref = jax.jit(step, in_shardings=tuple(NamedSharding(mesh, p) for p in in_specs))
+    want = ref(jax.device_put(s0, NamedSharding(mesh, in_specs[0])), x)
+    fn = cluster.jit(step, in_shardings=in_specs, donate_argnums=0)
+    s = cluster.device_put(s0, P("model"))
+    for i in range(3):
+        donated_id = s.id
+        out = fn(s, x)
+        for got, w in zip(out, want if i == 0 else ()):
+            assert got.sharding.spec == w.sharding.spec, (got.sharding.spec, w.sharding.spec)
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(w))
+        # the first call learns the layouts; from the second on the new state takes the donated
+        # one's place (its id), as a TrainState is updated in place
+        assert (out[0].id == donated_id) == (i > 0)
+        s = out[0]
+    np.testing.assert_array_equal(np.asarray(s), s0 + 3 * 128.0)
+
+
 def test_donated_arguments_are_consumed(cluster):
     fn = cluster.jit(lambda s: s * 2.0, donate_argnums=0)
     a = cluster.device_put(np.ones(8, np.float32), P())

@@ -95,5 +95,34 @@ TEST(JitPartitionTest, APartialScalarPlusAPartialArrayHasTheArraysShape) {
   ASSERT_TRUE(jit.Build().ok()) << jit.Build().status();
 }
 
+// A result with no out_sharding (OutputPropagated, the Python SDK's jax.jit results) keeps the
+// layout propagation gave it, as XLA lays out jax.jit's: an element-wise op of a sharded input
+// stays sharded, a dot keeps its operands' non-contracted axes, and a partial sum is completed
+// (one psum) and replicated. The recorded program replays to the same layouts.
+TEST(JitPartitionTest, APropagatedResultKeepsItsLayoutAndAPartialSumIsCompleted) {
+  JitBuilder jit(*Mesh::Parse("data=2,model=4"));
+  auto s = jit.Input(v1::DTYPE_F32, {16}, P({"model"}));
+  auto x = jit.Input(v1::DTYPE_F32, {8, 16}, P({"data", ""}));
+  auto w = jit.Input(v1::DTYPE_F32, {16, 12}, P({"", "model"}));
+  jit.OutputPropagated(jit.Binary("mul", s, jit.Constant(2.0f, {16})));
+  jit.OutputPropagated(jit.DotGeneral(x, w, {1}, {0}));
+  jit.OutputPropagated(jit.Reduce("sum", x, {0, 1}));  // partial over 'data'
+  absl::StatusOr<v1::ShardMapProgram> built = jit.Build();
+  ASSERT_TRUE(built.ok()) << built.status();
+  const std::vector<PartitionSpec> want = {P({"model"}), P({"data", "model"}), PartitionSpec()};
+  ASSERT_EQ(built->out_specs_size(), 3);
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(PartitionSpec::FromProto(built->out_specs(i)), want[i]) << "result " << i;
+  EXPECT_THAT(Collectives(jit), ::testing::ElementsAre(::testing::StartsWith("psum(data)")));
+  EXPECT_TRUE(jit.global_program().ops(jit.global_program().ops_size() - 1).propagated());
+  absl::StatusOr<std::unique_ptr<JitBuilder>> replayed =
+      JitBuilder::FromGlobalProgram(*Mesh::Parse("data=2,model=4"), jit.global_program());
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  absl::StatusOr<v1::ShardMapProgram> rebuilt = (*replayed)->Build();
+  ASSERT_TRUE(rebuilt.ok()) << rebuilt.status();
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(PartitionSpec::FromProto(rebuilt->out_specs(i)), want[i]) << "replayed result " << i;
+}
+
 }  // namespace
 }  // namespace meshrun
