@@ -1,7 +1,7 @@
 """meshrun.Array: a sharded array that lives on the cluster, like a jax.Array with a NamedSharding."""
 import numpy as np
 
-from meshrun import _sharding
+from meshrun import _eager, _sharding
 
 
 class NamedSharding:
@@ -22,7 +22,7 @@ class NamedSharding:
         return f"NamedSharding(mesh={self.mesh!r}, spec={self.spec})"
 
 
-class Array:
+class Array(_eager.EagerOps):
     """One global array on the cluster: `shape` (global, row-major), `dtype` (numpy), `sharding`.
 
     Every worker holds its own block; nothing is on the client until `np.asarray(a)` (or
@@ -34,7 +34,9 @@ class Array:
     using it afterwards raises RuntimeError, as JAX does. An array of typed PRNG keys
     (jax.random.key) is held as its words: `shape` and `dtype` are jax.random.key_data's (u32, the
     keys' shape plus a trailing 2), `np.asarray` gives those words, and `key_dtype` is the keys'
-    dtype (None for any other array), with which cluster.jit traces it. Not thread-safe."""
+    dtype (None for any other array), with which cluster.jit traces it. Operators and jax.Array's
+    methods (`loss + 1`, `a * 2`, `a > 0`, `a.T`, `a.sum(axis=0)`, `a.astype(...)`) run on the
+    cluster and return meshrun.Arrays (meshrun._eager). Not thread-safe."""
 
     def __init__(self, cluster, info, logical_dtype=None, key_dtype=None):
         self._cluster = cluster

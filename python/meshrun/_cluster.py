@@ -1,4 +1,5 @@
 """Connecting to a meshrun cluster, starting a local one, and moving arrays to and from it."""
+import collections
 import contextlib
 import os
 import pathlib
@@ -101,6 +102,7 @@ class Cluster:
         # Ids of arrays garbage-collected (Array.__del__), freed on the cluster by a thread of
         # their own (_release_loop); SimpleQueue.put is safe to call from __del__.
         self._released = queue.SimpleQueue()
+        self._eager_ops = collections.OrderedDict()  # meshrun._eager's jitted ops, by op
         try:
             grpc.channel_ready_future(self._channel).result(timeout=self.timeout)
         except grpc.FutureTimeoutError:

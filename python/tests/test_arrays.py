@@ -5,6 +5,7 @@ import os
 import time
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -236,3 +237,49 @@ def test_arrays_a_train_loop_drops_are_freed_on_the_cluster_as_jax_frees_them(cl
         w = inc(w)
     assert listed(cluster) == before and float(np.asarray(w)[0]) == 3.5
     assert copy.copy(w) is w and copy.deepcopy({"w": w})["w"] is w  # immutable: no second owner
+
+
+def test_operators_and_methods_run_on_the_cluster_as_a_jax_arrays_do(cluster):
+    """loss + 1, total += loss, a * 2, a > 0, a.T, a.sum(axis=0)...: each runs on the cluster
+    and gives a meshrun.Array laid out as jax.jit lays it out, with JAX's values and dtypes."""
+    x = np.arange(32, dtype=np.float32).reshape(8, 4) - 10.0
+    a = cluster.device_put(x, P("model"))
+    losses = [cluster.device_put(np.float32(v), P()) for v in (0.5, 1.25, 2.0)]
+    total = 0
+    for loss in losses:  # a train loop's running loss stays on the cluster
+        total += loss
+    assert isinstance(total, meshrun.Array) and float(total) == 3.75
+    cases = {
+        "a * 2": (a * 2, x * 2, P("model")),
+        "1.0 - a": (1.0 - a, 1.0 - x, P("model")),
+        "a / a.sum()": (a / a.sum(), x / x.sum(), P("model")),
+        "a > 0": (a > 0, x > 0, P("model")),
+        "-abs(a)": (-abs(a), -np.abs(x), P("model")),
+        "a.T": (a.T, x.T, P(None, "model")),
+        "a.sum(axis=0)": (a.sum(axis=0), x.sum(axis=0), P()),
+        "a.reshape(4, 8)": (a.reshape(4, 8), x.reshape(4, 8), P("model")),
+        "a.astype(int32) // 3": (a.astype(jnp.int32) // 3, x.astype(np.int32) // 3, P("model")),
+        "a @ a.T": (a @ a.T, x @ x.T, None),
+        "a.max()": (a.max(), x.max(), P()),
+    }
+    for name, (got, want, spec) in cases.items():
+        assert isinstance(got, meshrun.Array), name
+        assert got.dtype == want.dtype, (name, got.dtype, want.dtype)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, err_msg=name)
+        if spec is not None:
+            assert got.sharding.spec == spec, (name, got.sharding.spec)
+    # A Python scalar is weakly typed (bf16 stays bf16); a numpy one is not.
+    b = cluster.device_put(np.ones(8, jnp.bfloat16), P())
+    assert (b * 2.0).dtype == jnp.bfloat16 and (b * np.float32(2.0)).dtype == np.float32
+    assert bool(total > 3) and not bool(total < 3) and len(a) == 8
+    with pytest.raises(ValueError, match="ambiguous"):  # as numpy (and jax.Array) say
+        bool(a > 0)
+    with pytest.raises(TypeError, match="unsized"):
+        len(total)
+    assert not a.is_fully_replicated and total.is_fully_replicated
+    # Each op and its constants are traced once; later calls reuse the jitted op.
+    traced = len(cluster._eager_ops)
+    for loss in losses:
+        total = total + loss * 3
+    assert len(cluster._eager_ops) == traced + 1  # array + array is reused; times 3 is new
+    assert float(total) == 3.75 * 4
