@@ -5,18 +5,48 @@
 #include <numeric>
 #include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/sharding/shard_layout.h"
+#include "core/spmd/jit.h"
 #include "glog/logging.h"
 #include "grpc/slice.h"
 #include "net/grpc_util.h"
 #include "net/tensor_wire.h"
 
 namespace meshrun {
+namespace {
+
+// `spec` with the mesh axes it leaves out (those whose devices hold the same block) appended to
+// the first dim of the block that their product divides, so each holder of a block gets 1/k of
+// it; nullopt when no axis is left out or no dim divides.
+std::optional<PartitionSpec> SplitAmongHolders(const Mesh& mesh, const Dims& dims,
+                                               const PartitionSpec& spec) {
+  std::vector<PartitionSpec::Entry> entries = spec.Padded(dims.size());
+  std::set<std::string> used;
+  for (const PartitionSpec::Entry& e : entries) used.insert(e.begin(), e.end());
+  PartitionSpec::Entry left_out;
+  int64_t holders = 1;
+  for (int i = 0; i < mesh.num_axes(); ++i) {
+    if (mesh.axis_size(i) == 1 || used.count(mesh.axis_name(i))) continue;
+    left_out.push_back(mesh.axis_name(i));
+    holders *= mesh.axis_size(i);
+  }
+  if (left_out.empty()) return std::nullopt;
+  const Dims block = NamedSharding(mesh, spec).ShardDims(dims);
+  for (size_t d = 0; d < block.size(); ++d) {
+    if (block[d] < holders || block[d] % holders != 0) continue;
+    entries[d].insert(entries[d].end(), left_out.begin(), left_out.end());
+    return PartitionSpec(std::move(entries));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 void ArrayRegistry::ForgetIfReformed() {
   if (stubs_ == nullptr || workers_->generation() == stubs_generation_) return;
@@ -141,6 +171,14 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const Par
     if (arrays_.count(id))
       return absl::InvalidArgumentError(absl::StrCat("array id '", id, "' is in use"));
   }
+  const int64_t block_bytes =
+      NumElements(sharding.ShardDims(global.dims())) * DTypeSize(global.dtype());
+  if (put_gather_min_bytes_ >= 0 && block_bytes >= put_gather_min_bytes_) {
+    if (std::optional<PartitionSpec> split =
+            SplitAmongHolders(workers_->mesh(), global.dims(), spec)) {
+      return PutGathered(global, spec, *split, id);
+    }
+  }
   std::vector<int> ranks(workers_->expected());
   std::iota(ranks.begin(), ranks.end(), 0);
   absl::Status s = SendShards(**stubs, ranks, global, sharding, id);
@@ -164,6 +202,41 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const Par
   arrays_[id] = info;
   gone_.erase(id);  // an id put again names the new array
   return info;
+}
+
+absl::StatusOr<v1::ArrayInfo> ArrayRegistry::PutGathered(const Tensor& global,
+                                                         const PartitionSpec& spec,
+                                                         const PartitionSpec& split,
+                                                         const std::string& id) {
+  absl::StatusOr<v1::ArrayInfo> pieces = Put(global, split, "");
+  if (!pieces.ok()) return pieces.status();
+  absl::StatusOr<v1::ShardMapResponse> run = GatherPieces(global, spec, split, pieces->id(), id);
+  if (!run.ok()) {
+    Delete(pieces->id()).IgnoreError();  // already gone if the run consumed it
+    return run.status();
+  }
+  absl::MutexLock lock(&mu_);
+  gone_.erase(id);  // an id put again names the new array
+  return run->outputs(0);
+}
+
+absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::GatherPieces(const Tensor& global,
+                                                                 const PartitionSpec& spec,
+                                                                 const PartitionSpec& split,
+                                                                 const std::string& pieces_id,
+                                                                 const std::string& id) {
+  JitBuilder gather(workers_->mesh());
+  gather.Output(gather.Input(global.dtype(), global.dims(), split), spec);
+  absl::StatusOr<v1::ShardMapProgram> program = gather.Build();
+  if (!program.ok()) return program.status();
+  std::string serialized;
+  if (!program->SerializeToString(&serialized))
+    return absl::InternalError("the gather program does not serialize");
+  v1::ShardMapRequest call;
+  call.add_input_ids(pieces_id);
+  call.add_output_ids(id);
+  call.add_donate_argnums(0);  // the pieces' memory is freed by the run
+  return ShardMap(*program, serialized, call);
 }
 
 grpc::ByteBuffer PutShardRequestBytes(const Tensor& global, const NamedSharding& sharding, int rank,

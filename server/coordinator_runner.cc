@@ -49,6 +49,7 @@ absl::Status RunCoordinator(const CoordinatorOptions& o) {
   registry.set_process_checks(o.process_checks);
   ArrayRegistry arrays(&registry, absl::Seconds(60), o.heartbeat_timeout, metrics.get(),
                        o.checkpoint_root);
+  arrays.set_put_gather_min_bytes(o.put_gather_min_bytes);
   JobDriver::Options jo;
   jo.metrics = metrics.get();
   jo.state_file = o.state_file;

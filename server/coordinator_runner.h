@@ -26,6 +26,8 @@ struct CoordinatorOptions {
   int metrics_port = 0;  // Prometheus /metrics; 0: any free port; -1: off
   // Checkpoints are saved and restored under this directory only (ArrayRegistry's).
   std::string checkpoint_root = "/";
+  // ArrayRegistry::set_put_gather_min_bytes (-1: every holder is sent its whole block).
+  int64_t put_gather_min_bytes = int64_t{1} << 20;
 };
 
 // Errors: InvalidArgument for a bad mesh; Unavailable if the port cannot be bound.

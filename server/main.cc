@@ -1,5 +1,6 @@
 // meshrun-coordinator: flags, logging, then RunCoordinator().
 #include <cstdio>
+#include <limits>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -31,6 +32,9 @@ ABSL_FLAG(bool, process_checks, true,
 ABSL_FLAG(std::string, checkpoint_root, "/",
           "checkpoints are saved and restored under this directory only (compose: "
           "/var/lib/meshrun)");
+ABSL_FLAG(int64_t, put_gather_min_bytes, int64_t{1} << 20,
+          "a put whose block several workers hold sends each of them 1/k of it and has them "
+          "all-gather it when the block has at least this many bytes (-1: never)");
 ABSL_FLAG(absl::Duration, client_lease, absl::Seconds(60),
           "a client silent this long (it sends KeepAlive every third of it) loses its arrays");
 
@@ -55,9 +59,12 @@ int main(int argc, char** argv) {
   o.state_file = absl::GetFlag(FLAGS_state_file);
   o.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   o.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  o.put_gather_min_bytes = absl::GetFlag(FLAGS_put_gather_min_bytes);
   const absl::Status flags =
       meshrun::FirstFailed({meshrun::CheckFlagRange("port", o.port, 0, 65535),
                             meshrun::CheckFlagRange("metrics_port", o.metrics_port, -1, 65535),
+                            meshrun::CheckFlagRange("put_gather_min_bytes", o.put_gather_min_bytes,
+                                                    -1, std::numeric_limits<int64_t>::max()),
                             meshrun::CheckFlagPositive("heartbeat_timeout", o.heartbeat_timeout),
                             meshrun::CheckFlagPositive("client_lease", o.client_lease)});
   absl::StatusOr<meshrun::Credentials> creds =

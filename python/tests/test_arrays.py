@@ -89,6 +89,24 @@ def test_arrays_over_the_old_256_mib_message_limit_round_trip(cluster):
     a.delete()
 
 
+@pytest.mark.parametrize("shape, dtype, spec", [
+    ((600, 512), np.float32, P()),                    # the first dim splits over all 8 holders
+    ((8, 5, 60000), np.uint8, P("data")),             # each half among its 4 'model' holders
+    ((3, 2000, 400), ml_dtypes.bfloat16, P(None, None, "model")),  # split along dim 1
+    ((3, 5, 30000), np.int32, P()),                   # along the last dim
+    ((3, 5, 100003), np.float32, P()),                # no dim divides by 8: each holder sent all
+])
+def test_a_block_several_workers_hold_is_put_once_and_gathered_by_them(cluster, shape, dtype, spec):
+    """A put of a block of 1 MiB or more that several workers hold sends each 1/k of it and has
+    them all-gather it: the array is the one put, laid out as asked, and no pieces are left."""
+    before = listed(cluster)
+    x = (np.arange(np.prod(shape), dtype=np.int64) % 251).astype(dtype).reshape(shape)
+    a = cluster.device_put(x, spec)
+    assert a.sharding.spec == spec and a.dtype == np.dtype(dtype) and a.shape == shape
+    np.testing.assert_array_equal(np.asarray(a), x)
+    assert listed(cluster) == before | {a.id}
+
+
 @pytest.mark.parametrize("x", [np.float32(2.5), np.zeros((0, 3), np.int32),
                                np.arange(40, dtype=np.uint8),  # lengths under one varint byte
                                np.arange(5000, dtype=np.float32).reshape(50, 100)[:, ::2],
