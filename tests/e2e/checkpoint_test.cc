@@ -70,6 +70,8 @@ class CheckpointE2ETest : public testing::MultiClusterSuite<CheckpointE2ETest> {
 
  protected:
   void SetUp() override {
+    MultiClusterSuite::SetUp();
+    if (HasFatalFailure()) return;
     // Everything a test writes lives under base_: its checkpoint root and any copies.
     base_ = (fs::path(::testing::TempDir()) /
              absl::StrCat("ckpt-", ::testing::UnitTest::GetInstance()->current_test_info()->name()))
@@ -368,7 +370,8 @@ TEST(CheckpointMeshTest, SavedUnderEightWayDataParallelRestoresUnderFsdp2dAndOnF
     ASSERT_TRUE(state.ok()) << state.status();
     auto batch = SeedWorkloadBatch(*w);
     std::vector<std::string> ids;
-    for (size_t i = 0; i < batch->size(); ++i) ids.push_back((*client)->Put((*batch)[i], dp.batch[i].spec)->id());
+    for (size_t i = 0; i < batch->size(); ++i)
+      ids.push_back((*client)->Put((*batch)[i], dp.batch[i].spec)->id());
     for (int i = 0; i < 2; ++i) ASSERT_TRUE(state->Step(ids).ok());
     auto saved_path = state->Save(root);
     ASSERT_TRUE(saved_path.ok()) << saved_path.status();
@@ -381,7 +384,8 @@ TEST(CheckpointMeshTest, SavedUnderEightWayDataParallelRestoresUnderFsdp2dAndOnF
     for (const PlannedArray& a : fsdp.state) {
       auto got = restored->Get(a.name);
       ASSERT_TRUE(got.ok()) << a.name;
-      EXPECT_EQ(std::memcmp(got->raw(), saved[a.name].raw(), got->size_bytes()), 0) << "fsdp: " << a.name;
+      EXPECT_EQ(std::memcmp(got->raw(), saved[a.name].raw(), got->size_bytes()), 0)
+          << "fsdp: " << a.name;
     }
     EXPECT_LT(fsdp.StateBytesPerWorker(), dp.StateBytesPerWorker() / 4);
     ASSERT_TRUE(cluster->Stop().ok());
@@ -399,7 +403,8 @@ TEST(CheckpointMeshTest, SavedUnderEightWayDataParallelRestoresUnderFsdp2dAndOnF
     for (const PlannedArray& a : other.state) {
       auto got = restored->Get(a.name);
       ASSERT_TRUE(got.ok()) << a.name;
-      EXPECT_EQ(std::memcmp(got->raw(), saved[a.name].raw(), got->size_bytes()), 0) << mesh << ": " << a.name;
+      EXPECT_EQ(std::memcmp(got->raw(), saved[a.name].raw(), got->size_bytes()), 0)
+          << mesh << ": " << a.name;
     }
     ASSERT_TRUE(cluster->Stop().ok());
   }

@@ -83,6 +83,14 @@ class ClusterLogsOnFailure : public ::testing::EmptyTestEventListener {
 std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::string& tag,
                                            bool shm_transport, bool process_checks,
                                            const std::vector<std::string>& worker_flags) {
+  auto c = TryStartCluster(mesh, tag, shm_transport, process_checks, worker_flags);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return c.ok() ? *std::move(c) : nullptr;
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> TryStartCluster(
+    const std::string& mesh, const std::string& tag, bool shm_transport, bool process_checks,
+    const std::vector<std::string>& worker_flags) {
   LocalClusterOptions o;
   o.worker_flags = worker_flags;
   o.mesh = mesh;
@@ -91,9 +99,7 @@ std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::s
   o.log_dir = absl::StrCat(::testing::TempDir(), "/meshrun-", tag, "-", mesh,
                            shm_transport ? "" : "-grpc", "-", getpid());
   ClusterLogsOnFailure::Get().Watch(o.log_dir);
-  auto c = LocalCluster::Start(o);
-  EXPECT_TRUE(c.ok()) << c.status();
-  return c.ok() ? *std::move(c) : nullptr;
+  return LocalCluster::Start(o);
 }
 
 TempRootTest::TempRootTest(const std::string& prefix)

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "core/sharding/mesh.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
@@ -18,8 +19,12 @@
 
 namespace meshrun::testing {
 
-// A cluster for `mesh` whose logs go under the test temp dir, named after `tag`; null (with a
-// test failure recorded) if it does not start.
+// A cluster for `mesh` whose logs go under the test temp dir, named after `tag`, or why it did
+// not start (nothing recorded as a test failure: a suite's setup reports it from each test).
+absl::StatusOr<std::unique_ptr<LocalCluster>> TryStartCluster(
+    const std::string& mesh, const std::string& tag, bool shm_transport = true,
+    bool process_checks = true, const std::vector<std::string>& worker_flags = {});
+// As TryStartCluster; null (with a test failure recorded) if it does not start.
 // `shm_transport`, `process_checks`: as LocalClusterOptions (false: collectives over the gRPC
 // ring only; a stopped worker found by its heartbeats or the collectives' deadlines only).
 std::unique_ptr<LocalCluster> StartCluster(const std::string& mesh, const std::string& tag,
@@ -54,7 +59,10 @@ std::vector<Tensor> RunShardMapAll(Client& client,
                                    const std::vector<const Tensor*>& inputs);
 
 // Base of a suite whose tests share one cluster for Derived::kMesh (logs tagged Derived::kTag),
-// a client connected to it and the parsed mesh, started once per suite:
+// a client connected to it and the parsed mesh, started once per suite. A cluster that does not
+// start fails every test of the suite in SetUp (a derived SetUp must call the base's): any
+// failure recorded in SetUpTestSuite has GoogleTest 1.12 skip the suite's tests, which CTest
+// counts as skipped, not failed.
 //   class ShardMapE2ETest : public testing::ClusterSuite<ShardMapE2ETest> {
 //    public:
 //     static constexpr const char* kMesh = "i=4,j=2";
@@ -65,11 +73,23 @@ class ClusterSuite : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     mesh_ = new Mesh(*Mesh::Parse(Derived::kMesh));
-    cluster_ = StartCluster(Derived::kMesh, Derived::kTag).release();
-    ASSERT_NE(cluster_, nullptr);
+    setup_error_ = new std::string;
+    auto cluster = TryStartCluster(Derived::kMesh, Derived::kTag);
+    if (!cluster.ok()) {
+      *setup_error_ = cluster.status().ToString();
+      return;
+    }
+    cluster_ = cluster->release();
     auto client = Client::Connect(cluster_->coordinator_address());
-    ASSERT_TRUE(client.ok()) << client.status();
+    if (!client.ok()) {
+      *setup_error_ = client.status().ToString();
+      return;
+    }
     client_ = client->release();
+  }
+  void SetUp() override {
+    ASSERT_TRUE(setup_error_->empty())
+        << "the suite's cluster (" << Derived::kMesh << ") did not start: " << *setup_error_;
   }
   static void TearDownTestSuite() {
     delete client_;
@@ -79,6 +99,8 @@ class ClusterSuite : public ::testing::Test {
     cluster_ = nullptr;
     delete mesh_;
     mesh_ = nullptr;
+    delete setup_error_;
+    setup_error_ = nullptr;
   }
   static Tensor Run(const absl::StatusOr<v1::ShardMapProgram>& program,
                     const std::vector<const Tensor*>& inputs) {
@@ -88,6 +110,7 @@ class ClusterSuite : public ::testing::Test {
   static inline LocalCluster* cluster_ = nullptr;
   static inline Client* client_ = nullptr;
   static inline Mesh* mesh_ = nullptr;
+  static inline std::string* setup_error_ = nullptr;  // why SetUpTestSuite failed, else empty
 };
 
 // Base of a suite whose tests share one cluster per mesh of Derived::kMeshes (a
@@ -101,15 +124,25 @@ class ClusterSuite : public ::testing::Test {
 template <typename Derived>
 class MultiClusterSuite : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
+  static void SetUpTestSuite() {  // failures reported by each test's SetUp: see ClusterSuite
+    setup_error_.clear();
     for (const char* mesh : Derived::kMeshes) {
-      auto cluster = StartCluster(mesh, Derived::kTag);
-      ASSERT_NE(cluster, nullptr) << mesh;
-      auto client = Client::Connect(cluster->coordinator_address());
-      ASSERT_TRUE(client.ok()) << client.status();
-      clusters_[mesh] = cluster.release();
+      auto cluster = TryStartCluster(mesh, Derived::kTag);
+      if (!cluster.ok()) {
+        setup_error_ = absl::StrCat(mesh, ": ", cluster.status().ToString());
+        return;
+      }
+      clusters_[mesh] = cluster->release();
+      auto client = Client::Connect(clusters_[mesh]->coordinator_address());
+      if (!client.ok()) {
+        setup_error_ = absl::StrCat(mesh, ": ", client.status().ToString());
+        return;
+      }
       clients_[mesh] = client->release();
     }
+  }
+  void SetUp() override {
+    ASSERT_TRUE(setup_error_.empty()) << "a cluster of the suite did not start: " << setup_error_;
   }
   static void TearDownTestSuite() {
     for (auto& [mesh, client] : clients_) delete client;
@@ -124,6 +157,7 @@ class MultiClusterSuite : public ::testing::Test {
 
   static inline std::map<std::string, LocalCluster*> clusters_;
   static inline std::map<std::string, Client*> clients_;
+  static inline std::string setup_error_;  // why SetUpTestSuite failed, else empty
 };
 
 }  // namespace meshrun::testing
