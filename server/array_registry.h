@@ -61,7 +61,8 @@ class ArrayRegistry {
   // shape and dim), an unsupported dtype, or an id in use; worker errors. The shards go to the
   // workers at once: each distinct block is serialised once, its holders sent the same bytes, and
   // the blocks serialised at once stay within kPutBytesInFlight (or one block, if larger), so the
-  // coordinator's memory follows the array's size, not the worker count.
+  // coordinator's memory follows the array's size, not the worker count. A large block that
+  // several workers hold is sent in pieces and gathered by them instead (PutGathered).
   static constexpr int64_t kPutBytesInFlight = int64_t{256} << 20;
   absl::StatusOr<v1::ArrayInfo> Put(const Tensor& global, const PartitionSpec& spec,
                                     std::string id);
@@ -74,10 +75,10 @@ class ArrayRegistry {
   // unknown. Errors: NotFound naming the unknown ids (a lost worker's arrays say so); worker
   // errors naming the worker.
   absl::Status Delete(absl::Span<const std::string> ids);
+  absl::Status Delete(const std::string& id) { return Delete(absl::MakeConstSpan(&id, 1)); }
   // Put sends each holder of a block 1/k of it and has the holders all-gather it (PutGathered)
   // when the block has at least `bytes` bytes (default 1 MiB; -1: never). Set before use.
   void set_put_gather_min_bytes(int64_t bytes) { put_gather_min_bytes_ = bytes; }
-  absl::Status Delete(const std::string& id) { return Delete(absl::MakeConstSpan(&id, 1)); }
   std::vector<v1::ArrayInfo> List();
   // shard_map: runs `request.program` on every worker over the input arrays, whose specs must
   // equal the program's in_specs, and registers the outputs laid out by out_specs. On failure
@@ -207,9 +208,9 @@ class ArrayRegistry {
     bool cancelled = false;  // `cancel` was set while the run was in flight
   };
   // Put of a block held by several workers (a `spec` that leaves mesh axes out) of at least
-  // put_gather_min_bytes: each holder is sent 1/k of it (laid out as `split`, SplitAmongHolders) and
-  // the holders all-gather their pieces into `id`, so the coordinator sends each block once, not
-  // once per holder (a 64 MiB P() on 2x4: 64 MiB instead of 512). The pieces are freed.
+  // put_gather_min_bytes: each holder is sent 1/k of it (laid out as `split`, SplitAmongHolders)
+  // and the holders all-gather their pieces into `id`, so the coordinator sends each block once,
+  // not once per holder (a 64 MiB P() on 2x4: 64 MiB instead of 512). The pieces are freed.
   absl::StatusOr<v1::ArrayInfo> PutGathered(const Tensor& global, const PartitionSpec& spec,
                                             const PartitionSpec& split, const std::string& id);
   // PutGathered's run: the array `pieces_id`, laid out as `split`, all-gathered into `id`, laid
@@ -268,8 +269,8 @@ class ArrayRegistry {
   uint64_t stubs_generation_ ABSL_GUARDED_BY(mu_) = 0;  // the membership the stubs reach
   std::map<std::string, v1::ArrayInfo> arrays_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::InputInfo> inputs_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> gone_ ABSL_GUARDED_BY(mu_);
-  int64_t put_gather_min_bytes_ = int64_t{1} << 20;  // array ids the last re-form forgot
+  std::set<std::string> gone_ ABSL_GUARDED_BY(mu_);  // array ids the last re-form forgot
+  int64_t put_gather_min_bytes_ = int64_t{1} << 20;  // set_put_gather_min_bytes
   // Ids the registry picks: "array-<prefix>-<n>". The prefix is random per coordinator, so an id
   // from before a restart (a client's stale handle, freed when it is garbage-collected) never
   // names an array of the new coordinator.
