@@ -127,6 +127,12 @@ class EagerOps:
             raise TypeError("len() of unsized object")
         return self.shape[0]
 
+    def __iter__(self):
+        """The rows of the array, fetched once (numpy's iteration of np.asarray(a))."""
+        if not self.shape:
+            raise TypeError("iteration over a 0-d array")
+        return iter(self.fetch())
+
     @property
     def is_fully_replicated(self):
         """True when every worker holds the whole array (jax.Array.is_fully_replicated)."""

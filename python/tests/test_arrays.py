@@ -294,6 +294,9 @@ def test_operators_and_methods_run_on_the_cluster_as_a_jax_arrays_do(cluster):
         bool(a > 0)
     with pytest.raises(TypeError, match="unsized"):
         len(total)
+    np.testing.assert_array_equal([row for row in a], x)  # rows of one fetch
+    with pytest.raises(TypeError, match="0-d"):
+        iter(total)
     assert not a.is_fully_replicated and total.is_fully_replicated
     # Each op and its constants are traced once; later calls reuse the jitted op.
     traced = len(cluster._eager_ops)
