@@ -176,19 +176,19 @@ absl::StatusOr<v1::ArrayInfo> ArrayRegistry::Put(const Tensor& global, const Par
   if (put_gather_min_bytes_ >= 0 && block_bytes >= put_gather_min_bytes_) {
     if (std::optional<PartitionSpec> split =
             SplitAmongHolders(workers_->mesh(), global.dims(), spec)) {
-      return PutGathered(global, spec, *split, id);
+      absl::StatusOr<v1::ArrayInfo> gathered = PutGathered(global, spec, *split, id);
+      if (gathered.ok()) return gathered;
+      // The gather needs the pieces and the block at once (a worker's budget may allow only the
+      // block): every holder is sent its whole block instead, as without the gather.
+      LOG(WARNING) << "put of '" << id << "' in pieces failed (" << gathered.status()
+                   << "); sending every holder its whole block";
     }
   }
   std::vector<int> ranks(workers_->expected());
   std::iota(ranks.begin(), ranks.end(), 0);
   absl::Status s = SendShards(**stubs, ranks, global, sharding, id);
   if (!s.ok()) {
-    ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
-      v1::DeleteShardRequest req;
-      req.add_array_ids(id);
-      v1::DeleteShardResponse resp;
-      return (**stubs)[r]->DeleteShard(ctx, req, &resp);
-    }).IgnoreError();
+    DropOnWorkers(**stubs, {id}).IgnoreError();
     return s;
   }
   v1::ArrayInfo info;
@@ -387,17 +387,21 @@ absl::Status ArrayRegistry::Delete(absl::Span<const std::string> ids) {
   if (known.empty()) return missing;
   absl::StatusOr<StubsRef> stubs = CurrentStubs();
   if (!stubs.ok()) return stubs.status();
-  std::vector<int> ranks(workers_->expected());
-  std::iota(ranks.begin(), ranks.end(), 0);
-  absl::Status s = ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
-    v1::DeleteShardRequest req;
-    *req.mutable_array_ids() = {known.begin(), known.end()};
-    v1::DeleteShardResponse resp;
-    return (**stubs)[r]->DeleteShard(ctx, req, &resp);
-  });
+  absl::Status s = DropOnWorkers(**stubs, known);
   absl::MutexLock lock(&mu_);
   for (const std::string& id : known) arrays_.erase(id);
   return s.ok() ? missing : s;
+}
+
+absl::Status ArrayRegistry::DropOnWorkers(const Stubs& stubs, const std::vector<std::string>& ids) {
+  std::vector<int> ranks(workers_->expected());
+  std::iota(ranks.begin(), ranks.end(), 0);
+  return ForRanks(ranks, [&](int r, grpc::ClientContext* ctx) {
+    v1::DeleteShardRequest req;
+    *req.mutable_array_ids() = {ids.begin(), ids.end()};
+    v1::DeleteShardResponse resp;
+    return stubs[r]->DeleteShard(ctx, req, &resp);
+  });
 }
 
 std::vector<v1::ArrayInfo> ArrayRegistry::List() {

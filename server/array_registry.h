@@ -219,6 +219,9 @@ class ArrayRegistry {
                                                     const PartitionSpec& split,
                                                     const std::string& pieces_id,
                                                     const std::string& id);
+  // Has every worker drop its blocks of `ids` (DeleteShard); a worker lacking some answers
+  // NotFound after dropping the others.
+  absl::Status DropOnWorkers(const Stubs& stubs, const std::vector<std::string>& ids);
   // Put's transfer: each rank's block of `global` to it, as PutShard `id`.
   absl::Status SendShards(const Stubs& stubs, const std::vector<int>& ranks, const Tensor& global,
                           const NamedSharding& sharding, const std::string& id);

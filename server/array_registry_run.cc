@@ -70,6 +70,12 @@ absl::StatusOr<v1::ShardMapResponse> ArrayRegistry::ShardMap(const v1::ShardMapP
     // What the failed run's collectives left in flight is dropped by every worker before its
     // next one.
     workers_->AdvanceCollectiveEpoch();
+    // Whatever some workers kept of the run (results stored under their ids, donated arguments
+    // a worker refused the run before taking) is dropped everywhere: nothing registers them.
+    std::vector<std::string> dropped(donated.begin(), donated.end());
+    for (int i = 0; i < p.outputs_size(); ++i)
+      if (!fetched.count(i) && !donated.count(outputs[i].id())) dropped.push_back(outputs[i].id());
+    if (!dropped.empty()) DropOnWorkers(**stubs, dropped).IgnoreError();
     if (!donated.empty()) {
       // As with jax.jit's donation, the donated arrays are consumed: some workers may already hold
       // their results under those ids, so none of them is readable any more.

@@ -5,6 +5,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "meshrun/client.h"
+#include "meshrun/jit.h"
 #include "meshrun/local_cluster.h"
 #include "meshrun/v1/coordinator.grpc.pb.h"
 #include "meshrun/v1/worker.grpc.pb.h"
@@ -88,6 +89,23 @@ TEST(BadRequestsTest, HugeShapesAndBudgetsAreClearErrorsAndTheClusterServesOn) {
   auto back = (*client)->Get("x");
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->data<float>()[3], 4.0f);
+
+  // A run every worker refuses for its budget (before taking its arguments) consumes the donated
+  // argument on the workers too, not only in the coordinator's registry: an array of the same
+  // size fits afterwards. 640 KiB of a per worker; the run needs a, a + a and (a + a) * a.
+  const int64_t n = 2 * 160 * 1024;
+  Tensor a(v1::DTYPE_F32, {n});
+  for (int64_t i = 0; i < n; ++i) a.data<float>()[i] = 1.0f;
+  ASSERT_TRUE((*client)->Put(a, PartitionSpec::Of({"data"}), "a").ok());
+  JitBuilder jit(*Mesh::Parse("data=2"));
+  auto in = jit.Input(v1::DTYPE_F32, {n}, PartitionSpec::Of({"data"}));
+  jit.Output(jit.Binary("mul", jit.Binary("add", in, in), in), PartitionSpec::Of({"data"}));
+  auto run = (*client)->Jit(jit.global_program(), {"a"}, {}, absl::Seconds(30), {0});
+  ASSERT_EQ(run.status().code(), absl::StatusCode::kResourceExhausted) << run.status();
+  EXPECT_THAT(std::string(run.status().message()),
+              HasSubstr("the donated arrays (a) are consumed"));
+  EXPECT_TRUE((*client)->Put(a, PartitionSpec::Of({"data"}), "a2").ok())
+      << "the refused run's donated array still holds the workers' memory";
   ASSERT_TRUE((*cluster)->Stop().ok());
 }
 
