@@ -22,6 +22,15 @@ absl::Status WorkerService::EnterEpoch(uint64_t epoch) {
   return absl::OkStatus();
 }
 
+void WorkerService::EndEarlierEpochs(uint64_t epoch) {
+  absl::MutexLock lock(&epoch_mu_);
+  const uint64_t current = transport_->epoch();
+  if (epoch <= current) return;
+  transport_->Abort(absl::AbortedError(
+      absl::StrCat("collective epoch ", current,
+                   " was given up by the coordinator: a run of epoch ", epoch, " has arrived")));
+}
+
 void WorkerService::AbortEpoch(const absl::Status& cause) {
   absl::MutexLock lock(&epoch_mu_);
   transport_->Abort(absl::AbortedError(absl::StrCat(

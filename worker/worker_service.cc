@@ -75,6 +75,7 @@ grpc::Status WorkerService::RunShardMap(grpc::ServerContext*, const v1::RunShard
     if (!joined_)
       return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
   }
+  EndEarlierEpochs(req->epoch());
   absl::MutexLock lock(&job_mu_);
   if (absl::Status s = EnterEpoch(req->epoch()); !s.ok()) return Error(s);
   grpc::Status status;
@@ -208,6 +209,7 @@ grpc::Status WorkerService::BenchmarkCollective(grpc::ServerContext*,
     if (!joined_)
       return grpc::Status(grpc::FAILED_PRECONDITION, "worker has not joined a cluster yet");
   }
+  EndEarlierEpochs(req->epoch());
   absl::MutexLock lock(&job_mu_);
   if (absl::Status s = EnterEpoch(req->epoch()); !s.ok()) return Error(s);
   if (req->num_bytes() < 0 || req->iters() < 1) {

@@ -133,6 +133,12 @@ class WorkerService final : public v1::Worker::WithRawCallbackMethod_PutShard<
   // an epoch the coordinator already aborted is entered aborted. Errors: FailedPrecondition for
   // an epoch earlier than the current one (a stale request).
   absl::Status EnterEpoch(uint64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);
+  // Called before waiting for job_mu_: a request of a later epoch than the transport's fails at
+  // once what this rank still runs in an earlier one. The coordinator advances the epoch only
+  // after giving a run up and aborting it on every rank it could reach; a rank it could not (one
+  // stopped with SIGSTOP, or cut off) would otherwise finish that run's collectives only at their
+  // deadline, holding the new run behind it.
+  void EndEarlierEpochs(uint64_t epoch) ABSL_LOCKS_EXCLUDED(epoch_mu_);
   // A run that failed leaves its epoch aborted on this rank, so no later collective of that epoch
   // can read what the failed one left behind; the coordinator moves every rank to a new epoch.
   void AbortEpoch(const absl::Status& cause) ABSL_EXCLUSIVE_LOCKS_REQUIRED(job_mu_);

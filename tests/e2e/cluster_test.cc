@@ -474,9 +474,14 @@ TEST(ClusterE2ETest, AStoppedWorkerIsNamedAtOnceAndAfterSigcontTheClusterServes)
   JobConfig config;
   config.train.max_steps = 5;
   config.train.evaluate = false;
+  const absl::Time next_started = absl::Now();
   auto next = (*client)->Train(config);
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->reports.back().step(), 5);
+  // The resumed worker was never told of the abort (the coordinator could not reach it): the next
+  // run's later epoch ends the collective it was stopped in, rather than its 30 s deadline.
+  EXPECT_LT(absl::Now() - next_started, absl::Seconds(20))
+      << "the resumed worker finished the abandoned run's collective only at its deadline";
   ASSERT_TRUE(cluster->Stop().ok());
 }
 
