@@ -118,36 +118,46 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateNativeMatmul(const Tensor& a, cons
                                                            const MatmulOptions& options);
 
 // A matmul with bf16 operands on a CPU where oneDNN has no bf16 matmul (no AVX512 core): the
-// operands are widened to f32 (exactly) and the f32 GEMM accumulates their products, as the bf16
-// GEMM does; a bf16 result is rounded once at the end.
+// bf16 operands are widened to f32 (exactly) and the f32 GEMM accumulates their products, as the
+// bf16 GEMM does; a bf16 result is rounded once at the end. Operands and a result that are f32
+// already (a weight gradient accumulated in f32 over minibatches) are used where they lie.
 class WidenedMatmul : public Kernel {
  public:
   WidenedMatmul(const Tensor& a, const Tensor& b, const Tensor* bias, Tensor& c)
       : a_(a), b_(b), bias_(bias), c_(c) {}
   absl::Status Init(const MatmulOptions& options) {
-    a32_ = Widen(a_);
-    b32_ = Widen(b_);
-    if (bias_ != nullptr) bias32_ = Widen(*bias_);
-    c32_ = Widen(c_);
-    absl::StatusOr<std::unique_ptr<Kernel>> k =
-        CreateNativeMatmul(a32_, b32_, bias_ != nullptr ? &bias32_ : nullptr, c32_, options);
+    const Tensor& a32 = Widened(a_, a32_);
+    const Tensor& b32 = Widened(b_, b32_);
+    const Tensor* bias32 = bias_ != nullptr ? &Widened(*bias_, bias32_) : nullptr;
+    Tensor& c32 = c_.dtype() == v1::DTYPE_F32 ? c_ : (c32_ = Wide(c_));
+    absl::StatusOr<std::unique_ptr<Kernel>> k = CreateNativeMatmul(a32, b32, bias32, c32, options);
     if (!k.ok()) return k.status();
     matmul_ = *std::move(k);
     accumulate_ = options.accumulate;
     return absl::OkStatus();
   }
   absl::Status Run() override {
-    Convert(a_, a32_);
-    Convert(b_, b32_);
-    if (bias_ != nullptr) Convert(*bias_, bias32_);
-    if (accumulate_) Convert(c_, c32_);
+    WidenIfBf16(a_, a32_);
+    WidenIfBf16(b_, b32_);
+    if (bias_ != nullptr) WidenIfBf16(*bias_, bias32_);
+    const bool narrow_c = c_.dtype() != v1::DTYPE_F32;
+    if (accumulate_ && narrow_c) Convert(c_, c32_);
     if (absl::Status s = matmul_->Run(); !s.ok()) return s;
-    Convert(c32_, c_);
+    if (narrow_c) Convert(c32_, c_);
     return absl::OkStatus();
   }
 
  private:
-  static Tensor Widen(const Tensor& t) { return Tensor::Uninitialized(v1::DTYPE_F32, t.dims()); }
+  static Tensor Wide(const Tensor& t) { return Tensor::Uninitialized(v1::DTYPE_F32, t.dims()); }
+  // `t` itself if it is f32, else `wide` made its f32 twin.
+  static const Tensor& Widened(const Tensor& t, Tensor& wide) {
+    if (t.dtype() == v1::DTYPE_F32) return t;
+    wide = Wide(t);
+    return wide;
+  }
+  static void WidenIfBf16(const Tensor& t, Tensor& wide) {
+    if (t.dtype() != v1::DTYPE_F32) Convert(t, wide);
+  }
   const Tensor& a_;
   const Tensor& b_;
   const Tensor* bias_;
