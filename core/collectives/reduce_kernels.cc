@@ -49,6 +49,12 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void Bf16ToF32(cons
   }
 }
 
+__attribute__((target_clones("avx512f", "avx2", "default"))) void RoundToBf16(const float* src,
+                                                                              float* dst,
+                                                                              int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = RoundToBf16(src[i]);
+}
+
 void StreamCopy(void* dst, const void* src, size_t bytes) {
 #if defined(__SSE2__)
   char* d = static_cast<char*>(dst);

@@ -35,6 +35,9 @@ uint16_t F32ToBf16(float f);
 // The same over `count` elements (vectorised by the compiler); dst and src do not overlap.
 void F32ToBf16(const float* src, uint16_t* dst, int64_t count);
 void Bf16ToF32(const uint16_t* src, float* dst, int64_t count);
+// dst[i] = RoundToBf16(src[i]) (core/float_ops.h) for i < count: one pass for the two
+// conversions above. dst may be src (in place); it must not overlap it otherwise.
+void RoundToBf16(const float* src, float* dst, int64_t count);
 
 }  // namespace meshrun
 

@@ -16,7 +16,7 @@ using Ops = google::protobuf::RepeatedPtrField<v1::Op>;
 bool ExactFn(const v1::Op& op) {
   static const std::set<std::string> binary = {"add", "sub", "mul", "div", "max", "min",
                                                "eq",  "ne",  "lt",  "le",  "gt",  "ge"};
-  static const std::set<std::string> unary = {"neg", "abs", "square", "sqrt"};
+  static const std::set<std::string> unary = {"neg", "abs", "square", "sqrt", "round_bf16"};
   if (op.kind() == v1::OP_BINARY) return op.inputs_size() == 2 && binary.count(op.fn());
   if (op.kind() == v1::OP_UNARY) return op.inputs_size() == 1 && unary.count(op.fn());
   return op.kind() == v1::OP_SELECT && op.inputs_size() == 3;

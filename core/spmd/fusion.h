@@ -29,6 +29,9 @@ namespace meshrun {
 //    ...; not tanh, exp or logistic, whose unaries are XLA's) that alone reads an f32 matmul's
 //    result is that matmul's post-op, as XLA fuses a dot's output fusion: the pre-activation is
 //    never written when nothing else needs it;
+//  - a convert of f32 to bf16 that only a convert back to f32 reads, the pair a widened bf16
+//    op's rounding, is one OP_UNARY round_bf16 (core/float_ops.h's RoundToBf16: the same bits in
+//    one pass, and an f32 op FuseElementwise can take into a loop);
 //  - pure ops none of whose results is read or returned are deleted, and so are declarations of
 //    buffers nothing names any more.
 // Collectives, OP_ADAM_UPDATE, OP_RANDOM_INIT and accumulating matmuls are never moved or

@@ -1,5 +1,6 @@
 // Algebraic simplification of a per-shard program (fusion.h): common subexpressions, broadcasts
-// folded into the binary ops that read them, matmul + bias, dead ops and buffers.
+// folded into the binary ops that read them, matmul + bias, bf16 round trips, dead ops and
+// buffers.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -153,6 +154,57 @@ void FoldBroadcasts(v1::ShardMapProgram* p) {
   }
 }
 
+// `c = convert(convert(a, bf16), f32)`, a f32, whose bf16 value only that second convert reads
+// and the caller does not see, becomes `c = round_bf16(a)` (OP_UNARY; RoundToBf16,
+// core/float_ops.h: the same bits) in the first convert's place, where a is read as before: one
+// pass over the elements instead of two, no bf16 buffer, and an f32 op that FuseElementwise takes
+// into a loop with its neighbours (a bf16 computation widened to f32 rounds each result so).
+// c is then written earlier: it must be written by the second convert alone, read by nothing
+// before it, and not be an argument.
+void FoldBf16RoundTrips(v1::ShardMapProgram* p) {
+  const Uses uses(*p);
+  const auto decls = Decls(p->program());
+  const std::set<std::string> arguments(p->inputs().begin(), p->inputs().end());
+  Ops* ops = p->mutable_program()->mutable_functions(0)->mutable_ops();
+  auto decl = [&](const std::string& name) -> const v1::BufferDecl* {
+    auto d = decls.find(name);
+    return d == decls.end() ? nullptr : d->second;
+  };
+  auto is = [&](const std::string& name, v1::DType dtype) {
+    const v1::BufferDecl* d = decl(name);
+    return d != nullptr && d->dtype() == dtype;
+  };
+  auto convert = [](const v1::Op& op) {
+    return op.kind() == v1::OP_CONVERT && op.inputs_size() == 1 && op.outputs_size() == 1;
+  };
+  std::vector<bool> deleted(ops->size());
+  for (int j = 0; j < ops->size(); ++j) {
+    if (!convert(ops->Get(j))) continue;
+    const std::string a = ops->Get(j).inputs(0), b = ops->Get(j).outputs(0);
+    if (!is(a, v1::DTYPE_F32) || !is(b, v1::DTYPE_BF16) || uses.PrivateWriter(b) != j) continue;
+    const int i = uses.readers.at(b)[0];
+    if (i <= j || !convert(ops->Get(i))) continue;
+    const std::string c = ops->Get(i).outputs(0);
+    if (!is(c, v1::DTYPE_F32) || arguments.count(c) || uses.Writer(c) != i ||
+        DimsOf(decl(c)) != DimsOf(decl(a))) {
+      continue;
+    }
+    auto r = uses.readers.find(c);
+    if (r != uses.readers.end() &&
+        std::any_of(r->second.begin(), r->second.end(), [&](int k) { return k <= i; })) {
+      continue;
+    }
+    v1::Op round;
+    round.set_kind(v1::OP_UNARY);
+    round.set_fn("round_bf16");
+    round.add_inputs(a);
+    round.add_outputs(c);
+    *ops->Mutable(j) = std::move(round);
+    deleted[i] = true;
+  }
+  Compact(ops, deleted);
+}
+
 // Deletes pure ops none of whose results is read or returned, and declarations of buffers that
 // no op and no argument or result names any more.
 void EliminateDeadCode(v1::ShardMapProgram* p) {
@@ -201,6 +253,7 @@ void SimplifyProgram(v1::ShardMapProgram* program) {
   simplify_internal::FuseMatmulBias(program);
   simplify_internal::ReluGradFromOutput(program);
   simplify_internal::FuseMatmulActivation(program);
+  FoldBf16RoundTrips(program);
   EliminateDeadCode(program);
 }
 

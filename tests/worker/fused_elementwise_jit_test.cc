@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/collectives/reduce_kernels.h"
 #include "gtest/gtest.h"
 #include "worker/kernels/kernel.h"
 
@@ -105,6 +106,63 @@ TEST(FusedElementwiseJitTest, EveryFnGivesTheInterpretersBits) {
   for (const char* fn : {"neg", "abs", "square", "sqrt"}) ExpectSameBits({{fn, {0}}}, {x}, {0}, fn);
   ExpectSameBits({{"select", {0, 1, 2}}}, {x, y, z}, {0}, "select");
   ExpectSameBits({{"select", {0, 1, 2}}}, {x, One(2.0f), z}, {0}, "select of a one-value y");
+}
+
+// round_bf16 through every loop, and through its own unary kernel and RoundToBf16's array
+// form: exactly the bits of converting to bf16 and back (F32ToBf16 then Bf16ToF32), NaNs
+// included (each becomes the one quiet NaN the conversion gives), ties to even both ways, the
+// largest finite floats rounding to infinity, subnormals, and a tail past the last vector.
+TEST(FusedElementwiseJitTest, RoundBf16GivesTheBitsOfAConvertToBf16AndBack) {
+  const int64_t n = 4096 + 13;
+  Tensor x(v1::DTYPE_F32, {n});
+  std::mt19937 gen(11);
+  const uint32_t specials[] = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                               0x7f800001u, 0xffc01234u, 0x7fffffffu, 0x7f7fffffu, 0xff7fffffu,
+                               0x7f7f7fffu, 0x7f7f8000u, 0x3f808000u, 0x3f818000u, 0x3f80ffffu,
+                               0x00008000u, 0x00018000u, 0x807fffffu, 0x00000001u, 0x3f800000u};
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t bits = i < 20 ? specials[i] : (i % 3 == 0 ? specials[gen() % 20] : gen());
+    std::memcpy(&x.data<float>()[i], &bits, 4);
+  }
+  std::vector<uint32_t> want(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = Bf16ToF32(F32ToBf16(x.data<float>()[i]));
+    std::memcpy(&want[i], &r, 4);
+  }
+  std::vector<uint32_t> want_twice(n);  // rounded, negated, rounded
+  for (int64_t i = 0; i < n; ++i) {
+    const float r = Bf16ToF32(F32ToBf16(-Bf16ToF32(F32ToBf16(x.data<float>()[i]))));
+    std::memcpy(&want_twice[i], &r, 4);
+  }
+  auto wrong = [&](const Tensor& got, const std::vector<uint32_t>& bits) {
+    int bad = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      uint32_t g;
+      std::memcpy(&g, &got.data<float>()[i], 4);
+      bad += g != bits[i];
+    }
+    return bad;
+  };
+  std::vector<FusedLoop> loops = CompiledLoops();
+  loops.push_back(FusedLoop::kInterpreted);
+  for (FusedLoop loop : loops) {
+    SCOPED_TRACE(static_cast<int>(loop));
+    // Rounded, then its negation rounded again (a result row as operand: no bits move).
+    Tensor once(v1::DTYPE_F32, {n}), twice(v1::DTYPE_F32, {n});
+    auto k = CreateFusedElementwise({{"round_bf16", {0}}, {"neg", {1}}, {"round_bf16", {2}}}, {&x},
+                                    {0, 2}, {&once, &twice}, loop);
+    ASSERT_TRUE(k.ok()) << k.status();
+    ASSERT_TRUE((*k)->Run().ok());
+    EXPECT_EQ(wrong(once, want), 0);
+    EXPECT_EQ(wrong(twice, want_twice), 0);
+  }
+  Tensor unary(v1::DTYPE_F32, {n}), in_place = x;
+  auto k = CreateUnary("round_bf16", x, unary);
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->Run().ok());
+  EXPECT_EQ(wrong(unary, want), 0);
+  RoundToBf16(in_place.data<float>(), in_place.data<float>(), n);
+  EXPECT_EQ(wrong(in_place, want), 0);
 }
 
 // Adam's moments, bias corrections and update (optax.adam's jaxpr, as cluster.jit fuses it).

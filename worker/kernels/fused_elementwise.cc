@@ -260,7 +260,7 @@ absl::StatusOr<std::unique_ptr<FusedElementwiseKernel>> Compile(
       return absl::InvalidArgumentError(absl::StrCat(
           "fused_elementwise op ", k, ": fn '", instrs[k].fn, "' with ", instrs[k].args.size(),
           " args is not one of add sub mul div max min eq ne lt le gt ge (2 args), neg abs square "
-          "sqrt (1), select (3)"));
+          "sqrt round_bf16 (1), select (3)"));
     }
     for (int a : instrs[k].args) {
       if (a < 0 || a >= n + static_cast<int>(k)) {

@@ -11,7 +11,8 @@ namespace fused_jit {
 namespace {
 
 bool Unary(Fn fn) {
-  return fn == Fn::kNeg || fn == Fn::kAbs || fn == Fn::kSquare || fn == Fn::kSqrt;
+  return fn == Fn::kNeg || fn == Fn::kAbs || fn == Fn::kSquare || fn == Fn::kSqrt ||
+         fn == Fn::kRoundBf16;
 }
 
 }  // namespace
@@ -83,7 +84,7 @@ bool Generator::Emit() {
 }
 
 bool Generator::Prologue() {
-  bool sign = false, abs = false, one = false, zero = false;
+  bool sign = false, abs = false, one = false, zero = false, round = false;
   std::vector<bool> divisor(n_, false);  // per input row: a scalar DivideByScalar divides by
   reciprocal_.assign(n_, -1);
   for (const Instr& in : instrs_) {
@@ -91,12 +92,20 @@ bool Generator::Prologue() {
     abs |= in.fn == Fn::kAbs;
     one |= ComparePredicate(in.fn).has_value();
     zero |= in.fn == Fn::kSelect;
+    round |= in.fn == Fn::kRoundBf16;
     if (reciprocal_division_ && IsScalarDivision(in, is_scalar_)) divisor[in.b] = true;
   }
   const bool divides = std::count(divisor.begin(), divisor.end(), true) > 0;
-  const std::pair<bool, uint32_t> wanted[] = {
-      {sign, 0x80000000u},   {abs || divides, 0x7fffffffu}, {one, 0x3f800000u},
-      {zero || divides, 0u}, {divides, kSafeLowBits},       {divides, kSafeRangeBits}};
+  const std::pair<bool, uint32_t> wanted[] = {{sign, 0x80000000u},
+                                              {abs || divides, 0x7fffffffu},
+                                              {one, 0x3f800000u},
+                                              {zero || divides, 0u},
+                                              {divides, kSafeLowBits},
+                                              {divides, kSafeRangeBits},
+                                              {round, 1u},
+                                              {round, 0x7fffu},
+                                              {round, 0xffff0000u},
+                                              {round, kQuietNanBits}};
   for (const auto& [want, bits] : wanted) {
     if (!want) continue;
     std::optional<int> r = Allocate();

@@ -45,6 +45,9 @@ constexpr uint32_t kSafeLowBits = 0x1f800000u, kSafeRangeBits = 0x40000000u;
 // dividend in its range are normal and finite).
 bool ScalarDivisorIsSafe(float s);
 
+// The NaN RoundToBf16 (core/float_ops.h) returns for every NaN.
+constexpr uint32_t kQuietNanBits = 0x7fc00000u;
+
 // Room for the code: about 40 bytes per op (max and min take 9 instructions), and the loop.
 constexpr size_t kCodeBytes = 64 * 1024;
 
@@ -127,8 +130,8 @@ class Generator : public Xbyak::CodeGenerator {
     int d = 0, x = 0, s = 0;  // registers
   };
   std::deque<SlowDivision> slow_divisions_;  // emitted after the loop
-  std::vector<int> reciprocal_;  // per input row: the register holding 1 / it when a division
-                                 // divides by it (a scalar, AVX-512: DivideByScalar), else -1
+  std::vector<int> reciprocal_;        // per input row: the register holding 1 / it when a division
+                                       // divides by it (a scalar, AVX-512: DivideByScalar), else -1
   std::vector<int> last_use_;          // per row: the last op reading it, -1 if none
   std::vector<int> reg_;               // per row: its zmm register while live, -1 otherwise
   std::vector<int> free_;              // zmm registers not in use

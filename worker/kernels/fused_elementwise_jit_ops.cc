@@ -47,6 +47,15 @@ void Generator::EmitArithmetic(const Instr& in, const Xbyak::Xmm& d) {
       return vmulps(d, a, a);
     case Fn::kSqrt:
       return vsqrtps(d, a);
+    case Fn::kRoundBf16:  // RoundToBf16: (x + 0x7fff + (x >> 16 & 1)) & 0xffff0000; NaN quieted
+      vpsrld(d, a, 16);
+      Bits(d, d, Constant(1u), BitOp::kAnd);
+      vpaddd(d, d, a);
+      vpaddd(d, d, Constant(0x7fffu));
+      Bits(d, d, Constant(0xffff0000u), BitOp::kAnd);
+      Compare(a, a, kUnordQ);
+      Take(d, Constant(kQuietNanBits));
+      return;
     case Fn::kSelect:  // x != 0 ? z : y
       Compare(a, Constant(0u), kNeqUq);
       vmovaps(d, Row(in.b));

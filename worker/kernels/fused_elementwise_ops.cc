@@ -13,12 +13,12 @@ namespace fused {
 
 const std::map<std::string, std::pair<Fn, int>>& Fns() {
   static const auto* fns = new std::map<std::string, std::pair<Fn, int>>{
-      {"add", {Fn::kAdd, 2}},   {"sub", {Fn::kSub, 2}},      {"mul", {Fn::kMul, 2}},
-      {"div", {Fn::kDiv, 2}},   {"max", {Fn::kMax, 2}},      {"min", {Fn::kMin, 2}},
-      {"eq", {Fn::kEq, 2}},     {"ne", {Fn::kNe, 2}},        {"lt", {Fn::kLt, 2}},
-      {"le", {Fn::kLe, 2}},     {"gt", {Fn::kGt, 2}},        {"ge", {Fn::kGe, 2}},
-      {"neg", {Fn::kNeg, 1}},   {"abs", {Fn::kAbs, 1}},      {"square", {Fn::kSquare, 1}},
-      {"sqrt", {Fn::kSqrt, 1}}, {"select", {Fn::kSelect, 3}}};
+      {"add", {Fn::kAdd, 2}},   {"sub", {Fn::kSub, 2}},       {"mul", {Fn::kMul, 2}},
+      {"div", {Fn::kDiv, 2}},   {"max", {Fn::kMax, 2}},       {"min", {Fn::kMin, 2}},
+      {"eq", {Fn::kEq, 2}},     {"ne", {Fn::kNe, 2}},         {"lt", {Fn::kLt, 2}},
+      {"le", {Fn::kLe, 2}},     {"gt", {Fn::kGt, 2}},         {"ge", {Fn::kGe, 2}},
+      {"neg", {Fn::kNeg, 1}},   {"abs", {Fn::kAbs, 1}},       {"square", {Fn::kSquare, 1}},
+      {"sqrt", {Fn::kSqrt, 1}}, {"select", {Fn::kSelect, 3}}, {"round_bf16", {Fn::kRoundBf16, 1}}};
   return *fns;
 }
 
@@ -102,6 +102,9 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void Apply(
       break;
     case Fn::kSqrt:
       for (int64_t j = 0; j < m; ++j) r[j] = std::sqrt(x[j]);
+      break;
+    case Fn::kRoundBf16:
+      for (int64_t j = 0; j < m; ++j) r[j] = RoundToBf16(x[j]);
       break;
   }
 }

@@ -14,7 +14,8 @@ namespace fused {
 
 // Each fn is the IEEE f32 operation the separate primitive rounds as: max and min are lax's
 // (core/float_ops.h: NaN-propagating, max(-0, +0) = +0); comparisons give 1.0f or 0.0f;
-// select(x, y, z) is x != 0 ? z : y.
+// select(x, y, z) is x != 0 ? z : y; round_bf16 is core/float_ops.h's RoundToBf16 (x rounded to
+// bf16 and widened back).
 enum class Fn {
   kAdd,
   kSub,
@@ -32,7 +33,8 @@ enum class Fn {
   kAbs,
   kSquare,
   kSqrt,
-  kSelect
+  kSelect,
+  kRoundBf16
 };
 
 // Which operand of a two-operand op is one value for every element (a one-element input):

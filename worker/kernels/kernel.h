@@ -67,10 +67,17 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateLeadingSum(const Tensor& x, int64_
 // (within an ulp; oneDNN 2.6's is ~1.4e-6 absolute) erf sin erfc cos tan atan asin acos sinh cosh
 // atanh asinh acosh log1p expm1 exp2 floor ceil round_even round_away, lgamma (log|Gamma(x)|,
 // +inf at the poles), digamma (in double; NaN at 0, -1, -2, ... and -inf, as XLA's), and erf_inv
-// (XLA's polynomial, core/random/threefry.h).
+// (XLA's polynomial, core/random/threefry.h); and round_bf16, x rounded to bf16 and widened back
+// (core/float_ops.h's RoundToBf16: the bits of a convert to bf16 and back).
 // Errors: InvalidArgument naming an unknown fn.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x,
                                                     Tensor& y, float exponent = 1.0f);
+// The unary fns CreateUnary computes by a loop rather than oneDNN: tanh exp logistic (XLA's
+// approximations), the libm fns, erf_inv and round_bf16. CreateLoopUnary: y = fn(x), f32, one shape
+// (CreateUnary checks); null for any other fn.
+bool IsLoopUnary(const std::string& fn);
+std::vector<std::string> LoopUnaryFns();
+std::unique_ptr<Kernel> CreateLoopUnary(const std::string& fn, const Tensor& x, Tensor& y);
 
 // dx = dy * fn'(x) element-wise, f32, all three the same shape: the VJP of CreateUnary's fn, as a
 // oneDNN eltwise backward primitive (from x, not from y). fn: tanh exp log sqrt abs square relu
