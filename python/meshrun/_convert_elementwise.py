@@ -215,6 +215,10 @@ class _Elementwise:
             self._unsupported("dot_general", eqn, f"an integer ({np.dtype(out_dtype)}) product; meshrun's "
                               "matmuls are f32 / bf16 (oneDNN): convert the operands to float32 first")
         (lc, rc), (lb, rb) = p["dimension_numbers"]
+        if _is_bf16(lhs.dtype) and _is_bf16(rhs.dtype) and lhs.store != rhs.store:
+            # A bf16 operand held as f32 (a select's result, a literal) is bf16 to XLA: the GEMM
+            # stays bf16 (AMX / AVX512-BF16) rather than widening the other, a weight, every step.
+            lhs, rhs = self.bf16(lhs), self.bf16(rhs)
         if lhs.store not in (F32, BF16) or rhs.store not in (F32, BF16) or lhs.store != rhs.store:
             lhs, rhs = self.f32(lhs), self.f32(rhs)
         vid = self.emit(G.DOT_GENERAL, [lhs, rhs], lhs_contracting=list(lc), rhs_contracting=list(rc),

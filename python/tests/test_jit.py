@@ -11,6 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import meshrun
 from jaxcompare import compare, emulated_mesh
+from meshrun.v1 import common_pb2, program_pb2
 from meshrun.seeds import MLP, DotReluDot, NnxDotReluDot
 from clusterutil import listed
 
@@ -921,3 +922,31 @@ def test_sort_and_argsort_with_a_gradient_match_jax(cluster):
         np.testing.assert_allclose(np.asarray(o), np.asarray(r), rtol=1e-6)
     for o, r in zip(ours[4:], ref[4:]):  # top_k: the 4 largest per row, the 3 largest per column (NaN first)
         np.testing.assert_array_equal(np.asarray(o), np.asarray(r))
+
+
+def test_a_bf16_dot_of_a_bf16_value_held_as_f32_stays_a_bf16_gemm(cluster):
+    """A bf16 activation that the cluster holds as f32 (a select against zeros_like, as Flax's
+    Dropout writes it) times a bf16 weight: the activation is converted to bf16 (exact: it is a
+    bf16 value) rather than the weight widened to f32 every step, so the GEMM runs in bf16 (AMX /
+    AVX512-BF16), and the product is jax.jit's."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(8, 32)).astype(np.float32)
+    w = rng.normal(size=(32, 16)).astype(np.float32)
+
+    def f(x, w):
+        xb = x.astype(jnp.bfloat16)
+        h = jax.lax.select(x > 0, xb / 0.9, jnp.zeros_like(xb))
+        return (h @ w.astype(jnp.bfloat16)).astype(jnp.float32)
+
+    want = np.asarray(jax.jit(f)(x, w))
+    fn = cluster.jit(f)
+    got = np.asarray(fn(cluster.device_put(x, P("data", None)), cluster.device_put(w, P())))
+    ops = fn.last_program.ops
+    dots = [op for op in ops if op.kind == program_pb2.GlobalOp.DOT_GENERAL]
+    assert len(dots) == 1
+    for operand in dots[0].operands:  # each made bf16 by a CONVERT (values are numbered as ops)
+        producer = ops[operand]
+        assert producer.kind == program_pb2.GlobalOp.CONVERT and producer.dtype == common_pb2.DTYPE_BF16, producer
+    # Products of bf16 values are exact in f32 and summed in f32 either way; each result is then
+    # rounded to bf16, so the two may differ by one bf16 ulp where the sums' order differs.
+    np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=1e-6)
