@@ -1,8 +1,10 @@
 #include "client/cli/commands.h"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -27,6 +29,19 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
+
+// Waits up to `timeout` for standard input: true once it has ended (EOF, a hang-up, or no
+// standard input at all); what arrives on it is read and dropped.
+bool StdinEnded(absl::Duration timeout) {
+  pollfd in{STDIN_FILENO, POLLIN, 0};
+  const int n = poll(&in, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout)));
+  if (n < 0) return errno != EINTR;
+  if (n == 0) return false;
+  if (in.revents & (POLLERR | POLLNVAL)) return true;
+  char buf[256];
+  const ssize_t got = read(STDIN_FILENO, buf, sizeof(buf));
+  return got == 0 || (got < 0 && errno != EINTR && errno != EAGAIN);
+}
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "meshrun: %s\n", std::string(s.message()).c_str());
@@ -87,7 +102,12 @@ int Up(const UpArgs& args) {
   // A remote `meshrun shutdown` ends the coordinator: it is then gone or a zombie (ours to reap).
   while (!g_stop.load()) {
     if (!ProcessAlive((*cluster)->coordinator_pid())) break;
-    absl::SleepFor(absl::Milliseconds(200));
+    if (!args.stop_on_stdin_eof) {
+      absl::SleepFor(absl::Milliseconds(200));
+    } else if (StdinEnded(absl::Milliseconds(200))) {
+      std::printf("standard input ended\n");
+      break;
+    }
   }
   std::printf("stopping cluster\n");
   (*cluster)->Stop().IgnoreError();

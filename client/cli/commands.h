@@ -33,8 +33,11 @@ struct UpArgs {
   // where the CLI's other commands find them.
   std::string tls_dir;
   bool insecure = false;
+  // Also stop when standard input ends (EOF or hang-up): the starting program's lifeline.
+  bool stop_on_stdin_eof = false;
 };
-// Starts a local cluster and keeps it up until SIGINT / SIGTERM, then stops it cleanly.
+// Starts a local cluster and keeps it up until SIGINT / SIGTERM (or, with stop_on_stdin_eof,
+// the end of standard input), then stops it cleanly.
 int Up(const UpArgs& args);
 // `meshrun certs init DIR`: a new CA, node certificate and token (net/credentials.h).
 int CertsInit(const std::string& dir);

@@ -36,6 +36,10 @@ void AddUpAndCerts(CLI::App& app, int* exit_code) {
   up_cmd->add_flag("--no-shm", up->no_shm,
                    "workers exchange collective data over the gRPC ring only (default: shared "
                    "memory on this host)");
+  up_cmd->add_flag("--stop-on-stdin-eof", up->stop_on_stdin_eof,
+                   "stop the cluster when standard input reaches its end: a pipe from the program "
+                   "that started it closes when that program exits, however it exits (the Python "
+                   "SDK's local_cluster)");
   up_cmd->callback([up, exit_code] { *exit_code = Up(*up); });
 
   auto* certs_cmd =

@@ -343,13 +343,18 @@ def local_cluster(mesh="data=8", *, bin_dir=None, insecure=False, shm=True, star
     mesh device), yields a connected Cluster, and stops every process on exit. `mesh` gives the
     axes and their sizes in order, as "data=2,model=4" or {"data": 2, "model": 4} (the devices laid
     out row-major, as jax.make_mesh((2, 4), ("data", "model"))). TLS and a token are on unless
-    insecure=True: fresh credentials are made in a temporary directory. Errors: TypeError for a
+    insecure=True: fresh credentials are made in a temporary directory. The cluster also stops
+    when this process exits without leaving the block (killed, os._exit): `meshrun up` watches a
+    pipe from it. Errors: TypeError for a
     `mesh` of another form; ClusterConnectionError if the cluster does not start (with `meshrun up`'s
     output)."""
     mesh = _mesh_flag(mesh)
     meshrun = _find_binary(bin_dir)
     work = tempfile.mkdtemp(prefix="meshrun-py-")
-    cmd = [meshrun, "up", "--mesh", mesh, "--port", "0", "--log-dir", os.path.join(work, "logs")]
+    # --stop-on-stdin-eof: the pipe to its standard input is the cluster's lifeline, closed by the
+    # kernel when this process exits however it exits (SIGKILL too), so no cluster outlives it.
+    cmd = [meshrun, "up", "--mesh", mesh, "--port", "0", "--log-dir", os.path.join(work, "logs"),
+           "--stop-on-stdin-eof"]
     tls_dir = os.path.join(work, "tls")
     if insecure:
         cmd.append("--insecure")
@@ -360,7 +365,8 @@ def local_cluster(mesh="data=8", *, bin_dir=None, insecure=False, shm=True, star
         cmd.append("--no-shm")
     out_path = os.path.join(work, "up.out")
     with open(out_path, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
         address = None
         deadline = time.monotonic() + start_timeout
@@ -382,6 +388,7 @@ def local_cluster(mesh="data=8", *, bin_dir=None, insecure=False, shm=True, star
         finally:
             cluster.close()
     finally:
+        proc.stdin.close()
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
             try:

@@ -3,7 +3,10 @@ call-credentials plugin, which starts a thread per call), and a wrong or missing
 with PermissionDeniedError."""
 import os
 import shutil
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -52,3 +55,47 @@ def test_local_cluster_takes_the_mesh_as_a_dict_and_names_a_mesh_of_another_form
         with pytest.raises(TypeError, match=r"mesh=.*expected axis sizes"):
             with meshrun.local_cluster(bad, insecure=True):
                 pass
+
+
+def _processes_naming(text):
+    """pids of this host's processes whose command line contains `text`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    pids.append(int(entry))
+        except OSError:  # gone meanwhile
+            pass
+    return pids
+
+
+def test_a_local_cluster_stops_when_the_process_that_started_it_is_killed(tmp_path):
+    """SIGKILL gives local_cluster's `finally` no chance to run; `meshrun up` notices its stdin
+    pipe close and stops the coordinator and workers, rather than leaving them running."""
+    script = ("import sys, time, meshrun\n"
+              "with meshrun.local_cluster('data=2') as c:\n"
+              "    print(c.log_dir, flush=True)\n"
+              "    time.sleep(600)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    work = ""
+    try:
+        work = os.path.dirname(child.stdout.readline().strip())
+        assert work, "the child printed no log directory"
+        running = _processes_naming(work)
+        assert len(running) == 4, running  # meshrun up, the coordinator, two workers (TLS dirs)
+        child.kill()
+        child.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while _processes_naming(work) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_naming(work) == [], "the cluster outlived the process that started it"
+    finally:
+        if child.poll() is None:
+            child.kill()
+        if work:
+            for pid in _processes_naming(work):
+                os.kill(pid, 9)
+            shutil.rmtree(work, ignore_errors=True)
