@@ -201,7 +201,8 @@ class Cluster:
         """jax.device_put onto the cluster: a pytree of arrays and a PartitionSpec/NamedSharding
         (or a pytree of them, a prefix of x's). Each worker receives only its own block. Returns
         the same pytree of meshrun.Array. Errors: InvalidArgumentError for a shape that the
-        sharding does not divide, an unknown axis, an unsupported dtype (f32, bf16, i32, u32,
+        sharding does not divide or whose rank is under the sharding's length (as JAX, trailing
+        Nones count), an unknown axis, an unsupported dtype (f32, bf16, i32, u32,
         u8; bool is stored as f32 0/1 and Python scalars as f32/i32; typed PRNG keys as their
         words, see meshrun.Array), or an array over MAX_ARRAY_BYTES (2 GiB - 1 MiB, as stored)."""
         from meshrun import _tree
@@ -210,6 +211,8 @@ class Cluster:
 
     def _put_value(self, leaf, spec):
         """One leaf (array, scalar or typed key array) put on the cluster laid out as `spec`."""
+        if spec is not None:
+            _sharding.check_rank(spec, np.shape(leaf), "device_put")
         if is_key_dtype(getattr(leaf, "dtype", None)):
             import jax
 

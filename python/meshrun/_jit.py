@@ -94,7 +94,8 @@ class Jitted:
     result of the same shape, dtype and sharding takes the first unused donated array's place on
     the cluster (a TrainState updated in place). Errors: UnsupportedPrimitiveError naming the
     primitive and the user's file:line; InvalidArgumentError for shardings over another mesh,
-    shapes the mesh does not divide, an argument laid out other than its in_sharding, an
+    shapes the mesh does not divide, an in_sharding or out_sharding with more entries than its
+    value's rank (as jax.jit), an argument laid out other than its in_sharding, an
     argnames entry that is none of fun's parameters, or dynamic keyword arguments beside
     in_shardings; TypeError for arguments that fun's signature does not bind; the coordinator's
     errors as meshrun.errors. Not thread-safe.
@@ -189,6 +190,9 @@ class Jitted:
         for leaf, spec, want in zip(leaves, specs, normalized):
             if isinstance(leaf, _array.Array):
                 leaf._check_live()
+                if spec is not None:
+                    shape = leaf.shape[:-1] if leaf.key_dtype is not None else leaf.shape
+                    _sharding.check_rank(spec, shape, f"in_sharding of argument array '{leaf.id}'")
                 if want is not None and want != leaf._entries:
                     raise errors.InvalidArgumentError(
                         f"argument array '{leaf.id}' is laid out as {leaf.sharding.spec} but its "
@@ -279,8 +283,10 @@ class Jitted:
         if self._out_shardings is None:
             out_entries = [None for _ in out_avals]  # the converter's known layouts, or propagated
         else:
-            out_entries = [_sharding.normalize_spec(s, mesh)
-                           for s in _tree.flat_specs(self._out_shardings, out_shape)]
+            out_specs = _tree.flat_specs(self._out_shardings, out_shape)
+            for i, (s, a) in enumerate(zip(out_specs, jax.tree_util.tree_leaves(out_shape))):
+                _sharding.check_rank(s, a.shape, f"out_shardings of result {i}")
+            out_entries = [_sharding.normalize_spec(s, mesh) for s in out_specs]
         conv = _convert.Converter(mesh, self._while_trips)
         program, consts = conv.convert(closed, [(a.shape, a.dtype, a._entries) for a in arrays], out_entries)
         out_entries = conv.out_entries

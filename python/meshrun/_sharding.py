@@ -123,6 +123,18 @@ def _entries(spec):
     return out
 
 
+def check_rank(sharding, shape, what):
+    """InvalidArgumentError when `sharding` (a PartitionSpec or NamedSharding) has more entries
+    than `shape` has dims, as jax.device_put and jax.jit refuse it ("only valid for values of rank
+    at least N"); trailing Nones count, as in JAX. `what` names the value in the message."""
+    spec = sharding.spec if hasattr(sharding, "mesh") and hasattr(sharding, "spec") else sharding
+    n = len(_entries(spec))
+    if n > len(shape):
+        raise errors.InvalidArgumentError(
+            f"{what}: PartitionSpec {spec} has {n} entries but the value has rank {len(shape)} "
+            f"(shape {list(shape)}); a sharding is only valid for values of rank at least {n}")
+
+
 def normalize_spec(sharding, mesh: Mesh):
     """The entries (tuples of axis names) of a PartitionSpec or NamedSharding for `mesh`.
 

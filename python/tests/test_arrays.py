@@ -178,6 +178,20 @@ def test_an_array_over_the_message_limit_is_refused_before_it_is_sent(cluster):
         cluster.device_put(x, P())
 
 
+@pytest.mark.parametrize("spec", [P(None, None, None), P("data", None, None)])
+def test_a_sharding_longer_than_the_rank_is_refused_as_jax_refuses_it(cluster, spec):
+    x = np.zeros((8, 4), np.float32)
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(2, 4), ("data", "model"))
+    with pytest.raises(ValueError, match="rank at least 3"):
+        jax.device_put(x, NamedSharding(mesh, spec))
+    with pytest.raises(meshrun.errors.InvalidArgumentError,
+                       match=r"device_put: PartitionSpec .* has 3 entries but the value has rank 2 "
+                             r"\(shape \[8, 4\]\)"):
+        cluster.device_put(x, spec)
+    a = cluster.device_put(x, P("data", None))  # as long as the rank: trailing None dropped
+    assert a.sharding.spec == P("data")
+
+
 def test_a_sharding_over_another_mesh_is_refused(cluster):
     other = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "model"))
     with pytest.raises(ValueError, match="differs from the cluster's mesh"):

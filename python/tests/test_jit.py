@@ -214,6 +214,27 @@ def test_the_second_call_does_not_retrace(cluster):
     assert out.sharding.spec == P("model")
 
 
+def test_in_and_out_shardings_longer_than_the_rank_are_refused_as_jax_jit_refuses_them(cluster):
+    x = np.ones((8, 4), np.float32)
+    on_cluster = cluster.device_put(x, P("data"))
+    too_long = P("data", None, None)
+    with pytest.raises(meshrun.errors.InvalidArgumentError,
+                       match=r"in_sharding of argument array '.*': PartitionSpec .* has 3 entries but the "
+                             r"value has rank 2"):
+        cluster.jit(lambda a: a + 1, in_shardings=too_long)(on_cluster)
+    with pytest.raises(meshrun.errors.InvalidArgumentError, match=r"device_put: .* has 3 entries"):
+        cluster.jit(lambda a: a + 1, in_shardings=too_long)(x)  # a host array, put on the call
+    with pytest.raises(meshrun.errors.InvalidArgumentError,
+                       match=r"out_shardings of result 1: PartitionSpec .* has 2 entries but the value "
+                             r"has rank 1 \(shape \[8\]\)"):
+        cluster.jit(lambda a: (a, a.sum(1)), out_shardings=(P("data"), P("data", None)))(on_cluster)
+    with pytest.raises(ValueError, match="rank at least 2"):  # what jax.jit says
+        jax.jit(lambda a: (a, a.sum(1)), out_shardings=(NamedSharding(emulated_mesh(), P("data")),
+                                                        NamedSharding(emulated_mesh(), P("data", None))))(x)
+    out = cluster.jit(lambda a: a.sum(1), out_shardings=P("data"))(on_cluster)
+    np.testing.assert_array_equal(np.asarray(out), np.full(8, 4.0, np.float32))
+
+
 def test_results_without_out_shardings_are_laid_out_as_jax_jit_lays_them_out(cluster):
     """A result with no out_sharding gets the layout sharding propagation gives it, as XLA's does
     under jax.jit, so a step with in_shardings and no out_shardings takes its new state back."""
