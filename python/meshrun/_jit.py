@@ -298,6 +298,11 @@ class Jitted:
 
         self.last_trace_seconds = compiled.trace_seconds
         self.last_program = compiled.program
+        if not compiled.out_avals and not compiled.extra_results:
+            # Nothing to compute and no effect to run (a function returning None or an empty
+            # pytree): jax.jit returns the empty result too, and the cluster runs no empty program.
+            self.last_collectives = []
+            return jax.tree_util.tree_unflatten(compiled.out_treedef, [])
         req = coordinator_pb2.JitRequest(program=compiled.program)
         req.input_ids.extend([a.id for a in arrays + compiled.consts])
         req.donate_argnums.extend(i for i, d in enumerate(donated) if d)

@@ -120,6 +120,20 @@ def test_a_function_without_callbacks_has_no_extra_results(cluster):
     assert len(outputs) == 1
 
 
+def test_a_function_without_results_returns_what_jax_jit_returns_and_still_prints(cluster, capsys):
+    x = np.arange(4, dtype=np.float32)
+    for fun in (lambda a: None, lambda a: (), lambda a: {"nothing": []}):
+        assert cluster.jit(fun)(x) == jax.jit(fun)(x)
+    on_cluster = cluster.device_put(x, P())
+    assert cluster.jit(lambda a: None, donate_argnums=0)(on_cluster) is None
+
+    def show(a):
+        jax.debug.print("sum {s}", s=a.sum())
+
+    assert cluster.jit(show)(x) is None
+    assert printed(capsys) == ["sum 6.0"]
+
+
 def test_an_unrolled_while_loop_prints_once_per_iteration(cluster, capsys):
     def f(x):
         def body(c):
