@@ -190,9 +190,6 @@ class Jitted:
         for leaf, spec, want in zip(leaves, specs, normalized):
             if isinstance(leaf, _array.Array):
                 leaf._check_live()
-                if spec is not None:
-                    shape = leaf.shape[:-1] if leaf.key_dtype is not None else leaf.shape
-                    _sharding.check_rank(spec, shape, f"in_sharding of argument array '{leaf.id}'")
                 if want is not None and want != leaf._entries:
                     raise errors.InvalidArgumentError(
                         f"argument array '{leaf.id}' is laid out as {leaf.sharding.spec} but its "
@@ -205,7 +202,7 @@ class Jitted:
                      for a in arrays), donated)
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = self._compile(static_vals, dyn_pos, static_kw, treedef, arrays, len(args))
+            compiled = self._compile(static_vals, dyn_pos, static_kw, treedef, arrays, specs, len(args))
             compiled.reuse = _reused_arguments(compiled, arrays, donated)
             self._cache[key] = compiled
         return self._run(compiled, arrays, donated)
@@ -242,7 +239,7 @@ class Jitted:
         self._layouts[cache_key] = layout
         return layout
 
-    def _compile(self, static_vals, dyn_pos, static_kw, treedef, arrays, nargs):
+    def _compile(self, static_vals, dyn_pos, static_kw, treedef, arrays, specs, nargs):
         import jax
 
         from meshrun import _convert
@@ -262,16 +259,18 @@ class Jitted:
         # carry their layouts in their types, as jax.jit's arguments do (shard_map checks them).
         explicit = _explicit_context_mesh(self._cluster.mesh)
 
-        def aval(a):
+        def aval(a, spec):
             shape, dtype, entries = a.shape, a.dtype, list(a._entries)
             if a.key_dtype is not None:
                 shape, dtype, entries = a.shape[:-1], a.key_dtype, entries[:len(a.shape) - 1]
+            if spec is not None:  # once per compiled shape, as jax.jit checks when it traces
+                _sharding.check_rank(spec, shape, f"in_sharding of argument array '{a.id}'")
             if explicit is None:
                 return jax.ShapeDtypeStruct(shape, dtype)
             spec = _sharding.to_partition_spec(entries)
             return jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.NamedSharding(explicit, spec))
 
-        avals = [aval(a) for a in arrays]
+        avals = [aval(a, spec) for a, spec in zip(arrays, specs)]
         dyn_avals = jax.tree_util.tree_unflatten(treedef, avals)
         closed, out_shape = jax.make_jaxpr(flat_fun, return_shape=True)(*dyn_avals)
         out_avals, out_treedef = jax.tree_util.tree_flatten(out_shape)

@@ -123,11 +123,16 @@ def _entries(spec):
     return out
 
 
+def _is_named_sharding(sharding):
+    """Whether `sharding` is a NamedSharding (jax's or meshrun's: a mesh and a spec), not a spec."""
+    return hasattr(sharding, "mesh") and hasattr(sharding, "spec")
+
+
 def check_rank(sharding, shape, what):
     """InvalidArgumentError when `sharding` (a PartitionSpec or NamedSharding) has more entries
     than `shape` has dims, as jax.device_put and jax.jit refuse it ("only valid for values of rank
     at least N"); trailing Nones count, as in JAX. `what` names the value in the message."""
-    spec = sharding.spec if hasattr(sharding, "mesh") and hasattr(sharding, "spec") else sharding
+    spec = sharding.spec if _is_named_sharding(sharding) else sharding
     n = len(_entries(spec))
     if n > len(shape):
         raise errors.InvalidArgumentError(
@@ -142,7 +147,7 @@ def normalize_spec(sharding, mesh: Mesh):
     Mesh(create_device_mesh((2, 4)), ('data', 'model')) on 8 emulated devices); InvalidArgumentError
     otherwise, or for an axis the mesh lacks or uses twice."""
     spec = sharding
-    if hasattr(sharding, "mesh") and hasattr(sharding, "spec"):
+    if _is_named_sharding(sharding):
         theirs = sharding.mesh
         axes = tuple(theirs.shape.items()) if hasattr(theirs, "shape") else ()
         if tuple(axes) != tuple(mesh.shape.items()):
