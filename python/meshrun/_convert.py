@@ -69,7 +69,7 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
         self.while_trips = while_trips  # a while loop with a traced trip count: the iterations unrolled
         self.program = program_pb2.GlobalProgram()
         self.next_id = 0
-        self.consts = []  # arrays uploaded as extra (replicated) inputs, after the arguments
+        self.consts = []  # (array, spec entries) uploaded as extra inputs, after the arguments
         self._scalars = {}
         self._sites = []  # the user's call sites of the nested calls being inlined
         self._dots = {}  # value id -> (lhs, rhs, lhs_contracting, rhs_contracting) of 2-D dots
@@ -194,8 +194,9 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
     def convert(self, closed, args, out_entries):
         """The GlobalProgram for `closed` (a ClosedJaxpr) with arguments [(shape, dtype, spec
         entries)] (each laid out as its array on the cluster), results laid out as out_entries.
-        Returns (program, consts): arrays the program captured, to be put on the cluster
-        (replicated) and passed after the arguments, in order."""
+        Returns (program, consts): [(array, spec entries)] the program captured, to be put on the
+        cluster laid out so (replicated, but for a zero-size result's) and passed after the
+        arguments, in order."""
         ins = []
         for shape, dtype, entries in args:
             store = F32 if _is_bool(dtype) else _sharding.dtype_to_proto(dtype)
@@ -209,7 +210,15 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
         # (None here: the call's response says which).
         out_entries = [self._layouts.get(v.id) if e is None else e for v, e in zip(outs, out_entries)]
         self.out_entries = out_entries
-        for v, entries in zip(outs, out_entries):
+        for i, (v, entries) in enumerate(zip(outs, out_entries)):
+            if v.id == EMPTY:
+                # A zero-size result (jnp.zeros((0, 3)), an empty slice), which no op computes: a
+                # zero-size constant laid out as the result, returned as jax.jit returns it.
+                entries = tuple(entries) if entries is not None else ((),) * len(v.shape)
+                self.out_entries[i] = entries
+                v = self.upload(np.zeros(v.shape, v.dtype), entries)
+                self.emit(G.OUTPUT, [v], spec=_sharding.spec_to_proto(entries))
+                continue
             if v.dtype == np.uint16:
                 raise errors.InvalidArgumentError(
                     f"a result of dtype uint16 {list(v.shape)}: meshrun holds no uint16 arrays; convert it "
@@ -243,12 +252,14 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
         v = self.upload(x)
         return _V(v.id, v.shape, value.dtype if hasattr(value, "dtype") else x.dtype, v.store)
 
-    def upload(self, x):
-        """The numpy array x as a program input, put on the cluster replicated (self.consts)."""
+    def upload(self, x, entries=None):
+        """The numpy array x as a program input, put on the cluster (self.consts) laid out as
+        `entries` (spec entries; None: replicated)."""
         x = x.astype(_sharding.carrier_dtype(x.dtype)) if x.dtype == np.uint16 else x
-        store = _sharding.dtype_to_proto(x.dtype)
-        self.consts.append(x)
-        vid = self.emit(G.INPUT, dtype=store, shape=list(x.shape), spec=common_pb2.PartitionSpec())
+        store = F32 if _is_bool(x.dtype) else _sharding.dtype_to_proto(x.dtype)
+        entries = tuple(entries) if entries is not None else ()
+        self.consts.append((x, entries))
+        vid = self.emit(G.INPUT, dtype=store, shape=list(x.shape), spec=_sharding.spec_to_proto(entries))
         return _V(vid, x.shape, x.dtype, store)
 
     def run(self, jaxpr, consts, ins, out_hints=None):

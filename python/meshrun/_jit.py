@@ -289,7 +289,7 @@ class Jitted:
         conv = _convert.Converter(mesh, self._while_trips)
         program, consts = conv.convert(closed, [(a.shape, a.dtype, a._entries) for a in arrays], out_entries)
         out_entries = conv.out_entries
-        return _Compiled(program, [self._cluster._put(c, None) for c in consts], out_treedef, out_avals, out_key_dtypes, out_entries,
+        return _Compiled(program, [self._cluster._put(c, _sharding.to_partition_spec(e)) for c, e in consts], out_treedef, out_avals, out_key_dtypes, out_entries,
                          time.perf_counter() - start, conv.callbacks, conv.checks, len(conv.extra_results))
 
     def _run(self, compiled, arrays, donated):

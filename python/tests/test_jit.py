@@ -235,6 +235,29 @@ def test_in_and_out_shardings_longer_than_the_rank_are_refused_as_jax_jit_refuse
     np.testing.assert_array_equal(np.asarray(out), np.full(8, 4.0, np.float32))
 
 
+def test_zero_size_results_are_returned_as_jax_jit_returns_them(cluster):
+    """jnp.zeros((0, 3)), an empty slice, an empty comparison or iota, an empty bf16 cast: no op
+    computes them, yet jax.jit returns each with its shape and dtype (and out_sharding)."""
+    x = np.arange(32, dtype=np.float32).reshape(8, 4)
+
+    def f(a):
+        return a + 1, jnp.zeros((0, 3)), a[:0] > 1, jnp.arange(8)[:0], a[:, 4:].astype(jnp.bfloat16)
+
+    want = jax.jit(f)(x)
+    fn = cluster.jit(f)
+    for _ in range(2):  # the second call reuses the compiled program and its constants
+        got = fn(x)
+        for g, w in zip(got, want):
+            assert (g.shape, g.dtype) == (w.shape, w.dtype)
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    # Laid out as out_shardings says, and usable as the next call's argument.
+    empty = cluster.jit(lambda a: a[:0] * 2, out_shardings=P("data", None))(x)
+    assert empty.shape == (0, 4) and empty.sharding.spec == P("data")
+    again = cluster.jit(lambda e, a: (e + 1, a.sum() + e.sum()))(empty, x)
+    assert again[0].shape == (0, 4)
+    np.testing.assert_array_equal(np.asarray(again[1]), np.float32(x.sum()))
+
+
 def test_results_without_out_shardings_are_laid_out_as_jax_jit_lays_them_out(cluster):
     """A result with no out_sharding gets the layout sharding propagation gives it, as XLA's does
     under jax.jit, so a step with in_shardings and no out_shardings takes its new state back."""
