@@ -75,24 +75,25 @@ class _Layout:
             return [_V(self.emit(G.SORT, ins, index=int(p["dimension"]), dims=[keys, k]), v.shape, v.dtype, v.store)
                     for k, v in enumerate(ins)]
         if name == "top_k":
-            # A stable ascending sort by (not NaN, -x): NaNs first (XLA's top_k ranks NaN above
-            # every number), then the largest, ties by index.
+            # XLA's top_k ranks by its total order (-NaN < -inf < -0 < +0 < inf < NaN), ties by
+            # index: a stable ascending sort by the complement of that order's int32 key, which
+            # SORT compares as plain integers (its float keys equate -0 with +0, as lax.sort does).
             (x,) = ins
             k = int(p["k"])
             dim = int(p.get("axis", -1)) % max(len(x.shape), 1)  # (lax.top_k's axis; the last by default)
             xf = self.f32(x)
-            number = self.binary("eq", xf, xf)  # 0 for NaN
-            neg = self.unary("neg", xf)
+            key = self._total_order_key(xf)
+            descending = _V(self.emit(G.BINARY, [key, self.int_scalar(-1, np.int32)], fn="xor"), x.shape,
+                            np.dtype(np.int32), I32)
             iota = _V(self.emit(G.IOTA, dtype=I32, shape=list(x.shape), index=dim), x.shape, np.int32, I32)
             starts, limits = [0] * len(x.shape), list(x.shape)
             limits[dim] = k
             outs = []
-            for r, (v, dtype) in ((1, (neg, out_dtype)), (2, (iota, np.dtype(np.int32)))):
-                sorted_ = _V(self.emit(G.SORT, [number, neg, iota], index=dim, dims=[2, r]), x.shape, v.dtype,
+            for r, (v, dtype) in ((1, (xf, out_dtype)), (2, (iota, np.dtype(np.int32)))):
+                sorted_ = _V(self.emit(G.SORT, [descending, xf, iota], index=dim, dims=[1, r]), x.shape, v.dtype,
                              v.store)
-                part = _V(self.emit(G.SLICE, [sorted_], dims=starts, shape=limits), tuple(limits), dtype, v.store)
-                outs.append(part)
-            outs[0] = _V(self.unary("neg", outs[0]).id, outs[0].shape, out_dtype, F32)
+                outs.append(_V(self.emit(G.SLICE, [sorted_], dims=starts, shape=limits), tuple(limits), dtype,
+                               v.store))
             return outs
         if name == "rev":
             (x,) = ins

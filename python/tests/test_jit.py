@@ -943,9 +943,8 @@ def test_cumulative_reductions_and_conds_with_their_gradients_match_jax(cluster)
 
 
 def test_sort_and_argsort_with_a_gradient_match_jax(cluster):
-    """jnp.sort along a sharded dim (NaNs last, -0 before +0, stable ties), argsort (a sort of
-    two operands), the gradient of a sorted value (JAX's scatter-add transpose), and top_k along
-    either axis."""
+    """jnp.sort along a sharded dim (NaNs last, stable ties), argsort (a sort of two operands), the
+    gradient of a sorted value (JAX's scatter-add transpose), and top_k along either axis."""
 
     def fn(x):
         smallest = lambda x: jnp.sum(jnp.sort(x, axis=1)[:, :3] ** 2)
@@ -966,6 +965,30 @@ def test_sort_and_argsort_with_a_gradient_match_jax(cluster):
         np.testing.assert_allclose(np.asarray(o), np.asarray(r), rtol=1e-6)
     for o, r in zip(ours[4:], ref[4:]):  # top_k: the 4 largest per row, the 3 largest per column (NaN first)
         np.testing.assert_array_equal(np.asarray(o), np.asarray(r))
+
+
+def test_sort_equates_signed_zeros_and_nans_as_lax_sort_while_top_k_keeps_xlas_total_order(cluster):
+    """lax.sort's comparator treats -0 as +0 and -NaN as NaN (a stable sort keeps each where it
+    was, the values keep their bits), in argsort, a descending argsort and a two-key sort; XLA's
+    top_k ranks by the total order (NaN > inf > ... > +0 > -0 > ... > -NaN), ties by index, in f32
+    and bf16. Fails where sort orders -0 before +0 or -NaN first, or top_k ranks -NaN with NaN."""
+    x = np.array([[0.0, -0.0, np.nan, 1.0, -np.nan, -1.0, -0.0, 0.0],
+                  [3.0, -0.0, 0.0, np.nan, 2.0, -np.nan, 0.0, -np.inf]], np.float32)
+
+    def fn(x):
+        bits = jax.lax.bitcast_convert_type(jnp.sort(x, axis=1), jnp.int32)
+        # (meshrun's f32 -> bf16 conversion makes every NaN the quiet NaN 0x7FC0; XLA keeps its sign)
+        positive_nans = jnp.where(jnp.isnan(x), jnp.nan, x)
+        return (jnp.argsort(x, axis=1, stable=True), bits, jnp.argsort(x, axis=1, descending=True, stable=True),
+                jax.lax.sort((x[0], x[1], jnp.arange(8)), num_keys=2)[2], *jax.lax.top_k(x, 8),
+                jax.lax.top_k(positive_nans.astype(jnp.bfloat16), 5)[1], jax.lax.top_k(x.T, 2, axis=0)[1])
+
+    want = jax.jit(fn)(x)
+    got = cluster.jit(fn, in_shardings=P("data"))(cluster.device_put(x, P("data")))
+    for i, (g, w) in enumerate(zip(got, want)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype and np.array_equal(g.view(np.int32) if g.dtype == np.float32 else g,
+                                                     w.view(np.int32) if w.dtype == np.float32 else w), (i, g, w)
 
 
 def test_a_bf16_dot_of_a_bf16_value_held_as_f32_stays_a_bf16_gemm(cluster):

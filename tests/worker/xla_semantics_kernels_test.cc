@@ -491,23 +491,27 @@ TEST(CumulativeKernelTest, ScansAlongItsDimInEitherDirection) {
   EXPECT_FALSE(CreateCumulative("sum", 3, false, x, y).ok());
 }
 
-// lax.sort's order: NaN last, -0 before +0, ties kept in order (stable), other operands
-// permuted alongside (argsort), along a leading dim.
-TEST(SortKernelTest, SortsStablyInLaxsTotalOrderAndPermutesTheOtherOperands) {
+// lax.sort's order (jax.jit's, jax 0.10): -inf first, NaN last, -0 equal to +0 and -NaN to NaN
+// (so a stable sort keeps each in place), ties kept in order, other operands permuted alongside
+// (argsort), along a leading dim; the values keep their bits.
+TEST(SortKernelTest, SortsStablyInLaxsOrderAndPermutesTheOtherOperands) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  Tensor keys(v1::DTYPE_F32, {6, 1}), index(v1::DTYPE_I32, {6, 1});
-  const float kv[] = {2.0f, nan, 0.0f, -0.0f, 2.0f, -3.0f};
-  std::copy(kv, kv + 6, keys.data<float>());
-  for (int i = 0; i < 6; ++i) index.data<int32_t>()[i] = i;
-  Tensor sorted(v1::DTYPE_F32, {6, 1}), perm(v1::DTYPE_I32, {6, 1});
+  const float inf = std::numeric_limits<float>::infinity();
+  Tensor keys(v1::DTYPE_F32, {8, 1}), index(v1::DTYPE_I32, {8, 1});
+  const float kv[] = {2.0f, nan, 0.0f, -0.0f, 2.0f, -3.0f, -nan, -inf};
+  std::copy(kv, kv + 8, keys.data<float>());
+  for (int i = 0; i < 8; ++i) index.data<int32_t>()[i] = i;
+  Tensor sorted(v1::DTYPE_F32, {8, 1}), perm(v1::DTYPE_I32, {8, 1});
   auto k = CreateSort({&keys, &index}, 0, 1, 0, sorted);
   auto a = CreateSort({&keys, &index}, 0, 1, 1, perm);
   ASSERT_TRUE(k.ok() && a.ok()) << k.status() << a.status();
   ASSERT_TRUE((*k)->Run().ok() && (*a)->Run().ok());
-  EXPECT_EQ(std::vector<int32_t>(perm.data<int32_t>(), perm.data<int32_t>() + 6),
-            (std::vector<int32_t>{5, 3, 2, 0, 4, 1}));
-  EXPECT_TRUE(std::signbit(sorted.data<float>()[1]));
-  EXPECT_TRUE(std::isnan(sorted.data<float>()[5]));
+  EXPECT_EQ(std::vector<int32_t>(perm.data<int32_t>(), perm.data<int32_t>() + 8),
+            (std::vector<int32_t>{7, 5, 2, 3, 0, 4, 1, 6}));
+  EXPECT_FALSE(std::signbit(sorted.data<float>()[2]));
+  EXPECT_TRUE(std::signbit(sorted.data<float>()[3]));
+  EXPECT_TRUE(std::isnan(sorted.data<float>()[6]) && !std::signbit(sorted.data<float>()[6]));
+  EXPECT_TRUE(std::isnan(sorted.data<float>()[7]) && std::signbit(sorted.data<float>()[7]));
   Tensor bf16(v1::DTYPE_BF16, {6, 1}), out(v1::DTYPE_BF16, {6, 1});
   EXPECT_FALSE(CreateSort({&bf16}, 0, 1, 0, out).ok()) << "2-byte operands are refused";
 }

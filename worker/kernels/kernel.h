@@ -140,7 +140,8 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateCumulative(const std::string& fn, 
 
 // y = operand `result` of `operands` (f32, i32 or u32, y's shape) permuted along `dim` as
 // jax.lax.sort(operands, dimension=dim, is_stable=True, num_keys) permutes it: a stable sort by
-// the first num_keys operands, lexicographically, floats in lax's total order (NaNs last).
+// the first num_keys operands, lexicographically, floats as lax.sort's comparator orders them
+// (NaNs last; -0 equal to +0 and every NaN to every other NaN, so a stable sort keeps their order).
 // Errors: InvalidArgument naming a dtype, shape, dim or key count.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateSort(const std::vector<const Tensor*>& operands,
                                                    int64_t dim, int num_keys, int result,

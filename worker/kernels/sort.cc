@@ -1,7 +1,10 @@
 // jax.lax.sort along one dim: several operands of one shape permuted together by the
 // lexicographic order of the first num_keys (a stable sort, as lax.sort with is_stable), floats
-// in lax's total order (-NaN < -inf < ... < -0 < +0 < ... < inf < NaN).
+// in the order of lax.sort's comparator (-inf < ... < inf < NaN, with -0 equal to +0 and every
+// NaN equal to every other, so a stable sort keeps them in place; jax/_src/lax/lax.py,
+// _sort_lt_comparator).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -14,13 +17,16 @@
 namespace meshrun {
 namespace {
 
-// Element i of t (a 4-byte dtype) as an integer ordered as lax orders its values.
+// Element i of t (a 4-byte dtype) as an integer ordered as lax.sort orders its values.
 int64_t SortKey(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
     case v1::DTYPE_F32: {
+      const float x = t.data<float>()[i];
+      if (x == 0.0f) return 0;                     // -0 as +0
+      if (std::isnan(x)) return int64_t{1} << 40;  // any NaN, above +inf
       int32_t b;
-      std::memcpy(&b, t.data<float>() + i, 4);
-      return b < 0 ? -static_cast<int64_t>(b & 0x7FFFFFFF) - 1 : b;  // negatives below +0
+      std::memcpy(&b, &x, 4);
+      return b < 0 ? -static_cast<int64_t>(b & 0x7FFFFFFF) : b;  // negatives below zero
     }
     case v1::DTYPE_I32:
       return t.data<int32_t>()[i];
