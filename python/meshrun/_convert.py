@@ -26,7 +26,7 @@ from meshrun._convert_indexing import _Indexing
 from meshrun._convert_elementwise import _COMPARE, _INTEGER_ARITHMETIC, _Elementwise, _integer_store
 from meshrun._convert_layout import _Layout
 from meshrun._convert_linalg import _Linalg
-from meshrun._convert_random import _Random, aval_of, backward_hints
+from meshrun._convert_random import _Random, aval_of, backward_hints, is_key_dtype
 from meshrun._convert_regions import _CALLS, _Regions
 from meshrun._convert_table import SUPPORTED
 from meshrun._convert_windows import _Windows
@@ -234,6 +234,12 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
         return self.program, self.consts
 
     def const(self, value):
+        if is_key_dtype(getattr(value, "dtype", None)):
+            # A typed PRNG key the function closes over (jax.random.key(0) outside it): its u32
+            # words, as the cluster holds a key argument.
+            import jax
+
+            value = np.asarray(jax.random.key_data(value))
         v = self._const(value)
         self._concrete.setdefault(v.id, np.asarray(value))
         return v

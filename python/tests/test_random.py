@@ -199,6 +199,24 @@ def test_a_typed_key_argument_is_traced_as_a_key(cluster):
             np.testing.assert_array_equal(np.asarray(got[4]), np.asarray(jax.random.key_data(want[4])))
 
 
+def test_a_typed_key_the_function_closes_over_draws_as_jax(cluster):
+    """jax.random.key(3) made outside the function and captured by it (a constant of the jaxpr,
+    as a script's module-level key is): its words go up with the program, and permutation,
+    categorical, a fold_in and a split of it draw as under jax.jit."""
+    key, batch = jax.random.key(3), jax.random.split(jax.random.key(1), 3)
+    x = np.random.default_rng(0).standard_normal((8, 6)).astype(np.float32)
+
+    def f(x):
+        return (jax.random.permutation(key, x), jax.random.categorical(key, x, axis=-1),
+                x * jax.random.bernoulli(jax.random.fold_in(key, 7), 0.5, x.shape),
+                x + jax.random.uniform(batch[1], x.shape), jax.random.split(key)[0])
+
+    got, want = cluster.jit(f)(x), jax.jit(f)(x)
+    for g, w in zip(got[:4], want[:4]):
+        assert_within_ulp(g, w)
+    np.testing.assert_array_equal(np.asarray(got[4]), np.asarray(jax.random.key_data(want[4])))
+
+
 class _NnxDropped(nnx.Module):
     def __init__(self, rngs):
         self.l1 = nnx.Linear(16, 32, rngs=rngs)
