@@ -217,6 +217,26 @@ TEST(BinaryKernelTest, MaxAndMinEverywhereKeepNanAsXla) {
   EXPECT_TRUE(std::isnan(Bf16ToF32(bd[0])) && std::isnan(Bf16ToF32(bd[1])));
 }
 
+// neg flips the sign bit of every value, a NaN's too, as lax.neg (jax.jit(lambda x: -x) turns
+// NaN into -NaN and back); oneDNN's eltwise_linear(-1) kept a NaN's sign. On a length past the
+// vector width.
+TEST(UnaryKernelTest, NegFlipsTheSignBitOfEveryValueANansToo) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> in = {nan,  -nan, 0.0f, -0.0f, 1.5f, -INFINITY, 3e-39f, -2.0f, 7.0f, nan,
+                                 1.0f, 2.0f, 3.0f, 4.0f,  5.0f, 6.0f,      8.0f,   -nan,  9.0f};
+  Tensor x(v1::DTYPE_F32, {static_cast<int64_t>(in.size())}), y(v1::DTYPE_F32, x.dims());
+  std::copy(in.begin(), in.end(), x.data<float>());
+  auto k = CreateUnary("neg", x, y);
+  ASSERT_TRUE(k.ok()) << k.status();
+  ASSERT_TRUE((*k)->Run().ok());
+  for (size_t i = 0; i < in.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &in[i], 4);
+    std::memcpy(&b, y.data<float>() + i, 4);
+    EXPECT_EQ(b, a ^ 0x80000000u) << "element " << i;
+  }
+}
+
 // log within an ulp of the exact value, relative, near 1 too (oneDNN 2.6's eltwise_log erred by
 // ~1.4e-6 absolute: log(1.0001) was 1.4% off).
 TEST(UnaryKernelTest, LogIsAccurateToAnUlpNearOneAsElsewhere) {

@@ -73,7 +73,8 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateLeadingSum(const Tensor& x, int64_
 absl::StatusOr<std::unique_ptr<Kernel>> CreateUnary(const std::string& fn, const Tensor& x,
                                                     Tensor& y, float exponent = 1.0f);
 // The unary fns CreateUnary computes by a loop rather than oneDNN: tanh exp logistic (XLA's
-// approximations), the libm fns, erf_inv and round_bf16. CreateLoopUnary: y = fn(x), f32, one shape
+// approximations), the libm fns, erf_inv, round_bf16 and neg (the sign bit flipped, a NaN's
+// too, as lax.neg). CreateLoopUnary: y = fn(x), f32, one shape
 // (CreateUnary checks); null for any other fn.
 bool IsLoopUnary(const std::string& fn);
 std::vector<std::string> LoopUnaryFns();

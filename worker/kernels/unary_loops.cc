@@ -147,6 +147,10 @@ __attribute__((always_inline)) inline float XlaLogistic(float x) {
   return FlushDenormal(1.0f / (1.0f + XlaExp(-x)));
 }
 
+// lax.neg: the sign bit flipped, a NaN's too (oneDNN's eltwise_linear with alpha -1 multiplies,
+// which keeps a NaN's sign).
+__attribute__((always_inline)) inline float Neg(float x) { return -x; }
+
 template <float (*F)(float)>
 __attribute__((target("avx2,fma"))) void LoopFma(const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = F(x[i]);
@@ -207,12 +211,12 @@ class LibmKernel : public Kernel {
 }  // namespace
 
 bool IsLoopUnary(const std::string& fn) {
-  return fn == "tanh" || fn == "exp" || fn == "logistic" || fn == "round_bf16" ||
+  return fn == "tanh" || fn == "exp" || fn == "logistic" || fn == "round_bf16" || fn == "neg" ||
          LibmFns().count(fn) > 0;
 }
 
 std::vector<std::string> LoopUnaryFns() {
-  std::vector<std::string> fns = {"tanh", "exp", "logistic", "round_bf16"};
+  std::vector<std::string> fns = {"tanh", "exp", "logistic", "round_bf16", "neg"};
   for (const auto& [name, _] : LibmFns()) fns.push_back(name);
   return fns;
 }
@@ -222,6 +226,7 @@ std::unique_ptr<Kernel> CreateLoopUnary(const std::string& fn, const Tensor& x, 
   if (fn == "exp") return std::make_unique<XlaUnaryKernel<XlaExp>>(x, y);
   if (fn == "logistic") return std::make_unique<XlaUnaryKernel<XlaLogistic>>(x, y);
   if (fn == "round_bf16") return std::make_unique<RoundToBf16Kernel>(x, y);
+  if (fn == "neg") return std::make_unique<XlaUnaryKernel<Neg>>(x, y);
   auto libm = LibmFns().find(fn);
   if (libm == LibmFns().end()) return nullptr;
   return std::make_unique<LibmKernel>(libm->second, x, y);
