@@ -76,15 +76,18 @@ class _Layout:
                     for k, v in enumerate(ins)]
         if name == "top_k":
             # XLA's top_k ranks by its total order (-NaN < -inf < -0 < +0 < inf < NaN), ties by
-            # index: a stable ascending sort by the complement of that order's int32 key, which
-            # SORT compares as plain integers (its float keys equate -0 with +0, as lax.sort does).
+            # index: a stable ascending sort by the complement of that order's int32 key (of an
+            # integer, of itself), which SORT compares as plain integers (its float keys equate -0
+            # with +0, as lax.sort does).
             (x,) = ins
             k = int(p["k"])
             dim = int(p.get("axis", -1)) % max(len(x.shape), 1)  # (lax.top_k's axis; the last by default)
-            xf = self.f32(x)
-            key = self._total_order_key(xf)
-            descending = _V(self.emit(G.BINARY, [key, self.int_scalar(-1, np.int32)], fn="xor"), x.shape,
-                            np.dtype(np.int32), I32)
+            if _is_int(x.dtype):  # as itself (through f32, an int past 2**24 would round)
+                xf = self.as_int(x, eqn.invars[0], x.dtype)
+                descending = self.bitwise_not(xf)
+            else:
+                xf = self.f32(x)
+                descending = self.bitwise_not(self._total_order_key(xf))
             iota = _V(self.emit(G.IOTA, dtype=I32, shape=list(x.shape), index=dim), x.shape, np.int32, I32)
             starts, limits = [0] * len(x.shape), list(x.shape)
             limits[dim] = k

@@ -38,7 +38,7 @@ SUPPORTED = {
     "cumlogsumexp": "CUMULATIVE logsumexp, each step jnp.logaddexp in f32 (the dim gathered)",
     "rev": "REVERSE (jnp.flip, x[::-1]; the reversed dims gathered)",
     "sort": "SORT per result (stable; the sorted dim gathered)",
-    "top_k": "SORT by the complement of x's total-order key, with an IOTA, SLICEd to k along its axis (as XLA's)",
+    "top_k": "SORT by the complement of x's total-order key (an integer's, itself), with an IOTA, SLICEd to k along its axis (as XLA's)",
     "cond": "every branch inlined, SELECTs by the index (lax.cond, lax.switch); only the chosen one for a "
             "platform_index",
     "platform_index": "the index of the CPU's branch, else the default's (lax.platform_dependent)",

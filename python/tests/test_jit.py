@@ -971,7 +971,8 @@ def test_sort_equates_signed_zeros_and_nans_as_lax_sort_while_top_k_keeps_xlas_t
     """lax.sort's comparator treats -0 as +0 and -NaN as NaN (a stable sort keeps each where it
     was, the values keep their bits), in argsort, a descending argsort and a two-key sort; XLA's
     top_k ranks by the total order (NaN > inf > ... > +0 > -0 > ... > -NaN), ties by index, in f32
-    and bf16. Fails where sort orders -0 before +0 or -NaN first, or top_k ranks -NaN with NaN."""
+    and bf16, and int32 / uint32 values past 2**24 as themselves. Fails where sort orders -0 before
+    +0 or -NaN first, or top_k ranks -NaN with NaN or rounds an integer through f32."""
     x = np.array([[0.0, -0.0, np.nan, 1.0, -np.nan, -1.0, -0.0, 0.0],
                   [3.0, -0.0, 0.0, np.nan, 2.0, -np.nan, 0.0, -np.inf]], np.float32)
 
@@ -989,6 +990,12 @@ def test_sort_equates_signed_zeros_and_nans_as_lax_sort_while_top_k_keeps_xlas_t
         g, w = np.asarray(g), np.asarray(w)
         assert g.dtype == w.dtype and np.array_equal(g.view(np.int32) if g.dtype == np.float32 else g,
                                                      w.view(np.int32) if w.dtype == np.float32 else w), (i, g, w)
+    # Integers rank as themselves, past 2**24 too (through f32, 16777217 would be 16777216).
+    for ints in (np.array([[16777217, 16777216, -5, 2**30, -2**31, 7, 16777217, 3]], np.int32),
+                 np.array([[4000000000, 16777217, 16777216, 5, 0, 4294967295, 3, 16777217]], np.uint32)):
+        got, want = cluster.jit(lambda a: jax.lax.top_k(a, 5))(ints), jax.jit(lambda a: jax.lax.top_k(a, 5))(ints)
+        for g, w in zip(got, want):
+            assert np.asarray(g).dtype == w.dtype and np.array_equal(np.asarray(g), np.asarray(w)), (g, w)
 
 
 def test_a_bf16_dot_of_a_bf16_value_held_as_f32_stays_a_bf16_gemm(cluster):
