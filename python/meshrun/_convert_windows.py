@@ -12,7 +12,7 @@ import itertools
 
 import numpy as np
 
-from meshrun._ir import BF16, F32, G, _V
+from meshrun._ir import BF16, F32, G, I32, U32, _V
 
 SUPPORTED_WINDOWS = {
     "conv_general_dilated": "per window position a strided SLICE of the padded (lhs-dilated) operand, "
@@ -98,22 +98,30 @@ class _Windows:
     def _reduce_window(self, name, p, x, out_dtype, out_shape, eqn):
         """lax.reduce_window_{sum,max,min}: the operand padded with the reduction's identity
         (base dilation's holes too), then the strided slices of each window position combined
-        (max / min propagate NaN, as XLA's)."""
+        (max / min propagate NaN, as XLA's). An int32 / uint32 operand stays in its integers (a
+        sum wraps; through f32 a value past 2**24 would round)."""
         fn = name.rsplit("_", 1)[1]
-        if x.store not in (F32, BF16):
-            x = self.f32(x)
-        identity = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}[fn]
-        x = self._padded(x, self.scalar(identity), p["padding"], p["base_dilation"])
+        integral = x.store in (I32, U32) and x.dtype in (np.int32, np.uint32)
+        if integral:
+            info = np.iinfo(x.dtype)
+            identity = self.int_scalar({"sum": 0, "max": info.min, "min": info.max}[fn], x.dtype)
+        else:
+            if x.store not in (F32, BF16):
+                x = self.f32(x)
+            identity = self.scalar({"sum": 0.0, "max": float("-inf"), "min": float("inf")}[fn])
+        x = self._padded(x, identity, p["padding"], p["base_dilation"])
         window, strides, dilation = p["window_dimensions"], p["window_strides"], p["window_dilation"]
         if self._tiles(window, strides, dilation, out_shape) and int(np.prod(window)) > _SLICED_WINDOW:
             # a large tiling window (a global pooling): one REDUCE over the view's window dims
             view = self._tiled_view(x, window, out_shape)
-            if fn == "min":  # min(x) = -max(-x)
-                view = self.unary("neg", view)
+            # min(x) = -max(-x); of integers ~max(~x), which cannot overflow
+            flip = self.bitwise_not if integral else (lambda v: self.unary("neg", v))
+            if fn == "min":
+                view = flip(view)
             vid = self.emit(G.REDUCE, [view], fn="sum" if fn == "sum" else "max",
                             dims=list(range(1, 2 * len(window), 2)))
             acc = _V(vid, tuple(out_shape), view.dtype, view.store)
-            acc = self.unary("neg", acc) if fn == "min" else acc
+            acc = flip(acc) if fn == "min" else acc
             return _V(acc.id, tuple(out_shape), out_dtype, acc.store)
         self._check_positions(name, eqn, window)
         slices = self._window_slices(x, window, strides, dilation, out_shape)

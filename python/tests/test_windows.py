@@ -104,6 +104,32 @@ class CNN(nn.Module):
         return nn.Dense(10)(x.reshape(x.shape[0], -1))
 
 
+def test_integer_window_reductions_stay_in_their_integers_as_jaxs(cluster):
+    """reduce_window max / min / sum of int32 and uint32 values, sliding (with padding) and as one
+    tiling reduction: equal to jax.jit's, past 2**24 and at the dtype's bounds too (through f32,
+    16777217 would round to 16777216; a sum wraps as XLA's)."""
+    rng = np.random.default_rng(0)
+    ints = rng.integers(-2**31, 2**31 - 1, (2, 8, 40), dtype=np.int64).astype(np.int32)
+    ints[0, 0, :4] = [16777217, 16777216, 16777219, 3]
+    uints = rng.integers(0, 2**32 - 1, (2, 8, 40), dtype=np.uint64).astype(np.uint32)
+
+    def pools(x):
+        lo, hi, t = np.iinfo(x.dtype).min, np.iinfo(x.dtype).max, x.dtype.type
+        return (lax.reduce_window(x, t(lo), lax.max, (1, 2, 2), (1, 2, 2), "VALID"),
+                lax.reduce_window(x, t(hi), lax.min, (1, 3, 1), (1, 1, 1), ((0, 0), (1, 1), (0, 0))),
+                lax.reduce_window(x, t(0), lax.add, (1, 2, 3), (1, 2, 3), "VALID"),
+                lax.reduce_window(x, t(lo), lax.max, (1, 8, 40), (1, 8, 40), "VALID"),
+                lax.reduce_window(x, t(hi), lax.min, (1, 8, 40), (1, 8, 40), "VALID"),
+                lax.reduce_window(x, t(0), lax.add, (1, 8, 20), (1, 8, 20), "VALID"))
+
+    for x in (ints, uints):
+        want = jax.jit(pools)(x)
+        got = cluster.jit(pools, in_shardings=P("data"))(cluster.device_put(x, P("data")))
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert np.asarray(g).dtype == w.dtype, (x.dtype, i)
+            np.testing.assert_array_equal(np.asarray(g), np.asarray(w), err_msg=f"{x.dtype} pool {i}")
+
+
 def test_a_cnn_with_max_and_avg_pooling_trains_as_under_jax(cluster):
     mesh = emulated_mesh()
     model, tx = CNN(), optax.adam(1e-2)
