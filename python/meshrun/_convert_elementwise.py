@@ -189,8 +189,10 @@ class _Elementwise:
 
     def _select(self, name, eqn, ins, out_dtype):
         pred, cases = ins[0], ins[1:]
+        if len(cases) > 2:
+            return self._select_tree(name, eqn, pred, list(cases), 0, out_dtype)
         if len(cases) != 2:
-            self._unsupported(name, eqn, f"{len(cases)} cases (2 supported)")
+            self._unsupported(name, eqn, f"{len(cases)} case (2 or more supported)")
         a, b = cases
         store = _integer_store(out_dtype)
         if store is not None:
@@ -208,6 +210,18 @@ class _Elementwise:
         shape = a.shape or b.shape or pred.shape
         vid = self.emit(G.SELECT, [p, a, b])
         return _V(vid, shape, out_dtype, a.store)
+
+    def _select_tree(self, name, eqn, which, cases, offset, out_dtype):
+        """lax.select_n over more than two cases (jnp.select, jnp.piecewise, a vmapped switch), as
+        JAX lowers it: halves picked by which >= offset + mid, so an index past the last case
+        takes the last and one below 0 the first."""
+        if len(cases) == 1:
+            return cases[0]
+        mid = len(cases) // 2
+        low = self._select_tree(name, eqn, which, cases[:mid], offset, out_dtype)
+        high = self._select_tree(name, eqn, which, cases[mid:], offset + mid, out_dtype)
+        upper = self.binary("ge", which, self.int_scalar(offset + mid, which.dtype))
+        return self._select(name, eqn, [_V(upper.id, upper.shape, np.bool_, F32), low, high], out_dtype)
 
     def _dot(self, p, ins, out_dtype, out_shape, eqn):
         lhs, rhs = ins

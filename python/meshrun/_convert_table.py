@@ -15,7 +15,7 @@ SUPPORTED = {
     "integer_pow": "UNARY square / BINARY mul chains (div for negative powers; integers in their own wrapping mul)",
     "round": "UNARY round_away / round_even",
     "reduce_precision": "CONVERTs to bf16 and back (8 exponent, 7 mantissa bits; none for more)",
-    "select_n": "SELECT (two cases)",
+    "select_n": "SELECT (two cases; more: a tree of them on index >= the upper half's first, as JAX lowers it)",
     "and": "mul (bool); BINARY and (integers)", "or": "max (bool); BINARY or (integers)",
     "not": "1 - x (bool); BINARY xor with all ones (integers)",
     "dot_general": "DOT_GENERAL (f32 / bf16; an integer product is refused)", "broadcast_in_dim": "BROADCAST_IN_DIM (layout propagated)",

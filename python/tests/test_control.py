@@ -112,3 +112,33 @@ def test_a_nested_loop_that_runs_past_while_trips_in_one_outer_iteration_is_caug
     with pytest.raises(errors.FailedPreconditionError, match=r"test_control.py:\d+ \(.*f.<locals>.outer\) had not"):
         cluster.jit(f)(n)
     np.testing.assert_array_equal(np.asarray(cluster.jit(f, while_trips=20)(n)), np.asarray(jax.jit(f)(np.int32(2))))
+
+
+def test_select_n_of_more_than_two_cases_picks_as_jax(cluster):
+    """lax.select_n over 3 to 5 cases, as jnp.select, jnp.piecewise and a vmapped lax.switch write
+    it: f32, int32 past 2**24 and bool cases, an index out of range (the first case below 0, the
+    last past the end, as JAX's lowering picks), and jnp.select's gradient; equal to jax.jit's."""
+    x = np.linspace(-3, 3, 16, dtype=np.float32).reshape(2, 8)
+    ints = np.array([[16777217, 16777216, -5, 2**30, -2**31, 7, 16777219, 3]] * 2, np.int32)
+    exact = {
+        "select": (lambda x: jnp.select([x < -1, x > 1, x == 0], [x * 2, x * 3, x + 7], 5.0), x),
+        "select_int": (lambda x: jnp.select([x < 0, x > 16777216], [x + 1, x - 1], np.int32(9)), ints),
+        "select_bool": (lambda x: jnp.select([x < -1, x > 1], [x < -2, x > 2], False), x),
+        "piecewise": (lambda x: jnp.piecewise(x, [x < 0, x > 1], [lambda x: x * 2, lambda x: x * 3, 0.0]), x),
+        "five": (lambda x: jax.lax.select_n((jnp.abs(x) * 2).astype(jnp.int32) % 5, x, x + 1, x * 2, -x, x * x), x),
+        "out_of_range": (lambda x: jax.lax.select_n(jnp.arange(8, dtype=jnp.int32) * 2 - 5, x[0], x[0] + 1, x[0] * 2), x),
+    }
+    close = {
+        "select_grad": lambda x: jax.grad(lambda x: jnp.sum(jnp.select([x < -1, x > 1, x == 0],
+                                                                       [x * 2, x ** 3, x + 7], jnp.sin(x))))(x),
+        "vmap_switch": lambda x: jax.vmap(lambda i, v: jax.lax.switch(i, [jnp.sin, jnp.cos, jnp.tanh, lambda v: v * 2], v))(
+            jnp.arange(8) % 4, x[0]),
+    }
+    for name, (f, a) in exact.items():
+        want = jax.jit(f)(a)
+        got = np.asarray(cluster.jit(f, in_shardings=P("data"))(cluster.device_put(a, P("data"))))
+        assert got.dtype == want.dtype, name
+        np.testing.assert_array_equal(got, np.asarray(want), err_msg=name)
+    for name, f in close.items():
+        np.testing.assert_allclose(np.asarray(cluster.jit(f)(x)), np.asarray(jax.jit(f)(x)), rtol=2e-6, atol=1e-7,
+                                   err_msg=name)
