@@ -31,7 +31,7 @@ from meshrun._convert_regions import _CALLS, _Regions
 from meshrun._convert_table import SUPPORTED
 from meshrun._convert_windows import _Windows
 from meshrun._ir import BF16, EMPTY, F32, G, I32, U32, _V, _is_bf16, _is_bool, _summary
-from meshrun.v1 import common_pb2, program_pb2
+from meshrun.v1 import program_pb2
 
 
 # Primitives with nested bodies, which convert zero-size values equation by equation inside.

@@ -220,8 +220,8 @@ class _Elementwise:
         mid = len(cases) // 2
         low = self._select_tree(name, eqn, which, cases[:mid], offset, out_dtype)
         high = self._select_tree(name, eqn, which, cases[mid:], offset + mid, out_dtype)
-        upper = self.binary("ge", which, self.int_scalar(offset + mid, which.dtype))
-        return self._select(name, eqn, [_V(upper.id, upper.shape, np.bool_, F32), low, high], out_dtype)
+        upper = self.binary("ge", which, self.int_scalar(offset + mid, which.dtype))  # a bool
+        return self._select(name, eqn, [upper, low, high], out_dtype)
 
     def _dot(self, p, ins, out_dtype, out_shape, eqn):
         lhs, rhs = ins
