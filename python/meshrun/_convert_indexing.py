@@ -84,7 +84,7 @@ class _Indexing(_Points):
                 return self._gather_points(name, eqn, p, op, idx, out_dtype, out_shape)
             self._unsupported(name, eqn, _FORMS)
         mode = str(p.get("mode", ""))
-        idx = self._clipped(p, idx, op.shape[k])
+        idx = self._clipped(p, idx, op.shape[k], gather=True)
         # An int32 / uint32 operand is picked and summed in its integers (f32 would round it).
         integral = op.store in (I32, U32)
         x = op if integral else self.f32(op)
@@ -130,9 +130,13 @@ class _Indexing(_Points):
             return _V(v.id, out_shape, out_dtype, v.store)
         return self._convert("gather", eqn, v, out_dtype)
 
-    def _clipped(self, p, idx, size):
-        """idx clamped into [0, size) under lax's CLIP mode (as f32, as the masks read it)."""
-        if not str(p.get("mode", "")).endswith("CLIP"):
+    def _clipped(self, p, idx, size, gather=False):
+        """idx clamped into [0, size) under lax's CLIP mode, and a gather's under
+        PROMISE_IN_BOUNDS (XLA's gather clamps its start indices, so `x[i]` of a traced i out of
+        range reads the nearest row under jax.jit; XLA's scatter skips an update out of range),
+        as f32, as the masks read it."""
+        mode = str(p.get("mode", ""))
+        if not (mode.endswith("CLIP") or (gather and mode.endswith("PROMISE_IN_BOUNDS"))):
             return idx
         return self.binary("min", self.binary("max", self.f32(idx), self.scalar(0.0)), self.scalar(float(size - 1)))
 

@@ -109,7 +109,8 @@ class _Points:
                 c = self._reshape(self._iota(tuple(idx.shape[:-1]), ib[j - len(points)]), (n,))
             else:
                 c = component(points[j][0])
-                if mode.endswith("CLIP"):
+                if mode.endswith("CLIP") or (upd is None and mode.endswith("PROMISE_IN_BOUNDS")):
+                    # (XLA's gather clamps its starts; its scatter skips an update out of range)
                     c = self.binary("min", self.binary("max", c, self.scalar(0.0)), self.scalar(float(sizes[j] - 1)))
                 if mode.endswith("FILL_OR_DROP"):
                     ok = within(c, sizes[j]) if ok is None else self.binary("mul", ok, within(c, sizes[j]))

@@ -45,6 +45,34 @@ def test_point_gathers_diagonals_and_their_transposes_match_jax_bit_for_bit(clus
         np.testing.assert_array_equal(g, w, err_msg=key)
 
 
+def test_a_traced_index_out_of_range_reads_the_nearest_row_as_xlas_gather_clamps(cluster):
+    """x[i] and x.at[i].get() of a traced i gather with PROMISE_IN_BOUNDS, whose XLA gather
+    clamps the start index (9 reads the last row, -20 the first after jnp's wrap); a scatter in
+    the same mode skips such an update."""
+    x = np.arange(16, dtype=np.float32).reshape(8, 2) - 5.5
+    xi = (np.arange(24, dtype=np.int32).reshape(8, 3) + 2 ** 25) * np.array([1, -1, 1], np.int32)
+    i = np.array([0, 9, -1, -20, 7, 30], np.int32)
+
+    def f(x, xi, i):
+        return {
+            "rows": x[i],
+            "promise": x.at[i].get(mode="promise_in_bounds"),
+            "ints": xi[i],
+            "points": x[i, i % 3],  # two indexed dims: column 2 is out of range too
+            "column": x[:, i[1] - 8],
+            "scatter": x.at[i].add(100.0, mode="promise_in_bounds"),
+            "fill": jnp.take(x, i, axis=0),  # jnp.take's default mode fills (NaN)
+        }
+
+    want = jax.jit(f)(x, xi, i)
+    got = cluster.jit(f)(cluster.device_put(x, P()), cluster.device_put(xi, P()), cluster.device_put(i, P()))
+    assert np.asarray(want["rows"])[1].tolist() == x[7].tolist()  # (what XLA's clamp gives)
+    for key in want:
+        w, g = np.asarray(want[key]), np.asarray(got[key])
+        assert g.shape == w.shape and g.dtype == w.dtype, key
+        np.testing.assert_array_equal(g, w, err_msg=key)
+
+
 def test_a_point_gather_too_large_to_compare_is_refused_with_its_size(cluster):
     x = np.zeros((4096, 4096), np.float32)
     f = cluster.jit(lambda x, i: x[i, i])
