@@ -43,7 +43,8 @@ _EMPTY_IDENTITY = {"reduce_sum": 0.0, "reduce_max": float("-inf"), "reduce_min":
 # Primitives that take or make uint8 / uint16 values (u32-held, their results wrapped to their
 # width where they could leave it: Converter.wrap): what JAX's bf16 samplers do with their 8-bit
 # random bits, and layout around them.
-_NARROW_OK = {"random_bits", "convert_element_type", "bitcast_convert_type", "and", "or", "xor", "not",
+_NARROW_OK = {"random_bits", "convert_element_type", "bitcast_convert_type", "and", "or", "xor", "not", "clz",
+              "population_count",
               "shift_left", "shift_right_logical", "add", "add_any", "sub", "mul", "div", "rem", "max", "min",
               "clamp", "eq", "ne", "lt", "le", "gt", "ge", "select_n", "broadcast_in_dim", "reshape", "squeeze",
               "expand_dims", "transpose", "slice", "dynamic_slice", "rev", "concatenate", "copy", "copy_p",

@@ -26,7 +26,7 @@ _ELEMENTWISE = {
     "sin", "cos", "log1p", "expm1", "floor", "ceil", "round", "sign", "add", "add_any", "sub", "mul", "div",
     "max", "min", "pow", "integer_pow", "nextafter", "convert_element_type", "bitcast_convert_type",
     "select_n", "clamp", "stop_gradient", "eq", "ne", "lt", "le", "gt", "ge", "reduce_precision",
-} | set(_INT_BINARY) | {"not"}
+} | set(_INT_BINARY) | {"not", "clz", "population_count"}
 
 SUPPORTED_RANDOM = {
     "random_seed": "[0, u32(seed)] (CONCATENATE)", "random_wrap": "none (the key's u32 words)",
@@ -38,7 +38,9 @@ SUPPORTED_RANDOM = {
     "bitcast_convert_type": "BITCAST_CONVERT (f32, i32, u32); bf16 <-> uint16 through the f32 whose high half it is",
     "shift_left": "BINARY (integers)", "shift_right_logical": "BINARY (integers)",
     "shift_right_arithmetic": "BINARY (integers)", "xor": "ne (bool); BINARY xor (integers)",
-    "nextafter": "BINARY nextafter", "erf_inv": "UNARY erf_inv (XLA's polynomial)",
+    "nextafter": "BINARY nextafter",
+    "clz": "integer BINARY ops (a binary search over halves)",
+    "population_count": "integer BINARY ops (SWAR bit-field sums)", "erf_inv": "UNARY erf_inv (XLA's polynomial)",
     "random_gamma": "JAX's own lowering inlined (Marsaglia-Tsang rejection per element: vmapped while loops, "
                     "each unrolled to while_trips iterations and checked)",
 }
@@ -202,6 +204,42 @@ class _Random:
         finally:
             self._sites.pop()
 
+    def _bit_count(self, name, eqn, x, out_dtype):
+        """lax.clz (leading zero bits: a binary search over halves, 32 for 0) and
+        lax.population_count (set bits: the SWAR sum of bit fields) of an int32 / uint32 (or a
+        uint8 / uint16 held in a u32: clz less the carrier's extra high bits), in x's dtype, as
+        XLA's."""
+        if not _is_int(out_dtype) or out_dtype.itemsize not in (1, 2, 4) or (
+                out_dtype.kind == "i" and out_dtype.itemsize != 4):
+            self._unsupported(name, eqn, f"a {out_dtype} operand (int32, uint32, uint8 and uint16 are)")
+        u = self.as_int(x, eqn.invars[0], out_dtype)
+        if u.store != U32:
+            u = _V(self.emit(G.BITCAST_CONVERT, [u], dtype=U32), u.shape, np.dtype(np.uint32), U32)
+
+        def op(fn, a, b):
+            if not isinstance(b, _V):
+                b = self.int_scalar(b, np.uint32)
+            return _V(self.emit(G.BINARY, [a, b], fn=fn), u.shape, np.dtype(np.uint32), U32)
+
+        if name == "population_count":
+            v = op("sub", u, op("and", op("shift_right_logical", u, 1), 0x55555555))
+            v = op("add", op("and", v, 0x33333333), op("and", op("shift_right_logical", v, 2), 0x33333333))
+            v = op("and", op("add", v, op("shift_right_logical", v, 4)), 0x0F0F0F0F)
+            v = op("shift_right_logical", op("mul", v, 0x01010101), 24)
+        else:
+            v, rest = None, u
+            for width in (16, 8, 4, 2, 1):  # the top `width` bits zero: count them, shift them out
+                top_set = op("min", op("shift_right_logical", rest, 32 - width), 1)
+                zeros = op("mul", op("sub", self.int_scalar(1, np.uint32), top_set), width)
+                v = zeros if v is None else op("add", v, zeros)
+                rest = op("shift_left", rest, zeros)
+            v = op("add", v, op("sub", self.int_scalar(1, np.uint32), op("min", op("shift_right_logical", rest, 31), 1)))
+            if out_dtype.itemsize < 4:
+                v = op("sub", v, 32 - 8 * out_dtype.itemsize)
+        if out_dtype.kind == "i":
+            return _V(self.emit(G.BITCAST_CONVERT, [v], dtype=I32), v.shape, out_dtype, I32)
+        return _V(v.id, v.shape, out_dtype, U32)
+
     def _random_equation(self, name, p, ins, out_dtype, out_shape, eqn):
         """The outputs of a PRNG or integer-bit primitive; None for another primitive."""
         if name in _KEY_IDENTITY:
@@ -233,6 +271,8 @@ class _Random:
             if x.store == F32 and _is_int(x.dtype):  # an integer held as f32: its integer bits
                 x = self.as_int(x, eqn.invars[0], x.dtype)
             return [_V(self.emit(G.BITCAST_CONVERT, [x], dtype=store), x.shape, out_dtype, store)]
+        if name in ("clz", "population_count"):
+            return [self._bit_count(name, eqn, ins[0], out_dtype)]
         if name == "nextafter":
             return [self.binary("nextafter", ins[0], ins[1], out_dtype)]
         if name == "erf_inv":  # in f32; a bf16 result rounded to bf16, as XLA's CPU computes it

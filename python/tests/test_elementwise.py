@@ -127,3 +127,24 @@ def test_a_bf16_products_rounding_stays_before_the_ops_that_read_it_as_jax(clust
                 np.testing.assert_array_equal(g.view(np.uint16), v.view(np.uint16), err_msg=f"{w_spec} result {i}")
             else:
                 np.testing.assert_allclose(g, v, rtol=1e-6, atol=1e-6, err_msg=f"{w_spec}")
+
+
+def test_clz_and_population_count_match_jax_on_every_integer_width(cluster):
+    """lax.clz and lax.population_count (jnp.bitwise_count) of int32 / uint32 / uint8 / uint16,
+    edge values included (0, -1, INT_MIN, INT_MAX): 32 leading zeros for 0, the narrow widths'
+    counts within their own bits."""
+    i32 = np.array([0, 1, -1, 2 ** 31 - 1, -2 ** 31, 256, 65535, 123456789, -987654321], np.int32)
+    u8 = np.array([0, 1, 2, 127, 128, 255, 17, 64, 3], np.uint8)
+
+    def f(a, b):
+        u = a.view(jnp.uint32)
+        u16 = u.astype(jnp.uint16)
+        return (jax.lax.clz(a), jax.lax.population_count(a), jax.lax.clz(u), jnp.bitwise_count(u), jax.lax.clz(b),
+                jnp.bitwise_count(b), jax.lax.clz(u16).astype(jnp.int32), jnp.bitwise_count(u16).astype(jnp.int32))
+
+    want = jax.jit(f)(i32, u8)
+    got = cluster.jit(f)(cluster.device_put(i32, P()), cluster.device_put(u8, P()))
+    for k, (g, w) in enumerate(zip(got, want)):
+        g, w = np.asarray(g), np.asarray(w)
+        assert g.dtype == w.dtype, (k, g.dtype, w.dtype)
+        np.testing.assert_array_equal(g, w, err_msg=str(k))
