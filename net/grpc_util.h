@@ -37,6 +37,10 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address);
 // The gRPC metadata key of a client's session (server/client_leases.h): the arrays its calls
 // create belong to it, and are freed when it stops calling and sending KeepAlive.
 inline constexpr char kSessionMetadataKey[] = "meshrun-session";
+// The grpc.health.v1 service name a worker reports SERVING once it has joined a cluster (the
+// empty name answers as soon as its server starts): a process restarted at a lost worker's
+// address answers the empty name before it registers, never this one.
+inline constexpr char kWorkerHealthService[] = "meshrun.v1.Worker";
 // Server builder options matching CreateChannel's message size limit.
 void ConfigureServerBuilder(grpc::ServerBuilder& builder);
 

@@ -93,10 +93,11 @@ class JobDriver {
   // rewrites it (temporary file and rename) on every change.
   void LoadStateFile();
   void WriteStateFileLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // job_recovery.cc. The workers a failure lost, probed by grpc.health.v1 (1 s each, in
-  // parallel) and by their heartbeats; empty when every worker answers (the failure was the
-  // job's own). When the cluster already re-formed since `generation` (a new process took a
-  // worker's address), the workers it lost. `step`: the last step completed.
+  // job_recovery.cc. The workers a failure lost, probed by grpc.health.v1 (kWorkerHealthService,
+  // SERVING once joined; heartbeat_timeout each, in parallel) and by their heartbeats; empty when
+  // every worker answers (the failure was the job's own). When the cluster already re-formed since
+  // `generation` (a new process took a worker's address), the workers it lost. `step`: the last
+  // step completed.
   std::vector<v1::WorkerLost> FindLostWorkers(const absl::Status& failure, int64_t step,
                                               uint64_t generation);
   // Emits `lost`, re-forms the cluster without them (unless it did since `generation`) and

@@ -47,10 +47,16 @@ std::vector<v1::WorkerLost> JobDriver::FindLostWorkers(const absl::Status& failu
     threads.emplace_back([&, r] {
       auto stub = grpc::health::v1::Health::NewStub(CreateChannel(peers[r].address()));
       grpc::ClientContext ctx;
-      SetTimeout(ctx, absl::Seconds(1));
+      // As long as the heartbeats may be late: a live worker on a starved CPU answers slowly.
+      SetTimeout(ctx, registry_->heartbeat_timeout());
       grpc::health::v1::HealthCheckRequest req;
+      req.set_service(kWorkerHealthService);
       grpc::health::v1::HealthCheckResponse resp;
       probes[r] = stub->Check(&ctx, req, &resp);
+      if (probes[r].ok() && resp.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+        // A process restarted at the worker's address that has not joined (or does not serve).
+        probes[r] = grpc::Status(grpc::StatusCode::UNAVAILABLE, "not joined");
+      }
     });
   }
   for (std::thread& t : threads) t.join();

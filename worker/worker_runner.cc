@@ -301,6 +301,7 @@ absl::Status RunWorker(const WorkerRunnerOptions& o) {
   if (!m.ok()) return m.status();
   g_rank.store(m->rank);
   worker.Join(*m, &ring);
+  (*server)->GetHealthCheckService()->SetServingStatus(kWorkerHealthService, true);
   LOG(INFO) << "joined " << m->mesh.ToString() << " as rank " << m->rank << "; ring prev "
             << reg->ring_prev() << ", next " << reg->ring_next();
   absl::Status result = Heartbeat(*stub, req, *m, worker, **server, o);
