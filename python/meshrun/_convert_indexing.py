@@ -28,6 +28,9 @@ class _Indexing(_Points):
             dn = p["dimension_numbers"]
             if self._points(name, eqn, p, op, idx, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims, upd):
                 return [self._scatter_points(name, eqn, p, op, idx, upd, out_dtype)]
+            windows = self._scatter_windows(name, eqn, p, op, idx, upd, out_dtype)
+            if windows is not None:
+                return [windows]
             self._unsupported(name, eqn, _FORMS)
         return None
 
@@ -82,6 +85,9 @@ class _Indexing(_Points):
         if form is None:
             if self._points(name, eqn, p, op, idx, dn.start_index_map, dn.collapsed_slice_dims):
                 return self._gather_points(name, eqn, p, op, idx, out_dtype, out_shape)
+            windows = self._gather_windows(name, eqn, p, op, idx, out_dtype, out_shape)
+            if windows is not None:
+                return windows
             self._unsupported(name, eqn, _FORMS)
         mode = str(p.get("mode", ""))
         idx = self._clipped(p, idx, op.shape[k], gather=True)
@@ -172,6 +178,9 @@ class _Indexing(_Points):
         if form is None:
             if self._points(name, eqn, p, op, idx, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims, upd):
                 return self._scatter_add_points(name, eqn, p, op, idx, upd, out_dtype)
+            windows = self._scatter_windows(name, eqn, p, op, idx, upd, out_dtype)
+            if windows is not None:
+                return windows
             self._unsupported(name, eqn, _FORMS)
         idx = self._clipped(p, idx, op.shape[k])  # (an index out of range adds nothing: FILL_OR_DROP)
         u = self.f32(upd)

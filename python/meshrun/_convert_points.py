@@ -2,6 +2,7 @@
 form of meshrun._convert_indexing fits: every index vector compared with every position of the
 indexed dims (x[jnp.arange(n), labels], jnp.diagonal, jnp.take along any axis, searchsorted,
 nonzero, x.at[idx].set / min / max / multiply at a batch of indices)."""
+import jax
 import numpy as np
 
 from meshrun._ir import F32, G, I32, U32, _V
@@ -125,6 +126,137 @@ class _Points:
             linear = self.binary("sub", self.binary("mul", linear, ok), self.binary("sub", self.scalar(1.0), ok))
         inverse = [perm.index(d) for d in range(r)]
         return x, linear, ok, (tuple(sizes) + tuple(op.shape[d] for d in rest), inverse)
+
+    def _window_points(self, idx, index_map, partial, sizes, adjust):
+        """Index vectors [N..., W..., K]: one per element of each window of `partial` ((k, operand
+        dim) pairs whose windows are longer than one element: W their sizes), the start
+        adjust(k, d, start as f32 [N...]) plus the element's position along those dims; the other
+        components as they come (f32)."""
+        nshape = tuple(idx.shape[:-1])
+        full = nshape + tuple(sizes[d] for _, d in partial)
+        components = []
+        for k, d in enumerate(index_map):
+            part = _V(self.emit(G.SLICE, [idx], dims=[0] * len(nshape) + [k], shape=list(nshape) + [k + 1]),
+                      nshape + (1,), idx.dtype, idx.store)
+            c = self.f32(self._reshape(part, nshape))
+            c = adjust(k, d, _V(c.id, nshape, np.float32, F32))  # (an index held as f32 computes in f32)
+            c = _V(self.emit(G.BROADCAST_IN_DIM, [c], shape=list(full), dims=list(range(len(nshape)))), full,
+                   np.float32, F32)
+            for i, (kk, _) in enumerate(partial):
+                if kk == k:
+                    c = self.binary("add", c, self._iota(full, len(nshape) + i))
+            components.append(self._reshape(c, full + (1,)))
+        return _V(self.emit(G.CONCATENATE, components, index=len(full)), full + (len(index_map),), np.float32, F32)
+
+    def _partial_windows(self, p, op, idx, index_map, collapsed, sizes):
+        """The (k, operand dim) pairs of the index vector whose windows are longer than one
+        element and shorter than their dim; None where the index vectors do not fit index_map."""
+        if idx.shape[-1:] != (len(index_map),):
+            return None
+        return [(k, d) for k, d in enumerate(index_map) if 1 < sizes[d] < op.shape[d] and d not in collapsed]
+
+    def _gather_windows(self, name, eqn, p, op, idx, out_dtype, out_shape):
+        """A gather of windows longer than one element but shorter than their dim along indexed
+        dims (jax.vmap of lax.dynamic_slice: per-example crops and sequence windows) as a gather of
+        points: each start clamped into [0, size - window] as XLA's gather clamps it
+        (FILL_OR_DROP: the whole window is the fill value where a start is out of that range, as
+        JAX's), then one index vector per element of the window. None for another form (or where
+        the points path would not take it)."""
+        dn = p["dimension_numbers"]
+        sizes, index_map = [int(w) for w in p["slice_sizes"]], [int(d) for d in dn.start_index_map]
+        collapsed, ob = set(int(d) for d in dn.collapsed_slice_dims), self._batching(p)[0]
+        partial = self._partial_windows(p, op, idx, index_map, collapsed, sizes)
+        if not partial:
+            return None
+        nshape = tuple(idx.shape[:-1])
+        fill = str(p.get("mode", "")).endswith("FILL_OR_DROP")
+        ok = []
+
+        def clamp(k, d, c):
+            hi = self.scalar(float(op.shape[d] - sizes[d]))
+            if fill:
+                ok.append(self.binary("mul", self.binary("ge", c, self.scalar(0.0)), self.binary("le", c, hi)))
+            return self.binary("min", self.binary("max", c, self.scalar(0.0)), hi)
+
+        points = self._window_points(idx, index_map, partial, sizes, clamp)
+        full = tuple(points.shape[:-1])
+        kept = [d for d in range(len(op.shape)) if d not in collapsed and d not in ob]
+        point_sizes = [1 if any(d == pd for _, pd in partial) else w for d, w in enumerate(sizes)]
+        dn2 = jax.lax.GatherDimensionNumbers(
+            offset_dims=tuple(range(len(full), len(full) + len(kept))), collapsed_slice_dims=dn.collapsed_slice_dims,
+            start_index_map=dn.start_index_map, operand_batching_dims=dn.operand_batching_dims,
+            start_indices_batching_dims=dn.start_indices_batching_dims)
+        p2 = dict(p, dimension_numbers=dn2, slice_sizes=tuple(point_sizes), mode=jax.lax.GatherScatterMode.CLIP)
+        if not self._points(name, eqn, p2, op, points, dn2.start_index_map, dn2.collapsed_slice_dims):
+            return None
+        v = self._gather_points(name, eqn, p2, op, points, out_dtype, full + tuple(point_sizes[d] for d in kept))
+        # [N..., W..., kept (a partial dim's 1)...] -> the windows' axes in their dims' places
+        rest = [d for d in kept if not any(d == pd for _, pd in partial)]
+        v = self._reshape(v, full + tuple(sizes[d] for d in rest))
+        axis = {pd: len(nshape) + i for i, (_, pd) in enumerate(partial)}
+        axis.update({d: len(full) + j for j, d in enumerate(rest)})
+        batch, offsets = iter(range(len(nshape))), list(dn.offset_dims)
+        v = self._transposed(v, [axis[kept[offsets.index(q)]] if q in offsets else next(batch)
+                                 for q in range(len(out_shape))])
+        if not ok:
+            return v
+        inside = ok[0]
+        for o in ok[1:]:
+            inside = self.binary("mul", inside, o)
+        pred = _V(self.emit(G.BROADCAST_IN_DIM, [inside], shape=list(out_shape),
+                            dims=[q for q in range(len(out_shape)) if q not in offsets]), tuple(out_shape), np.bool_, F32)
+        return self._select(name, eqn, [pred, self._gather_fill(p, out_dtype, v.store in (I32, U32)), v], out_dtype)
+
+    def _scatter_windows(self, name, eqn, p, op, idx, upd, out_dtype):
+        """The transpose of _gather_windows (jax.grad of vmapped dynamic_slice) and vmapped
+        dynamic_update_slice: a scatter(-add, -set, -min, -max, -mul) of windows longer than one
+        element along indexed dims as a scatter of points, one per element of each window. CLIP
+        clamps each start into [0, size - window], as JAX's; FILL_OR_DROP and PROMISE_IN_BOUNDS
+        drop a window that does not fit whole, as XLA's scatter skips it. None for another form."""
+        dn = p["dimension_numbers"]
+        index_map = [int(d) for d in dn.scatter_dims_to_operand_dims]
+        collapsed, ob = set(int(d) for d in dn.inserted_window_dims), self._batching(p)[0]
+        kept = [d for d in range(len(op.shape)) if d not in collapsed and d not in ob]
+        wd = [int(q) for q in dn.update_window_dims]
+        if len(wd) != len(kept) or idx.shape[-1:] != (len(index_map),):
+            return None
+        sizes = [1] * len(op.shape)
+        for d, q in zip(kept, wd):
+            sizes[d] = upd.shape[q]
+        partial = self._partial_windows(p, op, idx, index_map, collapsed, sizes)
+        if not partial:
+            return None
+        clip = str(p.get("mode", "")).endswith("CLIP")
+
+        def start(k, d, c):
+            hi = self.scalar(float(op.shape[d] - sizes[d]))
+            if clip:
+                return self.binary("min", self.binary("max", c, self.scalar(0.0)), hi)
+            # a window that does not fit: every element's index out of range (dropped)
+            fits = self.binary("mul", self.binary("ge", c, self.scalar(0.0)), self.binary("le", c, hi))
+            away = self.scalar(-2.0 * (op.shape[d] + sizes[d]))
+            return self.binary("add", self.binary("mul", c, fits),
+                               self.binary("mul", self.binary("sub", self.scalar(1.0), fits), away))
+
+        points = self._window_points(idx, index_map, partial, sizes, start)
+        full = tuple(points.shape[:-1])
+        # the updates as [N..., W..., kept (a partial dim's 1)...]
+        u = self._transposed(upd, [q for q in range(len(upd.shape)) if q not in wd] +
+                             [wd[kept.index(pd)] for _, pd in partial] +
+                             [q for d, q in zip(kept, wd) if not any(d == pd for _, pd in partial)])
+        point_sizes = [1 if any(d == pd for _, pd in partial) else w for d, w in enumerate(sizes)]
+        u = self._reshape(u, full + tuple(point_sizes[d] for d in kept))
+        dn2 = jax.lax.ScatterDimensionNumbers(
+            update_window_dims=tuple(range(len(full), len(full) + len(kept))),
+            inserted_window_dims=dn.inserted_window_dims, scatter_dims_to_operand_dims=dn.scatter_dims_to_operand_dims,
+            operand_batching_dims=dn.operand_batching_dims, scatter_indices_batching_dims=dn.scatter_indices_batching_dims)
+        p2 = dict(p, dimension_numbers=dn2,
+                  mode=jax.lax.GatherScatterMode.CLIP if clip else jax.lax.GatherScatterMode.FILL_OR_DROP)
+        if not self._points(name, eqn, p2, op, points, dn2.scatter_dims_to_operand_dims, dn2.inserted_window_dims, u):
+            return None
+        if name == "scatter-add":
+            return self._scatter_add_points(name, eqn, p2, op, points, u, out_dtype)
+        return self._scatter_points(name, eqn, p2, op, points, u, out_dtype)
 
     def _gather_points(self, name, eqn, p, op, idx, out_dtype, out_shape):
         dn = p["dimension_numbers"]

@@ -73,6 +73,51 @@ def test_a_traced_index_out_of_range_reads_the_nearest_row_as_xlas_gather_clamps
         np.testing.assert_array_equal(g, w, err_msg=key)
 
 
+def test_vmapped_dynamic_slices_their_gradients_and_window_scatters_match_jax(cluster):
+    """jax.vmap of lax.dynamic_slice (per-example crops, sequence windows) gathers windows at
+    batched starts; its gradient and a vmapped dynamic_update_slice scatter them. Starts out of
+    range clamp (CLIP), fill the whole window (gather FILL_OR_DROP) or drop it (scatter
+    FILL_OR_DROP / PROMISE_IN_BOUNDS), as jax.jit's."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(8, 12)).astype(np.float32)
+    img = rng.normal(size=(4, 10, 9, 3)).astype(np.float32)
+    seq = rng.normal(size=(6, 11, 5)).astype(np.float32)
+    xi = np.arange(96, dtype=np.int32).reshape(8, 12) + 2 ** 25
+    st = np.array([0, 3, 9, 10, -2, 5, 20, 1], np.int32)
+    crop = lambda im, i, j: jax.lax.dynamic_slice(im, (i, j, 0), (6, 5, 3))  # noqa: E731
+    window = lambda q, i: jax.lax.dynamic_slice_in_dim(q, i, 4, axis=0)  # noqa: E731
+    dims = jax.lax.ScatterDimensionNumbers(update_window_dims=(1, 2), inserted_window_dims=(),
+                                           scatter_dims_to_operand_dims=(1,))
+    upd = jnp.ones((8, 8, 3)) * jnp.arange(8.0)[:, None, None]
+
+    def f(x, img, seq, xi, st):
+        return {
+            "rows": jax.vmap(lambda r, i: jax.lax.dynamic_slice(r, (i,), (3,)))(x, st),
+            "int_rows": jax.vmap(lambda r, i: jax.lax.dynamic_slice(r, (i,), (4,)))(xi, st),
+            "crops": jax.vmap(crop)(img, st[:4], st[4:]),
+            "windows": jax.vmap(window)(seq, st[:6]),
+            "unbatched": jax.vmap(lambda i: jax.lax.dynamic_slice(x, (i, 2), (2, 5)))(st),
+            "filled": x.at[st[:, None] + jnp.arange(3)].get(mode="fill", fill_value=-1.0),
+            "crop_grad": jax.grad(lambda z: (jax.vmap(crop)(z, st[:4], st[4:]) ** 2).sum())(img),
+            "window_grad": jax.grad(lambda z: (jax.vmap(window)(z, st[:6]) ** 3).sum())(seq),
+            "updated": jax.vmap(lambda r, i: jax.lax.dynamic_update_slice(r, jnp.full((3,), 9.0), (i,)))(x, st),
+            "int_updated": jax.vmap(lambda r, i: jax.lax.dynamic_update_slice(r, jnp.full((4,), -7, jnp.int32),
+                                                                               (i,)))(xi, st),
+            "dropped": jax.lax.scatter_add(x, st[:, None], upd, dims, mode="drop"),
+            "clipped": jax.lax.scatter_add(x, st[:, None], upd, dims, mode="clip"),
+            "promised": jax.lax.scatter_add(x, st[:, None], upd, dims, mode="promise_in_bounds"),
+            "max": jax.lax.scatter_max(x, st[:, None], upd, dims, mode="clip"),
+        }
+
+    args = (x, img, seq, xi, st)
+    want = jax.jit(f)(*args)
+    got = cluster.jit(f)(*[cluster.device_put(a, P()) for a in args])
+    for key in want:
+        w, g = np.asarray(want[key]), np.asarray(got[key])
+        assert g.shape == w.shape and g.dtype == w.dtype, key
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6, err_msg=key)
+
+
 def test_a_point_gather_too_large_to_compare_is_refused_with_its_size(cluster):
     x = np.zeros((4096, 4096), np.float32)
     f = cluster.jit(lambda x, i: x[i, i])
