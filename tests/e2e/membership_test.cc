@@ -84,6 +84,16 @@ class MembershipTest : public ::testing::Test {
     return pid;
   }
 
+  // Waits until the 4 workers have formed the mesh; their status in `status`.
+  void WaitUntilFormed(Client& client, v1::GetStatusResponse* status) {
+    const absl::Status formed = client.WaitForWorkers(absl::Seconds(30));
+    ASSERT_TRUE(formed.ok()) << formed << "\n" << ReadFile((dir_ / "coordinator.log").string());
+    absl::StatusOr<v1::GetStatusResponse> s = client.GetStatus();
+    ASSERT_TRUE(s.ok()) << s.status();
+    ASSERT_EQ(s->workers_size(), 4);
+    *status = *std::move(s);
+  }
+
   fs::path dir_;
   pid_t coordinator_ = -1;
   std::string address_;
@@ -117,12 +127,9 @@ TEST_F(MembershipTest, WorkersThatLeaveAnIncompleteMeshFreeTheirRanksForFreshOne
 
   // 4 fresh workers form the mesh and it trains.
   for (int i = 0; i < 4; ++i) StartWorker("60s", absl::StrCat("fresh", i));
-  const absl::Status formed = (*client)->WaitForWorkers(absl::Seconds(30));
-  ASSERT_TRUE(formed.ok()) << formed << "\n" << ReadFile((dir_ / "coordinator.log").string());
-  absl::StatusOr<v1::GetStatusResponse> four = (*client)->GetStatus();
-  ASSERT_TRUE(four.ok()) << four.status();
-  ASSERT_EQ(four->workers_size(), 4);
-  for (const auto& w : four->workers()) {
+  v1::GetStatusResponse four;
+  ASSERT_NO_FATAL_FAILURE(WaitUntilFormed(**client, &four));
+  for (const auto& w : four.workers()) {
     EXPECT_TRUE(w.alive());
     EXPECT_NE(w.peer().pid(), killed);
     EXPECT_TRUE(ProcessExists(static_cast<pid_t>(w.peer().pid())));
@@ -136,7 +143,7 @@ TEST_F(MembershipTest, WorkersThatLeaveAnIncompleteMeshFreeTheirRanksForFreshOne
 
   // A worker asking for a rank a live worker holds is refused, naming the holder, and the
   // cluster keeps its members and trains.
-  const std::string holder = four->workers(2).peer().address();
+  const std::string holder = four.workers(2).peer().address();
   auto r = testing::RunCommand(
       {ExecutableDir() + "/meshrun-worker", "--coordinator=" + address_, "--port=0", "--rank=2",
        "--insecure", "--metrics_port=-1", "--join_timeout=3s"},
@@ -148,7 +155,7 @@ TEST_F(MembershipTest, WorkersThatLeaveAnIncompleteMeshFreeTheirRanksForFreshOne
   absl::StatusOr<v1::GetStatusResponse> after = (*client)->GetStatus();
   ASSERT_TRUE(after.ok()) << after.status();
   for (int i = 0; i < 4; ++i)
-    EXPECT_EQ(after->workers(i).peer().pid(), four->workers(i).peer().pid()) << "rank " << i;
+    EXPECT_EQ(after->workers(i).peer().pid(), four.workers(i).peer().pid()) << "rank " << i;
 }
 
 // A worker's grpc.health.v1 server answers as soon as it starts, but its `meshrun.v1.Worker`
@@ -178,12 +185,9 @@ TEST_F(MembershipTest, AWorkersHealthServiceServesOnlyOnceItHasJoined) {
     EXPECT_THAT(joined.output, ::testing::HasSubstr("health check of " + addr));
   }
   StartWorker("60s", "last");
-  const absl::Status formed = (*client)->WaitForWorkers(absl::Seconds(30));
-  ASSERT_TRUE(formed.ok()) << formed << "\n" << ReadFile((dir_ / "coordinator.log").string());
-  absl::StatusOr<v1::GetStatusResponse> four = (*client)->GetStatus();
-  ASSERT_TRUE(four.ok()) << four.status();
-  ASSERT_EQ(four->workers_size(), 4);
-  for (const auto& w : four->workers()) {
+  v1::GetStatusResponse four;
+  ASSERT_NO_FATAL_FAILURE(WaitUntilFormed(**client, &four));
+  for (const auto& w : four.workers()) {
     const std::string addr = w.peer().address();
     // Join follows registration by a moment: poll briefly.
     testing::CommandResult joined;
