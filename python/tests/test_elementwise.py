@@ -148,3 +148,35 @@ def test_clz_and_population_count_match_jax_on_every_integer_width(cluster):
         g, w = np.asarray(g), np.asarray(w)
         assert g.dtype == w.dtype, (k, g.dtype, w.dtype)
         np.testing.assert_array_equal(g, w, err_msg=str(k))
+
+
+def test_special_functions_jax_lowers_in_python_match_jax(cluster):
+    """bessel_i0e, igamma, igammac, igamma_grad_a, random_gamma_grad and
+    regularized_incomplete_beta, which jax.jit lowers through JAX's own Python implementations
+    (series and continued fractions in while loops), inlined: within f32 rounding of jax.jit."""
+    rng = np.random.default_rng(5)
+    x = (rng.random((4, 6)) * 6 + 0.05).astype(np.float32)
+    a = (rng.random((4, 6)) * 4 + 0.2).astype(np.float32)
+    z = (rng.normal(size=(4, 6)) * 10).astype(np.float32)
+
+    def f(x, a, z):
+        return {
+            "i0": jnp.i0(z),
+            "i0e": jax.scipy.special.i0e(z),
+            "gammainc": jax.scipy.special.gammainc(a, x),
+            "gammaincc": jax.scipy.special.gammaincc(a, x),
+            "gammainc_grad": jax.grad(lambda q: jax.scipy.special.gammainc(q, x).sum())(a),
+            "chi2_cdf": jax.scipy.stats.chi2.cdf(x, 3.0),
+            "gamma_draw_grad": jax.grad(lambda q: jax.random.gamma(jax.random.key(0), q).sum())(a),
+        }
+
+    want = jax.jit(f)(x, a, z)
+    got = cluster.jit(f)(*[cluster.device_put(v, P()) for v in (x, a, z)])
+    for key in want:
+        np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=2e-5, atol=1e-7, err_msg=key)
+    betainc = lambda a, x: jax.scipy.special.betainc(a, a + 1, x / 7)  # noqa: E731
+    got = cluster.jit(betainc, while_trips=256)(cluster.device_put(a, P()), cluster.device_put(x, P()))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(jax.jit(betainc)(a, x)), rtol=2e-5, atol=1e-7)
+    few = cluster.jit(betainc, while_trips=8)
+    with pytest.raises(meshrun.errors.FailedPreconditionError, match="while_trips"):
+        np.asarray(few(cluster.device_put(a, P()), cluster.device_put(x, P())))
