@@ -37,6 +37,8 @@ cleanup() {
   exit $rc
 }
 trap cleanup EXIT
+# A command that fails outside an explicit check (set -e) names itself before the cleanup runs.
+trap 'echo "FAIL: line $LINENO: \`$BASH_COMMAND\` exited with status $?"' ERR
 
 step() { echo "[$(date +%T)] $*"; }
 
