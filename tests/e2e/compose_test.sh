@@ -88,8 +88,8 @@ if [ "$rc" -ne 0 ]; then
   exit 1
 fi
 losses=$(grep -o 'loss [0-9.]*' "$work/train.log" | awk '{print $2}')
-first=$(echo "$losses" | head -1)
-last=$(echo "$losses" | tail -1)
+first=${losses%%$'\n'*}  # (expansions, not `echo | head`: no pipe for SIGPIPE to break under pipefail)
+last=${losses##*$'\n'}
 steps=$(grep -c '^step ' "$work/train.log" || true)
 echo "loss at the first progress line $first, at the last $last ($steps progress lines)"
 [ "$steps" -ge 2 ] || { echo "FAIL: expected progress lines every 10 steps"; exit 1; }
