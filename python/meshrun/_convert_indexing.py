@@ -137,12 +137,9 @@ class _Indexing(_Points):
         return self._convert("gather", eqn, v, out_dtype)
 
     def _clipped(self, p, idx, size, gather=False):
-        """idx clamped into [0, size) under lax's CLIP mode, and a gather's under
-        PROMISE_IN_BOUNDS (XLA's gather clamps its start indices, so `x[i]` of a traced i out of
-        range reads the nearest row under jax.jit; XLA's scatter skips an update out of range),
-        as f32, as the masks read it."""
-        mode = str(p.get("mode", ""))
-        if not (mode.endswith("CLIP") or (gather and mode.endswith("PROMISE_IN_BOUNDS"))):
+        """idx clamped into [0, size) where the mode clamps (_Points._clamps), as f32, as the
+        masks read it."""
+        if not self._clamps(p, gather):
             return idx
         return self.binary("min", self.binary("max", self.f32(idx), self.scalar(0.0)), self.scalar(float(size - 1)))
 

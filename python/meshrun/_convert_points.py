@@ -28,6 +28,14 @@ class _Points:
             ib = getattr(dn, "scatter_indices_batching_dims", ())
         return [int(d) for d in getattr(dn, "operand_batching_dims", ())], [int(d) for d in ib]
 
+    @staticmethod
+    def _clamps(p, gather):
+        """Whether an index out of range is clamped into range: under lax's CLIP mode, and a
+        gather's under PROMISE_IN_BOUNDS (XLA's gather clamps its starts, so `x[i]` of a traced i
+        out of range reads the nearest row under jax.jit; XLA's scatter skips such an update)."""
+        mode = str(p.get("mode", ""))
+        return mode.endswith("CLIP") or (gather and mode.endswith("PROMISE_IN_BOUNDS"))
+
     def _point_dims(self, p, op, idx, index_map, collapsed, upd):
         """(points, whole): the index vector's components (k, operand dim) whose window is one
         element, and those whose window is the whole dim (jax.vmap's m[k] indexes [k, 0]: its
@@ -110,8 +118,7 @@ class _Points:
                 c = self._reshape(self._iota(tuple(idx.shape[:-1]), ib[j - len(points)]), (n,))
             else:
                 c = component(points[j][0])
-                if mode.endswith("CLIP") or (upd is None and mode.endswith("PROMISE_IN_BOUNDS")):
-                    # (XLA's gather clamps its starts; its scatter skips an update out of range)
+                if self._clamps(p, gather=upd is None):
                     c = self.binary("min", self.binary("max", c, self.scalar(0.0)), self.scalar(float(sizes[j] - 1)))
                 if mode.endswith("FILL_OR_DROP"):
                     ok = within(c, sizes[j]) if ok is None else self.binary("mul", ok, within(c, sizes[j]))
@@ -168,6 +175,7 @@ class _Points:
         partial = self._partial_windows(p, op, idx, index_map, collapsed, sizes)
         if not partial:
             return None
+        windowed = {d for _, d in partial}
         nshape = tuple(idx.shape[:-1])
         fill = str(p.get("mode", "")).endswith("FILL_OR_DROP")
         ok = []
@@ -181,7 +189,7 @@ class _Points:
         points = self._window_points(idx, index_map, partial, sizes, clamp)
         full = tuple(points.shape[:-1])
         kept = [d for d in range(len(op.shape)) if d not in collapsed and d not in ob]
-        point_sizes = [1 if any(d == pd for _, pd in partial) else w for d, w in enumerate(sizes)]
+        point_sizes = [1 if d in windowed else w for d, w in enumerate(sizes)]
         dn2 = jax.lax.GatherDimensionNumbers(
             offset_dims=tuple(range(len(full), len(full) + len(kept))), collapsed_slice_dims=dn.collapsed_slice_dims,
             start_index_map=dn.start_index_map, operand_batching_dims=dn.operand_batching_dims,
@@ -191,7 +199,7 @@ class _Points:
             return None
         v = self._gather_points(name, eqn, p2, op, points, out_dtype, full + tuple(point_sizes[d] for d in kept))
         # [N..., W..., kept (a partial dim's 1)...] -> the windows' axes in their dims' places
-        rest = [d for d in kept if not any(d == pd for _, pd in partial)]
+        rest = [d for d in kept if d not in windowed]
         v = self._reshape(v, full + tuple(sizes[d] for d in rest))
         axis = {pd: len(nshape) + i for i, (_, pd) in enumerate(partial)}
         axis.update({d: len(full) + j for j, d in enumerate(rest)})
@@ -226,6 +234,7 @@ class _Points:
         partial = self._partial_windows(p, op, idx, index_map, collapsed, sizes)
         if not partial:
             return None
+        windowed = {d for _, d in partial}
         clip = str(p.get("mode", "")).endswith("CLIP")
 
         def start(k, d, c):
@@ -243,8 +252,8 @@ class _Points:
         # the updates as [N..., W..., kept (a partial dim's 1)...]
         u = self._transposed(upd, [q for q in range(len(upd.shape)) if q not in wd] +
                              [wd[kept.index(pd)] for _, pd in partial] +
-                             [q for d, q in zip(kept, wd) if not any(d == pd for _, pd in partial)])
-        point_sizes = [1 if any(d == pd for _, pd in partial) else w for d, w in enumerate(sizes)]
+                             [q for d, q in zip(kept, wd) if d not in windowed])
+        point_sizes = [1 if d in windowed else w for d, w in enumerate(sizes)]
         u = self._reshape(u, full + tuple(point_sizes[d] for d in kept))
         dn2 = jax.lax.ScatterDimensionNumbers(
             update_window_dims=tuple(range(len(full), len(full) + len(kept))),

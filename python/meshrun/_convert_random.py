@@ -50,9 +50,13 @@ SUPPORTED_RANDOM = {
     "regularized_incomplete_beta": "JAX's own lowering inlined (a continued fraction: a while loop, as igamma's)",
 }
 
+# Special functions that jax.jit lowers through jax._src.lax.special's Python implementations,
+# wrapped in its _up_and_broadcast: primitive -> implementation.
+_SPECIAL_IMPLS = {"igamma": "igamma_impl", "igammac": "igammac_impl", "igamma_grad_a": "igamma_grad_a_impl",
+                  "random_gamma_grad": "random_gamma_grad_impl",
+                  "regularized_incomplete_beta": "regularized_incomplete_beta_impl"}
 # Primitives that jax.jit lowers through JAX's own Python implementations (Converter._inlined).
-_INLINED = {"random_gamma", "bessel_i0e", "igamma", "igammac", "igamma_grad_a", "random_gamma_grad",
-            "regularized_incomplete_beta"}
+_INLINED = {"random_gamma", "bessel_i0e"} | set(_SPECIAL_IMPLS)
 
 
 def is_key_dtype(dtype):
@@ -216,11 +220,7 @@ class _Random:
         elif name == "bessel_i0e":
             impl = getattr(special, "bessel_i0e_impl", None)
         else:
-            doit = getattr(special, {"igamma": "igamma_impl", "igammac": "igammac_impl",
-                                     "igamma_grad_a": "igamma_grad_a_impl",
-                                     "random_gamma_grad": "random_gamma_grad_impl",
-                                     "regularized_incomplete_beta": "regularized_incomplete_beta_impl"}.get(name, ""),
-                           None)
+            doit = getattr(special, _SPECIAL_IMPLS[name], None)
             up = getattr(special, "_up_and_broadcast", None)
             impl = up(doit) if doit is not None and up is not None else None
         if impl is None:
