@@ -43,7 +43,8 @@ inline float ScaleByPowerOfTwo(float y, int n) {
 // x rounded to the nearest bf16 (ties to even) and widened back to f32: the bits of converting
 // x to bf16 and back (F32ToBf16 then Bf16ToF32, core/collectives/reduce_kernels.h), in integer
 // arithmetic that vectorises. As jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7),
-// but for NaN, which becomes the quiet NaN 0x7fc00000 as the conversion to bf16 makes it; a
+// but for NaN, which becomes the quiet NaN of its sign, 0x7fc00000 or 0xffc00000, as the
+// conversion to bf16 makes it (XLA's, Eigen's: the payload dropped); a
 // value past bf16's largest finite one rounds to infinity of its sign. The rewrite of a convert
 // to bf16 read only by a convert back to f32 (fusion.h's SimplifyProgram) computes this, as the
 // unary fn "round_bf16".
@@ -51,7 +52,7 @@ inline float RoundToBf16(float x) {
   const uint32_t bits = absl::bit_cast<uint32_t>(x);
   const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
   const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
-  return absl::bit_cast<float>(nan ? 0x7fc00000u : rounded);
+  return absl::bit_cast<float>(nan ? (bits & 0x80000000u) | 0x7fc00000u : rounded);
 }
 
 }  // namespace meshrun

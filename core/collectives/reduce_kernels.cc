@@ -21,7 +21,9 @@ float Bf16ToF32(uint16_t v) {
 uint16_t F32ToBf16(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x007FFFFFu)) return 0x7FC0;  // NaN
+  if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x007FFFFFu)) {
+    return static_cast<uint16_t>((bits >> 16 & 0x8000u) | 0x7FC0u);  // NaN: quiet, its sign kept
+  }
   bits += 0x7FFFu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>(bits >> 16);
 }
@@ -36,7 +38,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void F32ToBf16(cons
     std::memcpy(&bits, &src[i], 4);
     const bool nan = (bits & 0x7F800000u) == 0x7F800000u && (bits & 0x007FFFFFu) != 0;
     const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-    dst[i] = nan ? uint16_t{0x7FC0} : static_cast<uint16_t>(rounded);
+    dst[i] = static_cast<uint16_t>(nan ? (bits >> 16 & 0x8000u) | 0x7FC0u : rounded);
   }
 }
 

@@ -972,17 +972,20 @@ def test_sort_equates_signed_zeros_and_nans_as_lax_sort_while_top_k_keeps_xlas_t
     was, the values keep their bits), in argsort, a descending argsort and a two-key sort; XLA's
     top_k ranks by the total order (NaN > inf > ... > +0 > -0 > ... > -NaN), ties by index, in f32
     and bf16, and int32 / uint32 values past 2**24 as themselves. Fails where sort orders -0 before
-    +0 or -NaN first, or top_k ranks -NaN with NaN or rounds an integer through f32."""
+    +0 or -NaN first, or top_k ranks -NaN with NaN or rounds an integer through f32; or where the
+    conversion to bf16 (alone, or rounded and widened back in a fused loop) drops a NaN's sign."""
     x = np.array([[0.0, -0.0, np.nan, 1.0, -np.nan, -1.0, -0.0, 0.0],
                   [3.0, -0.0, 0.0, np.nan, 2.0, -np.nan, 0.0, -np.inf]], np.float32)
 
     def fn(x):
         bits = jax.lax.bitcast_convert_type(jnp.sort(x, axis=1), jnp.int32)
-        # (meshrun's f32 -> bf16 conversion makes every NaN the quiet NaN 0x7FC0; XLA keeps its sign)
-        positive_nans = jnp.where(jnp.isnan(x), jnp.nan, x)
+        # (a NaN converted to bf16 keeps its sign, as XLA's convert: -NaN ranks last in bf16 too)
+        half = x.astype(jnp.bfloat16)
         return (jnp.argsort(x, axis=1, stable=True), bits, jnp.argsort(x, axis=1, descending=True, stable=True),
                 jax.lax.sort((x[0], x[1], jnp.arange(8)), num_keys=2)[2], *jax.lax.top_k(x, 8),
-                jax.lax.top_k(positive_nans.astype(jnp.bfloat16), 5)[1], jax.lax.top_k(x.T, 2, axis=0)[1])
+                jax.lax.top_k(half, 5)[1], jax.lax.top_k(x.T, 2, axis=0)[1],
+                jax.lax.bitcast_convert_type(half, jnp.uint16).astype(jnp.int32),
+                jax.lax.bitcast_convert_type(half.astype(jnp.float32) * 2, jnp.int32))
 
     want = jax.jit(fn)(x)
     got = cluster.jit(fn, in_shardings=P("data"))(cluster.device_put(x, P("data")))

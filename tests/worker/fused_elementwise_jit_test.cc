@@ -110,8 +110,9 @@ TEST(FusedElementwiseJitTest, EveryFnGivesTheInterpretersBits) {
 
 // round_bf16 through every loop, and through its own unary kernel and RoundToBf16's array
 // form: exactly the bits of converting to bf16 and back (F32ToBf16 then Bf16ToF32), NaNs
-// included (each becomes the one quiet NaN the conversion gives), ties to even both ways, the
-// largest finite floats rounding to infinity, subnormals, and a tail past the last vector.
+// included (each becomes the quiet NaN of its sign, as the conversion gives), ties to even both
+// ways, the largest finite floats rounding to infinity, subnormals, and a tail past the last
+// vector.
 TEST(FusedElementwiseJitTest, RoundBf16GivesTheBitsOfAConvertToBf16AndBack) {
   const int64_t n = 4096 + 13;
   Tensor x(v1::DTYPE_F32, {n});

@@ -243,16 +243,20 @@ TEST(ConvertKernelTest, F32ToBf16AndBackAreBitExactOnEveryCpu) {
   v[2] = -0.0f;
   v[3] = -std::numeric_limits<float>::infinity();
   v[4] = std::numeric_limits<float>::quiet_NaN();
-  v[5] = -1e-40f;                            // a negative f32 denormal: bf16 0x8001
-  v[6] = std::numeric_limits<float>::max();  // rounds up to bf16's infinity
-  const uint16_t want_bits[] = {0x3F80, 0x3F82, 0x8000, 0xFF80, 0x7FC0, 0x8001, 0x7F80};
+  v[5] = -1e-40f;                                   // a negative f32 denormal: bf16 0x8001
+  v[6] = std::numeric_limits<float>::max();         // rounds up to bf16's infinity
+  v[7] = -std::numeric_limits<float>::quiet_NaN();  // a NaN keeps its sign, as XLA's convert
+  const uint32_t signalling = 0xFFA12345u;          // ... and is quieted, its payload dropped
+  std::memcpy(&v[8], &signalling, 4);
+  const uint16_t want_bits[] = {0x3F80, 0x3F82, 0x8000, 0xFF80, 0x7FC0,
+                                0x8001, 0x7F80, 0xFFC0, 0xFFC0};
   Tensor got = Tensor::Uninitialized(v1::DTYPE_BF16, {37}), want = got;
   Tensor ints(v1::DTYPE_I32, {37});
   EXPECT_EQ(CreateConvert(x, ints).status().code(), absl::StatusCode::kInvalidArgument);
   auto k = CreateConvert(x, got);
   ASSERT_TRUE(k.ok()) << k.status();
   ASSERT_TRUE((*k)->Run().ok());
-  for (int i = 0; i < 7; ++i)
+  for (int i = 0; i < 9; ++i)
     EXPECT_EQ(got.data<uint16_t>()[i], want_bits[i]) << "element " << i << " = " << v[i];
   for (int i = 0; i < 37; ++i)
     EXPECT_EQ(got.data<uint16_t>()[i], F32ToBf16(v[i])) << "element " << i;

@@ -96,7 +96,7 @@ bool Generator::Prologue() {
     if (reciprocal_division_ && IsScalarDivision(in, is_scalar_)) divisor[in.b] = true;
   }
   const bool divides = std::count(divisor.begin(), divisor.end(), true) > 0;
-  const std::pair<bool, uint32_t> wanted[] = {{sign, 0x80000000u},
+  const std::pair<bool, uint32_t> wanted[] = {{sign || round, 0x80000000u},
                                               {abs || divides, 0x7fffffffu},
                                               {one, 0x3f800000u},
                                               {zero || divides, 0u},

@@ -45,7 +45,7 @@ constexpr uint32_t kSafeLowBits = 0x1f800000u, kSafeRangeBits = 0x40000000u;
 // dividend in its range are normal and finite).
 bool ScalarDivisorIsSafe(float s);
 
-// The NaN RoundToBf16 (core/float_ops.h) returns for every NaN.
+// The quiet NaN RoundToBf16 (core/float_ops.h) returns for every NaN, with the NaN's sign.
 constexpr uint32_t kQuietNanBits = 0x7fc00000u;
 
 // Room for the code: about 40 bytes per op (max and min take 9 instructions), and the loop.
@@ -107,6 +107,8 @@ class Generator : public Xbyak::CodeGenerator {
   // |x| lies in [2^-64, 2^64], where nothing under- or overflows; a vector with another nonzero
   // x (tiny, huge, infinite or NaN) runs vdivps out of line.
   bool DivideByScalar(const Instr& in, const Xbyak::Xmm& d);
+  // d = RoundToBf16(a) (core/float_ops.h); false when AVX2 finds no register for its temporary.
+  bool RoundToBf16(const Instr& in, const Xbyak::Xmm& d);
   // d = a & b, a | b or a ^ b, bit by bit: AVX-512F's integer forms (its vandps needs
   // AVX512DQ), AVX's float ones.
   void Bits(const Xbyak::Xmm& d, const Xbyak::Xmm& a, const Xbyak::Xmm& b, BitOp op);

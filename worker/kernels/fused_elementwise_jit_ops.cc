@@ -20,6 +20,7 @@ bool Generator::EmitOp(const Instr& in, const Xbyak::Xmm& d) {
     return true;
   }
   if (in.fn == Fn::kDiv && in.b < n_ && reciprocal_[in.b] >= 0) return DivideByScalar(in, d);
+  if (in.fn == Fn::kRoundBf16) return RoundToBf16(in, d);
   EmitArithmetic(in, d);
   return true;
 }
@@ -47,15 +48,6 @@ void Generator::EmitArithmetic(const Instr& in, const Xbyak::Xmm& d) {
       return vmulps(d, a, a);
     case Fn::kSqrt:
       return vsqrtps(d, a);
-    case Fn::kRoundBf16:  // RoundToBf16: (x + 0x7fff + (x >> 16 & 1)) & 0xffff0000; NaN quieted
-      vpsrld(d, a, 16);
-      Bits(d, d, Constant(1u), BitOp::kAnd);
-      vpaddd(d, d, a);
-      vpaddd(d, d, Constant(0x7fffu));
-      Bits(d, d, Constant(0xffff0000u), BitOp::kAnd);
-      Compare(a, a, kUnordQ);
-      Take(d, Constant(kQuietNanBits));
-      return;
     case Fn::kSelect:  // x != 0 ? z : y
       Compare(a, Constant(0u), kNeqUq);
       vmovaps(d, Row(in.b));
@@ -95,6 +87,32 @@ bool Generator::DivideByScalar(const Instr& in, const Xbyak::Xmm& d) {
   L(slow.back);
   free_.push_back(*r2);
   free_.push_back(*r1);
+  return true;
+}
+
+// RoundToBf16 (core/float_ops.h): (x + 0x7fff + (x >> 16 & 1)) & 0xffff0000, and a NaN lane
+// the quiet NaN of its sign, (x & 0x80000000) | kQuietNanBits (AVX-512: masked ops in place;
+// AVX2: in a temporary, then blended).
+bool Generator::RoundToBf16(const Instr& in, const Xbyak::Xmm& d) {
+  const Xbyak::Xmm a = Row(in.a);
+  vpsrld(d, a, 16);
+  Bits(d, d, Constant(1u), BitOp::kAnd);
+  vpaddd(d, d, a);
+  vpaddd(d, d, Constant(0x7fffu));
+  Bits(d, d, Constant(0xffff0000u), BitOp::kAnd);
+  Compare(a, a, kUnordQ);
+  if (avx512_) {
+    vpandd(d | k1, a, Constant(0x80000000u));
+    vpord(d | k1, d, Constant(kQuietNanBits));
+    return true;
+  }
+  std::optional<int> r = Allocate();
+  if (!r) return false;
+  const Xbyak::Xmm nan = Vec(*r);
+  Bits(nan, a, Constant(0x80000000u), BitOp::kAnd);
+  Bits(nan, nan, Constant(kQuietNanBits), BitOp::kOr);
+  Take(d, nan);
+  free_.push_back(*r);
   return true;
 }
 

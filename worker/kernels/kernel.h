@@ -152,7 +152,8 @@ absl::StatusOr<std::unique_ptr<Kernel>> CreateReduce(const std::string& fn, cons
                                                      Tensor& out);
 
 // y = x.astype(y's dtype) between f32 and bf16, as XLA converts: round to nearest even, -0.0
-// and infinities kept, a NaN to the quiet NaN 0x7FC0 (array_ops.h's Convert, vectorised;
+// and infinities kept, a NaN to the quiet NaN of its sign, 0x7FC0 or 0xFFC0 (array_ops.h's
+// Convert, vectorised;
 // oneDNN 2.6's reorder turned -0.0 into +0.0 below AVX512). Errors: InvalidArgument for other
 // dtypes (array_ops.h's Convert covers every pair) or shapes that differ.
 absl::StatusOr<std::unique_ptr<Kernel>> CreateConvert(const Tensor& x, Tensor& y);
