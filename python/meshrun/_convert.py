@@ -15,7 +15,8 @@ or, xor, not, shifts, bitcast_convert_type) and JAX's PRNG keys and bits stay in
 
 The primitives live in mixins by kind: _convert_elementwise, _convert_layout, _convert_indexing,
 _convert_windows (convolutions, pooling), _convert_regions (calls, scan, while, cond, shard_map),
-_convert_random, _convert_linalg (qr) and _convert_callbacks (jax.debug.print, jax.debug.callback);
+_convert_random, _convert_special (special functions traced from Python implementations),
+_convert_linalg (qr) and _convert_callbacks (jax.debug.print, jax.debug.callback);
 meshrun._convert_table holds the table; this module the emitting and the jaxpr walk.
 """
 import numpy as np
@@ -27,6 +28,7 @@ from meshrun._convert_elementwise import _COMPARE, _INTEGER_ARITHMETIC, _Element
 from meshrun._convert_layout import _Layout
 from meshrun._convert_linalg import _Linalg
 from meshrun._convert_random import _Random, aval_of, backward_hints, is_key_dtype
+from meshrun._convert_special import _Special
 from meshrun._convert_regions import _CALLS, _Regions
 from meshrun._convert_table import SUPPORTED
 from meshrun._convert_windows import _Windows
@@ -62,7 +64,7 @@ _FOLDABLE = {"add", "sub", "mul", "div", "rem", "max", "min", "neg", "abs", "sig
 
 
 
-class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _Callbacks, _Linalg):
+class Converter(_Regions, _Layout, _Indexing, _Random, _Special, _Windows, _Elementwise, _Callbacks, _Linalg):
     """Converts one closed jaxpr. Not thread-safe; one per program."""
 
     def __init__(self, mesh, while_trips=DEFAULT_WHILE_TRIPS):
@@ -387,6 +389,8 @@ class Converter(_Regions, _Layout, _Indexing, _Random, _Windows, _Elementwise, _
             outs = self._debug_callback(name, eqn, p, ins)
         if outs is None:
             outs = self._random_equation(name, p, ins, out_dtype, out_shape, eqn)
+        if outs is None:
+            outs = self._special_equation(name, p, ins, eqn)
         if outs is None:
             outs = self._elementwise_equation(name, p, ins, out_dtype, out_shape, eqn)
         if outs is None:

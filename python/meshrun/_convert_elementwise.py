@@ -78,14 +78,14 @@ class _Elementwise:
         if name == "round":  # lax.RoundingMethod: 0 away from zero, 1 to nearest even
             method = int(p.get("rounding_method", 0))
             return [self.unary("round_even" if method == 1 else "round_away", self.f32(ins[0]))]
-        if name == "sign":  # (x > 0) - (x < 0), and NaN for NaN, as lax.sign
+        if name == "sign":  # (x > 0) - (x < 0); a float +-0 or NaN itself, as lax.sign (XLA's)
             x = self.f32(ins[0])
             zero = self.scalar(0.0)
             s = self.binary("sub", self.binary("gt", x, zero), self.binary("lt", x, zero), out_dtype)
             if _integer_store(out_dtype) is not None:
                 return [s]
-            nan = self.binary("ne", x, x)
-            return [self._select(name, eqn, [_V(nan.id, nan.shape, np.bool_, F32), s, x], out_dtype)]
+            neither = self.binary("eq", s, zero)  # +-0 or NaN
+            return [self._select(name, eqn, [_V(neither.id, neither.shape, np.bool_, F32), s, x], out_dtype)]
         if name == "is_finite":  # x - x is 0 for a finite x, NaN for an infinite or NaN one
             x = self.f32(ins[0])
             v = self.binary("eq", self.binary("sub", x, x), self.scalar(0.0))

@@ -41,22 +41,7 @@ SUPPORTED_RANDOM = {
     "nextafter": "BINARY nextafter",
     "clz": "integer BINARY ops (a binary search over halves)",
     "population_count": "integer BINARY ops (SWAR bit-field sums)", "erf_inv": "UNARY erf_inv (XLA's polynomial)",
-    "random_gamma": "JAX's own lowering inlined (Marsaglia-Tsang rejection per element: vmapped while loops, "
-                    "each unrolled to while_trips iterations and checked)",
-    "bessel_i0e": "JAX's own lowering inlined (Cephes' Chebyshev series)",
-    "igamma": "JAX's own lowering inlined (a series or continued fraction: a while loop, unrolled to while_trips "
-              "iterations and checked)",
-    "igammac": "as igamma", "igamma_grad_a": "as igamma", "random_gamma_grad": "as igamma",
-    "regularized_incomplete_beta": "JAX's own lowering inlined (a continued fraction: a while loop, as igamma's)",
 }
-
-# Special functions that jax.jit lowers through jax._src.lax.special's Python implementations,
-# wrapped in its _up_and_broadcast: primitive -> implementation.
-_SPECIAL_IMPLS = {"igamma": "igamma_impl", "igammac": "igammac_impl", "igamma_grad_a": "igamma_grad_a_impl",
-                  "random_gamma_grad": "random_gamma_grad_impl",
-                  "regularized_incomplete_beta": "regularized_incomplete_beta_impl"}
-# Primitives that jax.jit lowers through JAX's own Python implementations (Converter._inlined).
-_INLINED = {"random_gamma", "bessel_i0e"} | set(_SPECIAL_IMPLS)
 
 
 def is_key_dtype(dtype):
@@ -201,37 +186,6 @@ class _Random:
             self._unsupported(name, eqn, "over typed PRNG keys (pass their jax.random.key_data words)")
         return p, ins
 
-    def _inlined(self, name, eqn, p, ins):
-        """A primitive that jax.jit lowers through one of JAX's own Python implementations
-        (mlir.lower_fun), traced and inlined, so its results are jax.jit's: random_gamma
-        (jax._src.random.core._gamma_impl with use_vmap=True: Marsaglia-Tsang rejection in vmapped
-        while loops), bessel_i0e (Cephes' Chebyshev series), and igamma, igammac, igamma_grad_a,
-        random_gamma_grad and regularized_incomplete_beta (series and continued fractions in while
-        loops: each unrolled to while_trips iterations and checked). None for another primitive
-        (or a JAX without that implementation)."""
-        import functools
-
-        import jax
-        from jax._src.lax import special
-        from jax._src.random import core as random_core
-
-        if name == "random_gamma":
-            impl = functools.partial(random_core._gamma_impl, log_space=p["log_space"], use_vmap=True)
-        elif name == "bessel_i0e":
-            impl = getattr(special, "bessel_i0e_impl", None)
-        else:
-            doit = getattr(special, _SPECIAL_IMPLS[name], None)
-            up = getattr(special, "_up_and_broadcast", None)
-            impl = up(doit) if doit is not None and up is not None else None
-        if impl is None:
-            return None
-        closed = jax.make_jaxpr(impl)(*[jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars])
-        self._sites.append(self.where(eqn))
-        try:
-            return self.run(closed.jaxpr, list(closed.consts), list(ins))
-        finally:
-            self._sites.pop()
-
     def _bit_count(self, name, eqn, x, out_dtype):
         """lax.clz (leading zero bits: a binary search over halves, 32 for 0) and
         lax.population_count (set bits: the SWAR sum of bit fields) of an int32 / uint32 (or a
@@ -272,10 +226,6 @@ class _Random:
         """The outputs of a PRNG or integer-bit primitive; None for another primitive."""
         if name in _KEY_IDENTITY:
             return ins
-        if name in _INLINED:  # jax.random.gamma, beta, dirichlet; jnp.i0; gammainc, betainc
-            outs = self._inlined(name, eqn, p, ins)
-            if outs is not None:
-                return outs
         if name in _INT_BINARY or (name == "not" and _is_int(out_dtype)):
             if not _is_int(out_dtype):
                 return None  # bool and/or/not: meshrun._convert's

@@ -4,6 +4,7 @@ from meshrun._convert_callbacks import SUPPORTED_CALLBACKS
 from meshrun._convert_elementwise import _BINARY, _COMPARE, _IDENTITY, _UNARY
 from meshrun._convert_linalg import SUPPORTED_LINALG
 from meshrun._convert_random import SUPPORTED_RANDOM
+from meshrun._convert_special import SUPPORTED_SPECIAL
 from meshrun._convert_regions import _CALLS, _MANUAL
 from meshrun._convert_windows import SUPPORTED_WINDOWS
 
@@ -64,11 +65,12 @@ SUPPORTED = {
     **{k: f"BINARY {k[:2]} of int32 keys: the f32 bits with the low 31 flipped where negative (lax's total "
           "order)" for k in ("lt_to", "le_to", "eq_to")},
     "cbrt": "BINARY pow(|x|, 1/3), one Newton step, x's sign (within an ulp)",
-    "sign": "(x > 0) - (x < 0); NaN for NaN", "is_finite": "(x - x) == 0", "clamp": "min(max(x, lo), hi)",
+    "sign": "(x > 0) - (x < 0); x itself for +-0 and NaN", "is_finite": "(x - x) == 0", "clamp": "min(max(x, lo), hi)",
     "argmax": "REDUCE max, then the least index holding it", "argmin": "argmax of -x",
     **{k: "the value itself" for k in _IDENTITY},
     **{k: "its body, inlined" for k in _CALLS},
     **SUPPORTED_RANDOM,
+    **SUPPORTED_SPECIAL,
     **SUPPORTED_WINDOWS,
     **SUPPORTED_CALLBACKS,
     **SUPPORTED_LINALG,

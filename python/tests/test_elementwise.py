@@ -180,3 +180,31 @@ def test_special_functions_jax_lowers_in_python_match_jax(cluster):
     few = cluster.jit(betainc, while_trips=8)
     with pytest.raises(meshrun.errors.FailedPreconditionError, match="while_trips"):
         np.asarray(few(cluster.device_put(a, P()), cluster.device_put(x, P())))
+
+
+def test_bessel_i1e_and_the_gradients_of_i0e_and_i1e_match_jax(cluster):
+    """bessel_i1e, which XLA expands itself (Cephes' i1ef series), and what reaches it: jnp's i1,
+    the gradients of i0e and i1e (each's JVP reads the other), in f32 and bf16, at 0, +-tiny,
+    the series' seam at +-8 and far past it: within f32 rounding of jax.jit (bf16 to one ulp); and
+    jnp.sign, whose -0 is -0 (i1e(-0) = sign(-0) * 0 reads it)."""
+    rng = np.random.default_rng(9)
+    z = np.concatenate([np.array([0.0, -0.0, 1e-30, -1e-7, 8.0, -8.0, 8.000001, 95.0, -300.0, 2.5e4]),
+                        rng.normal(size=14) * 12]).astype(np.float32).reshape(4, 6)
+
+    def f(z):
+        return {
+            "i1e": jax.scipy.special.i1e(z),
+            "i1": jax.scipy.special.i1(z / 10),
+            "i0e_grad": jax.grad(lambda q: jax.scipy.special.i0e(q).sum())(z),
+            "i1e_grad": jax.grad(lambda q: jax.scipy.special.i1e(q).sum())(z),
+            "i1e_bf16": jax.scipy.special.i1e(z.astype(jnp.bfloat16)).astype(jnp.float32),
+            "sign": jnp.sign(z),
+        }
+
+    want = jax.jit(f)(z)
+    got = cluster.jit(f)(cluster.device_put(z, P()))
+    for key in want:
+        rtol = 8e-3 if key.endswith("bf16") else 2e-5
+        np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=rtol, atol=1e-7, err_msg=key)
+    for key in ("i1e", "sign"):  # i1e(-0) = sign(-0) * 0 = -0, as lax.sign keeps a zero's sign
+        assert np.array_equal(np.signbit(np.asarray(got[key])), np.signbit(np.asarray(want[key]))), key
