@@ -7,10 +7,11 @@ unrolled to ``while_trips`` iterations and checked), so its results are jax.jit'
     while loops), bessel_i0e (Cephes' Chebyshev series), and igamma, igammac, igamma_grad_a,
     random_gamma_grad and regularized_incomplete_beta (series and continued fractions in while
     loops), from jax._src.lax.special.
-  - bessel_i1e, which XLA expands itself (the CHLO op's decomposition): Cephes' single-precision
-    i1ef, the one XLA follows, written here in JAX (_bessel_i1e).
-
-zeta and polygamma (XLA's own expansions too) are refused by name.
+  - bessel_i1e, zeta and polygamma, which XLA expands itself (the CHLO ops' decompositions),
+    written here in JAX step for step as that expansion: Cephes' single-precision i1ef series
+    (_bessel_i1e); the Hurwitz zeta by 10 terms and a 12-term Euler-Maclaurin tail, with XLA's
+    poles and domain errors (_zeta); polygamma from zeta, lgamma and digamma (_polygamma), which is
+    also digamma's derivative.
 """
 import numpy as np
 
@@ -19,6 +20,8 @@ SUPPORTED_SPECIAL = {
                     "each unrolled to while_trips iterations and checked)",
     "bessel_i0e": "JAX's own lowering inlined (Cephes' Chebyshev series)",
     "bessel_i1e": "XLA's expansion (Cephes' i1ef Chebyshev series) as element-wise ops",
+    "zeta": "XLA's expansion (10 terms and a 12-term Euler-Maclaurin tail) as element-wise ops",
+    "polygamma": "XLA's expansion ((-1)^(n+1) n! zeta(n + 1, x); digamma for n = 0) as element-wise ops",
     "igamma": "JAX's own lowering inlined (a series or continued fraction: a while loop, unrolled to while_trips "
               "iterations and checked)",
     "igammac": "as igamma", "igamma_grad_a": "as igamma", "random_gamma_grad": "as igamma",
@@ -64,12 +67,92 @@ def _bessel_i1e(x):
     computed in f32 and rounded, as XLA upcasts it."""
     import jax.numpy as jnp
 
-    if x.dtype != jnp.float32:
-        return _bessel_i1e(x.astype(jnp.float32)).astype(x.dtype)
+    up = _upcast(_bessel_i1e, x)
+    if up is not None:
+        return up
     z = jnp.abs(x)
     small = z * _chebyshev(z * 0.5 - 2.0, _I1E_A)
     large = _chebyshev(32.0 / z - 2.0, _I1E_B) / jnp.sqrt(z)
     return jnp.sign(x) * jnp.where(z <= 8.0, small, large)
+
+
+# (2k)! / B_2k, the Euler-Maclaurin coefficients of XLA's zeta expansion, last term first.
+_ZETA_COEFFS = (-7.1661652561756670113e18, 1.8152105401943546773e17, -4.5979787224074726105e15,
+                1.1646782814350067249e14, -2.950130727918164224e12, 7.47242496e10,
+                -1.8924375803183791606e9, 47900160.0, -1209600.0, 30240.0, -720.0, 12.0)
+
+
+def _upcast(fn, *args):
+    """fn computed in f32 for bf16 operands and rounded back, as XLA's expansions upcast them; None
+    where the operands are f32 already."""
+    import jax.numpy as jnp
+
+    if args[0].dtype == jnp.float32:
+        return None
+    return fn(*[a.astype(jnp.float32) for a in args]).astype(args[0].dtype)
+
+
+def _zeta(x, q):
+    """The Hurwitz zeta function sum_k (k + q)^-x (jax.scipy.special.zeta), as XLA expands
+    lax.zeta: the first 10 terms, then the Euler-Maclaurin tail (Horner's rule over 12
+    coefficients) unless it is negligible; NaN for x < 1 or a non-integer x at q <= 0; at an
+    integer q <= 0 (a pole) inf for an even integer x, else NaN; inf at x = 1."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    up = _upcast(_zeta, x, q)
+    if up is not None:
+        return up
+    c = lambda v: jnp.asarray(v, x.dtype)  # noqa: E731
+    neg_x = -x
+    initial_sum = lax.pow(q, neg_x)
+    a = q
+    for _ in range(9):
+        a = a + c(1.0)
+        initial_sum = initial_sum + lax.pow(a, neg_x)
+    a = a + c(1.0)
+    neg_power = lax.pow(a, neg_x)
+    s = initial_sum + neg_power * a / (x - c(1.0))
+    a_inverse_square = c(1.0) / (a * a)
+    horner = jnp.zeros_like(x)
+    for i in range(11):
+        factor = (x - c(22 - 2 * i)) * (x - c(21 - 2 * i))
+        horner = factor * (a_inverse_square * (horner + c(1.0 / _ZETA_COEFFS[i])))
+    s = s + neg_power * (c(0.5) + x / a * (c(1.0 / _ZETA_COEFFS[11]) + horner))
+    tiny = c(np.finfo(np.float32).smallest_subnormal)
+    out = jnp.where(jnp.abs(neg_power) < jnp.abs(initial_sum) * tiny, initial_sum, s)
+    nan, inf = c(np.nan), c(np.inf)
+    out = jnp.where(x < c(1.0), nan, out)
+    q_le_zero = q <= c(0.0)
+    x_is_int = x == jnp.floor(x)
+    out = jnp.where(q_le_zero & ~x_is_int, nan, out)
+    at_pole = q_le_zero & (q == jnp.floor(q))
+    x_is_even_int = x_is_int & (lax.rem(x, c(2.0)) == c(0.0))
+    out = jnp.where(at_pole, jnp.where(x_is_even_int, inf, nan), out)
+    return jnp.where(x == c(1.0), inf, out)
+
+
+def _polygamma(n, x):
+    """The n-th derivative of digamma (jax.scipy.special.polygamma), as XLA expands lax.polygamma:
+    (2 (n mod 2) - 1) exp(lgamma(n + 1)) zeta(n + 1, x); digamma(x) for n = 0; NaN for an n that is
+    not a natural number."""
+    import jax.numpy as jnp
+    from jax import lax
+
+    up = _upcast(_polygamma, n, x)
+    if up is not None:
+        return up
+    c = lambda v: jnp.asarray(v, x.dtype)  # noqa: E731
+    sign = c(2.0) * lax.rem(n, c(2.0)) - c(1.0)
+    n_plus_one = n + c(1.0)
+    out = sign * jnp.exp(lax.lgamma(n_plus_one)) * _zeta(n_plus_one, x)
+    out = jnp.where(n == c(0.0), lax.digamma(x), out)
+    not_natural = (n != jnp.floor(n)) | (n < c(0.0))
+    return jnp.where(not_natural, c(np.nan), out)
+
+
+# Primitives XLA expands itself -> the expansion written in JAX.
+_EXPANDED = {"bessel_i1e": _bessel_i1e, "zeta": _zeta, "polygamma": _polygamma}
 
 
 class _Special:
@@ -90,8 +173,8 @@ class _Special:
             impl = functools.partial(random_core._gamma_impl, log_space=p["log_space"], use_vmap=True)
         elif name == "bessel_i0e":
             impl = getattr(special, "bessel_i0e_impl", None)
-        elif name == "bessel_i1e":
-            impl = _bessel_i1e
+        elif name in _EXPANDED:
+            impl = _EXPANDED[name]
         else:
             doit = getattr(special, _SPECIAL_IMPLS[name], None)
             up = getattr(special, "_up_and_broadcast", None)

@@ -208,3 +208,34 @@ def test_bessel_i1e_and_the_gradients_of_i0e_and_i1e_match_jax(cluster):
         np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=rtol, atol=1e-7, err_msg=key)
     for key in ("i1e", "sign"):  # i1e(-0) = sign(-0) * 0 = -0, as lax.sign keeps a zero's sign
         assert np.array_equal(np.signbit(np.asarray(got[key])), np.signbit(np.asarray(want[key]))), key
+
+
+def test_zeta_polygamma_and_the_gradient_of_digamma_match_jax(cluster):
+    """zeta and polygamma, which XLA expands itself, and what reaches them: digamma's gradient
+    (polygamma(1, x)), zeta's gradient in q, and XLA's special cases (NaN for x < 1 or a
+    non-integer x at q <= 0; at an integer q <= 0 inf for an even x, else NaN; inf at x = 1;
+    polygamma NaN for a fractional or negative n): within f32 rounding of jax.jit, NaN and inf
+    where it has them."""
+    rng = np.random.default_rng(13)
+    x = np.concatenate([[1.0, 0.5, 2.0, 2.0, 3.0, 2.5, 1.5, 30.0],
+                        rng.random(16) * 10 + 1]).astype(np.float32).reshape(4, 6)
+    q = np.concatenate([[1.0, 1.0, 0.0, -2.0, -2.0, -3.5, 0.3, 2.0],
+                        rng.random(16) * 5 + 0.01]).astype(np.float32).reshape(4, 6)
+    n = np.array([0, 1, 2, 3, 1.5, -1] * 4, np.float32).reshape(4, 6)
+
+    def f(x, q, n):
+        v = jnp.abs(q) + 0.25
+        return {
+            "zeta": jax.scipy.special.zeta(x, q),
+            "polygamma": jax.lax.polygamma(n, v),
+            "trigamma": jax.scipy.special.polygamma(1, v),
+            "digamma_grad": jax.grad(lambda t: jax.scipy.special.digamma(t).sum())(v),
+            "zeta_grad_q": jax.grad(lambda t: jax.scipy.special.zeta(x + 1.5, t).sum())(v),
+        }
+
+    want = jax.jit(f)(x, q, n)
+    got = cluster.jit(f)(*[cluster.device_put(a, P()) for a in (x, q, n)])
+    for key in want:
+        np.testing.assert_allclose(np.asarray(got[key]), np.asarray(want[key]), rtol=2e-5, atol=1e-7,
+                                   equal_nan=True, err_msg=key)
+    assert np.isnan(np.asarray(want["zeta"])).any() and np.isinf(np.asarray(want["zeta"])).any()
