@@ -18,6 +18,10 @@ class _Indexing(_Points):
         """The outputs of a gather or scatter; None for another primitive."""
         if name == "gather":
             return [self._gather(name, eqn, p, ins, out_dtype, out_shape)]
+        if name == "scatter-sub":  # x.at[i].subtract(u): as a scatter-add of -u (x + -u is x - u exactly)
+            op, idx, upd = ins
+            neg = self._elementwise_equation("neg", {}, [upd], upd.dtype, upd.shape, eqn)[0]
+            return self._indexing_equation("scatter-add", p, [op, idx, neg], out_dtype, out_shape, eqn)
         if name in _SCATTER_FNS:
             window = self._scatter_window(name, eqn, p, ins, out_dtype)
             if window is not None:
@@ -172,6 +176,9 @@ class _Indexing(_Points):
         if k is not None and tuple(dn.inserted_window_dims) == (k,):
             form = self._index_form(name, eqn, op.shape, idx, k, tuple(dn.operand_batching_dims),
                                     tuple(dn.scatter_indices_batching_dims), tuple(dn.update_window_dims))
+        if form is not None and np.dtype(out_dtype) in (np.int32, np.uint32) and self._points(
+                name, eqn, p, op, idx, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims, upd, refuse=False):
+            return self._scatter_add_points(name, eqn, p, op, idx, upd, out_dtype)  # exact (one-hot sums in f32)
         if form is None:
             if self._points(name, eqn, p, op, idx, dn.scatter_dims_to_operand_dims, dn.inserted_window_dims, upd):
                 return self._scatter_add_points(name, eqn, p, op, idx, upd, out_dtype)

@@ -69,10 +69,11 @@ class _Points:
             return None
         return points, whole
 
-    def _points(self, name, eqn, p, op, idx, index_map, collapsed, upd=None):
+    def _points(self, name, eqn, p, op, idx, index_map, collapsed, upd=None, refuse=True):
         """Whether this gather (scatter, given its updates `upd`) takes the point path: windows
         of one element along the indexed and batching dims (collapsed or kept as unit dims),
-        whole along the others, laid out anywhere; refused by name when too large."""
+        whole along the others, laid out anywhere; when too large, refused by name (or, with
+        refuse=False, not taken)."""
         dims = self._point_dims(p, op, idx, index_map, collapsed, upd)
         if dims is None:
             return False
@@ -81,6 +82,8 @@ class _Points:
         n, positions = int(np.prod(idx.shape[:-1])), int(np.prod([op.shape[d] for d in at]))
         work = n * positions * int(np.prod([op.shape[d] for d in range(len(op.shape)) if d not in at]))
         if positions >= 2 ** 24 or work > _MAX_POINT_WORK:
+            if not refuse:
+                return False
             self._unsupported(name, eqn, f"{n} index vectors into {positions} positions ({work} compares, above "
                                          f"{_MAX_POINT_WORK}); index one axis at a time (jnp.take_along_axis)")
         return True

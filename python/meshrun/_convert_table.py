@@ -51,6 +51,7 @@ SUPPORTED = {
               "compared with every position, SELECT and REDUCE sum (_convert_points); an index out of range "
               "reads the fill value (FILL_OR_DROP) or is clamped (CLIP), as in JAX",
     "scatter-add": "the transposes of those gathers; or as scatter's window form",
+    "scatter-sub": "as scatter-add of the negated updates",
     "scatter": "one window at one index vector (x.at[i, j].set(v), x.at[i, 2:5].set(v)): DYNAMIC_UPDATE_SLICE, "
                "the operand kept where the window is out of bounds (FILL_OR_DROP); a batch of index vectors: "
                "each compared with every position, the last update landing on one wins",

@@ -157,9 +157,10 @@ def test_take_along_other_axes_searchsorted_nonzero_and_interp_match_jax(cluster
 
 
 def test_scatters_at_a_batch_of_indices_match_jax_bit_for_bit(cluster):
-    """x.at[idx].set / .min / .max / .multiply with duplicate, negative and out-of-range indices:
+    """x.at[idx].set / .min / .max / .multiply / .subtract with duplicate, negative and out-of-range indices:
     the last duplicate set wins (as on XLA's CPU), NaN propagates through min / max, an index
-    out of range is dropped; int32 sets stay exact."""
+    out of range is dropped; int32 sets, and int32 / uint32 adds and subtracts (wrapping, as
+    XLA's), stay exact."""
     rng = np.random.default_rng(3)
     x = rng.normal(size=(6, 4)).astype(np.float32)
     x[0, 0] = np.nan
@@ -174,15 +175,21 @@ def test_scatters_at_a_batch_of_indices_match_jax_bit_for_bit(cluster):
             "one_hot": jnp.zeros((6, 10)).at[jnp.arange(6), idx % 10].set(1.0),
             "ints": jnp.arange(24, dtype=jnp.int32).reshape(6, 4).at[idx].set(jnp.full((6, 4), 2 ** 30 + 1, jnp.int32)),
             "grad": jax.grad(lambda u: jnp.sum(x.at[idx].set(u) ** 2))(upd),
+            "sub": x.at[idx[:4]].subtract(upd[:4]),
+            "sub_ints": jnp.arange(24, dtype=jnp.int32).reshape(6, 4).at[idx].subtract(jnp.int32(2 ** 31 - 1)),
+            "add_ints": jnp.arange(24, dtype=jnp.int32).reshape(6, 4).at[idx].add(jnp.int32(2 ** 30 + 3)),
+            "add_ints_along": jnp.zeros((6, 4), jnp.uint32).at[jnp.arange(6), idx % 4].add(jnp.uint32(2 ** 31 + 5)),
+            "sub_grads": jax.grad(lambda a, u: jnp.sum(a.at[idx].subtract(u) ** 2), argnums=(0, 1))(x, upd),
         }
 
     want = jax.jit(f)(x, idx, upd)
     got = cluster.jit(f, out_shardings=P())(cluster.device_put(x, P()), cluster.device_put(idx, P()),
                                             cluster.device_put(upd, P()))
     for key in want:
-        w, g = np.asarray(want[key]), np.asarray(got[key])
-        assert g.dtype == w.dtype, key
-        np.testing.assert_array_equal(g, w, err_msg=key)
+        for w, g in zip(jax.tree_util.tree_leaves(want[key]), jax.tree_util.tree_leaves(got[key])):
+            w, g = np.asarray(w), np.asarray(g)
+            assert g.dtype == w.dtype, key
+            np.testing.assert_array_equal(g, w, err_msg=key)
 
 
 def test_vmapped_indexing_gathers_and_scatters_with_batching_dims_match_jax(cluster):
