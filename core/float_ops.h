@@ -40,19 +40,25 @@ inline float ScaleByPowerOfTwo(float y, int n) {
   return (y * PowerOfTwo(first)) * PowerOfTwo(n - first);
 }
 
-// x rounded to the nearest bf16 (ties to even) and widened back to f32: the bits of converting
-// x to bf16 and back (F32ToBf16 then Bf16ToF32, core/collectives/reduce_kernels.h), in integer
-// arithmetic that vectorises. As jax.lax.reduce_precision(x, exponent_bits=8, mantissa_bits=7),
-// but for NaN, which becomes the quiet NaN of its sign, 0x7fc00000 or 0xffc00000, as the
-// conversion to bf16 makes it (XLA's, Eigen's: the payload dropped); a
-// value past bf16's largest finite one rounds to infinity of its sign. The rewrite of a convert
-// to bf16 read only by a convert back to f32 (fusion.h's SimplifyProgram) computes this, as the
-// unary fn "round_bf16".
-inline float RoundToBf16(float x) {
-  const uint32_t bits = absl::bit_cast<uint32_t>(x);
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+// The f32 bits of x's nearest bf16 (ties to even), widened back: the bf16 is the high half, the
+// low half zero. As XLA converts to bf16 (and Eigen rounds): a NaN becomes the quiet NaN of its
+// sign, 0x7fc00000 or 0xffc00000, its payload dropped; a value past bf16's largest finite one
+// rounds to infinity of its sign. The one home of that rule: F32ToBf16
+// (core/collectives/reduce_kernels.h) takes the high half, RoundToBf16 the float. Integer
+// arithmetic, so a loop over it vectorises.
+inline uint32_t RoundToBf16Bits(uint32_t bits) {
   const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
-  return absl::bit_cast<float>(nan ? (bits & 0x80000000u) | 0x7fc00000u : rounded);
+  return nan ? (bits & 0x80000000u) | 0x7fc00000u
+             : (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+}
+
+// x rounded to the nearest bf16 and widened back to f32 (RoundToBf16Bits): the bits of converting
+// x to bf16 and back (F32ToBf16 then Bf16ToF32). As jax.lax.reduce_precision(x, exponent_bits=8,
+// mantissa_bits=7), but for NaN, which becomes the quiet NaN of its sign as the conversion to
+// bf16 makes it. The rewrite of a convert to bf16 read only by a convert back to f32 (fusion.h's
+// SimplifyProgram) computes this, as the unary fn "round_bf16".
+inline float RoundToBf16(float x) {
+  return absl::bit_cast<float>(RoundToBf16Bits(absl::bit_cast<uint32_t>(x)));
 }
 
 }  // namespace meshrun

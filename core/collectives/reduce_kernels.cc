@@ -6,6 +6,7 @@
 #include <emmintrin.h>
 #endif
 
+#include "absl/base/casts.h"
 #include "absl/strings/str_cat.h"
 #include "core/float_ops.h"
 
@@ -19,13 +20,7 @@ float Bf16ToF32(uint16_t v) {
 }
 
 uint16_t F32ToBf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  if ((bits & 0x7F800000u) == 0x7F800000u && (bits & 0x007FFFFFu)) {
-    return static_cast<uint16_t>((bits >> 16 & 0x8000u) | 0x7FC0u);  // NaN: quiet, its sign kept
-  }
-  bits += 0x7FFFu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
+  return static_cast<uint16_t>(RoundToBf16Bits(absl::bit_cast<uint32_t>(f)) >> 16);
 }
 
 // Built for AVX-512, AVX2 and the baseline ISA (the loader picks the best the CPU has); each
@@ -34,11 +29,7 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void F32ToBf16(cons
                                                                             uint16_t* dst,
                                                                             int64_t count) {
   for (int64_t i = 0; i < count; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, &src[i], 4);
-    const bool nan = (bits & 0x7F800000u) == 0x7F800000u && (bits & 0x007FFFFFu) != 0;
-    const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-    dst[i] = static_cast<uint16_t>(nan ? (bits >> 16 & 0x8000u) | 0x7FC0u : rounded);
+    dst[i] = static_cast<uint16_t>(RoundToBf16Bits(absl::bit_cast<uint32_t>(src[i])) >> 16);
   }
 }
 

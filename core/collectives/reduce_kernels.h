@@ -29,7 +29,8 @@ void Scale(DType dtype, void* dst, int64_t count, float factor);
 // messages: it ends with a store fence.
 void StreamCopy(void* dst, const void* src, size_t bytes);
 
-// bf16 <-> f32, round-to-nearest-even, as jnp.bfloat16.
+// bf16 <-> f32, round-to-nearest-even, as jnp.bfloat16 (a NaN to the quiet NaN of its sign:
+// core/float_ops.h's RoundToBf16Bits).
 float Bf16ToF32(uint16_t v);
 uint16_t F32ToBf16(float f);
 // The same over `count` elements (vectorised by the compiler); dst and src do not overlap.
