@@ -48,6 +48,16 @@ _I1E_B = (-3.83538038596423702205E-9, -2.63146884688951950684E-8, -2.51223623787
           7.78576235018280120474E-1)
 
 
+def _upcast(fn, *args):
+    """fn computed in f32 for bf16 operands and rounded back, as XLA's expansions upcast them; None
+    where the operands are f32 already."""
+    import jax.numpy as jnp
+
+    if args[0].dtype == jnp.float32:
+        return None
+    return fn(*[a.astype(jnp.float32) for a in args]).astype(args[0].dtype)
+
+
 def _chebyshev(x, coefficients):
     """Clenshaw's recurrence for sum' c_i T_i(x / 2), as Cephes' chbevl (first coefficient the
     highest order) and XLA's expansion evaluate it, in x's dtype."""
@@ -80,16 +90,6 @@ def _bessel_i1e(x):
 _ZETA_COEFFS = (-7.1661652561756670113e18, 1.8152105401943546773e17, -4.5979787224074726105e15,
                 1.1646782814350067249e14, -2.950130727918164224e12, 7.47242496e10,
                 -1.8924375803183791606e9, 47900160.0, -1209600.0, 30240.0, -720.0, 12.0)
-
-
-def _upcast(fn, *args):
-    """fn computed in f32 for bf16 operands and rounded back, as XLA's expansions upcast them; None
-    where the operands are f32 already."""
-    import jax.numpy as jnp
-
-    if args[0].dtype == jnp.float32:
-        return None
-    return fn(*[a.astype(jnp.float32) for a in args]).astype(args[0].dtype)
 
 
 def _zeta(x, q):
