@@ -56,6 +56,28 @@ int TimeOneCluster(const AllReduceBenchOptions& o, int n, const std::vector<int6
   return 0;
 }
 
+// Each setting of the workers' striping and ring chunk size in turn (one cluster each); {} keeps
+// their defaults.
+std::vector<std::vector<std::string>> WorkerSettings(const AllReduceBenchOptions& o) {
+  std::vector<std::vector<std::string>> stripings;
+  for (int stripes : o.grpc_stripes) {
+    stripings.push_back({absl::StrCat("--grpc_stripes=", stripes)});
+    if (o.grpc_stripe_bytes > 0) {
+      stripings.back().push_back(absl::StrCat("--grpc_stripe_bytes=", o.grpc_stripe_bytes));
+    }
+  }
+  if (stripings.empty()) stripings.push_back({});
+  if (o.ring_chunk_bytes.empty()) return stripings;
+  std::vector<std::vector<std::string>> settings;
+  for (const std::vector<std::string>& striping : stripings) {
+    for (int64_t chunk : o.ring_chunk_bytes) {
+      settings.push_back(striping);
+      settings.back().push_back(absl::StrCat("--ring_chunk_bytes=", chunk));
+    }
+  }
+  return settings;
+}
+
 }  // namespace
 
 int RunAllReduceBench(const AllReduceBenchOptions& o) {
@@ -72,17 +94,8 @@ int RunAllReduceBench(const AllReduceBenchOptions& o) {
               o.insecure ? "no TLS" : "mutual TLS");
   std::printf("%8s %10s %18s %8s %12s %12s %12s\n", "workers", "size", "algorithm", "iters",
               "p50 time(us)", "algbw(GB/s)", "busbw(GB/s)");
-  // Each setting of the workers' striping in turn (one cluster each); {} keeps their defaults.
-  std::vector<std::vector<std::string>> stripings;
-  for (int stripes : o.grpc_stripes) {
-    stripings.push_back({absl::StrCat("--grpc_stripes=", stripes)});
-    if (o.grpc_stripe_bytes > 0) {
-      stripings.back().push_back(absl::StrCat("--grpc_stripe_bytes=", o.grpc_stripe_bytes));
-    }
-  }
-  if (stripings.empty()) stripings.push_back({});
   for (int n : o.workers) {
-    for (const std::vector<std::string>& flags : stripings) {
+    for (const std::vector<std::string>& flags : WorkerSettings(o)) {
       if (!flags.empty()) std::printf("# workers %s\n", absl::StrJoin(flags, " ").c_str());
       if (int rc = TimeOneCluster(o, n, sizes, flags); rc != 0) return rc;
     }

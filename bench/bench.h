@@ -31,6 +31,9 @@ struct AllReduceBenchOptions {
   // the workers' defaults.
   std::vector<int> grpc_stripes;
   int64_t grpc_stripe_bytes = 0;  // 0: the workers' default
+  // Each run with the workers' --ring_chunk_bytes set to this (CollectiveOptions::chunk_bytes: the
+  // most bytes of one message), for each striping above; empty: the workers' default.
+  std::vector<int64_t> ring_chunk_bytes;
   std::string bin_dir;
 };
 // Prints, per worker count, message size and algorithm: p50 time per all-reduce, algbw and busbw

@@ -30,9 +30,13 @@ ABSL_FLAG(bool, shm_transport, true,
 ABSL_FLAG(
     int64_t, memory_budget_bytes, 0,
     "bytes this worker's shards and program buffers may take (0: the host's physical memory)");
+ABSL_FLAG(int64_t, ring_chunk_bytes, static_cast<int64_t>(meshrun::CollectiveOptions().chunk_bytes),
+          "the most bytes of one message: a ring step sends its segment in chunks of this size, "
+          "pipelined (README, Collectives)");
 ABSL_FLAG(int64_t, recursive_doubling_max_bytes, 256 << 10,
-          "all-reduces up to this many bytes (and one 512 KiB message) run as recursive doubling, "
-          "larger ones as the ring; 0: always the ring (thresholds: README, Collectives)");
+          "all-reduces up to this many bytes (and one --ring_chunk_bytes message) run as "
+          "recursive doubling, larger ones as the ring; 0: always the ring (thresholds: README, "
+          "Collectives)");
 ABSL_FLAG(int64_t, one_shot_max_bytes, 0,
           "all-reduces up to this many bytes are one-shot (one latency, P-1 sends; pays where "
           "latency dwarfs a send's cost); 0: never, as measured on 2 cores (README, Collectives)");
@@ -123,6 +127,7 @@ int main(int argc, char** argv) {
   o.shm_transport = absl::GetFlag(FLAGS_shm_transport);
   o.memory_budget_bytes = absl::GetFlag(FLAGS_memory_budget_bytes);
   o.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+  o.ring_chunk_bytes = absl::GetFlag(FLAGS_ring_chunk_bytes);
   o.recursive_doubling_max_bytes = absl::GetFlag(FLAGS_recursive_doubling_max_bytes);
   o.receive_spin = absl::GetFlag(FLAGS_shm_receive_spin);
   o.kernel_shape_labels = absl::GetFlag(FLAGS_kernel_shape_labels);
@@ -135,6 +140,7 @@ int main(int argc, char** argv) {
        meshrun::CheckFlagRange("compute_threads", o.compute_threads, 0, 4096),
        meshrun::CheckFlagRange("metrics_port", o.metrics_port, -1, 65535),
        meshrun::CheckFlagRange("memory_budget_bytes", o.memory_budget_bytes, 0, int64_t{1} << 50),
+       meshrun::CheckFlagRange("ring_chunk_bytes", o.ring_chunk_bytes, 8, int64_t{1} << 30),
        meshrun::CheckFlagRange("recursive_doubling_max_bytes", o.recursive_doubling_max_bytes, 0,
                                int64_t{1} << 40),
        meshrun::CheckFlagRange("one_shot_max_bytes", o.one_shot_max_bytes, 0, int64_t{1} << 40),

@@ -128,6 +128,7 @@ namespace {
 // this process held before an exec (a restart as the cluster re-formed).
 void ConfigureWorker(WorkerService& worker, const WorkerRunnerOptions& o) {
   CollectiveOptions collectives;
+  collectives.chunk_bytes = static_cast<size_t>(o.ring_chunk_bytes);
   collectives.small_message_bytes = static_cast<size_t>(o.recursive_doubling_max_bytes);
   collectives.one_shot_max_bytes = static_cast<size_t>(o.one_shot_max_bytes);
   collectives.receive_spin = o.receive_spin;

@@ -30,6 +30,9 @@ struct WorkerRunnerOptions {
   int64_t memory_budget_bytes = 0;
   // SaveShards / LoadShards touch files under this directory only.
   std::string checkpoint_root = "/";
+  // The most bytes of one message; ring steps are pipelined in chunks of this size
+  // (CollectiveOptions::chunk_bytes).
+  int64_t ring_chunk_bytes = static_cast<int64_t>(CollectiveOptions().chunk_bytes);
   // All-reduces up to this many bytes run as recursive doubling, larger ones as the ring
   // (CollectiveOptions::small_message_bytes).
   int64_t recursive_doubling_max_bytes = CollectiveOptions().small_message_bytes;

@@ -67,6 +67,11 @@ void AddAllReduce(CLI::App& bench, int* exit_code) {
                   "many bytes of a message)")
       ->check(CLI::Range(int64_t{8}, int64_t{1} << 40))
       ->needs("--grpc-stripes");
+  cmd->add_option("--ring-chunk-bytes", a->o.ring_chunk_bytes,
+                  "the workers' --ring_chunk_bytes: the most bytes of one message (ring steps "
+                  "are pipelined in chunks of this size); several: a cluster for each in turn "
+                  "(default: the workers')")
+      ->check(CLI::Range(int64_t{8}, int64_t{1} << 30));
   cmd->add_option("--algorithm", a->algorithms,
                   "auto (by size, as programs run), ring, recursive_doubling, one_shot; "
                   "several: each in turn (default: auto)")

@@ -32,6 +32,7 @@ expect_refused "--heartbeat_timeout -1s must be positive" "$bin/meshrun-coordina
 expect_refused "--compute_threads -3 is out of range" "$bin/meshrun-worker" --compute_threads=-3
 expect_refused "--memory_budget_bytes -1 is out of range" "$bin/meshrun-worker" --memory_budget_bytes=-1
 expect_refused "--one_shot_max_bytes -1 is out of range" "$bin/meshrun-worker" --one_shot_max_bytes=-1
+expect_refused "--ring_chunk_bytes 4 is out of range; expected 8..1073741824" "$bin/meshrun-worker" --ring_chunk_bytes=4
 expect_refused "--shm_receive_spin 2s is out of range; expected 0..1s" "$bin/meshrun-worker" --shm_receive_spin=2s
 expect_refused "--grpc_stripes 17 is out of range; expected 1..16" "$bin/meshrun-worker" --grpc_stripes=17
 expect_refused "--grpc_stripe_bytes 4 is out of range" "$bin/meshrun-worker" --grpc_stripe_bytes=4
