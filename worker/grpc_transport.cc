@@ -1,10 +1,12 @@
 #include "worker/grpc_transport.h"
 
+#include <grpc/slice.h>
 #include <grpcpp/completion_queue.h>
 #include <grpcpp/support/async_stream.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -219,7 +221,7 @@ class GrpcTransport::PeerLink {
   }
 
   // `stripes`: on lane 0, how many lanes carry this message (this is piece 0); otherwise 1.
-  absl::Status Send(uint64_t epoch, uint64_t tag, int stripes, absl::string_view data,
+  absl::Status Send(uint64_t epoch, uint64_t tag, int stripes, grpc::Slice payload,
                     absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
@@ -236,18 +238,16 @@ class GrpcTransport::PeerLink {
     h.epoch = epoch;
     h.tag = tag;
     if (first) h.cluster_id = cluster_id_;
-    // The payload's one copy on this side (see the header for why it is not a slice that points
-    // at the caller's memory).
-    grpc::Slice slices[2] = {grpc::Slice(EncodeFrameHeader(h)),
-                             grpc::Slice(data.data(), data.size())};
-    const grpc::ByteBuffer frame(slices, data.empty() ? 1 : 2);
+    const size_t size = payload.size();
+    grpc::Slice slices[2] = {grpc::Slice(EncodeFrameHeader(h)), std::move(payload)};
+    const grpc::ByteBuffer frame(slices, size == 0 ? 1 : 2);
     stream_->StartWrite(frame);
     posted_ = true;
     // A small write is left to complete while the caller goes on (it holds its own copy of the
     // payload); the next Send on this link, or Close, waits for it. The first write also opens
     // the stream, which waits for the connection (wait_for_ready): it is waited for here, so
     // the deadline bounds that wait.
-    if (!first && data.size() <= eager_send_bytes_) return absl::OkStatus();
+    if (!first && size <= eager_send_bytes_) return absl::OkStatus();
     return AwaitWrite(deadline);
   }
 
@@ -387,20 +387,39 @@ int GrpcTransport::StripesFor(size_t bytes) const {
 
 absl::Status GrpcTransport::Send(int peer, uint64_t tag, absl::string_view data,
                                  absl::Time deadline) {
+  // The payload's one copy on this side (see the header for why it is not a slice that points
+  // at the caller's memory).
+  return SendFilled(peer, tag, data.size(), deadline, [&](char* dst) {
+    std::memcpy(dst, data.data(), data.size());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status GrpcTransport::SendFilled(int peer, uint64_t tag, size_t size, absl::Time deadline,
+                                       SendFill fill) {
+  // The peer is checked (and an abort seen) before `fill` runs, which may consume a receive.
+  if (absl::StatusOr<PeerLink*> link = Link(peer, 0); !link.ok()) return link.status();
+  // Filled where gRPC will send it from: one slice of gRPC's, which each lane's piece refers to.
+  grpc_slice raw = grpc_slice_malloc(size);
+  if (absl::Status s = fill(reinterpret_cast<char*>(GRPC_SLICE_START_PTR(raw))); !s.ok()) {
+    grpc_slice_unref(raw);
+    return s;
+  }
+  const grpc::Slice payload(raw, grpc::Slice::STEAL_REF);
   const uint64_t epoch = mailbox_->epoch();
-  const int stripes = StripesFor(data.size());
+  const int stripes = StripesFor(size);
   // Pieces of whole 8-byte words (RecvSink's promise holds across them), written one lane after
   // the other: each write returns once its bytes are in the connection, so the lanes' sockets
   // and the receiver's threads that read them work side by side.
-  const size_t piece = stripes == 1 ? data.size() : (data.size() / stripes + 7) / 8 * 8;
+  const size_t piece = stripes == 1 ? size : (size / stripes + 7) / 8 * 8;
   absl::Status s;
   for (int lane = 0; lane < stripes && s.ok(); ++lane) {
     absl::StatusOr<PeerLink*> link = Link(peer, lane);
     if (!link.ok()) return link.status();
-    const size_t begin = std::min(data.size(), lane * piece);
-    const size_t size =
-        lane + 1 == stripes ? data.size() - begin : std::min(piece, data.size() - begin);
-    s = (*link)->Send(epoch, tag, lane == 0 ? stripes : 1, data.substr(begin, size), deadline);
+    const size_t begin = std::min(size, lane * piece);
+    const size_t end = lane + 1 == stripes ? size : std::min(size, begin + piece);
+    s = (*link)->Send(epoch, tag, lane == 0 ? stripes : 1,
+                      stripes == 1 ? payload : payload.sub(begin, end), deadline);
   }
   if (!s.ok()) {
     // A send cut short by Abort reports the abort's reason, not the cancelled link.

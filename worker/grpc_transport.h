@@ -13,7 +13,10 @@
 // encryption, which writes a new buffer anyway):
 //   - before (a protobuf Chunk): 3. The sender copied the chunk into the message's bytes field,
 //     serialisation copied it into gRPC's slices, and parsing copied it out of them again.
-//   - now: 1. The sender copies the chunk into one gRPC-owned slice. The receiver copies
+//   - now: 1 for Send, 0 for SendFilled. Send copies the chunk into one gRPC-owned slice;
+//     SendFilled has the caller write the payload into that slice, so a ring's reduce-scatter
+//     step reduces a received chunk with its own straight into the slice it forwards (the partial
+//     sum never lands in the collective's buffer to be copied out again). The receiver copies
 //     nothing: RecvInto's sink reduces or copies straight out of gRPC's received slices, handed
 //     over piece by piece when the receive is posted, or, for a frame that comes first, kept in
 //     the mailbox's queue as they are (an absl::Cord holding references to them; pieces under
@@ -110,6 +113,10 @@ class GrpcTransport : public Transport {
   int rank() const override { return rank_; }
   int world_size() const override { return static_cast<int>(addresses_.size()); }
   absl::Status Send(int peer, uint64_t tag, absl::string_view data, absl::Time deadline) override;
+  // `fill` writes straight into the gRPC slice that is sent (striped: each lane's piece refers to
+  // a part of it), so the payload is not copied on this side at all.
+  absl::Status SendFilled(int peer, uint64_t tag, size_t size, absl::Time deadline,
+                          SendFill fill) override;
   absl::StatusOr<std::string> Recv(int peer, uint64_t tag, absl::Time deadline) override;
   // Posted in the mailbox, where ShmTransport's rings fill it in place.
   absl::Status RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,

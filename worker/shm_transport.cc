@@ -257,6 +257,17 @@ absl::Status ShmTransport::Send(int peer, uint64_t tag, absl::string_view data,
   return s;
 }
 
+absl::Status ShmTransport::SendFilled(int peer, uint64_t tag, size_t size, absl::Time deadline,
+                                      SendFill fill) {
+  if (peer >= 0 && peer < world_size() && co_located_[peer]) {
+    absl::StatusOr<Sender*> sender = SenderFor(peer, deadline);
+    if (!sender.ok()) return sender.status();
+    if (*sender != nullptr) return Transport::SendFilled(peer, tag, size, deadline, fill);
+  }
+  remote_sent_.fetch_add(1);
+  return remote_->SendFilled(peer, tag, size, deadline, fill);
+}
+
 absl::StatusOr<std::string> ShmTransport::Recv(int peer, uint64_t tag, absl::Time deadline) {
   return remote_->Recv(peer, tag, deadline);
 }

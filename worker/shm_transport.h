@@ -101,6 +101,11 @@ class ShmTransport : public Transport {
   // DeadlineExceeded naming it when its ring stays full; the Abort reason after Abort. If the
   // ring cannot be created (no /dev/shm space), the link falls back to the remote transport.
   absl::Status Send(int peer, uint64_t tag, absl::string_view data, absl::Time deadline) override;
+  // To a remote peer: in place, as the remote transport's. To a shared-memory peer: filled into
+  // a buffer, which Send copies into the ring (a message can wrap around the ring's end, or be
+  // cut into fragments, so it is not filled there).
+  absl::Status SendFilled(int peer, uint64_t tag, size_t size, absl::Time deadline,
+                          SendFill fill) override;
   absl::StatusOr<std::string> Recv(int peer, uint64_t tag, absl::Time deadline) override;
   // Posted in the mailbox: a message that comes through a ring whole goes from the ring straight
   // into the sink on the drain thread, with no copy in between.

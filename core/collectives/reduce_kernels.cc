@@ -179,6 +179,15 @@ void Reduce(DType dtype, ReduceOp op, void* dst, const void* src, int64_t count)
   }
 }
 
+void ReduceTo(DType dtype, ReduceOp op, void* dst, const void* a, const void* b, int64_t count) {
+  if (op != ReduceOp::kMax) {
+    Add(dtype, dst, a, b, count);
+    return;
+  }
+  if (dst != a) std::memmove(dst, a, count * DTypeSize(dtype));
+  Reduce(dtype, op, dst, b, count);
+}
+
 void Scale(DType dtype, void* dst, int64_t count, float factor) {
   if (dtype == v1::DTYPE_F32) {
     float* d = static_cast<float*>(dst);

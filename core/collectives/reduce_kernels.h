@@ -19,6 +19,9 @@ void AddInto(DType dtype, void* dst, const void* src, int64_t count);
 void Add(DType dtype, void* dst, const void* a, const void* b, int64_t count);
 // dst[i] = op(dst[i], src[i]): sum for kSum and kMean, max for kMax.
 void Reduce(DType dtype, ReduceOp op, void* dst, const void* src, int64_t count);
+// dst[i] = op(a[i], b[i]): the bits of copying a into dst and then Reduce(dst, b), in one pass
+// for f32 sums (Add). dst may be a; it must not overlap b otherwise. REQUIRES: as Reduce.
+void ReduceTo(DType dtype, ReduceOp op, void* dst, const void* a, const void* b, int64_t count);
 // dst[i] *= factor (floating dtypes only).
 void Scale(DType dtype, void* dst, int64_t count, float factor);
 

@@ -40,26 +40,38 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
     for (int64_t c = 0, i = 0; c < s.count; c += chunk_elems, ++i) {
       const int64_t len = std::min(chunk_elems, s.count - c);
       char* dst = bytes + (s.offset + c) * elem;
-      // Received in place: reduced (or, in the all-gather phase, copied) straight into dst.
-      absl::Status received =
-          t->RecvInto(prev, tag_base + (uint64_t(step) << 16) + i, len * elem, deadline,
-                      [&](size_t offset, const char* piece, size_t piece_bytes) {
-                        if (reducing) {
-                          Reduce(dtype, op, dst + offset, piece, piece_bytes / elem);
-                        } else {
-                          std::memcpy(dst + offset, piece, piece_bytes);
-                        }
-                      });
-      if (!received.ok()) {
+      const uint64_t tag = tag_base + (uint64_t(step) << 16) + i;
+      const uint64_t next_tag = tag_base + (uint64_t(step + 1) << 16) + i;
+      // Receives the chunk straight into `out`: reduced with this rank's values at dst (or, in
+      // the all-gather phase, copied).
+      auto receive = [&](char* out) -> absl::Status {
+        absl::Status received = t->RecvInto(
+            prev, tag, len * elem, deadline,
+            [&](size_t offset, const char* piece, size_t piece_bytes) {
+              if (reducing) {
+                ReduceTo(dtype, op, out + offset, dst + offset, piece, piece_bytes / elem);
+              } else {
+                std::memcpy(out + offset, piece, piece_bytes);
+              }
+            });
+        if (received.ok()) return received;
         return absl::Status(received.code(),
                             absl::StrCat("all_reduce over ranks of size ", n, " at ring step ",
                                          step, ": ", received.message()));
+      };
+      if (reducing && !last_reduce) {
+        // A partial sum this rank only passes on: reduced straight into the transport's send
+        // buffer (dst keeps this rank's own values, which nothing reads again).
+        if (absl::Status st = t->SendFilled(next, next_tag, len * elem, deadline, receive);
+            !st.ok()) {
+          return st;
+        }
+        continue;
       }
+      if (absl::Status st = receive(dst); !st.ok()) return st;
       if (last_reduce && op == ReduceOp::kMean) Scale(dtype, dst, len, 1.0f / n);
       if (forward) {
-        absl::string_view payload(dst, len * elem);
-        if (absl::Status st =
-                t->Send(next, tag_base + (uint64_t(step + 1) << 16) + i, payload, deadline);
+        if (absl::Status st = t->Send(next, next_tag, absl::string_view(dst, len * elem), deadline);
             !st.ok()) {
           return st;
         }

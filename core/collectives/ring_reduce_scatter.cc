@@ -10,8 +10,8 @@ namespace meshrun {
 using ring::Mod;
 using ring::Tag;
 
-absl::Status RingReduceScatter(Communicator& comm, const void* in, int64_t count, DType dtype, ReduceOp op,
-                               void* out) {
+absl::Status RingReduceScatter(Communicator& comm, const void* in, int64_t count, DType dtype,
+                               ReduceOp op, void* out) {
   if (absl::Status s = CheckReducible(dtype, op); !s.ok()) return s;
   const int n = comm.size();
   const int p = comm.index();
@@ -21,14 +21,14 @@ absl::Status RingReduceScatter(Communicator& comm, const void* in, int64_t count
     if (count > 0) std::memcpy(out, in, block_bytes);
     return absl::OkStatus();
   }
-  // Each received chunk is reduced with this rank's input in its place in `out` and forwarded
-  // from there, so the input is never copied whole.
+  // Each received chunk is reduced with this rank's input where the transport sends it from (or,
+  // at the last step, into `out`), so the input is never copied whole.
   const char* input = static_cast<const char*>(in);
   const auto [t, next, prev, base, deadline, chunk_elems] = ring::MakePlan(comm, elem);
 
   const int first = Mod(p - 1, n);
-  if (absl::Status s = ring::SendChunks(t, next, base, 0, input + first * count * elem, count, elem, chunk_elems,
-                                       deadline);
+  if (absl::Status s = ring::SendChunks(t, next, base, 0, input + first * count * elem, count, elem,
+                                        chunk_elems, deadline);
       !s.ok()) {
     return ring::Annotate(s, "psum_scatter", n);
   }
@@ -37,21 +37,28 @@ absl::Status RingReduceScatter(Communicator& comm, const void* in, int64_t count
     const bool last = step == n - 2;
     for (int64_t c = 0, i = 0; c < count; c += chunk_elems, ++i) {
       const int64_t len = std::min(chunk_elems, count - c);
-      // The chunk's partial sum lands in out's chunk c (a scratch buffer of the right size until
-      // the last step, when it is the result) and is reduced there with this rank's block.
-      char* acc = static_cast<char*>(out) + c * elem;
-      absl::Status received = t->RecvInto(prev, Tag(base, step, i), len * elem, deadline,
-                                          [&](size_t offset, const char* piece, size_t piece_bytes) {
-                                            std::memcpy(acc + offset, piece, piece_bytes);
-                                          });
-      if (!received.ok()) return ring::Annotate(received, "psum_scatter", n);
-      Reduce(dtype, op, acc, input + (block * count + c) * elem, len);
-      if (last) {
-        if (op == ReduceOp::kMean) Scale(dtype, acc, len, 1.0f / n);
-      } else if (absl::Status s = t->Send(next, Tag(base, step + 1, i), absl::string_view(acc, len * elem), deadline);
-                 !s.ok()) {
-        return ring::Annotate(s, "psum_scatter", n);
+      const char* mine = input + (block * count + c) * elem;
+      // The received partial sum reduced with this rank's block, in one pass, into `acc`: at the
+      // last step out's chunk c (the result); before it, the transport's send buffer, since a
+      // partial sum is only passed on.
+      auto receive = [&](char* acc) -> absl::Status {
+        return t->RecvInto(prev, Tag(base, step, i), len * elem, deadline,
+                           [&](size_t offset, const char* piece, size_t piece_bytes) {
+                             ReduceTo(dtype, op, acc + offset, piece, mine + offset,
+                                      piece_bytes / elem);
+                           });
+      };
+      if (!last) {
+        if (absl::Status s =
+                t->SendFilled(next, Tag(base, step + 1, i), len * elem, deadline, receive);
+            !s.ok()) {
+          return ring::Annotate(s, "psum_scatter", n);
+        }
+        continue;
       }
+      char* acc = static_cast<char*>(out) + c * elem;
+      if (absl::Status s = receive(acc); !s.ok()) return ring::Annotate(s, "psum_scatter", n);
+      if (op == ReduceOp::kMean) Scale(dtype, acc, len, 1.0f / n);
     }
   }
   return absl::OkStatus();

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
@@ -42,6 +44,14 @@ absl::Status Transport::CheckPeer(absl::string_view what, int peer) const {
   if (peer >= 0 && peer < world_size()) return absl::OkStatus();
   return absl::InvalidArgumentError(
       absl::StrCat(what, " rank ", peer, "; world size is ", world_size()));
+}
+
+absl::Status Transport::SendFilled(int peer, uint64_t tag, size_t size, absl::Time deadline,
+                                   SendFill fill) {
+  if (absl::Status s = CheckPeer("send to", peer); !s.ok()) return s;  // before fill consumes
+  std::unique_ptr<char[]> payload(new char[size]);  // not zeroed: fill writes every byte
+  if (absl::Status s = fill(payload.get()); !s.ok()) return s;
+  return Send(peer, tag, absl::string_view(payload.get(), size), deadline);
 }
 
 absl::Status Transport::RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,

@@ -23,6 +23,11 @@ namespace meshrun {
 // RecvInto is blocked: every call returns before RecvInto does.
 using RecvSink = absl::FunctionRef<void(size_t offset, const char* data, size_t n)>;
 
+// What SendFilled calls to write a message's payload: it must write all of the `size` bytes at
+// `dst` (memory of the transport's, uninitialised, not aligned beyond 1 byte) before it returns,
+// or return an error, and then nothing is sent. It runs on the calling thread.
+using SendFill = absl::FunctionRef<absl::Status(char* dst)>;
+
 // Passes a message that comes in pieces split anywhere (gRPC's received slices, a Cord's chunks)
 // on to a RecvSink in pieces that keep its promise: the few bytes that straddle two pieces go
 // through a carry of their own (one 8-byte piece); everything else is passed where it lies. Call
@@ -82,6 +87,15 @@ class Transport {
   // buffer stays full past `deadline`; the Abort reason after Abort.
   virtual absl::Status Send(int peer, uint64_t tag, absl::string_view data,
                             absl::Time deadline) = 0;
+
+  // Sends a message of `size` bytes that `fill` writes straight into the buffer the transport
+  // sends from, so a collective can produce a chunk where the wire takes it (the reduction of a
+  // received chunk with this rank's own, in a ring's reduce-scatter) instead of producing it in
+  // its own memory and having Send copy it. Otherwise as Send; `fill`'s error is returned as it
+  // is, with nothing sent. The default fills a buffer of its own and Sends it (one copy more
+  // than Send: for transports with no buffer of their own to offer).
+  virtual absl::Status SendFilled(int peer, uint64_t tag, size_t size, absl::Time deadline,
+                                  SendFill fill);
 
   // Returns the next message from `peer`. Errors: DeadlineExceeded naming the peer's rank;
   // Unavailable if the peer disconnected; Internal if the message's tag is not `tag`; the Abort

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/collectives/in_process_transport.h"
 #include "core/collectives/reduce_kernels.h"
 #include "gmock/gmock.h"
@@ -263,6 +265,49 @@ TEST(AddTest, GivesTheBitsOfCopyThenAddIntoAndNothingPast) {
       Add(dtype, in_place.data(), in_place.data(), b.data(), count);
       std::memcpy(want.data() + count * elem, a.data() + count * elem, (a.size() - count * elem));
       EXPECT_EQ(in_place, want) << DTypeName(dtype) << ", " << count << " elements in place";
+    }
+  }
+}
+
+// ReduceTo(dst, a, b) gives the bits of copying a into dst and then Reduce(dst, b), for sums
+// and max in every reducible dtype (NaN and signed zeros among the values), into another buffer
+// and in place, touching nothing past `count`.
+TEST(ReduceToTest, GivesTheBitsOfCopyThenReduce) {
+  const float specials[] = {0.0f, -0.0f, NAN, -3.5f, 1e30f, INFINITY, 7.0f};
+  for (const DType dtype : {v1::DTYPE_F32, v1::DTYPE_BF16, v1::DTYPE_I32, v1::DTYPE_U32}) {
+    const size_t elem = DTypeSize(dtype);
+    for (const ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+      for (int64_t count : {0, 1, 17, 100}) {
+        std::vector<char> a((count + 3) * elem), b(a.size());
+        for (int64_t i = 0; i < count + 3; ++i) {
+          const float fa = i % 3 == 0 ? specials[i % 7] : 0.5f * static_cast<float>(i) - 9.0f;
+          const float fb = i % 4 == 1 ? specials[(i * 3) % 7] : 20.0f - static_cast<float>(i);
+          if (dtype == v1::DTYPE_F32) {
+            std::memcpy(&a[i * elem], &fa, elem);
+            std::memcpy(&b[i * elem], &fb, elem);
+          } else if (dtype == v1::DTYPE_BF16) {
+            const uint16_t ba = F32ToBf16(fa), bb = F32ToBf16(fb);
+            std::memcpy(&a[i * elem], &ba, elem);
+            std::memcpy(&b[i * elem], &bb, elem);
+          } else {
+            const int32_t ia = static_cast<int32_t>(i * 37 - 400),
+                          ib = static_cast<int32_t>(i * -53 + 9);
+            std::memcpy(&a[i * elem], &ia, elem);
+            std::memcpy(&b[i * elem], &ib, elem);
+          }
+        }
+        std::vector<char> want(a.size(), 0x5A), got(a.size(), 0x5A);
+        std::memcpy(want.data(), a.data(), count * elem);
+        Reduce(dtype, op, want.data(), b.data(), count);
+        ReduceTo(dtype, op, got.data(), a.data(), b.data(), count);
+        const std::string what = absl::StrCat(
+            DTypeName(dtype), op == ReduceOp::kMax ? " max" : " sum", ", ", count, " elements");
+        EXPECT_EQ(got, want) << what;
+        std::vector<char> in_place = a;
+        ReduceTo(dtype, op, in_place.data(), in_place.data(), b.data(), count);
+        std::memcpy(want.data() + count * elem, a.data() + count * elem, a.size() - count * elem);
+        EXPECT_EQ(in_place, want) << what << " in place";
+      }
     }
   }
 }

@@ -1,7 +1,11 @@
-// Every collective against a reference computed on the test thread: both transports, world sizes
-// 1..8, element counts 0, 1 and 13 (not divisible by any world size > 1), f32 and bf16.
+// Every collective against a reference computed on the test thread: every transport, world sizes
+// 1..8, element counts 0, 1 and 13 (not divisible by any world size > 1), f32 and bf16; and
+// Transport::SendFilled, which the ring's reduce-scatter steps send through, on each transport.
 #include <cmath>
+#include <cstring>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "core/collectives/communicator.h"
 #include "core/collectives/permute.h"
 #include "core/collectives/reduce_kernels.h"
@@ -235,6 +239,77 @@ TEST_P(SubAxisTest, GroupsOfThe2x4Mesh) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, SubAxisTest,
+                         ::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc,
+                                           TransportKind::kGrpcStriped, TransportKind::kShm),
+                         [](const auto& info) { return KindName(info.param); });
+
+class SendFilledTest : public ::testing::TestWithParam<TransportKind> {};
+
+// SendFilled sends exactly what its fill wrote (empty, a few bytes, and sizes that are cut into
+// pieces or fragments on every transport), in order with plain Sends; a fill that fails sends
+// nothing and its error comes back as it is; a peer outside the world is refused before the fill
+// runs (it may consume a receive).
+TEST_P(SendFilledTest, SendsWhatTheFillWroteAndNothingWhenItFails) {
+  TransportSet ts(GetParam(), 2);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  const std::vector<size_t> sizes = {0, 5, 4096, (1 << 20) + 3};
+  auto pattern = [](size_t size, int seed) {
+    std::string s(size, '\0');
+    for (size_t i = 0; i < size; ++i) s[i] = static_cast<char>(i * 29 + i / 977 + seed);
+    return s;
+  };
+  absl::Status sent;
+  bool filled_for_bad_peer = false;
+  absl::Status bad_peer;
+  std::vector<absl::StatusOr<std::string>> got(sizes.size()), after(sizes.size());
+  // Received while they are sent: a shared-memory ring far smaller than a message is drained
+  // only by a receive.
+  ts.RunRanks([&](int r) {
+    Transport* t = ts.at(r);
+    if (r == 1) {
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        got[i] = t->Recv(0, i, deadline);
+        after[i] = t->Recv(0, 1000 + i, deadline);
+        if (!got[i].ok() || !after[i].ok()) return;
+      }
+      return;
+    }
+    for (size_t i = 0; i < sizes.size() && sent.ok(); ++i) {
+      const std::string want = pattern(sizes[i], static_cast<int>(i));
+      absl::Status failed = t->SendFilled(1, 100 + i, sizes[i], deadline, [&](char* dst) {
+        std::memset(dst, 0x11, sizes[i]);
+        return absl::DataLossError("fill failed");
+      });
+      if (failed.code() != absl::StatusCode::kDataLoss || failed.message() != "fill failed") {
+        sent = absl::InternalError(absl::StrCat("failed fill returned ", failed.ToString()));
+        break;
+      }
+      sent = t->SendFilled(1, i, sizes[i], deadline, [&](char* dst) {
+        std::memcpy(dst, want.data(), want.size());
+        return absl::OkStatus();
+      });
+      if (sent.ok()) sent = t->Send(1, 1000 + i, "after", deadline);
+    }
+    bad_peer = t->SendFilled(2, 7, 8, deadline, [&](char*) {
+      filled_for_bad_peer = true;
+      return absl::OkStatus();
+    });
+  });
+  ASSERT_TRUE(sent.ok()) << sent;
+  EXPECT_EQ(bad_peer.code(), absl::StatusCode::kInvalidArgument) << bad_peer;
+  EXPECT_THAT(bad_peer.message(), HasSubstr("rank 2"));
+  EXPECT_FALSE(filled_for_bad_peer);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    // A message the failed fill had sent would carry another tag, so this receive fails.
+    ASSERT_TRUE(got[i].ok()) << "message " << i << ": " << got[i].status();
+    EXPECT_TRUE(*got[i] == pattern(sizes[i], static_cast<int>(i)))
+        << "message " << i << " of " << sizes[i] << " bytes differs";
+    ASSERT_TRUE(after[i].ok()) << "the Send after message " << i << ": " << after[i].status();
+    EXPECT_EQ(*after[i], "after");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, SendFilledTest,
                          ::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc,
                                            TransportKind::kGrpcStriped, TransportKind::kShm),
                          [](const auto& info) { return KindName(info.param); });
