@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <memory>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -221,7 +223,8 @@ class GrpcTransport::PeerLink {
   }
 
   // `stripes`: on lane 0, how many lanes carry this message (this is piece 0); otherwise 1.
-  absl::Status Send(uint64_t epoch, uint64_t tag, int stripes, grpc::Slice payload,
+  // `payload`: the message's (or this lane's piece's) bytes, in order.
+  absl::Status Send(uint64_t epoch, uint64_t tag, int stripes, std::vector<grpc::Slice> payload,
                     absl::Time deadline) {
     absl::MutexLock lock(&mu_);
     if (!failed_.ok()) return failed_;
@@ -238,9 +241,10 @@ class GrpcTransport::PeerLink {
     h.epoch = epoch;
     h.tag = tag;
     if (first) h.cluster_id = cluster_id_;
-    const size_t size = payload.size();
-    grpc::Slice slices[2] = {grpc::Slice(EncodeFrameHeader(h)), std::move(payload)};
-    const grpc::ByteBuffer frame(slices, size == 0 ? 1 : 2);
+    size_t size = 0;
+    for (const grpc::Slice& slice : payload) size += slice.size();
+    payload.insert(payload.begin(), grpc::Slice(EncodeFrameHeader(h)));
+    const grpc::ByteBuffer frame(payload.data(), payload.size());
     stream_->StartWrite(frame);
     posted_ = true;
     // A small write is left to complete while the caller goes on (it holds its own copy of the
@@ -405,7 +409,49 @@ absl::Status GrpcTransport::SendFilled(int peer, uint64_t tag, size_t size, absl
     grpc_slice_unref(raw);
     return s;
   }
-  const grpc::Slice payload(raw, grpc::Slice::STEAL_REF);
+  std::vector<grpc::Slice> payload;
+  payload.emplace_back(raw, grpc::Slice::STEAL_REF);
+  return SendPayload(peer, tag, payload, size, deadline);
+}
+
+namespace {
+
+// The bytes [begin, end) of the message that `payload` holds, as slices that refer to its own
+// (sub-slices where a piece starts or ends inside one).
+std::vector<grpc::Slice> Piece(const std::vector<grpc::Slice>& payload, size_t begin, size_t end) {
+  std::vector<grpc::Slice> out;
+  size_t at = 0;
+  for (const grpc::Slice& slice : payload) {
+    const size_t lo = std::max(begin, at), hi = std::min(end, at + slice.size());
+    if (lo < hi) {
+      out.push_back(lo == at && hi == at + slice.size() ? slice : slice.sub(lo - at, hi - at));
+    }
+    at += slice.size();
+  }
+  return out;
+}
+
+void DeleteCordRef(void* ref) { delete static_cast<std::shared_ptr<const absl::Cord>*>(ref); }
+
+// Slices over `cord`'s chunks, where they lie; each holds a reference to the Cord, so gRPC may
+// keep them as long as it likes.
+std::vector<grpc::Slice> SlicesOver(const std::shared_ptr<const absl::Cord>& cord) {
+  std::vector<grpc::Slice> out;
+  for (absl::string_view chunk : cord->Chunks()) {
+    if (chunk.empty()) continue;
+    grpc_slice slice =
+        grpc_slice_new_with_user_data(const_cast<char*>(chunk.data()), chunk.size(), &DeleteCordRef,
+                                      new std::shared_ptr<const absl::Cord>(cord));
+    out.emplace_back(slice, grpc::Slice::STEAL_REF);
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status GrpcTransport::SendPayload(int peer, uint64_t tag,
+                                        const std::vector<grpc::Slice>& payload, size_t size,
+                                        absl::Time deadline) {
   const uint64_t epoch = mailbox_->epoch();
   const int stripes = StripesFor(size);
   // Pieces of whole 8-byte words (RecvSink's promise holds across them), written one lane after
@@ -419,7 +465,7 @@ absl::Status GrpcTransport::SendFilled(int peer, uint64_t tag, size_t size, absl
     const size_t begin = std::min(size, lane * piece);
     const size_t end = lane + 1 == stripes ? size : std::min(size, begin + piece);
     s = (*link)->Send(epoch, tag, lane == 0 ? stripes : 1,
-                      stripes == 1 ? payload : payload.sub(begin, end), deadline);
+                      stripes == 1 ? payload : Piece(payload, begin, end), deadline);
   }
   if (!s.ok()) {
     // A send cut short by Abort reports the abort's reason, not the cancelled link.
@@ -427,6 +473,25 @@ absl::Status GrpcTransport::SendFilled(int peer, uint64_t tag, size_t size, absl
     if (!aborted_.ok()) return aborted_;
   }
   return s;
+}
+
+absl::Status GrpcTransport::Forward(int prev, uint64_t tag, char* dst, size_t size, int next,
+                                    uint64_t next_tag, absl::Time deadline) {
+  if (absl::Status s = CheckPeer("recv from", prev); !s.ok()) return s;
+  // `next` is checked before the message is taken.
+  if (absl::StatusOr<PeerLink*> link = Link(next, 0); !link.ok()) return link.status();
+  absl::StatusOr<absl::Cord> message = mailbox_->TakeCord(prev, tag, deadline);
+  if (!message.ok()) return message.status();
+  if (message->size() != size) return WrongMessageSize(prev, tag, message->size(), size);
+  // Sent on from gRPC's received slices (the Cord's chunks), then copied into dst.
+  const auto cord = std::make_shared<const absl::Cord>(*std::move(message));
+  absl::Status sent = SendPayload(next, next_tag, SlicesOver(cord), size, deadline);
+  size_t offset = 0;
+  for (absl::string_view chunk : cord->Chunks()) {
+    std::memcpy(dst + offset, chunk.data(), chunk.size());
+    offset += chunk.size();
+  }
+  return sent;
 }
 
 absl::StatusOr<std::string> GrpcTransport::Recv(int peer, uint64_t tag, absl::Time deadline) {

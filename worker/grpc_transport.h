@@ -13,11 +13,13 @@
 // encryption, which writes a new buffer anyway):
 //   - before (a protobuf Chunk): 3. The sender copied the chunk into the message's bytes field,
 //     serialisation copied it into gRPC's slices, and parsing copied it out of them again.
-//   - now: 1 for Send, 0 for SendFilled. Send copies the chunk into one gRPC-owned slice;
-//     SendFilled has the caller write the payload into that slice, so a ring's reduce-scatter
-//     step reduces a received chunk with its own straight into the slice it forwards (the partial
-//     sum never lands in the collective's buffer to be copied out again). The receiver copies
-//     nothing: RecvInto's sink reduces or copies straight out of gRPC's received slices, handed
+//   - now: 1 for Send, 0 for SendFilled and Forward. Send copies the chunk into one gRPC-owned
+//     slice. SendFilled has the caller write the payload into that slice, so a ring's
+//     reduce-scatter step reduces a received chunk with its own straight into the slice it
+//     forwards (the partial sum never lands in the collective's buffer to be copied out again).
+//     Forward (a ring all-gather step that passes a block on) sends the received slices out
+//     again as they are, each holding a reference to the message, and copies the block once,
+//     into the collective's buffer. The receiver copies nothing: RecvInto's sink reduces or copies straight out of gRPC's received slices, handed
 //     over piece by piece when the receive is posted, or, for a frame that comes first, kept in
 //     the mailbox's queue as they are (an absl::Cord holding references to them; pieces under
 //     256 bytes, inlined ones among them, are copied: worker/ring_frame.h).
@@ -40,6 +42,7 @@
 #include "absl/synchronization/mutex.h"
 #include "core/collectives/mailbox.h"
 #include "core/collectives/transport.h"
+#include "grpcpp/support/slice.h"
 #include "meshrun/v1/ring.grpc.pb.h"
 #include "worker/stripe_joiner.h"
 
@@ -118,6 +121,11 @@ class GrpcTransport : public Transport {
   absl::Status SendFilled(int peer, uint64_t tag, size_t size, absl::Time deadline,
                           SendFill fill) override;
   absl::StatusOr<std::string> Recv(int peer, uint64_t tag, absl::Time deadline) override;
+  // Sends the message on from gRPC's received slices (slices over the mailbox's Cord, each
+  // holding a reference to it), so its only copy is the one into dst. The message is taken from
+  // the mailbox's queue, not received in place.
+  absl::Status Forward(int prev, uint64_t tag, char* dst, size_t size, int next, uint64_t next_tag,
+                       absl::Time deadline) override;
   // Posted in the mailbox, where ShmTransport's rings fill it in place.
   absl::Status RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
                         RecvSink sink) override;
@@ -129,6 +137,10 @@ class GrpcTransport : public Transport {
   struct Stream;
   class PeerLink;
   absl::StatusOr<PeerLink*> Link(int peer, int lane);
+  // Sends the message `payload` holds (`size` bytes in all) to `peer`, striped over its lanes
+  // as StripesFor says (each lane's piece refers to the slices: no copy).
+  absl::Status SendPayload(int peer, uint64_t tag, const std::vector<grpc::Slice>& payload,
+                           size_t size, absl::Time deadline);
   int StripesFor(size_t bytes) const;
 
   const int rank_;

@@ -268,6 +268,18 @@ absl::Status ShmTransport::SendFilled(int peer, uint64_t tag, size_t size, absl:
   return remote_->SendFilled(peer, tag, size, deadline, fill);
 }
 
+absl::Status ShmTransport::Forward(int prev, uint64_t tag, char* dst, size_t size, int next,
+                                   uint64_t next_tag, absl::Time deadline) {
+  const auto remote = [this](int peer) {
+    return peer >= 0 && peer < world_size() && !co_located_[peer];
+  };
+  if (!remote(prev) || !remote(next)) {
+    return Transport::Forward(prev, tag, dst, size, next, next_tag, deadline);
+  }
+  remote_sent_.fetch_add(1);
+  return remote_->Forward(prev, tag, dst, size, next, next_tag, deadline);
+}
+
 absl::StatusOr<std::string> ShmTransport::Recv(int peer, uint64_t tag, absl::Time deadline) {
   return remote_->Recv(peer, tag, deadline);
 }

@@ -107,6 +107,10 @@ class ShmTransport : public Transport {
   absl::Status SendFilled(int peer, uint64_t tag, size_t size, absl::Time deadline,
                           SendFill fill) override;
   absl::StatusOr<std::string> Recv(int peer, uint64_t tag, absl::Time deadline) override;
+  // Between two remote peers: the remote transport's (sent on from its buffers). Otherwise the
+  // default: received in place (from a ring) into dst and sent from there.
+  absl::Status Forward(int prev, uint64_t tag, char* dst, size_t size, int next, uint64_t next_tag,
+                       absl::Time deadline) override;
   // Posted in the mailbox: a message that comes through a ring whole goes from the ring straight
   // into the sink on the drain thread, with no copy in between.
   absl::Status RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,

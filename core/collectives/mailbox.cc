@@ -192,6 +192,12 @@ bool Mailbox::Spin(int src, absl::Time until, Changed& changed) {
 }
 
 absl::StatusOr<std::string> Mailbox::Take(int src, uint64_t expected_tag, absl::Time deadline) {
+  absl::StatusOr<absl::Cord> payload = TakeCord(src, expected_tag, deadline);
+  if (!payload.ok()) return payload.status();
+  return std::string(*payload);
+}
+
+absl::StatusOr<absl::Cord> Mailbox::TakeCord(int src, uint64_t expected_tag, absl::Time deadline) {
   Message m;
   {
     absl::MutexLock lock(&mu_);
@@ -207,7 +213,7 @@ absl::StatusOr<std::string> Mailbox::Take(int src, uint64_t expected_tag, absl::
     m = *std::move(front);
   }
   if (m.tag != expected_tag) return WrongTag(src, m.tag, expected_tag);
-  return std::string(m.payload);
+  return std::move(m.payload);
 }
 
 absl::Status Mailbox::TakeInto(int src, uint64_t expected_tag, size_t size, absl::Time deadline,

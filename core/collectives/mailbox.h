@@ -74,6 +74,8 @@ class Mailbox {
   // Next message from `src` (flattened: a copy when it came in pieces); see Transport::Recv for
   // the errors.
   absl::StatusOr<std::string> Take(int src, uint64_t expected_tag, absl::Time deadline);
+  // The same, as it was delivered (a Cord over a transport's buffers stays one: no copy).
+  absl::StatusOr<absl::Cord> TakeCord(int src, uint64_t expected_tag, absl::Time deadline);
 
   // Next message from `src`, `size` bytes, passed to `sink` (Transport::RecvInto). A message
   // already queued is passed from its copy; otherwise the receive stays posted until the message

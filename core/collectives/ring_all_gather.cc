@@ -9,7 +9,8 @@ namespace meshrun {
 using ring::Mod;
 using ring::Tag;
 
-absl::Status RingAllGather(Communicator& comm, const void* in, int64_t count, DType dtype, void* out) {
+absl::Status RingAllGather(Communicator& comm, const void* in, int64_t count, DType dtype,
+                           void* out) {
   const int n = comm.size();
   const int p = comm.index();
   const size_t elem = DTypeSize(dtype);
@@ -21,8 +22,8 @@ absl::Status RingAllGather(Communicator& comm, const void* in, int64_t count, DT
 
   const auto [t, next, prev, base, deadline, chunk_elems] = ring::MakePlan(comm, elem);
 
-  if (absl::Status s = ring::SendChunks(t, next, base, 0, bytes + p * count * elem, count, elem, chunk_elems,
-                                       deadline);
+  if (absl::Status s = ring::SendChunks(t, next, base, 0, bytes + p * count * elem, count, elem,
+                                        chunk_elems, deadline);
       !s.ok()) {
     return ring::Annotate(s, "all_gather", n);
   }
@@ -31,17 +32,14 @@ absl::Status RingAllGather(Communicator& comm, const void* in, int64_t count, DT
     for (int64_t c = 0, i = 0; c < count; c += chunk_elems, ++i) {
       const int64_t len = std::min(chunk_elems, count - c);
       char* dst = bytes + (block * count + c) * elem;
-      absl::Status received = t->RecvInto(prev, Tag(base, step, i), len * elem, deadline,
-                                          [&](size_t offset, const char* piece, size_t piece_bytes) {
-                                            std::memcpy(dst + offset, piece, piece_bytes);
-                                          });
+      absl::Status received =
+          step + 1 < n - 1 ? t->Forward(prev, Tag(base, step, i), dst, len * elem, next,
+                                        Tag(base, step + 1, i), deadline)
+                           : t->RecvInto(prev, Tag(base, step, i), len * elem, deadline,
+                                         [&](size_t offset, const char* piece, size_t piece_bytes) {
+                                           std::memcpy(dst + offset, piece, piece_bytes);
+                                         });
       if (!received.ok()) return ring::Annotate(received, "all_gather", n);
-      if (step + 1 < n - 1) {
-        if (absl::Status s = t->Send(next, Tag(base, step + 1, i), absl::string_view(dst, len * elem), deadline);
-            !s.ok()) {
-          return ring::Annotate(s, "all_gather", n);
-        }
-      }
     }
   }
   return absl::OkStatus();

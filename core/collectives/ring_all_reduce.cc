@@ -59,6 +59,16 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
                             absl::StrCat("all_reduce over ranks of size ", n, " at ring step ",
                                          step, ": ", received.message()));
       };
+      if (!reducing && forward) {
+        // An all-gather step that passes the block on: copied into dst and sent on from where
+        // the transport received it.
+        absl::Status st = t->Forward(prev, tag, dst, len * elem, next, next_tag, deadline);
+        if (!st.ok()) {
+          return absl::Status(st.code(), absl::StrCat("all_reduce over ranks of size ", n,
+                                                      " at ring step ", step, ": ", st.message()));
+        }
+        continue;
+      }
       if (reducing && !last_reduce) {
         // A partial sum this rank only passes on: reduced straight into the transport's send
         // buffer (dst keeps this rank's own values, which nothing reads again).

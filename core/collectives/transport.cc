@@ -54,6 +54,17 @@ absl::Status Transport::SendFilled(int peer, uint64_t tag, size_t size, absl::Ti
   return Send(peer, tag, absl::string_view(payload.get(), size), deadline);
 }
 
+absl::Status Transport::Forward(int prev, uint64_t tag, char* dst, size_t size, int next,
+                                uint64_t next_tag, absl::Time deadline) {
+  // `next` is checked before the message is taken.
+  if (absl::Status s = CheckPeer("send to", next); !s.ok()) return s;
+  absl::Status received = RecvInto(
+      prev, tag, size, deadline,
+      [dst](size_t offset, const char* piece, size_t n) { std::memcpy(dst + offset, piece, n); });
+  if (!received.ok()) return received;
+  return Send(next, next_tag, absl::string_view(dst, size), deadline);
+}
+
 absl::Status Transport::RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
                                  RecvSink sink) {
   absl::StatusOr<std::string> message = Recv(peer, tag, deadline);

@@ -112,6 +112,15 @@ class Transport {
   virtual absl::Status RecvInto(int peer, uint64_t tag, size_t size, absl::Time deadline,
                                 RecvSink sink);
 
+  // Receives the next message from `prev`, which must be `size` bytes, into `dst` and sends it
+  // on to `next` tagged `next_tag`, unchanged (a ring all-gather step that passes a block on).
+  // A transport that keeps received messages in buffers of its own sends from those
+  // (GrpcTransport: gRPC's received slices go out again as they are), so the bytes are copied
+  // only into dst. Errors: those of RecvInto from `prev` (nothing is sent then), then those of
+  // Send to `next`. The default is RecvInto a copy into dst, then Send from dst.
+  virtual absl::Status Forward(int prev, uint64_t tag, char* dst, size_t size, int next,
+                               uint64_t next_tag, absl::Time deadline);
+
   // Direct access to co-located peers' memory, or null when this transport offers none (the
   // default). Owned by the transport.
   virtual PeerMemory* peer_memory() { return nullptr; }

@@ -1,6 +1,7 @@
 // Every collective against a reference computed on the test thread: every transport, world sizes
 // 1..8, element counts 0, 1 and 13 (not divisible by any world size > 1), f32 and bf16; and
-// Transport::SendFilled, which the ring's reduce-scatter steps send through, on each transport.
+// Transport::SendFilled and Transport::Forward, which the ring's steps send through, on each
+// transport.
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -310,6 +311,112 @@ TEST_P(SendFilledTest, SendsWhatTheFillWroteAndNothingWhenItFails) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, SendFilledTest,
+                         ::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc,
+                                           TransportKind::kGrpcStriped, TransportKind::kShm),
+                         [](const auto& info) { return KindName(info.param); });
+
+class ForwardTest : public ::testing::TestWithParam<TransportKind> {};
+
+// Forward copies each message into dst and sends it on unchanged (empty, a few bytes, and sizes
+// cut into pieces or fragments on every transport); a message of the wrong size is reported and
+// not sent on; a next peer outside the world is refused before the message is taken.
+TEST_P(ForwardTest, CopiesIntoDstAndSendsOnUnchanged) {
+  TransportSet ts(GetParam(), 3);
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  const std::vector<size_t> sizes = {0, 5, 4096, (1 << 20) + 3};
+  auto pattern = [](size_t size, int seed) {
+    std::string s(size, '\0');
+    for (size_t i = 0; i < size; ++i) s[i] = static_cast<char>(i * 31 + i / 1001 + seed);
+    return s;
+  };
+  std::vector<std::string> copied(sizes.size());
+  std::vector<absl::StatusOr<std::string>> got(sizes.size());
+  absl::Status sent, forwarded, wrong_size, bad_next, after_bad_next;
+  absl::StatusOr<std::string> after_wrong_size;
+  ts.RunRanks([&](int r) {
+    Transport* t = ts.at(r);
+    if (r == 0) {
+      for (size_t i = 0; i < sizes.size() && sent.ok(); ++i) {
+        sent = t->Send(1, i, pattern(sizes[i], static_cast<int>(i)), deadline);
+      }
+      if (sent.ok()) sent = t->Send(1, 50, std::string(16, 'w'), deadline);
+      if (sent.ok()) sent = t->Send(1, 60, "x", deadline);
+      if (sent.ok()) sent = t->Send(1, 70, "kept", deadline);
+    } else if (r == 1) {
+      for (size_t i = 0; i < sizes.size() && forwarded.ok(); ++i) {
+        copied[i].assign(sizes[i], '\0');
+        forwarded = t->Forward(0, i, copied[i].data(), sizes[i], 2, 100 + i, deadline);
+      }
+      wrong_size = t->Forward(0, 50, copied[0].data(), 8, 2, 150, deadline);
+      char x = 0;
+      if (forwarded.ok()) forwarded = t->Forward(0, 60, &x, 1, 2, 160, deadline);
+      char kept[4];
+      bad_next = t->Forward(0, 70, kept, 4, 3, 170, deadline);
+      absl::StatusOr<std::string> m = t->Recv(0, 70, deadline);
+      after_bad_next = m.ok() && *m == "kept" ? absl::OkStatus() : absl::InternalError("lost");
+    } else {
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        got[i] = t->Recv(1, 100 + i, deadline);
+        if (!got[i].ok()) return;
+      }
+      // Tagged 160: had the wrong-sized message been sent on (150), this would fail.
+      after_wrong_size = t->Recv(1, 160, deadline);
+    }
+  });
+  ASSERT_TRUE(sent.ok()) << sent;
+  ASSERT_TRUE(forwarded.ok()) << forwarded;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const std::string want = pattern(sizes[i], static_cast<int>(i));
+    EXPECT_TRUE(copied[i] == want) << "dst of message " << i << " (" << sizes[i] << " bytes)";
+    ASSERT_TRUE(got[i].ok()) << "message " << i << ": " << got[i].status();
+    EXPECT_TRUE(*got[i] == want) << "message " << i << " sent on (" << sizes[i] << " bytes)";
+  }
+  EXPECT_EQ(wrong_size.code(), absl::StatusCode::kInternal) << wrong_size;
+  EXPECT_THAT(wrong_size.message(), HasSubstr("expected 8"));
+  ASSERT_TRUE(after_wrong_size.ok()) << after_wrong_size.status();
+  EXPECT_EQ(*after_wrong_size, "x");
+  EXPECT_EQ(bad_next.code(), absl::StatusCode::kInvalidArgument) << bad_next;
+  EXPECT_THAT(bad_next.message(), HasSubstr("rank 3"));
+  EXPECT_TRUE(after_bad_next.ok()) << "the message a refused Forward was to take";
+}
+
+// Ranks on three hosts of their own: ShmTransport's Forward between two remote peers is its
+// gRPC transport's (sent on from gRPC's received slices), inside a ring all-reduce and
+// all-gather.
+TEST(ForwardBetweenHostsTest, RingCollectivesOverShmTransportsOnThreeHosts) {
+  testing::TransportSetOptions options;
+  options.host_ids = {"host-a", "host-b", "host-c"};
+  TransportSet ts(TransportKind::kShm, 3, options);
+  const int64_t count = 1000;
+  std::vector<std::vector<float>> sum(3, std::vector<float>(count)), gathered(3);
+  std::vector<absl::Status> status(3);
+  ts.RunRanks([&](int r) {
+    for (int64_t i = 0; i < count; ++i) sum[r][i] = Value(r, i);
+    CollectiveOptions o;
+    o.chunk_bytes = 256;        // 16 chunks per ring step
+    o.small_message_bytes = 0;  // the ring, whatever the size
+    o.timeout = absl::Seconds(20);
+    Communicator comm(ts.at(r), Iota(3), o);
+    status[r] = comm.AllReduce(sum[r].data(), count, v1::DTYPE_F32, ReduceOp::kSum);
+    gathered[r].resize(3 * count);
+    const std::vector<float> mine(sum[r]);
+    if (status[r].ok()) {
+      status[r] = comm.AllGather(mine.data(), count, v1::DTYPE_F32, gathered[r].data());
+    }
+  });
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+    for (int64_t i = 0; i < count; ++i) {
+      const float want = Value(0, i) + Value(1, i) + Value(2, i);
+      ASSERT_EQ(sum[r][i], want) << "rank " << r << " element " << i;
+      for (int q = 0; q < 3; ++q) {
+        ASSERT_EQ(gathered[r][q * count + i], want) << "rank " << r << " block " << q;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ForwardTest,
                          ::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc,
                                            TransportKind::kGrpcStriped, TransportKind::kShm),
                          [](const auto& info) { return KindName(info.param); });
