@@ -60,6 +60,24 @@ std::vector<int> Iota(int n) {
   return v;
 }
 
+// For the suites parameterised by the transport alone.
+auto EveryTransport() {
+  return ::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc,
+                           TransportKind::kGrpcStriped, TransportKind::kShm);
+}
+std::string TransportName(const ::testing::TestParamInfo<TransportKind>& info) {
+  return KindName(info.param);
+}
+
+// Message sizes for the point-to-point tests: empty, a few bytes, and sizes that every transport
+// cuts into pieces or fragments; and their contents.
+const size_t kMessageSizes[] = {0, 5, 4096, (1 << 20) + 3};
+std::string Pattern(size_t size, int seed) {
+  std::string s(size, '\0');
+  for (size_t i = 0; i < size; ++i) s[i] = static_cast<char>(i * 29 + i / 977 + seed);
+  return s;
+}
+
 using Param = std::tuple<TransportKind, int, int64_t, DType>;
 
 class CollectivesTest : public ::testing::TestWithParam<Param> {
@@ -239,10 +257,7 @@ TEST_P(SubAxisTest, GroupsOfThe2x4Mesh) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, SubAxisTest,
-                         ::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc,
-                                           TransportKind::kGrpcStriped, TransportKind::kShm),
-                         [](const auto& info) { return KindName(info.param); });
+INSTANTIATE_TEST_SUITE_P(Transports, SubAxisTest, EveryTransport(), TransportName);
 
 class SendFilledTest : public ::testing::TestWithParam<TransportKind> {};
 
@@ -253,12 +268,7 @@ class SendFilledTest : public ::testing::TestWithParam<TransportKind> {};
 TEST_P(SendFilledTest, SendsWhatTheFillWroteAndNothingWhenItFails) {
   TransportSet ts(GetParam(), 2);
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  const std::vector<size_t> sizes = {0, 5, 4096, (1 << 20) + 3};
-  auto pattern = [](size_t size, int seed) {
-    std::string s(size, '\0');
-    for (size_t i = 0; i < size; ++i) s[i] = static_cast<char>(i * 29 + i / 977 + seed);
-    return s;
-  };
+  const std::vector<size_t> sizes(std::begin(kMessageSizes), std::end(kMessageSizes));
   absl::Status sent;
   bool filled_for_bad_peer = false;
   absl::Status bad_peer;
@@ -276,7 +286,7 @@ TEST_P(SendFilledTest, SendsWhatTheFillWroteAndNothingWhenItFails) {
       return;
     }
     for (size_t i = 0; i < sizes.size() && sent.ok(); ++i) {
-      const std::string want = pattern(sizes[i], static_cast<int>(i));
+      const std::string want = Pattern(sizes[i], static_cast<int>(i));
       absl::Status failed = t->SendFilled(1, 100 + i, sizes[i], deadline, [&](char* dst) {
         std::memset(dst, 0x11, sizes[i]);
         return absl::DataLossError("fill failed");
@@ -303,17 +313,14 @@ TEST_P(SendFilledTest, SendsWhatTheFillWroteAndNothingWhenItFails) {
   for (size_t i = 0; i < sizes.size(); ++i) {
     // A message the failed fill had sent would carry another tag, so this receive fails.
     ASSERT_TRUE(got[i].ok()) << "message " << i << ": " << got[i].status();
-    EXPECT_TRUE(*got[i] == pattern(sizes[i], static_cast<int>(i)))
+    EXPECT_TRUE(*got[i] == Pattern(sizes[i], static_cast<int>(i)))
         << "message " << i << " of " << sizes[i] << " bytes differs";
     ASSERT_TRUE(after[i].ok()) << "the Send after message " << i << ": " << after[i].status();
     EXPECT_EQ(*after[i], "after");
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, SendFilledTest,
-                         ::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc,
-                                           TransportKind::kGrpcStriped, TransportKind::kShm),
-                         [](const auto& info) { return KindName(info.param); });
+INSTANTIATE_TEST_SUITE_P(Transports, SendFilledTest, EveryTransport(), TransportName);
 
 class ForwardTest : public ::testing::TestWithParam<TransportKind> {};
 
@@ -323,12 +330,7 @@ class ForwardTest : public ::testing::TestWithParam<TransportKind> {};
 TEST_P(ForwardTest, CopiesIntoDstAndSendsOnUnchanged) {
   TransportSet ts(GetParam(), 3);
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  const std::vector<size_t> sizes = {0, 5, 4096, (1 << 20) + 3};
-  auto pattern = [](size_t size, int seed) {
-    std::string s(size, '\0');
-    for (size_t i = 0; i < size; ++i) s[i] = static_cast<char>(i * 31 + i / 1001 + seed);
-    return s;
-  };
+  const std::vector<size_t> sizes(std::begin(kMessageSizes), std::end(kMessageSizes));
   std::vector<std::string> copied(sizes.size());
   std::vector<absl::StatusOr<std::string>> got(sizes.size());
   absl::Status sent, forwarded, wrong_size, bad_next, after_bad_next;
@@ -337,7 +339,7 @@ TEST_P(ForwardTest, CopiesIntoDstAndSendsOnUnchanged) {
     Transport* t = ts.at(r);
     if (r == 0) {
       for (size_t i = 0; i < sizes.size() && sent.ok(); ++i) {
-        sent = t->Send(1, i, pattern(sizes[i], static_cast<int>(i)), deadline);
+        sent = t->Send(1, i, Pattern(sizes[i], static_cast<int>(i)), deadline);
       }
       if (sent.ok()) sent = t->Send(1, 50, std::string(16, 'w'), deadline);
       if (sent.ok()) sent = t->Send(1, 60, "x", deadline);
@@ -366,7 +368,7 @@ TEST_P(ForwardTest, CopiesIntoDstAndSendsOnUnchanged) {
   ASSERT_TRUE(sent.ok()) << sent;
   ASSERT_TRUE(forwarded.ok()) << forwarded;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    const std::string want = pattern(sizes[i], static_cast<int>(i));
+    const std::string want = Pattern(sizes[i], static_cast<int>(i));
     EXPECT_TRUE(copied[i] == want) << "dst of message " << i << " (" << sizes[i] << " bytes)";
     ASSERT_TRUE(got[i].ok()) << "message " << i << ": " << got[i].status();
     EXPECT_TRUE(*got[i] == want) << "message " << i << " sent on (" << sizes[i] << " bytes)";
@@ -416,10 +418,7 @@ TEST(ForwardBetweenHostsTest, RingCollectivesOverShmTransportsOnThreeHosts) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transports, ForwardTest,
-                         ::testing::Values(TransportKind::kInProcess, TransportKind::kGrpc,
-                                           TransportKind::kGrpcStriped, TransportKind::kShm),
-                         [](const auto& info) { return KindName(info.param); });
+INSTANTIATE_TEST_SUITE_P(Transports, ForwardTest, EveryTransport(), TransportName);
 
 // The seed's examples at the collective level, on a 4-way axis.
 TEST(SeedExamplesTest, PsumScatterGives22_20_12_17AndPpermuteGives3_0_1_2) {
