@@ -44,7 +44,8 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
       const uint64_t next_tag = tag_base + (uint64_t(step + 1) << 16) + i;
       // Receives the chunk straight into `out`: reduced with this rank's values at dst (or, in
       // the all-gather phase, copied).
-      auto receive = [&](char* out) -> absl::Status {
+      // (The structured bindings are captured by copy: C++17 lambdas cannot capture them.)
+      auto receive = [&, t = t, prev = prev, deadline = deadline](char* out) -> absl::Status {
         absl::Status received = t->RecvInto(
             prev, tag, len * elem, deadline,
             [&](size_t offset, const char* piece, size_t piece_bytes) {

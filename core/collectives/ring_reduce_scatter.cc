@@ -41,7 +41,9 @@ absl::Status RingReduceScatter(Communicator& comm, const void* in, int64_t count
       // The received partial sum reduced with this rank's block, in one pass, into `acc`: at the
       // last step out's chunk c (the result); before it, the transport's send buffer, since a
       // partial sum is only passed on.
-      auto receive = [&](char* acc) -> absl::Status {
+      // (The structured bindings are captured by copy: C++17 lambdas cannot capture them.)
+      auto receive = [&, t = t, prev = prev, base = base,
+                      deadline = deadline](char* acc) -> absl::Status {
         return t->RecvInto(prev, Tag(base, step, i), len * elem, deadline,
                            [&](size_t offset, const char* piece, size_t piece_bytes) {
                              ReduceTo(dtype, op, acc + offset, piece, mine + offset,
