@@ -19,10 +19,11 @@
 //     forwards (the partial sum never lands in the collective's buffer to be copied out again).
 //     Forward (a ring all-gather step that passes a block on) sends the received slices out
 //     again as they are, each holding a reference to the message, and copies the block once,
-//     into the collective's buffer. The receiver copies nothing: RecvInto's sink reduces or copies straight out of gRPC's received slices, handed
-//     over piece by piece when the receive is posted, or, for a frame that comes first, kept in
-//     the mailbox's queue as they are (an absl::Cord holding references to them; pieces under
-//     256 bytes, inlined ones among them, are copied: worker/ring_frame.h).
+//     into the collective's buffer. The receiver copies nothing: RecvInto's sink reduces or
+//     copies straight out of gRPC's received slices, handed over piece by piece when the receive
+//     is posted, or, for a frame that comes first, kept in the mailbox's queue as they are (an
+//     absl::Cord holding references to them; pieces under 256 bytes, inlined ones among them,
+//     are copied: worker/ring_frame.h).
 //   The sender's copy stays (it is also what lets a small Send return before its write
 //   completes: GrpcTransport's eager sends) because a slice that pointed at the caller's memory
 //   could still be read by gRPC after Send returns: a write cancelled by Abort or abandoned at its

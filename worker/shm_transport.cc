@@ -225,16 +225,19 @@ void ShmTransport::OnAnnounce(int src, const std::string& ring_name) {
   receivers_[src] = std::move(receiver);
 }
 
+absl::StatusOr<ShmTransport::Sender*> ShmTransport::RingTo(int peer, absl::Time deadline) {
+  if (peer < 0 || peer >= world_size() || !co_located_[peer]) return nullptr;
+  return SenderFor(peer, deadline);
+}
+
 absl::Status ShmTransport::Send(int peer, uint64_t tag, absl::string_view data,
                                 absl::Time deadline) {
-  auto send_remote = [&] {
+  absl::StatusOr<Sender*> sender = RingTo(peer, deadline);
+  if (!sender.ok()) return sender.status();
+  if (*sender == nullptr) {
     remote_sent_.fetch_add(1);
     return remote_->Send(peer, tag, data, deadline);
-  };
-  if (peer < 0 || peer >= world_size() || !co_located_[peer]) return send_remote();
-  absl::StatusOr<Sender*> sender = SenderFor(peer, deadline);
-  if (!sender.ok()) return sender.status();
-  if (*sender == nullptr) return send_remote();
+  }
   const int64_t pid = peers_[peer].pid;
   absl::Time next_liveness_check = absl::Now() + options_.liveness_interval;
   absl::Status s = (*sender)->ring().Write(
@@ -259,11 +262,9 @@ absl::Status ShmTransport::Send(int peer, uint64_t tag, absl::string_view data,
 
 absl::Status ShmTransport::SendFilled(int peer, uint64_t tag, size_t size, absl::Time deadline,
                                       SendFill fill) {
-  if (peer >= 0 && peer < world_size() && co_located_[peer]) {
-    absl::StatusOr<Sender*> sender = SenderFor(peer, deadline);
-    if (!sender.ok()) return sender.status();
-    if (*sender != nullptr) return Transport::SendFilled(peer, tag, size, deadline, fill);
-  }
+  absl::StatusOr<Sender*> sender = RingTo(peer, deadline);
+  if (!sender.ok()) return sender.status();
+  if (*sender != nullptr) return Transport::SendFilled(peer, tag, size, deadline, fill);
   remote_sent_.fetch_add(1);
   return remote_->SendFilled(peer, tag, size, deadline, fill);
 }

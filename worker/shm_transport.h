@@ -145,6 +145,9 @@ class ShmTransport : public Transport {
                std::unique_ptr<Transport> remote, const Options& options);
   // The peer's sender, set up at the first call; null when the peer goes through `remote`.
   absl::StatusOr<Sender*> SenderFor(int peer, absl::Time deadline);
+  // SenderFor a co-located peer; null for one reached through the remote transport (another
+  // host, a rank outside the world, or a link that fell back to it).
+  absl::StatusOr<Sender*> RingTo(int peer, absl::Time deadline);
   void OnAnnounce(int src, const std::string& ring_name);
   // The Mailbox's wait listener: hands over what src's ring holds (ShmReceiver::DrainNow), and
   // has the ring's sender wake the drain thread only while a receive from src sleeps.

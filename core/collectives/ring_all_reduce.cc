@@ -45,6 +45,11 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
       // Receives the chunk straight into `out`: reduced with this rank's values at dst (or, in
       // the all-gather phase, copied).
       // (The structured bindings are captured by copy: C++17 lambdas cannot capture them.)
+      auto at_step = [n, step](const absl::Status& s) {
+        if (s.ok()) return s;
+        return absl::Status(s.code(), absl::StrCat("all_reduce over ranks of size ", n,
+                                                   " at ring step ", step, ": ", s.message()));
+      };
       auto receive = [&, t = t, prev = prev, deadline = deadline](char* out) -> absl::Status {
         absl::Status received = t->RecvInto(
             prev, tag, len * elem, deadline,
@@ -55,19 +60,13 @@ absl::Status RingAllReduce(Communicator& comm, void* data, int64_t count, DType 
                 std::memcpy(out + offset, piece, piece_bytes);
               }
             });
-        if (received.ok()) return received;
-        return absl::Status(received.code(),
-                            absl::StrCat("all_reduce over ranks of size ", n, " at ring step ",
-                                         step, ": ", received.message()));
+        return at_step(received);
       };
       if (!reducing && forward) {
         // An all-gather step that passes the block on: copied into dst and sent on from where
         // the transport received it.
         absl::Status st = t->Forward(prev, tag, dst, len * elem, next, next_tag, deadline);
-        if (!st.ok()) {
-          return absl::Status(st.code(), absl::StrCat("all_reduce over ranks of size ", n,
-                                                      " at ring step ", step, ": ", st.message()));
-        }
+        if (!st.ok()) return at_step(st);
         continue;
       }
       if (reducing && !last_reduce) {
